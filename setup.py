@@ -1,0 +1,34 @@
+"""ament_python package layout (as `ros2 pkg create --build-type ament_python` makes it).
+
+The ROS-free core lives in engine/ and is installed as `tensegrity_engine`, a name that
+cannot shadow anything else; the ROS nodes live in tensegrity_ros/.
+"""
+from glob import glob
+
+from setuptools import setup
+
+package_name = "tensegrity_ros"
+
+setup(
+    name=package_name,
+    version="0.1.0",
+    packages=[package_name, "tensegrity_engine"],
+    package_dir={package_name: package_name, "tensegrity_engine": "engine"},
+    data_files=[
+        ("share/ament_index/resource_index/packages", ["resource/" + package_name]),
+        ("share/" + package_name, ["package.xml"]),
+        ("share/" + package_name + "/launch", glob("launch/*.py")),
+        ("share/" + package_name + "/config", glob("config/*.yaml")),
+    ],
+    install_requires=["setuptools", "numpy", "pyyaml"],
+    zip_safe=True,
+    maintainer="tensegrity_ros maintainers",
+    maintainer_email="maintainers@tensegrity-ros.invalid",
+    description="Recurrent differentiable tensegrity engine, identification and MPPI over ROS 2",
+    license="Apache-2.0",
+    tests_require=["pytest"],
+    entry_points={
+        "console_scripts": [
+        ],
+    },
+)
