@@ -1,0 +1,296 @@
+"""Robot description loaded from one YAML file (the single source of truth).
+
+Both the differentiable engine and the MuJoCo twin are built from a `RobotConfig`.
+Every validation error names the offending field, e.g. ``cables[3].ends``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import yaml
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "config"
+
+
+class ConfigError(ValueError):
+    """A robot config is malformed; the message names the field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Friction:
+    sliding: float
+    torsional: float
+    rolling: float
+
+
+@dataclasses.dataclass(frozen=True)
+class ContactConfig:
+    ground_height: float
+    rod_rod: bool
+    stiffness: float
+    damping: float
+    friction: Friction
+
+
+@dataclasses.dataclass(frozen=True)
+class ActuatorConfig:
+    time_constant: float
+    gain: float
+    offset: float
+
+
+@dataclasses.dataclass(frozen=True)
+class RobotConfig:
+    """Numeric view of the robot. Arrays are float64 numpy; rods R, cables C."""
+
+    name: str
+    gravity: np.ndarray            # (3,)
+    dt: float
+    rod_names: tuple[str, ...]
+    rod_end_nodes: np.ndarray      # (R, 2, 3) initial end-node positions, world frame
+    rod_mass: np.ndarray           # (R,)
+    rod_radius: np.ndarray         # (R,)
+    rod_length: np.ndarray         # (R,)
+    cable_names: tuple[str, ...]
+    cable_ends: np.ndarray         # (C, 2, 2) int: [[rod, end], [rod, end]]
+    cable_rest_length: np.ndarray  # (C,)
+    cable_stiffness: np.ndarray    # (C,)
+    cable_damping: np.ndarray      # (C,)
+    cable_actuated: np.ndarray     # (C,) bool
+    cable_command_range: np.ndarray  # (C, 2) metres
+    actuator: ActuatorConfig
+    contact: ContactConfig
+    source: str = "<dict>"
+
+    @property
+    def num_rods(self) -> int:
+        return len(self.rod_names)
+
+    @property
+    def num_cables(self) -> int:
+        return len(self.cable_names)
+
+    @property
+    def actuated_indices(self) -> np.ndarray:
+        return np.flatnonzero(self.cable_actuated)
+
+    @property
+    def num_actuated(self) -> int:
+        return int(self.cable_actuated.sum())
+
+    @property
+    def cable_node_index(self) -> np.ndarray:
+        """(C, 2) flat node index 2 * rod + end of each cable end."""
+        return self.cable_ends[..., 0] * 2 + self.cable_ends[..., 1]
+
+    @property
+    def command_low(self) -> np.ndarray:
+        return self.cable_command_range[self.actuated_indices, 0]
+
+    @property
+    def command_high(self) -> np.ndarray:
+        return self.cable_command_range[self.actuated_indices, 1]
+
+    @property
+    def rod_centers(self) -> np.ndarray:
+        return self.rod_end_nodes.mean(axis=1)
+
+    def rod_inertia(self) -> np.ndarray:
+        """(R, 3) principal inertia (Ixx, Iyy, Izz) about the centre, z = rod axis.
+
+        Solid cylinder of the rod's length and radius: the model the engine and
+        the MuJoCo twin share.
+        """
+        m, r, L = self.rod_mass, self.rod_radius, self.rod_length
+        transverse = m * (3.0 * r**2 + L**2) / 12.0
+        axial = 0.5 * m * r**2
+        return np.stack([transverse, transverse, axial], axis=-1)
+
+    def replace(self, **changes: Any) -> "RobotConfig":
+        return dataclasses.replace(self, **changes)
+
+
+# --------------------------------------------------------------------------- parsing
+def _require(mapping: Mapping[str, Any], key: str, where: str) -> Any:
+    if not isinstance(mapping, Mapping):
+        raise ConfigError(f"{where}: expected a mapping, got {type(mapping).__name__}")
+    if key not in mapping:
+        raise ConfigError(f"{where}.{key}: missing required field")
+    return mapping[key]
+
+
+def _number(value: Any, where: str, *, positive: bool = False, nonneg: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{where}: expected a number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ConfigError(f"{where}: must be finite, got {value!r}")
+    if positive and value <= 0:
+        raise ConfigError(f"{where}: must be > 0, got {value!r}")
+    if nonneg and value < 0:
+        raise ConfigError(f"{where}: must be >= 0, got {value!r}")
+    return value
+
+
+def _vector(value: Any, n: int, where: str) -> np.ndarray:
+    if not isinstance(value, (list, tuple)) or len(value) != n:
+        raise ConfigError(f"{where}: expected a list of {n} numbers, got {value!r}")
+    return np.array([_number(v, f"{where}[{i}]") for i, v in enumerate(value)])
+
+
+def _merged(defaults: Mapping[str, Any], item: Any, where: str) -> dict:
+    if not isinstance(item, Mapping):
+        raise ConfigError(f"{where}: expected a mapping, got {item!r}")
+    merged = dict(defaults)
+    merged.update(item)
+    return merged
+
+
+def _parse_rods(data: Mapping[str, Any]):
+    defaults = data.get("rod_defaults", {}) or {}
+    rods = _require(data, "rods", "config")
+    if not isinstance(rods, list) or len(rods) < 2:
+        raise ConfigError("config.rods: expected a list of at least 2 rods")
+    names, ends, mass, radius, length = [], [], [], [], []
+    for i, raw in enumerate(rods):
+        where = f"rods[{i}]"
+        rod = _merged(defaults, raw, where)
+        names.append(str(rod.get("name", f"rod_{i}")))
+        nodes = _require(rod, "end_nodes", where)
+        if not isinstance(nodes, list) or len(nodes) != 2:
+            raise ConfigError(f"{where}.end_nodes: expected 2 points, got {nodes!r}")
+        pts = np.stack([_vector(p, 3, f"{where}.end_nodes[{k}]") for k, p in enumerate(nodes)])
+        span = float(np.linalg.norm(pts[1] - pts[0]))
+        if span < 1e-6:
+            raise ConfigError(f"{where}.end_nodes: the two end nodes coincide")
+        ends.append(pts)
+        mass.append(_number(_require(rod, "mass", where), f"{where}.mass", positive=True))
+        radius.append(_number(_require(rod, "radius", where), f"{where}.radius", positive=True))
+        if "length" in rod:
+            declared = _number(rod["length"], f"{where}.length", positive=True)
+            if abs(declared - span) > 1e-3 * max(1.0, declared):
+                raise ConfigError(
+                    f"{where}.length: {declared} m disagrees with the end nodes ({span:.6f} m apart)")
+        length.append(span)
+    if len(set(names)) != len(names):
+        raise ConfigError("config.rods: rod names must be unique")
+    return tuple(names), np.stack(ends), np.array(mass), np.array(radius), np.array(length)
+
+
+def _parse_cables(data: Mapping[str, Any], num_rods: int):
+    defaults = data.get("cable_defaults", {}) or {}
+    cables = _require(data, "cables", "config")
+    if not isinstance(cables, list) or not cables:
+        raise ConfigError("config.cables: expected a non-empty list of cables")
+    names, ends, rest, stiff, damp, actuated, cmd_range = [], [], [], [], [], [], []
+    for i, raw in enumerate(cables):
+        where = f"cables[{i}]"
+        cable = _merged(defaults, raw, where)
+        names.append(str(cable.get("name", f"cable_{i}")))
+        pair = _require(cable, "ends", where)
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise ConfigError(f"{where}.ends: expected [[rod, end], [rod, end]], got {pair!r}")
+        idx = []
+        for k, end in enumerate(pair):
+            if (not isinstance(end, list) or len(end) != 2
+                    or not all(isinstance(v, int) and not isinstance(v, bool) for v in end)):
+                raise ConfigError(f"{where}.ends[{k}]: expected [rod_index, end_index], got {end!r}")
+            if not 0 <= end[0] < num_rods:
+                raise ConfigError(f"{where}.ends[{k}]: rod index {end[0]} out of range 0..{num_rods - 1}")
+            if end[1] not in (0, 1):
+                raise ConfigError(f"{where}.ends[{k}]: end index must be 0 or 1, got {end[1]}")
+            idx.append(end)
+        if idx[0][0] == idx[1][0]:
+            raise ConfigError(f"{where}.ends: a cable must join two different rods")
+        ends.append(idx)
+        r = _number(_require(cable, "rest_length", where), f"{where}.rest_length", positive=True)
+        rest.append(r)
+        stiff.append(_number(_require(cable, "stiffness", where), f"{where}.stiffness", positive=True))
+        damp.append(_number(_require(cable, "damping", where), f"{where}.damping", nonneg=True))
+        act = cable.get("actuated", False)
+        if not isinstance(act, bool):
+            raise ConfigError(f"{where}.actuated: expected true/false, got {act!r}")
+        actuated.append(act)
+        if act:
+            lo, hi = _vector(_require(cable, "command_range", where), 2, f"{where}.command_range")
+            if not 0 < lo < hi:
+                raise ConfigError(f"{where}.command_range: need 0 < low < high, got [{lo}, {hi}]")
+            if not lo <= r <= hi:
+                raise ConfigError(f"{where}.rest_length: {r} m is outside command_range [{lo}, {hi}]")
+        else:
+            lo = hi = r
+        cmd_range.append((lo, hi))
+    if len(set(names)) != len(names):
+        raise ConfigError("config.cables: cable names must be unique")
+    return (tuple(names), np.array(ends, dtype=np.int64), np.array(rest), np.array(stiff),
+            np.array(damp), np.array(actuated, dtype=bool), np.array(cmd_range))
+
+
+def robot_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> RobotConfig:
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{source}: top level must be a mapping")
+    try:
+        name = str(_require(data, "name", "config"))
+        gravity = _vector(data.get("gravity", [0.0, 0.0, -9.81]), 3, "config.gravity")
+        engine = data.get("engine", {}) or {}
+        dt = _number(engine.get("dt", 0.001), "engine.dt", positive=True)
+        rod_names, rod_ends, mass, radius, length = _parse_rods(data)
+        cable = _parse_cables(data, len(rod_names))
+        act = _require(data, "actuator", "config")
+        actuator = ActuatorConfig(
+            time_constant=_number(_require(act, "time_constant", "actuator"),
+                                  "actuator.time_constant", positive=True),
+            gain=_number(act.get("gain", 1.0), "actuator.gain", positive=True),
+            offset=_number(act.get("offset", 0.0), "actuator.offset"),
+        )
+        con = _require(data, "contact", "config")
+        fr = _require(con, "friction", "contact")
+        rod_rod = con.get("rod_rod", True)
+        if not isinstance(rod_rod, bool):
+            raise ConfigError(f"contact.rod_rod: expected true/false, got {rod_rod!r}")
+        contact = ContactConfig(
+            ground_height=_number(con.get("ground_height", 0.0), "contact.ground_height"),
+            rod_rod=rod_rod,
+            stiffness=_number(_require(con, "stiffness", "contact"), "contact.stiffness", positive=True),
+            damping=_number(_require(con, "damping", "contact"), "contact.damping", nonneg=True),
+            friction=Friction(
+                sliding=_number(_require(fr, "sliding", "contact.friction"),
+                                "contact.friction.sliding", nonneg=True),
+                torsional=_number(fr.get("torsional", 0.0), "contact.friction.torsional", nonneg=True),
+                rolling=_number(fr.get("rolling", 0.0), "contact.friction.rolling", nonneg=True),
+            ),
+        )
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None
+    return RobotConfig(
+        name=name, gravity=gravity, dt=dt, rod_names=rod_names, rod_end_nodes=rod_ends,
+        rod_mass=mass, rod_radius=radius, rod_length=length,
+        cable_names=cable[0], cable_ends=cable[1], cable_rest_length=cable[2],
+        cable_stiffness=cable[3], cable_damping=cable[4], cable_actuated=cable[5],
+        cable_command_range=cable[6], actuator=actuator, contact=contact, source=source,
+    )
+
+
+def resolve_config_path(name_or_path: str | os.PathLike) -> Path:
+    """Accept a path or a bare name of a shipped config ('superball')."""
+    path = Path(name_or_path)
+    if path.exists():
+        return path
+    candidate = CONFIG_DIR / f"{name_or_path}.yaml"
+    if candidate.exists():
+        return candidate
+    raise ConfigError(f"robot config {str(name_or_path)!r} not found (looked in {CONFIG_DIR})")
+
+
+def load_robot(name_or_path: str | os.PathLike = "superball") -> RobotConfig:
+    path = resolve_config_path(name_or_path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    return robot_from_dict(data, source=str(path))
