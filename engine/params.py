@@ -1,0 +1,207 @@
+"""Physical parameters of the engine, bounded by reparameterisation.
+
+Every parameter is stored as an unconstrained raw tensor ``z`` and read through
+
+    value = exp(log(lo) + (log(hi) - log(lo)) * sigmoid(z))      (positive, log scale)
+    value = lo + (hi - lo) * sigmoid(z)                            (signed, linear scale)
+
+so an optimiser can never push a stiffness negative or a time constant to zero, and
+nothing else in the code base needs to clamp.  Bounds are broad physical ranges, not
+tuned to any robot; a YAML ``identification.bounds`` section can override them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Iterable, Mapping
+
+import numpy as np
+import torch
+from torch import nn
+
+from .config import RobotConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamSpec:
+    name: str
+    lower: float
+    upper: float
+    log_scale: bool
+    group: str        # "cable", "rod" or "global": what a per-element parameter is per
+    unit: str
+    description: str
+
+
+# Broad ranges a roboticist would accept for a SUPERball-class robot (1-100 kg rods,
+# 1e2-1e6 N/m cables).  Identification starts from random values inside them.
+PARAM_SPECS: tuple[ParamSpec, ...] = (
+    ParamSpec("cable_stiffness", 1e2, 1e6, True, "cable", "N/m", "cable spring constant K"),
+    ParamSpec("cable_damping", 1.0, 1e4, True, "cable", "N s/m", "cable damping along the cable"),
+    ParamSpec("rod_mass", 0.1, 100.0, True, "rod", "kg", "rod mass (inertia scales with it)"),
+    ParamSpec("actuator_time_constant", 2e-3, 1.0, True, "global", "s",
+              "first-order motor time constant tau"),
+    ParamSpec("actuator_gain", 0.5, 1.5, True, "global", "-", "rest length per commanded metre"),
+    ParamSpec("actuator_offset", -0.2, 0.2, False, "global", "m", "rest-length calibration offset"),
+    ParamSpec("contact_stiffness", 1e3, 1e7, True, "global", "N/m", "contact normal stiffness"),
+    ParamSpec("contact_damping", 1.0, 1e5, True, "global", "N s/m", "contact normal damping"),
+    ParamSpec("friction_sliding", 0.01, 3.0, True, "global", "-", "Coulomb sliding coefficient"),
+    ParamSpec("friction_torsional", 1e-5, 1.0, True, "global", "m", "torsional friction length"),
+    ParamSpec("friction_rolling", 1e-6, 1.0, True, "global", "m", "rolling friction length"),
+)
+SPEC_BY_NAME = {spec.name: spec for spec in PARAM_SPECS}
+
+
+def nominal_values(robot: RobotConfig) -> dict[str, np.ndarray]:
+    """Per-element nominal values straight from the config."""
+    fr = robot.contact.friction
+    return {
+        "cable_stiffness": robot.cable_stiffness,
+        "cable_damping": robot.cable_damping,
+        "rod_mass": robot.rod_mass,
+        "actuator_time_constant": np.array([robot.actuator.time_constant]),
+        "actuator_gain": np.array([robot.actuator.gain]),
+        "actuator_offset": np.array([robot.actuator.offset]),
+        "contact_stiffness": np.array([robot.contact.stiffness]),
+        "contact_damping": np.array([robot.contact.damping]),
+        "friction_sliding": np.array([fr.sliding]),
+        "friction_torsional": np.array([fr.torsional]),
+        "friction_rolling": np.array([fr.rolling]),
+    }
+
+
+class PhysicalParameters(nn.Module):
+    """All identifiable parameters of one robot, bounded by reparameterisation.
+
+    ``per_element`` names the parameters that get one value per cable/rod; all others
+    are shared (one value broadcast over cables/rods), the paper's default.
+    ``learnable`` restricts which raw tensors require grad (the rest stay fixed).
+    """
+
+    def __init__(self, robot: RobotConfig, values: Mapping[str, np.ndarray | float] | None = None,
+                 *, per_element: Iterable[str] = (), learnable: Iterable[str] | None = None,
+                 bounds: Mapping[str, tuple[float, float]] | None = None,
+                 dtype: torch.dtype = torch.float64):
+        super().__init__()
+        self.robot = robot
+        self.per_element = frozenset(per_element)
+        unknown = (self.per_element | set(bounds or {}) | set(learnable or ())) - set(SPEC_BY_NAME)
+        if unknown:
+            raise ValueError(f"unknown parameter name(s): {sorted(unknown)}")
+        self.specs = {}
+        for spec in PARAM_SPECS:
+            lo, hi = (bounds or {}).get(spec.name, (spec.lower, spec.upper))
+            if not (lo < hi) or (spec.log_scale and lo <= 0):
+                raise ValueError(f"bounds for {spec.name}: need 0 < lower < upper, got {(lo, hi)}")
+            self.specs[spec.name] = dataclasses.replace(spec, lower=float(lo), upper=float(hi))
+        start = nominal_values(robot)
+        if values is not None:
+            start.update({k: np.atleast_1d(np.asarray(v, dtype=np.float64)) for k, v in values.items()})
+        learnable = set(SPEC_BY_NAME) if learnable is None else set(learnable)
+        for name, spec in self.specs.items():
+            size = self._size(name)
+            value = np.broadcast_to(np.atleast_1d(start[name]), (self._full_size(name),))
+            value = value.mean(keepdims=True) if size == 1 else value.copy()
+            raw = self._to_raw(spec, torch.as_tensor(value, dtype=dtype))
+            self.register_parameter(name, nn.Parameter(raw, requires_grad=name in learnable))
+
+    # ------------------------------------------------------------------ shapes
+    def _full_size(self, name: str) -> int:
+        group = self.specs[name].group
+        return {"cable": self.robot.num_cables, "rod": self.robot.num_rods, "global": 1}[group]
+
+    def _size(self, name: str) -> int:
+        return self._full_size(name) if name in self.per_element else 1
+
+    # ------------------------------------------------------------------ transform
+    @staticmethod
+    def _to_raw(spec: ParamSpec, value: torch.Tensor) -> torch.Tensor:
+        lo, hi = spec.lower, spec.upper
+        if spec.log_scale:
+            frac = (torch.log(value) - math.log(lo)) / (math.log(hi) - math.log(lo))
+        else:
+            frac = (value - lo) / (hi - lo)
+        if bool(((frac <= 0) | (frac >= 1)).any()):
+            raise ValueError(f"{spec.name}={value.tolist()} lies outside its bounds [{lo}, {hi}]")
+        return torch.logit(frac)
+
+    @staticmethod
+    def _from_raw(spec: ParamSpec, raw: torch.Tensor) -> torch.Tensor:
+        frac = torch.sigmoid(raw)
+        if spec.log_scale:
+            return torch.exp(math.log(spec.lower) + (math.log(spec.upper) - math.log(spec.lower)) * frac)
+        return spec.lower + (spec.upper - spec.lower) * frac
+
+    def value(self, name: str) -> torch.Tensor:
+        """Constrained value, shape (1,) if shared or (C,)/(R,) if per element."""
+        return self._from_raw(self.specs[name], getattr(self, name))
+
+    def values(self) -> dict[str, torch.Tensor]:
+        return {name: self.value(name) for name in self.specs}
+
+    def full(self, name: str) -> torch.Tensor:
+        """Value broadcast to one entry per cable/rod (or (1,) for globals)."""
+        v = self.value(name)
+        return v.expand(self._full_size(name))
+
+    @torch.no_grad()
+    def set_value(self, name: str, value) -> None:
+        raw = getattr(self, name)
+        target = torch.as_tensor(np.asarray(value, dtype=np.float64), dtype=raw.dtype, device=raw.device)
+        target = target.expand(self._full_size(name)) if target.numel() == 1 else target
+        if raw.numel() == 1:
+            target = target.mean(dim=0, keepdim=True)
+        raw.copy_(self._to_raw(self.specs[name], target))
+
+    def as_dict(self) -> dict[str, list[float]]:
+        """Plain floats (for YAML, messages and logs)."""
+        return {name: v.detach().cpu().double().tolist() for name, v in self.values().items()}
+
+    def flat(self) -> tuple[list[str], np.ndarray]:
+        """Names like ``cable_stiffness[3]`` (or ``cable_stiffness`` if shared) and values."""
+        names, vals = [], []
+        for name, v in self.values().items():
+            v = v.detach().cpu().double().numpy()
+            if v.size == 1:
+                names.append(name)
+                vals.append(float(v[0]))
+            else:
+                names.extend(f"{name}[{i}]" for i in range(v.size))
+                vals.extend(v.tolist())
+        return names, np.array(vals)
+
+    def bounds_of(self, name: str) -> tuple[float, float]:
+        spec = self.specs[name]
+        return spec.lower, spec.upper
+
+    def randomize(self, generator: np.random.Generator, names: Iterable[str] | None = None,
+                  margin: float = 0.05) -> None:
+        """Random start inside the bounds (log-uniform for log-scale parameters).
+
+        ``margin`` keeps the start away from the saturating ends of the sigmoid.
+        """
+        names = list(self.specs) if names is None else list(names)
+        with torch.no_grad():
+            for name in names:
+                raw = getattr(self, name)
+                frac = generator.uniform(margin, 1.0 - margin, size=raw.shape)
+                raw.copy_(torch.logit(torch.as_tensor(frac, dtype=raw.dtype)))
+
+    def to_robot_config(self) -> RobotConfig:
+        """A RobotConfig carrying these values (for YAML export and the MuJoCo twin)."""
+        from .config import ActuatorConfig, ContactConfig, Friction
+
+        v = {k: np.asarray(x) for k, x in self.as_dict().items()}
+        r = self.robot
+        return r.replace(
+            cable_stiffness=np.broadcast_to(v["cable_stiffness"], (r.num_cables,)).copy(),
+            cable_damping=np.broadcast_to(v["cable_damping"], (r.num_cables,)).copy(),
+            rod_mass=np.broadcast_to(v["rod_mass"], (r.num_rods,)).copy(),
+            actuator=ActuatorConfig(float(v["actuator_time_constant"][0]), float(v["actuator_gain"][0]),
+                                    float(v["actuator_offset"][0])),
+            contact=ContactConfig(
+                ground_height=r.contact.ground_height, rod_rod=r.contact.rod_rod,
+                stiffness=float(v["contact_stiffness"][0]), damping=float(v["contact_damping"][0]),
+                friction=Friction(float(v["friction_sliding"][0]), float(v["friction_torsional"][0]),
+                                  float(v["friction_rolling"][0]))),
+        )
