@@ -29,6 +29,15 @@ setup(
     tests_require=["pytest"],
     entry_points={
         "console_scripts": [
+            # ROS-free tools (engine/)
+            "tensegrity-demo = tensegrity_engine.demo:main",
+            "tensegrity-identify = tensegrity_engine.identification_cli:main",
+            "tensegrity-control = tensegrity_engine.control_cli:main",
+            # ROS 2 nodes and the launch-free runner (tensegrity_ros/)
+            "mujoco_bridge = tensegrity_ros.mujoco_bridge:main",
+            "identifier = tensegrity_ros.identifier_node:main",
+            "mppi_controller = tensegrity_ros.mppi_controller:main",
+            "tensegrity-sim2sim = tensegrity_ros.sim2sim:main",
         ],
     },
 )

@@ -30,6 +30,12 @@ Model (see `build_mjcf`):
   ``contact.rod_rod`` (contype/conaffinity bits, no ``<exclude>``); all rod pairs may
   collide, including pairs joined by cables.
 
+Integration: MuJoCo's default semi-implicit ``Euler`` at the config step (1 ms), the
+integrator the paper's MuJoCo model used; with no contact it is the same scheme as the
+engine's ``semi_implicit`` integrator, so MuJoCo's and the engine's non-contact physics
+agree to round-off at equal parameters (tested). ``implicitfast`` would add implicit cable
+damping that the identified parameters would then have to absorb.
+
 State conversion: the engine's rod state is ``[..., R, 13]`` = (p, q wxyz, v world,
 omega world) (see `state.py`); a free joint stores (p, q, v world, omega *body*), so
 angular velocities are rotated on the way in and out. Rods welded to the world have no
@@ -100,7 +106,7 @@ def build_mjcf(robot: RobotConfig, *, fixed_rods: Sequence[int] = (), floor: boo
 
     root = ET.Element("mujoco", model=robot.name)
     ET.SubElement(root, "compiler", angle="radian", autolimits="true")
-    ET.SubElement(root, "option", timestep=_f(robot.dt), integrator="implicitfast",
+    ET.SubElement(root, "option", timestep=_f(robot.dt), integrator="Euler",
                   gravity=_vec(robot.gravity))
     world = ET.SubElement(root, "worldbody")
     if floor:

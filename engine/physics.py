@@ -97,7 +97,8 @@ class TensegrityEngine(nn.Module):
 
     def __init__(self, robot: RobotConfig, params: Optional[PhysicalParameters] = None, *,
                  fixed_rods=(), floor: bool = True, friction_smoothing: float = 0.01,
-                 angular_smoothing: float = 0.05, ani_safety: float = 0.5):
+                 angular_smoothing: float = 0.05, ani_safety: float = 0.5,
+                 actuator_timing: str = "start"):
         super().__init__()
         self.robot = robot
         self.params = params if params is not None else PhysicalParameters(robot)
@@ -106,6 +107,12 @@ class TensegrityEngine(nn.Module):
         self.friction_smoothing = friction_smoothing
         self.angular_smoothing = angular_smoothing
         self.ani_safety = ani_safety
+        if actuator_timing not in ("start", "mean"):
+            raise ValueError(f"actuator_timing must be 'start' or 'mean', got {actuator_timing!r}")
+        # "start": the step's force uses the activation at the start of the step, like a
+        # motor loop and MuJoCo (actearly=false). "mean": the exact average of the filter
+        # over the step, better for coarse steps.
+        self.actuator_timing = actuator_timing
         self.fixed_rods = tuple(sorted(int(i) for i in fixed_rods))
         for i in self.fixed_rods:
             if not 0 <= i < robot.num_rods:
@@ -407,11 +414,12 @@ class TensegrityEngine(nn.Module):
             h = dt / n
             for _ in range(n):
                 act_end, act_mean = actuator_update(act, command, p["actuator_time_constant"], h)
-                state = self._semi_implicit(state, self.rest_lengths(act_mean, p), p, h, wrench)
+                rest = self.rest_lengths(act if self.actuator_timing == "start" else act_mean, p)
+                state = self._semi_implicit(state, rest, p, h, wrench)
                 act = act_end
             return state, act
         act_end, act_mean = actuator_update(act, command, p["actuator_time_constant"], dt)
-        rest = self.rest_lengths(act_mean, p)
+        rest = self.rest_lengths(act if self.actuator_timing == "start" else act_mean, p)
         if integrator == "implicit":
             state = self._implicit(state, rest, p, dt, wrench)
         else:
