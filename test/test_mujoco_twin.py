@@ -39,7 +39,7 @@ def test_mjcf_compiles_and_matches_config(name):
     R, C, A = robot.num_rods, robot.num_cables, robot.num_actuated
     assert (model.nq, model.nv, model.nu, model.na, model.ntendon) == (7 * R, 6 * R, C, A, C)
     assert model.opt.timestep == robot.dt
-    assert model.opt.integrator == mujoco.mjtIntegrator.mjINT_IMPLICITFAST
+    assert model.opt.integrator == mujoco.mjtIntegrator.mjINT_EULER
     np.testing.assert_array_equal(model.opt.gravity, robot.gravity)
     np.testing.assert_array_equal(model.body_mass[1:], robot.rod_mass)
     np.testing.assert_allclose(model.body_inertia[1:], robot.rod_inertia(), rtol=1e-12)
