@@ -42,7 +42,7 @@ from torch import nn
 from . import collision
 from .config import RobotConfig
 from .params import PhysicalParameters
-from .state import ANG_VEL, LIN_VEL, POS, QUAT, quat_multiply, quat_to_matrix
+from .state import ANG_VEL, LIN_VEL, POS, QUAT
 
 INTEGRATORS = ("semi_implicit", "implicit", "ani")
 
@@ -64,21 +64,20 @@ def _outer(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a.unsqueeze(-1) * b.unsqueeze(-2)
 
 
-def quat_exp_world(q: torch.Tensor, w: torch.Tensor, h) -> torch.Tensor:
-    """Rotate orientation q by the world-frame rotation vector w h (exact exponential)."""
-    half = 0.5 * h * w
-    angle = torch.sqrt((half * half).sum(-1, keepdim=True) + 1e-30)
-    # sinc has a proper gradient at 0; the epsilon keeps sqrt's gradient finite.
-    dq = torch.cat([torch.cos(angle), half * torch.sinc(angle / math.pi)], -1)
-    q = quat_multiply(dq, q)
-    return q / torch.linalg.vector_norm(q, dim=-1, keepdim=True)
+def _cross(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Cross product of components-first vectors [..., 3, n]."""
+    return collision.cross(a, b, dim=-2)
+
+
+def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Dot product of components-first vectors [..., 3, n] -> [..., n]."""
+    return collision.dot(a, b, dim=-2)
 
 
 def actuator_update(act: torch.Tensor, command: torch.Tensor, tau: torch.Tensor, h):
     """Exact first-order filter over a step with held command.
 
-    Returns (act at the end of the step, act averaged over the step).  Using the
-    average for the rest length makes coarse steps consistent with fine ones.
+    Returns (act at the end of the step, act averaged over the step).
     """
     decay = torch.exp(-h / tau)
     gap = act - command
@@ -87,12 +86,28 @@ def actuator_update(act: torch.Tensor, command: torch.Tensor, tau: torch.Tensor,
     return end, mean
 
 
+# Rod axis (body z in world) as a quadratic form of the unit quaternion (w, x, y, z):
+# axis = (2(xz + wy), 2(yz - wx), w^2 - x^2 - y^2 + z^2) = (q q^T) : M_k.
+_AXIS_FORM = np.zeros((4, 4, 3))
+_AXIS_FORM[1, 3, 0] = _AXIS_FORM[3, 1, 0] = _AXIS_FORM[0, 2, 0] = _AXIS_FORM[2, 0, 0] = 1.0
+_AXIS_FORM[2, 3, 1] = _AXIS_FORM[3, 2, 1] = 1.0
+_AXIS_FORM[0, 1, 1] = _AXIS_FORM[1, 0, 1] = -1.0
+_AXIS_FORM[[0, 1, 2, 3], [0, 1, 2, 3], 2] = [1.0, -1.0, -1.0, 1.0]
+
+
 class TensegrityEngine(nn.Module):
     """Differentiable engine for one robot topology.
 
     state:   [..., R, 13] (see ``engine.state``), act: [..., A] filtered commands (m),
     command: [..., A] target rest lengths (m), wrench: [..., R, 6] external force and
     torque at each rod centre, world frame.  Any float dtype and device.
+
+    Rods are axisymmetric (capsules), so with axis a the world inertia is
+    I_t (1 - a a^T) + I_a a a^T and no rotation matrix is needed. End-node kinematics
+    are linear in Y = [p; a] (2R x 3): node = N Y, cable vector = W Y; by virtual work
+    the generalised forces of cable forces f are -W^T f, of node forces N^T f, and a
+    generalised force Q_a on the axis is the torque a x Q_a. Small constant matmuls
+    replace per-node gathers and scatters: that is where the speed comes from.
     """
 
     def __init__(self, robot: RobotConfig, params: Optional[PhysicalParameters] = None, *,
@@ -118,45 +133,79 @@ class TensegrityEngine(nn.Module):
             if not 0 <= i < robot.num_rods:
                 raise ValueError(f"fixed rod index {i} out of range")
         R, C = robot.num_rods, robot.num_cables
-        f64 = torch.float64
-        buf = lambda name, value, dtype=f64: self.register_buffer(name, torch.as_tensor(value, dtype=dtype))
-        buf("half_length", robot.rod_length / 2.0)
-        buf("radius", robot.rod_radius)
-        buf("inertia_per_mass", robot.rod_inertia() / robot.rod_mass[:, None])
-        buf("gravity", robot.gravity)
+        half = robot.rod_length / 2.0
+        inertia = robot.rod_inertia() / robot.rod_mass[:, None]
+        if not np.allclose(inertia[:, 0], inertia[:, 1]):
+            raise ValueError("rods must be axisymmetric (equal transverse inertia)")
         nodes = robot.cable_node_index
-        buf("cable_node_a", nodes[:, 0], torch.long)
-        buf("cable_node_b", nodes[:, 1], torch.long)
-        incidence = np.zeros((2 * R, C))  # force on node n from cable c is incidence[n, c] * T u
-        incidence[nodes[:, 0], np.arange(C)] += 1.0
-        incidence[nodes[:, 1], np.arange(C)] -= 1.0
-        buf("incidence", incidence)
+        rod_of = nodes // 2
+        sign_of = (nodes % 2) * 2.0 - 1.0                   # end 0 -> -1, end 1 -> +1
+        W = np.zeros((C, 2 * R))                            # cable vector x_b - x_a = W Y
+        cidx = np.arange(C)
+        np.add.at(W, (cidx, rod_of[:, 1]), 1.0)
+        np.add.at(W, (cidx, rod_of[:, 0]), -1.0)
+        np.add.at(W, (cidx, R + rod_of[:, 1]), sign_of[:, 1] * half[rod_of[:, 1]])
+        np.add.at(W, (cidx, R + rod_of[:, 0]), -sign_of[:, 0] * half[rod_of[:, 0]])
+        N = np.zeros((2 * R, 2 * R))                        # end nodes 2r + e = N Y
+        N[np.arange(2 * R), np.repeat(np.arange(R), 2)] = 1.0
+        N[np.arange(2 * R), R + np.repeat(np.arange(R), 2)] = np.tile([-1.0, 1.0], R) * np.repeat(half, 2)
         act_idx = robot.actuated_indices
         passive_idx = np.flatnonzero(~robot.cable_actuated)
-        order = np.concatenate([act_idx, passive_idx])
-        buf("rest_gather", np.argsort(order), torch.long)  # [act | passive] -> cable order
-        buf("passive_rest", robot.cable_rest_length[passive_idx])
-        buf("command_low", robot.command_low)
-        buf("command_high", robot.command_high)
         free = np.ones(R)
         free[list(self.fixed_rods)] = 0.0
-        buf("free_mask", free)
-        pairs = collision.all_pairs(R) if (self.rod_rod and R > 1) else torch.zeros((0, 2), dtype=torch.long)
-        buf("pairs", pairs, torch.long)
+        pairs = (collision.all_pairs(R).numpy() if (self.rod_rod and R > 1)
+                 else np.zeros((0, 2), dtype=np.int64))
         onehot_a = np.zeros((R, len(pairs)))
         onehot_b = np.zeros((R, len(pairs)))
-        if len(pairs):
-            onehot_a[pairs[:, 0].numpy(), np.arange(len(pairs))] = 1.0
-            onehot_b[pairs[:, 1].numpy(), np.arange(len(pairs))] = 1.0
-        buf("pair_onehot_a", onehot_a)
-        buf("pair_onehot_b", onehot_b)
-        # Cables attached to each node (for ANI's stability bound).
-        buf("node_cable_count", np.abs(incidence))
+        onehot_a[pairs[:, 0], np.arange(len(pairs))] = 1.0
+        onehot_b[pairs[:, 1], np.arange(len(pairs))] = 1.0
+        self._numpy_constants = {
+            "half": half, "radius": robot.rod_radius, "node_radius": np.repeat(robot.rod_radius, 2),
+            "inv_it": 1.0 / inertia[:, 0], "inv_ia": 1.0 / inertia[:, 2],
+            "it": inertia[:, 0], "ia": inertia[:, 2],
+            "gravity": robot.gravity, "W": W, "Wt": W.T.copy(), "N": N, "Nt": N.T.copy(),
+            "axis_form": _AXIS_FORM.reshape(16, 3), "passive_rest": robot.cable_rest_length[passive_idx],
+            "command_low": robot.command_low, "command_high": robot.command_high,
+            "free": free, "pair_onehot_a": onehot_a, "pair_onehot_b": onehot_b,
+            "ez": np.array([0.0, 0.0, 1.0]),
+        }
+        lever = np.stack([sign_of[:, 0] * half[rod_of[:, 0]], sign_of[:, 1] * half[rod_of[:, 1]]], -1)
+        self._numpy_constants.update({
+            "gravity_col": robot.gravity[:, None],
+            "pair_diff_T": (onehot_a - onehot_b).T.copy(),
+            "pair_onehot_a_T": onehot_a.T.copy(), "pair_onehot_b_T": onehot_b.T.copy(),
+            "pair_radius_a": robot.rod_radius[pairs[:, 0]], "pair_radius_b": robot.rod_radius[pairs[:, 1]],
+            "cable_lever_a": lever[:, 0], "cable_lever_b": lever[:, 1],
+        })
+        self._index_constants = {
+            "pair_a_node0": 2 * pairs[:, 0], "pair_a_node1": 2 * pairs[:, 0] + 1,
+            "pair_b_node0": 2 * pairs[:, 1], "pair_b_node1": 2 * pairs[:, 1] + 1,
+            "rest_gather": np.argsort(np.concatenate([act_idx, passive_idx])),
+            "pair_a": pairs[:, 0], "pair_b": pairs[:, 1],
+            "cable_rod_a": rod_of[:, 0], "cable_rod_b": rod_of[:, 1],
+            "cable_node_a": nodes[:, 0], "cable_node_b": nodes[:, 1],
+        }
+        self.num_pairs = len(pairs)
+        # Cables per node (ANI's stability bound).
+        self.node_cable_count = np.zeros((2 * R, C))
+        np.add.at(self.node_cable_count, (nodes[:, 0], cidx), 1.0)
+        np.add.at(self.node_cable_count, (nodes[:, 1], cidx), 1.0)
+        self._cache: dict = {}
 
     # ------------------------------------------------------------------ helpers
     @property
     def num_rods(self) -> int:
         return self.robot.num_rods
+
+    def constants(self, dtype: torch.dtype, device) -> dict:
+        """Topology constants as tensors of this dtype/device (cached: no per-step copies)."""
+        key = (dtype, torch.device(device))
+        if key not in self._cache:
+            c = {k: torch.as_tensor(v, dtype=dtype, device=device) for k, v in self._numpy_constants.items()}
+            c.update({k: torch.as_tensor(v, dtype=torch.long, device=device)
+                      for k, v in self._index_constants.items()})
+            self._cache[key] = c
+        return self._cache[key]
 
     def param_values(self, dtype: torch.dtype, device) -> dict[str, torch.Tensor]:
         return {k: v.to(dtype=dtype, device=device) for k, v in self.params.values().items()}
@@ -168,152 +217,198 @@ class TensegrityEngine(nn.Module):
         return act.expand(*like.shape[:-2], act.shape[-1]).clone()
 
     def clamp_command(self, command: torch.Tensor) -> torch.Tensor:
-        low = self.command_low.to(command)
-        high = self.command_high.to(command)
-        return torch.maximum(torch.minimum(command, high), low)
+        k = self.constants(command.dtype, command.device)
+        return torch.maximum(torch.minimum(command, k["command_high"]), k["command_low"])
 
     def rest_lengths(self, act: torch.Tensor, p: dict) -> torch.Tensor:
         """[..., C] rest lengths from filtered commands [..., A]."""
+        k = self.constants(act.dtype, act.device)
         actuated = p["actuator_gain"] * act + p["actuator_offset"]
-        passive = self.passive_rest.to(act).expand(*act.shape[:-1], -1)
-        return torch.cat([actuated, passive], -1).index_select(-1, self.rest_gather)
+        passive = k["passive_rest"].expand(*act.shape[:-1], -1)
+        return torch.cat([actuated, passive], -1).index_select(-1, k["rest_gather"])
 
-    def node_kinematics(self, state: torch.Tensor):
-        """Lever arms r [..., R, 2, 3], positions and velocities of every end node."""
-        half = self.half_length.to(state)
-        rot = quat_to_matrix(state[..., QUAT])
-        axis = rot[..., :, 2]
-        lever = axis * half[:, None]
-        r_nodes = torch.stack([-lever, lever], -2)
-        x_nodes = state[..., None, POS] + r_nodes
-        v_nodes = state[..., None, LIN_VEL] + torch.linalg.cross(
-            state[..., None, ANG_VEL].expand_as(r_nodes), r_nodes, dim=-1)
-        return rot, r_nodes, x_nodes, v_nodes
+    def rod_axes(self, state: torch.Tensor) -> torch.Tensor:
+        k = self.constants(state.dtype, state.device)
+        q = state[..., QUAT]
+        return (q.unsqueeze(-1) * q.unsqueeze(-2)).flatten(-2) @ k["axis_form"]
+
+    def end_nodes(self, state: torch.Tensor) -> torch.Tensor:
+        """[..., R, 2, 3] end-node positions."""
+        k = self.constants(state.dtype, state.device)
+        Y = torch.cat([state[..., POS], self.rod_axes(state)], -2)
+        return (k["N"] @ Y).unflatten(-2, (self.num_rods, 2))
 
     # ------------------------------------------------------------------ forces
     def forces(self, state: torch.Tensor, rest: torch.Tensor, p: dict,
-               wrench: Optional[torch.Tensor] = None, jacobians: bool = False):
-        """Net force and torque on every rod (world frame), plus implicit Jacobians.
+               wrench: Optional[torch.Tensor] = None, jacobians: bool = False) -> dict:
+        """Net force and torque on every rod, world frame, rod-major ``[..., R, 3]``.
 
-        Returns dict with F [..., R, 3], tau [..., R, 3], rot, mass [R], inertia [R, 3],
-        and when ``jacobians``: K, D as [..., 6R, 6R] (positive semi-definite).
+        With ``jacobians`` the dict also holds K, D [..., 6R, 6R] (PSD stiffness and
+        damping of cable and contact forces w.r.t. rod displacements/velocities (v, w)).
         """
+        out = self._forces_soa(state.transpose(-1, -2), rest, p,
+                               None if wrench is None else wrench.transpose(-1, -2), keep=jacobians)
+        result = {"force": out["force"].transpose(-1, -2), "torque": out["torque"].transpose(-1, -2),
+                  "axis": out["axis"].transpose(-1, -2), "mass": out["mass"], "tension": out["tension"]}
+        if jacobians:
+            result["K"], result["D"] = self._jacobians(state, out, p)
+        return result
+
+    def _forces_soa(self, S: torch.Tensor, rest: torch.Tensor, p: dict,
+                    wrench: Optional[torch.Tensor] = None, keep: bool = False) -> dict:
+        """Forces on the components-first state S [..., 13, R]; vectors are [..., 3, n]."""
+        k = self.constants(S.dtype, S.device)
         R = self.num_rods
-        dtype = state.dtype
-        rot, r_nodes, x_nodes, v_nodes = self.node_kinematics(state)
-        batch = state.shape[:-2]
-        X = x_nodes.reshape(*batch, 2 * R, 3)
-        V = v_nodes.reshape(*batch, 2 * R, 3)
-        # ---- cables (CFG)
-        xa, xb = X.index_select(-2, self.cable_node_a), X.index_select(-2, self.cable_node_b)
-        va, vb = V.index_select(-2, self.cable_node_a), V.index_select(-2, self.cable_node_b)
-        d = xb - xa
-        length = torch.linalg.vector_norm(d, dim=-1)
-        u = d / length.unsqueeze(-1)
-        length_rate = ((vb - va) * u).sum(-1)
+        pos, vel, w = S[..., 0:3, :], S[..., 7:10, :], S[..., 10:13, :]
+        qw, qx, qy, qz = S[..., 3, :], S[..., 4, :], S[..., 5, :], S[..., 6, :]
+        axis = torch.stack([2.0 * (qx * qz + qw * qy), 2.0 * (qy * qz - qw * qx),
+                            qw * qw - qx * qx - qy * qy + qz * qz], -2)
+        axis_rate = _cross(w, axis)
+        Y = torch.cat([pos, axis], -1)                                     # [..., 3, 2R]
+        Ydot = torch.cat([vel, axis_rate], -1)
+        # ---- cables (CFG): tension-only spring-dampers between end nodes
+        d = Y @ k["Wt"]                                                    # [..., 3, C]
+        length = torch.sqrt(_dot(d, d))
+        u = d / length.unsqueeze(-2)
+        length_rate = _dot(Ydot @ k["Wt"], u)
         K, c = p["cable_stiffness"], p["cable_damping"]
         stretch = K * (length - rest) + c * length_rate
         tension = torch.relu(stretch)
-        f_cable = tension.unsqueeze(-1) * u                   # on node a; node b gets -f
-        node_force = torch.einsum("nc,...cd->...nd", self.incidence.to(dtype), f_cable)
-        node_force = node_force.reshape(*batch, R, 2, 3)
-        force = node_force.sum(-2)
-        torque = torch.linalg.cross(r_nodes, node_force, dim=-1).sum(-2)
-
+        general = -((tension.unsqueeze(-2) * u) @ k["W"])                  # on Y, [..., 3, 2R]
         mass = p["rod_mass"].expand(R)
-        inertia = mass[:, None] * self.inertia_per_mass.to(dtype)
-        force = force + mass[:, None] * self.gravity.to(dtype)
-        if wrench is not None:
-            force = force + wrench[..., 0:3]
-            torque = torque + wrench[..., 3:6]
-        out = {"rot": rot, "mass": mass, "inertia": inertia, "tension": tension}
-
-        if jacobians:
-            G_nodes = _point_jacobian(r_nodes.reshape(*batch, 2 * R, 3))
-            taut = (stretch > 0).to(dtype).unsqueeze(-1).unsqueeze(-1)
-            uu = _outer(u, u)
-            eye3 = torch.eye(3, dtype=dtype, device=state.device)
-            H = taut * (K.unsqueeze(-1).unsqueeze(-1) * uu
-                        + (tension / length).unsqueeze(-1).unsqueeze(-1) * (eye3 - uu))
-            Dc = taut * c.unsqueeze(-1).unsqueeze(-1) * uu
-            rod_a = torch.div(self.cable_node_a, 2, rounding_mode="floor")
-            rod_b = torch.div(self.cable_node_b, 2, rounding_mode="floor")
-            Ga = G_nodes.index_select(-3, self.cable_node_a)
-            Gb = G_nodes.index_select(-3, self.cable_node_b)
-            Kmat = self._pair_blocks(H, Ga, Gb, rod_a, rod_b, batch, dtype, state.device)
-            Dmat = self._pair_blocks(Dc, Ga, Gb, rod_a, rod_b, batch, dtype, state.device)
-
-        # ---- contacts (DCC + CRG)
+        out = {"axis": axis, "axis_rate": axis_rate, "mass": mass, "tension": tension}
+        if keep:
+            out.update(d=d, length=length, u=u, stretch=stretch)
         kc, cc = p["contact_stiffness"], p["contact_damping"]
         mu, mu_t, mu_r = p["friction_sliding"], p["friction_torsional"], p["friction_rolling"]
         eps, eps_w = self.friction_smoothing, self.angular_smoothing
-        w = state[..., ANG_VEL]
+        extra_torque = None
+        X = None
+        # ---- ground contacts (DCC + CRG): the two end spheres of every capsule
         if self.floor:
-            contacts = collision.ground_contacts(x_nodes, self.radius.to(dtype), self.robot.contact.ground_height)
-            r_c = contacts.point - state[..., None, POS]                   # [..., R, 2, 3]
-            v_c = state[..., None, LIN_VEL] + torch.linalg.cross(
-                w.unsqueeze(-2).expand_as(r_c), r_c, dim=-1)
-            active = (contacts.depth > 0).to(dtype)
-            normal_force = active * torch.relu(kc * contacts.depth - cc * v_c[..., 2])
-            v_t = v_c[..., :2]
-            speed = torch.sqrt((v_t * v_t).sum(-1) + eps * eps)
-            f_t = -(mu * normal_force / speed).unsqueeze(-1) * v_t
-            f_c = torch.cat([f_t, normal_force.unsqueeze(-1)], -1)
-            force = force + f_c.sum(-2)
-            torque = torque + torch.linalg.cross(r_c, f_c, dim=-1).sum(-2)
-            load = normal_force.sum(-1)                                      # [..., R]
-            w_n, w_t = w[..., 2:3], w[..., :2]
-            spin = torch.sqrt(w_n * w_n + eps_w * eps_w)
-            roll = torch.sqrt((w_t * w_t).sum(-1, keepdim=True) + eps_w * eps_w)
-            torque = torque - torch.cat([mu_r * load.unsqueeze(-1) * w_t / roll,
-                                         mu_t * load.unsqueeze(-1) * w_n / spin], -1)
-            if jacobians:
-                G_c = _point_jacobian(r_c)                                   # [..., R, 2, 3, 6]
-                ez = torch.zeros(3, dtype=dtype, device=state.device)
-                ez[2] = 1.0
-                nn_ = _outer(ez, ez)
-                tang = torch.diag(torch.tensor([1.0, 1.0, 0.0], dtype=dtype, device=state.device))
-                Hc = (active * kc)[..., None, None] * nn_
-                Dcon = (active * cc)[..., None, None] * nn_ + (mu * normal_force / speed)[..., None, None] * tang
-                Kblk = (G_c.transpose(-1, -2) @ Hc @ G_c).sum(-3)           # [..., R, 6, 6]
-                Dblk = (G_c.transpose(-1, -2) @ Dcon @ G_c).sum(-3)
-                rot_damp = torch.cat([(mu_r * load.unsqueeze(-1) / roll).expand(*load.shape, 2),
-                                      mu_t * load.unsqueeze(-1) / spin], -1)
-                Dblk = Dblk + torch.diag_embed(torch.cat([torch.zeros_like(rot_damp), rot_damp], -1))
-                Kmat = Kmat + self._block_diag(Kblk)
-                Dmat = Dmat + self._block_diag(Dblk)
-        if self.pairs.shape[0] > 0:
-            rc = collision.rod_rod_contacts(x_nodes, self.radius.to(dtype), self.pairs)
-            ia, ib = self.pairs[:, 0], self.pairs[:, 1]
-            pos, vel = state[..., POS], state[..., LIN_VEL]
-            ra = rc.point_a - pos.index_select(-2, ia)
-            rb = rc.point_b - pos.index_select(-2, ib)
-            vpa = vel.index_select(-2, ia) + torch.linalg.cross(w.index_select(-2, ia), ra, dim=-1)
-            vpb = vel.index_select(-2, ib) + torch.linalg.cross(w.index_select(-2, ib), rb, dim=-1)
-            v_rel = vpa - vpb
-            v_n = (v_rel * rc.normal).sum(-1)
-            active = (rc.depth > 0).to(dtype)
-            normal_force = active * torch.relu(kc * rc.depth - cc * v_n)
-            v_t = v_rel - v_n.unsqueeze(-1) * rc.normal
-            speed = torch.sqrt((v_t * v_t).sum(-1) + eps * eps)
-            f_a = normal_force.unsqueeze(-1) * rc.normal - (mu * normal_force / speed).unsqueeze(-1) * v_t
-            oa, ob = self.pair_onehot_a.to(dtype), self.pair_onehot_b.to(dtype)
-            force = force + torch.einsum("rp,...pd->...rd", oa - ob, f_a)
-            torque = (torque + torch.einsum("rp,...pd->...rd", oa, torch.linalg.cross(ra, f_a, dim=-1))
-                      - torch.einsum("rp,...pd->...rd", ob, torch.linalg.cross(rb, f_a, dim=-1)))
-            if jacobians:
-                nn_ = _outer(rc.normal, rc.normal)
-                eye3 = torch.eye(3, dtype=dtype, device=state.device)
-                Hp = (active * kc)[..., None, None] * nn_
-                Dp = (active * cc)[..., None, None] * nn_ + (mu * normal_force / speed)[..., None, None] * (eye3 - nn_)
-                Ga, Gb = _point_jacobian(ra), _point_jacobian(rb)
-                Kmat = Kmat + self._pair_blocks(Hp, Ga, Gb, ia, ib, batch, dtype, state.device)
-                Dmat = Dmat + self._pair_blocks(Dp, Ga, Gb, ia, ib, batch, dtype, state.device)
-
+            X = Y @ k["Nt"]                                                # end nodes [..., 3, 2R]
+            Xdot = Ydot @ k["Nt"]
+            r = k["node_radius"]
+            depth = r - (X[..., 2, :] - self.robot.contact.ground_height)
+            w_nodes = w.repeat_interleave(2, dim=-1)
+            # Contact point = node - r e_z; its velocity adds w x (-r e_z) = r (-w_y, w_x, 0).
+            vcx = Xdot[..., 0, :] - r * w_nodes[..., 1, :]
+            vcy = Xdot[..., 1, :] + r * w_nodes[..., 0, :]
+            active = depth > 0
+            normal = torch.where(active, torch.relu(kc * depth - cc * Xdot[..., 2, :]),
+                                 torch.zeros_like(depth))
+            speed = torch.sqrt(vcx * vcx + vcy * vcy + eps * eps)
+            coef = mu * normal / speed
+            fx, fy = -coef * vcx, -coef * vcy
+            general = general + torch.stack([fx, fy, normal], -2) @ k["N"]
+            # Torque of the -r e_z offset, (-r e_z) x f = (r f_y, -r f_x, 0), summed per rod.
+            ofs_x = (r * fy).unflatten(-1, (R, 2)).sum(-1)
+            ofs_y = (-r * fx).unflatten(-1, (R, 2)).sum(-1)
+            load = normal.unflatten(-1, (R, 2)).sum(-1)                    # [..., R]
+            wx, wy, wz = w[..., 0, :], w[..., 1, :], w[..., 2, :]
+            spin = torch.sqrt(wz * wz + eps_w * eps_w)
+            roll = torch.sqrt(wx * wx + wy * wy + eps_w * eps_w)
+            roll_coef = mu_r * load / roll
+            extra_torque = torch.stack([ofs_x - roll_coef * wx, ofs_y - roll_coef * wy,
+                                        -mu_t * load * wz / spin], -2)
+            if keep:
+                out["ground"] = (X, active, normal, speed, load, spin, roll)
+        force = general[..., :R]
+        torque = _cross(axis, general[..., R:])
+        if extra_torque is not None:
+            torque = torque + extra_torque
+        # ---- rod-rod contacts (capsule-capsule)
+        if self.num_pairs:
+            if X is None:
+                X = Y @ k["Nt"]
+            ia, ib = k["pair_a"], k["pair_b"]
+            contact = collision.capsule_contacts(
+                X.index_select(-1, k["pair_a_node0"]), X.index_select(-1, k["pair_a_node1"]),
+                X.index_select(-1, k["pair_b_node0"]), X.index_select(-1, k["pair_b_node1"]),
+                k["pair_radius_a"], k["pair_radius_b"], dim=-2)
+            active_p = contact.depth > 0
+            # With no pair touching, the response below is exactly zero (forces and
+            # gradients), so skip it; on CUDA the host sync would cost more than the ops.
+            if S.is_cuda or keep or bool(active_p.any()):
+                force, torque = self._rod_rod_response(contact, active_p, pos, vel, w, force, torque,
+                                                       p, k, out if keep else None)
+        force = force + mass * k["gravity_col"]
+        if wrench is not None:
+            force = force + wrench[..., 0:3, :]
+            torque = torque + wrench[..., 3:6, :]
         out["force"], out["torque"] = force, torque
-        if jacobians:
-            out["K"], out["D"] = Kmat, Dmat
         return out
+
+    def _rod_rod_response(self, contact, active_p, pos, vel, w, force, torque, p, k, keep_out):
+        kc, cc, mu = p["contact_stiffness"], p["contact_damping"], p["friction_sliding"]
+        eps = self.friction_smoothing
+        ia, ib = k["pair_a"], k["pair_b"]
+        ra = contact.point_a - pos.index_select(-1, ia)
+        rb = contact.point_b - pos.index_select(-1, ib)
+        v_rel = (vel.index_select(-1, ia) + _cross(w.index_select(-1, ia), ra)
+                 - vel.index_select(-1, ib) - _cross(w.index_select(-1, ib), rb))
+        v_n = _dot(v_rel, contact.normal)
+        normal_p = torch.where(active_p, torch.relu(kc * contact.depth - cc * v_n), torch.zeros_like(v_n))
+        v_t = v_rel - v_n.unsqueeze(-2) * contact.normal
+        speed_p = torch.sqrt(_dot(v_t, v_t) + eps * eps)
+        f_a = normal_p.unsqueeze(-2) * contact.normal - (mu * normal_p / speed_p).unsqueeze(-2) * v_t
+        force = force + f_a @ k["pair_diff_T"]
+        torque = torque + _cross(ra, f_a) @ k["pair_onehot_a_T"] - _cross(rb, f_a) @ k["pair_onehot_b_T"]
+        if keep_out is not None:
+            keep_out["pairs"] = (ra, rb, contact.normal, active_p, normal_p, speed_p)
+        return force, torque
+
+    def _jacobians(self, state, out, p):
+        """Linearisation of cable and contact forces for the implicit integrator (rod-major)."""
+        k = self.constants(state.dtype, state.device)
+        R = self.num_rods
+        dtype, device = state.dtype, state.device
+        batch = state.shape[:-2]
+        eye3 = torch.eye(3, dtype=dtype, device=device)
+        T = lambda x: x.transpose(-1, -2)
+        axis, u = T(out["axis"]), T(out["u"])
+        length, tension, stretch = out["length"], out["tension"], out["stretch"]
+        rod_a, rod_b = k["cable_rod_a"], k["cable_rod_b"]
+        lever_a = axis.index_select(-2, rod_a) * k["cable_lever_a"].unsqueeze(-1)
+        lever_b = axis.index_select(-2, rod_b) * k["cable_lever_b"].unsqueeze(-1)
+        Ga, Gb = _point_jacobian(lever_a), _point_jacobian(lever_b)
+        taut = (stretch > 0).to(dtype)[..., None, None]
+        uu = _outer(u, u)
+        H = taut * (p["cable_stiffness"][..., None, None] * uu
+                    + (tension / length)[..., None, None] * (eye3 - uu))
+        Dc = taut * p["cable_damping"][..., None, None] * uu
+        Kmat = self._pair_blocks(H, Ga, Gb, rod_a, rod_b, batch, dtype, device)
+        Dmat = self._pair_blocks(Dc, Ga, Gb, rod_a, rod_b, batch, dtype, device)
+        kc, cc, mu = p["contact_stiffness"], p["contact_damping"], p["friction_sliding"]
+        if "ground" in out:
+            X, active, normal, speed, load, spin, roll = out["ground"]
+            r = k["node_radius"]
+            node_lever = T(X).unflatten(-2, (R, 2)) - state[..., None, POS]
+            r_c = node_lever - r.unflatten(-1, (R, 2)).unsqueeze(-1) * k["ez"]
+            G_c = _point_jacobian(r_c)                                      # [..., R, 2, 3, 6]
+            ezz = _outer(k["ez"], k["ez"])
+            act = active.to(dtype).unflatten(-1, (R, 2))[..., None, None]
+            Hc = act * kc * ezz
+            Dcon = act * cc * ezz + (mu * normal / speed).unflatten(-1, (R, 2))[..., None, None] * (eye3 - ezz)
+            GcT = G_c.transpose(-1, -2)
+            Kblk = (GcT @ Hc @ G_c).sum(-3)
+            Dblk = (GcT @ Dcon @ G_c).sum(-3)
+            roll_d = (p["friction_rolling"] * load / roll).unsqueeze(-1)
+            rot_damp = torch.cat([roll_d, roll_d, (p["friction_torsional"] * load / spin).unsqueeze(-1)], -1)
+            Dblk = Dblk + torch.diag_embed(torch.cat([torch.zeros_like(rot_damp), rot_damp], -1))
+            Kmat = Kmat + self._block_diag(Kblk)
+            Dmat = Dmat + self._block_diag(Dblk)
+        if "pairs" in out:
+            ra, rb, n, active_p, normal_p, speed_p = out["pairs"]
+            ra, rb, n = T(ra), T(rb), T(n)
+            nn_ = _outer(n, n)
+            act = active_p.to(dtype)[..., None, None]
+            Hp = act * kc * nn_
+            Dp = act * cc * nn_ + (mu * normal_p / speed_p)[..., None, None] * (eye3 - nn_)
+            Ga, Gb = _point_jacobian(ra), _point_jacobian(rb)
+            Kmat = Kmat + self._pair_blocks(Hp, Ga, Gb, k["pair_a"], k["pair_b"], batch, dtype, device)
+            Dmat = Dmat + self._pair_blocks(Dp, Ga, Gb, k["pair_a"], k["pair_b"], batch, dtype, device)
+        return Kmat, Dmat
 
     def _pair_blocks(self, H, Ga, Gb, rod_a, rod_b, batch, dtype, device):
         """Assemble sum_c S_c^T H_c S_c with S_c = G_b E_b - G_a E_a into [..., 6R, 6R]."""
@@ -333,98 +428,141 @@ class TensegrityEngine(nn.Module):
         return full.reshape(*blocks.shape[:-3], 6 * R, 6 * R)
 
     # ------------------------------------------------------------------ dynamics
-    def accelerations(self, state, out):
-        """Newton-Euler: a = F/m, alpha = I_w^-1 (tau - w x I_w w)."""
-        rot, mass, inertia = out["rot"], out["mass"], out["inertia"]
-        w = state[..., ANG_VEL]
-        w_body = (rot.transpose(-1, -2) @ w.unsqueeze(-1)).squeeze(-1)
-        L_world = (rot @ (inertia * w_body).unsqueeze(-1)).squeeze(-1)
-        tau = out["torque"] - torch.linalg.cross(w, L_world, dim=-1)
-        tau_body = (rot.transpose(-1, -2) @ tau.unsqueeze(-1)).squeeze(-1)
-        alpha = (rot @ (tau_body / inertia).unsqueeze(-1)).squeeze(-1)
-        acc = out["force"] / mass[:, None]
-        free = self.free_mask.to(state.dtype)[:, None]
-        return acc * free, alpha * free
+    def _accelerations_soa(self, S, out):
+        """Newton-Euler for axisymmetric rods: a = F/m, alpha = I_w^-1 (tau - w x I_w w).
 
-    def _advance(self, state, v_new, w_new, h):
-        free = self.free_mask.to(state.dtype)[:, None]
-        v_new, w_new = v_new * free, w_new * free
-        pos = state[..., POS] + h * v_new
-        quat = quat_exp_world(state[..., QUAT], w_new, h)
-        return torch.cat([pos, quat, v_new, w_new], -1)
+        With axis a: I_w w = I_t w + (I_a - I_t) a (a.w), so the gyroscopic torque is
+        (I_a - I_t)(a.w)(w x a) and I_w^-1 t = t / I_t + (1/I_a - 1/I_t) a (a.t).
+        """
+        k = self.constants(S.dtype, S.device)
+        axis, mass = out["axis"], out["mass"]
+        w = S[..., 10:13, :]
+        it, ia = mass * k["it"], mass * k["ia"]
+        gyro = ((ia - it) * _dot(axis, w)).unsqueeze(-2) * out["axis_rate"]
+        tau = out["torque"] - gyro
+        inv_t, inv_a = 1.0 / it, 1.0 / ia
+        alpha = tau * inv_t + ((inv_a - inv_t) * _dot(axis, tau)).unsqueeze(-2) * axis
+        acc = out["force"] / mass
+        if self.fixed_rods:
+            acc, alpha = acc * k["free"], alpha * k["free"]
+        return acc, alpha
 
-    def _semi_implicit(self, state, rest, p, h, wrench):
-        out = self.forces(state, rest, p, wrench)
-        acc, alpha = self.accelerations(state, out)
-        return self._advance(state, state[..., LIN_VEL] + h * acc, state[..., ANG_VEL] + h * alpha, h)
+    def _advance_soa(self, S, v_new, w_new, h):
+        """Positions with the new velocity, orientation by the exact exponential of w h."""
+        if self.fixed_rods:
+            free = self.constants(S.dtype, S.device)["free"]
+            v_new, w_new = v_new * free, w_new * free
+        pos = S[..., 0:3, :] + h * v_new
+        half = (0.5 * h) * w_new
+        angle = torch.sqrt(_dot(half, half) + 1e-30)
+        # sinc has a proper gradient at 0; the epsilon keeps sqrt's gradient finite.
+        dw, dv = torch.cos(angle), half * torch.sinc(angle / math.pi).unsqueeze(-2)
+        qw, qv = S[..., 3, :], S[..., 4:7, :]
+        new_w = dw * qw - _dot(dv, qv)
+        new_v = dw.unsqueeze(-2) * qv + qw.unsqueeze(-2) * dv + _cross(dv, qv)
+        norm = torch.sqrt(new_w * new_w + _dot(new_v, new_v)).unsqueeze(-2)
+        return torch.cat([pos, new_w.unsqueeze(-2) / norm, new_v / norm, v_new, w_new], -2)
 
-    def _implicit(self, state, rest, p, h, wrench):
+    def _semi_implicit_soa(self, S, rest, p, h, wrench):
+        out = self._forces_soa(S, rest, p, wrench)
+        acc, alpha = self._accelerations_soa(S, out)
+        return self._advance_soa(S, S[..., 7:10, :] + h * acc, S[..., 10:13, :] + h * alpha, h)
+
+    def _implicit_soa(self, S, rest, p, h, wrench):
+        """Linearised backward Euler on the rod-major system (see module docstring)."""
         R = self.num_rods
-        out = self.forces(state, rest, p, wrench, jacobians=True)
-        rot, mass, inertia = out["rot"], out["mass"], out["inertia"]
+        k = self.constants(S.dtype, S.device)
+        state = S.transpose(-1, -2)
+        out = self._forces_soa(S, rest, p, wrench, keep=True)
+        Kmat, Dmat = self._jacobians(state, out, p)
+        mass = out["mass"]
+        axis = out["axis"].transpose(-1, -2)
         batch = state.shape[:-2]
         dtype = state.dtype
         w = state[..., ANG_VEL]
-        I_world = rot @ torch.diag_embed(inertia.expand(*batch, R, 3)) @ rot.transpose(-1, -2)
-        gyro = torch.linalg.cross(w, (I_world @ w.unsqueeze(-1)).squeeze(-1), dim=-1)
-        Q = torch.cat([out["force"], out["torque"] - gyro], -1)                 # [..., R, 6]
+        it, ia = mass * k["it"], mass * k["ia"]
+        aa = _outer(axis, axis)
+        eye3 = torch.eye(3, dtype=dtype, device=state.device)
+        I_world = it[:, None, None] * (eye3 - aa) + ia[:, None, None] * aa
+        gyro = ((ia - it) * _dot(out["axis"], S[..., 10:13, :])).unsqueeze(-2) * out["axis_rate"]
+        Q = torch.cat([out["force"], out["torque"] - gyro], -2).transpose(-1, -2)   # [..., R, 6]
         M_blocks = torch.zeros(*batch, R, 6, 6, dtype=dtype, device=state.device)
-        M_blocks[..., :3, :3] = mass[:, None, None] * torch.eye(3, dtype=dtype, device=state.device)
+        M_blocks[..., :3, :3] = mass[:, None, None] * eye3
         M_blocks[..., 3:, 3:] = I_world
-        free6 = self.free_mask.to(dtype).repeat_interleave(6)
-        A = self._block_diag(M_blocks) + h * out["D"] + h * h * out["K"]
+        free6 = k["free"].repeat_interleave(6)
+        A = self._block_diag(M_blocks) + h * Dmat + h * h * Kmat
         xi = torch.cat([state[..., LIN_VEL], w], -1).reshape(*batch, 6 * R)
-        rhs = h * (Q.reshape(*batch, 6 * R) - h * (out["K"] @ xi.unsqueeze(-1)).squeeze(-1))
+        rhs = h * (Q.reshape(*batch, 6 * R) - h * (Kmat @ xi.unsqueeze(-1)).squeeze(-1))
         # Fixed rods: identity rows/columns, zero right-hand side.
         A = A * free6[:, None] * free6[None, :] + torch.diag(1.0 - free6)
         delta = torch.linalg.solve(A, (rhs * free6).unsqueeze(-1)).squeeze(-1)
-        xi_new = (xi + delta).reshape(*batch, R, 6)
-        return self._advance(state, xi_new[..., :3], xi_new[..., 3:], h)
+        xi_new = (xi + delta).reshape(*batch, R, 6).transpose(-1, -2)               # [..., 6, R]
+        return self._advance_soa(S, xi_new[..., :3, :], xi_new[..., 3:, :], h)
+
+    def accelerations(self, state, out):
+        """Rod-major accelerations from a `forces` result: (a [..., R, 3], alpha [..., R, 3])."""
+        soa = {"axis": out["axis"].transpose(-1, -2), "mass": out["mass"],
+               "force": out["force"].transpose(-1, -2), "torque": out["torque"].transpose(-1, -2)}
+        S = state.transpose(-1, -2)
+        soa["axis_rate"] = _cross(S[..., 10:13, :], soa["axis"])
+        acc, alpha = self._accelerations_soa(S, soa)
+        return acc.transpose(-1, -2), alpha.transpose(-1, -2)
 
     @torch.no_grad()
     def stable_step(self, p: dict) -> float:
-        """Largest semi-implicit step the current parameters allow (ANI's bound)."""
-        mass = p["rod_mass"].expand(self.num_rods).double()
-        inertia = mass[:, None] * self.inertia_per_mass
-        end_mass = 1.0 / (1.0 / mass + self.half_length ** 2 / inertia[:, 0])     # [R]
-        m_min = float(end_mass.min())
-        count = self.node_cable_count.sum(-1)
-        k_node = float((self.node_cable_count @ p["cable_stiffness"].double().expand(self.robot.num_cables)).max())
-        c_node = float((self.node_cable_count @ p["cable_damping"].double().expand(self.robot.num_cables)).max())
-        if self.floor or self.pairs.shape[0]:
-            k_node += float(p["contact_stiffness"].max())
-            c_node += float(p["contact_damping"].max())
-        del count
-        # Two-body relative modes see half the effective mass.
-        omega = math.sqrt(2.0 * k_node / m_min)
-        h_spring = 2.0 / omega
-        h_damp = 2.0 * m_min / (2.0 * max(c_node, 1e-9))
+        """Largest semi-implicit step the current parameters allow (ANI's bound).
+
+        Uses the stiffest/most damped end node (sum over its cables, plus contact) over
+        the smallest effective end mass 1 / (1/m + (L/2)^2 / I_t); relative two-node
+        modes see half that mass.
+        """
+        k = self.constants(torch.float64, "cpu")
+        mass = p["rod_mass"].detach().double().cpu().expand(self.num_rods)
+        end_mass = 1.0 / (1.0 / mass + k["half"] ** 2 / (mass * k["it"]))
+        m_min = float(end_mass.min()) / 2.0
+        count = torch.as_tensor(self.node_cable_count)
+        C = self.robot.num_cables
+        k_node = float((count @ p["cable_stiffness"].detach().double().cpu().expand(C)).max())
+        c_node = float((count @ p["cable_damping"].detach().double().cpu().expand(C)).max())
+        if self.floor or self.num_pairs:
+            k_node += float(p["contact_stiffness"].detach().max())
+            c_node += float(p["contact_damping"].detach().max())
+        h_spring = 2.0 / math.sqrt(k_node / m_min)
+        h_damp = 2.0 * m_min / max(c_node, 1e-9)
         return self.ani_safety * min(h_spring, h_damp)
 
-    def step(self, state: torch.Tensor, act: torch.Tensor, command: torch.Tensor, dt: float, *,
-             integrator: str = "semi_implicit", wrench: Optional[torch.Tensor] = None,
-             params: Optional[dict] = None):
-        """Advance (state, act) by dt under a command held over the step."""
-        if integrator not in INTEGRATORS:
-            raise ValueError(f"integrator must be one of {INTEGRATORS}, got {integrator!r}")
-        p = params if params is not None else self.param_values(state.dtype, state.device)
+    def _step_soa(self, S, act, command, dt, integrator, wrench, p):
         command = self.clamp_command(command)
+        tau = p["actuator_time_constant"]
         if integrator == "ani":
             n = max(1, math.ceil(dt / self.stable_step(p) - 1e-9))
             h = dt / n
             for _ in range(n):
-                act_end, act_mean = actuator_update(act, command, p["actuator_time_constant"], h)
+                act_end, act_mean = actuator_update(act, command, tau, h)
                 rest = self.rest_lengths(act if self.actuator_timing == "start" else act_mean, p)
-                state = self._semi_implicit(state, rest, p, h, wrench)
+                S = self._semi_implicit_soa(S, rest, p, h, wrench)
                 act = act_end
-            return state, act
-        act_end, act_mean = actuator_update(act, command, p["actuator_time_constant"], dt)
+            return S, act
+        act_end, act_mean = actuator_update(act, command, tau, dt)
         rest = self.rest_lengths(act if self.actuator_timing == "start" else act_mean, p)
         if integrator == "implicit":
-            state = self._implicit(state, rest, p, dt, wrench)
-        else:
-            state = self._semi_implicit(state, rest, p, dt, wrench)
-        return state, act_end
+            return self._implicit_soa(S, rest, p, dt, wrench), act_end
+        return self._semi_implicit_soa(S, rest, p, dt, wrench), act_end
+
+    @staticmethod
+    def _check_integrator(integrator: str) -> None:
+        if integrator not in INTEGRATORS:
+            raise ValueError(f"integrator must be one of {INTEGRATORS}, got {integrator!r}")
+
+    def step(self, state: torch.Tensor, act: torch.Tensor, command: torch.Tensor, dt: float, *,
+             integrator: str = "semi_implicit", wrench: Optional[torch.Tensor] = None,
+             params: Optional[dict] = None):
+        """Advance (state [..., R, 13], act [..., A]) by dt under a command held over the step."""
+        self._check_integrator(integrator)
+        p = params if params is not None else self.param_values(state.dtype, state.device)
+        S, act = self._step_soa(state.transpose(-1, -2), act, command, dt, integrator,
+                                None if wrench is None else wrench.transpose(-1, -2), p)
+        return S.transpose(-1, -2), act
 
     def rollout(self, state: torch.Tensor, act: torch.Tensor, commands: torch.Tensor, dt: float, *,
                 integrator: str = "semi_implicit", wrenches: Optional[torch.Tensor] = None,
@@ -434,40 +572,44 @@ class TensegrityEngine(nn.Module):
         Returns (states [..., S // record_every, R, 13], acts [..., S // record_every, A]),
         the state after steps record_every, 2 record_every, ...
         """
+        self._check_integrator(integrator)
+        if record_every < 1:
+            raise ValueError("record_every must be >= 1")
         p = params if params is not None else self.param_values(state.dtype, state.device)
-        steps = commands.shape[-2]
+        S = state.transpose(-1, -2)
+        wr = None if wrenches is None else wrenches.transpose(-1, -2)      # [..., S, 6, R]
         states, acts = [], []
-        for i in range(steps):
-            wrench = None if wrenches is None else wrenches[..., i, :, :]
-            state, act = self.step(state, act, commands[..., i, :], dt, integrator=integrator,
-                                   wrench=wrench, params=p)
+        for i in range(commands.shape[-2]):
+            S, act = self._step_soa(S, act, commands[..., i, :], dt, integrator,
+                                    None if wr is None else wr[..., i, :, :], p)
             if (i + 1) % record_every == 0:
-                states.append(state)
+                states.append(S)
                 acts.append(act)
-        return torch.stack(states, -3), torch.stack(acts, -2)
+        return torch.stack(states, -3).transpose(-1, -2), torch.stack(acts, -2)
 
     # ------------------------------------------------------------------ diagnostics
     def energy(self, state: torch.Tensor, act: torch.Tensor, params: Optional[dict] = None) -> torch.Tensor:
         """Total mechanical energy [...]: kinetic + gravity + cable + contact springs."""
         p = params if params is not None else self.param_values(state.dtype, state.device)
+        k = self.constants(state.dtype, state.device)
         rest = self.rest_lengths(act, p)
-        rot, _, x_nodes, _ = self.node_kinematics(state)
         R = self.num_rods
         mass = p["rod_mass"].expand(R)
-        inertia = mass[:, None] * self.inertia_per_mass.to(state.dtype)
-        w_body = (rot.transpose(-1, -2) @ state[..., ANG_VEL].unsqueeze(-1)).squeeze(-1)
-        v = state[..., LIN_VEL]
-        kinetic = 0.5 * (mass * (v * v).sum(-1)).sum(-1) + 0.5 * (inertia * w_body * w_body).sum((-1, -2))
-        gravity = -(mass[:, None] * self.gravity.to(state.dtype) * state[..., POS]).sum((-1, -2))
-        X = x_nodes.reshape(*state.shape[:-2], 2 * R, 3)
-        length = torch.linalg.vector_norm(
-            X.index_select(-2, self.cable_node_b) - X.index_select(-2, self.cable_node_a), dim=-1)
+        axis = self.rod_axes(state)
+        v, w = state[..., LIN_VEL], state[..., ANG_VEL]
+        w_axial = torch.linalg.vecdot(axis, w)
+        w_perp2 = torch.linalg.vecdot(w, w) - w_axial ** 2
+        kinetic = 0.5 * (mass * torch.linalg.vecdot(v, v)).sum(-1) + 0.5 * (
+            mass * (k["it"] * w_perp2 + k["ia"] * w_axial ** 2)).sum(-1)
+        gravity = -(mass.unsqueeze(-1) * k["gravity"] * state[..., POS]).sum((-1, -2))
+        Y = torch.cat([state[..., POS], axis], -2)
+        length = torch.linalg.vector_norm(k["W"] @ Y, dim=-1)
         cable = 0.5 * (p["cable_stiffness"] * torch.relu(length - rest) ** 2).sum(-1)
         total = kinetic + gravity + cable
         if self.floor:
-            depth = collision.ground_contacts(x_nodes, self.radius.to(state.dtype),
-                                              self.robot.contact.ground_height).depth
-            total = total + 0.5 * (p["contact_stiffness"] * torch.relu(depth) ** 2).sum((-1, -2))
+            z = (k["N"] @ Y)[..., 2]
+            depth = k["node_radius"] - (z - self.robot.contact.ground_height)
+            total = total + 0.5 * (p["contact_stiffness"] * torch.relu(depth) ** 2).sum(-1)
         return total
 
     def cable_tensions(self, state, act, params: Optional[dict] = None) -> torch.Tensor:
