@@ -1,0 +1,243 @@
+"""Sampling-based MPC (engine/mpc.py): planner maths on a toy system, costs, adapters,
+excitation, and short closed-loop rolling runs on MuJoCo (CI-sized)."""
+import numpy as np
+import pytest
+import torch
+
+from tensegrity_engine import mpc
+from tensegrity_engine.config import load_robot
+from tensegrity_engine.environments import contact_twin
+from tensegrity_engine.params import PhysicalParameters
+from tensegrity_engine.state import center_of_mass
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _threads():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def superball():
+    return load_robot("superball")
+
+
+@pytest.fixture(scope="module")
+def three_bar():
+    return load_robot("three_bar")
+
+
+# ----------------------------------------------------------------------------- toy system
+A_TOY = 3
+LOW, HIGH = np.full(A_TOY, -1.0), np.full(A_TOY, 1.0)
+TARGET = np.array([0.5, -0.3, 2.0])        # last one is out of bounds: optimum clips at 1
+
+
+def toy_dynamics(state0, act0, plans):
+    """'State' = the command itself in a [N, H, 1, 13] tensor (first A_TOY slots)."""
+    N, H, A = plans.shape
+    out = torch.zeros(N, H, 1, 13, dtype=plans.dtype)
+    out[..., 0, :A] = plans
+    return out
+
+
+def toy_cost(states, plans, state0, prev):
+    return ((states[..., 0, :A_TOY] - torch.as_tensor(TARGET, dtype=states.dtype)) ** 2).sum((-1, -2))
+
+
+@pytest.mark.parametrize("name", ["rs", "cem", "mppi"])
+def test_planners_improve_and_respect_bounds(name):
+    cfg = mpc.PlannerConfig(horizon=4, num_samples=64, iterations=6, temperature=0.1, noise_scale=0.3)
+    planner = mpc.make_planner(name, toy_dynamics, toy_cost, LOW, HIGH, cfg)
+    s0, a0 = torch.zeros(1, 13), torch.zeros(A_TOY)
+    start = float(toy_cost(toy_dynamics(s0, a0, planner.mean[None]), planner.mean[None], s0, a0))
+    seen = []
+    wrapped = planner.dynamics
+
+    def spy(s, a, plans):
+        seen.append(plans.clone())
+        return wrapped(s, a, plans)
+
+    planner.dynamics = spy
+    plan = planner.plan(s0, a0)
+    end = float(toy_cost(toy_dynamics(s0, a0, plan[None]), plan[None], s0, a0))
+    assert plan.shape == (4, A_TOY)
+    optimum = 4 * 1.0 ** 2                      # last command clipped at 1 on every knot
+    assert end - optimum < (0.7 if name == "rs" else 0.1) * (start - optimum)
+    every = torch.cat(seen)
+    assert every.shape[0] == cfg.iterations * cfg.num_samples == planner.rollouts_evaluated
+    assert (every >= -1.0 - 1e-6).all() and (every <= 1.0 + 1e-6).all()
+    assert (plan >= -1.0).all() and (plan <= 1.0).all()
+    if name != "rs":
+        assert plan[:, 2].min() > 0.5            # pushed against the upper bound
+
+
+def test_mppi_weights_and_temperature():
+    """Low temperature -> nearly the best sample; high temperature -> nearly the mean of
+    all samples (uniform weights)."""
+    cfg = mpc.PlannerConfig(horizon=2, num_samples=32, iterations=1, noise_scale=0.3)
+    s0, a0 = torch.zeros(1, 13), torch.zeros(A_TOY)
+    out = {}
+    for lam in (1e-4, 1e4):
+        cfg.temperature = lam
+        planner = mpc.MPPI(toy_dynamics, toy_cost, LOW, HIGH, cfg)
+        out[lam] = planner.plan(s0, a0)
+        assert planner.last_info["effective_samples"][0] == pytest.approx(1.0 if lam < 1 else 32.0, rel=0.1)
+    # replay the same noise (same seed) to find the best sample and the mean
+    g = torch.Generator().manual_seed(cfg.seed)
+    eps = 0.3 * 2.0 * torch.randn(32, 2, A_TOY, generator=g)
+    eps[0] = 0.0
+    plans = torch.clamp(eps, -1, 1)
+    costs = toy_cost(toy_dynamics(s0, a0, plans), plans, s0, a0)
+    torch.testing.assert_close(out[1e-4], plans[torch.argmin(costs)], atol=1e-4, rtol=0)
+    torch.testing.assert_close(out[1e4], plans.mean(0), atol=1e-3, rtol=0)
+
+
+def test_warm_start_shift_and_reset():
+    cfg = mpc.PlannerConfig(horizon=3, num_samples=8, iterations=1)
+    planner = mpc.MPPI(toy_dynamics, toy_cost, LOW, HIGH, cfg)
+    planner.reset(plan=torch.tensor([[0.1] * 3, [0.2] * 3, [5.0] * 3]))
+    assert planner.mean[2, 0] == 1.0              # reset clips into the bounds
+    planner.shift()
+    torch.testing.assert_close(planner.mean[:, 0], torch.tensor([0.2, 1.0, 1.0]))
+    planner.reset()
+    torch.testing.assert_close(planner.mean, torch.zeros(3, A_TOY))   # centre of the range
+
+
+# ----------------------------------------------------------------------------- cost
+def test_locomotion_cost(three_bar):
+    robot = three_bar
+    cost = mpc.LocomotionCost(robot, target_velocity=(1.0, 0.0), control_dt=0.1, w_height=0.0,
+                              w_smooth=0.0)
+    s0 = torch.as_tensor(mpc.task_start(robot)[0])
+    H = 5
+    shift = torch.arange(1, H + 1, dtype=s0.dtype)[:, None, None] * 0.1
+    good = s0.expand(H, -1, -1).clone()
+    good[..., 0] += shift[..., 0]                 # +0.1 m per 0.1 s knot: exactly 1 m/s
+    still = s0.expand(H, -1, -1).clone()
+    back = good.clone()
+    back[..., 0] -= 2 * shift[..., 0]
+    nan = good.clone()
+    nan[2, 0, 0] = float("nan")
+    states = torch.stack([good, still, back, nan])
+    plans = torch.zeros(4, H, robot.num_actuated, dtype=s0.dtype)
+    c = cost(states, plans, s0, plans[0, 0])
+    assert c[0] == pytest.approx(0.0, abs=1e-9)
+    assert c[1] == pytest.approx(1.0, rel=1e-6)
+    assert c[2] == pytest.approx(4.0, rel=1e-6)
+    assert c[3] == mpc.BAD_COST
+    # goal steering: desired velocity points at the goal, capped so as not to overshoot
+    goal = mpc.LocomotionCost(robot, goal=(0.0, 1.0), speed=2.0, control_dt=0.1)
+    v = goal.desired_velocity(torch.tensor([[0.0, 0.0, 0.5], [0.0, 0.95, 0.5]]))
+    torch.testing.assert_close(v, torch.tensor([[0.0, 2.0], [0.0, 0.5]]), atol=1e-6, rtol=0)
+
+
+# ----------------------------------------------------------------------------- adapters
+def test_engine_and_mujoco_dynamics_agree_in_shape_and_start(three_bar):
+    robot = three_bar
+    s0, a0 = mpc.task_start(robot)
+    plans = torch.as_tensor(np.random.default_rng(0).uniform(robot.command_low, robot.command_high,
+                                                             (3, 2, robot.num_actuated)), dtype=torch.float32)
+    eng = mpc.EngineDynamics(robot, control_dt=0.05)
+    mj = mpc.MujocoDynamics(contact_twin(robot, nthread=1), control_dt=0.05)
+    se, sm = eng(s0, a0, plans), mj(s0, a0, plans)
+    assert se.shape == sm.shape == (3, 2, robot.num_rods, 13)
+    assert se.dtype == sm.dtype == torch.float32
+    m = robot.rod_mass
+    ce, cm = center_of_mass(se.double().numpy(), m), center_of_mass(sm.double().numpy(), m)
+    assert np.abs(ce - cm).max() < 0.05              # 0.1 s from rest: same physics, roughly
+    coarse = mpc.EngineDynamics(robot, control_dt=0.05, dt=0.01, integrator="implicit")
+    assert coarse.substeps == 5 and coarse.engine.actuator_timing == "mean"
+    assert torch.isfinite(coarse(s0, a0, plans)).all()
+    with pytest.raises(ValueError):
+        mpc.EngineDynamics(robot, control_dt=0.1, dt=0.03)
+
+
+def test_set_params_swaps_the_model(three_bar, tmp_path):
+    robot = three_bar
+    s0, a0 = mpc.task_start(robot)
+    plans = torch.as_tensor(np.broadcast_to(robot.command_low, (1, 2, robot.num_actuated)).copy(),
+                            dtype=torch.float32)
+    ctrl = mpc.MPPIController(robot, config=mpc.PlannerConfig(horizon=2, control_dt=0.05,
+                                                              num_samples=4, iterations=1))
+    before = ctrl.dynamics(s0, a0, plans)
+    heavy = PhysicalParameters(robot, values={"rod_mass": 20.0, "actuator_time_constant": 0.5})
+    ctrl.set_params(heavy)
+    after = ctrl.dynamics(s0, a0, plans)
+    assert (before - after).abs().max() > 1e-3
+    # the same values through a parameter file (mapping format) and a robot YAML
+    import yaml
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump({"parameters": heavy.as_dict()}))
+    loaded = mpc.params_from_file(robot, path)
+    for k, v in heavy.as_dict().items():
+        np.testing.assert_allclose(loaded.as_dict()[k], v, rtol=1e-6)
+    try:
+        from tensegrity_engine.dataset import robot_to_yaml
+    except ImportError:
+        return
+    path2 = tmp_path / "robot.yaml"
+    path2.write_text(robot_to_yaml(heavy.to_robot_config()))
+    loaded = mpc.params_from_file(robot, path2)
+    np.testing.assert_allclose(loaded.as_dict()["rod_mass"], 20.0, rtol=1e-6)
+
+
+# ----------------------------------------------------------------------------- excitation
+@pytest.mark.parametrize("kind", ["multisine", "chirp"])
+def test_excitation_policy(superball, kind):
+    pol = mpc.ExcitationPolicy(superball, seed=3, kind=kind, control_dt=0.1)
+    u = np.stack([pol.plan(None, None) for _ in range(50)])
+    assert u.shape == (50, superball.num_actuated)
+    assert (u >= superball.command_low).all() and (u <= superball.command_high).all()
+    width = superball.command_high - superball.command_low
+    assert (np.ptp(u, axis=0) > 0.3 * width).all()           # informative: wide excursions
+    fine = pol.commands(5000, 0.001)
+    assert np.abs(np.diff(fine, axis=0)).max() < 0.02 * width.max()   # smooth at 1 kHz
+    pol.reset()
+    np.testing.assert_array_equal(pol.plan(None, None), u[0])  # reset: deterministic
+    other = mpc.ExcitationPolicy(superball, seed=4, kind=kind)
+    assert not np.allclose(other.command_at(1.0), pol.command_at(1.0))
+
+
+def test_planning_data_points_paper():
+    cfg = mpc.PlannerConfig(horizon=10, num_samples=40, iterations=5)
+    assert mpc.planning_data_points(cfg, 50) == 100_000     # paper IV-C2
+
+
+# ----------------------------------------------------------------------------- closed loop
+@pytest.mark.parametrize("name,steps", [("three_bar", 6), ("superball", 5)])
+def test_short_rolling_run_moves_forward(name, steps):
+    """CI-sized version of the task: MPPI on the (nominal) engine, executed on MuJoCo,
+    must move the CoM along +x."""
+    robot = load_robot(name)
+    cfg = mpc.PlannerConfig(horizon=3, num_samples=12, iterations=1, seed=1)
+    ctrl = mpc.MPPIController(robot, config=cfg)
+    s0, a0 = mpc.task_start(robot)
+    twin = contact_twin(robot, nthread=1)
+    traj = mpc.run_closed_loop(ctrl, twin, s0, a0, num_steps=steps, control_dt=0.1)
+    m = mpc.summarize(robot, traj, goal=(5.0, 0.0))
+    assert traj["commands"].shape == (steps, robot.num_actuated)
+    assert (traj["commands"] >= robot.command_low - 1e-9).all()
+    assert (traj["commands"] <= robot.command_high + 1e-9).all()
+    dx = m["final_xy"][0]
+    assert dx > 0.1, m["final_xy"]
+    assert dx > 2 * abs(m["final_xy"][1])
+    assert len(ctrl.plan_times) == steps
+
+
+def test_plan_on_mujoco_and_rs_cem(three_bar):
+    """The same planners run on mujoco.rollout (ground truth baseline)."""
+    robot = three_bar
+    s0, a0 = mpc.task_start(robot)
+    dyn = mpc.MujocoDynamics(contact_twin(robot, nthread=1))
+    for name in ("rs", "cem", "mppi"):
+        ctrl = mpc.MPPIController(robot, dynamics=dyn, planner=name,
+                                  config=mpc.PlannerConfig(horizon=2, num_samples=8, iterations=2))
+        u = ctrl.plan(s0, a0)
+        assert u.shape == (robot.num_actuated,)
+        assert (u >= robot.command_low).all() and (u <= robot.command_high).all()
+        assert ctrl.current_plan.shape == (2, robot.num_actuated)
+        with pytest.raises(TypeError):
+            ctrl.set_params(PhysicalParameters(robot))
