@@ -1,0 +1,724 @@
+"""Recurrent progressive identification from sparse (10 Hz) data (paper III-A, III-C, Alg. 1).
+
+Public API (the ROS identifier node uses exactly this)::
+
+    trainer = ProgressiveTrainer(robot, IdentificationConfig(...), device="cpu", dtype=torch.float64,
+                                 initial=None)          # initial: PhysicalParameters / dict of values
+    trainer.set_data(train, val)       # lists of Trajectory or TupleSet (see dataset.py)
+    trainer.add_tuples(tuples)         # streaming: append training tuples (TupleSet / Trajectory)
+    while not trainer.done:
+        m = trainer.train_epoch()      # {'loss','val_loss','stage','integrator','dt','lr','epoch',
+                                       #  'tuples','seconds','diverged', ...}
+    trainer.parameters                 # PhysicalParameters (bounded, identified)
+    trainer.state_dict() / trainer.load_state_dict(sd)   # resumable (call after set_data)
+    evaluate(trainer.parameters, test_trajs, ...)         # CoM error vs time
+    export_yaml(trainer.parameters, path)                 # loadable robot config
+
+Tuples and loss. A tuple is (X_t, U_t, X_t+T): T = ``period`` (100 ms), U_t the commands
+(and known wrenches) of the T/dt_r engine steps in between. The engine runs T/dt steps of
+the current stage's dt from X_t (commands averaged over each coarse step) and the loss is
+
+    L = mean over tuples, free rods and both end nodes of
+        |x_hat - x|^2 + w_vel * T^2 |xdot_hat - xdot|^2              (m^2)
+
+on rod END NODES (position and velocity): they carry the rod centre and axis (the paper's
+per-rod p, v, axis, omega view; spin about a symmetric rod's axis is unobservable) in one
+unit, and T^2 turns a velocity error into the position error it causes over one sample
+interval, so both terms are commensurate. Welded rods are excluded. All tuples of a batch
+run in parallel on the batch dimension; gradients flow back through time (BPTT).
+
+Actuator state: the filtered command at each tuple start is rebuilt from the trajectory's
+initial actuator state and all commands before the tuple with the *current* time constant
+(exact first-order filter, differentiable), so it never has to be measured and tau is
+identifiable from the rest-length dynamics.
+
+Pose-only data (mocap: no velocities): each tuple's initial linear and angular velocities
+are latent variables optimised together with the parameters (initialised by central finite
+differences of the poses), and the velocity term of the loss is replaced by a
+multiple-shooting continuity term: the predicted end velocity of tuple k must equal the
+latent initial velocity of tuple k+1. Validation tuples get their own latents, updated with
+the parameters frozen.
+
+Progressive training (Alg. 1, `schedule="progressive"`): implicit integration with dt = T
+and lr = lr0; after ``patience`` epochs without a validation improvement (or
+``max_stage_epochs``) the best parameters of the stage are restored and dt is halved down
+to the engine step (dt = max(dt/2, dt_r)); at dt_r lr is halved until < lr_min; then lr =
+lr0 and semi-implicit (or ANI) fine-tuning halves lr until < lr_min. ``implicit_only``
+stops after the implicit phase, ``feedforward`` (the prior work) keeps a single implicit
+step of T, ``fine_only`` runs only the semi-implicit phase (refinement from good values).
+Divergence (NaN/inf loss or gradient, parameters saturating their bounds)
+restores the last good parameters and counts as a non-improving epoch.
+
+Learning happens on the unconstrained raw parameters of `PhysicalParameters` (Adam), so a
+learning rate is a step in logit space and never leaves the physical bounds.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import time
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import torch
+
+from .config import RobotConfig
+from .dataset import Trajectory, TupleSet, robot_to_yaml, to_tuples
+from .params import PhysicalParameters
+from .physics import TensegrityEngine
+from .state import ANG_VEL, LIN_VEL, POS, QUAT, quat_axis
+
+NONCONTACT_PARAMS = ("cable_stiffness", "cable_damping", "rod_mass", "actuator_time_constant",
+                     "actuator_gain", "actuator_offset")
+CONTACT_PARAMS = ("contact_stiffness", "contact_damping", "friction_sliding",
+                  "friction_torsional", "friction_rolling")
+SCHEDULES = ("progressive", "implicit_only", "feedforward", "fine_only")
+
+
+def default_learnable(floor: bool) -> tuple[str, ...]:
+    """Non-contact data (no floor) identifies the robot; contact data identifies contact."""
+    return CONTACT_PARAMS if floor else NONCONTACT_PARAMS
+
+
+@dataclasses.dataclass
+class IdentificationConfig:
+    period: float = 0.1                 # s, T: sampling interval of the tuples
+    learn: Optional[tuple] = None       # parameter names; None: default_learnable(env)
+    per_element: tuple = ()             # names identified per cable / per rod
+    bounds: Optional[dict] = None       # {name: (lo, hi)} overriding the broad default ranges
+    schedule: str = "progressive"
+    lr0: float = 0.1
+    lr_min: float = 1e-4
+    coarse_integrator: str = "implicit"
+    fine_integrator: str = "semi_implicit"   # or "ani"
+    patience: int = 1                   # non-improving epochs before a stage change
+    min_rel_improvement: float = 0.0    # val loss must fall by this fraction to count
+    max_stage_epochs: Optional[int] = None
+    max_epochs: int = 10_000
+    max_seconds: Optional[float] = None
+    batch_size: int = 64
+    epoch_tuples: Optional[int] = None  # training tuples drawn per epoch (None: all)
+    val_tuples: Optional[int] = None    # fixed validation subset (None: all)
+    w_vel: float = 1.0                  # weight of the end-node velocity term
+    latent_velocity: Optional[bool] = None   # None: when the data has no velocities
+    latent_lr_ratio: float = 0.1        # latent-velocity lr / parameter lr
+    max_raw: float = 12.0               # |raw| beyond this = saturated/exploded -> rollback
+    init: str = "random"                # "random" (within bounds) or "given" (initial values)
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.init not in ("random", "given"):
+            raise ValueError(f"init must be 'random' or 'given', got {self.init!r}")
+        for name in ("period", "lr0", "lr_min"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0")
+        if self.patience < 1 or self.batch_size < 1:
+            raise ValueError("patience and batch_size must be >= 1")
+        if self.learn is not None:
+            self.learn = tuple(self.learn)
+        self.per_element = tuple(self.per_element)
+
+
+# --------------------------------------------------------------------------- helpers
+def _as_tuples(data, period: float, dt: float) -> Optional[TupleSet]:
+    if data is None:
+        return None
+    if isinstance(data, (TupleSet, Trajectory)):
+        data = [data]
+    sets = [d if isinstance(d, TupleSet) else to_tuples(d, period, dt) for d in data]
+    return TupleSet.concat(sets) if sets else None
+
+
+def averaging_matrix(fine: int, coarse: int, dtype=torch.float64, device="cpu") -> torch.Tensor:
+    """[coarse, fine] weights averaging a zero-order-hold signal of ``fine`` equal steps over
+    ``coarse`` equal steps of the same interval (exact for fractional overlaps)."""
+    edges_c = torch.linspace(0, 1, coarse + 1, dtype=torch.float64)
+    edges_f = torch.linspace(0, 1, fine + 1, dtype=torch.float64)
+    lo = torch.maximum(edges_c[:-1, None], edges_f[None, :-1])
+    hi = torch.minimum(edges_c[1:, None], edges_f[None, 1:])
+    w = (hi - lo).clamp(min=0) * coarse
+    return w.to(dtype=dtype, device=device)
+
+
+def node_state(state: torch.Tensor, half_length: torch.Tensor):
+    """End-node positions and velocities [..., R, 2, 3]."""
+    axis = quat_axis(state[..., QUAT])
+    r = axis * half_length[:, None]
+    lever = torch.stack([-r, r], -2)
+    pos = state[..., None, POS] + lever
+    vel = state[..., None, LIN_VEL] + torch.linalg.cross(
+        state[..., None, ANG_VEL].expand_as(lever), lever, dim=-1)
+    return pos, vel
+
+
+def _finite_difference_velocity(x0: np.ndarray, x1: np.ndarray, prev: np.ndarray, T: float) -> np.ndarray:
+    """[N, R, 6] central (or forward) differences of tuple poses: initial latent velocities."""
+    before = np.where((prev >= 0)[:, None, None], x0[np.clip(prev, 0, None)], x0)
+    span = np.where(prev >= 0, 2.0 * T, T)[:, None, None]
+    v = (x1[..., POS] - before[..., POS]) / span
+    qa, qb = before[..., QUAT], x1[..., QUAT]
+    # world-frame rotation dq = qb * conj(qa) -> rotation vector / span
+    w_a, v_a = qa[..., :1], -qa[..., 1:]
+    w_b, v_b = qb[..., :1], qb[..., 1:]
+    dw = w_b * w_a - (v_b * v_a).sum(-1, keepdims=True)
+    dv = w_b * v_a + w_a * v_b + np.cross(v_b, v_a)
+    sign = np.where(dw >= 0, 1.0, -1.0)
+    dw, dv = dw * sign, dv * sign
+    norm = np.linalg.norm(dv, axis=-1, keepdims=True)
+    angle = 2.0 * np.arctan2(norm, dw)
+    axis = dv / np.maximum(norm, 1e-12)
+    return np.concatenate([v, axis * angle / span], -1)
+
+
+class _Data:
+    """A TupleSet as device tensors plus what the loss needs."""
+
+    def __init__(self, ts: TupleSet, dtype, device, latent: bool):
+        f = lambda a: torch.as_tensor(np.asarray(a), dtype=dtype, device=device)
+        self.ts = ts
+        self.x0, self.x1 = f(ts.x0), f(ts.x1)
+        self.commands = f(ts.commands)
+        self.wrenches = None if ts.wrenches is None else f(ts.wrenches)
+        self.next = torch.as_tensor(ts.next, device=device)
+        S = ts.steps
+        K = max(len(c) // S for c in ts.traj_commands)
+        grid = np.zeros((len(ts.traj_commands), K, S, ts.commands.shape[-1]))
+        for j, c in enumerate(ts.traj_commands):
+            k = len(c) // S
+            grid[j, :k] = c[:k * S].reshape(k, S, -1)
+            grid[j, k:] = c[-1]
+        self.cmd_grid = f(grid)
+        self.traj_act0 = f(np.stack(ts.traj_act0))
+        self.traj = torch.as_tensor(ts.traj, device=device)
+        self.chunk = torch.as_tensor(ts.start_step // S, device=device)
+        self.latent = None
+        if latent:
+            v0 = _finite_difference_velocity(ts.x0, ts.x1, ts.prev, ts.period)
+            self.latent = torch.nn.Parameter(f(v0))
+
+    def __len__(self):
+        return len(self.ts)
+
+
+# --------------------------------------------------------------------------- trainer
+class ProgressiveTrainer:
+    """Algorithm 1 on tuples, one `train_epoch` at a time (see the module docstring)."""
+
+    def __init__(self, robot: RobotConfig, config: Optional[IdentificationConfig] = None, *,
+                 device="cpu", dtype: torch.dtype = torch.float64, initial=None,
+                 log: Optional[Callable[[str], None]] = None):
+        self.robot = robot
+        self.config = config or IdentificationConfig()
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.log = log or (lambda msg: None)
+        values = initial.as_dict() if isinstance(initial, PhysicalParameters) else initial
+        self._initial_values = values
+        self.params = PhysicalParameters(robot, values, per_element=self.config.per_element,
+                                         bounds=self.config.bounds)
+        self.engine: Optional[TensegrityEngine] = None
+        self.train: Optional[_Data] = None
+        self.val: Optional[_Data] = None
+        self.learn: Optional[tuple] = None
+        self.rng = np.random.default_rng(self.config.seed)
+        self.history: list[dict] = []
+        self.stage_log: list[dict] = []
+        self.epoch = 0
+        self.phase = "coarse" if self.config.schedule != "fine_only" else "fine"
+        self.n_steps = self.full_steps if self.phase == "fine" else 1
+        self.lr = self.config.lr0
+        self.best_val = math.inf
+        self.bad_epochs = 0
+        self.stage_epochs = 0
+        self.elapsed = 0.0
+        self._best_snapshot = None
+        self._last_metrics: dict = {}
+        self.optimizer = None
+        self.rollbacks = 0
+        self.coarse_params: Optional[dict] = None   # parameters at the end of the implicit phase
+
+    # ------------------------------------------------------------------ data
+    @property
+    def full_steps(self) -> int:
+        return int(round(self.config.period / self.robot.dt))
+
+    @property
+    def dt(self) -> float:
+        return self.config.period / self.n_steps
+
+    @property
+    def integrator(self) -> str:
+        return self.config.coarse_integrator if self.phase == "coarse" else self.config.fine_integrator
+
+    @property
+    def done(self) -> bool:
+        return self.phase == "done"
+
+    @property
+    def parameters(self) -> PhysicalParameters:
+        return self.params
+
+    @property
+    def latent(self) -> bool:
+        return self.train is not None and self.train.latent is not None
+
+    def set_data(self, train, val=None) -> None:
+        """Training and validation data (Trajectory / TupleSet or lists of them). Without
+        validation data the training loss drives the schedule."""
+        ts = _as_tuples(train, self.config.period, self.robot.dt)
+        if ts is None or not len(ts):
+            raise ValueError("no training tuples")
+        vs = _as_tuples(val, self.config.period, self.robot.dt)
+        self._setup(ts)
+        self.train = self._to_data(ts)
+        self.val = self._to_data(vs) if vs is not None else None
+        if self.val is not None and self.config.val_tuples and len(self.val) > self.config.val_tuples:
+            pick = np.sort(np.random.default_rng(self.config.seed + 1).choice(
+                len(vs), self.config.val_tuples, replace=False))
+            self.val_index = torch.as_tensor(pick, device=self.device)
+        else:
+            self.val_index = None if self.val is None else torch.arange(len(self.val), device=self.device)
+        self._make_optimizer()
+
+    def add_tuples(self, data) -> None:
+        """Append training tuples (streaming); latents of old tuples are kept."""
+        ts = _as_tuples(data, self.config.period, self.robot.dt)
+        if self.train is None:
+            return self.set_data(ts)
+        old = self.train
+        merged = TupleSet.concat([old.ts, ts])
+        self.train = self._to_data(merged)
+        if old.latent is not None:
+            with torch.no_grad():
+                self.train.latent[:len(old)] = old.latent
+        self._make_optimizer(keep_state=True)
+
+    def _to_data(self, ts: TupleSet) -> _Data:
+        if self.engine is not None:
+            if (ts.fixed_rods, ts.floor) != (self.engine.fixed_rods, self.engine.floor):
+                raise ValueError("data from a different environment (fixed rods / floor) than the "
+                                 "trainer was set up with")
+            if ts.steps != self.full_steps:
+                raise ValueError(f"tuples have {ts.steps} steps, expected {self.full_steps}")
+        latent = self.config.latent_velocity
+        if latent is None:
+            latent = not ts.has_velocity
+        if not latent and not ts.has_velocity:
+            raise ValueError("the data has no velocities: enable latent_velocity")
+        return _Data(ts, self.dtype, self.device, latent)
+
+    def _setup(self, ts: TupleSet) -> None:
+        if self.engine is not None:
+            return
+        cfg = self.config
+        self.learn = tuple(cfg.learn) if cfg.learn is not None else default_learnable(ts.floor)
+        for name, raw in self.params.named_parameters():
+            raw.requires_grad_(name in self.learn)
+        if cfg.init == "random":
+            self.params.randomize(np.random.default_rng(cfg.seed), self.learn)
+        self.engine = TensegrityEngine(self.robot, self.params, fixed_rods=ts.fixed_rods,
+                                       floor=ts.floor).to(self.device)
+        f = lambda a: torch.as_tensor(a, dtype=self.dtype, device=self.device)
+        free = np.ones(self.robot.num_rods)
+        free[list(ts.fixed_rods)] = 0.0
+        self._half, self._free = f(self.robot.rod_length / 2.0), f(free)
+        self._cmd_low, self._cmd_high = f(self.robot.command_low), f(self.robot.command_high)
+        if cfg.schedule == "feedforward":
+            self.n_steps = 1
+        self.log(f"identifying {', '.join(self.learn)} ({'floor' if ts.floor else 'no floor'}, "
+                 f"fixed rods {list(ts.fixed_rods)}); start {self._fmt_params()}")
+
+    def _make_optimizer(self, keep_state: bool = False) -> None:
+        old = self.optimizer.state_dict() if (keep_state and self.optimizer is not None) else None
+        groups = [{"params": [getattr(self.params, n) for n in self.learn], "lr": self.lr, "name": "params"}]
+        if self.train is not None and self.train.latent is not None:
+            groups.append({"params": [self.train.latent], "lr": self.lr * self.config.latent_lr_ratio,
+                           "name": "latent"})
+        self.optimizer = torch.optim.Adam(groups)
+        if self.val is not None and self.val.latent is not None:
+            self.val_optimizer = torch.optim.Adam([self.val.latent], lr=self.lr * self.config.latent_lr_ratio)
+        if old is not None:
+            try:
+                self.optimizer.load_state_dict(old)
+            except (ValueError, RuntimeError):
+                pass   # tuple count changed: fresh latent moments
+
+    def _set_lr(self, lr: float) -> None:
+        self.lr = lr
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr * (self.config.latent_lr_ratio if g.get("name") == "latent" else 1.0)
+        if getattr(self, "val_optimizer", None) is not None:
+            for g in self.val_optimizer.param_groups:
+                g["lr"] = lr * self.config.latent_lr_ratio
+
+    # ------------------------------------------------------------------ loss
+    def act_starts(self, data: _Data, tau: torch.Tensor) -> torch.Tensor:
+        """[N, A] filtered command at every tuple start (exact filter, differentiable in tau)."""
+        S = data.cmd_grid.shape[2]
+        d = torch.exp(-self.robot.dt / tau)
+        j = torch.arange(S, dtype=self.dtype, device=self.device)
+        weights = (1.0 - d) * d ** (S - 1 - j)
+        grid = torch.maximum(torch.minimum(data.cmd_grid, self._cmd_high), self._cmd_low)
+        contrib = torch.einsum("s,tksa->tka", weights, grid)
+        dS = d ** S
+        a = data.traj_act0
+        acts = [a]
+        for k in range(data.cmd_grid.shape[1] - 1):
+            a = dS * a + contrib[:, k]
+            acts.append(a)
+        acts = torch.stack(acts, 1)
+        return acts[data.traj, data.chunk]
+
+    def batch_loss(self, data: _Data, idx: torch.Tensor, p: dict, n_steps: Optional[int] = None,
+                   integrator: Optional[str] = None, latent: Optional[torch.Tensor] = None,
+                   acts: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Mean recurrent loss of tuples ``idx`` (see the module docstring)."""
+        n_steps = self.n_steps if n_steps is None else n_steps
+        integrator = self.integrator if integrator is None else integrator
+        T = self.config.period
+        x0 = data.x0[idx]
+        lat = data.latent if latent is None else latent
+        if lat is not None:
+            x0 = torch.cat([x0[..., :7], lat[idx]], -1)
+        act = (self.act_starts(data, p["actuator_time_constant"]) if acts is None else acts)[idx]
+        cmd, wr = data.commands[idx], None if data.wrenches is None else data.wrenches[idx]
+        if n_steps != cmd.shape[1]:
+            M = averaging_matrix(cmd.shape[1], n_steps, self.dtype, self.device)
+            cmd = torch.einsum("cs,bsa->bca", M, cmd)
+            wr = None if wr is None else torch.einsum("cs,bsrk->bcrk", M, wr)
+        pred, _ = self.engine.rollout(x0, act, cmd, T / n_steps, integrator=integrator,
+                                      wrenches=wr, record_every=n_steps, params=p)
+        pred = pred[:, -1]
+        half, free = self._half, self._free
+        weight = free / (2.0 * free.sum())                      # mean over free rods and 2 nodes
+        pp, pv = node_state(pred, half)
+        tp, tv = node_state(data.x1[idx], half)
+        per = ((pp - tp) ** 2).sum(-1).sum(-1)                   # [B, R]
+        if lat is None:
+            per = per + self.config.w_vel * T * T * ((pv - tv) ** 2).sum(-1).sum(-1)
+        else:
+            nxt = data.next[idx]
+            has = (nxt >= 0).to(self.dtype)[:, None]
+            nv = torch.cat([data.x1[idx][..., :7], lat[nxt.clamp(min=0)]], -1)
+            _, nv = node_state(nv, half)
+            per = per + has * self.config.w_vel * T * T * ((pv - nv) ** 2).sum(-1).sum(-1)
+        return (per * weight).sum(-1).mean()
+
+    # ------------------------------------------------------------------ epochs
+    def _snapshot(self):
+        snap = {n: getattr(self.params, n).detach().clone() for n in self.learn}
+        if self.latent:
+            snap["__latent"] = self.train.latent.detach().clone()
+        return snap
+
+    @torch.no_grad()
+    def _restore(self, snap) -> None:
+        for n in self.learn:
+            getattr(self.params, n).copy_(snap[n])
+        if "__latent" in snap and self.latent and snap["__latent"].shape == self.train.latent.shape:
+            self.train.latent.copy_(snap["__latent"])
+
+    def _healthy(self) -> bool:
+        for n in self.learn:
+            raw = getattr(self.params, n)
+            if not torch.isfinite(raw).all() or raw.abs().max() > self.config.max_raw:
+                return False
+        return not self.latent or bool(torch.isfinite(self.train.latent).all())
+
+    def validate(self) -> float:
+        """Validation loss (training loss if there is no validation data)."""
+        data, idx = (self.val, self.val_index) if self.val is not None else (self.train, None)
+        if idx is None:
+            idx = torch.arange(len(data), device=self.device)
+        p = {k: v.detach() for k, v in self.engine.param_values(self.dtype, self.device).items()}
+        acts = self.act_starts(data, p["actuator_time_constant"])
+        total, count = 0.0, 0
+        bs = self.config.batch_size
+        for b in range(0, len(idx), bs):
+            sub = idx[b:b + bs]
+            if data.latent is not None:
+                # Pose-only validation: one latent-velocity step with the parameters frozen.
+                opt = self.val_optimizer if data is self.val else None
+                loss = self.batch_loss(data, sub, p, acts=acts)
+                if opt is not None and torch.isfinite(loss):
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+                loss = loss.detach()
+            else:
+                with torch.no_grad():
+                    loss = self.batch_loss(data, sub, p, acts=acts)
+            total += float(loss) * len(sub)
+            count += len(sub)
+        return total / max(count, 1)
+
+    def train_epoch(self) -> dict:
+        """One epoch of the current stage, then Algorithm 1's stage update. Returns metrics."""
+        if self.train is None:
+            raise RuntimeError("call set_data() or add_tuples() first")
+        if self.done:
+            return dict(self._last_metrics)
+        cfg = self.config
+        start = time.perf_counter()
+        n = len(self.train)
+        order = self.rng.permutation(n)[:cfg.epoch_tuples or n]
+        losses, diverged, used = [], False, 0
+        for b in range(0, len(order), cfg.batch_size):
+            idx = torch.as_tensor(order[b:b + cfg.batch_size], device=self.device)
+            good = self._snapshot()
+            p = self.engine.param_values(self.dtype, self.device)
+            loss = self.batch_loss(self.train, idx, p)
+            if not torch.isfinite(loss):
+                diverged = True
+                break
+            self.optimizer.zero_grad()
+            loss.backward()
+            grads = [q.grad for g in self.optimizer.param_groups for q in g["params"] if q.grad is not None]
+            if not all(torch.isfinite(g).all() for g in grads):
+                diverged = True
+                break
+            self.optimizer.step()
+            if not self._healthy():
+                self._restore(good)
+                diverged = True
+                break
+            losses.append(float(loss.detach()))
+            used += len(idx)
+        if diverged:
+            self._restore(good)
+            self.rollbacks += 1
+            self._make_optimizer()    # Adam moments may carry the blow-up
+            self.log(f"epoch {self.epoch}: diverged at {self.integrator} dt {self.dt * 1e3:g} ms, "
+                     f"lr {self.lr:g}: restored the last good parameters")
+        val = self.validate() if not diverged else math.inf
+        if not math.isfinite(val) and not diverged:
+            diverged = True
+            self._restore(good)
+            self.rollbacks += 1
+        seconds = time.perf_counter() - start
+        self.elapsed += seconds
+        metrics = {"epoch": self.epoch, "loss": float(np.mean(losses)) if losses else math.nan,
+                   "val_loss": val, "stage": self.phase, "integrator": self.integrator,
+                   "dt": self.dt, "lr": self.lr, "tuples": used, "seconds": seconds,
+                   "diverged": diverged, "params": self.params.as_dict()}
+        self.history.append(metrics)
+        self.epoch += 1
+        self._schedule(val)
+        metrics["next_stage"] = self.phase
+        self._last_metrics = metrics
+        return dict(metrics)
+
+    def _schedule(self, val: float) -> None:
+        cfg = self.config
+        self.stage_epochs += 1
+        if val < self.best_val * (1.0 - cfg.min_rel_improvement):
+            self.best_val = val
+            self.bad_epochs = 0
+            self._best_snapshot = self._snapshot()
+        else:
+            self.bad_epochs += 1
+        out_of_time = cfg.max_seconds is not None and self.elapsed >= cfg.max_seconds
+        if self.epoch >= cfg.max_epochs or out_of_time:
+            self._finish("epoch/time limit reached")
+            return
+        stalled = self.bad_epochs >= cfg.patience or (
+            cfg.max_stage_epochs is not None and self.stage_epochs >= cfg.max_stage_epochs)
+        if not stalled:
+            return
+        if self._best_snapshot is not None:
+            self._restore(self._best_snapshot)
+        before = self._stage_name()
+        reset_best = False
+        if self.phase == "coarse" and cfg.schedule != "feedforward" and self.n_steps < self.full_steps:
+            self.n_steps = min(2 * self.n_steps, self.full_steps)   # dt = max(dt / 2, dt_r)
+            reset_best = True
+        elif self.lr / 2.0 >= cfg.lr_min:
+            self._set_lr(self.lr / 2.0)
+        elif self.phase == "coarse" and cfg.schedule == "progressive":
+            # What implicit-only training would have returned (ablation b, for free).
+            self.coarse_params = self.params.as_dict()
+            self.phase = "fine"
+            self.n_steps = self.full_steps
+            self.lr = cfg.lr0
+            self._make_optimizer()
+            reset_best = True
+        else:
+            self._finish("lr below lr_min")
+            return
+        if reset_best:
+            self.best_val = math.inf
+            self._best_snapshot = None
+        self.bad_epochs = 0
+        self.stage_epochs = 0
+        self._log_stage(before, val)
+
+    def _stage_name(self) -> str:
+        return f"{self.phase} {self.integrator} dt={self.dt * 1e3:g}ms lr={self.lr:g}"
+
+    def _log_stage(self, before: str, val: float) -> None:
+        entry = {"epoch": self.epoch, "from": before, "to": self._stage_name(), "val_loss": val}
+        self.stage_log.append(entry)
+        self.log(f"epoch {self.epoch}: stage {before} -> {entry['to']} (val {val:.3e}); "
+                 f"{self._fmt_params()}")
+
+    def _finish(self, why: str) -> None:
+        if self._best_snapshot is not None:
+            self._restore(self._best_snapshot)
+        before = self._stage_name()
+        self.phase = "done"
+        self.stage_log.append({"epoch": self.epoch, "from": before, "to": "done", "why": why})
+        self.log(f"epoch {self.epoch}: done ({why}); {self._fmt_params()}")
+
+    def _fmt_params(self) -> str:
+        vals = self.params.as_dict()
+        names = self.learn or tuple(vals)
+        return ", ".join(f"{n}={np.mean(vals[n]):.5g}" for n in names)
+
+    def run(self, progress: bool = False, callback: Optional[Callable[[dict], None]] = None) -> list[dict]:
+        """Train until done; optional tqdm bar and per-epoch callback."""
+        bar = None
+        if progress:
+            from tqdm import tqdm
+            bar = tqdm(desc="identify", unit="epoch")
+        try:
+            while not self.done:
+                m = self.train_epoch()
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix_str(f"{m['integrator'][:4]} dt={m['dt'] * 1e3:g}ms lr={m['lr']:.2g} "
+                                        f"val={m['val_loss']:.2e}")
+                if callback is not None:
+                    callback(m)
+        finally:
+            if bar is not None:
+                bar.close()
+        return self.history
+
+    # ------------------------------------------------------------------ checkpoint
+    def state_dict(self) -> dict:
+        return {
+            "config": dataclasses.asdict(self.config), "params": copy.deepcopy(self.params.state_dict()),
+            "learn": self.learn, "optimizer": self.optimizer.state_dict() if self.optimizer else None,
+            "phase": self.phase, "n_steps": self.n_steps, "lr": self.lr, "best_val": self.best_val,
+            "bad_epochs": self.bad_epochs, "stage_epochs": self.stage_epochs, "epoch": self.epoch,
+            "elapsed": self.elapsed, "history": self.history, "stage_log": self.stage_log,
+            "best_snapshot": self._best_snapshot, "rng": self.rng.bit_generator.state,
+            "latent": None if not self.latent else self.train.latent.detach().clone(),
+            "val_latent": None if self.val is None or self.val.latent is None else self.val.latent.detach().clone(),
+            "rollbacks": self.rollbacks, "coarse_params": self.coarse_params,
+        }
+
+    def load_state_dict(self, sd: dict) -> None:
+        """Resume (call after `set_data` with the same data)."""
+        if self.engine is None:
+            raise RuntimeError("call set_data() before load_state_dict()")
+        with torch.no_grad():
+            self.params.load_state_dict(sd["params"])
+        self.learn = tuple(sd["learn"])
+        for name, raw in self.params.named_parameters():
+            raw.requires_grad_(name in self.learn)
+        for key in ("phase", "n_steps", "lr", "best_val", "bad_epochs", "stage_epochs", "epoch",
+                    "elapsed", "history", "stage_log", "rollbacks", "coarse_params"):
+            setattr(self, key, sd[key])
+        self._best_snapshot = sd["best_snapshot"]
+        self.rng.bit_generator.state = sd["rng"]
+        with torch.no_grad():
+            if sd["latent"] is not None and self.latent and sd["latent"].shape == self.train.latent.shape:
+                self.train.latent.copy_(sd["latent"])
+            if sd["val_latent"] is not None and self.val is not None and self.val.latent is not None:
+                self.val.latent.copy_(sd["val_latent"])
+        self._make_optimizer()
+        if sd["optimizer"] is not None:
+            self.optimizer.load_state_dict(sd["optimizer"])
+
+    def save_checkpoint(self, path) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(str(path) + ".tmp")
+        torch.save(self.state_dict(), tmp)
+        tmp.replace(path)
+
+    def load_checkpoint(self, path) -> None:
+        self.load_state_dict(torch.load(path, map_location=self.device, weights_only=False))
+
+
+# --------------------------------------------------------------------------- evaluation
+def evaluate(params: PhysicalParameters, trajs: Sequence[Trajectory], *,
+             integrator: str = "semi_implicit", dt: Optional[float] = None,
+             device="cpu", dtype: torch.dtype = torch.float64, batch_size: int = 16) -> dict:
+    """Roll the engine out for each whole trajectory from its first state under the
+    recorded commands (and wrenches); CoM error at every sample on the dt grid.
+
+    Needs velocities in the first state (pose-only test data: zero initial velocity is
+    assumed, which is right for trajectories that start at rest). Returns dict with
+    times [K], com_error [B, K], path_length [B], final_error [B], relative [B].
+    """
+    if not trajs:
+        raise ValueError("no trajectories to evaluate")
+    robot = params.robot
+    dt = robot.dt if dt is None else float(dt)
+    first = trajs[0]
+    engine = TensegrityEngine(robot, params, fixed_rods=first.fixed_rods, floor=first.floor).to(device)
+    duration = min(float(t.t[-1] - t.t[0]) for t in trajs)
+    steps = int(math.floor(duration / dt + 1e-9))
+    fine = int(round(dt / robot.dt))
+    if abs(fine * robot.dt - dt) > 1e-12:
+        raise ValueError("evaluation dt must be a whole number of engine steps")
+    times = dt * np.arange(1, steps + 1)
+    w = robot.rod_mass / robot.rod_mass.sum()
+    errors, lengths = [], []
+    with torch.no_grad():
+        p = engine.param_values(dtype, device)
+        for b0 in range(0, len(trajs), batch_size):
+            chunk = trajs[b0:b0 + batch_size]
+            f = lambda a: torch.as_tensor(np.stack(a), dtype=dtype, device=device)
+            x0 = f([t.states()[0] for t in chunk])
+            act0 = f([t.initial_act() for t in chunk])
+            cmd = f([t.command_grid(t.t[0], steps * fine, robot.dt) for t in chunk])
+            cmd = cmd.reshape(len(chunk), steps, fine, -1).mean(2)
+            wr = None
+            if chunk[0].wrench is not None:
+                wr = f([t.wrench_grid(t.t[0], steps * fine, robot.dt) for t in chunk])
+                wr = wr.reshape(len(chunk), steps, fine, *wr.shape[2:]).mean(2)
+            pred, _ = engine.rollout(x0, act0, cmd, dt, integrator=integrator, wrenches=wr, params=p)
+            com_pred = (pred[..., POS].cpu().double().numpy() * w[:, None]).sum(-2)   # [B, steps, 3]
+            for i, t in enumerate(chunk):
+                rel = t.t - t.t[0]
+                k = np.rint(rel / dt).astype(int)
+                ok = (np.abs(k * dt - rel) < 1e-6) & (k >= 1) & (k <= steps)
+                err = np.full(steps, np.nan)
+                err[k[ok] - 1] = np.linalg.norm(com_pred[i, k[ok] - 1] - t.center_of_mass()[ok], axis=-1)
+                errors.append(err)
+                lengths.append(t.path_length())
+    err = np.stack(errors)
+    valid = ~np.all(np.isnan(err), axis=0)
+    err, times = err[:, valid], times[valid]
+    lengths = np.array(lengths)
+    final = err[:, -1]
+    return {"times": times, "com_error": err, "path_length": lengths, "final_error": final,
+            "relative": final / np.maximum(lengths, 1e-12)}
+
+
+def export_yaml(params: PhysicalParameters, path, comment: str = "") -> Path:
+    """Write the identified parameters as a complete robot config (loadable by load_robot)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    head = "# Identified by tensegrity_engine.identification\n"
+    if comment:
+        head += "".join(f"# {line}\n" for line in comment.splitlines())
+    path.write_text(head + robot_to_yaml(params.to_robot_config()))
+    return path
+
+
+def parameter_errors(params: PhysicalParameters, reference: RobotConfig, names: Sequence[str]) -> dict:
+    """Relative error of identified values against a reference config, per name."""
+    ref = PhysicalParameters(reference).as_dict()
+    got = params.as_dict()
+    out = {}
+    for n in names:
+        r = np.broadcast_to(np.asarray(ref[n]), np.shape(got[n])) if len(got[n]) > 1 else np.mean(ref[n])
+        out[n] = float(np.max(np.abs(np.asarray(got[n]) - r) / np.maximum(np.abs(r), 1e-12)))
+    return out

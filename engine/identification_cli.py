@@ -1,0 +1,266 @@
+"""``tensegrity-identify``: offline data generation, identification and evaluation.
+
+    tensegrity-identify generate --robot superball --out runs/ident            # MuJoCo data
+    tensegrity-identify identify --data runs/ident/noncontact --out runs/ident/noncontact_id
+    tensegrity-identify identify --data runs/ident/contact --out runs/ident/contact_id \
+        --initial runs/ident/noncontact_id/identified.yaml                    # paper order
+    tensegrity-identify evaluate --robot runs/ident/contact_id/identified.yaml \
+        --data runs/ident/contact --out runs/ident/contact_id
+
+``identify`` writes identified.yaml (a robot config), checkpoint.pt (``--resume`` continues
+from it), history.json and PNG plots (loss per stage, parameters against the data's config);
+``evaluate`` writes com_error.png and evaluation.json. Nothing is written outside ``--out``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def _robot(name_or_path):
+    from .config import load_robot
+    return load_robot(name_or_path)
+
+
+def _plot_history(trainer, reference, out: Path) -> list[Path]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .params import PhysicalParameters
+
+    hist = trainer.history
+    if not hist:
+        return []
+    ep = np.array([h["epoch"] for h in hist])
+    paths = []
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax.semilogy(ep, [h["loss"] for h in hist], label="train")
+    ax.semilogy(ep, [h["val_loss"] for h in hist], label="validation")
+    for s in trainer.stage_log:
+        ax.axvline(s["epoch"] - 0.5, color="grey", lw=0.5, ls=":")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("loss (m$^2$)")
+    ax.set_title("loss per stage (dotted: stage changes)")
+    ax.legend()
+    fig.tight_layout()
+    paths.append(out / "loss.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    ref = PhysicalParameters(reference).as_dict()
+    names = list(trainer.learn)
+    fig, axes = plt.subplots(len(names), 1, figsize=(8, 2.0 * len(names)), sharex=True, squeeze=False)
+    for ax, n in zip(axes[:, 0], names):
+        vals = np.array([np.mean(h["params"][n]) for h in hist])
+        ax.plot(ep, vals, label="identified")
+        ax.axhline(np.mean(ref[n]), color="k", ls="--", lw=1, label="data config")
+        lo, hi = trainer.params.bounds_of(n)
+        if trainer.params.specs[n].log_scale:
+            ax.set_yscale("log")
+        ax.set_ylabel(n, fontsize=8)
+    axes[0, 0].legend(fontsize=8)
+    axes[-1, 0].set_xlabel("epoch")
+    fig.tight_layout()
+    paths.append(out / "params.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths
+
+
+def plot_com_error(results: dict, out: Path, title: str = "") -> Path:
+    """results: {label: evaluate() dict}. Mean and std of the CoM error against time."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, r in results.items():
+        m, s = np.nanmean(r["com_error"], 0), np.nanstd(r["com_error"], 0)
+        ax.plot(r["times"], m, label=label)
+        ax.fill_between(r["times"], np.maximum(m - s, 1e-12), m + s, alpha=0.2)
+    ax.set_yscale("log")
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("CoM error (m)")
+    ax.set_title(title or "CoM error on test trajectories (mean ± std)")
+    ax.legend()
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def _summary(r: dict) -> str:
+    return (f"CoM error at {r['times'][-1]:.2f} s: mean {np.mean(r['final_error']):.4g} m "
+            f"(max {np.max(r['final_error']):.4g}); path length {np.mean(r['path_length']):.4g} m; "
+            f"relative {100 * np.mean(r['relative']):.3g} %")
+
+
+def cmd_generate(args) -> int:
+    from .dataset import SPLITS, generate_dataset
+
+    robot = _robot(args.robot)
+    counts = dict(SPLITS)
+    if args.counts:
+        vals = [int(v) for v in args.counts.split(",")]
+        if len(vals) != 3:
+            raise SystemExit("--counts needs train,val,test")
+        counts = dict(zip(("train", "val", "test"), vals))
+    for env in args.env:
+        t = time.perf_counter()
+        generate_dataset(robot, env, args.out, counts=counts, duration=args.duration,
+                         period=args.period, seed=args.seed, dense=not args.no_dense, progress=True)
+        print(f"{env}: written under {Path(args.out) / env} in {time.perf_counter() - t:.1f} s")
+    return 0
+
+
+def cmd_identify(args) -> int:
+    import torch
+
+    from .dataset import load_split, tuples_from
+    from .identification import IdentificationConfig, ProgressiveTrainer, export_yaml
+    from .params import PhysicalParameters
+
+    torch.set_num_threads(args.threads)
+    train = load_split(args.data, "train", args.kind)
+    val = load_split(args.data, "val", args.kind)
+    robot = _robot(args.robot) if args.robot else train[0].robot
+    if args.robot:
+        train = load_split(args.data, "train", args.kind, robot)
+        val = load_split(args.data, "val", args.kind, robot)
+    if args.pose_only:
+        train = [t.without_velocity() for t in train]
+        val = [t.without_velocity() for t in val]
+    initial = PhysicalParameters(_robot(args.initial)) if args.initial else None
+    cfg = IdentificationConfig(
+        period=args.period, learn=tuple(args.learn) if args.learn else None,
+        per_element=tuple(args.per_element or ()), schedule=args.schedule,
+        fine_integrator=args.fine_integrator, patience=args.patience,
+        max_stage_epochs=args.max_stage_epochs, max_epochs=args.max_epochs,
+        max_seconds=args.max_seconds, batch_size=args.batch_size, epoch_tuples=args.epoch_tuples,
+        val_tuples=args.val_tuples, seed=args.seed)
+    dtype = {"float64": torch.float64, "float32": torch.float32}[args.dtype]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    trainer = ProgressiveTrainer(robot, cfg, device=args.device, dtype=dtype, initial=initial,
+                                 log=lambda m: print(m, flush=True))
+    ts, vs = tuples_from(train, cfg.period), tuples_from(val, cfg.period)
+    trainer.set_data(ts, vs)
+    ckpt = out / "checkpoint.pt"
+    if args.resume and ckpt.exists():
+        trainer.load_checkpoint(ckpt)
+        print(f"resumed from {ckpt} at epoch {trainer.epoch} ({trainer._stage_name()})")
+    print(f"data: {len(train)} train / {len(val)} val trajectories, {len(ts)} train tuples, "
+          f"{ts.data_points} ground-truth train data points ({vs.data_points} validation)")
+    t0 = time.perf_counter()
+    trainer.run(progress=not args.quiet, callback=lambda m: trainer.save_checkpoint(ckpt))
+    wall = time.perf_counter() - t0
+    trainer.save_checkpoint(ckpt)
+    export_yaml(trainer.parameters, out / "identified.yaml",
+                comment=f"data: {args.data} ({args.kind}); learned: {', '.join(trainer.learn)}")
+    (out / "history.json").write_text(json.dumps(
+        {"history": trainer.history, "stages": trainer.stage_log, "learn": trainer.learn,
+         "wall_seconds": wall, "data_points": ts.data_points}, indent=1, default=float))
+    plots = _plot_history(trainer, train[0].robot, out)
+    secs = [h["seconds"] for h in trainer.history]
+    print(f"identified in {wall:.1f} s, {trainer.epoch} epochs, {np.mean(secs):.2f} s/epoch "
+          f"(paper: 126 s/epoch on GPU); wrote {out / 'identified.yaml'}, {ckpt}, "
+          + ", ".join(str(p) for p in plots))
+    return 0
+
+
+def cmd_evaluate(args) -> int:
+    import torch
+
+    from .dataset import load_split
+    from .identification import evaluate
+    from .params import PhysicalParameters
+
+    torch.set_num_threads(args.threads)
+    robot = _robot(args.robot)
+    test = load_split(args.data, args.split, args.kind, robot)
+    r = evaluate(PhysicalParameters(robot), test, integrator=args.integrator, dt=args.dt,
+                 device=args.device)
+    out = Path(args.out)
+    plot_com_error({Path(args.robot).stem: r}, out / "com_error.png")
+    (out / "evaluation.json").write_text(json.dumps({k: np.asarray(v).tolist() for k, v in r.items()}))
+    print(_summary(r))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="tensegrity-identify", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="run the MuJoCo ground truth and write trajectory files")
+    g.add_argument("--robot", default="superball")
+    g.add_argument("--out", default="runs/ident")
+    g.add_argument("--env", nargs="+", default=["noncontact", "contact"], choices=["noncontact", "contact"])
+    g.add_argument("--counts", help="train,val,test trajectories (default 10,2,10)")
+    g.add_argument("--duration", type=float, default=5.0)
+    g.add_argument("--period", type=float, default=0.1)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--no-dense", action="store_true", help="skip the 1 kHz files")
+    g.set_defaults(func=cmd_generate)
+
+    i = sub.add_parser("identify", help="progressive recurrent identification (Algorithm 1)")
+    i.add_argument("--data", required=True, help="folder with train/ and val/ trajectory files")
+    i.add_argument("--out", default="runs/ident/identified")
+    i.add_argument("--robot", help="robot config (default: the one embedded in the data)")
+    i.add_argument("--initial", help="robot YAML with values for the parameters not learned "
+                                     "(e.g. the non-contact result for the contact stage)")
+    i.add_argument("--kind", default="sparse", choices=["sparse", "dense"])
+    i.add_argument("--period", type=float, default=0.1)
+    i.add_argument("--learn", nargs="+")
+    i.add_argument("--per-element", nargs="+")
+    i.add_argument("--schedule", default="progressive", choices=["progressive", "implicit_only", "feedforward"])
+    i.add_argument("--fine-integrator", default="semi_implicit", choices=["semi_implicit", "ani"])
+    i.add_argument("--patience", type=int, default=1)
+    i.add_argument("--max-stage-epochs", type=int)
+    i.add_argument("--max-epochs", type=int, default=10_000)
+    i.add_argument("--max-seconds", type=float)
+    i.add_argument("--batch-size", type=int, default=64)
+    i.add_argument("--epoch-tuples", type=int)
+    i.add_argument("--val-tuples", type=int)
+    i.add_argument("--pose-only", action="store_true", help="drop velocities (latent initial velocities)")
+    i.add_argument("--resume", action="store_true")
+    i.add_argument("--seed", type=int, default=0)
+    i.add_argument("--device", default="cpu")
+    i.add_argument("--dtype", default="float64", choices=["float64", "float32"])
+    i.add_argument("--threads", type=int, default=2)
+    i.add_argument("--quiet", action="store_true")
+    i.set_defaults(func=cmd_identify)
+
+    e = sub.add_parser("evaluate", help="CoM error of a robot config on test trajectories")
+    e.add_argument("--robot", required=True, help="identified robot YAML")
+    e.add_argument("--data", required=True)
+    e.add_argument("--split", default="test")
+    e.add_argument("--kind", default="sparse", choices=["sparse", "dense"])
+    e.add_argument("--out", default="runs/ident/evaluation")
+    e.add_argument("--integrator", default="semi_implicit", choices=["semi_implicit", "implicit", "ani"])
+    e.add_argument("--dt", type=float)
+    e.add_argument("--device", default="cpu")
+    e.add_argument("--threads", type=int, default=2)
+    e.set_defaults(func=cmd_evaluate)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from .config import ConfigError
+    from .dataset import DatasetError
+    try:
+        return args.func(args)
+    except (DatasetError, ConfigError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
