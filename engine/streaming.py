@@ -1,0 +1,611 @@
+"""Time-aligned buffering of stamped measurements into identification tuples (ROS-free).
+
+The ROS identifier node feeds this module with what arrives on its topics; it returns
+``(X_t, U_t, X_t+T)`` tuples in the format `engine.identification` consumes. Everything
+here is plain Python/numpy/torch so that it is unit-tested without ROS.
+
+Inputs (stamps are integer nanoseconds, the measurement / application time):
+
+* ``add_pose(stamp, poses [R, 7])``: rod centre position (m) and orientation quaternion
+  (w, x, y, z), world frame, rods in config order (a motion-capture frame);
+* ``add_imu(stamp, rod, omega_body [3], quat_wxyz [4] or None)``: optional gyro of one rod;
+* ``add_command(stamp, targets [A])``: target rest lengths, held from ``stamp`` until
+  the next command (zero-order hold).
+
+Output: `TupleBatch` from ``pop_tuples()`` -- N tuples with ``x0 [N, R, 13]`` (state at a
+pose stamp t0), ``commands [N, S, A]`` (the zero-order-held command at t0 + j dt,
+j = 0..S-1, dt the engine step, S = T / dt), ``x1 [N, R, 13]`` (state at t1 = t0 + T),
+``prev_commands [N, S, A]`` (the commands of the interval before t0, to warm up the
+actuator filter), velocity masks and stamps. Velocities are not measured by motion
+capture: they are finite differences of the poses (central at x0 when the pose before
+t0 is in the same segment: ``vel_known0``; backward at x1: ``vel_known1`` is False),
+angular velocities come from the IMU when one matches the pose stamp (within
+``stamp_tolerance``).
+
+Stream rules (each rejection is counted by reason in ``counters``; nothing raises):
+
+==================  ============================================================
+``nonfinite``       NaN/inf anywhere in a pose, IMU or command message
+``rod_count``       a pose array whose length is not R (unknown rod count)
+``unknown_rod``     an IMU message for a rod index outside 0..R-1
+``wrong_length``    a command whose length is not A
+``bad_quaternion``  a quaternion whose norm is far from 1
+``out_of_range``    a position beyond ``max_abs_position`` (m)
+``duplicate``       a stamp equal to the previous one of that stream
+``out_of_order``    a stamp earlier than the previous one (by < clock_jump)
+``clock_jump``      a stamp jump of more than ``clock_jump`` s (either direction):
+                    the stream restarts from it (not a rejection: the message is used)
+``gap``             poses more than T + tolerance apart: the segment is split, no tuple
+                    is ever made across a gap (the message is used)
+``decimated``       a pose less than T - tolerance after the previous one (higher-rate
+                    mocap is decimated to the tuple interval; not an error)
+``no_command``      a tuple dropped because no command was known at its start
+``late_command``    a command stamped before already-finalised data
+``overflow``        oldest finished tuples dropped because ``max_tuples`` were waiting
+==================  ============================================================
+
+Buffers are bounded: a segment keeps its last few poses only, the command history only
+what pending tuples still need (and at most ``max_commands``), the IMU cache at most
+``max_imu`` entries, the output queue at most ``max_tuples`` tuples.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+from typing import Optional
+
+import numpy as np
+import torch
+
+from .state import ANG_VEL, LIN_VEL, POS, QUAT, STATE_DIM, canonical_quat, quat_rotate
+
+__all__ = ["StreamConfig", "TupleBatch", "StreamAligner", "StateEstimator", "REASONS", "NS",
+           "actuator_estimate"]
+
+NS = 1_000_000_000
+REASONS = ("nonfinite", "rod_count", "unknown_rod", "wrong_length", "bad_quaternion",
+           "out_of_range", "duplicate", "out_of_order", "clock_jump", "gap", "decimated",
+           "no_command", "late_command", "overflow")
+# reasons that reject a message (the others are stream events)
+REJECTIONS = ("nonfinite", "rod_count", "unknown_rod", "wrong_length", "bad_quaternion",
+              "out_of_range", "duplicate", "out_of_order", "late_command")
+
+
+@dataclasses.dataclass
+class StreamConfig:
+    num_rods: int
+    num_actuated: int
+    engine_dt: float = 0.001          # s, step of the zero-order-held command samples
+    interval: float = 0.1             # s, T: time between x0 and x1 (the pose period)
+    stamp_tolerance: float = 0.002    # s, poses within T +- this are on the grid
+    clock_jump: float = 5.0           # s, a stamp step larger than this restarts the stream
+    command_wait: Optional[float] = None  # s, how long after t1 a late command may still
+    #                                      arrive (default: T); then the interval is final
+    max_abs_position: float = 1e3     # m
+    quat_tolerance: float = 0.1       # | |q| - 1 | allowed (q is normalised after)
+    max_tuples: int = 100_000
+    max_commands: int = 10_000
+    max_imu: int = 1_000
+
+    @property
+    def steps(self) -> int:
+        return int(round(self.interval / self.engine_dt))
+
+    @classmethod
+    def for_robot(cls, robot, **kw) -> "StreamConfig":
+        kw.setdefault("engine_dt", robot.dt)
+        return cls(num_rods=robot.num_rods, num_actuated=robot.num_actuated, **kw)
+
+
+@dataclasses.dataclass
+class TupleBatch:
+    """N identification tuples. Tensors are float64 on the CPU."""
+
+    x0: torch.Tensor             # [N, R, 13]
+    commands: torch.Tensor       # [N, S, A] zero-order hold at engine_dt from t0
+    x1: torch.Tensor             # [N, R, 13] state at t0 + S * engine_dt
+    prev_commands: torch.Tensor  # [N, S, A] commands over [t0 - T, t0)
+    vel_known0: torch.Tensor     # [N] bool: x0 velocity from a central difference
+    vel_known1: torch.Tensor     # [N] bool: x1 velocity from a central difference
+    omega_measured0: torch.Tensor  # [N, R] bool: x0 angular velocity from the IMU
+    t0: torch.Tensor             # [N] int64 ns
+    segment: torch.Tensor        # [N] int64: tuples of one segment are consecutive in time
+    engine_dt: float = 0.001
+
+    def __len__(self) -> int:
+        return int(self.x0.shape[0])
+
+    @staticmethod
+    def cat(batches) -> "TupleBatch":
+        batches = [b for b in batches if b is not None and len(b)]
+        if not batches:
+            raise ValueError("no tuples")
+        fields = {f.name: torch.cat([getattr(b, f.name) for b in batches])
+                  for f in dataclasses.fields(TupleBatch) if f.name != "engine_dt"}
+        return TupleBatch(**fields, engine_dt=batches[0].engine_dt)
+
+    def slice(self, idx) -> "TupleBatch":
+        fields = {f.name: getattr(self, f.name)[idx]
+                  for f in dataclasses.fields(TupleBatch) if f.name != "engine_dt"}
+        return TupleBatch(**fields, engine_dt=self.engine_dt)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @staticmethod
+    def from_dict(d: dict) -> "TupleBatch":
+        return TupleBatch(**d)
+
+
+# ------------------------------------------------------------------------- helpers
+def _quat_log_world(q_from: np.ndarray, q_to: np.ndarray) -> np.ndarray:
+    """World-frame rotation vector [R, 3] of q_to * conj(q_from) (shortest way)."""
+    w1, v1 = q_from[:, 0], q_from[:, 1:]
+    w2, v2 = q_to[:, 0], q_to[:, 1:]
+    # d = q_to * conj(q_from)
+    dw = w2 * w1 + (v2 * v1).sum(-1)
+    dv = -w2[:, None] * v1 + w1[:, None] * v2 - np.cross(v2, v1)
+    sign = np.where(dw < 0, -1.0, 1.0)
+    dw, dv = dw * sign, dv * sign[:, None]
+    n = np.linalg.norm(dv, axis=-1)
+    angle = 2.0 * np.arctan2(n, dw)
+    scale = np.where(n > 1e-12, angle / np.maximum(n, 1e-300), 2.0)
+    return dv * scale[:, None]
+
+
+@dataclasses.dataclass
+class _Pose:
+    stamp: int
+    pos: np.ndarray    # [R, 3]
+    quat: np.ndarray   # [R, 4]
+    omega_imu: np.ndarray  # [R, 3] world, NaN where unknown
+
+
+class StreamAligner:
+    """Validates stamped poses / IMU / commands and emits `TupleBatch` es.
+
+    Not thread-safe: call it from one thread (the ROS node uses a lock).
+    """
+
+    def __init__(self, config: StreamConfig):
+        self.cfg = config
+        self.R, self.A = config.num_rods, config.num_actuated
+        self.S = config.steps
+        if self.S < 1 or abs(self.S * config.engine_dt - config.interval) > 1e-9:
+            raise ValueError(f"interval {config.interval} s must be a multiple of engine_dt {config.engine_dt}")
+        self.T_ns = int(round(config.interval * NS))
+        self.dt_ns = int(round(config.engine_dt * NS))
+        self.tol_ns = int(round(config.stamp_tolerance * NS))
+        self.jump_ns = int(round(config.clock_jump * NS))
+        self.wait_ns = int(round((config.interval if config.command_wait is None
+                                  else config.command_wait) * NS))
+        self.counters: collections.Counter = collections.Counter()
+        self.accepted: collections.Counter = collections.Counter()
+        self.last_reason: Optional[str] = None
+        self._segment_id = 0
+        self._poses: collections.deque = collections.deque(maxlen=3)   # current segment
+        self._pending: collections.deque = collections.deque(maxlen=64)  # (p_prev, p0, p1)
+        self._cmd_t: collections.deque = collections.deque()
+        self._cmd_u: collections.deque = collections.deque()
+        self._imu: collections.OrderedDict = collections.OrderedDict()
+        self._out: collections.deque = collections.deque()
+        self._last_pose_stamp: Optional[int] = None
+        self._last_cmd_stamp: Optional[int] = None
+        self._last_imu_stamp: dict = {}
+        self._final_before: int = -(1 << 62)   # commands before this stamp are final
+        self.tuples_made = 0
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _reject(self, reason: str) -> tuple[bool, str]:
+        self.counters[reason] += 1
+        self.last_reason = reason
+        return False, reason
+
+    def _event(self, reason: str) -> None:
+        self.counters[reason] += 1
+        self.last_reason = reason
+
+    @property
+    def rejected_total(self) -> int:
+        return sum(v for k, v in self.counters.items() if k in REJECTIONS)
+
+    def stats(self) -> dict:
+        return {
+            "poses_accepted": self.accepted["pose"], "commands_accepted": self.accepted["command"],
+            "imu_accepted": self.accepted["imu"], "tuples_made": self.tuples_made,
+            "tuples_waiting": len(self._out), "pending": len(self._pending),
+            "segment": self._segment_id, "commands_buffered": len(self._cmd_t),
+            "rejected_total": self.rejected_total,
+            **{f"count_{r}": self.counters[r] for r in REASONS},
+        }
+
+    def _check_stamp(self, stamp: int, last: Optional[int]) -> Optional[str]:
+        """'duplicate' / 'out_of_order' / 'clock_jump' (backwards or forwards) / None."""
+        if last is None:
+            return None
+        if stamp == last:
+            return "duplicate"
+        if stamp < last:
+            return "clock_jump" if last - stamp > self.jump_ns else "out_of_order"
+        if stamp - last > self.jump_ns:
+            return "clock_jump"
+        return None
+
+    def reset(self) -> None:
+        """Forget all stream state (finished tuples stay in the output queue)."""
+        self._new_segment()
+        self._cmd_t.clear()
+        self._cmd_u.clear()
+        self._imu.clear()
+        self._last_pose_stamp = None
+        self._last_cmd_stamp = None
+        self._last_imu_stamp = {}
+        self._final_before = -(1 << 62)
+
+    def _new_segment(self) -> None:
+        self._flush_pending(force=True)
+        self._poses.clear()
+        self._segment_id += 1
+
+    # ------------------------------------------------------------------ inputs
+    def add_pose(self, stamp: int, poses) -> tuple[bool, str]:
+        """poses [R, 7] = (x, y, z, qw, qx, qy, qz). Returns (accepted, reason or 'ok')."""
+        try:
+            arr = np.asarray(poses, dtype=np.float64)
+        except (TypeError, ValueError):
+            return self._reject("wrong_length")
+        if arr.ndim != 2 or arr.shape[1] != 7:
+            return self._reject("wrong_length")
+        if arr.shape[0] != self.R:
+            return self._reject("rod_count")
+        if not np.isfinite(arr).all():
+            return self._reject("nonfinite")
+        if np.abs(arr[:, :3]).max() > self.cfg.max_abs_position:
+            return self._reject("out_of_range")
+        qn = np.linalg.norm(arr[:, 3:], axis=-1)
+        if np.abs(qn - 1.0).max() > self.cfg.quat_tolerance:
+            return self._reject("bad_quaternion")
+        stamp = int(stamp)
+        verdict = self._check_stamp(stamp, self._last_pose_stamp)
+        if verdict in ("duplicate", "out_of_order"):
+            return self._reject(verdict)
+        if verdict == "clock_jump":
+            self._event("clock_jump")
+            backwards = stamp < self._last_pose_stamp
+            if backwards:
+                self.reset()
+            else:
+                self._new_segment()
+        elif self._last_pose_stamp is not None:
+            gap = stamp - self._last_pose_stamp
+            if gap < self.T_ns - self.tol_ns:
+                self._event("decimated")
+                return True, "decimated"
+            if gap > self.T_ns + self.tol_ns:
+                self._event("gap")
+                self._new_segment()
+        self._last_pose_stamp = stamp
+        self.accepted["pose"] += 1
+        pose = _Pose(stamp, arr[:, :3].copy(), arr[:, 3:] / qn[:, None],
+                     np.full((self.R, 3), np.nan))
+        self._attach_imu(pose)
+        self._poses.append(pose)
+        if len(self._poses) >= 2:
+            p_prev = self._poses[-3] if len(self._poses) >= 3 else None
+            self._pending.append((p_prev, self._poses[-2], self._poses[-1], self._segment_id))
+        self._advance_watermark(stamp - self.wait_ns)
+        self._flush_pending()
+        return True, "ok"
+
+    def add_command(self, stamp: int, targets) -> tuple[bool, str]:
+        try:
+            u = np.asarray(targets, dtype=np.float64).reshape(-1)
+        except (TypeError, ValueError):
+            return self._reject("wrong_length")
+        if u.shape[0] != self.A:
+            return self._reject("wrong_length")
+        if not np.isfinite(u).all():
+            return self._reject("nonfinite")
+        stamp = int(stamp)
+        verdict = self._check_stamp(stamp, self._last_cmd_stamp)
+        if verdict in ("duplicate", "out_of_order"):
+            return self._reject(verdict)
+        if verdict == "clock_jump":
+            self._event("clock_jump")
+            if stamp < self._last_cmd_stamp:
+                # the command clock restarted: old commands mean nothing on the new clock
+                self._cmd_t.clear()
+                self._cmd_u.clear()
+                self._final_before = -(1 << 62)
+        elif stamp < self._final_before:
+            return self._reject("late_command")
+        self._last_cmd_stamp = stamp
+        self.accepted["command"] += 1
+        self._cmd_t.append(stamp)
+        self._cmd_u.append(u.copy())
+        while len(self._cmd_t) > self.cfg.max_commands:
+            self._cmd_t.popleft()
+            self._cmd_u.popleft()
+        self._advance_watermark(stamp)
+        self._flush_pending()
+        return True, "ok"
+
+    def add_imu(self, stamp: int, rod: int, omega_body, quat_wxyz=None) -> tuple[bool, str]:
+        """Gyro of one rod: body-frame angular velocity; ``quat_wxyz`` its orientation if
+        valid (else the pose's orientation at that stamp is used)."""
+        try:
+            rod = int(rod)
+        except (TypeError, ValueError):
+            return self._reject("unknown_rod")
+        if not 0 <= rod < self.R:
+            return self._reject("unknown_rod")
+        try:
+            w = np.asarray(omega_body, dtype=np.float64).reshape(-1)
+            q = None if quat_wxyz is None else np.asarray(quat_wxyz, dtype=np.float64).reshape(-1)
+        except (TypeError, ValueError):
+            return self._reject("wrong_length")
+        if w.shape[0] != 3 or (q is not None and q.shape[0] != 4):
+            return self._reject("wrong_length")
+        if not np.isfinite(w).all() or (q is not None and not np.isfinite(q).all()):
+            return self._reject("nonfinite")
+        if q is not None:
+            qn = np.linalg.norm(q)
+            if abs(qn - 1.0) > self.cfg.quat_tolerance:
+                return self._reject("bad_quaternion")
+            q = q / qn
+        stamp = int(stamp)
+        verdict = self._check_stamp(stamp, self._last_imu_stamp.get(rod))
+        if verdict in ("duplicate", "out_of_order"):
+            return self._reject(verdict)
+        if verdict == "clock_jump":
+            self._event("clock_jump")
+            self._imu.clear()
+        self._last_imu_stamp[rod] = stamp
+        self.accepted["imu"] += 1
+        self._imu[(stamp, rod)] = (w, q)
+        while len(self._imu) > self.cfg.max_imu:
+            self._imu.popitem(last=False)
+        # an IMU sample may arrive after its pose
+        for pose in self._poses:
+            if abs(pose.stamp - stamp) <= self.tol_ns:
+                self._set_imu(pose, rod, w, q)
+        return True, "ok"
+
+    # ------------------------------------------------------------------ internals
+    def _set_imu(self, pose: _Pose, rod: int, w: np.ndarray, q: Optional[np.ndarray]) -> None:
+        q = pose.quat[rod] if q is None else q
+        pose.omega_imu[rod] = quat_rotate(q[None], w[None])[0]
+
+    def _attach_imu(self, pose: _Pose) -> None:
+        for (stamp, rod), (w, q) in self._imu.items():
+            if abs(stamp - pose.stamp) <= self.tol_ns:
+                self._set_imu(pose, rod, w, q)
+
+    def _advance_watermark(self, t: int) -> None:
+        self._final_before = max(self._final_before, t)
+
+    def _commands_over(self, t_start: int) -> Optional[np.ndarray]:
+        """[S, A] zero-order-held commands at t_start + j dt, or None if none is known."""
+        if not self._cmd_t or self._cmd_t[0] > t_start:
+            return None
+        stamps = np.fromiter(self._cmd_t, dtype=np.int64, count=len(self._cmd_t))
+        grid = t_start + self.dt_ns * np.arange(self.S, dtype=np.int64)
+        # a command stamped within half a step of a grid time applies from that step
+        idx = np.searchsorted(stamps, grid + self.dt_ns // 2, side="right") - 1
+        U = np.stack(list(self._cmd_u))
+        return U[idx]
+
+    def _state(self, pose: _Pose, before: Optional[_Pose], after: Optional[_Pose]) -> tuple[np.ndarray, bool]:
+        s = np.zeros((self.R, STATE_DIM))
+        s[:, POS] = pose.pos
+        s[:, QUAT] = canonical_quat(pose.quat)
+        a = before if before is not None else pose
+        b = after if after is not None else pose
+        span = (b.stamp - a.stamp) / NS
+        if span > 0:
+            s[:, LIN_VEL] = (b.pos - a.pos) / span
+            s[:, ANG_VEL] = _quat_log_world(a.quat, b.quat) / span
+        imu = np.isfinite(pose.omega_imu).all(-1)
+        s[imu, ANG_VEL] = pose.omega_imu[imu]
+        return s, before is not None and after is not None
+
+    def _flush_pending(self, force: bool = False) -> None:
+        keep = collections.deque(maxlen=self._pending.maxlen)
+        made = []
+        for p_prev, p0, p1, seg in self._pending:
+            if p1.stamp > self._final_before and not force:
+                keep.append((p_prev, p0, p1, seg))
+                continue
+            cmd = self._commands_over(p0.stamp)
+            if cmd is None:
+                self._event("no_command")
+                continue
+            prev = self._commands_over(p0.stamp - self.T_ns)
+            if prev is None:
+                prev = np.broadcast_to(cmd[0], cmd.shape)
+            x0, known0 = self._state(p0, p_prev, p1)
+            x1, known1 = self._state(p1, p0, None)
+            made.append((x0, cmd, x1, prev, known0, known1, np.isfinite(p0.omega_imu).all(-1),
+                         p0.stamp, seg))
+        self._pending = keep
+        if made:
+            self._emit(made)
+        self._trim_commands()
+
+    def _trim_commands(self) -> None:
+        # keep what pending tuples (and the next one, which needs the previous interval)
+        # still need: commands from the one in force at (oldest needed stamp - T) on
+        needed = [p0.stamp for _, p0, _, _ in self._pending]
+        if self._poses:
+            needed.append(self._poses[-1].stamp)
+        if not needed:
+            return
+        t_keep = min(needed) - self.T_ns
+        while len(self._cmd_t) >= 2 and self._cmd_t[1] <= t_keep:
+            self._cmd_t.popleft()
+            self._cmd_u.popleft()
+
+    def _emit(self, made) -> None:
+        for item in made:
+            self._out.append(item)
+            self.tuples_made += 1
+        while len(self._out) > self.cfg.max_tuples:
+            self._out.popleft()
+            self._event("overflow")
+
+    # ------------------------------------------------------------------ output
+    def flush(self) -> None:
+        """Finalise every pending tuple now (end of a recording)."""
+        self._flush_pending(force=True)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._out)
+
+    def pop_tuples(self, max_count: Optional[int] = None) -> Optional[TupleBatch]:
+        """Finished tuples (oldest first) as one `TupleBatch`, or None if there are none."""
+        n = len(self._out) if max_count is None else min(len(self._out), int(max_count))
+        if n == 0:
+            return None
+        items = [self._out.popleft() for _ in range(n)]
+        cols = list(zip(*items))
+        f64 = torch.float64
+        return TupleBatch(
+            x0=torch.as_tensor(np.stack(cols[0]), dtype=f64),
+            commands=torch.as_tensor(np.stack(cols[1]), dtype=f64),
+            x1=torch.as_tensor(np.stack(cols[2]), dtype=f64),
+            prev_commands=torch.as_tensor(np.stack(cols[3]), dtype=f64),
+            vel_known0=torch.as_tensor(np.array(cols[4], dtype=bool)),
+            vel_known1=torch.as_tensor(np.array(cols[5], dtype=bool)),
+            omega_measured0=torch.as_tensor(np.stack(cols[6])),
+            t0=torch.as_tensor(np.array(cols[7], dtype=np.int64)),
+            segment=torch.as_tensor(np.array(cols[8], dtype=np.int64)),
+            engine_dt=self.cfg.engine_dt,
+        )
+
+
+class StateEstimator:
+    """Latest full rod state [R, 13] from stamped poses (+ optional IMU): velocities by a
+    backward difference of the last two poses (at most ``max_age`` s apart, else zero),
+    angular velocity from the IMU when one matches the newest pose stamp."""
+
+    def __init__(self, num_rods: int, *, max_age: float = 0.5, stamp_tolerance: float = 0.002):
+        self.R = int(num_rods)
+        self.max_age_ns = int(max_age * NS)
+        self.tol_ns = int(stamp_tolerance * NS)
+        self.prev: Optional[_Pose] = None
+        self.last: Optional[_Pose] = None
+        self._imu: dict = {}
+
+    def add_pose(self, stamp: int, poses: np.ndarray) -> None:
+        """Already validated [R, 7] poses (x, y, z, qw, qx, qy, qz), increasing stamps."""
+        arr = np.asarray(poses, dtype=np.float64)
+        q = arr[:, 3:] / np.linalg.norm(arr[:, 3:], axis=-1, keepdims=True)
+        pose = _Pose(int(stamp), arr[:, :3].copy(), q, np.full((self.R, 3), np.nan))
+        for rod, (t, w) in self._imu.items():
+            if abs(t - pose.stamp) <= self.tol_ns:
+                pose.omega_imu[rod] = quat_rotate(pose.quat[rod][None], w[None])[0]
+        self.prev, self.last = self.last, pose
+
+    def add_imu(self, stamp: int, rod: int, omega_body) -> None:
+        self._imu[int(rod)] = (int(stamp), np.asarray(omega_body, dtype=np.float64))
+        if self.last is not None and abs(self.last.stamp - int(stamp)) <= self.tol_ns:
+            self.last.omega_imu[int(rod)] = quat_rotate(self.last.quat[int(rod)][None],
+                                                        self._imu[int(rod)][1][None])[0]
+
+    @property
+    def stamp(self) -> Optional[int]:
+        return None if self.last is None else self.last.stamp
+
+    def state(self) -> Optional[np.ndarray]:
+        if self.last is None:
+            return None
+        p = self.last
+        s = np.zeros((self.R, STATE_DIM))
+        s[:, POS] = p.pos
+        s[:, QUAT] = canonical_quat(p.quat)
+        b = self.prev
+        if b is not None and 0 < p.stamp - b.stamp <= self.max_age_ns:
+            span = (p.stamp - b.stamp) / NS
+            s[:, LIN_VEL] = (p.pos - b.pos) / span
+            s[:, ANG_VEL] = _quat_log_world(b.quat, p.quat) / span
+        imu = np.isfinite(p.omega_imu).all(-1)
+        s[imu, ANG_VEL] = p.omega_imu[imu]
+        return s
+
+
+def actuator_estimate(act: np.ndarray, command: np.ndarray, tau: float, duration: float) -> np.ndarray:
+    """First-order actuator filter (the engine's and MuJoCo's ``filterexact``) advanced
+    exactly over ``duration`` s under a held command: the controller's estimate of the
+    unmeasured filtered commands."""
+    a = 1.0 - math.exp(-max(0.0, duration) / max(tau, 1e-9))
+    return np.asarray(act, dtype=np.float64) + (np.asarray(command, dtype=np.float64) - act) * a
+
+
+def to_tuple_set(batch: TupleBatch, robot, *, period: Optional[float] = None, floor: bool = True,
+                 fixed_rods=(), max_chain: int = 50, has_velocity: bool = False):
+    """`TupleBatch` -> `engine.dataset.TupleSet` (what `ProgressiveTrainer` consumes).
+
+    Consecutive tuples of one segment (t0 exactly T apart) form chains (``prev``/``next``
+    linked, for the recurrent multiple-shooting loss); each chain of at most ``max_chain``
+    tuples is one "trajectory" whose command grid starts one interval before its first
+    tuple (``prev_commands``) and whose initial actuator state is the command in force
+    then (settled-actuator assumption, forgotten within that interval). Pose-only data:
+    ``has_velocity=False`` lets the trainer optimise latent velocities.
+    """
+    from .dataset import TupleSet
+
+    n = len(batch)
+    S = batch.commands.shape[1]
+    T = S * batch.engine_dt if period is None else float(period)
+    T_ns = int(round(T * NS))
+    t0 = batch.t0.numpy()
+    seg = batch.segment.numpy()
+    order = np.lexsort((t0, seg))
+    x0 = batch.x0.numpy()[order]
+    x1 = batch.x1.numpy()[order]
+    cmd = batch.commands.numpy()[order]
+    prev_cmd = batch.prev_commands.numpy()[order]
+    t0, seg = t0[order], seg[order]
+    linked = np.zeros(n, dtype=bool)
+    if n > 1:
+        linked[1:] = (seg[1:] == seg[:-1]) & (t0[1:] - t0[:-1] == T_ns)
+    prev = np.where(linked, np.arange(n) - 1, -1)
+    nxt = -np.ones(n, dtype=np.int64)
+    nxt[:-1] = np.where(linked[1:], np.arange(1, n), -1)
+    traj = np.zeros(n, dtype=np.int64)
+    start = np.zeros(n, dtype=np.int64)
+    traj_act0, traj_commands = [], []
+    j, k = -1, 0
+    for i in range(n):
+        if not linked[i] or k >= max_chain:
+            j += 1
+            k = 0
+            traj_act0.append(prev_cmd[i, 0].copy())
+            traj_commands.append([prev_cmd[i]])
+        k += 1
+        traj[i] = j
+        start[i] = k * S
+        traj_commands[j].append(cmd[i])
+    traj_commands = [np.concatenate(c) for c in traj_commands]
+    return TupleSet(
+        x0=x0, x1=x1, commands=cmd, wrenches=None, traj=traj, start_step=start,
+        prev=prev.astype(np.int64), next=nxt, traj_act0=traj_act0, traj_commands=traj_commands,
+        has_velocity=has_velocity, period=T, dt=batch.engine_dt, fixed_rods=tuple(fixed_rods),
+        floor=bool(floor), robot=robot)
+
+
+def stamp_to_ns(sec: int, nanosec: int) -> int:
+    return int(sec) * NS + int(nanosec)
+
+
+def ns_to_sec(ns: int) -> float:
+    return ns / NS
+
+
+def is_finite_number(x) -> bool:
+    try:
+        return math.isfinite(float(x))
+    except (TypeError, ValueError):
+        return False

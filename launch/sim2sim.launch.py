@@ -1,0 +1,35 @@
+"""sim2sim: MuJoCo bridge (the robot) + identifier + MPPI controller, config/sim2sim.yaml.
+
+    ros2 launch tensegrity_ros sim2sim.launch.py [params_file:=/path/to.yaml] [device:=cpu]
+
+Without a ROS 2 launch install, `tensegrity-sim2sim` runs the same three nodes with the
+same file and prints a summary.
+"""
+import os
+
+from ament_index_python.packages import get_package_share_directory
+from launch import LaunchDescription
+from launch.actions import DeclareLaunchArgument
+from launch.substitutions import LaunchConfiguration
+from launch_ros.actions import Node
+
+
+def generate_launch_description():
+    default_params = os.path.join(get_package_share_directory("tensegrity_ros"), "config", "sim2sim.yaml")
+    params = LaunchConfiguration("params_file")
+    device = LaunchConfiguration("device")
+    checkpoint_dir = LaunchConfiguration("checkpoint_dir")
+    return LaunchDescription([
+        DeclareLaunchArgument("params_file", default_value=default_params,
+                              description="ROS parameter file of the three nodes"),
+        DeclareLaunchArgument("device", default_value="auto", description="auto|cpu|cuda"),
+        DeclareLaunchArgument("checkpoint_dir", default_value="",
+                              description="identifier checkpoint directory ('' = none)"),
+        Node(package="tensegrity_ros", executable="mujoco_bridge", name="mujoco_bridge",
+             output="screen", parameters=[params]),
+        Node(package="tensegrity_ros", executable="identifier", name="identifier",
+             output="screen",
+             parameters=[params, {"device": device, "checkpoint_dir": checkpoint_dir}]),
+        Node(package="tensegrity_ros", executable="mppi_controller", name="mppi_controller",
+             output="screen", parameters=[params, {"device": device}]),
+    ])

@@ -1,0 +1,232 @@
+"""Message <-> engine translation (thin, no physics).
+
+Conventions (docs/ros_interface.md):
+
+* PoseArray: one pose per rod in config order, rod centre in the world frame, body z axis
+  = rod axis (end 0 -> end 1); ROS quaternions are (x, y, z, w), the engine's (w, x, y, z).
+* Imu: one message per rod, ``header.frame_id = rod_<i>``; ``angular_velocity`` in the rod
+  (body) frame as REP 145 asks; ``orientation`` the rod's world orientation, or
+  ``orientation_covariance[0] = -1`` when not provided.
+* Stamps: ``builtin_interfaces/Time`` <-> integer nanoseconds.
+"""
+from __future__ import annotations
+
+import re
+from typing import Optional, Sequence
+
+import numpy as np
+
+from tensegrity_engine.state import ANG_VEL, POS, QUAT, end_nodes, quat_rotate
+
+NS = 1_000_000_000
+_ROD_FRAME = re.compile(r"^rod_(\d+)$")
+
+
+def stamp_ns(stamp) -> int:
+    return int(stamp.sec) * NS + int(stamp.nanosec)
+
+
+def ns_to_stamp(ns: int, stamp=None):
+    from builtin_interfaces.msg import Time
+
+    out = Time() if stamp is None else stamp
+    ns = int(ns)
+    out.sec, out.nanosec = ns // NS, ns % NS
+    return out
+
+
+def pose_array_to_array(msg) -> np.ndarray:
+    """PoseArray -> [N, 7] (x, y, z, qw, qx, qy, qz) (no validation: StreamAligner does it)."""
+    out = np.empty((len(msg.poses), 7))
+    for i, p in enumerate(msg.poses):
+        out[i] = (p.position.x, p.position.y, p.position.z,
+                  p.orientation.w, p.orientation.x, p.orientation.y, p.orientation.z)
+    return out
+
+
+def array_to_rod_state(arr: np.ndarray) -> np.ndarray:
+    """[R, 7] -> [R, 13] rod state with zero velocities (normalised quaternions)."""
+    s = np.zeros((arr.shape[0], 13))
+    s[:, POS] = arr[:, :3]
+    q = arr[:, 3:7]
+    s[:, QUAT] = q / np.linalg.norm(q, axis=-1, keepdims=True)
+    return s
+
+
+def rod_state_to_pose_array(rod_state: np.ndarray, stamp_ns_: int, frame_id: str = "world",
+                            msg=None):
+    from geometry_msgs.msg import Pose, PoseArray
+
+    out = PoseArray() if msg is None else msg
+    out.header.frame_id = frame_id
+    ns_to_stamp(stamp_ns_, out.header.stamp)
+    poses = []
+    for s in np.asarray(rod_state, dtype=np.float64):
+        p = Pose()
+        p.position.x, p.position.y, p.position.z = (float(v) for v in s[POS])
+        p.orientation.w, p.orientation.x, p.orientation.y, p.orientation.z = (float(v) for v in s[QUAT])
+        poses.append(p)
+    out.poses = poses
+    return out
+
+
+def rod_imu_messages(rod_state: np.ndarray, stamp_ns_: int, with_orientation: bool = True,
+                     noise_std: float = 0.0, rng: Optional[np.random.Generator] = None):
+    """One sensor_msgs/Imu per rod (body-frame angular velocity)."""
+    from sensor_msgs.msg import Imu
+
+    rs = np.asarray(rod_state, dtype=np.float64)
+    q = rs[:, QUAT]
+    conj = q * np.array([1.0, -1.0, -1.0, -1.0])
+    w_body = quat_rotate(conj, rs[:, ANG_VEL])
+    if noise_std > 0 and rng is not None:
+        w_body = w_body + rng.normal(0.0, noise_std, w_body.shape)
+    out = []
+    for i in range(rs.shape[0]):
+        m = Imu()
+        m.header.frame_id = f"rod_{i}"
+        ns_to_stamp(stamp_ns_, m.header.stamp)
+        m.angular_velocity.x, m.angular_velocity.y, m.angular_velocity.z = (float(v) for v in w_body[i])
+        if with_orientation:
+            m.orientation.w, m.orientation.x, m.orientation.y, m.orientation.z = (float(v) for v in q[i])
+        else:
+            m.orientation_covariance[0] = -1.0
+        m.linear_acceleration_covariance[0] = -1.0   # not provided
+        out.append(m)
+    return out
+
+
+def imu_to_arrays(msg):
+    """Imu -> (rod index or None, omega_body [3], quat_wxyz [4] or None)."""
+    m = _ROD_FRAME.match(msg.header.frame_id or "")
+    rod = int(m.group(1)) if m else None
+    w = np.array([msg.angular_velocity.x, msg.angular_velocity.y, msg.angular_velocity.z])
+    q = None
+    if msg.orientation_covariance[0] != -1.0:
+        o = msg.orientation
+        q = np.array([o.w, o.x, o.y, o.z])
+        if not np.any(q):
+            q = None
+    return rod, w, q
+
+
+def cable_command_to_array(msg, cable_names: Sequence[str]) -> Optional[np.ndarray]:
+    """CableCommand -> [A] targets in config order of the actuated cables, or None if the
+    message cannot be mapped (wrong length / unknown names): the caller counts it."""
+    vals = np.asarray(msg.target_rest_lengths, dtype=np.float64)
+    names = list(msg.cable_names)
+    if not names:
+        return vals  # length checked by the caller (wrong_length)
+    if len(names) != len(vals):
+        return None
+    index = {n: i for i, n in enumerate(cable_names)}
+    if len(names) != len(cable_names) or any(n not in index for n in names):
+        return None
+    out = np.empty(len(cable_names))
+    out[[index[n] for n in names]] = vals
+    return out
+
+
+def make_cable_command(values: np.ndarray, stamp_ns_: int, cable_names: Sequence[str] = (),
+                       frame_id: str = ""):
+    from tensegrity_ros_interfaces.msg import CableCommand
+
+    m = CableCommand()
+    ns_to_stamp(stamp_ns_, m.header.stamp)
+    m.header.frame_id = frame_id
+    m.cable_names = list(cable_names)
+    m.target_rest_lengths = [float(v) for v in np.asarray(values).reshape(-1)]
+    return m
+
+
+def params_to_msg(params, robot_name: str, stamp_ns_: int, *, train_loss=float("nan"),
+                  validation_loss=float("nan"), stage: str = "", engine_dt: float = 0.001,
+                  epoch: int = 0, tuples_used: int = 0):
+    """PhysicalParameters -> IdentifiedParameters (flat names like cable_stiffness[3])."""
+    from tensegrity_ros_interfaces.msg import IdentifiedParameters
+
+    names, values = params.flat()
+    lo, hi = [], []
+    for n in names:
+        l, h = params.bounds_of(n.split("[")[0])
+        lo.append(float(l))
+        hi.append(float(h))
+    m = IdentifiedParameters()
+    ns_to_stamp(stamp_ns_, m.header.stamp)
+    m.header.frame_id = "world"
+    m.robot_name = robot_name
+    m.names = list(names)
+    m.values = [float(v) for v in values]
+    m.lower_bounds, m.upper_bounds = lo, hi
+    m.train_loss = float(train_loss)
+    m.validation_loss = float(validation_loss)
+    m.stage = stage
+    m.engine_dt = float(engine_dt)
+    m.epoch = int(max(0, epoch))
+    m.tuples_used = int(max(0, min(tuples_used, 2**32 - 1)))
+    return m
+
+
+def msg_to_param_values(msg) -> dict:
+    """IdentifiedParameters -> {name: np.array of values} (per-element names merged)."""
+    groups: dict = {}
+    for n, v in zip(msg.names, msg.values):
+        base, _, idx = n.partition("[")
+        groups.setdefault(base, []).append((int(idx[:-1]) if idx else 0, float(v)))
+    return {k: np.array([v for _, v in sorted(items)]) for k, items in groups.items()}
+
+
+def msg_to_params(msg, robot):
+    """IdentifiedParameters -> PhysicalParameters (bounds from the message). Raises
+    ValueError on unknown names / non-finite values / values outside bounds."""
+    from tensegrity_engine.params import SPEC_BY_NAME, PhysicalParameters
+
+    values = msg_to_param_values(msg)
+    unknown = set(values) - set(SPEC_BY_NAME)
+    if unknown:
+        raise ValueError(f"unknown parameter(s) {sorted(unknown)}")
+    for k, v in values.items():
+        if not np.isfinite(v).all():
+            raise ValueError(f"non-finite value for {k}")
+    bounds = {}
+    for n, lo, hi in zip(msg.names, msg.lower_bounds, msg.upper_bounds):
+        base = n.split("[")[0]
+        if np.isfinite(lo) and np.isfinite(hi) and lo < hi:
+            bounds[base] = (float(lo), float(hi))
+    per_element = [k for k, v in values.items() if v.size > 1]
+    return PhysicalParameters(robot, values=values, per_element=per_element, bounds=bounds)
+
+
+# ----------------------------------------------------------------------------- markers
+def rod_cable_markers(robot, rod_state: np.ndarray, stamp_ns_: int, ns: str, rgba, *,
+                      frame_id: str = "world", id_offset: int = 0, lifetime_s: float = 0.0):
+    """visualization_msgs/Marker list: one LINE_LIST for the rods, one for the cables."""
+    from geometry_msgs.msg import Point
+    from visualization_msgs.msg import Marker
+
+    nodes = end_nodes(np.asarray(rod_state), 0.5 * robot.rod_length)   # [R, 2, 3]
+    flat = nodes.reshape(-1, 3)
+    out = []
+    for k, (kind, width, pairs) in enumerate((
+            ("rods", float(2 * robot.rod_radius.mean()), [(2 * r, 2 * r + 1) for r in range(robot.num_rods)]),
+            ("cables", 0.01, [tuple(int(v) for v in c) for c in robot.cable_node_index]))):
+        m = Marker()
+        m.header.frame_id = frame_id
+        ns_to_stamp(stamp_ns_, m.header.stamp)
+        m.ns = f"{ns}/{kind}"
+        m.id = id_offset + k
+        m.type = Marker.LINE_LIST
+        m.action = Marker.ADD
+        m.pose.orientation.w = 1.0
+        m.scale.x = width if kind == "rods" else 0.01
+        m.color.r, m.color.g, m.color.b, m.color.a = (float(c) for c in rgba)
+        m.lifetime.sec = int(lifetime_s)
+        pts = []
+        for a, b in pairs:
+            for idx in (a, b):
+                p = Point()
+                p.x, p.y, p.z = (float(v) for v in flat[idx])
+                pts.append(p)
+        m.points = pts
+        out.append(m)
+    return out

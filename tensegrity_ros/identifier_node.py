@@ -1,0 +1,431 @@
+"""identifier: online recurrent progressive identification over topics.
+
+Subscribes to rod poses, IMU and cable commands; `tensegrity_engine.streaming.StreamAligner`
+validates them (counted, throttled rejections) and aligns them by stamp into
+(X_t, U_t, X_t+T) tuples; a background thread feeds them to
+`tensegrity_engine.identification.ProgressiveTrainer` (never blocking the callbacks),
+publishes the parameters (latched) whenever the loss improves, checkpoints to disk and
+resumes from the checkpoint after a restart. A diverging epoch (NaN loss, exploding
+parameters, an exception) restores the last good parameters, which stay published.
+"""
+from __future__ import annotations
+
+import collections
+import math
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from diagnostic_msgs.msg import DiagnosticStatus
+from geometry_msgs.msg import PoseArray
+from rclpy.node import Node
+from sensor_msgs.msg import Imu
+from tensegrity_ros_interfaces.msg import CableCommand, IdentifiedParameters
+from visualization_msgs.msg import MarkerArray
+
+from tensegrity_engine.params import PhysicalParameters
+from tensegrity_engine.streaming import StreamAligner, StreamConfig, TupleBatch, to_tuple_set
+
+from . import conversions as conv
+from .common import (TOPIC_COMMAND, TOPIC_IMU, TOPIC_MARKERS, TOPIC_PARAMS, TOPIC_POSES,
+                     latched_qos, resolve_device, run_node, stream_qos)
+from .diagnostics import Diagnostics
+from .params import declare, load_robot
+
+NS = conv.NS
+CHECKPOINT_NAME = "identifier_checkpoint.pt"
+
+
+def default_trainer_factory(robot, config, device, initial=None, log=None):
+    from tensegrity_engine.identification import ProgressiveTrainer
+
+    return ProgressiveTrainer(robot, config, device=device, dtype=torch.float64, initial=initial, log=log)
+
+
+def _drop_stale_optimizer_state(trainer) -> None:
+    """Workaround: ProgressiveTrainer.add_tuples keeps Adam moments whose shape no longer
+    matches the grown latent-velocity tensor (Adam then fails); forget those moments."""
+    opt = getattr(trainer, "optimizer", None)
+    if opt is None:
+        return
+    for group in opt.param_groups:
+        for p in group["params"]:
+            st = opt.state.get(p)
+            if st and any(isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape != p.shape
+                          for v in st.values()):
+                del opt.state[p]
+
+
+class IdentifierNode(Node):
+    #: tests may replace this (e.g. by a trainer that diverges on purpose)
+    trainer_factory = staticmethod(default_trainer_factory)
+
+    def __init__(self, **kwargs):
+        super().__init__("identifier", **kwargs)
+        d = lambda *a, **k: declare(self, *a, **k)
+        robot_name = d("robot", "superball", "robot config: shipped name or YAML path", read_only=True)
+        self.device = resolve_device(d("device", "auto", "torch device for identification",
+                                       choices=("auto", "cpu", "cuda")))
+        period = d("interval", 0.1, "T: time between X_t and X_t+T (s); the pose period", range=(0.001, 10.0))
+        tol = d("stamp_tolerance", 0.002, "poses within T +- this count as on the grid (s)", range=(0.0, 1.0))
+        jump = d("clock_jump", 5.0, "a stamp step larger than this restarts the stream (s)", range=(0.01, 1e6))
+        self.min_tuples = d("min_tuples", 20, "tuples needed before training starts", range=(1, 10**7))
+        self.max_tuples = d("max_tuples", 2000, "training window: newest tuples kept", range=(1, 10**7))
+        self.floor = d("floor", True, "the data has a floor (contact environment)")
+        fixed = d("fixed_rods", [-1], "rods welded to the world ([-1] = none)")
+        learn = d("learn", ["default"], "parameters to identify (['default'] = the trainer's choice)")
+        schedule = d("schedule", "progressive", "training schedule",
+                     choices=("progressive", "implicit_only", "feedforward"))
+        lr0 = d("lr0", 0.1, "initial learning rate", range=(1e-6, 10.0))
+        lr_min = d("lr_min", 1e-3, "stop when the learning rate falls below this", range=(1e-9, 10.0))
+        patience = d("patience", 1, "non-improving epochs before a stage change", range=(1, 1000))
+        batch = d("batch_size", 64, "tuples per gradient step", range=(1, 100000))
+        epoch_tuples = d("epoch_tuples", 0, "tuples per epoch (0 = all)", range=(0, 10**7))
+        max_epochs = d("max_epochs", 10000, "epoch limit", range=(1, 10**7))
+        max_seconds = d("max_seconds", 0.0, "training time limit (s, 0 = none)", range=(0.0, 1e7))
+        init = d("init", "random", "start from random values within bounds or the config's",
+                 choices=("random", "given"))
+        seed = d("seed", 0, "random start seed", range=(0, 2**31 - 1))
+        self.ckpt_dir = d("checkpoint_dir", "", "directory for checkpoints ('' = none)")
+        self.ckpt_period = d("checkpoint_period", 10.0, "seconds (wall) between checkpoints", range=(0.1, 1e6))
+        self.resume = d("resume", True, "resume from the checkpoint in checkpoint_dir if present")
+        self.publish_interval = d("min_publish_interval", 1.0,
+                                  "improvements are published at most this often (wall s)", range=(0.0, 3600.0))
+        self.publish_markers = d("publish_markers", True, "publish the identified model's prediction as markers")
+        threads = d("torch_threads", 0, "torch intra-op threads (0 = torch default)", range=(0, 256))
+        if threads > 0:
+            torch.set_num_threads(threads)
+
+        from tensegrity_engine.identification import IdentificationConfig
+
+        self.robot = load_robot(robot_name)
+        self.fixed_rods = tuple(int(r) for r in fixed if int(r) >= 0)
+        self.id_config = IdentificationConfig(
+            period=period, learn=None if list(learn) == ["default"] else tuple(learn), schedule=schedule,
+            lr0=lr0, lr_min=lr_min, patience=patience, batch_size=batch,
+            epoch_tuples=epoch_tuples or None, max_epochs=max_epochs,
+            max_seconds=max_seconds or None, init=init, seed=seed)
+        self.stream_cfg = StreamConfig.for_robot(self.robot, interval=period, stamp_tolerance=tol,
+                                                 clock_jump=jump)
+        self.aligner = StreamAligner(self.stream_cfg)
+        self.cable_names = [self.robot.cable_names[i] for i in self.robot.actuated_indices]
+        self._lock = threading.Lock()        # aligner (callbacks <-> worker)
+        self._stop = threading.Event()
+        self.window: collections.deque = collections.deque()   # TupleBatch chunks in the trainer
+        self.window_len = 0
+        self.trainer = None
+        self.good_state = None               # last healthy trainer.state_dict()
+        self.best_loss = math.inf
+        self.best_values = None              # PhysicalParameters.as_dict() last published
+        self.published = 0
+        self.epochs = 0
+        self.rollbacks = 0
+        self.last_metrics: dict = {}
+        self.status = "waiting for data"
+        self.converged = False
+        self._last_ckpt = time.monotonic()
+        self._last_publish = -math.inf
+        self._unpublished = None             # an improvement waiting for min_publish_interval
+
+        self.pub_params = self.create_publisher(IdentifiedParameters, TOPIC_PARAMS, latched_qos())
+        self.pub_markers = self.create_publisher(MarkerArray, TOPIC_MARKERS, 5)
+        self.create_subscription(PoseArray, TOPIC_POSES, self._on_pose, stream_qos())
+        self.create_subscription(Imu, TOPIC_IMU, self._on_imu, stream_qos(100))
+        self.create_subscription(CableCommand, TOPIC_COMMAND, self._on_command, stream_qos())
+        self.diag = Diagnostics(self, extra=self._diag_values)
+        self._counted = collections.Counter()
+        if self.ckpt_dir and self.resume:
+            self._load_checkpoint()
+        self._worker = threading.Thread(target=self._run, name="identification", daemon=True)
+        self._worker.start()
+        self.get_logger().info(f"identifier on {self.device}: T={period}s, window {self.max_tuples} tuples, "
+                               f"schedule {schedule}")
+
+    # ------------------------------------------------------------------ callbacks
+    def _sync_rejections(self) -> None:
+        """Mirror the aligner's counters into /diagnostics with throttled warnings."""
+        for reason, n in list(self.aligner.counters.items()):
+            new = n - self._counted[reason]
+            if new > 0:
+                self._counted[reason] = n
+                if reason in ("gap", "clock_jump", "decimated", "no_command", "overflow"):
+                    self.diag.count(f"event_{reason}", new)
+                    if reason in ("gap", "clock_jump"):
+                        self.diag.warn_throttled(reason, f"stream {reason.replace('_', ' ')}: "
+                                                 "segment split, no tuple across it")
+                else:
+                    for _ in range(new):
+                        self.diag.reject(reason)
+
+    def _on_pose(self, msg: PoseArray) -> None:
+        arr = conv.pose_array_to_array(msg)
+        with self._lock:
+            self.aligner.add_pose(conv.stamp_ns(msg.header.stamp), arr)
+            self._sync_rejections()
+
+    def _on_imu(self, msg: Imu) -> None:
+        rod, w, q = conv.imu_to_arrays(msg)
+        with self._lock:
+            self.aligner.add_imu(conv.stamp_ns(msg.header.stamp), -1 if rod is None else rod, w, q)
+            self._sync_rejections()
+
+    def _on_command(self, msg: CableCommand) -> None:
+        u = conv.cable_command_to_array(msg, self.cable_names)
+        with self._lock:
+            if u is None:
+                self.aligner.counters["wrong_length"] += 1
+            else:
+                self.aligner.add_command(conv.stamp_ns(msg.header.stamp), u)
+            self._sync_rejections()
+
+    # ------------------------------------------------------------------ data window
+    def _tuple_set(self, batch: TupleBatch):
+        return to_tuple_set(batch, self.robot, period=self.id_config.period, floor=self.floor,
+                            fixed_rods=self.fixed_rods)
+
+    def _window_batch(self) -> TupleBatch:
+        return TupleBatch.cat(list(self.window))
+
+    def _take_new(self):
+        with self._lock:
+            return self.aligner.pop_tuples()
+
+    def _add_data(self, new: TupleBatch) -> None:
+        self.window.append(new)
+        self.window_len += len(new)
+        if self.trainer is None:
+            if self.window_len < self.min_tuples:
+                return
+            self.trainer = self.trainer_factory(self.robot, self.id_config, self.device, None,
+                                                lambda m: self.get_logger().info(m))
+            self.trainer.set_data(self._tuple_set(self._window_batch()))
+            self.status = "training"
+            return
+        if self.window_len > self.max_tuples:
+            while self.window_len - len(self.window[0]) >= self.max_tuples and len(self.window) > 1:
+                self.window_len -= len(self.window.popleft())
+            if self.window_len > self.max_tuples:      # one big chunk: cut it
+                only = self.window.popleft()
+                keep = only.slice(slice(len(only) - self.max_tuples, None))
+                self.window.appendleft(keep)
+                self.window_len = len(keep)
+            self.trainer.set_data(self._tuple_set(self._window_batch()))   # keeps the parameters
+        else:
+            self.trainer.add_tuples(self._tuple_set(new))
+            _drop_stale_optimizer_state(self.trainer)
+
+    # ------------------------------------------------------------------ worker
+    def _run(self) -> None:
+        while not self._stop.is_set() and self.context.ok():
+            try:
+                new = self._take_new()
+                if new is not None:
+                    self._add_data(new)
+                if self.trainer is None or self.trainer.done:
+                    if self.trainer is not None and not self.converged:
+                        self._unpublished = None
+                        self._on_done()
+                    self._flush_publication()
+                    self._maybe_checkpoint()
+                    self._stop.wait(0.2)
+                    continue
+                self._epoch()
+                self._maybe_checkpoint()
+            except Exception as exc:  # noqa: BLE001 - never die: roll back and go on
+                if not self.context.ok():
+                    break
+                self.rollbacks += 1
+                self.diag.warn_throttled("worker", f"identification step failed ({exc!r}); "
+                                         "restoring the last good parameters")
+                self._rollback()
+                self._stop.wait(1.0)
+
+    def _healthy_values(self, values: dict) -> bool:
+        return all(np.isfinite(np.asarray(v, dtype=np.float64)).all() for v in values.values())
+
+    def _rollback(self) -> None:
+        if self.trainer is None or self.good_state is None:
+            return
+        try:
+            self.trainer.load_state_dict(self.good_state)
+        except Exception:  # noqa: BLE001 - data changed shape: restore parameters only
+            if self.best_values is not None:
+                for k, v in self.best_values.items():
+                    self.trainer.parameters.set_value(k, v)
+
+    def _epoch(self) -> None:
+        m = self.trainer.train_epoch()
+        self.epochs += 1
+        self.last_metrics = {k: v for k, v in m.items() if k != "params"}
+        values = self.trainer.parameters.as_dict()
+        loss = float(m.get("val_loss", math.nan))
+        if m.get("diverged") or not math.isfinite(loss) or not self._healthy_values(values):
+            self.rollbacks += 1
+            self.diag.count("divergences")
+            self.diag.warn_throttled("diverged", "identification diverged: rolled back; publishing the "
+                                     "last good parameters")
+            self._rollback()
+            return
+        self.good_state = self.trainer.state_dict()
+        if loss < self.best_loss:
+            self.best_loss = loss
+            self._unpublished = (m, values)
+        self._flush_publication()
+
+    def _flush_publication(self, force: bool = False) -> None:
+        if self._unpublished is None:
+            return
+        if force or time.monotonic() - self._last_publish >= self.publish_interval:
+            m, values = self._unpublished
+            self._unpublished = None
+            self._publish(m, values)
+
+    def _publish(self, m: dict, values: dict, stage: str = "") -> None:
+        """Publish ``values`` (the best so far) with the metrics ``m`` (latched)."""
+        self._last_publish = time.monotonic()
+        self.best_values = values
+        cur = self.trainer.parameters
+        params = PhysicalParameters(self.robot, values, per_element=getattr(cur, "per_element", ()),
+                                    bounds={n: (sp.lower, sp.upper) for n, sp in cur.specs.items()})
+        stage = stage or f"{m.get('stage', '')} {m.get('integrator', '')} dt={m.get('dt', 0) * 1e3:g}ms"
+        msg = conv.params_to_msg(params, self.robot.name, self.get_clock().now().nanoseconds,
+                                 train_loss=float(m.get("loss", math.nan)),
+                                 validation_loss=float(m.get("val_loss", math.nan)), stage=stage.strip(),
+                                 engine_dt=float(m.get("dt", self.robot.dt)), epoch=int(m.get("epoch", 0)),
+                                 tuples_used=self.window_len)
+        self.pub_params.publish(msg)
+        self.published += 1
+        if self.publish_markers:
+            self._publish_prediction()
+
+    def _on_done(self) -> None:
+        """The schedule finished: publish the final (best) parameters as converged."""
+        self.converged = True
+        self.status = "converged"
+        values = self.trainer.parameters.as_dict()
+        if not self._healthy_values(values):
+            self._rollback()
+            values = self.trainer.parameters.as_dict()
+        m = dict(self.last_metrics)
+        m["val_loss"] = self.best_loss
+        self._publish(m, values, stage="converged")
+        self.get_logger().info(f"identification converged after {self.epochs} epochs: "
+                               f"{self.trainer._fmt_params() if hasattr(self.trainer, '_fmt_params') else values}")
+        self._save_checkpoint()
+
+    def _publish_prediction(self) -> None:
+        """Markers of the identified model's prediction X_t+T from the newest tuple."""
+        try:
+            engine = getattr(self.trainer, "engine", None)
+            if engine is None or not self.window:
+                return
+            last = self.window[-1].slice(slice(-1, None))
+            with torch.no_grad():
+                p = engine.param_values(torch.float64, self.trainer.device)
+                x0 = last.x0.to(self.trainer.device)
+                act = last.commands[:, 0].to(self.trainer.device)
+                pred, _ = engine.rollout(x0, act, last.commands.to(self.trainer.device), self.robot.dt,
+                                         record_every=last.commands.shape[1], params=p)
+            rs = pred[0, -1].cpu().double().numpy()
+            if not np.isfinite(rs).all():
+                return
+            arr = MarkerArray()
+            arr.markers = conv.rod_cable_markers(self.robot, rs, int(last.t0[0]) + self.aligner.T_ns,
+                                                 "predicted", (1.0, 0.5, 0.1, 0.8), id_offset=100)
+            self.pub_markers.publish(arr)
+        except Exception as exc:  # noqa: BLE001 - visualisation only
+            self.diag.warn_throttled("markers", f"prediction markers failed: {exc!r}")
+
+    # ------------------------------------------------------------------ checkpoints
+    @property
+    def ckpt_path(self) -> Path:
+        return Path(self.ckpt_dir).expanduser() / CHECKPOINT_NAME
+
+    def _maybe_checkpoint(self) -> None:
+        if self.ckpt_dir and time.monotonic() - self._last_ckpt >= self.ckpt_period:
+            self._save_checkpoint()
+
+    def _save_checkpoint(self) -> None:
+        if not self.ckpt_dir or self.trainer is None:
+            return
+        self._last_ckpt = time.monotonic()
+        state = self.trainer.state_dict()
+        if not self._healthy_values(self.trainer.parameters.as_dict()):
+            state = None
+        data = {"robot": self.robot.name, "window": self._window_batch().to_dict(),
+                "trainer": state, "best_loss": self.best_loss, "best_values": self.best_values,
+                "epochs": self.epochs, "converged": self.converged, "rollbacks": self.rollbacks}
+        path = self.ckpt_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        torch.save(data, tmp)
+        tmp.replace(path)
+        self.diag.count("checkpoints_saved")
+
+    def _load_checkpoint(self) -> None:
+        path = self.ckpt_path
+        if not path.exists():
+            return
+        try:
+            data = torch.load(path, map_location="cpu", weights_only=False)
+            if data.get("robot") != self.robot.name:
+                raise ValueError(f"checkpoint is for robot {data.get('robot')!r}")
+            window = TupleBatch.from_dict(data["window"])
+            self.window = collections.deque([window])
+            self.window_len = len(window)
+            self.trainer = self.trainer_factory(self.robot, self.id_config, self.device, None,
+                                                lambda m: self.get_logger().info(m))
+            self.trainer.set_data(self._tuple_set(window))
+            if data["trainer"] is not None:
+                self.trainer.load_state_dict(data["trainer"])
+                self.good_state = data["trainer"]
+            self.best_loss = float(data["best_loss"])
+            self.best_values = data["best_values"]
+            self.epochs = int(data["epochs"])
+            self.rollbacks = int(data.get("rollbacks", 0))
+            self.status = "resumed"
+            if self.best_values is not None:
+                for k, v in self.best_values.items():
+                    self.trainer.parameters.set_value(k, v)
+                stage = "converged" if data.get("converged") else "resumed"
+                self.converged = bool(data.get("converged"))
+                self._publish({"val_loss": self.best_loss, "epoch": self.epochs}, self.best_values, stage=stage)
+            self.diag.count("resumed")
+            self.get_logger().info(f"resumed from {path}: {self.window_len} tuples, {self.epochs} epochs, "
+                                   f"best loss {self.best_loss:.3e}")
+        except Exception as exc:  # noqa: BLE001 - a bad checkpoint must not stop the node
+            self.get_logger().error(f"cannot resume from {path}: {exc!r}; starting fresh")
+            self.trainer, self.window, self.window_len = None, collections.deque(), 0
+
+    # ------------------------------------------------------------------ diagnostics
+    def _diag_values(self) -> dict:
+        with self._lock:
+            st = self.aligner.stats()
+        m = self.last_metrics
+        out = {"status": self.status, "device": self.device, "epochs": self.epochs,
+               "rollbacks": self.rollbacks, "published": self.published, "window_tuples": self.window_len,
+               "best_loss": self.best_loss, "stage": m.get("stage", ""), "dt": m.get("dt", ""),
+               "lr": m.get("lr", "")}
+        out.update({f"stream_{k}": v for k, v in st.items()})
+        if self.rollbacks:
+            self.diag.level = DiagnosticStatus.WARN
+        self.diag.message = self.status
+        return out
+
+    def close(self) -> None:
+        self._stop.set()
+        self._worker.join(timeout=60.0)
+        try:
+            self._save_checkpoint()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def main(args=None) -> int:
+    return run_node(IdentifierNode, args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

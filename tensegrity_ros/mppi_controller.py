@@ -1,0 +1,256 @@
+"""mppi_controller: MPPI over the identified engine, exploratory commands before that.
+
+Subscribes to rod poses (+ IMU), identified parameters (latched; swaps the planning
+model whenever new ones arrive) and the goal (desired CoM velocity, world XY); publishes
+a cable command every ``control_period`` (sim or wall time, per use_sim_time), planned
+on a worker thread from the newest pose so that callbacks never block.
+
+Before a model is identified (``excite_until``: the first parameters, or parameters whose
+``stage`` contains "converged"/"done"; and at most ``max_excitation_time`` s) it sends
+the documented excitation: `tensegrity_engine.mpc.ExcitationPolicy` smooth random
+multi-sines within each cable's command range.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+from diagnostic_msgs.msg import DiagnosticStatus
+from geometry_msgs.msg import PoseArray, Vector3Stamped
+from rclpy.node import Node
+from sensor_msgs.msg import Imu
+from tensegrity_ros_interfaces.msg import CableCommand, IdentifiedParameters
+
+from tensegrity_engine.mujoco_twin import nominal_commands
+from tensegrity_engine.streaming import StateEstimator, actuator_estimate
+
+from . import conversions as conv
+from .common import (TOPIC_COMMAND, TOPIC_GOAL, TOPIC_IMU, TOPIC_PARAMS, TOPIC_POSES, goal_qos,
+                     latched_qos, resolve_device, run_node, stream_qos)
+from .diagnostics import Diagnostics
+from .params import declare, load_robot
+
+NS = conv.NS
+
+
+class MppiControllerNode(Node):
+    def __init__(self, **kwargs):
+        super().__init__("mppi_controller", **kwargs)
+        d = lambda *a, **k: declare(self, *a, **k)
+        robot_name = d("robot", "superball", "robot config: shipped name or YAML path", read_only=True)
+        self.period = d("control_period", 0.1, "command period (s); also the MPPI knot length",
+                        range=(0.001, 10.0))
+        self.device = resolve_device(d("device", "auto", "torch device for planning",
+                                       choices=("auto", "cpu", "cuda")))
+        planner = d("planner", "mppi", "sampling planner", choices=("mppi", "cem", "rs"))
+        horizon = d("horizon", 10, "plan length in knots", range=(1, 100))
+        samples = d("num_samples", 40, "rollouts per iteration", range=(1, 100000))
+        iterations = d("iterations", 5, "optimisation iterations per command", range=(1, 100))
+        noise = d("noise_scale", 0.25, "sampling std / command range width", range=(0.0, 1.0))
+        temperature = d("temperature", 0.05, "MPPI temperature lambda (cost units)", range=(1e-6, 1e3))
+        engine_dt = d("engine_dt", 0.0, "planning step (s); 0 = the robot's step", range=(0.0, 0.1))
+        integrator = d("integrator", "semi_implicit", "engine integrator",
+                       choices=("semi_implicit", "implicit", "ani"))
+        vx = d("goal_vx", 1.0, "initial desired CoM velocity x (m/s) until a goal arrives", range=(-10.0, 10.0))
+        vy = d("goal_vy", 0.0, "initial desired CoM velocity y (m/s)", range=(-10.0, 10.0))
+        self.excite_until = d("excite_until", "converged",
+                              "leave excitation at the first identified parameters ('first'), at "
+                              "parameters whose stage says converged/done ('converged'), or never",
+                              choices=("first", "converged", "never"))
+        self.max_excitation = d("max_excitation_time", 0.0,
+                                "switch to MPPI after this much excitation even without a converged "
+                                "model (s, 0 = no limit)", range=(0.0, 1e6))
+        kind = d("excitation_kind", "multisine", "excitation signal", choices=("multisine", "chirp"))
+        amp = d("excitation_amplitude", 0.8, "excitation amplitude / half command range", range=(0.01, 1.0))
+        fmin = d("excitation_fmin", 0.2, "lowest excitation frequency (Hz)", range=(0.001, 100.0))
+        fmax = d("excitation_fmax", 2.0, "highest excitation frequency (Hz)", range=(0.001, 100.0))
+        seed = d("seed", 0, "excitation / sampling seed", range=(0, 2**31 - 1))
+        threads = d("torch_threads", 0, "torch intra-op threads (0 = torch default)", range=(0, 256))
+
+        import torch
+
+        from tensegrity_engine.mpc import ExcitationPolicy, MPPIController, PlannerConfig
+
+        if threads > 0:
+            torch.set_num_threads(threads)
+        self.robot = load_robot(robot_name)
+        self.R, self.A = self.robot.num_rods, self.robot.num_actuated
+        cfg = PlannerConfig(horizon=horizon, control_dt=self.period, num_samples=samples,
+                            iterations=iterations, noise_scale=noise, temperature=temperature, seed=seed)
+        self.mpc = MPPIController(self.robot, planner=planner, config=cfg,
+                                  engine_dt=(engine_dt or None), integrator=integrator, device=self.device)
+        self.mpc.cost.target_velocity = np.array([vx, vy])
+        self.mpc.cost.speed = float(np.hypot(vx, vy))
+        self.excitation = ExcitationPolicy(self.robot, seed=seed, kind=kind, amplitude=amp,
+                                           freq_range=(fmin, fmax), control_dt=self.period)
+        self.tau = float(self.robot.actuator.time_constant)
+        self.estimator = StateEstimator(self.R)
+        self.act = nominal_commands(self.robot).copy()   # estimated filtered commands
+        self.last_command = self.act.copy()
+        self.last_command_ns = None
+        self.mode = "excitation" if self.excite_until != "never" else "mppi"
+        self.model_stage = "nominal"
+        self.excite_start_ns = None
+        self._pending_params = None
+        self._lock = threading.Lock()
+        self._new_pose = threading.Event()
+        self._stop = threading.Event()
+        self.pose_count = 0
+        self.plans = 0
+
+        self.pub = self.create_publisher(CableCommand, TOPIC_COMMAND, stream_qos())
+        self.create_subscription(PoseArray, TOPIC_POSES, self._on_pose, stream_qos())
+        self.create_subscription(Imu, TOPIC_IMU, self._on_imu, stream_qos(100))
+        self.create_subscription(IdentifiedParameters, TOPIC_PARAMS, self._on_params, latched_qos())
+        self.create_subscription(Vector3Stamped, TOPIC_GOAL, self._on_goal, goal_qos())
+        self.diag = Diagnostics(self, extra=self._diag_values)
+        self._worker = threading.Thread(target=self._run, name="mppi_worker", daemon=True)
+        self._worker.start()
+        self.get_logger().info(f"MPPI controller on {self.device}: {planner}, H={horizon}, N={samples}, "
+                               f"iters={iterations}; starting in {self.mode}")
+
+    # ------------------------------------------------------------------ callbacks
+    def _on_pose(self, msg: PoseArray) -> None:
+        arr = conv.pose_array_to_array(msg)
+        stamp = conv.stamp_ns(msg.header.stamp)
+        if arr.shape[0] != self.R:
+            self.diag.reject("rod_count", f"{arr.shape[0]} poses, expected {self.R}")
+            return
+        if not np.isfinite(arr).all():
+            self.diag.reject("nonfinite", "NaN/inf in rod poses")
+            return
+        qn = np.linalg.norm(arr[:, 3:], axis=-1)
+        if np.abs(qn - 1.0).max() > 0.1:
+            self.diag.reject("bad_quaternion", "non-unit quaternion")
+            return
+        with self._lock:
+            last = self.estimator.stamp
+            if last is not None and stamp <= last:
+                if last - stamp > 5 * NS:       # clock jump backwards: start over
+                    self.diag.count("clock_jump")
+                    self.estimator = StateEstimator(self.R)
+                    self.last_command_ns = None
+                else:
+                    self.diag.reject("duplicate" if stamp == last else "out_of_order", "pose stamp not increasing")
+                    return
+            self.estimator.add_pose(stamp, arr)
+            self.pose_count += 1
+        self._new_pose.set()
+
+    def _on_imu(self, msg: Imu) -> None:
+        rod, w, _ = conv.imu_to_arrays(msg)
+        if rod is None or not 0 <= rod < self.R:
+            self.diag.reject("unknown_rod", f"IMU frame_id {msg.header.frame_id!r}")
+            return
+        if not np.isfinite(w).all():
+            self.diag.reject("nonfinite", "NaN/inf in IMU")
+            return
+        with self._lock:
+            self.estimator.add_imu(conv.stamp_ns(msg.header.stamp), rod, w)
+
+    def _on_params(self, msg: IdentifiedParameters) -> None:
+        try:
+            params = conv.msg_to_params(msg, self.robot)
+        except Exception as exc:  # noqa: BLE001 - bad message: keep the current model
+            self.diag.reject("bad_parameters", repr(exc))
+            return
+        with self._lock:
+            self._pending_params = (params, msg.stage)
+        self.diag.count("parameters_received")
+
+    def _on_goal(self, msg: Vector3Stamped) -> None:
+        v = np.array([msg.vector.x, msg.vector.y])
+        if not np.isfinite(v).all() or np.linalg.norm(v) > 10.0:
+            self.diag.reject("bad_goal", f"goal {v}")
+            return
+        with self._lock:
+            self.mpc.cost.target_velocity = v
+            self.mpc.cost.speed = float(np.linalg.norm(v))
+        self.diag.count("goals_received")
+
+    # ------------------------------------------------------------------ worker
+    def _run(self) -> None:
+        while not self._stop.is_set() and self.context.ok():
+            if not self._new_pose.wait(0.1):
+                continue
+            self._new_pose.clear()
+            try:
+                self._step()
+            except Exception as exc:  # noqa: BLE001 - keep controlling; report
+                if not self.context.ok():
+                    break
+                self.diag.set_status(DiagnosticStatus.ERROR, f"planning failed: {exc!r}")
+                self.diag.warn_throttled("plan", f"planning failed: {exc!r}")
+
+    def _swap_model(self) -> None:
+        with self._lock:
+            pending, self._pending_params = self._pending_params, None
+        if pending is None:
+            return
+        params, stage = pending
+        self.mpc.set_params(params)
+        self.tau = float(params.value("actuator_time_constant").detach().cpu()[0])
+        self.model_stage = stage or "identified"
+        self.diag.count("models_swapped")
+        converged = any(k in (stage or "").lower() for k in ("converged", "done", "final"))
+        if self.mode == "excitation" and (self.excite_until == "first" or
+                                          (self.excite_until == "converged" and converged)):
+            self.mode = "mppi"
+            self.mpc.reset()
+            self.get_logger().info(f"identified model ({stage}) received: switching to MPPI")
+
+    def _step(self) -> None:
+        self._swap_model()
+        with self._lock:
+            stamp = self.estimator.stamp
+            state = self.estimator.state()
+        if state is None:
+            return
+        if self.last_command_ns is not None and stamp - self.last_command_ns < int(0.5 * self.period * NS):
+            return   # poses faster than the control period: keep the held command
+        now = self.get_clock().now().nanoseconds
+        t_cmd = max(now, stamp)
+        if self.last_command_ns is not None:
+            self.act = actuator_estimate(self.act, self.last_command, self.tau,
+                                         (t_cmd - self.last_command_ns) / NS)
+        if self.excite_start_ns is None:
+            self.excite_start_ns = t_cmd
+        if (self.mode == "excitation" and self.max_excitation > 0
+                and t_cmd - self.excite_start_ns > self.max_excitation * NS):
+            self.mode = "mppi"
+            self.mpc.reset()
+            self.get_logger().info("max_excitation_time reached: switching to MPPI with the "
+                                   f"{self.model_stage} model")
+        if self.mode == "excitation":
+            u = self.excitation.command_at((t_cmd - self.excite_start_ns) / NS)
+        else:
+            u = self.mpc.plan(state, self.act)
+            self.plans += 1
+        u = np.clip(np.asarray(u, dtype=np.float64), self.robot.command_low, self.robot.command_high)
+        if not np.isfinite(u).all():
+            self.diag.count("nonfinite_plan")
+            u = self.last_command
+        if self.last_command_ns is not None and t_cmd <= self.last_command_ns:
+            t_cmd = self.last_command_ns + 1
+        self.pub.publish(conv.make_cable_command(u, t_cmd))
+        self.last_command, self.last_command_ns = u, t_cmd
+        self.diag.count("commands_sent")
+
+    def _diag_values(self) -> dict:
+        return {"mode": self.mode, "model": self.model_stage, "poses": self.pose_count,
+                "plans": self.plans, "last_plan_time_s": round(float(self.mpc.last_plan_time), 4)
+                if self.plans else "n/a",
+                "goal": str(self.mpc.cost.target_velocity.tolist())}
+
+    def close(self) -> None:
+        self._stop.set()
+        self._worker.join(timeout=30.0)
+
+
+def main(args=None) -> int:
+    return run_node(MppiControllerNode, args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

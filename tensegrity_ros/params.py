@@ -1,0 +1,84 @@
+"""Declared ROS parameters with descriptions and ranges, and config-file lookup."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor
+
+
+def declare(node, name: str, default: Any, description: str, *,
+            range: Optional[Sequence[float]] = None, read_only: bool = False,
+            choices: Optional[Sequence[str]] = None):
+    """Declare ``name`` with a descriptor (description, numeric range, read-only) and
+    return its value. ``range`` = (from, to) or (from, to, step)."""
+    desc = ParameterDescriptor(description=description, read_only=read_only)
+    if choices:
+        desc.additional_constraints = "one of: " + ", ".join(choices)
+    if range is not None:
+        lo, hi = range[0], range[1]
+        step = range[2] if len(range) > 2 else 0
+        if isinstance(default, bool):
+            pass
+        elif isinstance(default, int):
+            desc.integer_range = [IntegerRange(from_value=int(lo), to_value=int(hi), step=int(step))]
+        elif isinstance(default, float):
+            desc.floating_point_range = [FloatingPointRange(from_value=float(lo), to_value=float(hi),
+                                                            step=float(step))]
+    if isinstance(default, float):
+        # accept `-p name:=20` (an INTEGER) for a float parameter
+        desc.dynamic_typing = True
+    value = node.declare_parameter(name, default, desc).value
+    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+        if range is not None and not (range[0] <= value <= range[1]):
+            raise ValueError(f"parameter {name}={value}: outside [{range[0]}, {range[1]}]")
+    if isinstance(default, float) and not isinstance(value, float):
+        raise ValueError(f"parameter {name}: expected a number, got {value!r}")
+    if choices and value not in choices:
+        raise ValueError(f"parameter {name}={value!r}: must be one of {list(choices)}")
+    return value
+
+
+def share_dir() -> Optional[Path]:
+    """The installed share/tensegrity_ros (ament index), if any."""
+    try:
+        from ament_index_python.packages import get_package_share_directory
+
+        return Path(get_package_share_directory("tensegrity_ros"))
+    except Exception:  # noqa: BLE001 - not installed as a ROS package
+        return None
+
+
+def config_dirs() -> list[Path]:
+    """Where config YAMLs are looked up: the source tree first, then the share dir."""
+    dirs = []
+    try:
+        from tensegrity_engine.config import CONFIG_DIR
+
+        dirs.append(Path(CONFIG_DIR))
+    except Exception:  # noqa: BLE001
+        pass
+    sd = share_dir()
+    if sd is not None:
+        dirs.append(sd / "config")
+    return dirs
+
+
+def resolve_config(name_or_path: str, suffix: str = ".yaml") -> Path:
+    """A path, or a bare name ('superball', 'sim2sim') found in `config_dirs()`."""
+    p = Path(os.path.expanduser(str(name_or_path)))
+    if p.exists():
+        return p
+    for d in config_dirs():
+        for cand in (d / str(name_or_path), d / f"{name_or_path}{suffix}"):
+            if cand.exists():
+                return cand
+    raise FileNotFoundError(f"config {name_or_path!r} not found (looked in {[str(d) for d in config_dirs()]})")
+
+
+def load_robot(name_or_path: str):
+    from tensegrity_engine.config import load_robot as _load
+
+    return _load(resolve_config(name_or_path))

@@ -1,0 +1,397 @@
+"""tensegrity-sim2sim: the sim2sim run without ros2 launch.
+
+Starts mujoco_bridge, identifier and mppi_controller as subprocesses with the same
+config/sim2sim.yaml the launch file uses (on a private ROS_DOMAIN_ID, discovery on this
+host), publishes the goal, watches the topics from an in-process monitor node, and when
+the controller has rolled the robot for ``rolling_duration`` sim seconds with the
+identified model (or ``wall_timeout`` passed) stops everything, cleans DDS shared memory,
+prints a summary (identified vs true parameters, achieved velocity) and writes plots and
+summary.json to the output directory.
+
+    tensegrity-sim2sim [--config sim2sim] [--rolling-duration 10] [--output-dir runs/sim2sim]
+                       [--device auto] [--checkpoint-dir DIR] [--domain-id N]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+NODES = (("mujoco_bridge", "tensegrity_ros.mujoco_bridge"),
+         ("identifier", "tensegrity_ros.identifier_node"),
+         ("mppi_controller", "tensegrity_ros.mppi_controller"))
+
+
+def ros_env(domain_id: int, log_dir: str) -> dict:
+    env = dict(os.environ)
+    env["ROS_DOMAIN_ID"] = str(domain_id)
+    env["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+    env.pop("ROS_LOCALHOST_ONLY", None)
+    env.setdefault("RMW_IMPLEMENTATION", "rmw_fastrtps_cpp")
+    env["ROS_LOG_DIR"] = log_dir
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def clean_dds_shm() -> None:
+    """Remove Fast DDS shared-memory files that dead processes left in /dev/shm
+    (`fastdds shm clean` only removes segments no live process holds)."""
+    # the `fastdds` wrapper runs `python3` from PATH; run its script with this Python
+    # (psutil is needed) when it is where the ROS wheels put it
+    script = Path(sys.prefix) / "tools" / "fastdds" / "fastdds.py"
+    if script.exists():
+        cmd = [sys.executable, str(script), "shm", "clean"]
+    elif shutil.which("fastdds"):
+        cmd = [shutil.which("fastdds"), "shm", "clean"]
+    else:
+        return
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    try:
+        subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30, check=False, env=env)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    _remove_unmapped_port_segments()
+
+
+def _remove_unmapped_port_segments(min_age_s: float = 10.0) -> None:
+    """`fastdds shm clean` leaves the per-port segments (fastdds_portNNNN and their
+    sem.*_mutex) of dead participants; remove those that no live process maps."""
+    shm = Path("/dev/shm")
+    files = [f for f in shm.glob("fastdds_port*")] + [f for f in shm.glob("sem.fastdds_port*")]
+    if not files:
+        return
+    mapped = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            for line in maps.read_text().splitlines():
+                if "/dev/shm/" in line:
+                    mapped.add(line.rsplit("/dev/shm/", 1)[1].split()[0])
+        except OSError:
+            continue
+    now = time.time()
+    for f in files:
+        base = f.name[len("sem."):] if f.name.startswith("sem.") else f.name
+        port = base.replace("_mutex", "").replace("_el", "")
+        if any(m == f.name or m.startswith(port) for m in mapped):
+            continue
+        try:
+            if now - f.stat().st_mtime >= min_age_s:
+                f.unlink()
+        except OSError:
+            pass
+
+
+def start_node(module: str, params_file: str, env: dict, log_path: Path, overrides=()) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", module, "--ros-args", "--params-file", params_file]
+    for k, v in overrides:
+        cmd += ["-p", f"{k}:={v}"]
+    fh = open(log_path, "w")
+    return subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop_processes(procs, timeout: float = 10.0) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+class Monitor:
+    """In-process observer node: records poses / parameters / controller mode; publishes the goal."""
+
+    def __init__(self, robot, goal):
+        import rclpy
+        from diagnostic_msgs.msg import DiagnosticArray
+        from geometry_msgs.msg import PoseArray, Vector3Stamped
+        from tensegrity_ros_interfaces.msg import CableCommand, IdentifiedParameters
+
+        from . import conversions as conv
+        from .common import (TOPIC_COMMAND, TOPIC_GOAL, TOPIC_PARAMS, TOPIC_POSES, Spinner,
+                             goal_qos, latched_qos, stream_qos)
+
+        self.conv = conv
+        self.robot = robot
+        self.context = rclpy.Context()
+        rclpy.init(context=self.context)
+        self.node = rclpy.create_node("sim2sim_monitor", context=self.context)
+        self.lock = threading.Lock()
+        self.pose_t, self.com = [], []
+        self.params = []            # (t_sim, stage, {name: values}, val_loss)
+        self.commands = []          # (t, [A])
+        self.mode = "unknown"
+        self.mode_switch_t = None
+        self.last_pose_t = 0.0
+        self.diag = {}
+        n = self.node
+        n.create_subscription(PoseArray, TOPIC_POSES, self._on_pose, stream_qos())
+        n.create_subscription(IdentifiedParameters, TOPIC_PARAMS, self._on_params, latched_qos())
+        n.create_subscription(CableCommand, TOPIC_COMMAND, self._on_cmd, stream_qos())
+        n.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 50)
+        self.goal_pub = n.create_publisher(Vector3Stamped, TOPIC_GOAL, goal_qos())
+        g = Vector3Stamped()
+        g.header.frame_id = "world"
+        g.vector.x, g.vector.y = float(goal[0]), float(goal[1])
+        self.goal_pub.publish(g)
+        self.spinner = Spinner(n, self.context)
+
+    def _on_pose(self, msg):
+        arr = self.conv.pose_array_to_array(msg)
+        if arr.shape[0] != self.robot.num_rods or not np.isfinite(arr).all():
+            return
+        t = self.conv.stamp_ns(msg.header.stamp) / 1e9
+        w = self.robot.rod_mass / self.robot.rod_mass.sum()
+        with self.lock:
+            self.pose_t.append(t)
+            self.com.append((arr[:, :3] * w[:, None]).sum(0))
+            self.last_pose_t = t
+
+    def _on_params(self, msg):
+        with self.lock:
+            self.params.append((self.last_pose_t, msg.stage, self.conv.msg_to_param_values(msg),
+                                float(msg.validation_loss)))
+
+    def _on_cmd(self, msg):
+        with self.lock:
+            self.commands.append((self.conv.stamp_ns(msg.header.stamp) / 1e9, list(msg.target_rest_lengths)))
+
+    def _on_diag(self, msg):
+        for st in msg.status:
+            vals = {kv.key: kv.value for kv in st.values}
+            with self.lock:
+                self.diag[st.name] = vals
+                if st.name == "mppi_controller" and vals.get("mode") == "mppi" and self.mode_switch_t is None:
+                    self.mode_switch_t = self.last_pose_t
+                if st.name == "mppi_controller":
+                    self.mode = vals.get("mode", self.mode)
+
+    def close(self):
+        import rclpy
+
+        self.spinner.stop()
+        self.node.destroy_node()
+        rclpy.try_shutdown(context=self.context)
+
+
+def true_values(robot) -> dict:
+    from tensegrity_engine.params import nominal_values
+
+    return {k: np.asarray(v, dtype=np.float64) for k, v in nominal_values(robot).items()}
+
+
+def summarize(robot, mon: Monitor, rolling_start, out_dir: Path, wall_s: float, learn) -> dict:
+    t = np.array(mon.pose_t)
+    com = np.array(mon.com) if mon.com else np.zeros((0, 3))
+    truth = true_values(robot)
+    final = mon.params[-1] if mon.params else None
+    start_vals = mon.params[0][2] if mon.params else None
+    rows = []
+    if final is not None:
+        for name in learn or sorted(final[2]):
+            if name not in final[2]:
+                continue
+            got = float(np.mean(final[2][name]))
+            ref = float(np.mean(truth[name]))
+            first = float(np.mean(start_vals[name])) if start_vals and name in start_vals else float("nan")
+            rows.append({"name": name, "true": ref, "identified": got, "first_published": first,
+                         "rel_error": abs(got - ref) / abs(ref)})
+    summary = {"wall_seconds": round(wall_s, 1), "sim_seconds": float(t[-1] - t[0]) if len(t) > 1 else 0.0,
+               "poses": int(len(t)), "parameters_published": len(mon.params),
+               "final_stage": final[1] if final else None, "parameters": rows,
+               "mppi_start_sim_t": rolling_start}
+    if len(t) > 1:
+        summary["pose_rate_sim_hz"] = float((len(t) - 1) / (t[-1] - t[0]))
+    if rolling_start is not None and len(t) > 1:
+        sel = t >= rolling_start
+        if sel.sum() > 1:
+            tt, cc = t[sel], com[sel]
+            summary["rolling_sim_seconds"] = float(tt[-1] - tt[0])
+            summary["rolling_distance_x"] = float(cc[-1, 0] - cc[0, 0])
+            summary["achieved_vx"] = float((cc[-1, 0] - cc[0, 0]) / (tt[-1] - tt[0]))
+            summary["achieved_vy"] = float((cc[-1, 1] - cc[0, 1]) / (tt[-1] - tt[0]))
+    if len(t) > 1:
+        summary["excitation_drift_m"] = float(np.linalg.norm(
+            com[(t < rolling_start) if rolling_start else slice(None)][-1, :2] - com[0, :2])) \
+            if (rolling_start is None or (t < rolling_start).any()) else 0.0
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    np.savez(out_dir / "trajectory.npz", t=t, com=com)
+    try:
+        _plots(mon, robot, truth, rolling_start, out_dir, learn)
+        summary["plots"] = str(out_dir / "sim2sim.png")
+    except Exception as exc:  # noqa: BLE001 - plots are a bonus
+        summary["plots_error"] = repr(exc)
+    return summary
+
+
+def _plots(mon, robot, truth, rolling_start, out_dir: Path, learn) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = np.array(mon.pose_t)
+    com = np.array(mon.com)
+    fig, ax = plt.subplots(2, 2, figsize=(11, 7))
+    ax[0, 0].plot(com[:, 0], com[:, 1])
+    ax[0, 0].set(xlabel="x (m)", ylabel="y (m)", title="CoM path (measured poses)")
+    ax[0, 0].axis("equal")
+    if len(t) > 3:
+        v = np.diff(com[:, 0]) / np.diff(t)
+        k = 5
+        vs = np.convolve(v, np.ones(k) / k, mode="same")
+        ax[0, 1].plot(t[1:], vs, label="CoM vx (0.5 s mean)")
+        ax[0, 1].axhline(1.0, color="k", ls="--", lw=0.8, label="goal")
+    if rolling_start is not None:
+        for a in (ax[0, 1], ax[1, 0], ax[1, 1]):
+            a.axvline(rolling_start, color="r", lw=0.8)
+    ax[0, 1].set(xlabel="sim time (s)", ylabel="m/s", title="velocity (red: MPPI starts)")
+    ax[0, 1].legend()
+    if mon.params:
+        pt = np.array([p[0] for p in mon.params])
+        names = [n for n in (learn or []) if n in mon.params[-1][2]][:4]
+        for n in names:
+            vals = np.array([np.mean(p[2][n]) for p in mon.params])
+            ax[1, 0].semilogy(pt, vals / np.mean(truth[n]), marker=".", label=n)
+        ax[1, 0].axhline(1.0, color="k", ls="--", lw=0.8)
+        ax[1, 0].set(xlabel="sim time (s)", ylabel="identified / true", title="identified parameters")
+        ax[1, 0].legend(fontsize=7)
+        ax[1, 1].semilogy(pt, [max(p[3], 1e-12) for p in mon.params], marker=".")
+        ax[1, 1].set(xlabel="sim time (s)", ylabel="loss (m^2)", title="published validation loss")
+    fig.tight_layout()
+    fig.savefig(out_dir / "sim2sim.png", dpi=90)
+    plt.close(fig)
+
+
+def print_summary(s: dict) -> None:
+    print("\n=== sim2sim summary ===")
+    print(f"wall time {s['wall_seconds']} s, sim time {s['sim_seconds']:.1f} s, {s['poses']} poses "
+          f"({s.get('pose_rate_sim_hz', float('nan')):.2f} Hz sim), {s['parameters_published']} parameter "
+          f"messages, final stage: {s['final_stage']}")
+    if s["parameters"]:
+        print(f"{'parameter':28s} {'true':>12s} {'start':>12s} {'identified':>12s} {'rel.err':>8s}")
+        for r in s["parameters"]:
+            print(f"{r['name']:28s} {r['true']:12.5g} {r['first_published']:12.5g} {r['identified']:12.5g} "
+                  f"{100 * r['rel_error']:7.1f}%")
+    if "achieved_vx" in s:
+        print(f"MPPI from sim t={s['mppi_start_sim_t']:.1f} s for {s['rolling_sim_seconds']:.1f} s: "
+              f"CoM moved {s['rolling_distance_x']:+.2f} m in x, achieved velocity "
+              f"vx={s['achieved_vx']:+.3f} m/s, vy={s['achieved_vy']:+.3f} m/s (goal +1.0 m/s along x)")
+    else:
+        print("MPPI phase not reached (see the node logs)")
+    if "plots" in s:
+        print(f"plots: {s['plots']}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="sim2sim over ROS 2 topics without ros2 launch")
+    ap.add_argument("--config", default="sim2sim", help="parameter YAML (name in config/ or a path)")
+    ap.add_argument("--rolling-duration", type=float, default=None, help="sim seconds of MPPI")
+    ap.add_argument("--wall-timeout", type=float, default=None)
+    ap.add_argument("--output-dir", default=None)
+    ap.add_argument("--device", default=None, choices=("auto", "cpu", "cuda"))
+    ap.add_argument("--checkpoint-dir", default=None)
+    ap.add_argument("--domain-id", type=int, default=None)
+    ap.add_argument("-p", "--param", action="append", default=[],
+                    help="node:name:=value override, e.g. identifier:max_seconds:=30")
+    args = ap.parse_args(argv)
+
+    from .params import load_robot, resolve_config
+
+    cfg_path = resolve_config(args.config)
+    data = yaml.safe_load(cfg_path.read_text())
+    run = (data.get("sim2sim") or {}).get("ros__parameters", {})
+    rolling = args.rolling_duration if args.rolling_duration is not None else float(run.get("rolling_duration", 10.0))
+    wall_timeout = args.wall_timeout if args.wall_timeout is not None else float(run.get("wall_timeout", 900.0))
+    out_dir = Path(args.output_dir or run.get("output_dir", "runs/sim2sim"))
+    goal = (float(run.get("goal_vx", 1.0)), float(run.get("goal_vy", 0.0)))
+    robot = load_robot(data["mujoco_bridge"]["ros__parameters"].get("robot", "superball"))
+    learn = data.get("identifier", {}).get("ros__parameters", {}).get("learn")
+    domain = args.domain_id if args.domain_id is not None else random.randint(1, 200)
+    log_root = Path(tempfile.mkdtemp(prefix="sim2sim_ros_log_"))
+    env = ros_env(domain, str(log_root))
+    os.environ.update({k: env[k] for k in ("ROS_DOMAIN_ID", "ROS_AUTOMATIC_DISCOVERY_RANGE",
+                                           "RMW_IMPLEMENTATION", "ROS_LOG_DIR")})
+    os.environ.pop("ROS_LOCALHOST_ONLY", None)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    overrides = {name: [] for name, _ in NODES}
+    if args.device:
+        overrides["identifier"].append(("device", args.device))
+        overrides["mppi_controller"].append(("device", args.device))
+    if args.checkpoint_dir:
+        overrides["identifier"].append(("checkpoint_dir", args.checkpoint_dir))
+    for item in args.param:
+        node, _, rest = item.partition(":")
+        key, _, value = rest.partition(":=")
+        overrides.setdefault(node, []).append((key, value))
+
+    print(f"sim2sim: {cfg_path} on ROS_DOMAIN_ID={domain}; logs in {out_dir}/*.log", flush=True)
+    wall0 = time.monotonic()
+    procs = []
+    mon = None
+    rolling_start = None
+    try:
+        mon = Monitor(robot, goal)
+        for name, module in NODES:
+            procs.append(start_node(module, str(cfg_path), env, out_dir / f"{name}.log", overrides.get(name, ())))
+        last_print = 0.0
+        while True:
+            time.sleep(0.5)
+            wall = time.monotonic() - wall0
+            dead = [p for p in procs if p.poll() is not None]
+            if dead:
+                print(f"a node exited early (rc={dead[0].returncode}); see the logs in {out_dir}", flush=True)
+                break
+            with mon.lock:
+                t_sim = mon.last_pose_t
+                rolling_start = mon.mode_switch_t
+                n_params = len(mon.params)
+                stage = mon.params[-1][1] if mon.params else "-"
+                ident = mon.diag.get("identifier", {})
+            if wall - last_print >= 10.0:
+                last_print = wall
+                print(f"[{wall:6.0f} s wall] sim t={t_sim:6.1f} s, controller: {mon.mode}, "
+                      f"identifier: {ident.get('status', '?')} epochs={ident.get('epochs', '?')} "
+                      f"tuples={ident.get('window_tuples', '?')}, params published: {n_params} ({stage})",
+                      flush=True)
+            if rolling_start is not None and t_sim - rolling_start >= rolling:
+                break
+            if wall > wall_timeout:
+                print(f"wall timeout ({wall_timeout} s) reached", flush=True)
+                break
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    finally:
+        stop_processes(procs)
+        summary = None
+        if mon is not None:
+            summary = summarize(robot, mon, rolling_start, out_dir, time.monotonic() - wall0, learn)
+            mon.close()
+        clean_dds_shm()
+        shutil.rmtree(log_root, ignore_errors=True)
+    if summary is not None:
+        print_summary(summary)
+        return 0 if "achieved_vx" in summary else 1
+    return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,270 @@
+"""engine/streaming.py: time alignment, validation and bounded buffering (no ROS)."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from tensegrity_engine.config import load_robot
+from tensegrity_engine.streaming import (NS, StateEstimator, StreamAligner, StreamConfig,
+                                         TupleBatch, actuator_estimate, to_tuple_set)
+
+R, A = 3, 4
+T_NS = 100_000_000
+V = np.array([0.5, -0.2, 0.1])          # m/s, every rod
+W = 0.7                                 # rad/s about world z
+
+
+def poses_at(t_s: float) -> np.ndarray:
+    """[R, 7] analytic motion: constant velocity V, constant rotation W about z."""
+    out = np.zeros((R, 7))
+    for r in range(R):
+        out[r, :3] = np.array([r, 0.0, 1.0]) + V * t_s
+        ang = W * t_s + 0.3 * r
+        out[r, 3:] = [math.cos(ang / 2), 0.0, 0.0, math.sin(ang / 2)]
+    return out
+
+
+def command_at(k: int) -> np.ndarray:
+    return 0.8 + 0.01 * k + 0.001 * np.arange(A)
+
+
+def aligner(**kw) -> StreamAligner:
+    return StreamAligner(StreamConfig(num_rods=R, num_actuated=A, **kw))
+
+
+def feed(al, k0, k1, *, commands=True, t_offset=0):
+    """Poses and commands at t = k * T for k in [k0, k1) (command k stamped at the pose)."""
+    for k in range(k0, k1):
+        t = t_offset + k * T_NS
+        assert al.add_pose(t, poses_at(t / NS))[0]
+        if commands:
+            assert al.add_command(t, command_at(k))[0]
+
+
+def test_tuples_zero_order_hold_and_states():
+    al = aligner()
+    feed(al, 0, 10)
+    b = al.pop_tuples()
+    assert isinstance(b, TupleBatch) and len(b) == 9          # 10 poses -> 9 intervals
+    assert b.x0.shape == (9, R, 13) and b.commands.shape == (9, 100, A) and b.x1.shape == (9, R, 13)
+    for i in range(9):
+        k = int(b.t0[i]) // T_NS
+        assert torch.allclose(b.commands[i], torch.as_tensor(command_at(k)).expand(100, A))
+        np.testing.assert_allclose(b.x1[i, :, :3].numpy(), poses_at((k + 1) * 0.1)[:, :3])
+        if k > 0:
+            np.testing.assert_allclose(b.prev_commands[i, 0].numpy(), command_at(k - 1))
+    # velocities: exact for linear motion / constant rotation; central difference at x0
+    assert bool(b.vel_known0[1:].all()) and not bool(b.vel_known0[0])
+    np.testing.assert_allclose(b.x0[3, :, 7:10].numpy(), np.broadcast_to(V, (R, 3)), atol=1e-9)
+    np.testing.assert_allclose(b.x0[3, :, 10:13].numpy(), np.broadcast_to([0, 0, W], (R, 3)), atol=1e-9)
+    assert al.pop_tuples() is None
+
+
+def test_command_changes_inside_an_interval():
+    al = aligner()
+    al.add_command(0, np.full(A, 0.7))
+    al.add_pose(0, poses_at(0.0))
+    al.add_command(37_000_000, np.full(A, 0.9))     # applies from step 37
+    al.add_pose(T_NS, poses_at(0.1))
+    al.add_command(T_NS, np.full(A, 1.0))           # makes the interval final
+    b = al.pop_tuples()
+    assert len(b) == 1
+    c = b.commands[0, :, 0].numpy()
+    assert (c[:37] == 0.7).all() and (c[37:] == 0.9).all()
+
+
+def test_waits_for_commands_then_finalises_on_later_poses():
+    al = aligner()
+    al.add_command(0, command_at(0))
+    al.add_pose(0, poses_at(0))
+    al.add_pose(T_NS, poses_at(0.1))
+    assert al.pop_tuples() is None                  # a command stamped < t1 may still come
+    al.add_pose(2 * T_NS, poses_at(0.2))            # t1 + command_wait passed: final
+    b = al.pop_tuples()
+    assert len(b) == 1 and int(b.t0[0]) == 0
+    # a command for that finished interval now is late
+    assert al.add_command(50_000_000, command_at(1)) == (False, "late_command")
+
+
+@pytest.mark.parametrize("bad, reason", [
+    (np.full((R, 7), np.nan), "nonfinite"),
+    (np.where(np.eye(R, 7) > 0, np.inf, poses_at(0.0)), "nonfinite"),
+    (np.zeros((R + 1, 7)), "rod_count"),
+    (np.zeros((R, 6)), "wrong_length"),
+    (np.zeros((R, 7)), "bad_quaternion"),
+    ("garbage", "wrong_length"),
+])
+def test_bad_poses_rejected_good_data_kept(bad, reason):
+    al = aligner()
+    feed(al, 0, 3)
+    ok, why = al.add_pose(3 * T_NS, bad)
+    assert not ok and why == reason and al.counters[reason] == 1
+    feed(al, 3, 6)
+    al.flush()
+    b = al.pop_tuples()
+    assert len(b) == 5 and torch.isfinite(b.x0).all()
+    assert al.stats()["rejected_total"] == 1
+
+
+def test_bad_commands_rejected():
+    al = aligner()
+    assert al.add_command(0, [0.8] * (A + 1)) == (False, "wrong_length")
+    assert al.add_command(0, [float("nan")] * A) == (False, "nonfinite")
+    assert al.add_command(0, [0.8] * A)[0]
+    assert al.add_command(0, [0.8] * A) == (False, "duplicate")
+    assert al.add_command(10, [0.8] * A)[0]
+    assert al.add_command(5, [0.8] * A) == (False, "out_of_order")
+    assert al.counters["wrong_length"] == 1 and al.counters["nonfinite"] == 1
+
+
+def test_duplicate_and_out_of_order_poses():
+    al = aligner()
+    feed(al, 0, 4)
+    assert al.add_pose(3 * T_NS, poses_at(0.3)) == (False, "duplicate")
+    assert al.add_pose(2 * T_NS, poses_at(0.2)) == (False, "out_of_order")
+    feed(al, 4, 6)
+    al.flush()
+    b = al.pop_tuples()
+    assert len(b) == 5
+    assert (torch.diff(b.t0) == T_NS).all()
+
+
+def test_gap_splits_segment_no_tuple_across():
+    al = aligner()
+    feed(al, 0, 5)
+    feed(al, 8, 12)                                  # poses 5..7 missing: a gap
+    al.flush()
+    b = al.pop_tuples()
+    assert al.counters["gap"] == 1
+    assert len(b) == 4 + 3
+    t1 = b.t0 + T_NS
+    assert not ((b.t0 < 5 * T_NS) & (t1 > 5 * T_NS)).any()
+    assert len(set(b.segment.tolist())) == 2
+    ts = to_tuple_set(b, load_robot_stub())
+    assert (ts.prev == -1).sum() == 2 and (ts.next == -1).sum() == 2
+
+
+def test_clock_jump_backwards_restarts_stream():
+    al = aligner()
+    feed(al, 0, 5, t_offset=1000 * NS)
+    feed(al, 0, 4)                                   # clock restarted (e.g. simulator restart)
+    al.flush()
+    b = al.pop_tuples()
+    assert al.counters["clock_jump"] >= 1
+    assert len(b) == 4 + 3
+    assert ((b.t0 >= 1000 * NS) | (b.t0 + T_NS <= 3 * T_NS)).all()
+
+
+def test_clock_jump_forward_is_a_new_segment():
+    al = aligner(clock_jump=2.0)
+    feed(al, 0, 3)
+    feed(al, 100, 103)
+    al.flush()
+    b = al.pop_tuples()
+    assert al.counters["clock_jump"] >= 1 and len(b) == 4
+    assert len(set(b.segment.tolist())) == 2
+
+
+def test_higher_rate_poses_are_decimated():
+    al = aligner()
+    for k in range(0, 31):                             # 100 Hz mocap, T = 0.1 s
+        t = k * 10_000_000
+        al.add_pose(t, poses_at(t / NS))
+        al.add_command(t, np.full(A, 0.8))
+    al.flush()
+    b = al.pop_tuples()
+    assert len(b) == 3 and al.counters["decimated"] == 27
+
+
+def test_buffers_bounded_and_overflow_counted():
+    al = aligner(max_tuples=5, max_commands=50)
+    for k in range(1000):                              # commands only: nothing consumes them
+        al.add_command(k * 1_000_000, np.full(A, 0.8))
+    assert len(al._cmd_t) <= 50
+    al2 = aligner(max_tuples=5)
+    feed(al2, 0, 20)
+    al2.flush()
+    assert al2.num_waiting == 5 and al2.counters["overflow"] == 14
+    # commands no longer needed are trimmed as poses go by
+    al3 = aligner()
+    for k in range(300):
+        t = k * T_NS
+        al3.add_pose(t, poses_at(t / NS))
+        for j in range(10):
+            al3.add_command(t + j * 10_000_000, np.full(A, 0.8))
+    assert len(al3._cmd_t) <= 40 and len(al3._poses) <= 3 and len(al3._pending) <= 3
+
+
+def test_no_command_before_interval_drops_tuple():
+    al = aligner()
+    feed(al, 0, 3, commands=False)
+    al.add_command(2 * T_NS, command_at(2))
+    feed(al, 3, 5)
+    al.flush()
+    b = al.pop_tuples()
+    assert al.counters["no_command"] == 2
+    assert int(b.t0.min()) == 2 * T_NS
+
+
+def test_imu_angular_velocity_and_unknown_rod():
+    al = aligner()
+    assert al.add_imu(0, R, [0, 0, 1]) == (False, "unknown_rod")
+    assert al.add_imu(0, 0, [0, 0, float("nan")]) == (False, "nonfinite")
+    assert al.add_imu(0, 0, [0, 0]) == (False, "wrong_length")
+    feed(al, 0, 2)
+    # body-frame gyro of rod 1 at t = 0.2 (body z = world z here): 2 rad/s
+    al.add_imu(2 * T_NS, 1, [0.0, 0.0, 2.0])
+    feed(al, 2, 4)
+    al.flush()
+    b = al.pop_tuples()
+    i = int(torch.nonzero(b.t0 == 2 * T_NS)[0, 0])
+    assert bool(b.omega_measured0[i, 1]) and not bool(b.omega_measured0[i, 0])
+    np.testing.assert_allclose(b.x0[i, 1, 10:13].numpy(), [0, 0, 2.0], atol=1e-9)
+    np.testing.assert_allclose(b.x0[i, 0, 10:13].numpy(), [0, 0, W], atol=1e-9)
+
+
+def test_state_estimator_and_actuator_estimate():
+    est = StateEstimator(R)
+    assert est.state() is None
+    est.add_pose(0, poses_at(0.0))
+    est.add_pose(T_NS, poses_at(0.1))
+    s = est.state()
+    np.testing.assert_allclose(s[:, 7:10], np.broadcast_to(V, (R, 3)), atol=1e-9)
+    np.testing.assert_allclose(s[:, 10:13], np.broadcast_to([0, 0, W], (R, 3)), atol=1e-9)
+    a = actuator_estimate(np.zeros(2), np.ones(2), 0.05, 0.05)
+    np.testing.assert_allclose(a, 1 - math.exp(-1))
+
+
+def load_robot_stub():
+    """A 3-rod robot for TupleSet conversion (three_bar)."""
+    return load_robot("three_bar")
+
+
+def test_tuple_set_for_trainer():
+    robot = load_robot("three_bar")
+    assert robot.num_rods == R and robot.num_actuated >= 1
+    al = StreamAligner(StreamConfig.for_robot(robot))
+    for k in range(12):
+        t = k * T_NS
+        al.add_pose(t, poses_at(t / NS))
+        al.add_command(t, np.full(robot.num_actuated, float(np.mean(robot.command_low + robot.command_high) / 2)))
+    al.flush()
+    b = al.pop_tuples()
+    ts = to_tuple_set(b, robot, max_chain=5)
+    assert len(ts) == 11 and ts.steps == 100
+    assert list(ts.prev[:3]) == [-1, 0, 1] and ts.next[-1] == -1
+    assert len(ts.traj_commands) == 3                    # chains of at most 5
+    for j, cmds in enumerate(ts.traj_commands):
+        n = int((ts.traj == j).sum())
+        assert cmds.shape == ((n + 1) * 100, robot.num_actuated)
+    assert (ts.start_step % 100 == 0).all() and ts.start_step.min() == 100
+    identification = pytest.importorskip("tensegrity_engine.identification")
+    cfg = identification.IdentificationConfig(learn=("cable_stiffness",), max_epochs=1, batch_size=16)
+    tr = identification.ProgressiveTrainer(robot, cfg)
+    tr.set_data(ts)
+    m = tr.train_epoch()
+    assert math.isfinite(m["loss"])
+    # TupleBatch round trip (checkpoints)
+    b2 = TupleBatch.from_dict(b.to_dict())
+    assert torch.equal(b2.x0, b.x0) and len(TupleBatch.cat([b, b2])) == 22
