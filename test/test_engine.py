@@ -1,0 +1,376 @@
+"""Physics tests of the differentiable engine (issue 2, section 5)."""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from tensegrity_engine import collision, environments
+from tensegrity_engine.config import CONFIG_DIR, ConfigError, load_robot, robot_from_dict
+from tensegrity_engine.params import PARAM_SPECS, PhysicalParameters
+from tensegrity_engine.physics import TensegrityEngine
+from tensegrity_engine.state import POS, center_of_mass, initial_rod_state, quat_axis
+
+torch.set_num_threads(2)
+
+
+def _two_rod_robot(crossing_gap: float):
+    """Two capsules crossing at right angles, axes `crossing_gap` apart, one cable."""
+    data = {
+        "name": "two_rods", "gravity": [0, 0, -9.81],
+        "rod_defaults": {"mass": 2.0, "radius": 0.05},
+        "rods": [{"end_nodes": [[-0.5, 0, 0.6], [0.5, 0, 0.6]]},
+                 {"end_nodes": [[0, -0.5, 0.6 + crossing_gap], [0, 0.5, 0.6 + crossing_gap]]}],
+        "cable_defaults": {"stiffness": 500.0, "damping": 5.0, "rest_length": 0.6,
+                           "actuated": True, "command_range": [0.3, 0.9]},
+        "cables": [{"ends": [[0, 0], [1, 0]]}, {"ends": [[0, 1], [1, 1]]}],
+        "actuator": {"time_constant": 0.05},
+        "contact": {"stiffness": 5e3, "damping": 20.0,
+                    "friction": {"sliding": 0.5, "torsional": 0.01, "rolling": 0.005}},
+    }
+    return robot_from_dict(data)
+
+
+def _perturbed(state: torch.Tensor, seed: int, scale: float = 0.3) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    state = state.clone()
+    state[..., 7:13] += scale * torch.randn(state[..., 7:13].shape, generator=g, dtype=state.dtype)
+    return state
+
+
+# ----------------------------------------------------------------------------- gradients
+@pytest.mark.parametrize("integrator", ["semi_implicit", "implicit"])
+@pytest.mark.parametrize("case", ["no_contact", "ground", "rod_rod"])
+def test_gradcheck_one_step(case, integrator):
+    """d(next state)/d(state, every parameter) matches finite differences in float64."""
+    if case == "rod_rod":
+        robot = _two_rod_robot(crossing_gap=0.095)      # capsules overlap by 5 mm
+        engine = TensegrityEngine(robot, floor=False)
+    else:
+        robot = _two_rod_robot(crossing_gap=0.3)
+        engine = TensegrityEngine(robot, floor=(case == "ground"))
+    state = torch.tensor(initial_rod_state(robot))
+    if case == "ground":
+        state[:, 2] -= 0.6 - 0.045                     # rod 0's end spheres 5 mm into the floor
+    state = _perturbed(state, seed=1, scale=0.2)
+    act = torch.tensor([0.55, 0.5], dtype=torch.float64)
+    command = torch.tensor([0.45, 0.62], dtype=torch.float64)
+    names = list(engine.param_values(torch.float64, "cpu"))
+    base = {k: v.detach().clone() for k, v in engine.param_values(torch.float64, "cpu").items()}
+
+    def one_step(state_in, *values):
+        p = dict(zip(names, values))
+        nxt, act_next = engine.step(state_in, act, command, 2e-3, integrator=integrator, params=p)
+        return nxt, act_next
+
+    inputs = (state.requires_grad_(True), *[base[n].requires_grad_(True) for n in names])
+    # Sanity: the case really has the contact it claims (else the test proves nothing).
+    out = engine.forces(state.detach(), engine.rest_lengths(act, base), base, jacobians=True)
+    if case == "ground":
+        nodes = engine.end_nodes(state.detach())
+        assert (nodes[..., 2] < torch.tensor(robot.rod_radius)[:, None]).any()
+    if case == "rod_rod":
+        nodes = engine.end_nodes(state.detach())
+        c = collision.rod_rod_contacts(nodes, torch.tensor(robot.rod_radius), torch.tensor([0]), torch.tensor([1]))
+        assert (c.depth > 0).all()
+    assert torch.isfinite(out["K"]).all()
+    assert torch.autograd.gradcheck(one_step, inputs, eps=1e-6, atol=1e-5, rtol=1e-4)
+
+
+def test_gradients_reach_every_raw_parameter_through_contacts():
+    """Loss after a short contact-rich rollout has non-zero gradient for every parameter."""
+    robot = load_robot("superball")
+    params = PhysicalParameters(robot)
+    engine = TensegrityEngine(robot, params)
+    state0, act0 = environments.rest_pose(robot)
+    state = _perturbed(torch.tensor(state0).unsqueeze(0), seed=3, scale=1.0)
+    state[..., 7] += 1.0                              # rolling push: sliding, spin and roll
+    act = torch.tensor(act0).unsqueeze(0)
+    commands = (act + 0.05).unsqueeze(-2).expand(1, 30, -1)
+    states, _ = engine.rollout(state, act, commands, 1e-3)
+    loss = (states[..., -1, :, :3] ** 2).sum() + (states[..., -1, :, 7:] ** 2).sum()
+    loss.backward()
+    for spec in PARAM_SPECS:
+        grad = getattr(params, spec.name).grad
+        assert grad is not None and torch.isfinite(grad).all(), spec.name
+        assert grad.abs().max() > 0, f"no gradient reaches {spec.name}"
+
+
+# ----------------------------------------------------------------------------- accuracy
+def _noncontact_episode(robot, seed, steps):
+    rng = np.random.default_rng(seed)
+    return environments.sample_noncontact_episode(robot, rng, steps)
+
+
+def _run(engine, episode, dt, integrator="semi_implicit", dtype=torch.float64):
+    s0, a0, cmds, wr = (torch.as_tensor(x, dtype=dtype) for x in episode)
+    factor = int(round(1e-3 / dt))
+    with torch.no_grad():
+        states, _ = engine.rollout(s0, a0, cmds.repeat_interleave(factor, -2), dt, integrator=integrator,
+                                   wrenches=wr.repeat_interleave(factor, -3), record_every=factor)
+    return states
+
+
+def test_dt_invariance_first_order_convergence():
+    """Non-contact rollouts at 1, 0.5 and 0.25 ms agree, and converge at first order.
+
+    Tolerance: semi-implicit Euler with start-of-step actuation is first-order, so the
+    1 ms vs 0.5 ms gap must be about twice the 0.5 vs 0.25 ms gap, and small in absolute
+    terms (1 mm over 0.5 s of random commands and forces moving nodes by ~0.2 m).
+    """
+    robot = load_robot("superball")
+    engine = TensegrityEngine(robot, fixed_rods=(0,), floor=False)
+    episode = _noncontact_episode(robot, seed=4, steps=500)
+    x1, x05, x025 = (_run(engine, episode, dt)[..., POS] for dt in (1e-3, 5e-4, 2.5e-4))
+    gap_coarse = (x1 - x05).abs().max().item()
+    gap_fine = (x05 - x025).abs().max().item()
+    travel = (x1[-1] - x1[0]).abs().max().item()
+    assert travel > 0.02, "episode too quiet to test anything"
+    assert gap_coarse < 1e-3
+    assert 1.5 < gap_coarse / gap_fine < 2.6
+
+
+def test_energy_semi_implicit_conserves_implicit_dissipates():
+    """No damping, friction or contact: semi-implicit conserves energy to first order in dt.
+
+    Measured here (SUPERball in free fall, 0.5 rad/s random spins, pre-tensioned cables):
+    semi-implicit loses 0.7 % of the total energy over 5 s at 1 ms, half that at 0.5 ms
+    (explicit rotation updates are not symplectic; MuJoCo's Euler does exactly the same),
+    while linearised backward Euler loses 2.3 times as much (33.6 J vs 14.6 J) and monotonically.
+    """
+    robot = load_robot("superball")
+    engine = TensegrityEngine(robot, floor=False)
+    p = {k: v.detach().clone() for k, v in engine.param_values(torch.float64, "cpu").items()}
+    for name in ("cable_damping", "contact_damping", "friction_sliding", "friction_torsional", "friction_rolling"):
+        p[name] = torch.zeros_like(p[name])
+    state = _perturbed(torch.tensor(initial_rod_state(robot)), seed=5, scale=0.5)
+    act = engine.initial_act(state) - 0.05            # pre-tension: cables taut and vibrating
+
+    def energy_drift(dt, seconds, integrator="semi_implicit"):
+        steps = int(round(seconds / dt))
+        with torch.no_grad():
+            states, acts = engine.rollout(state, act, act.expand(steps, -1), dt, integrator=integrator,
+                                          params=p, record_every=steps // 10)
+            return torch.stack([engine.energy(s, a, p) for s, a in zip(states, acts)]) - engine.energy(state, act, p)
+
+    total = engine.energy(state, act, p).item()
+    semi = energy_drift(1e-3, 5.0)
+    assert semi.abs().max() < 0.01 * total
+    coarse, fine = energy_drift(1e-3, 1.0)[-1], energy_drift(5e-4, 1.0)[-1]
+    assert 1.6 < (coarse / fine).item() < 2.4            # vanishes at first order as dt -> 0
+    implicit = energy_drift(1e-3, 5.0, "implicit")
+    assert implicit[-1] < 2.0 * semi[-1] < 0              # dissipates more than twice as much
+    assert (implicit[1:] <= implicit[:-1]).all()
+
+
+def test_slack_cable_pulls_with_zero_force_and_taut_cable_obeys_hooke():
+    robot = _two_rod_robot(crossing_gap=0.3)
+    engine = TensegrityEngine(robot, floor=False)
+    state = torch.tensor(initial_rod_state(robot))
+    p = engine.param_values(torch.float64, "cpu")
+    nodes = engine.end_nodes(state)
+    length = torch.linalg.vector_norm(nodes[1, 0] - nodes[0, 0]).item()
+    slack = torch.tensor([length + 0.1, length + 0.2], dtype=torch.float64)
+    assert torch.equal(engine.cable_tensions(state, slack, p), torch.zeros(2, dtype=torch.float64))
+    taut = torch.tensor([length - 0.1, length - 0.1], dtype=torch.float64)
+    tension = engine.cable_tensions(state, taut, p)
+    assert torch.allclose(tension, torch.full((2,), 500.0 * 0.1, dtype=torch.float64))
+    # A slack cable exerts nothing even while its ends separate fast (no damping push).
+    moving = state.clone()
+    moving[1, 7:10] = torch.tensor([0.0, 0.0, -3.0])
+    assert engine.cable_tensions(moving, slack + 0.5, p).abs().max() == 0
+
+
+def test_batch_equals_single_runs():
+    robot = load_robot("superball")
+    engine = TensegrityEngine(robot)
+    s0, a0 = environments.rest_pose(robot)
+    states = torch.stack([_perturbed(torch.tensor(s0), seed=i) for i in range(4)])
+    acts = torch.tensor(a0).expand(4, -1).clone()
+    g = torch.Generator().manual_seed(0)
+    commands = acts.unsqueeze(1) + 0.05 * torch.randn(4, 40, acts.shape[-1], generator=g, dtype=torch.float64)
+    with torch.no_grad():
+        batch, _ = engine.rollout(states, acts, commands, 1e-3)
+        singles = torch.stack([engine.rollout(states[i], acts[i], commands[i], 1e-3)[0] for i in range(4)])
+        nested, _ = engine.rollout(states.view(2, 2, 6, 13), acts.view(2, 2, -1),
+                                   commands.view(2, 2, 40, -1), 1e-3)
+    assert torch.allclose(batch, singles, atol=1e-12)
+    assert torch.allclose(nested.reshape(batch.shape), batch, atol=1e-12)
+
+
+def test_float32_matches_float64():
+    robot = load_robot("superball")
+    engine = TensegrityEngine(robot, fixed_rods=(0,), floor=False)
+    episode = _noncontact_episode(robot, seed=8, steps=200)
+    x64 = _run(engine, episode, 1e-3)
+    x32 = _run(engine, episode, 1e-3, dtype=torch.float32)
+    assert (x64[..., POS] - x32[..., POS].double()).abs().max() < 1e-3
+
+
+# ----------------------------------------------------------------------------- vs MuJoCo
+def test_engine_matches_mujoco_without_contact():
+    """Same parameters, no contact: MuJoCo (Euler) and the engine take the same steps.
+
+    Measured here: CoM error after 1 s ~ 1e-15 m (round-off), path ~ 0.7 m.
+    """
+    robot = load_robot("superball")
+    m = torch.tensor(robot.rod_mass)
+    episode = _noncontact_episode(robot, seed=0, steps=1000)
+    s0, a0, cmds, wr = episode
+    mj, _ = environments.noncontact_twin(robot).rollout(s0[None], a0[None], cmds[None], wr[None])
+    engine = TensegrityEngine(robot, fixed_rods=(0,), floor=False)
+    states = _run(engine, episode, 1e-3)
+    com_engine = center_of_mass(states, m)
+    com_mujoco = center_of_mass(torch.tensor(mj[0]), m)
+    path = (com_mujoco[1:] - com_mujoco[:-1]).norm(dim=-1).sum()
+    assert path > 0.1
+    assert (com_engine[-1] - com_mujoco[-1]).norm() < 1e-9
+
+
+def test_resting_height_matches_mujoco():
+    """Engine started at MuJoCo's settled pose stays put within a few millimetres.
+
+    Contact models differ (penalty vs soft constraints): measured here the engine's CoM
+    settles 1.6 mm lower than MuJoCo's and does not move horizontally (< 1e-4 m in 2 s)
+    thanks to velocity-implicit static friction (explicit smooth Coulomb friction made it
+    random-walk at ~8 cm/s).
+    """
+    robot = load_robot("superball")
+    m = torch.tensor(robot.rod_mass)
+    s0, a0 = environments.rest_pose(robot)
+    engine = TensegrityEngine(robot)
+    state = torch.tensor(s0)
+    act = torch.tensor(a0)
+    with torch.no_grad():
+        states, _ = engine.rollout(state, act, act.expand(2000, -1), 1e-3, record_every=100)
+    com0 = center_of_mass(state, m)
+    com = center_of_mass(states, m)
+    assert abs(com[-1, 2] - com0[2]) < 5e-3
+    assert (com[-1, :2] - com0[:2]).norm() < 5e-3
+    assert states[-1, :, 7:].abs().max() < 0.05       # at rest
+
+
+def test_implicit_is_stable_at_the_sampling_interval():
+    """Implicit Euler at dt = T = 100 ms (progressive training's first stage) stays bounded."""
+    robot = load_robot("superball")
+    engine = TensegrityEngine(robot, actuator_timing="mean")
+    s0, a0 = environments.rest_pose(robot)
+    state = _perturbed(torch.tensor(s0), seed=2, scale=1.0)
+    act = torch.tensor(a0)
+    commands = (act + 0.1 * torch.sin(torch.arange(50.0, dtype=torch.float64))[:, None]).clamp(0.55, 1.05)
+    with torch.no_grad():
+        states, _ = engine.rollout(state, act, commands, 0.1, integrator="implicit")
+        semi, _ = engine.rollout(state, act, commands, 0.1, integrator="semi_implicit")
+    assert torch.isfinite(states).all()
+    assert states[..., 7:].abs().max() < 20.0
+    assert not (torch.isfinite(semi).all() and semi[..., 7:].abs().max() < 20.0), \
+        "semi-implicit at 100 ms should blow up; otherwise this test does not show implicit is needed"
+
+
+def test_ani_substeps_keep_coarse_steps_stable_and_close_to_fine():
+    robot = load_robot("superball")
+    engine = TensegrityEngine(robot, fixed_rods=(0,), floor=False)
+    episode = _noncontact_episode(robot, seed=6, steps=200)
+    s0, a0, cmds, wr = (torch.as_tensor(x) for x in episode)
+    with torch.no_grad():
+        fine, _ = engine.rollout(s0, a0, cmds, 1e-3, wrenches=wr, record_every=10)
+        coarse, _ = engine.rollout(s0, a0, cmds[::10], 1e-2, integrator="ani", wrenches=wr[::10])
+    p = engine.param_values(torch.float64, "cpu")
+    assert engine.stable_step(p) < 1e-2
+    assert torch.isfinite(coarse).all()
+    assert (coarse[..., POS] - fine[..., POS]).abs().max() < 0.05
+
+
+# ----------------------------------------------------------------------------- collision checker
+def test_segment_closest_points_match_brute_force():
+    g = torch.Generator().manual_seed(0)
+    a0, a1, b0, b1 = (torch.randn(200, 3, generator=g, dtype=torch.float64) for _ in range(4))
+    _, _, pa, pb = collision.segment_closest_points(a0, a1, b0, b1)
+    dist = (pa - pb).norm(dim=-1)
+    s = torch.linspace(0, 1, 401, dtype=torch.float64)
+    pts_a = a0[:, None] + s[None, :, None] * (a1 - a0)[:, None]
+    pts_b = b0[:, None] + s[None, :, None] * (b1 - b0)[:, None]
+    brute = torch.cdist(pts_a, pts_b).flatten(1).min(1).values
+    assert (dist <= brute + 1e-12).all()
+    assert (brute - dist).max() < 5e-3
+    # Parallel segments and the components-first layout give the same distances.
+    _, _, pa2, pb2 = collision.segment_closest_points(a0.T, a1.T, b0.T, b1.T, dim=0)
+    assert torch.allclose((pa2 - pb2).norm(dim=0), dist)
+    # Parallel, overlapping segments offset perpendicular to their direction by 0.3.
+    offset = torch.nn.functional.normalize(torch.linalg.cross(a1 - a0, torch.randn(200, 3, generator=g,
+                                                                                  dtype=torch.float64)), dim=-1)
+    par = collision.segment_closest_points(a0, a1, a0 + 0.3 * offset, a1 + 0.3 * offset)
+    assert torch.allclose((par[2] - par[3]).norm(dim=-1), torch.full((200,), 0.3, dtype=torch.float64))
+
+
+def test_ground_contact_depths():
+    robot = load_robot("superball")
+    engine = TensegrityEngine(robot)
+    state = torch.tensor(initial_rod_state(robot))
+    nodes = engine.end_nodes(state)
+    contacts = collision.ground_contacts(nodes, torch.tensor(robot.rod_radius), 0.0)
+    expected = robot.rod_radius[:, None] - robot.rod_end_nodes[..., 2]
+    assert np.allclose(contacts.depth.numpy(), expected)
+    assert torch.allclose(nodes, torch.tensor(robot.rod_end_nodes))
+    assert torch.allclose(quat_axis(state[:, 3:7]),
+                          torch.nn.functional.normalize(nodes[:, 1] - nodes[:, 0], dim=-1))
+
+
+# ----------------------------------------------------------------------------- config and params
+def _superball_dict():
+    return yaml.safe_load((CONFIG_DIR / "superball.yaml").read_text())
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda d: d["rods"][2].pop("end_nodes"), "rods[2].end_nodes"),
+    (lambda d: d["rods"][1].update(end_nodes=[[0, 0, 0], [0, 0]]), "rods[1].end_nodes[1]"),
+    (lambda d: d["cables"][3].update(ends=[[0, 0], [9, 1]]), "cables[3].ends[1]"),
+    (lambda d: d["cables"][5].update(ends=[[1, 0], [1, 1]]), "cables[5].ends"),
+    (lambda d: d["cables"][0].update(stiffness=-5), "cables[0].stiffness"),
+    (lambda d: d["cables"][0].update(command_range=[1.2, 0.6]), "cables[0].command_range"),
+    (lambda d: d["cables"][0].update(rest_length=2.0), "cables[0].rest_length"),
+    (lambda d: d["rods"][0].update(length=2.0), "rods[0].length"),
+    (lambda d: d["actuator"].update(time_constant="fast"), "actuator.time_constant"),
+    (lambda d: d["contact"]["friction"].pop("sliding"), "contact.friction.sliding"),
+    (lambda d: d.pop("cables"), "config.cables"),
+    (lambda d: d["rods"][0].update(mass=float("nan")), "rods[0].mass"),
+])
+def test_bad_config_gives_error_naming_the_field(mutate, field):
+    data = copy.deepcopy(_superball_dict())
+    mutate(data)
+    with pytest.raises(ConfigError) as err:
+        robot_from_dict(data, source="test.yaml")
+    assert field in str(err.value) and "test.yaml" in str(err.value)
+
+
+def test_bad_yaml_file_and_missing_config(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("rods: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_robot(path)
+    with pytest.raises(ConfigError, match="not found"):
+        load_robot("no_such_robot")
+
+
+def test_parameters_stay_inside_bounds_under_any_raw_value():
+    robot = load_robot("superball")
+    params = PhysicalParameters(robot, per_element=("cable_stiffness", "rod_mass"))
+    with torch.no_grad():
+        for spec in PARAM_SPECS:
+            getattr(params, spec.name).copy_(torch.full_like(getattr(params, spec.name), 1e6))
+    for spec in PARAM_SPECS:
+        value = params.value(spec.name)
+        lo, hi = params.bounds_of(spec.name)
+        # exp(log(hi)) may round one ulp past hi: bounds hold to round-off.
+        assert ((value >= lo * (1 - 1e-12)) & (value <= hi * (1 + 1e-12))).all(), spec.name
+    assert params.value("cable_stiffness").shape == (24,)
+    params.randomize(np.random.default_rng(0))
+    names, values = params.flat()
+    assert len(names) == len(values) == 24 + 6 + (len(PARAM_SPECS) - 2)
+    with pytest.raises(ValueError, match="outside its bounds"):
+        PhysicalParameters(robot, values={"rod_mass": 1e4})
+    restored = PhysicalParameters(robot, values={"cable_stiffness": 1234.0})
+    assert torch.allclose(restored.value("cable_stiffness"), torch.tensor([1234.0], dtype=torch.float64))
