@@ -26,7 +26,6 @@ setup(
     maintainer_email="maintainers@tensegrity-ros.invalid",
     description="Recurrent differentiable tensegrity engine, identification and MPPI over ROS 2",
     license="Apache-2.0",
-    tests_require=["pytest"],
     entry_points={
         "console_scripts": [
             # ROS-free tools (engine/)
@@ -37,6 +36,7 @@ setup(
             "mujoco_bridge = tensegrity_ros.mujoco_bridge:main",
             "identifier = tensegrity_ros.identifier_node:main",
             "mppi_controller = tensegrity_ros.mppi_controller:main",
+            "recorder = tensegrity_ros.recorder:main",
             "tensegrity-sim2sim = tensegrity_ros.sim2sim:main",
         ],
     },
