@@ -169,7 +169,8 @@ def build_policy(robot, args, *, params=None, label: str = ""):
         dyn = mpc.MujocoDynamics(contact_twin(robot, nthread=args.mj_threads), control_dt=args.control_dt)
         return mpc.MPPIController(robot, dynamics=dyn, cost=cost, planner=args.planner, config=cfg)
     return mpc.MPPIController(robot, params=params, cost=cost, planner=args.planner, config=cfg,
-                              engine_dt=args.engine_dt, integrator=args.integrator, device=args.device)
+                              engine_dt=args.engine_dt, integrator=args.integrator, device=args.device,
+                              compile=not getattr(args, "eager", False))
 
 
 def run_task(robot, policy, *, steps: int, control_dt: float, label: str = "", verbose: bool = True,
@@ -209,6 +210,9 @@ def add_planner_args(p: argparse.ArgumentParser) -> None:
                    help="engine planning step (s; default the robot's step, 1 ms)")
     p.add_argument("--integrator", default="semi_implicit", choices=("semi_implicit", "implicit", "ani"))
     p.add_argument("--device", default="cpu")
+    p.add_argument("--eager", action="store_true",
+                   help="engine rollouts without torch.compile (default: compiled; the first "
+                        "planning call of a process then takes ~15-25 s to compile)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--mj-threads", type=int, default=2, help="mujoco.rollout threads")
     p.add_argument("--seed", type=int, default=0)

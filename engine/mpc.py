@@ -95,6 +95,29 @@ def _as_tensor(x, dtype, device) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- dynamics
+_ENGINES: dict = {}
+
+
+def _inductor_config():
+    import torch._inductor.config as config
+    return config
+
+
+def _shared_engine(robot: RobotConfig, floor: bool, actuator_timing: str, device) -> TensegrityEngine:
+    """One `TensegrityEngine` per (robot object, floor, actuator timing, device), shared by
+    every `EngineDynamics` of the process. Parameters are always passed explicitly to the
+    rollout, so sharing is safe; it keeps torch.compile to one trace per step shape (a new
+    engine object would fail dynamo's guards and retrace, and after 8 retraces of the same
+    code dynamo silently falls back to eager)."""
+    key = (id(robot), bool(floor), actuator_timing, str(device))
+    hit = _ENGINES.get(key)
+    if hit is None or hit[0] is not robot:
+        engine = TensegrityEngine(robot, None, floor=floor, actuator_timing=actuator_timing)
+        engine.to(device)
+        hit = _ENGINES[key] = (robot, engine)
+    return hit[1]
+
+
 class EngineDynamics:
     """Planning rollouts on the differentiable engine (no grad).
 
@@ -105,12 +128,23 @@ class EngineDynamics:
     semi-implicit step keeps per-knot CoM displacements well correlated (r ~ 0.86); the
     implicit integrator is stable at 10-100 ms but its correlation drops (0.56 at 10 ms,
     0.16 at 50 ms), semi-implicit diverges above ~2 ms. Default: 1 ms semi-implicit.
+    Closed loop (SUPERball to (5, 0), nominal engine, MPPI 1 it x 40 samples, executed on
+    MuJoCo): 1 ms with a 0.5 s horizon reaches 0.85 m/s and ends 0.76 m from the goal;
+    2 ms (stable, half the steps) only 0.45 m/s at 0.5 s horizon and 0.05 m/s at 1 s.
+
+    ``compile`` (default True; not for the "ani" integrator) runs the rollouts through
+    the engine's torch.compile'd step: ~2.5-3x faster than eager at 40 samples, but the
+    first call of a process traces and compiles (~15-25 s at idle, more under load; later
+    processes reuse inductor's on-disk cache for the kernels), with inductor's C++ wrapper.
+    Each (integrator, dt, batch size) compiles once; if compilation fails the adapter
+    warns and runs eager.
     """
 
     def __init__(self, robot: RobotConfig, params: Optional[PhysicalParameters] = None, *,
                  control_dt: float = 0.1, dt: Optional[float] = None,
                  integrator: str = "semi_implicit", actuator_timing: Optional[str] = None,
-                 device="cpu", dtype: torch.dtype = torch.float32, floor: bool = True):
+                 device="cpu", dtype: torch.dtype = torch.float32, floor: bool = True,
+                 compile: Optional[bool] = None):
         self.robot = robot
         self.dt = float(robot.dt if dt is None else dt)
         self.control_dt = float(control_dt)
@@ -122,20 +156,22 @@ class EngineDynamics:
         self.integrator = integrator
         self.device = torch.device(device)
         self.dtype = dtype
-        self.engine = TensegrityEngine(robot, params, floor=floor, actuator_timing=actuator_timing)
-        self.engine.to(self.device)
-        self.set_params(self.engine.params)
+        self.compile = (integrator != "ani") if compile is None else bool(compile)
+        if self.compile and integrator == "ani":
+            raise ValueError("compile=True supports the 'semi_implicit' and 'implicit' integrators")
+        self.engine = _shared_engine(robot, floor, actuator_timing, self.device)
+        self.set_params(params if params is not None else PhysicalParameters(robot))
 
     def set_params(self, params: PhysicalParameters) -> None:
         """Swap the model's physical parameters (e.g. after identification)."""
-        self.engine.params = params
+        self._params = params
         with torch.no_grad():
             self._p = {k: v.detach().to(dtype=self.dtype, device=self.device)
                        for k, v in params.values().items()}
 
     @property
     def params(self) -> PhysicalParameters:
-        return self.engine.params
+        return self._params
 
     @torch.no_grad()
     def __call__(self, state0, act0, plans) -> torch.Tensor:
@@ -144,9 +180,20 @@ class EngineDynamics:
         s = _as_tensor(state0, self.dtype, self.device).expand(N, -1, -1).contiguous()
         a = _as_tensor(act0, self.dtype, self.device).expand(N, A).contiguous()
         fine = plans.repeat_interleave(self.substeps, dim=1)
-        states, _ = self.engine.rollout(s, a, fine, self.dt, integrator=self.integrator,
-                                        record_every=self.substeps, params=self._p)
-        return states
+        run = lambda c: self.engine.rollout(s, a, fine, self.dt, integrator=self.integrator,
+                                            record_every=self.substeps, params=self._p, compile=c)[0]
+        if self.compile:
+            try:
+                # C++ wrapper around inductor's kernels: ~20% less fixed overhead per step
+                # (0.20 vs 0.25 ms per batched step at 40 samples, 1 thread)
+                with _inductor_config().patch(cpp_wrapper=True):
+                    return run(True)
+            except Exception as err:  # no C compiler, unsupported backend, ...
+                import warnings
+                warnings.warn(f"EngineDynamics: torch.compile failed ({type(err).__name__}: "
+                              f"{str(err).splitlines()[0] if str(err) else ''}); running eager")
+                self.compile = False
+        return run(False)
 
 
 class MujocoDynamics:
@@ -212,6 +259,14 @@ class LocomotionCost:
         self.terminal_weight = float(terminal_weight)
         self._mass = torch.as_tensor(robot.rod_mass)
         self._width = torch.as_tensor(robot.command_high - robot.command_low)
+
+    def set_goal(self, velocity=None, *, goal=None) -> None:
+        """Track ``velocity`` (x, y) m/s (speed = its norm; goal steering off), or, with
+        ``goal`` (x, y), head for that point at ``speed`` (or at |velocity| if given)."""
+        if velocity is not None:
+            self.target_velocity = np.asarray(velocity, dtype=np.float64)[:2]
+            self.speed = float(np.linalg.norm(self.target_velocity))
+        self.goal = None if goal is None else np.asarray(goal, dtype=np.float64)[:2]
 
     def desired_velocity(self, com: torch.Tensor) -> torch.Tensor:
         """[..., 2] desired CoM velocity at CoM positions com [..., >=2]."""
@@ -430,12 +485,13 @@ class MPPIController:
                  dynamics: Optional[Dynamics] = None, cost: Optional[Cost] = None,
                  planner: str = "mppi", config: Optional[PlannerConfig] = None,
                  engine_dt: Optional[float] = None, integrator: str = "semi_implicit",
-                 device="cpu", dtype: torch.dtype = torch.float32):
+                 device="cpu", dtype: torch.dtype = torch.float32, compile: Optional[bool] = None):
         self.robot = robot
         self.config = config or PlannerConfig()
         if dynamics is None:
             dynamics = EngineDynamics(robot, params, control_dt=self.config.control_dt,
-                                      dt=engine_dt, integrator=integrator, device=device, dtype=dtype)
+                                      dt=engine_dt, integrator=integrator, device=device, dtype=dtype,
+                                      compile=compile)
         elif params is not None:
             raise ValueError("give either params (engine dynamics) or dynamics, not both")
         self.dynamics = dynamics
@@ -454,6 +510,10 @@ class MPPIController:
         self.planner.reset()
         self.plan_times = []
         self._prev = None
+
+    def set_goal(self, velocity=None, *, goal=None) -> None:
+        """New task for the cost (see `LocomotionCost.set_goal`); the warm start is kept."""
+        self.cost.set_goal(velocity, goal=goal)
 
     def set_params(self, params: PhysicalParameters) -> None:
         if not hasattr(self.dynamics, "set_params"):

@@ -140,7 +140,7 @@ def test_engine_and_mujoco_dynamics_agree_in_shape_and_start(three_bar):
     s0, a0 = mpc.task_start(robot)
     plans = torch.as_tensor(np.random.default_rng(0).uniform(robot.command_low, robot.command_high,
                                                              (3, 2, robot.num_actuated)), dtype=torch.float32)
-    eng = mpc.EngineDynamics(robot, control_dt=0.05)
+    eng = mpc.EngineDynamics(robot, control_dt=0.05, compile=False)
     mj = mpc.MujocoDynamics(contact_twin(robot, nthread=1), control_dt=0.05)
     se, sm = eng(s0, a0, plans), mj(s0, a0, plans)
     assert se.shape == sm.shape == (3, 2, robot.num_rods, 13)
@@ -148,11 +148,42 @@ def test_engine_and_mujoco_dynamics_agree_in_shape_and_start(three_bar):
     m = robot.rod_mass
     ce, cm = center_of_mass(se.double().numpy(), m), center_of_mass(sm.double().numpy(), m)
     assert np.abs(ce - cm).max() < 0.05              # 0.1 s from rest: same physics, roughly
-    coarse = mpc.EngineDynamics(robot, control_dt=0.05, dt=0.01, integrator="implicit")
+    coarse = mpc.EngineDynamics(robot, control_dt=0.05, dt=0.01, integrator="implicit", compile=False)
     assert coarse.substeps == 5 and coarse.engine.actuator_timing == "mean"
     assert torch.isfinite(coarse(s0, a0, plans)).all()
     with pytest.raises(ValueError):
         mpc.EngineDynamics(robot, control_dt=0.1, dt=0.03)
+
+
+def test_compiled_rollouts_match_eager(three_bar):
+    """The planner's default path (torch.compile'd engine step) gives the eager rollouts;
+    engines are shared between adapters (one compile per step shape), parameters are not."""
+    robot = three_bar
+    s0, a0 = mpc.task_start(robot)
+    plans = torch.as_tensor(np.random.default_rng(1).uniform(robot.command_low, robot.command_high,
+                                                             (4, 2, robot.num_actuated)), dtype=torch.float32)
+    fast = mpc.EngineDynamics(robot, control_dt=0.02)
+    assert fast.compile
+    slow = mpc.EngineDynamics(robot, control_dt=0.02, compile=False)
+    assert slow.engine is fast.engine
+    torch.testing.assert_close(fast(s0, a0, plans), slow(s0, a0, plans), atol=2e-4, rtol=1e-4)
+    heavy = PhysicalParameters(robot, values={"rod_mass": 20.0})
+    slow.set_params(heavy)
+    assert fast.params is not heavy and slow.params is heavy
+    assert (fast(s0, a0, plans) - slow(s0, a0, plans)).abs().max() > 1e-4
+
+
+def test_set_goal(three_bar):
+    ctrl = mpc.MPPIController(three_bar, config=mpc.PlannerConfig(horizon=2, num_samples=4, iterations=1),
+                              compile=False)
+    ctrl.set_goal((0.0, -0.5))
+    np.testing.assert_allclose(ctrl.cost.target_velocity, [0.0, -0.5])
+    assert ctrl.cost.speed == pytest.approx(0.5) and ctrl.cost.goal is None
+    v = ctrl.cost.desired_velocity(torch.zeros(1, 3))
+    torch.testing.assert_close(v, torch.tensor([[0.0, -0.5]]))
+    ctrl.set_goal(goal=(1.0, 0.0))
+    v = ctrl.cost.desired_velocity(torch.zeros(1, 3))
+    torch.testing.assert_close(v, torch.tensor([[0.5, 0.0]]))
 
 
 def test_set_params_swaps_the_model(three_bar, tmp_path):
@@ -161,7 +192,8 @@ def test_set_params_swaps_the_model(three_bar, tmp_path):
     plans = torch.as_tensor(np.broadcast_to(robot.command_low, (1, 2, robot.num_actuated)).copy(),
                             dtype=torch.float32)
     ctrl = mpc.MPPIController(robot, config=mpc.PlannerConfig(horizon=2, control_dt=0.05,
-                                                              num_samples=4, iterations=1))
+                                                              num_samples=4, iterations=1),
+                              compile=False)
     before = ctrl.dynamics(s0, a0, plans)
     heavy = PhysicalParameters(robot, values={"rod_mass": 20.0, "actuator_time_constant": 0.5})
     ctrl.set_params(heavy)
@@ -213,7 +245,7 @@ def test_short_rolling_run_moves_forward(name, steps):
     must move the CoM along +x."""
     robot = load_robot(name)
     cfg = mpc.PlannerConfig(horizon=3, num_samples=12, iterations=1, seed=1)
-    ctrl = mpc.MPPIController(robot, config=cfg)
+    ctrl = mpc.MPPIController(robot, config=cfg, compile=False)
     s0, a0 = mpc.task_start(robot)
     twin = contact_twin(robot, nthread=1)
     traj = mpc.run_closed_loop(ctrl, twin, s0, a0, num_steps=steps, control_dt=0.1)
