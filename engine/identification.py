@@ -39,18 +39,45 @@ multiple-shooting continuity term: the predicted end velocity of tuple k must eq
 latent initial velocity of tuple k+1. Validation tuples get their own latents, updated with
 the parameters frozen.
 
-Progressive training (Alg. 1, `schedule="progressive"`): implicit integration with dt = T
-and lr = lr0; after ``patience`` epochs without a validation improvement (or
-``max_stage_epochs``) the best parameters of the stage are restored and dt is halved down
-to the engine step (dt = max(dt/2, dt_r)); at dt_r lr is halved until < lr_min; then lr =
-lr0 and semi-implicit (or ANI) fine-tuning halves lr until < lr_min. ``implicit_only``
-stops after the implicit phase, ``feedforward`` (the prior work) keeps a single implicit
-step of T, ``fine_only`` runs only the semi-implicit phase (refinement from good values).
-Divergence (NaN/inf loss or gradient, parameters saturating their bounds)
-restores the last good parameters and counts as a non-improving epoch.
+The loss is divided by the data's zero-motion loss (``normalize_loss``: the same loss with
+x_hat = x_t, computed once on the first training data), so it reads as the fraction of the
+motion left unexplained and lr / tolerances mean the same for any robot.
 
-Learning happens on the unconstrained raw parameters of `PhysicalParameters` (Adam), so a
-learning rate is a step in logit space and never leaves the physical bounds.
+Multi-start (``n_starts``, random init only): that many random starts within the bounds
+are scored on the first stage's loss (one implicit step of T, 64 fixed training tuples)
+and the best is kept. Starting values are never taken from the truth.
+
+Progressive training (Alg. 1, `schedule="progressive"`): implicit integration with dt = T
+and lr = lr0; after ``patience`` epochs without a validation improvement of at least
+``min_rel_improvement`` (or ``max_stage_epochs``) the best parameters of the stage are
+restored and dt is halved down to the engine step (dt = max(dt/2, dt_r)); at dt_r lr is
+halved down to ``coarse_lr_min`` (lr0/4 by default: an implicit step at 1 ms is the most
+expensive part and the fine stage is exact anyway); then the fine stage starts from the
+best coarse parameters with the semi-implicit (or ANI) integrator at dt_r:
+
+* ``fine_optimizer="lm"`` (default, velocity data): Levenberg-Marquardt in raw space,
+  one iteration per epoch on ``lm_tuples`` random tuples, Jacobian by central differences
+  (2P no-grad rollouts; P is small), adaptive damping, step bounded to 2 in logit units.
+  It ends when the validation loss stops improving (``lm_patience``), reaches ``lm_tol`` (exact
+  data: round-off) or after ``lm_max_iters``. Without contact the engine equals MuJoCo,
+  so Gauss-Newton converges quadratically to the exact parameters.
+* ``fine_optimizer="adam"`` (and always with latent velocities): lr reset to lr0 and
+  halved until < lr_min, as in the paper.
+
+A coarse epoch draws at most ``max(1, coarse_work // (T/dt))`` minibatches (an implicit
+step costs about the same for any batch size, so this bounds the time per epoch). With
+``max_seconds`` the implicit phase may use ``coarse_time_fraction`` of it, then the fine
+stage starts regardless. ``implicit_only`` stops after the implicit phase (lr down to
+lr_min), ``feedforward`` (the prior work) keeps a single implicit step of T, ``fine_only``
+runs only the fine phase (refinement from good values). Divergence (NaN/inf loss or
+gradient, parameters saturating their bounds) restores the last good parameters and counts
+as a non-improving epoch.
+
+Learning happens on the unconstrained raw parameters of `PhysicalParameters` (Adam with
+gradient-norm clipping ``grad_clip``, minibatches of ``batch_size``), so a learning rate is
+a step in logit space and never leaves the physical bounds. `add_tuples` keeps the Adam
+moments of tensors whose shape is unchanged (the parameters) and drops the rest (the grown
+latent velocities).
 """
 from __future__ import annotations
 
@@ -93,12 +120,12 @@ class IdentificationConfig:
     lr_min: float = 1e-4
     coarse_integrator: str = "implicit"
     fine_integrator: str = "semi_implicit"   # or "ani"
-    patience: int = 1                   # non-improving epochs before a stage change
-    min_rel_improvement: float = 0.0    # val loss must fall by this fraction to count
+    patience: int = 2                   # non-improving epochs before a stage change
+    min_rel_improvement: float = 1e-3   # val loss must fall by this fraction to count
     max_stage_epochs: Optional[int] = None
     max_epochs: int = 10_000
     max_seconds: Optional[float] = None
-    batch_size: int = 64
+    batch_size: int = 16
     epoch_tuples: Optional[int] = None  # training tuples drawn per epoch (None: all)
     val_tuples: Optional[int] = None    # fixed validation subset (None: all)
     w_vel: float = 1.0                  # weight of the end-node velocity term
@@ -107,10 +134,23 @@ class IdentificationConfig:
     max_raw: float = 12.0               # |raw| beyond this = saturated/exploded -> rollback
     init: str = "random"                # "random" (within bounds) or "given" (initial values)
     seed: int = 0
+    n_starts: int = 16                  # multi-start: random starts scored on the dt=T loss, best kept
+    coarse_work: int = 128              # coarse epoch: at most max(1, coarse_work // (T/dt)) minibatches
+    coarse_lr_min: Optional[float] = None   # implicit phase lr floor (None: lr0 / 4)
+    grad_clip: Optional[float] = 10.0   # clip the (normalised) parameter gradient norm
+    fine_optimizer: str = "lm"          # "lm" (Levenberg-Marquardt) or "adam" for the fine stage
+    lm_tuples: int = 256                # tuples per Levenberg-Marquardt iteration (random subset)
+    lm_max_iters: int = 40
+    lm_patience: int = 4                # non-improving LM iterations before the fine stage ends
+    lm_tol: float = 1e-24               # normalised val loss at which LM stops (exact data: round-off)
+    coarse_time_fraction: float = 0.6   # with max_seconds: share of it the implicit phase may use
+    normalize_loss: bool = True         # divide the loss by the zero-motion loss of the data
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.fine_optimizer not in ("lm", "adam"):
+            raise ValueError(f"fine_optimizer must be 'lm' or 'adam', got {self.fine_optimizer!r}")
         if self.init not in ("random", "given"):
             raise ValueError(f"init must be 'random' or 'given', got {self.init!r}")
         for name in ("period", "lr0", "lr_min"):
@@ -240,6 +280,9 @@ class ProgressiveTrainer:
         self.optimizer = None
         self.rollbacks = 0
         self.coarse_params: Optional[dict] = None   # parameters at the end of the implicit phase
+        self.loss_scale: Optional[float] = None     # zero-motion loss of the first training data
+        self.lm_lambda = 1e-3                       # Levenberg-Marquardt damping (fine stage)
+        self.start_losses: list = []                # multi-start: (coarse loss of each start)
 
     # ------------------------------------------------------------------ data
     @property
@@ -273,16 +316,58 @@ class ProgressiveTrainer:
         if ts is None or not len(ts):
             raise ValueError("no training tuples")
         vs = _as_tuples(val, self.config.period, self.robot.dt)
+        first = self.engine is None
         self._setup(ts)
         self.train = self._to_data(ts)
         self.val = self._to_data(vs) if vs is not None else None
+        if self.loss_scale is None:
+            self.loss_scale = self._zero_motion_loss(self.train) if self.config.normalize_loss else 1.0
         if self.val is not None and self.config.val_tuples and len(self.val) > self.config.val_tuples:
             pick = np.sort(np.random.default_rng(self.config.seed + 1).choice(
                 len(vs), self.config.val_tuples, replace=False))
             self.val_index = torch.as_tensor(pick, device=self.device)
         else:
             self.val_index = None if self.val is None else torch.arange(len(self.val), device=self.device)
+        if first and self.config.init == "random" and self.config.n_starts > 1 \
+                and self.config.schedule != "fine_only":
+            self._multi_start()
         self._make_optimizer()
+
+    def _zero_motion_loss(self, data: _Data) -> float:
+        """Loss of predicting 'nothing moves' (x_hat = x_t): the data's own motion scale, so
+        the normalised loss is the fraction of unexplained motion for any robot."""
+        half, free = self._half, self._free
+        weight = free / (2.0 * free.sum())
+        p0, v0 = node_state(data.x0, half)
+        p1, v1 = node_state(data.x1, half)
+        per = ((p1 - p0) ** 2).sum(-1).sum(-1)
+        if data.latent is None:
+            per = per + self.config.w_vel * self.config.period ** 2 * ((v1 - v0) ** 2).sum(-1).sum(-1)
+        scale = float((per * weight).sum(-1).mean())
+        return scale if math.isfinite(scale) and scale > 1e-30 else 1.0
+
+    @torch.no_grad()
+    def _multi_start(self) -> None:
+        """Score ``n_starts`` random starts (within bounds) on the first stage's loss over a
+        fixed subset of training tuples and keep the best one (cheap: one implicit step of T)."""
+        cfg = self.config
+        rng = np.random.default_rng(cfg.seed + 7919)
+        n = len(self.train)
+        idx = torch.as_tensor(np.sort(rng.permutation(n)[:min(n, 64)]), device=self.device)
+        best, best_loss = None, math.inf
+        self.start_losses = []
+        for k in range(cfg.n_starts):
+            if k:
+                self.params.randomize(rng, self.learn)
+            p = self.engine.param_values(self.dtype, self.device)
+            loss = float(self.batch_loss(self.train, idx, p))
+            self.start_losses.append(loss)
+            if math.isfinite(loss) and loss < best_loss:
+                best, best_loss = self._snapshot(), loss
+        if best is not None:
+            self._restore(best)
+        self.log(f"multi-start: best of {cfg.n_starts} random starts (loss {best_loss:.3e}, worst "
+                 f"{max(self.start_losses):.3e}); start {self._fmt_params()}")
 
     def add_tuples(self, data) -> None:
         """Append training tuples (streaming); latents of old tuples are kept."""
@@ -341,11 +426,19 @@ class ProgressiveTrainer:
         self.optimizer = torch.optim.Adam(groups)
         if self.val is not None and self.val.latent is not None:
             self.val_optimizer = torch.optim.Adam([self.val.latent], lr=self.lr * self.config.latent_lr_ratio)
-        if old is not None:
-            try:
-                self.optimizer.load_state_dict(old)
-            except (ValueError, RuntimeError):
-                pass   # tuple count changed: fresh latent moments
+        if old is not None and len(old["param_groups"]) == len(self.optimizer.param_groups):
+            # Keep the moments of tensors whose shape is unchanged; drop the rest (the latent
+            # velocities grow when tuples are appended: their moments start afresh).
+            new = self.optimizer.state_dict()
+            params = [q for g in self.optimizer.param_groups for q in g["params"]]
+            state = {}
+            for i, q in enumerate(params):
+                st = old["state"].get(i)
+                if st and not any(torch.is_tensor(v) and v.dim() > 0 and v.shape != q.shape
+                                  for v in st.values()):
+                    state[i] = st
+            new["state"] = state
+            self.optimizer.load_state_dict(new)
 
     def _set_lr(self, lr: float) -> None:
         self.lr = lr
@@ -406,7 +499,30 @@ class ProgressiveTrainer:
             nv = torch.cat([data.x1[idx][..., :7], lat[nxt.clamp(min=0)]], -1)
             _, nv = node_state(nv, half)
             per = per + has * self.config.w_vel * T * T * ((pv - nv) ** 2).sum(-1).sum(-1)
-        return (per * weight).sum(-1).mean()
+        loss = (per * weight).sum(-1).mean()
+        return loss / self.loss_scale if self.loss_scale else loss
+
+    def residuals(self, data: _Data, idx: torch.Tensor, p: dict, n_steps: Optional[int] = None,
+                  integrator: Optional[str] = None) -> torch.Tensor:
+        """Flat residual vector r with sum(r^2) == batch_loss (velocity data only)."""
+        n_steps = self.n_steps if n_steps is None else n_steps
+        integrator = self.integrator if integrator is None else integrator
+        T = self.config.period
+        x0 = data.x0[idx]
+        act = self.act_starts(data, p["actuator_time_constant"])[idx]
+        cmd, wr = data.commands[idx], None if data.wrenches is None else data.wrenches[idx]
+        if n_steps != cmd.shape[1]:
+            M = averaging_matrix(cmd.shape[1], n_steps, self.dtype, self.device)
+            cmd = torch.einsum("cs,bsa->bca", M, cmd)
+            wr = None if wr is None else torch.einsum("cs,bsrk->bcrk", M, wr)
+        pred, _ = self.engine.rollout(x0, act, cmd, T / n_steps, integrator=integrator,
+                                      wrenches=wr, record_every=n_steps, params=p)
+        pp, pv = node_state(pred[:, -1], self._half)
+        tp, tv = node_state(data.x1[idx], self._half)
+        w = (self._free / (2.0 * self._free.sum() * len(idx) * (self.loss_scale or 1.0))).sqrt()
+        w = w[None, :, None, None]
+        r = torch.cat([(pp - tp) * w, (pv - tv) * (w * T * math.sqrt(self.config.w_vel))], -1)
+        return r.reshape(-1)
 
     # ------------------------------------------------------------------ epochs
     def _snapshot(self):
@@ -463,9 +579,15 @@ class ProgressiveTrainer:
         if self.done:
             return dict(self._last_metrics)
         cfg = self.config
+        if self._use_lm:
+            return self._lm_epoch()
         start = time.perf_counter()
         n = len(self.train)
-        order = self.rng.permutation(n)[:cfg.epoch_tuples or n]
+        count = cfg.epoch_tuples or n
+        if self.phase == "coarse" and cfg.coarse_work:
+            # An implicit step costs about the same for any batch: bound the work per epoch.
+            count = min(count, max(1, cfg.coarse_work // self.n_steps) * cfg.batch_size)
+        order = self.rng.permutation(n)[:count]
         losses, diverged, used = [], False, 0
         for b in range(0, len(order), cfg.batch_size):
             idx = torch.as_tensor(order[b:b + cfg.batch_size], device=self.device)
@@ -481,6 +603,8 @@ class ProgressiveTrainer:
             if not all(torch.isfinite(g).all() for g in grads):
                 diverged = True
                 break
+            if cfg.grad_clip:
+                torch.nn.utils.clip_grad_norm_(self.optimizer.param_groups[0]["params"], cfg.grad_clip)
             self.optimizer.step()
             if not self._healthy():
                 self._restore(good)
@@ -522,11 +646,23 @@ class ProgressiveTrainer:
         else:
             self.bad_epochs += 1
         out_of_time = cfg.max_seconds is not None and self.elapsed >= cfg.max_seconds
+        coarse_out = (cfg.max_seconds is not None and self.phase == "coarse" and cfg.schedule == "progressive"
+                      and self.elapsed >= cfg.coarse_time_fraction * cfg.max_seconds)
+        if coarse_out and not out_of_time and self.epoch < cfg.max_epochs:
+            # Keep time for the fine stage: leave the implicit phase early.
+            if self._best_snapshot is not None:
+                self._restore(self._best_snapshot)
+            before = self._stage_name()
+            self._enter_fine()
+            self.best_val, self._best_snapshot, self.bad_epochs, self.stage_epochs = math.inf, None, 0, 0
+            self._log_stage(before + " (coarse time budget spent)", val)
+            return
         if self.epoch >= cfg.max_epochs or out_of_time:
             self._finish("epoch/time limit reached")
             return
-        stalled = self.bad_epochs >= cfg.patience or (
-            cfg.max_stage_epochs is not None and self.stage_epochs >= cfg.max_stage_epochs)
+        patience = cfg.lm_patience if self._use_lm else cfg.patience
+        stalled = self.bad_epochs >= patience or (
+            cfg.max_stage_epochs is not None and not self._use_lm and self.stage_epochs >= cfg.max_stage_epochs)
         if not stalled:
             return
         if self._best_snapshot is not None:
@@ -536,15 +672,14 @@ class ProgressiveTrainer:
         if self.phase == "coarse" and cfg.schedule != "feedforward" and self.n_steps < self.full_steps:
             self.n_steps = min(2 * self.n_steps, self.full_steps)   # dt = max(dt / 2, dt_r)
             reset_best = True
-        elif self.lr / 2.0 >= cfg.lr_min:
+        elif self.phase == "fine" and self._use_lm:
+            self._finish("Levenberg-Marquardt converged")
+            return
+        elif self.lr / 2.0 >= self._lr_floor:
             self._set_lr(self.lr / 2.0)
         elif self.phase == "coarse" and cfg.schedule == "progressive":
             # What implicit-only training would have returned (ablation b, for free).
-            self.coarse_params = self.params.as_dict()
-            self.phase = "fine"
-            self.n_steps = self.full_steps
-            self.lr = cfg.lr0
-            self._make_optimizer()
+            self._enter_fine()
             reset_best = True
         else:
             self._finish("lr below lr_min")
@@ -556,8 +691,115 @@ class ProgressiveTrainer:
         self.stage_epochs = 0
         self._log_stage(before, val)
 
+    def _enter_fine(self) -> None:
+        # What implicit-only training would have returned (ablation b, for free).
+        self.coarse_params = self.params.as_dict()
+        self.phase = "fine"
+        self.n_steps = self.full_steps
+        self.lr = self.config.lr0
+        self._make_optimizer()
+
+    @property
+    def _lr_floor(self) -> float:
+        cfg = self.config
+        if self.phase == "coarse" and cfg.schedule == "progressive":
+            return cfg.coarse_lr_min if cfg.coarse_lr_min is not None else cfg.lr0 / 4.0
+        return cfg.lr_min
+
+    @property
+    def _use_lm(self) -> bool:
+        return self.phase == "fine" and self.config.fine_optimizer == "lm" and not self.latent
+
     def _stage_name(self) -> str:
+        if self._use_lm:
+            return f"{self.phase} {self.integrator} dt={self.dt * 1e3:g}ms Levenberg-Marquardt"
         return f"{self.phase} {self.integrator} dt={self.dt * 1e3:g}ms lr={self.lr:g}"
+
+    # ------------------------------------------------------------------ Levenberg-Marquardt
+    def _raw_vector(self) -> torch.Tensor:
+        return torch.cat([getattr(self.params, n).detach().reshape(-1) for n in self.learn]).clone()
+
+    @torch.no_grad()
+    def _set_raw_vector(self, theta: torch.Tensor) -> None:
+        i = 0
+        for n in self.learn:
+            raw = getattr(self.params, n)
+            raw.copy_(theta[i:i + raw.numel()].reshape(raw.shape))
+            i += raw.numel()
+
+    @torch.no_grad()
+    def _lm_residual(self, theta: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        self._set_raw_vector(theta)
+        p = self.engine.param_values(self.dtype, self.device)
+        return self.residuals(self.train, idx, p)
+
+    def _lm_epoch(self) -> dict:
+        """One Levenberg-Marquardt iteration in raw space on ``lm_tuples`` random training
+        tuples (few parameters, exact model: Gauss-Newton converges quadratically near the
+        optimum). Jacobian by central differences (2P no-grad rollouts)."""
+        cfg = self.config
+        start = time.perf_counter()
+        n = len(self.train)
+        idx = torch.as_tensor(np.sort(self.rng.permutation(n)[:min(n, cfg.lm_tuples)]), device=self.device)
+        theta0 = self._raw_vector()
+        r0 = self._lm_residual(theta0, idx)
+        f0 = float((r0 ** 2).sum())
+        diverged, accepted, f = False, False, f0
+        if not math.isfinite(f0):
+            diverged = True
+        else:
+            eps = 1e-5
+            cols = []
+            for j in range(len(theta0)):
+                e = torch.zeros_like(theta0)
+                e[j] = eps
+                cols.append((self._lm_residual(theta0 + e, idx) - self._lm_residual(theta0 - e, idx)) / (2 * eps))
+            J = torch.stack(cols, -1)
+            ok = bool(torch.isfinite(J).all())
+            g, H = J.T @ r0, J.T @ J
+            d = H.diagonal().clamp(min=1e-12 * float(H.diagonal().max().clamp(min=1e-300)))
+            for _ in range(10 if ok else 0):
+                A = H + self.lm_lambda * torch.diag(d)
+                try:
+                    delta = -torch.linalg.solve(A, g)
+                except RuntimeError:
+                    delta = torch.full_like(g, math.nan)
+                big = float(delta.abs().max()) if bool(torch.isfinite(delta).all()) else math.inf
+                if big > 2.0:                          # trust region in raw (logit) space
+                    delta = delta * (2.0 / big) if math.isfinite(big) else delta
+                theta = theta0 + delta
+                if bool(torch.isfinite(theta).all()) and float(theta.abs().max()) <= cfg.max_raw:
+                    f = float((self._lm_residual(theta, idx) ** 2).sum())
+                    if math.isfinite(f) and f < f0:
+                        accepted = True
+                        self.lm_lambda = max(self.lm_lambda / 3.0, 1e-12)
+                        break
+                self.lm_lambda = min(self.lm_lambda * 4.0, 1e12)
+            if not accepted:
+                f = f0
+                self._set_raw_vector(theta0)
+        val = self.validate()
+        if not math.isfinite(val):
+            self._set_raw_vector(theta0)
+            diverged = True
+            self.rollbacks += 1
+            val = math.inf
+        seconds = time.perf_counter() - start
+        self.elapsed += seconds
+        metrics = {"epoch": self.epoch, "loss": f, "val_loss": val, "stage": self.phase,
+                   "integrator": self.integrator, "dt": self.dt, "lr": self.lr, "tuples": len(idx),
+                   "seconds": seconds, "diverged": diverged, "params": self.params.as_dict(),
+                   "lm_lambda": self.lm_lambda, "lm_accepted": accepted}
+        self.history.append(metrics)
+        self.epoch += 1
+        self._schedule(val)
+        if self.phase == "fine" and self.stage_epochs >= cfg.lm_max_iters:
+            self._finish("Levenberg-Marquardt iteration limit")
+        elif self.phase == "fine" and val <= cfg.lm_tol:
+            self._finish("Levenberg-Marquardt reached round-off")
+        metrics["next_stage"] = self.phase
+        self._last_metrics = metrics
+        return dict(metrics)
 
     def _log_stage(self, before: str, val: float) -> None:
         entry = {"epoch": self.epoch, "from": before, "to": self._stage_name(), "val_loss": val}
@@ -610,6 +852,7 @@ class ProgressiveTrainer:
             "latent": None if not self.latent else self.train.latent.detach().clone(),
             "val_latent": None if self.val is None or self.val.latent is None else self.val.latent.detach().clone(),
             "rollbacks": self.rollbacks, "coarse_params": self.coarse_params,
+            "loss_scale": self.loss_scale, "lm_lambda": self.lm_lambda,
         }
 
     def load_state_dict(self, sd: dict) -> None:
@@ -625,6 +868,8 @@ class ProgressiveTrainer:
                     "elapsed", "history", "stage_log", "rollbacks", "coarse_params"):
             setattr(self, key, sd[key])
         self._best_snapshot = sd["best_snapshot"]
+        self.loss_scale = sd.get("loss_scale", self.loss_scale)
+        self.lm_lambda = sd.get("lm_lambda", self.lm_lambda)
         self.rng.bit_generator.state = sd["rng"]
         with torch.no_grad():
             if sd["latent"] is not None and self.latent and sd["latent"].shape == self.train.latent.shape:

@@ -144,7 +144,8 @@ def cmd_identify(args) -> int:
         fine_integrator=args.fine_integrator, patience=args.patience,
         max_stage_epochs=args.max_stage_epochs, max_epochs=args.max_epochs,
         max_seconds=args.max_seconds, batch_size=args.batch_size, epoch_tuples=args.epoch_tuples,
-        val_tuples=args.val_tuples, seed=args.seed)
+        val_tuples=args.val_tuples, seed=args.seed, n_starts=args.starts,
+        fine_optimizer=args.fine_optimizer)
     dtype = {"float64": torch.float64, "float32": torch.float32}[args.dtype]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -221,11 +222,14 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--per-element", nargs="+")
     i.add_argument("--schedule", default="progressive", choices=["progressive", "implicit_only", "feedforward"])
     i.add_argument("--fine-integrator", default="semi_implicit", choices=["semi_implicit", "ani"])
-    i.add_argument("--patience", type=int, default=1)
+    i.add_argument("--patience", type=int, default=2)
     i.add_argument("--max-stage-epochs", type=int)
     i.add_argument("--max-epochs", type=int, default=10_000)
     i.add_argument("--max-seconds", type=float)
-    i.add_argument("--batch-size", type=int, default=64)
+    i.add_argument("--batch-size", type=int, default=16)
+    i.add_argument("--starts", type=int, default=16, help="multi-start: random starts scored, best kept")
+    i.add_argument("--fine-optimizer", default="lm", choices=["lm", "adam"],
+                   help="fine stage: Levenberg-Marquardt (default) or Adam with lr halving")
     i.add_argument("--epoch-tuples", type=int)
     i.add_argument("--val-tuples", type=int)
     i.add_argument("--pose-only", action="store_true", help="drop velocities (latent initial velocities)")
