@@ -44,20 +44,6 @@ def default_trainer_factory(robot, config, device, initial=None, log=None):
     return ProgressiveTrainer(robot, config, device=device, dtype=torch.float64, initial=initial, log=log)
 
 
-def _drop_stale_optimizer_state(trainer) -> None:
-    """Workaround: ProgressiveTrainer.add_tuples keeps Adam moments whose shape no longer
-    matches the grown latent-velocity tensor (Adam then fails); forget those moments."""
-    opt = getattr(trainer, "optimizer", None)
-    if opt is None:
-        return
-    for group in opt.param_groups:
-        for p in group["params"]:
-            st = opt.state.get(p)
-            if st and any(isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape != p.shape
-                          for v in st.values()):
-                del opt.state[p]
-
-
 class IdentifierNode(Node):
     #: tests may replace this (e.g. by a trainer that diverges on purpose)
     trainer_factory = staticmethod(default_trainer_factory)
@@ -80,8 +66,8 @@ class IdentifierNode(Node):
                      choices=("progressive", "implicit_only", "feedforward"))
         lr0 = d("lr0", 0.1, "initial learning rate", range=(1e-6, 10.0))
         lr_min = d("lr_min", 1e-3, "stop when the learning rate falls below this", range=(1e-9, 10.0))
-        patience = d("patience", 1, "non-improving epochs before a stage change", range=(1, 1000))
-        batch = d("batch_size", 64, "tuples per gradient step", range=(1, 100000))
+        patience = d("patience", 2, "non-improving epochs before a stage change", range=(1, 1000))
+        batch = d("batch_size", 16, "tuples per gradient step", range=(1, 100000))
         epoch_tuples = d("epoch_tuples", 0, "tuples per epoch (0 = all)", range=(0, 10**7))
         max_epochs = d("max_epochs", 10000, "epoch limit", range=(1, 10**7))
         max_seconds = d("max_seconds", 0.0, "training time limit (s, 0 = none)", range=(0.0, 1e7))
@@ -214,7 +200,6 @@ class IdentifierNode(Node):
             self.trainer.set_data(self._tuple_set(self._window_batch()))   # keeps the parameters
         else:
             self.trainer.add_tuples(self._tuple_set(new))
-            _drop_stale_optimizer_state(self.trainer)
 
     # ------------------------------------------------------------------ worker
     def _run(self) -> None:
