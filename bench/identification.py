@@ -2,12 +2,14 @@
 
     python bench/identification.py [--robot superball] [--out runs/bench_identification]
                                    [--budget 300] [--pose-only] [--skip-contact]
+                                   [--only-ablation-c] [--ablation-c-epochs 4]
 
 Prints (targets of issue 3, not timed tests): identified vs MuJoCo parameters, test CoM
 error at 5 s (non-contact <= 1e-4 m; contact <= 24.7 % of path length), seconds per epoch
 next to the paper's 126 s, total time, ground-truth data points; ablations (a) feed-forward
 single 100 ms step vs recurrent, (b) implicit-only vs progressive, (c) cost of a
-non-differentiable (MuJoCo) collision check per training epoch.
+non-differentiable (MuJoCo) collision check per training epoch, and both checkers
+trained for the same few epochs (seconds per epoch and test CoM error of each).
 Writes data, YAML, checkpoints and plots under --out only.
 """
 from __future__ import annotations
@@ -75,6 +77,33 @@ def collision_cost(robot, states: np.ndarray) -> float:
         return (time.perf_counter() - t) / len(mj)
 
 
+def ablation_collision(robot, d, base, nc_params, epochs: int, schedule: str = "fine_only") -> dict:
+    """(c) Identify the contact parameters with the engine's differentiable ground checker and
+    with MuJoCo's non-differentiable one (mj_collision per state, Python loop), same small
+    fixed budget (``epochs`` epochs, no time limit); seconds per epoch and test CoM error."""
+    ts, vs = ds.tuples_from(d["train"]), ds.tuples_from(d["val"])
+    res = {}
+    for coll in ("differentiable", "mujoco"):
+        cfg = idf.IdentificationConfig(**dict(base, collision=coll, max_epochs=epochs, max_seconds=None,
+                                                      schedule=schedule))
+        tr, wall, secs = identify(robot, ts, vs, cfg, initial=nc_params, label=f"(c) {coll}")
+        r = idf.evaluate(tr.parameters, d["test"])
+        chk = tr.engine.ground_contact_fn
+        res[coll] = {"s_per_epoch": float(secs.mean()), "epochs": tr.epoch, "wall": wall,
+                     "com_final": float(np.mean(r["final_error"])), "relative": float(np.mean(r["relative"]))}
+        extra = (f"; {chk.calls} MuJoCo collision queries, {chk.seconds:.1f} s in them "
+                 f"({1e6 * chk.seconds / max(chk.calls, 1):.1f} us each)") if chk is not None else ""
+        _line(f"  (c) {coll:14s}: {tr.epoch} epochs in {wall:.1f} s (incl. multi-start), "
+              f"{secs.mean():.2f} s/epoch{extra}")
+        com_line(f"(c) {coll} checker", r)
+    dif, mj = res["differentiable"], res["mujoco"]
+    _line(f"  (c) seconds per epoch: differentiable {dif['s_per_epoch']:.2f} s vs MuJoCo {mj['s_per_epoch']:.2f} s "
+          f"(x{mj['s_per_epoch'] / dif['s_per_epoch']:.1f}); paper: 126 s vs 1296 s (x10.3). "
+          f"Test CoM error at 5 s: {100 * dif['relative']:.2f} % vs {100 * mj['relative']:.2f} % of path "
+          f"(after {epochs} {schedule} epochs each)")
+    return res
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--robot", default="superball")
@@ -88,6 +117,13 @@ def main(argv=None) -> int:
     ap.add_argument("--pose-only", action="store_true", help="also identify from poses only")
     ap.add_argument("--skip-contact", action="store_true")
     ap.add_argument("--skip-ablations", action="store_true")
+    ap.add_argument("--only-ablation-c", action="store_true",
+                    help="run only ablation (c) (differentiable vs MuJoCo collision checker); the "
+                         "non-contact parameters come from OUT/noncontact_identified.yaml if present")
+    ap.add_argument("--ablation-c-epochs", type=int, default=4, help="epochs of each (c) identification")
+    ap.add_argument("--ablation-c-schedule", default="fine_only",
+                    help="(c) schedule: fine_only (1 ms semi-implicit epochs, where the checker's cost shows) "
+                         "or progressive (its first epochs are coarse implicit steps)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (1: small batches are overhead-bound; avoids oversubscribing a shared CPU)")
@@ -107,6 +143,22 @@ def main(argv=None) -> int:
                 patience=args.patience, max_stage_epochs=args.max_stage_epochs, max_seconds=args.budget,
                 seed=args.seed)
     summary = {}
+    if args.only_ablation_c:
+        nc_yaml = out / "noncontact_identified.yaml"
+        if nc_yaml.exists():
+            nc_params = PhysicalParameters(load_robot(nc_yaml))
+            _line(f"non-contact parameters from {nc_yaml}")
+        else:
+            d = data["noncontact"]
+            tr, _, _ = identify(robot, ds.tuples_from(d["train"]), ds.tuples_from(d["val"]),
+                                idf.IdentificationConfig(**base), label="noncontact")
+            nc_params = tr.parameters
+        _line(f"\n== ablation (c): ground collision checker, contact environment")
+        summary["ablation_c"] = ablation_collision(robot, data["contact"], base, nc_params, args.ablation_c_epochs,
+                                                   args.ablation_c_schedule)
+        _line(f"\nTOTAL wall time {time.perf_counter() - t_all:.1f} s")
+        (out / "bench_summary_ablation_c.json").write_text(json.dumps(summary, indent=1, default=float))
+        return 0
 
     # ---------------------------------------------------------------- non-contact
     d = data["noncontact"]
@@ -197,6 +249,8 @@ def main(argv=None) -> int:
                   f"epoch of {args.epoch_tuples} tuples at 1 ms (+{per * len(ts) * ts.steps:.1f} s per full "
                   f"pass) on top of the differentiable epoch ({secsc.mean():.2f} s); "
                   f"paper: 126 s (diff.) vs 1296 s (MuJoCo)")
+            summary["ablation_c"] = ablation_collision(robot, d, base, nc_params, args.ablation_c_epochs,
+                                                   args.ablation_c_schedule)
     total = time.perf_counter() - t_all
     _line(f"\nTOTAL wall time {total:.1f} s (target <= 600 s for non-contact + contact identification)")
     (out / "bench_summary.json").write_text(json.dumps(summary, indent=1, default=float))

@@ -145,12 +145,17 @@ class IdentificationConfig:
     lm_tol: float = 1e-24               # normalised val loss at which LM stops (exact data: round-off)
     coarse_time_fraction: float = 0.6   # with max_seconds: share of it the implicit phase may use
     normalize_loss: bool = True         # divide the loss by the zero-motion loss of the data
+    collision: str = "differentiable"   # ground collision checker: "differentiable" or "mujoco"
+                                        # (MuJoCo's mj_collision per state, no geometry gradient:
+                                        # ablation (c) only, much slower)
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         if self.fine_optimizer not in ("lm", "adam"):
             raise ValueError(f"fine_optimizer must be 'lm' or 'adam', got {self.fine_optimizer!r}")
+        if self.collision not in ("differentiable", "mujoco"):
+            raise ValueError(f"collision must be 'differentiable' or 'mujoco', got {self.collision!r}")
         if self.init not in ("random", "given"):
             raise ValueError(f"init must be 'random' or 'given', got {self.init!r}")
         for name in ("period", "lr0", "lr_min"):
@@ -405,8 +410,12 @@ class ProgressiveTrainer:
             raw.requires_grad_(name in self.learn)
         if cfg.init == "random":
             self.params.randomize(np.random.default_rng(cfg.seed), self.learn)
+        ground_fn = None
+        if cfg.collision == "mujoco" and ts.floor:
+            from .mujoco_twin import MujocoGroundChecker
+            ground_fn = MujocoGroundChecker(self.robot, fixed_rods=ts.fixed_rods)
         self.engine = TensegrityEngine(self.robot, self.params, fixed_rods=ts.fixed_rods,
-                                       floor=ts.floor).to(self.device)
+                                       floor=ts.floor, ground_contact_fn=ground_fn).to(self.device)
         f = lambda a: torch.as_tensor(a, dtype=self.dtype, device=self.device)
         free = np.ones(self.robot.num_rods)
         free[list(ts.fixed_rods)] = 0.0

@@ -56,7 +56,7 @@ import numpy as np
 from .config import RobotConfig
 from .state import ANG_VEL, LIN_VEL, POS, QUAT, STATE_DIM, canonical_quat, initial_rod_state
 
-__all__ = ["build_mjcf", "MujocoTwin", "nominal_commands", "FULLPHYSICS"]
+__all__ = ["build_mjcf", "MujocoTwin", "MujocoGroundChecker", "nominal_commands", "FULLPHYSICS"]
 
 FULLPHYSICS = int(mujoco.mjtState.mjSTATE_FULLPHYSICS.value)
 _CTRL = int(mujoco.mjtState.mjSTATE_CTRL.value)
@@ -391,3 +391,82 @@ class MujocoTwin:
         mujoco.mj_setState(self.model, d, state, FULLPHYSICS)
         mujoco.mj_forward(self.model, d)
         return d.ten_length.copy()
+
+
+class MujocoGroundChecker:
+    """MuJoCo's (non-differentiable) rod-floor collision check as the engine's
+    ``ground_contact_fn`` (identification ablation (c), paper Section IV-A3).
+
+    ``checker(nodes, radius)``: end nodes [..., 3, 2R] (engine layout: node 2r+e, e = 0 at
+    the -L/2 end of rod r) -> per-node penetration depth [..., 2R] (``-dist`` of MuJoCo's
+    capsule-plane contact at that end, 0 where there is none). One ``mj_kinematics`` +
+    ``mj_collision`` per batch element, in a Python loop: that per-state cost on the CPU
+    is what the ablation measures. The rod poses are rebuilt from the nodes (centre and
+    axis; the spin about the axis does not matter for a capsule). Rods in ``fixed_rods``
+    are welded at their config pose, as in `MujocoTwin`. ``radius`` is unused (the model
+    carries the config radii).
+    """
+
+    def __init__(self, robot: RobotConfig, *, fixed_rods: Sequence[int] = ()):
+        self.robot = robot
+        fixed = tuple(sorted({int(i) for i in fixed_rods}))
+        self.model = mujoco.MjModel.from_xml_string(build_mjcf(robot, fixed_rods=fixed, floor=True))
+        self.data = mujoco.MjData(self.model)
+        R = robot.num_rods
+        self.num_rods = R
+        self.free_rods = np.array([r for r in range(R) if r not in fixed], dtype=int)
+        self.floor_id = self.model.geom("floor").id
+        self.geom_rod = np.full(self.model.ngeom, -1, dtype=int)
+        for r in range(R):
+            self.geom_rod[self.model.geom(f"rod{r}_capsule").id] = r
+        self.calls = 0                       # collision queries (states) so far
+        self.seconds = 0.0                   # time spent in them
+
+    def rod_qpos(self, nodes: np.ndarray) -> np.ndarray:
+        """[B, 3, 2R] end nodes -> [B, 7F] free-joint qpos (centre, quaternion wxyz)."""
+        n0, n1 = nodes[..., 0::2], nodes[..., 1::2]                     # [B, 3, R]
+        centre = np.swapaxes(0.5 * (n0 + n1), -1, -2)                    # [B, R, 3]
+        a = np.swapaxes(n1 - n0, -1, -2)
+        a = a / np.linalg.norm(a, axis=-1, keepdims=True)
+        # Shortest rotation e_z -> a: q = (1 + a_z, e_z x a) normalised; a = -e_z: 180 deg about x.
+        q = np.stack([1.0 + a[..., 2], -a[..., 1], a[..., 0], np.zeros_like(a[..., 0])], -1)
+        flip = q[..., 0] < 1e-9
+        q[flip] = (0.0, 1.0, 0.0, 0.0)
+        q = q / np.linalg.norm(q, axis=-1, keepdims=True)
+        return np.concatenate([centre, q], -1)[:, self.free_rods].reshape(len(nodes), -1)
+
+    def __call__(self, nodes, radius=None) -> np.ndarray:
+        import time
+
+        t0 = time.perf_counter()
+        X = np.asarray(nodes, dtype=np.float64)
+        lead, n = X.shape[:-2], X.shape[-1]
+        if X.shape[-2] != 3 or n != 2 * self.num_rods:
+            raise ValueError(f"nodes must be [..., 3, {2 * self.num_rods}], got {X.shape}")
+        Xf = X.reshape(-1, 3, n)
+        qpos = self.rod_qpos(Xf)
+        depth = np.zeros((len(Xf), n))
+        m, d = self.model, self.data
+        for b in range(len(Xf)):
+            d.qpos[:] = qpos[b]
+            mujoco.mj_kinematics(m, d)
+            mujoco.mj_collision(m, d)
+            nc = d.ncon
+            if not nc:
+                continue
+            con = d.contact
+            g1, g2, dist = con.geom1[:nc], con.geom2[:nc], con.dist[:nc]
+            floor = (g1 == self.floor_id) | (g2 == self.floor_id)
+            if not floor.any():
+                continue
+            rod = self.geom_rod[np.where(g1 == self.floor_id, g2, g1)[floor]]
+            pos = con.pos[:nc][floor]
+            # Nearest end node of the rod to the contact point.
+            e0 = Xf[b][:, 2 * rod].T                                     # [k, 3]
+            e1 = Xf[b][:, 2 * rod + 1].T
+            end = (np.linalg.norm(pos - e1, axis=-1) < np.linalg.norm(pos - e0, axis=-1)).astype(int)
+            node = 2 * rod + end
+            np.maximum.at(depth[b], node, -dist[floor])
+        self.calls += len(Xf)
+        self.seconds += time.perf_counter() - t0
+        return depth.reshape(lead + (n,))

@@ -33,7 +33,7 @@ Friction: F_t = -mu F v_t / sqrt(|v_t|^2 + eps^2) (smooth Coulomb, eps = frictio
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -118,8 +118,14 @@ class TensegrityEngine(nn.Module):
     def __init__(self, robot: RobotConfig, params: Optional[PhysicalParameters] = None, *,
                  fixed_rods=(), floor: bool = True, friction_smoothing: float = 0.01,
                  angular_smoothing: float = 0.05, ani_safety: float = 0.5,
-                 actuator_timing: str = "start"):
+                 actuator_timing: str = "start", ground_contact_fn: Optional[Callable] = None):
         super().__init__()
+        # Optional external (non-differentiable) ground collision checker, e.g.
+        # `mujoco_twin.MujocoGroundChecker`: fn(nodes [..., 3, 2R] float64 numpy, node radius
+        # [2R]) -> per-node penetration depth [..., 2R] (> 0: in contact). When set, the ground
+        # block uses that depth as a constant (no gradient through the contact geometry);
+        # everything else is unchanged. Used by the identification ablation (c).
+        self.ground_contact_fn = ground_contact_fn
         self.robot = robot
         self.params = params if params is not None else PhysicalParameters(robot)
         self.floor = floor
@@ -301,7 +307,13 @@ class TensegrityEngine(nn.Module):
             X = Y @ k["Nt"]                                                # end nodes [..., 3, 2R]
             Xdot = Ydot @ k["Nt"]
             r = k["node_radius"]
-            depth = r - (X[..., 2, :] - self.robot.contact.ground_height)
+            if self.ground_contact_fn is not None:
+                depth = torch.as_tensor(
+                    np.asarray(self.ground_contact_fn(X.detach().cpu().numpy().astype(np.float64),
+                                                      self._numpy_constants["node_radius"])),
+                    dtype=S.dtype, device=S.device).reshape(X.shape[:-2] + X.shape[-1:])
+            else:
+                depth = r - (X[..., 2, :] - self.robot.contact.ground_height)
             w_nodes = w.repeat_interleave(2, dim=-1)
             # Lever from the rod centre to the contact point (node - r e_z); the contact
             # point's velocity adds w x (-r e_z) = r (-w_y, w_x, 0).

@@ -374,3 +374,37 @@ def test_parameters_stay_inside_bounds_under_any_raw_value():
         PhysicalParameters(robot, values={"rod_mass": 1e4})
     restored = PhysicalParameters(robot, values={"cable_stiffness": 1234.0})
     assert torch.allclose(restored.value("cable_stiffness"), torch.tensor([1234.0], dtype=torch.float64))
+
+
+def test_mujoco_ground_checker_matches_differentiable_depth_and_drives_the_step():
+    """Ablation (c) hook: MuJoCo's capsule-plane depths equal the engine's node depths
+    (tolerance 1e-9 m) on penetrating poses, batch [2, 3], and the engine steps with them."""
+    from tensegrity_engine.mujoco_twin import MujocoGroundChecker
+
+    robot = load_robot("superball")
+    engine = TensegrityEngine(robot)
+    s0 = torch.as_tensor(initial_rod_state(robot))
+    rng = np.random.default_rng(0)
+    states = []
+    for b in range(6):
+        s = s0.clone()
+        low = float(engine.end_nodes(s)[..., 2].min()) - robot.rod_radius[0] - robot.contact.ground_height
+        s[:, 2] -= low + 0.002 * (b + 1)                     # 2-12 mm into the floor
+        s[:, 2] += torch.as_tensor(rng.normal(scale=0.002, size=robot.num_rods))
+        states.append(s)
+    S = torch.stack(states).reshape(2, 3, robot.num_rods, 13)
+    nodes = engine.end_nodes(S).flatten(-3, -2).transpose(-1, -2)      # [2, 3, 3, 2R]
+    ref = (torch.as_tensor(np.repeat(robot.rod_radius, 2)) - (nodes[..., 2, :] - robot.contact.ground_height))
+    checker = MujocoGroundChecker(robot)
+    depth = checker(nodes.numpy(), np.repeat(robot.rod_radius, 2))
+    assert depth.shape == (2, 3, 2 * robot.num_rods)
+    assert (depth > 0).sum() >= 6                           # every pose touches the floor
+    np.testing.assert_allclose(depth, ref.clamp(min=0).numpy(), atol=1e-9)
+    hooked = TensegrityEngine(robot, ground_contact_fn=checker)
+    act = engine.initial_act(S)
+    for integrator in ("semi_implicit", "implicit"):
+        a, _ = engine.step(S, act, act, 1e-3, integrator=integrator)
+        b, _ = hooked.step(S, act, act, 1e-3, integrator=integrator)
+        assert torch.isfinite(b).all()
+        torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-9)
+    assert checker.calls == 6 * 3                           # direct call + one query per step
