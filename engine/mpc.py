@@ -40,7 +40,6 @@ in (m/s)^2 averaged over the horizon, so lambda ~ 0.01-0.1.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from typing import Callable, Optional, Sequence
 
@@ -50,7 +49,7 @@ import torch
 from .config import RobotConfig
 from .params import PhysicalParameters
 from .physics import TensegrityEngine
-from .state import LIN_VEL, POS
+from .state import POS
 
 __all__ = [
     "PlannerConfig", "EngineDynamics", "MujocoDynamics", "LocomotionCost",
@@ -404,7 +403,7 @@ class CEM(SamplingPlanner):
         mean = self.mean
         std = (c.noise_scale * self.width).expand(H, A).clone()
         n_elite = max(2, int(round(c.elite_fraction * c.num_samples)))
-        best, best_cost = mean, None
+        best_cost = None
         for _ in range(c.iterations):
             plans = self._clip(mean + std * self._randn(c.num_samples, H, A))
             plans[0] = mean
@@ -412,7 +411,7 @@ class CEM(SamplingPlanner):
             order = torch.argsort(costs)[:n_elite]
             elites = plans[order]
             if best_cost is None or costs[order[0]] < best_cost:
-                best, best_cost = plans[order[0]].clone(), costs[order[0]]
+                best_cost = costs[order[0]]
             s = c.cem_smoothing
             mean = (1 - s) * elites.mean(0) + s * mean
             std = (1 - s) * elites.std(0) + s * std

@@ -298,8 +298,8 @@ class TensegrityEngine(nn.Module):
         if keep:
             out.update(d=d, length=length, u=u, stretch=stretch)
         kc, cc = p["contact_stiffness"], p["contact_damping"]
-        mu, mu_t, mu_r = p["friction_sliding"], p["friction_torsional"], p["friction_rolling"]
-        eps, eps_w = self.friction_smoothing, self.angular_smoothing
+        mu_t, mu_r = p["friction_torsional"], p["friction_rolling"]
+        eps_w = self.angular_smoothing
         X = None
         # ---- ground contacts (DCC + CRG): the two end spheres of every capsule
         ground_force = ground_torque = None
@@ -349,7 +349,6 @@ class TensegrityEngine(nn.Module):
         if self.num_pairs:
             if X is None:
                 X = Y @ k["Nt"]
-            ia, ib = k["pair_a"], k["pair_b"]
             contact = collision.capsule_contacts(
                 X.index_select(-1, k["pair_a_node0"]), X.index_select(-1, k["pair_a_node1"]),
                 X.index_select(-1, k["pair_b_node0"]), X.index_select(-1, k["pair_b_node1"]),

@@ -13,7 +13,6 @@ multi-sines within each cable's command range.
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 from diagnostic_msgs.msg import DiagnosticStatus

@@ -1,5 +1,4 @@
 """Trajectory file format: round trip, validation errors, tuples, generation."""
-import json
 
 import numpy as np
 import pytest
@@ -23,7 +22,7 @@ def generated(tmp_path_factory, superball):
 
 def _traj(robot, n=6, velocity=True, **kw):
     rng = np.random.default_rng(0)
-    R, A = robot.num_rods, robot.num_actuated
+    R = robot.num_rods
     q = rng.normal(size=(n, R, 4))
     args = dict(robot=robot, t=0.1 * np.arange(n), position=rng.normal(size=(n, R, 3)),
                 quaternion=q / np.linalg.norm(q, axis=-1, keepdims=True),
