@@ -479,22 +479,13 @@ class ProgressiveTrainer:
                    integrator: Optional[str] = None, latent: Optional[torch.Tensor] = None,
                    acts: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Mean recurrent loss of tuples ``idx`` (see the module docstring)."""
-        n_steps = self.n_steps if n_steps is None else n_steps
-        integrator = self.integrator if integrator is None else integrator
         T = self.config.period
-        x0 = data.x0[idx]
         lat = data.latent if latent is None else latent
+        x0 = data.x0[idx]
         if lat is not None:
             x0 = torch.cat([x0[..., :7], lat[idx]], -1)
         act = (self.act_starts(data, p["actuator_time_constant"]) if acts is None else acts)[idx]
-        cmd, wr = data.commands[idx], None if data.wrenches is None else data.wrenches[idx]
-        if n_steps != cmd.shape[1]:
-            M = averaging_matrix(cmd.shape[1], n_steps, self.dtype, self.device)
-            cmd = torch.einsum("cs,bsa->bca", M, cmd)
-            wr = None if wr is None else torch.einsum("cs,bsrk->bcrk", M, wr)
-        pred, _ = self.engine.rollout(x0, act, cmd, T / n_steps, integrator=integrator,
-                                      wrenches=wr, record_every=n_steps, params=p)
-        pred = pred[:, -1]
+        pred = self._predict_end(data, idx, x0, act, p, n_steps, integrator)
         half, free = self._half, self._free
         weight = free / (2.0 * free.sum())                      # mean over free rods and 2 nodes
         pp, pv = node_state(pred, half)
@@ -511,22 +502,28 @@ class ProgressiveTrainer:
         loss = (per * weight).sum(-1).mean()
         return loss / self.loss_scale if self.loss_scale else loss
 
-    def residuals(self, data: _Data, idx: torch.Tensor, p: dict, n_steps: Optional[int] = None,
-                  integrator: Optional[str] = None) -> torch.Tensor:
-        """Flat residual vector r with sum(r^2) == batch_loss (velocity data only)."""
+    def _predict_end(self, data: _Data, idx: torch.Tensor, x0: torch.Tensor, act: torch.Tensor, p: dict,
+                     n_steps: Optional[int], integrator: Optional[str]) -> torch.Tensor:
+        """Engine state after T from x0 under the tuples' commands (and known wrenches),
+        averaged onto n_steps engine steps: the prediction both losses compare with X_t+T."""
         n_steps = self.n_steps if n_steps is None else n_steps
         integrator = self.integrator if integrator is None else integrator
-        T = self.config.period
-        x0 = data.x0[idx]
-        act = self.act_starts(data, p["actuator_time_constant"])[idx]
         cmd, wr = data.commands[idx], None if data.wrenches is None else data.wrenches[idx]
         if n_steps != cmd.shape[1]:
             M = averaging_matrix(cmd.shape[1], n_steps, self.dtype, self.device)
             cmd = torch.einsum("cs,bsa->bca", M, cmd)
             wr = None if wr is None else torch.einsum("cs,bsrk->bcrk", M, wr)
-        pred, _ = self.engine.rollout(x0, act, cmd, T / n_steps, integrator=integrator,
+        pred, _ = self.engine.rollout(x0, act, cmd, self.config.period / n_steps, integrator=integrator,
                                       wrenches=wr, record_every=n_steps, params=p)
-        pp, pv = node_state(pred[:, -1], self._half)
+        return pred[:, -1]
+
+    def residuals(self, data: _Data, idx: torch.Tensor, p: dict, n_steps: Optional[int] = None,
+                  integrator: Optional[str] = None) -> torch.Tensor:
+        """Flat residual vector r with sum(r^2) == batch_loss (velocity data only)."""
+        T = self.config.period
+        act = self.act_starts(data, p["actuator_time_constant"])[idx]
+        pred = self._predict_end(data, idx, data.x0[idx], act, p, n_steps, integrator)
+        pp, pv = node_state(pred, self._half)
         tp, tv = node_state(data.x1[idx], self._half)
         w = (self._free / (2.0 * self._free.sum() * len(idx) * (self.loss_scale or 1.0))).sqrt()
         w = w[None, :, None, None]
