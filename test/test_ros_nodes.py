@@ -197,7 +197,10 @@ def test_bridge_identifier_controller(ros):
     assert wait_for(lambda: len(rec.params) >= 3, 90), f"{len(rec.params)} parameter messages"
     k = [conv.msg_to_param_values(m)["cable_stiffness"].mean() for m in rec.params]
     err = [abs(math.log(v / TRUE_K)) for v in k]
-    assert err[-1] < err[0] - 0.05, k                                   # toward the truth
+    # Toward the truth from the known start (3x). The first message already reflects
+    # training, and the coarse implicit stage may overshoot below the truth afterwards,
+    # so it is no baseline.
+    assert err[-1] < math.log(3.0) - 0.05, k
     assert rec.value("identifier", "stream_tuples_made") > 10
     assert rec.value("mujoco_bridge", "commands_applied") > 10
     assert rec.value("mppi_controller", "commands_sent") > 10
