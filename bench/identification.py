@@ -153,7 +153,7 @@ def main(argv=None) -> int:
             tr, _, _ = identify(robot, ds.tuples_from(d["train"]), ds.tuples_from(d["val"]),
                                 idf.IdentificationConfig(**base), label="noncontact")
             nc_params = tr.parameters
-        _line(f"\n== ablation (c): ground collision checker, contact environment")
+        _line("\n== ablation (c): ground collision checker, contact environment")
         summary["ablation_c"] = ablation_collision(robot, data["contact"], base, nc_params, args.ablation_c_epochs,
                                                    args.ablation_c_schedule)
         _line(f"\nTOTAL wall time {time.perf_counter() - t_all:.1f} s")
@@ -199,7 +199,7 @@ def main(argv=None) -> int:
         ff, ff_wall, _ = identify(robot, ts, ds.tuples_from(d["val"]), ff_cfg, label="feedforward")
         r_ff = idf.evaluate(ff.parameters, d["test"], integrator="implicit", dt=0.1)
         com_line("(a) feed-forward 1 x 100 ms step", r_ff)
-        _line(f"      feed-forward identified: " + ", ".join(
+        _line("      feed-forward identified: " + ", ".join(
             f"{k}={np.mean(v):.4g}" for k, v in ff.parameters.as_dict().items() if k in ff.learn))
         curves["feed-forward (100 ms step)"] = r_ff
     plot_com_error(curves, out / "noncontact_com_error.png", "non-contact test CoM error")
@@ -208,7 +208,8 @@ def main(argv=None) -> int:
         po = [t.without_velocity() for t in d["train"]]
         pv = [t.without_velocity() for t in d["val"]]
         trp, wallp, _ = identify(robot, ds.tuples_from(po), ds.tuples_from(pv), cfg, label="pose-only")
-        _line(f"  pose-only (latent initial velocities): {trp.epoch} epochs, {wallp:.1f} s")
+        _line(f"  pose-only (finite-difference velocities, then windowed latent-velocity LM): "
+              f"{trp.epoch} epochs, {wallp:.1f} s")
         params_table(trp, robot, trp.learn)
         com_line("pose-only progressive", idf.evaluate(trp.parameters, d["test"]))
 
