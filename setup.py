@@ -12,8 +12,10 @@ package_name = "tensegrity_ros"
 setup(
     name=package_name,
     version="0.1.0",
-    packages=[package_name, "tensegrity_engine"],
+    packages=[package_name, "tensegrity_engine", "tensegrity_engine.native"],
     package_dir={package_name: package_name, "tensegrity_engine": "engine"},
+    # the native kernel's C source, compiled on first use (tensegrity_engine/native)
+    package_data={"tensegrity_engine.native": ["*.c"]},
     data_files=[
         ("share/ament_index/resource_index/packages", ["resource/" + package_name]),
         ("share/" + package_name, ["package.xml"]),

@@ -13,12 +13,14 @@ identification module, if present), else the *nominal-parameter* engine, labelle
 
 Planning configurations (printed): RS / CEM / MPPI on MuJoCo all get the same budget, the
 paper's sizes (5 it x 40 samples x 1 s horizon, 1 ms MuJoCo step; ``--quick``: 2 x 20 x 1 s).
-The engine plans with torch.compile'd 1 ms semi-implicit steps (the only step at which its
-rollouts track MuJoCo's contacts: 2 ms is stable but does not transfer, see
-``mpc.EngineDynamics``) and, by default, the *real-time* configuration 1 it x 40 samples x
-0.5 s horizon (warm-started MPPI; 500 sequential batched steps per control step)
-(``--engine-paper-sizes`` for 5 x 40 x 1 s). Torch runs on 1 thread (2 threads are slower
-at batch 40 on a shared 2-core machine), mujoco.rollout on 2.
+The engine plans with 1 ms semi-implicit steps (the only step at which its rollouts track
+MuJoCo's contacts: 2 ms is stable but does not transfer, see ``mpc.EngineDynamics``) in the
+native C kernel (``tensegrity_engine.native``; ``--engine-backend torch`` for the
+torch.compile'd step) and, by default, the configuration 1 it x 40 samples x 0.5 s horizon
+(warm-started MPPI; 500 sequential batched steps per control step; ``--engine-paper-sizes``
+for 5 x 40 x 1 s). Section 3 times one control step of every backend at both sizes. Torch and
+the native kernel run on 1 thread (2 threads are slower at batch 40 on a shared 2-core
+machine), mujoco.rollout on 2.
 """
 from __future__ import annotations
 
@@ -52,7 +54,8 @@ def _ns(**kw):
 def planner_args(a, *, model, planner, horizon, samples, iterations):
     return _ns(horizon=horizon, control_dt=0.1, samples=samples, iterations=iterations, noise=a.noise,
                temperature=a.temperature, seed=a.seed, speed=1.0, goal=(5.0, 0.0), model=model,
-               mj_threads=2, planner=planner, engine_dt=None, integrator="semi_implicit", device="cpu")
+               mj_threads=2, planner=planner, engine_dt=None, integrator="semi_implicit", device="cpu",
+               backend=a.engine_backend)
 
 
 def identify(robot, seconds: float, out: Path, seed: int):
@@ -100,7 +103,10 @@ def main(argv=None) -> int:
                         "--identified (default: the paper's 20 x 5 s at 10 Hz = 1000)")
     p.add_argument("--random-seed", type=int, default=1, help="seed of the random parameters (c)")
     p.add_argument("--engine-paper-sizes", action="store_true",
-                   help="engine transfer runs at 5 it x 40 x 1 s (not real time: ~1.5-2 s per step)")
+                   help="engine transfer runs at 5 it x 40 x 1 s (real time with the native kernel; "
+                        "~1.5-2 s per step with --engine-backend torch)")
+    p.add_argument("--engine-backend", choices=("native", "torch"), default="native",
+                   help="engine planning rollouts of section 2: the native C kernel or torch.compile'd torch")
     p.add_argument("--skip-compare", action="store_true", help="skip RS/CEM (MPPI on MuJoCo still runs)")
     p.add_argument("--no-video", action="store_true")
     p.add_argument("--noise", type=float, default=0.25)
@@ -155,8 +161,8 @@ def main(argv=None) -> int:
 
     # ------------------------------------------------------------------ 2. transfer
     print(f"== 2. Transfer: MPPI planned on a model, executed closed-loop on MuJoCo "
-          f"(engine: compiled 1 ms semi-implicit, {sz(eng_sizes)} horizon"
-          + (")" if a.engine_paper_sizes else ", the real-time configuration)"), flush=True)
+          f"(engine: {'native C kernel' if a.engine_backend == 'native' else 'torch.compile'}, 1 ms "
+          f"semi-implicit, {sz(eng_sizes)} horizon)", flush=True)
     id_points, id_label = None, None
     if a.identified:
         params_b = mpc.params_from_file(robot, a.identified)
@@ -188,13 +194,14 @@ def main(argv=None) -> int:
 
     # ------------------------------------------------------------------ 3. planning time
     print("== 3. Planning time of one 0.1 s control step (MPPI, from the rest pose, median of 3 "
-          "warm-started calls after a warm-up; torch 1 thread, mujoco.rollout 2 threads)", flush=True)
+          "warm-started calls after a warm-up; torch and the native kernel 1 thread, mujoco.rollout "
+          "2 threads)", flush=True)
     s0, a0 = mpc.task_start(robot)
     timing = {}
 
-    def time_plan(key, label, sizes, model, eager=False, repeats=3):
+    def time_plan(key, label, sizes, model, backend=None, eager=False, repeats=3):
         args = planner_args(a, model=model, planner="mppi", **sizes)
-        args.eager = eager
+        args.backend, args.eager = backend, eager
         ctrl = control_cli.build_policy(robot, args)
         ctrl.plan(s0, a0)                                    # warm-up (compiles if needed)
         ts = []
@@ -209,15 +216,20 @@ def main(argv=None) -> int:
     for tag, sizes in (("paper", paper), ("realtime", rt)):
         n = sizes["iterations"] * sizes["horizon"] * 100
         print(f"  -- {sz(sizes)} ({n} sequential batched 1 ms steps)")
-        time_plan(f"engine_compiled_{tag}", "engine, torch.compile'd, 1 ms semi-implicit", sizes, "engine")
-        time_plan(f"engine_eager_{tag}", "engine, eager, 1 ms semi-implicit", sizes, "engine", eager=True,
-                  repeats=1 if tag == "paper" else 3)
+        time_plan(f"engine_native_{tag}", "engine, native C kernel, 1 ms semi-implicit", sizes, "engine",
+                  backend="native")
+        time_plan(f"engine_compiled_{tag}", "engine, torch.compile'd, 1 ms semi-implicit", sizes, "engine",
+                  backend="torch")
+        time_plan(f"engine_eager_{tag}", "engine, eager, 1 ms semi-implicit", sizes, "engine", backend="torch",
+                  eager=True, repeats=1 if tag == "paper" else 3)
         time_plan(f"mujoco_{tag}", "mujoco.rollout, 1 ms", sizes, "mujoco")
-    per_step = timing["engine_compiled_realtime"] / 500
-    print(f"  compiled engine: {per_step * 1e3:.3f} ms per batched step (40 samples); the paper's sizes "
-          f"need 5000 sequential steps -> >= {5000 * per_step:.2f} s, so <= 0.1 s there would need "
-          f"<= 0.02 ms per step, ~10x below the compiled step's fixed per-call cost (~0.2 ms even at "
-          f"1 sample)")
+        native_t = timing[f"engine_native_{tag}"]
+        print(f"  {'native kernel':>60s}: {timing[f'engine_compiled_{tag}'] / native_t:.1f}x faster than "
+              f"torch.compile'd, {timing[f'mujoco_{tag}'] / native_t:.1f}x faster than mujoco.rollout; "
+              f"<= 0.1 s: {'PASS' if native_t <= 0.1 else 'FAIL'}", flush=True)
+    per_step = timing["engine_native_paper"] / 5000
+    print(f"  native kernel at the paper's sizes: {per_step * 1e3:.3f} ms per batched step of 40 samples "
+          f"({per_step / 40 * 1e9:.0f} ns per sample-step, planner overhead included)")
 
     # ------------------------------------------------------------------ 4. data accounting
     cfg_paper = mpc.PlannerConfig(horizon=10, num_samples=40, iterations=5)
@@ -235,8 +247,8 @@ def main(argv=None) -> int:
     ok_v = mb["mean_vx"] >= 0.8
     ok_d = mb["distance"] <= 1.0
     ok_c = mc["mean_vx"] < 0.5 * mb["mean_vx"] and mc["distance"] > mb["distance"] + 1.0
-    ok_t = timing["engine_compiled_paper"] <= 0.1
-    ok_rt = timing["engine_compiled_realtime"] <= 0.1
+    ok_t = timing["engine_native_paper"] <= 0.1
+    ok_rt = timing["engine_native_realtime"] <= 0.1
     print("== 5. Targets" + (" (--quick: only 2 s from rest, so the 5 s task's targets are indicative only; "
                              "the distance target does not apply)" if a.quick else ""))
     print(f"  {id_label} on MuJoCo: mean vx {mb['mean_vx']:.3f} m/s >= 0.8 : {'PASS' if ok_v else 'FAIL'}")
@@ -247,12 +259,12 @@ def main(argv=None) -> int:
     print(f"  gap to ground-truth policy: mean vx {mb['mean_vx'] - ma['mean_vx']:+.3f} m/s, final position "
           f"{np.linalg.norm(mb['final_xy'] - ma['final_xy']):.2f} m apart, distance to target "
           f"{mb['distance']:.2f} vs {ma['distance']:.2f} m")
-    print(f"  planning <= 0.1 s per control step, engine at the paper's sizes (5x40x1 s): "
-          f"{timing['engine_compiled_paper']:.2f} s : {'PASS' if ok_t else 'FAIL'} (mujoco.rollout "
-          f"{timing['mujoco_paper']:.2f} s, eager engine {timing['engine_eager_paper']:.2f} s)")
-    print(f"  planning <= 0.1 s per control step, engine at the transfer configuration (1x40x0.5 s): "
-          f"{timing['engine_compiled_realtime']:.3f} s : {'PASS' if ok_rt else 'FAIL'} (mujoco.rollout "
-          f"{timing['mujoco_realtime']:.3f} s, eager engine {timing['engine_eager_realtime']:.3f} s)")
+    for tag, what, ok in (("paper", "the paper's sizes (5x40x1 s)", ok_t),
+                          ("realtime", "the transfer configuration (1x40x0.5 s)", ok_rt)):
+        print(f"  planning <= 0.1 s per control step, native engine at {what}: "
+              f"{timing[f'engine_native_{tag}']:.3f} s : {'PASS' if ok else 'FAIL'} (torch.compile'd "
+              f"{timing[f'engine_compiled_{tag}']:.3f} s, mujoco.rollout {timing[f'mujoco_{tag}']:.3f} s, "
+              f"eager {timing[f'engine_eager_{tag}']:.3f} s)")
 
     if not a.no_video:
         for label in (label_a, id_label, "(c) random-param engine"):

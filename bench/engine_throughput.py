@@ -3,7 +3,9 @@
 
 Scenario (identical for both): the robot at MuJoCo's settled rest pose, every sample
 pushed with a random rolling velocity and held random commands, contact on, 1 ms steps.
-Prints steps/s (= batch x steps / seconds) and ratios to MuJoCo; never asserts timings.
+Prints steps/s (= batch x steps / seconds) and ratios to MuJoCo for the torch engine (eager,
+torch.compile'd, forward+backward) and the native C kernel (`tensegrity_engine.native`,
+forward only); never asserts timings.
 
     python bench/engine_throughput.py [--robot superball] [--steps 1000] [--threads 2]
 """
@@ -15,7 +17,7 @@ import time
 import numpy as np
 import torch
 
-from tensegrity_engine import environments
+from tensegrity_engine import environments, native
 from tensegrity_engine.config import load_robot
 from tensegrity_engine.params import PhysicalParameters
 from tensegrity_engine.physics import TensegrityEngine
@@ -85,6 +87,19 @@ def main() -> None:
                                                         compile=True), 2)
             rows.append((batch, f"engine torch.compile, float32, no grad (compile {compile_seconds:.0f} s)",
                          total / compiled, total / compiled / mujoco_rate))
+        fused = native.NativeRollout(engine)
+        configs = [(torch.float32, 1), (torch.float64, 1)]
+        configs += [(torch.float32, args.threads)] if args.threads > 1 else []
+        for dtype, threads in configs:
+            sn, an, cn = (x.to(dtype) for x in (s, a, c))
+            start = time.perf_counter()
+            fused.rollout(sn, an, cn[:, :2], robot.dt)                         # compiles on first use
+            build_seconds = time.perf_counter() - start
+            seconds = time_call(lambda: fused.rollout(sn, an, cn, robot.dt, record_every=args.steps,
+                                                      threads=threads), 3)
+            rows.append((batch, f"engine native C kernel, {str(dtype)[6:]}, {threads} thread"
+                                f"{'s' if threads > 1 else ''} (first call {build_seconds:.1f} s)",
+                         total / seconds, total / seconds / mujoco_rate))
         if not args.skip_backward:
             params = PhysicalParameters(robot, dtype=torch.float32)
             trainable = TensegrityEngine(robot, params)

@@ -12,6 +12,7 @@ Examples::
     tensegrity-control --model engine --params runs/identify/identified.yaml
     tensegrity-control --model engine --random-params 3 --steps 20
     tensegrity-control --robot three_bar --model engine --steps 10 --samples 16
+    tensegrity-control --model engine --backend torch                # torch engine (no C compiler)
 """
 from __future__ import annotations
 
@@ -168,9 +169,12 @@ def build_policy(robot, args, *, params=None, label: str = ""):
     if args.model == "mujoco":
         dyn = mpc.MujocoDynamics(contact_twin(robot, nthread=args.mj_threads), control_dt=args.control_dt)
         return mpc.MPPIController(robot, dynamics=dyn, cost=cost, planner=args.planner, config=cfg)
+    backend = getattr(args, "backend", None)
+    # --eager: the torch engine without torch.compile; otherwise the backend's default
+    compile = False if getattr(args, "eager", False) else None
     return mpc.MPPIController(robot, params=params, cost=cost, planner=args.planner, config=cfg,
                               engine_dt=args.engine_dt, integrator=args.integrator, device=args.device,
-                              compile=not getattr(args, "eager", False))
+                              compile=compile, backend=backend, threads=getattr(args, "threads", 1) or 1)
 
 
 def run_task(robot, policy, *, steps: int, control_dt: float, label: str = "", verbose: bool = True,
@@ -210,10 +214,15 @@ def add_planner_args(p: argparse.ArgumentParser) -> None:
                    help="engine planning step (s; default the robot's step, 1 ms)")
     p.add_argument("--integrator", default="semi_implicit", choices=("semi_implicit", "implicit", "ani"))
     p.add_argument("--device", default="cpu")
+    p.add_argument("--backend", choices=("native", "torch"), default=None,
+                   help="engine rollouts in the fused C kernel (native: semi-implicit on CPU, needs a C "
+                        "compiler, the default there) or in torch (any integrator or device; "
+                        "torch.compile'd unless --eager)")
     p.add_argument("--eager", action="store_true",
-                   help="engine rollouts without torch.compile (default: compiled; the first "
+                   help="torch backend without torch.compile (default: compiled; the first "
                         "planning call of a process then takes ~15-25 s to compile)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads, and the native kernel's threads (default 1)")
     p.add_argument("--mj-threads", type=int, default=2, help="mujoco.rollout threads")
     p.add_argument("--seed", type=int, default=0)
 
@@ -237,6 +246,7 @@ def main(argv: Optional[list] = None) -> int:
 
     from . import mpc
     from .config import load_robot
+    from .native import NativeBuildError
     from .params import PhysicalParameters
 
     if args.threads > 0:
@@ -259,7 +269,11 @@ def main(argv: Optional[list] = None) -> int:
           f"samples, horizon {args.horizon} x {args.control_dt} s"
           + ("" if args.model == "mujoco" else
              f", engine {args.integrator} dt {args.engine_dt or robot.dt} s"), flush=True)
-    policy = build_policy(robot, args, params=params, label=label)
+    try:
+        policy = build_policy(robot, args, params=params, label=label)
+    except NativeBuildError as err:
+        print(err, file=sys.stderr)
+        return 2
     t0 = time.time()
     traj, m = run_task(robot, policy, steps=args.steps, control_dt=args.control_dt, label=label,
                        goal=args.goal)

@@ -156,13 +156,14 @@ def test_engine_and_mujoco_dynamics_agree_in_shape_and_start(three_bar):
 
 
 def test_compiled_rollouts_match_eager(three_bar):
-    """The planner's default path (torch.compile'd engine step) gives the eager rollouts;
-    engines are shared between adapters (one compile per step shape), parameters are not."""
+    """The torch backend's default path (torch.compile'd engine step) gives the eager
+    rollouts; engines are shared between adapters (one compile per step shape), parameters
+    are not."""
     robot = three_bar
     s0, a0 = mpc.task_start(robot)
     plans = torch.as_tensor(np.random.default_rng(1).uniform(robot.command_low, robot.command_high,
                                                              (4, 2, robot.num_actuated)), dtype=torch.float32)
-    fast = mpc.EngineDynamics(robot, control_dt=0.02)
+    fast = mpc.EngineDynamics(robot, control_dt=0.02, backend="torch")
     assert fast.compile
     slow = mpc.EngineDynamics(robot, control_dt=0.02, compile=False)
     assert slow.engine is fast.engine

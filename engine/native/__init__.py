@@ -1,0 +1,328 @@
+"""Native (C) forward-only rollouts of the engine's semi-implicit step.
+
+`NativeRollout(engine).rollout(...)` returns what ``engine.rollout(...,
+integrator="semi_implicit")`` returns, computed by ``semi_implicit.c``: all steps of all
+samples in one call, without torch's per-op dispatch (the cost that dominates torch at
+planning batch sizes). No gradients: use the torch engine to differentiate.
+
+The C file is compiled on first use with the system C compiler (``cc``; the ``CC``
+environment variable overrides it) into a per-user cache,
+``$XDG_CACHE_HOME/tensegrity_ros/native`` (default ``~/.cache/...``), one shared library per
+source, flags and compiler version; later processes load it directly. Without a working
+compiler `NativeBuildError` says which command failed and why; nothing falls back silently.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import importlib.resources
+import math
+import os
+import shlex
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+__all__ = ["NativeBuildError", "NativeRollout", "compile_flags", "load_library"]
+
+SOURCE = "semi_implicit.c"
+
+# -ffp-contract=off: no implicit fused multiply-adds, so every product and sum rounds as in
+# torch's separate elementwise ops (the kernel's explicit fma() calls reproduce MKL's small
+# matmuls); the equality tests rely on it. No -ffast-math: reassociation and reciprocal
+# divisions would change results, and here it (or -ffp-contract=fast) gains < 10%.
+# -fopenmp: the `omp simd` lane loops and threads over chunks of samples.
+BASE_FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off", "-fopenmp",
+              "-shared", "-fPIC")
+# Samples per chunk: one 512-bit vector (two 256-bit ones) of float64, or of float32.
+LANES = {torch.float64: 8, torch.float32: 16}
+_REAL = {torch.float32: ctypes.c_float, torch.float64: ctypes.c_double}
+
+
+class NativeBuildError(RuntimeError):
+    """The native kernel could not be compiled or loaded (no C compiler, compile error)."""
+
+
+def compile_flags(dtype: torch.dtype) -> list[str]:
+    if dtype not in LANES:
+        raise TypeError(f"native rollouts support float32 and float64, got {dtype}")
+    return [*BASE_FLAGS, f"-DLANES={LANES[dtype]}"] + (["-DTG_FLOAT"] if dtype == torch.float32 else [])
+
+
+def _compiler() -> list[str]:
+    return shlex.split(os.environ.get("CC") or "cc")
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "tensegrity_ros" / "native"
+
+
+_FIX = ("Install a C compiler (e.g. gcc) or point CC at one; or plan with the torch engine "
+        "(EngineDynamics(backend='torch'), CLI --backend torch)")
+
+
+def _run(cmd: list[str]) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, check=False)
+    except OSError as err:
+        raise NativeBuildError(f"cannot run the C compiler `{shlex.join(cmd)}`: {err}. {_FIX}") from err
+
+
+_LIBRARIES: dict = {}
+_LOCK = threading.Lock()
+
+
+def load_library(dtype: torch.dtype) -> ctypes.CDLL:
+    """The compiled kernel for ``dtype`` (compiled into the cache on first use)."""
+    key = (dtype, os.environ.get("CC"), os.environ.get("XDG_CACHE_HOME"))
+    with _LOCK:
+        if key not in _LIBRARIES:
+            _LIBRARIES[key] = _build(dtype)
+        return _LIBRARIES[key]
+
+
+def _build(dtype: torch.dtype) -> ctypes.CDLL:
+    source = importlib.resources.files(__package__).joinpath(SOURCE).read_bytes()
+    compiler = _compiler()
+    flags = compile_flags(dtype)
+    version = _run([*compiler, "--version"])
+    if version.returncode:
+        raise NativeBuildError(f"`{shlex.join([*compiler, '--version'])}` failed: {version.stderr.strip()}. "
+                               f"{_FIX}")
+    # -march=native code is only valid on this CPU: key the cache on what the compiler sees
+    # (its predefined macros), so a home directory shared between machines stays safe.
+    target = _run([*compiler, "-march=native", "-dM", "-E", "-x", "c", os.devnull]).stdout
+    digest = hashlib.sha256(b"\0".join([source, shlex.join(compiler + flags).encode(),
+                                        version.stdout.encode(), target.encode()])).hexdigest()[:24]
+    cache = _cache_dir()
+    library_path = cache / f"semi_implicit_{digest}.so"
+    if not library_path.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        # Build in a private directory, then rename: parallel processes never see a partial file.
+        with tempfile.TemporaryDirectory(dir=cache, prefix="build_") as tmp:
+            src, lib = Path(tmp) / SOURCE, Path(tmp) / "kernel.so"
+            src.write_bytes(source)
+            cmd = [*compiler, *flags, "-o", str(lib), str(src), "-lm"]
+            result = _run(cmd)
+            if result.returncode:
+                raise NativeBuildError(f"compiling the native kernel failed: `{shlex.join(cmd)}` exited "
+                                       f"with {result.returncode}:\n{result.stderr.strip()}\n{_FIX}")
+            os.replace(lib, library_path)
+    try:
+        library = ctypes.CDLL(str(library_path))
+    except OSError as err:
+        raise NativeBuildError(f"cannot load the native kernel {library_path}: {err}") from err
+    real = _REAL[dtype]
+    if library.tg_lanes() != LANES[dtype] or library.tg_real_size() != ctypes.sizeof(real):
+        raise NativeBuildError(f"{library_path} does not match its build flags")
+    library.tg_rollout.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    library.tg_rollout.restype = ctypes.c_int
+    return library
+
+
+# ----------------------------------------------------------------------------- C structs
+def _structs(real):
+    """ctypes mirrors of tg_model and tg_io for one real type (field order as in the C file)."""
+    i32, i64, preal, pi32 = ctypes.c_int32, ctypes.c_int64, ctypes.POINTER(real), ctypes.POINTER(ctypes.c_int32)
+
+    class Model(ctypes.Structure):
+        _fields_ = ([(n, i32) for n in ("rods", "cables", "actuated", "pairs", "floor", "has_fixed")]
+                    + [("cable_lo", pi32), ("cable_hi", pi32)]
+                    + [(n, preal) for n in ("cable_wpos_lo", "cable_wpos_hi", "cable_wax_lo", "cable_wax_hi")]
+                    + [("cable_act", pi32)]
+                    + [(n, preal) for n in ("passive_rest", "stiffness", "damping", "gain", "offset", "decay",
+                                            "tau_over_h", "one_minus_decay", "command_low", "command_high")]
+                    + [("actuate_mean", i32)]
+                    + [(n, preal) for n in ("mass", "mass_gravity", "ia_minus_it", "inv_it",
+                                            "inv_ia_minus_inv_it", "free", "half", "node_radius",
+                                            "node_inv_mass")]
+                    + [("pair_a", pi32), ("pair_b", pi32), ("pair_radius_a", preal), ("pair_radius_b", preal)]
+                    + [(n, real) for n in ("h", "half_h", "ground_height", "contact_stiffness",
+                                           "contact_damping", "mu", "mu_torsional", "mu_rolling",
+                                           "angular_eps2", "friction_eps2")])
+
+    class IO(ctypes.Structure):
+        _fields_ = ([(n, i64) for n in ("batch", "steps", "hold", "record_every")]
+                    + [("state0", preal)] + [(n, i64) for n in ("s0_b", "s0_r", "s0_k")]
+                    + [("act0", preal)] + [(n, i64) for n in ("a0_b", "a0_a")]
+                    + [("commands", preal)] + [(n, i64) for n in ("c_b", "c_s", "c_a")]
+                    + [("wrenches", preal)] + [(n, i64) for n in ("w_b", "w_s", "w_r", "w_k")]
+                    + [("states", preal)] + [(n, i64) for n in ("o_b", "o_s", "o_r", "o_k")]
+                    + [("acts", preal)] + [(n, i64) for n in ("oa_b", "oa_s", "oa_a")])
+
+    return Model, IO
+
+
+_STRUCTS = {dtype: _structs(real) for dtype, real in _REAL.items()}
+
+
+def _ptr(t: torch.Tensor, ctype):
+    return ctypes.cast(ctypes.c_void_p(t.data_ptr()), ctypes.POINTER(ctype))
+
+
+# ----------------------------------------------------------------------------- rollouts
+class NativeRollout:
+    """Semi-implicit rollouts of ``engine`` (a `TensegrityEngine`) in native code.
+
+    Uses the engine's topology, floor, fixed rods, actuator timing and smoothing settings;
+    ``ground_contact_fn`` is not supported. Parameters may be shared or per cable / per rod
+    (anything `PhysicalParameters` produces); they are broadcast to one value per element.
+    """
+
+    def __init__(self, engine, *, threads: int = 1):
+        if engine.ground_contact_fn is not None:
+            raise ValueError("NativeRollout does not support an external ground_contact_fn; use the "
+                             "torch engine")
+        self.engine = engine
+        self.threads = int(threads)
+        robot = engine.robot
+        rod_of = robot.cable_node_index // 2
+        self._cable_lo = torch.as_tensor(rod_of.min(1), dtype=torch.int32)
+        self._cable_hi = torch.as_tensor(rod_of.max(1), dtype=torch.int32)
+        position = {int(c): j for j, c in enumerate(robot.actuated_indices)}
+        self._cable_act = torch.tensor([position.get(c, -1) for c in range(robot.num_cables)], dtype=torch.int32)
+        self._last_model = None
+
+    def rollout(self, state: torch.Tensor, act: torch.Tensor, commands: torch.Tensor, dt: float, *,
+                record_every: int = 1, params: Optional[dict] = None,
+                wrenches: Optional[torch.Tensor] = None, threads: Optional[int] = None):
+        """As ``engine.rollout(state, act, commands, dt, integrator="semi_implicit", ...)``:
+        states [..., S // record_every, R, 13] and acts [..., S // record_every, A]."""
+        return self.rollout_held(state, act, commands, dt, hold=1, record_every=record_every, params=params,
+                                 wrenches=wrenches, threads=threads)
+
+    def rollout_held(self, state: torch.Tensor, act: torch.Tensor, commands: torch.Tensor, dt: float, *,
+                     hold: int, record_every: int = 1, params: Optional[dict] = None,
+                     wrenches: Optional[torch.Tensor] = None, threads: Optional[int] = None):
+        """`rollout` with each command row [..., K, A] held for ``hold`` steps (K hold steps):
+        the same as ``rollout(commands.repeat_interleave(hold, -2))`` without the copy."""
+        engine = self.engine
+        R, A = engine.num_rods, engine.robot.num_actuated
+        if record_every < 1 or hold < 1:
+            raise ValueError("record_every and hold must be >= 1")
+        tensors = [state, act, commands] + ([] if wrenches is None else [wrenches])
+        if any(t.device.type != "cpu" for t in tensors):
+            raise ValueError("native rollouts run on CPU tensors; use the torch engine on other devices")
+        dtype = state.dtype
+        if dtype not in LANES:
+            raise TypeError(f"native rollouts support float32 and float64, got {dtype}")
+        if params is None:
+            with torch.no_grad():
+                params = engine.param_values(dtype, "cpu")
+        elif torch.is_grad_enabled() and any(v.requires_grad for v in params.values()):
+            raise ValueError("native rollouts are forward-only: pass detached parameters (or call under "
+                             "torch.no_grad()); use the torch engine for gradients")
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            raise ValueError("native rollouts are forward-only: call under torch.no_grad() or detach the "
+                             "inputs; use the torch engine for gradients")
+        if state.shape[-2:] != (R, 13) or act.shape[-1:] != (A,) or commands.shape[-1:] != (A,):
+            raise ValueError(f"expected state [..., {R}, 13], act [..., {A}], commands [..., S, {A}]; got "
+                             f"{tuple(state.shape)}, {tuple(act.shape)}, {tuple(commands.shape)}")
+        steps = commands.shape[-2] * hold
+        batch_shapes = [state.shape[:-2], act.shape[:-1], commands.shape[:-2]]
+        if wrenches is not None:
+            if wrenches.shape[-3:] != (steps, R, 6):
+                raise ValueError(f"wrenches must be [..., {steps}, {R}, 6], got {tuple(wrenches.shape)}")
+            batch_shapes.append(wrenches.shape[:-3])
+        batch = torch.broadcast_shapes(*batch_shapes)
+        B, records = math.prod(batch), steps // record_every
+        states = torch.empty(B, records, R, 13, dtype=dtype)
+        acts = torch.empty(B, records, A, dtype=dtype)
+        if B and records:
+            def flat(t, tail):              # [B, *tail], broadcast batch dims as stride-0 views
+                return t.to(dtype).expand(*batch, *tail).reshape(B, *tail)
+
+            def pointer(t):
+                return None if t is None else _ptr(t, _REAL[dtype])
+
+            state_b, act_b = flat(state, (R, 13)), flat(act, (A,))
+            cmd_b = flat(commands, (commands.shape[-2], A))
+            wr_b = None if wrenches is None else flat(wrenches, (steps, R, 6))
+            model, arrays = self._model(params, dtype, float(dt))   # arrays: what model points to
+            io = _STRUCTS[dtype][1](
+                B, steps, hold, record_every, pointer(state_b), *state_b.stride(), pointer(act_b),
+                *act_b.stride(), pointer(cmd_b), *cmd_b.stride(), pointer(wr_b),
+                *(wr_b.stride() if wr_b is not None else (0, 0, 0, 0)), pointer(states), *states.stride(),
+                pointer(acts), *acts.stride())
+            status = load_library(dtype).tg_rollout(ctypes.byref(model), ctypes.byref(io),
+                                                    self.threads if threads is None else int(threads))
+            del arrays
+            if status:
+                raise MemoryError("native rollout: could not allocate its work area")
+        return states.reshape(*batch, records, R, 13), acts.reshape(*batch, records, A)
+
+    def _model(self, p: dict, dtype: torch.dtype, dt: float):
+        """(tg_model, the arrays it points to) for parameters ``p``; the last one is reused
+        while the same, unmodified parameter tensors come back (building costs ~0.4 ms, a
+        planning rollout ~6 ms)."""
+        values = [p[name] for name in sorted(p)]
+        key = (dtype, dt, tuple(sorted(p)), tuple(v._version for v in values))
+        last = self._last_model
+        if last is not None and last[0] == key and all(a is b for a, b in zip(last[1], values)):
+            return last[2]
+        built = self._build_model(p, dtype, dt)
+        self._last_model = (key, values, built)
+        return built
+
+    def _build_model(self, p: dict, dtype: torch.dtype, dt: float):
+        """tg_model and the arrays it points to; derived constants use the engine's own torch
+        expressions in ``dtype``, so they round exactly as in `TensegrityEngine`."""
+        engine, robot = self.engine, self.engine.robot
+        R, C, A = engine.num_rods, robot.num_cables, robot.num_actuated
+        k = engine.constants(dtype, "cpu")
+        Model, real = _STRUCTS[dtype][0], _REAL[dtype]
+
+        def per(name, n):
+            v = p[name].detach().to(dtype=dtype, device="cpu").reshape(-1)
+            if v.numel() not in (1, n):
+                raise ValueError(f"parameter {name} has {v.numel()} values; native rollouts take 1 or {n}")
+            return v.expand(n).contiguous()
+
+        def scalar(name):
+            return float(per(name, 1)[0])
+
+        with torch.no_grad():
+            stiffness, damping = per("cable_stiffness", C), per("cable_damping", C)
+            mass = per("rod_mass", R)
+            tau, gain, offset = (per(n, A) for n in ("actuator_time_constant", "actuator_gain", "actuator_offset"))
+            decay = torch.exp(-dt / tau)                                       # as actuator_update
+            it, ia = mass * k["it"], mass * k["ia"]                            # as _accelerations_soa
+            inv_t, inv_a = 1.0 / it, 1.0 / ia
+            W = k["W"]
+            lo, hi = self._cable_lo.long(), self._cable_hi.long()
+            rows = torch.arange(C)
+            passive = torch.as_tensor(robot.cable_rest_length, dtype=dtype)
+            arrays = {
+                "cable_wpos_lo": W[rows, lo], "cable_wpos_hi": W[rows, hi],
+                "cable_wax_lo": W[rows, R + lo], "cable_wax_hi": W[rows, R + hi],
+                "passive_rest": passive, "stiffness": stiffness, "damping": damping,
+                "gain": gain, "offset": offset, "decay": decay, "tau_over_h": tau / dt,
+                "one_minus_decay": 1.0 - decay,
+                "command_low": k["command_low"], "command_high": k["command_high"],
+                "mass": mass, "mass_gravity": mass * k["gravity_col"], "ia_minus_it": ia - it,
+                "inv_it": inv_t, "inv_ia_minus_inv_it": inv_a - inv_t, "free": k["free"], "half": k["half"],
+                "node_radius": k["node_radius"],
+                "node_inv_mass": k["node_compliance"] / mass.repeat_interleave(2),   # as _ground_friction
+                "pair_radius_a": k["pair_radius_a"], "pair_radius_b": k["pair_radius_b"],
+            }
+            arrays = {name: v.to(dtype).contiguous() for name, v in arrays.items()}
+            ints = {"cable_lo": self._cable_lo, "cable_hi": self._cable_hi, "cable_act": self._cable_act,
+                    "pair_a": k["pair_a"].to(torch.int32).contiguous(),
+                    "pair_b": k["pair_b"].to(torch.int32).contiguous()}
+            model = Model(
+                rods=R, cables=C, actuated=A, pairs=engine.num_pairs, floor=int(engine.floor),
+                has_fixed=int(bool(engine.fixed_rods)), actuate_mean=int(engine.actuator_timing == "mean"),
+                h=dt, half_h=0.5 * dt, ground_height=robot.contact.ground_height,
+                contact_stiffness=scalar("contact_stiffness"), contact_damping=scalar("contact_damping"),
+                mu=scalar("friction_sliding"), mu_torsional=scalar("friction_torsional"),
+                mu_rolling=scalar("friction_rolling"),
+                angular_eps2=engine.angular_smoothing * engine.angular_smoothing,
+                friction_eps2=engine.friction_smoothing * engine.friction_smoothing,
+                **{name: _ptr(v, real) for name, v in arrays.items()},
+                **{name: _ptr(v, ctypes.c_int32) for name, v in ints.items()})
+        return model, (arrays, ints)

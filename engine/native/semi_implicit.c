@@ -1,0 +1,736 @@
+/* Fused forward-only rollout of TensegrityEngine's semi-implicit step (engine/physics.py).
+ *
+ * One call runs `steps` steps of `_step_soa(..., integrator="semi_implicit")` for a batch
+ * of samples: actuator filter, cables, ground contacts (normal, rolling and torsional
+ * friction), capsule-capsule contacts, Newton-Euler accelerations, the velocity-implicit
+ * ground sliding friction pass, and the exponential-map orientation update.  Every
+ * expression keeps the operand order of the torch code (same divisions, no reciprocal
+ * tricks), and the three small matmuls use fused multiply-adds in MKL's order, so results
+ * agree with torch to rounding (not bit for bit: torch's sqrt and cos are not always
+ * correctly rounded).  Build without implicit contraction (-ffp-contract=off) to keep it so.
+ *
+ * Layout: samples are processed in chunks of LANES.  Every per-chunk quantity is an array
+ * [n][LANES] with the sample innermost, and every arithmetic loop runs over the lanes of
+ * one chunk under `omp simd`, which the compiler turns into straight vector code.  A chunk
+ * is independent of the others for the whole rollout, so it runs all its steps while its
+ * working set stays in L1, and threads take whole chunks.
+ *
+ * Build with -DTG_FLOAT for float32 (default float64); the entry point is tg_rollout.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#ifndef LANES
+#define LANES 8
+#endif
+
+#ifdef TG_FLOAT
+typedef float real;
+#define SQRT sqrtf
+#define FMA fmaf
+#define COS cosf
+#define SIN sinf
+#else
+typedef double real;
+#define SQRT sqrt
+#define FMA fma
+#define COS cos
+#define SIN sin
+#endif
+typedef int64_t idx_t;
+
+#define TG_PI 3.14159265358979323846
+#define LANE_LOOP _Pragma("omp simd") for (int l = 0; l < LANES; ++l)
+#define ROW(base, i) ((base) + (size_t)(i) * LANES)
+
+/* Topology, parameters broadcast per element, and constants derived in Python with the
+ * same torch expressions as the engine (so they round identically). */
+typedef struct {
+    int32_t rods, cables, actuated, pairs;
+    int32_t floor, has_fixed;
+    /* cable c joins rods lo < hi; W[c, rod] and W[c, R + rod] of the engine's W matrix */
+    const int32_t *cable_lo, *cable_hi;
+    const real *cable_wpos_lo, *cable_wpos_hi, *cable_wax_lo, *cable_wax_hi;
+    const int32_t *cable_act;      /* actuated index giving the rest length, -1: passive */
+    const real *passive_rest;      /* [C], used where cable_act < 0 */
+    const real *stiffness, *damping;                                   /* [C] */
+    const real *gain, *offset, *decay, *tau_over_h, *one_minus_decay;  /* [A] */
+    const real *command_low, *command_high;                            /* [A] */
+    int32_t actuate_mean;          /* actuator_timing "mean" (1) or "start" (0) */
+    const real *mass, *mass_gravity;   /* [R], [3][R] */
+    const real *ia_minus_it, *inv_it, *inv_ia_minus_inv_it, *free, *half;  /* [R] */
+    const real *node_radius, *node_inv_mass;                           /* [2R] */
+    const int32_t *pair_a, *pair_b;
+    const real *pair_radius_a, *pair_radius_b;                         /* [P] */
+    real h, half_h, ground_height;
+    real contact_stiffness, contact_damping, mu, mu_torsional, mu_rolling;
+    real angular_eps2, friction_eps2;
+} tg_model;
+
+/* Strided views of the caller's tensors, in elements (a stride may be 0: broadcast). */
+typedef struct {
+    idx_t batch, steps, hold, record_every;
+    const real *state0;  idx_t s0_b, s0_r, s0_k;
+    const real *act0;    idx_t a0_b, a0_a;
+    const real *commands; idx_t c_b, c_s, c_a;      /* command row k applies to steps [k hold, (k+1) hold) */
+    const real *wrenches; idx_t w_b, w_s, w_r, w_k; /* NULL: none */
+    real *states;        idx_t o_b, o_s, o_r, o_k;
+    real *acts;          idx_t oa_b, oa_s, oa_a;
+} tg_io;
+
+/* Per-chunk working arrays, [n][LANES] each. */
+typedef struct {
+    real *st;                    /* [13][R]: p, q, v, w */
+    real *act, *cmd, *act_end, *act_used, *rest;
+    real *axis, *axis_rate;      /* [3][R] */
+    real *gen_pos, *gen_axis;    /* [3][R]: W^T (tension u), on centres and axes */
+    real *force, *torque, *acc, *alpha;
+    real *node, *node_rate;      /* [3][2R] */
+    real *normal, *slip_x, *slip_y, *lever;   /* [2R], [2R], [2R], [3][2R] */
+    real *point_a, *point_b, *pnormal, *depth;  /* [3][P], [3][P], [3][P], [P] */
+    real *pair_force, *pair_torque_a, *pair_torque_b;  /* [3][R] */
+    real *wrench;                /* [6][R] */
+    int *pair_touch;             /* [P]: some lane of the pair in contact */
+    idx_t sample[LANES];         /* batch index of each lane (padding lanes repeat the last) */
+    void *block;                 /* the allocation holding all of the above */
+} tg_work;
+
+static int work_alloc(tg_work *w, const tg_model *m)
+{
+    const size_t R = m->rods, C = m->cables, A = m->actuated, P = m->pairs;
+    const size_t rows[] = {13 * R, A, A, A, A, C, 3 * R, 3 * R, 3 * R, 3 * R, 3 * R, 3 * R, 3 * R,
+                           3 * R, 6 * R, 6 * R, 2 * R, 2 * R, 2 * R, 6 * R, 3 * P, 3 * P, 3 * P, P,
+                           3 * R, 3 * R, 3 * R, 6 * R};
+    real **ptr[] = {&w->st, &w->act, &w->cmd, &w->act_end, &w->act_used, &w->rest, &w->axis,
+                    &w->axis_rate, &w->gen_pos, &w->gen_axis, &w->force, &w->torque, &w->acc,
+                    &w->alpha, &w->node, &w->node_rate, &w->normal, &w->slip_x, &w->slip_y,
+                    &w->lever, &w->point_a, &w->point_b, &w->pnormal, &w->depth, &w->pair_force,
+                    &w->pair_torque_a, &w->pair_torque_b, &w->wrench};
+    const size_t n = sizeof(rows) / sizeof(rows[0]);
+    size_t total = 0;
+    for (size_t i = 0; i < n; ++i) total += rows[i] + 1;   /* + 1: no zero-size arrays */
+    const size_t row_bytes = LANES * sizeof(real), align = 64;
+    w->block = malloc(total * row_bytes + align + (P + 1) * sizeof(int));
+    if (!w->block) return -1;
+    real *at = (real *)(((uintptr_t)w->block + align - 1) & ~(uintptr_t)(align - 1));  /* cache lines */
+    w->pair_touch = (int *)(at + total * LANES);
+    for (size_t i = 0; i < n; ++i) {
+        *ptr[i] = at;
+        at += (rows[i] + 1) * LANES;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ forces */
+
+/* Rod axes (body z) and their rates w x axis. */
+static void kinematics(const tg_model *m, tg_work *w)
+{
+    const int R = m->rods;
+    for (int r = 0; r < R; ++r) {
+        const real *qw = ROW(w->st, 3 * R + r), *qx = ROW(w->st, 4 * R + r);
+        const real *qy = ROW(w->st, 5 * R + r), *qz = ROW(w->st, 6 * R + r);
+        const real *wx = ROW(w->st, 10 * R + r), *wy = ROW(w->st, 11 * R + r), *wz = ROW(w->st, 12 * R + r);
+        real *ax = ROW(w->axis, r), *ay = ROW(w->axis, R + r), *az = ROW(w->axis, 2 * R + r);
+        real *rx = ROW(w->axis_rate, r), *ry = ROW(w->axis_rate, R + r), *rz = ROW(w->axis_rate, 2 * R + r);
+        LANE_LOOP {
+            const real a0 = (real)2 * (qx[l] * qz[l] + qw[l] * qy[l]);
+            const real a1 = (real)2 * (qy[l] * qz[l] - qw[l] * qx[l]);
+            const real a2 = qw[l] * qw[l] - qx[l] * qx[l] - qy[l] * qy[l] + qz[l] * qz[l];
+            ax[l] = a0; ay[l] = a1; az[l] = a2;
+            rx[l] = wy[l] * a2 - wz[l] * a1;
+            ry[l] = wz[l] * a0 - wx[l] * a2;
+            rz[l] = wx[l] * a1 - wy[l] * a0;
+        }
+    }
+}
+
+/* Tension-only spring-dampers; accumulates W^T (tension u) in the engine's column order. */
+static void cables(const tg_model *m, tg_work *w)
+{
+    const int R = m->rods, C = m->cables;
+    memset(w->gen_pos, 0, sizeof(real) * 3 * R * LANES);
+    memset(w->gen_axis, 0, sizeof(real) * 3 * R * LANES);
+    for (int c = 0; c < C; ++c) {
+        const int lo = m->cable_lo[c], hi = m->cable_hi[c];
+        const real wp_lo = m->cable_wpos_lo[c], wp_hi = m->cable_wpos_hi[c];
+        const real wa_lo = m->cable_wax_lo[c], wa_hi = m->cable_wax_hi[c];
+        const real K = m->stiffness[c], D = m->damping[c];
+        const real *rest = ROW(w->rest, c);
+        const real *p0 = ROW(w->st, lo), *p1 = ROW(w->st, R + lo), *p2 = ROW(w->st, 2 * R + lo);
+        const real *q0 = ROW(w->st, hi), *q1 = ROW(w->st, R + hi), *q2 = ROW(w->st, 2 * R + hi);
+        const real *v0 = ROW(w->st, 7 * R + lo), *v1 = ROW(w->st, 8 * R + lo), *v2 = ROW(w->st, 9 * R + lo);
+        const real *u0 = ROW(w->st, 7 * R + hi), *u1 = ROW(w->st, 8 * R + hi), *u2 = ROW(w->st, 9 * R + hi);
+        const real *a0 = ROW(w->axis, lo), *a1 = ROW(w->axis, R + lo), *a2 = ROW(w->axis, 2 * R + lo);
+        const real *b0 = ROW(w->axis, hi), *b1 = ROW(w->axis, R + hi), *b2 = ROW(w->axis, 2 * R + hi);
+        const real *ra0 = ROW(w->axis_rate, lo), *ra1 = ROW(w->axis_rate, R + lo), *ra2 = ROW(w->axis_rate, 2 * R + lo);
+        const real *rb0 = ROW(w->axis_rate, hi), *rb1 = ROW(w->axis_rate, R + hi), *rb2 = ROW(w->axis_rate, 2 * R + hi);
+        real *gp_lo0 = ROW(w->gen_pos, lo), *gp_lo1 = ROW(w->gen_pos, R + lo), *gp_lo2 = ROW(w->gen_pos, 2 * R + lo);
+        real *gp_hi0 = ROW(w->gen_pos, hi), *gp_hi1 = ROW(w->gen_pos, R + hi), *gp_hi2 = ROW(w->gen_pos, 2 * R + hi);
+        real *ga_lo0 = ROW(w->gen_axis, lo), *ga_lo1 = ROW(w->gen_axis, R + lo), *ga_lo2 = ROW(w->gen_axis, 2 * R + lo);
+        real *ga_hi0 = ROW(w->gen_axis, hi), *ga_hi1 = ROW(w->gen_axis, R + hi), *ga_hi2 = ROW(w->gen_axis, 2 * R + hi);
+        LANE_LOOP {
+            /* d = Y W^T as torch's matmul (MKL) computes it: fused multiply-adds over Y's
+             * columns in order, centres (lo, hi) then axes (lo, hi) */
+            const real d0 = FMA(wa_hi, b0[l], FMA(wa_lo, a0[l], wp_lo * p0[l] + wp_hi * q0[l]));
+            const real d1 = FMA(wa_hi, b1[l], FMA(wa_lo, a1[l], wp_lo * p1[l] + wp_hi * q1[l]));
+            const real d2 = FMA(wa_hi, b2[l], FMA(wa_lo, a2[l], wp_lo * p2[l] + wp_hi * q2[l]));
+            const real e0 = FMA(wa_hi, rb0[l], FMA(wa_lo, ra0[l], wp_lo * v0[l] + wp_hi * u0[l]));
+            const real e1 = FMA(wa_hi, rb1[l], FMA(wa_lo, ra1[l], wp_lo * v1[l] + wp_hi * u1[l]));
+            const real e2 = FMA(wa_hi, rb2[l], FMA(wa_lo, ra2[l], wp_lo * v2[l] + wp_hi * u2[l]));
+            const real length = SQRT(d0 * d0 + d1 * d1 + d2 * d2);
+            const real n0 = d0 / length, n1 = d1 / length, n2 = d2 / length;
+            const real rate = e0 * n0 + e1 * n1 + e2 * n2;
+            const real stretch = K * (length - rest[l]) + D * rate;
+            const real tension = stretch < 0 ? (real)0 : stretch;
+            const real t0 = tension * n0, t1 = tension * n1, t2 = tension * n2;
+            gp_lo0[l] += t0 * wp_lo; gp_lo1[l] += t1 * wp_lo; gp_lo2[l] += t2 * wp_lo;
+            gp_hi0[l] += t0 * wp_hi; gp_hi1[l] += t1 * wp_hi; gp_hi2[l] += t2 * wp_hi;
+            ga_lo0[l] = FMA(t0, wa_lo, ga_lo0[l]); ga_lo1[l] = FMA(t1, wa_lo, ga_lo1[l]);
+            ga_lo2[l] = FMA(t2, wa_lo, ga_lo2[l]);
+            ga_hi0[l] = FMA(t0, wa_hi, ga_hi0[l]); ga_hi1[l] = FMA(t1, wa_hi, ga_hi1[l]);
+            ga_hi2[l] = FMA(t2, wa_hi, ga_hi2[l]);
+        }
+    }
+    /* force = -(W^T tu) on the centres, torque = axis x -(W^T tu) on the axes */
+    for (int r = 0; r < R; ++r) {
+        const real *g0 = ROW(w->gen_pos, r), *g1 = ROW(w->gen_pos, R + r), *g2 = ROW(w->gen_pos, 2 * R + r);
+        const real *h0 = ROW(w->gen_axis, r), *h1 = ROW(w->gen_axis, R + r), *h2 = ROW(w->gen_axis, 2 * R + r);
+        const real *ax = ROW(w->axis, r), *ay = ROW(w->axis, R + r), *az = ROW(w->axis, 2 * R + r);
+        real *f0 = ROW(w->force, r), *f1 = ROW(w->force, R + r), *f2 = ROW(w->force, 2 * R + r);
+        real *t0 = ROW(w->torque, r), *t1 = ROW(w->torque, R + r), *t2 = ROW(w->torque, 2 * R + r);
+        LANE_LOOP {
+            f0[l] = -g0[l]; f1[l] = -g1[l]; f2[l] = -g2[l];
+            const real b0 = -h0[l], b1 = -h1[l], b2 = -h2[l];
+            t0[l] = ay[l] * b2 - az[l] * b1;
+            t1[l] = az[l] * b0 - ax[l] * b2;
+            t2[l] = ax[l] * b1 - ay[l] * b0;
+        }
+    }
+}
+
+/* End nodes and their velocities: node 2r+e = p + (-+ L/2) axis. */
+static void nodes(const tg_model *m, tg_work *w)
+{
+    const int R = m->rods, N = 2 * m->rods;
+    for (int n = 0; n < N; ++n) {
+        const int r = n / 2;
+        const real lever = (n & 1) ? m->half[r] : -m->half[r];
+        for (int i = 0; i < 3; ++i) {
+            const real *p = ROW(w->st, i * R + r), *v = ROW(w->st, (7 + i) * R + r);
+            const real *a = ROW(w->axis, i * R + r), *ar = ROW(w->axis_rate, i * R + r);
+            real *x = ROW(w->node, i * N + n), *xd = ROW(w->node_rate, i * N + n);
+            LANE_LOOP {
+                x[l] = FMA(lever, a[l], p[l]);      /* as the matmul Y N^T */
+                xd[l] = FMA(lever, ar[l], v[l]);
+            }
+        }
+    }
+}
+
+/* Penalty normal force and rolling / torsional friction of the end spheres on the floor
+ * (sliding friction comes later, velocity-implicitly: see ground_friction). */
+static void ground(const tg_model *m, tg_work *w)
+{
+    const int R = m->rods, N = 2 * m->rods;
+    const real kc = m->contact_stiffness, cc = m->contact_damping;
+    const real mu_r = m->mu_rolling, neg_mu_t = -m->mu_torsional;
+    for (int n = 0; n < N; ++n) {
+        const int r = n / 2;
+        const real rad = m->node_radius[n], gh = m->ground_height;
+        const real *x0 = ROW(w->node, n), *x1 = ROW(w->node, N + n), *x2 = ROW(w->node, 2 * N + n);
+        const real *xd0 = ROW(w->node_rate, n), *xd1 = ROW(w->node_rate, N + n), *xd2 = ROW(w->node_rate, 2 * N + n);
+        const real *p0 = ROW(w->st, r), *p1 = ROW(w->st, R + r), *p2 = ROW(w->st, 2 * R + r);
+        const real *wx = ROW(w->st, 10 * R + r), *wy = ROW(w->st, 11 * R + r);
+        real *normal = ROW(w->normal, n), *sx = ROW(w->slip_x, n), *sy = ROW(w->slip_y, n);
+        real *l0 = ROW(w->lever, n), *l1 = ROW(w->lever, N + n), *l2 = ROW(w->lever, 2 * N + n);
+        LANE_LOOP {
+            const real depth = rad - (x2[l] - gh);
+            /* lever from the centre to the contact point node - r e_z */
+            l0[l] = x0[l] - p0[l];
+            l1[l] = x1[l] - p1[l];
+            l2[l] = (x2[l] - p2[l]) - rad;
+            sx[l] = xd0[l] - rad * wy[l];
+            sy[l] = xd1[l] + rad * wx[l];
+            const real push = kc * depth - cc * xd2[l];
+            normal[l] = depth > 0 ? (push < 0 ? (real)0 : push) : (real)0;
+        }
+    }
+    for (int r = 0; r < R; ++r) {
+        const real *n0 = ROW(w->normal, 2 * r), *n1 = ROW(w->normal, 2 * r + 1);
+        const real *ly0 = ROW(w->lever, N + 2 * r), *ly1 = ROW(w->lever, N + 2 * r + 1);
+        const real *lx0 = ROW(w->lever, 2 * r), *lx1 = ROW(w->lever, 2 * r + 1);
+        const real *wx = ROW(w->st, 10 * R + r), *wy = ROW(w->st, 11 * R + r), *wz = ROW(w->st, 12 * R + r);
+        real *f2 = ROW(w->force, 2 * R + r);
+        real *t0 = ROW(w->torque, r), *t1 = ROW(w->torque, R + r), *t2 = ROW(w->torque, 2 * R + r);
+        const real eps2 = m->angular_eps2;
+        LANE_LOOP {
+            const real load = n0[l] + n1[l];
+            const real spin = SQRT(wz[l] * wz[l] + eps2);
+            const real roll = SQRT(wx[l] * wx[l] + wy[l] * wy[l] + eps2);
+            const real roll_coef = mu_r * load / roll;
+            f2[l] = f2[l] + load;
+            t0[l] = t0[l] + ((ly0[l] * n0[l] + ly1[l] * n1[l]) - roll_coef * wx[l]);
+            t1[l] = t1[l] + (-(lx0[l] * n0[l] + lx1[l] * n1[l]) - roll_coef * wy[l]);
+            t2[l] = t2[l] + neg_mu_t * load * wz[l] / spin;
+        }
+    }
+}
+
+static inline real clamp01(real x) { return x < 0 ? (real)0 : (x > 1 ? (real)1 : x); }
+
+/* Gap between the intervals [a0, a1] and [b0, b1] (negative if they overlap). */
+static inline real box_gap(real a0, real a1, real b0, real b1)
+{
+    const real lo_a = a0 < a1 ? a0 : a1, hi_a = a0 < a1 ? a1 : a0;
+    const real lo_b = b0 < b1 ? b0 : b1, hi_b = b0 < b1 ? b1 : b0;
+    return lo_b - hi_a > lo_a - hi_b ? lo_b - hi_a : lo_a - hi_b;
+}
+
+/* Whether two capsule axes are further apart than `limit` in every lane, by two cheap
+ * lower bounds of the segment distance: the gap between their axis-aligned boxes, and
+ * the distance between their lines |r.n| / |n|, n = d1 x d2 (used unless the axes are
+ * within ~0.6 deg of parallel, where rounding would make it unreliable).  `limit` is the
+ * radii plus a margin far above rounding, so a far pair's computed depth is negative:
+ * its response is exactly zero and its geometry can be skipped. */
+static int pair_far(const tg_work *w, int N, int na, int nb, real limit)
+{
+    const real *ax0 = ROW(w->node, na), *ay0 = ROW(w->node, N + na), *az0 = ROW(w->node, 2 * N + na);
+    const real *ax1 = ROW(w->node, na + 1), *ay1 = ROW(w->node, N + na + 1), *az1 = ROW(w->node, 2 * N + na + 1);
+    const real *bx0 = ROW(w->node, nb), *by0 = ROW(w->node, N + nb), *bz0 = ROW(w->node, 2 * N + nb);
+    const real *bx1 = ROW(w->node, nb + 1), *by1 = ROW(w->node, N + nb + 1), *bz1 = ROW(w->node, 2 * N + nb + 1);
+    int near = 0;
+    _Pragma("omp simd reduction(|:near)")
+    for (int l = 0; l < LANES; ++l) {
+        const real gx = box_gap(ax0[l], ax1[l], bx0[l], bx1[l]);
+        const real gy = box_gap(ay0[l], ay1[l], by0[l], by1[l]);
+        const real gz = box_gap(az0[l], az1[l], bz0[l], bz1[l]);
+        const real d10 = ax1[l] - ax0[l], d11 = ay1[l] - ay0[l], d12 = az1[l] - az0[l];
+        const real d20 = bx1[l] - bx0[l], d21 = by1[l] - by0[l], d22 = bz1[l] - bz0[l];
+        const real n0 = d11 * d22 - d12 * d21, n1 = d12 * d20 - d10 * d22, n2 = d10 * d21 - d11 * d20;
+        const real nn = n0 * n0 + n1 * n1 + n2 * n2;
+        const real rn = (ax0[l] - bx0[l]) * n0 + (ay0[l] - by0[l]) * n1 + (az0[l] - bz0[l]) * n2;
+        const real parallel_limit = (real)1e-4 * (d10 * d10 + d11 * d11 + d12 * d12) * (d20 * d20 + d21 * d21 + d22 * d22);
+        const int lines_far = (nn > parallel_limit) & (rn * rn > limit * limit * nn);
+        const int boxes_far = (gx > limit) | (gy > limit) | (gz > limit);
+        near |= !(lines_far | boxes_far);     /* NaN counts as near: the full geometry handles it */
+    }
+    return !near;
+}
+
+/* Closest points of the rod axes of every pair (collision.capsule_contacts); marks the
+ * pairs with a lane in contact (the others' response is exactly zero) and returns
+ * whether there is any. */
+static int pair_geometry(const tg_model *m, tg_work *w)
+{
+    const int N = 2 * m->rods, P = m->pairs;
+    int touching = 0;
+    for (int p = 0; p < P; ++p) {
+        const int na = 2 * m->pair_a[p], nb = 2 * m->pair_b[p];
+        const real rad_a = m->pair_radius_a[p], rad_b = m->pair_radius_b[p];
+        const real rad_sum = rad_a + rad_b;
+        const real *A0[3], *A1[3], *B0[3], *B1[3];
+        real *pa[3], *pb[3], *nv[3];
+        for (int i = 0; i < 3; ++i) {
+            A0[i] = ROW(w->node, i * N + na); A1[i] = ROW(w->node, i * N + na + 1);
+            B0[i] = ROW(w->node, i * N + nb); B1[i] = ROW(w->node, i * N + nb + 1);
+            pa[i] = ROW(w->point_a, i * P + p); pb[i] = ROW(w->point_b, i * P + p);
+            nv[i] = ROW(w->pnormal, i * P + p);
+        }
+        w->pair_touch[p] = 0;
+        if (pair_far(w, N, na, nb, rad_sum * (real)1.01)) continue;
+        real *depth = ROW(w->depth, p);
+        int any = 0;
+        _Pragma("omp simd reduction(|:any)")
+        for (int l = 0; l < LANES; ++l) {
+            const real d10 = A1[0][l] - A0[0][l], d11 = A1[1][l] - A0[1][l], d12 = A1[2][l] - A0[2][l];
+            const real d20 = B1[0][l] - B0[0][l], d21 = B1[1][l] - B0[1][l], d22 = B1[2][l] - B0[2][l];
+            const real r0 = A0[0][l] - B0[0][l], r1 = A0[1][l] - B0[1][l], r2 = A0[2][l] - B0[2][l];
+            const real a = d10 * d10 + d11 * d11 + d12 * d12;
+            const real e = d20 * d20 + d21 * d21 + d22 * d22;
+            const real f = d20 * r0 + d21 * r1 + d22 * r2;
+            const real c = d10 * r0 + d11 * r1 + d12 * r2;
+            const real b = d10 * d20 + d11 * d21 + d12 * d22;
+            const real denom = a * e - b * b;
+            const int parallel = denom <= (real)1e-9 * a * e;
+            real s = parallel ? (real)0 : (b * f - c * e) / (parallel ? (real)1 : denom);
+            s = clamp01(s);
+            const real t = (b * s + f) / e;
+            const real t_clamped = clamp01(t);
+            if (t != t_clamped) s = clamp01((b * t_clamped - c) / a);
+            const real pa0 = A0[0][l] + s * d10, pa1 = A0[1][l] + s * d11, pa2 = A0[2][l] + s * d12;
+            const real pb0 = B0[0][l] + t_clamped * d20, pb1 = B0[1][l] + t_clamped * d21,
+                       pb2 = B0[2][l] + t_clamped * d22;
+            const real g0 = pa0 - pb0, g1 = pa1 - pb1, g2 = pa2 - pb2;
+            const real dist = SQRT(g0 * g0 + g1 * g1 + g2 * g2 + (real)1e-12);
+            const real u0 = g0 / dist, u1 = g1 / dist, u2 = g2 / dist;
+            nv[0][l] = u0; nv[1][l] = u1; nv[2][l] = u2;
+            pa[0][l] = pa0 - rad_a * u0; pa[1][l] = pa1 - rad_a * u1; pa[2][l] = pa2 - rad_a * u2;
+            pb[0][l] = pb0 + rad_b * u0; pb[1][l] = pb1 + rad_b * u1; pb[2][l] = pb2 + rad_b * u2;
+            depth[l] = rad_sum - dist;
+            any |= depth[l] > 0;
+        }
+        w->pair_touch[p] = any;
+        touching |= any;
+    }
+    return touching;
+}
+
+/* Penalty normal force and smooth Coulomb friction between touching capsules. */
+static void pair_response(const tg_model *m, tg_work *w)
+{
+    const int R = m->rods, P = m->pairs;
+    const real kc = m->contact_stiffness, cc = m->contact_damping, mu = m->mu, eps2 = m->friction_eps2;
+    memset(w->pair_force, 0, sizeof(real) * 3 * R * LANES);
+    memset(w->pair_torque_a, 0, sizeof(real) * 3 * R * LANES);
+    memset(w->pair_torque_b, 0, sizeof(real) * 3 * R * LANES);
+    for (int p = 0; p < P; ++p) {
+        if (!w->pair_touch[p]) continue;
+        const int ia = m->pair_a[p], ib = m->pair_b[p];
+        const real *pa[3], *pb[3], *nv[3], *ca[3], *cb[3], *va[3], *vb[3], *wa[3], *wb[3];
+        real *fa[3], *fb[3], *ta[3], *tb[3];
+        for (int i = 0; i < 3; ++i) {
+            pa[i] = ROW(w->point_a, i * P + p); pb[i] = ROW(w->point_b, i * P + p);
+            nv[i] = ROW(w->pnormal, i * P + p);
+            ca[i] = ROW(w->st, i * R + ia); cb[i] = ROW(w->st, i * R + ib);
+            va[i] = ROW(w->st, (7 + i) * R + ia); vb[i] = ROW(w->st, (7 + i) * R + ib);
+            wa[i] = ROW(w->st, (10 + i) * R + ia); wb[i] = ROW(w->st, (10 + i) * R + ib);
+            fa[i] = ROW(w->pair_force, i * R + ia); fb[i] = ROW(w->pair_force, i * R + ib);
+            ta[i] = ROW(w->pair_torque_a, i * R + ia); tb[i] = ROW(w->pair_torque_b, i * R + ib);
+        }
+        const real *depth = ROW(w->depth, p);
+        LANE_LOOP {
+            const real ra0 = pa[0][l] - ca[0][l], ra1 = pa[1][l] - ca[1][l], ra2 = pa[2][l] - ca[2][l];
+            const real rb0 = pb[0][l] - cb[0][l], rb1 = pb[1][l] - cb[1][l], rb2 = pb[2][l] - cb[2][l];
+            const real v0 = ((va[0][l] + (wa[1][l] * ra2 - wa[2][l] * ra1)) - vb[0][l]) - (wb[1][l] * rb2 - wb[2][l] * rb1);
+            const real v1 = ((va[1][l] + (wa[2][l] * ra0 - wa[0][l] * ra2)) - vb[1][l]) - (wb[2][l] * rb0 - wb[0][l] * rb2);
+            const real v2 = ((va[2][l] + (wa[0][l] * ra1 - wa[1][l] * ra0)) - vb[2][l]) - (wb[0][l] * rb1 - wb[1][l] * rb0);
+            const real n0 = nv[0][l], n1 = nv[1][l], n2 = nv[2][l];
+            const real vn = v0 * n0 + v1 * n1 + v2 * n2;
+            const real push = kc * depth[l] - cc * vn;
+            const real normal = depth[l] > 0 ? (push < 0 ? (real)0 : push) : (real)0;
+            const real vt0 = v0 - vn * n0, vt1 = v1 - vn * n1, vt2 = v2 - vn * n2;
+            const real speed = SQRT(vt0 * vt0 + vt1 * vt1 + vt2 * vt2 + eps2);
+            const real coef = mu * normal / speed;
+            const real f0 = normal * n0 - coef * vt0, f1 = normal * n1 - coef * vt1, f2 = normal * n2 - coef * vt2;
+            fa[0][l] += f0; fa[1][l] += f1; fa[2][l] += f2;
+            fb[0][l] -= f0; fb[1][l] -= f1; fb[2][l] -= f2;
+            ta[0][l] += ra1 * f2 - ra2 * f1; ta[1][l] += ra2 * f0 - ra0 * f2; ta[2][l] += ra0 * f1 - ra1 * f0;
+            tb[0][l] += rb1 * f2 - rb2 * f1; tb[1][l] += rb2 * f0 - rb0 * f2; tb[2][l] += rb0 * f1 - rb1 * f0;
+        }
+    }
+    for (int i = 0; i < 3 * R; ++i) {
+        real *f = ROW(w->force, i), *t = ROW(w->torque, i);
+        const real *pf = ROW(w->pair_force, i), *pta = ROW(w->pair_torque_a, i), *ptb = ROW(w->pair_torque_b, i);
+        LANE_LOOP {
+            f[l] = f[l] + pf[l];
+            t[l] = (t[l] + pta[l]) - ptb[l];
+        }
+    }
+}
+
+/* Gravity and the optional external wrench at the rod centres. */
+static void external(const tg_model *m, tg_work *w, int with_wrench)
+{
+    const int R = m->rods;
+    for (int i = 0; i < 3 * R; ++i) {
+        real *f = ROW(w->force, i);
+        const real g = m->mass_gravity[i];
+        LANE_LOOP f[l] = f[l] + g;
+    }
+    if (!with_wrench) return;
+    for (int i = 0; i < 3 * R; ++i) {
+        real *f = ROW(w->force, i), *t = ROW(w->torque, i);
+        const real *wf = ROW(w->wrench, i), *wt = ROW(w->wrench, 3 * R + i);
+        LANE_LOOP {
+            f[l] = f[l] + wf[l];
+            t[l] = t[l] + wt[l];
+        }
+    }
+}
+
+/* Newton-Euler for axisymmetric rods (TensegrityEngine._accelerations_soa). */
+static void accelerations(const tg_model *m, tg_work *w)
+{
+    const int R = m->rods;
+    for (int r = 0; r < R; ++r) {
+        const real m_r = m->mass[r], d_i = m->ia_minus_it[r], inv_t = m->inv_it[r];
+        const real d_inv = m->inv_ia_minus_inv_it[r], fr = m->free[r];
+        const real *ax = ROW(w->axis, r), *ay = ROW(w->axis, R + r), *az = ROW(w->axis, 2 * R + r);
+        const real *rx = ROW(w->axis_rate, r), *ry = ROW(w->axis_rate, R + r), *rz = ROW(w->axis_rate, 2 * R + r);
+        const real *wx = ROW(w->st, 10 * R + r), *wy = ROW(w->st, 11 * R + r), *wz = ROW(w->st, 12 * R + r);
+        const real *f0 = ROW(w->force, r), *f1 = ROW(w->force, R + r), *f2 = ROW(w->force, 2 * R + r);
+        const real *t0 = ROW(w->torque, r), *t1 = ROW(w->torque, R + r), *t2 = ROW(w->torque, 2 * R + r);
+        real *a0 = ROW(w->acc, r), *a1 = ROW(w->acc, R + r), *a2 = ROW(w->acc, 2 * R + r);
+        real *b0 = ROW(w->alpha, r), *b1 = ROW(w->alpha, R + r), *b2 = ROW(w->alpha, 2 * R + r);
+        const int fixed = m->has_fixed;
+        LANE_LOOP {
+            const real gyro = d_i * (ax[l] * wx[l] + ay[l] * wy[l] + az[l] * wz[l]);
+            const real tau0 = t0[l] - gyro * rx[l], tau1 = t1[l] - gyro * ry[l], tau2 = t2[l] - gyro * rz[l];
+            const real along = d_inv * (ax[l] * tau0 + ay[l] * tau1 + az[l] * tau2);
+            real c0 = f0[l] / m_r, c1 = f1[l] / m_r, c2 = f2[l] / m_r;
+            real e0 = tau0 * inv_t + along * ax[l], e1 = tau1 * inv_t + along * ay[l];
+            real e2 = tau2 * inv_t + along * az[l];
+            if (fixed) {
+                c0 = c0 * fr; c1 = c1 * fr; c2 = c2 * fr;
+                e0 = e0 * fr; e1 = e1 * fr; e2 = e2 * fr;
+            }
+            a0[l] = c0; a1[l] = c1; a2[l] = c2;
+            b0[l] = e0; b1[l] = e1; b2[l] = e2;
+        }
+    }
+}
+
+/* Velocity-implicit smooth Coulomb sliding friction at the ground contacts
+ * (TensegrityEngine._ground_friction with a step h), added to force and torque. */
+static void ground_friction(const tg_model *m, tg_work *w)
+{
+    const int R = m->rods, N = 2 * m->rods;
+    const real h = m->h, mu = m->mu, eps2 = m->friction_eps2;
+    for (int r = 0; r < R; ++r) {
+        const real *a0 = ROW(w->acc, r), *a1 = ROW(w->acc, R + r);
+        const real *b0 = ROW(w->alpha, r), *b1 = ROW(w->alpha, R + r), *b2 = ROW(w->alpha, 2 * R + r);
+        real *f0 = ROW(w->force, r), *f1 = ROW(w->force, R + r);
+        real *t0 = ROW(w->torque, r), *t1 = ROW(w->torque, R + r), *t2 = ROW(w->torque, 2 * R + r);
+        const real *n[2], *sx[2], *sy[2], *lx[2], *ly[2], *lz[2];
+        real inv_mass[2];
+        for (int e = 0; e < 2; ++e) {
+            const int k = 2 * r + e;
+            n[e] = ROW(w->normal, k); sx[e] = ROW(w->slip_x, k); sy[e] = ROW(w->slip_y, k);
+            lx[e] = ROW(w->lever, k); ly[e] = ROW(w->lever, N + k); lz[e] = ROW(w->lever, 2 * N + k);
+            inv_mass[e] = m->node_inv_mass[k];
+        }
+        LANE_LOOP {
+            real fx[2], fy[2];
+            for (int e = 0; e < 2; ++e) {
+                const real acx = a0[l] + (b1[l] * lz[e][l] - b2[l] * ly[e][l]);
+                const real acy = a1[l] + (b2[l] * lx[e][l] - b0[l] * lz[e][l]);
+                const real vx = sx[e][l] + h * acx, vy = sy[e][l] + h * acy;
+                const real speed = SQRT(vx * vx + vy * vy + eps2);
+                real coef = mu * n[e][l] / speed;
+                coef = coef / ((real)1 + h * coef * inv_mass[e]);
+                fx[e] = -coef * vx;
+                fy[e] = -coef * vy;
+            }
+            f0[l] = f0[l] + (fx[0] + fx[1]);
+            f1[l] = f1[l] + (fy[0] + fy[1]);
+            t0[l] = t0[l] + ((-lz[0][l] * fy[0]) + (-lz[1][l] * fy[1]));
+            t1[l] = t1[l] + (lz[0][l] * fx[0] + lz[1][l] * fx[1]);
+            t2[l] = t2[l] + ((lx[0][l] * fy[0] - ly[0][l] * fx[0]) + (lx[1][l] * fy[1] - ly[1][l] * fx[1]));
+        }
+    }
+}
+
+/* cos(x) and sin(x)/x by their Taylor series in z = x^2, exact to rounding for
+ * x <= SMALL_ANGLE (the next term is below 1e-22); larger angles call libm. */
+#define SMALL_ANGLE 0.25
+static inline real cos_series(real z)
+{
+    return 1 + z * ((real)(-1.0 / 2) + z * ((real)(1.0 / 24) + z * ((real)(-1.0 / 720)
+           + z * ((real)(1.0 / 40320) + z * ((real)(-1.0 / 3628800) + z * ((real)(1.0 / 479001600)
+           + z * (real)(-1.0 / 87178291200.0)))))));
+}
+static inline real sinc_series(real z)
+{
+    return 1 + z * ((real)(-1.0 / 6) + z * ((real)(1.0 / 120) + z * ((real)(-1.0 / 5040)
+           + z * ((real)(1.0 / 362880) + z * ((real)(-1.0 / 39916800) + z * ((real)(1.0 / 6227020800.0)
+           + z * (real)(-1.0 / 1307674368000.0)))))));
+}
+
+/* v+ = v + h a, w+ = w + h alpha; p+ = p + h v+; q+ = exp(h w+ / 2) q, renormalised. */
+static void advance(const tg_model *m, tg_work *w)
+{
+    const int R = m->rods;
+    const real h = m->h, half_h = m->half_h;
+    const int fixed = m->has_fixed;
+    for (int r = 0; r < R; ++r) {
+        real *s[13];
+        for (int k = 0; k < 13; ++k) s[k] = ROW(w->st, k * R + r);
+        const real *a0 = ROW(w->acc, r), *a1 = ROW(w->acc, R + r), *a2 = ROW(w->acc, 2 * R + r);
+        const real *b0 = ROW(w->alpha, r), *b1 = ROW(w->alpha, R + r), *b2 = ROW(w->alpha, 2 * R + r);
+        const real fr = m->free[r];
+        real angle[LANES], dw[LANES], sinc[LANES];
+        int large = 0;
+        _Pragma("omp simd reduction(|:large)")
+        for (int l = 0; l < LANES; ++l) {
+            real v0 = s[7][l] + h * a0[l], v1 = s[8][l] + h * a1[l], v2 = s[9][l] + h * a2[l];
+            real w0 = s[10][l] + h * b0[l], w1 = s[11][l] + h * b1[l], w2 = s[12][l] + h * b2[l];
+            if (fixed) {
+                v0 = v0 * fr; v1 = v1 * fr; v2 = v2 * fr;
+                w0 = w0 * fr; w1 = w1 * fr; w2 = w2 * fr;
+            }
+            s[0][l] = s[0][l] + h * v0; s[1][l] = s[1][l] + h * v1; s[2][l] = s[2][l] + h * v2;
+            s[7][l] = v0; s[8][l] = v1; s[9][l] = v2;
+            s[10][l] = w0; s[11][l] = w1; s[12][l] = w2;
+            const real x0 = half_h * w0, x1 = half_h * w1, x2 = half_h * w2;
+            const real z = x0 * x0 + x1 * x1 + x2 * x2 + (real)1e-30;
+            angle[l] = SQRT(z);
+            dw[l] = cos_series(z);
+            sinc[l] = sinc_series(z);
+            large |= angle[l] > (real)SMALL_ANGLE;
+        }
+        if (large) {
+            for (int l = 0; l < LANES; ++l) {
+                if (angle[l] > (real)SMALL_ANGLE) {
+                    /* torch.sinc(angle / pi) = sin(pi x) / (pi x) */
+                    const real x = angle[l] / (real)TG_PI;
+                    const real prod = (real)TG_PI * x;
+                    dw[l] = COS(angle[l]);
+                    sinc[l] = SIN(prod) / prod;
+                }
+            }
+        }
+        LANE_LOOP {
+            const real x0 = half_h * s[10][l], x1 = half_h * s[11][l], x2 = half_h * s[12][l];
+            const real dv0 = x0 * sinc[l], dv1 = x1 * sinc[l], dv2 = x2 * sinc[l];
+            const real qw = s[3][l], q0 = s[4][l], q1 = s[5][l], q2 = s[6][l];
+            const real nw = dw[l] * qw - (dv0 * q0 + dv1 * q1 + dv2 * q2);
+            const real n0 = (dw[l] * q0 + qw * dv0) + (dv1 * q2 - dv2 * q1);
+            const real n1 = (dw[l] * q1 + qw * dv1) + (dv2 * q0 - dv0 * q2);
+            const real n2 = (dw[l] * q2 + qw * dv2) + (dv0 * q1 - dv1 * q0);
+            const real norm = SQRT(nw * nw + (n0 * n0 + n1 * n1 + n2 * n2));
+            s[3][l] = nw / norm; s[4][l] = n0 / norm; s[5][l] = n1 / norm; s[6][l] = n2 / norm;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ driver */
+
+/* First-order actuator filter over the step (actuator_update) and the rest lengths it
+ * gives (rest_lengths): act_end for the next step, rest from act or the step's mean. */
+static void actuators(const tg_model *m, tg_work *w)
+{
+    const int A = m->actuated, C = m->cables;
+    for (int a = 0; a < A; ++a) {
+        const real decay = m->decay[a], tau_h = m->tau_over_h[a], one_m = m->one_minus_decay[a];
+        const real gain = m->gain[a], offset = m->offset[a];
+        const real *act = ROW(w->act, a), *cmd = ROW(w->cmd, a);
+        real *end = ROW(w->act_end, a), *used = ROW(w->act_used, a);
+        const int mean = m->actuate_mean;
+        LANE_LOOP {
+            const real gap = act[l] - cmd[l];
+            end[l] = cmd[l] + gap * decay;
+            const real source = mean ? cmd[l] + gap * tau_h * one_m : act[l];
+            used[l] = gain * source + offset;
+        }
+    }
+    for (int c = 0; c < C; ++c) {
+        const int a = m->cable_act[c];
+        real *rest = ROW(w->rest, c);
+        if (a >= 0) {
+            const real *used = ROW(w->act_used, a);
+            LANE_LOOP rest[l] = used[l];
+        } else {
+            const real value = m->passive_rest[c];
+            LANE_LOOP rest[l] = value;
+        }
+    }
+}
+
+/* Command row `row` of every lane, clamped to the command range (clamp_command). */
+static void load_commands(const tg_model *m, const tg_io *io, tg_work *w, idx_t row)
+{
+    const int A = m->actuated;
+    for (int a = 0; a < A; ++a) {
+        const real lo = m->command_low[a], hi = m->command_high[a];
+        real *cmd = ROW(w->cmd, a);
+        const real *src = io->commands + row * io->c_s + a * io->c_a;
+        for (int l = 0; l < LANES; ++l) {
+            const real c = src[w->sample[l] * io->c_b];
+            const real below = c > hi ? hi : c;         /* NaN passes, as torch.minimum */
+            cmd[l] = below < lo ? lo : below;
+        }
+    }
+}
+
+static void load_wrench(const tg_model *m, const tg_io *io, tg_work *w, idx_t step)
+{
+    const int R = m->rods;
+    for (int k = 0; k < 6; ++k)
+        for (int r = 0; r < R; ++r) {
+            real *dst = ROW(w->wrench, k * R + r);
+            const real *src = io->wrenches + step * io->w_s + r * io->w_r + k * io->w_k;
+            for (int l = 0; l < LANES; ++l) dst[l] = src[w->sample[l] * io->w_b];
+        }
+}
+
+/* All steps of the samples first .. first + LANES - 1 (fewer at the end of the batch). */
+static void run_chunk(const tg_model *m, const tg_io *io, tg_work *w, idx_t first)
+{
+    const int R = m->rods, A = m->actuated;
+    const idx_t live = io->batch - first < LANES ? io->batch - first : LANES;
+    for (int l = 0; l < LANES; ++l) w->sample[l] = first + (l < live ? l : live - 1);
+    for (int k = 0; k < 13; ++k)
+        for (int r = 0; r < R; ++r) {
+            real *dst = ROW(w->st, k * R + r);
+            for (int l = 0; l < LANES; ++l)
+                dst[l] = io->state0[w->sample[l] * io->s0_b + r * io->s0_r + k * io->s0_k];
+        }
+    for (int a = 0; a < A; ++a) {
+        real *dst = ROW(w->act, a);
+        for (int l = 0; l < LANES; ++l) dst[l] = io->act0[w->sample[l] * io->a0_b + a * io->a0_a];
+    }
+    for (idx_t step = 0; step < io->steps; ++step) {
+        if (step % io->hold == 0) load_commands(m, io, w, step / io->hold);
+        actuators(m, w);
+        kinematics(m, w);
+        cables(m, w);
+        if (m->floor || m->pairs) nodes(m, w);
+        if (m->floor) ground(m, w);
+        if (m->pairs && pair_geometry(m, w)) pair_response(m, w);
+        if (io->wrenches) load_wrench(m, io, w, step);
+        external(m, w, io->wrenches != NULL);
+        accelerations(m, w);
+        if (m->floor) {
+            ground_friction(m, w);
+            accelerations(m, w);
+        }
+        advance(m, w);
+        real *swap = w->act; w->act = w->act_end; w->act_end = swap;
+        if ((step + 1) % io->record_every == 0) {
+            const idx_t rec = (step + 1) / io->record_every - 1;
+            for (idx_t l = 0; l < live; ++l) {
+                real *out = io->states + (first + l) * io->o_b + rec * io->o_s;
+                for (int r = 0; r < R; ++r)
+                    for (int k = 0; k < 13; ++k) out[r * io->o_r + k * io->o_k] = ROW(w->st, k * R + r)[l];
+                real *act_out = io->acts + (first + l) * io->oa_b + rec * io->oa_s;
+                for (int a = 0; a < A; ++a) act_out[a * io->oa_a] = ROW(w->act, a)[l];
+            }
+        }
+    }
+}
+
+/* Runs the rollout on `threads` threads (whole chunks each); returns 0, or -1 if a work
+ * area could not be allocated. */
+int tg_rollout(const tg_model *m, const tg_io *io, int threads)
+{
+    const idx_t chunks = (io->batch + LANES - 1) / LANES;
+    if (threads > chunks) threads = (int)chunks;
+    if (threads < 1) threads = 1;
+    tg_work *work = calloc((size_t)threads, sizeof *work);
+    if (!work) return -1;
+    int failed = 0;
+    for (int t = 0; t < threads; ++t) failed |= work_alloc(&work[t], m) != 0;
+    if (!failed) {
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+        for (idx_t chunk = 0; chunk < chunks; ++chunk) {
+#ifdef _OPENMP
+            tg_work *mine = &work[omp_get_thread_num()];
+#else
+            tg_work *mine = &work[0];
+#endif
+            run_chunk(m, io, mine, chunk * LANES);
+        }
+    }
+    for (int t = 0; t < threads; ++t) free(work[t].block);
+    free(work);
+    return failed ? -1 : 0;
+}
+
+int tg_lanes(void) { return LANES; }
+int tg_real_size(void) { return (int)sizeof(real); }

@@ -1,0 +1,400 @@
+"""Native (C) semi-implicit rollouts (engine/native) against the torch engine.
+
+Bit-for-bit equality is not reachable: torch's sqrt (MKL) and cos (SLEEF) are not always
+correctly rounded, so single steps differ in the last bit, and a contact-rich rollout
+amplifies that as it amplifies any rounding (a 1-ulp change of the initial state in torch
+itself gives the same divergence). The contact cases therefore compare over a few hundred
+steps, where that amplification stays far below the 1e-9 tolerance.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tensegrity_engine import collision, environments, mpc, native
+from tensegrity_engine.config import load_robot, robot_from_dict
+from tensegrity_engine.params import PhysicalParameters
+from tensegrity_engine.physics import TensegrityEngine
+from tensegrity_engine.state import center_of_mass, initial_rod_state
+
+GROUPS = {"position": slice(0, 3), "quaternion": slice(3, 7), "velocity": slice(7, 10),
+          "angular velocity": slice(10, 13)}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _threads():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def superball():
+    return load_robot("superball")
+
+
+@pytest.fixture(scope="module")
+def three_bar():
+    return load_robot("three_bar")
+
+
+def assert_states_close(out, ref, rtol):
+    """Every state group agrees at every recorded step to ``rtol``, relative to the
+    group's norm over samples and rods at that step (at least 1e-3 of its largest norm over
+    the rollout: a robot at rest has no scale of its own)."""
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    for name, part in GROUPS.items():
+        a, b = out[..., part].movedim(-3, 0), ref[..., part].movedim(-3, 0)
+        a, b = a.reshape(a.shape[0], -1), b.reshape(b.shape[0], -1)
+        scale = b.norm(dim=1)
+        err = (a - b).norm(dim=1) / scale.clamp_min(1e-3 * float(scale.max()) + 1e-300)
+        worst = int(err.argmax())
+        assert err[worst] <= rtol, f"{name}: relative error {err[worst]:.2e} at record {worst}"
+
+
+def rollouts(engine, state, act, commands, dt=1e-3, **kw):
+    """(native, torch) semi-implicit rollouts of the same inputs."""
+    with torch.no_grad():
+        ref = engine.rollout(state, act, commands, dt, integrator="semi_implicit", **kw)
+        out = native.NativeRollout(engine).rollout(state, act, commands, dt, **kw)
+    return out, ref
+
+
+def launched(robot, rest, velocity, omega):
+    """Rest pose [R, 13] moving as a rigid body (CoM velocity, angular velocity)."""
+    state = rest.copy()
+    com = center_of_mass(state, robot.rod_mass)
+    state[:, 7:10] = velocity + np.cross(omega, state[:, 0:3] - com)
+    state[:, 10:13] = omega
+    return state
+
+
+def two_rods(gap: float, floor_height: float = 0.6):
+    """Two capsules crossing at right angles with axes ``gap`` apart, joined by two cables."""
+    z = floor_height
+    return robot_from_dict({
+        "name": "two_rods", "gravity": [0, 0, -9.81],
+        "rod_defaults": {"mass": 2.0, "radius": 0.05},
+        "rods": [{"end_nodes": [[-0.5, 0, z], [0.5, 0, z]]},
+                 {"end_nodes": [[0, -0.5, z + gap], [0, 0.5, z + gap]]}],
+        "cable_defaults": {"stiffness": 500.0, "damping": 5.0, "rest_length": 0.6,
+                           "actuated": True, "command_range": [0.3, 0.9]},
+        "cables": [{"ends": [[0, 0], [1, 0]]}, {"ends": [[0, 1], [1, 1]]}],
+        "actuator": {"time_constant": 0.05},
+        "contact": {"stiffness": 5e3, "damping": 20.0,
+                    "friction": {"sliding": 0.5, "torsional": 0.01, "rolling": 0.005}},
+    })
+
+
+# ----------------------------------------------------------------------------- equality
+def test_hanging_from_a_fixed_rod_with_random_commands_and_wrenches(superball):
+    robot = superball
+    engine = TensegrityEngine(robot, floor=False, fixed_rods=(environments.NONCONTACT_FIXED_ROD,))
+    episodes = [environments.sample_noncontact_episode(robot, np.random.default_rng(seed), 400) for seed in (0, 1)]
+    state, act, commands, wrenches = (torch.tensor(np.stack(x)) for x in zip(*episodes, strict=True))
+    wrenches[..., 1:, 3:6] = 5.0 * torch.sin(torch.arange(400.0, dtype=torch.float64) / 50.0)[:, None, None]
+    assert wrenches[..., :3].abs().max() > 10.0
+    out, ref = rollouts(engine, state, act, commands, wrenches=wrenches)
+    assert_states_close(out[0], ref[0], 1e-9)
+    torch.testing.assert_close(out[1], ref[1], rtol=1e-12, atol=1e-14)
+    assert (out[0][..., 0, :] - state[..., None, 0, :]).abs().max() < 1e-12   # the fixed rod stays
+    assert (out[0][..., -1, 1:, :3] - state[:, 1:, :3]).abs().max() > 0.01
+
+
+def test_floor_contacts_sliding_rolling_spinning(superball):
+    """Robot launched from rest with a random CoM velocity and spin: the contacts slide
+    (velocity-implicit friction), stick, roll and twist, and native follows torch."""
+    robot = superball
+    engine = TensegrityEngine(robot)
+    rest, act0 = environments.rest_pose(robot)
+    rng = np.random.default_rng(2)
+    B, S = 4, 300
+    state = torch.tensor(np.stack([
+        launched(robot, rest, np.r_[rng.uniform(-1.5, 1.5, 2), 0.0],
+                 np.r_[rng.uniform(-0.5, 0.5, 2), rng.uniform(-2.0, 2.0)]) for _ in range(B)]))
+    commands = torch.tensor(np.stack([environments.random_commands(robot, rng, S, hold_range=(0.05, 0.1))
+                                      for _ in range(B)]))
+    act = torch.tensor(act0).expand(B, -1)
+    out, ref = rollouts(engine, state, act, commands)
+    assert_states_close(out[0], ref[0], 1e-9)
+    torch.testing.assert_close(out[1], ref[1], rtol=1e-12, atol=1e-14)
+
+    # The case exercises what it claims (torch's trajectory).
+    states = ref[0]
+    nodes = engine.end_nodes(states)                                      # [B, S, R, 2, 3]
+    radius = torch.as_tensor(robot.rod_radius)[:, None]
+    loaded = radius - nodes[..., 2] > 0
+    assert loaded.flatten(-2).any(-1).double().mean() > 0.9             # in contact most of the time
+    lever = nodes - states[..., None, 0:3]
+    lever[..., 2] -= radius
+    w = states[..., None, 10:13].expand_as(lever)
+    slip = (states[..., None, 7:10] + torch.linalg.cross(w, lever))[..., :2].norm(dim=-1)
+    eps = engine.friction_smoothing
+    assert slip[loaded].max() > 20 * eps and slip[loaded].min() < eps     # sliding and sticking
+    spin = states[..., None, 12].expand_as(loaded).abs()
+    roll = states[..., None, 10:12].norm(dim=-1).expand_as(loaded)
+    assert spin[loaded].max() > 10 * engine.angular_smoothing          # torsional friction
+    assert roll[loaded].max() > 10 * engine.angular_smoothing          # rolling friction
+
+
+@pytest.mark.parametrize("gap,floor", [(0.095, False), (0.2, True)])
+def test_rod_rod_contact(gap, floor):
+    """Two crossing capsules pushed into each other: overlapping from the start, or
+    approaching from apart (culled at first, then touching), with and without the floor."""
+    robot = two_rods(gap, floor_height=0.049 if floor else 0.6)
+    engine = TensegrityEngine(robot, floor=floor)
+    state = torch.tensor(initial_rod_state(robot)).expand(3, -1, -1).clone()
+    state[:, 1, 9] = torch.tensor([-0.6, -0.8, -1.0])                   # rod 1 falls onto rod 0
+    state[:, 0, 9] = 0.3
+    state[:, 0, 10:13] = torch.tensor([0.5, -1.0, 2.0])
+    commands = torch.tensor([0.45, 0.62], dtype=torch.float64).expand(3, 250, 2)
+    act = torch.tensor([0.55, 0.5], dtype=torch.float64).expand(3, 2)
+    out, ref = rollouts(engine, state, act, commands)
+    assert_states_close(out[0], ref[0], 1e-9)
+    nodes = engine.end_nodes(ref[0])
+    depth = collision.rod_rod_contacts(nodes, torch.tensor(robot.rod_radius), torch.tensor([0]),
+                                       torch.tensor([1])).depth[..., 0]
+    first = collision.rod_rod_contacts(engine.end_nodes(state), torch.tensor(robot.rod_radius),
+                                       torch.tensor([0]), torch.tensor([1])).depth[..., 0]
+    assert (depth > 1e-3).any(-1).all()                                 # every sample collides
+    assert ((first > 0) if gap < 0.1 else (first < -0.05)).all()
+
+
+def test_slack_cables_and_passive_cables(three_bar):
+    """The longest commands slacken cables (zero tension) of the 3-bar, whose passive
+    cables keep their config rest lengths; then short ones pull them taut again."""
+    robot = three_bar
+    engine = TensegrityEngine(robot)
+    rest, act0 = environments.rest_pose(robot)
+    commands = torch.tensor(robot.command_high).expand(2, 300, -1).clone()
+    commands[1, 150:] = torch.tensor(robot.command_low)
+    state = torch.tensor(rest).expand(2, -1, -1)
+    act = torch.tensor(act0).expand(2, -1)
+    out, ref = rollouts(engine, state, act, commands)
+    assert_states_close(out[0], ref[0], 1e-9)
+    tension = engine.cable_tensions(ref[0], ref[1]).detach()
+    assert (tension == 0).double().mean() > 0.1 and (tension[1, -1] > 1.0).all()
+    assert (tension[..., ~torch.as_tensor(robot.cable_actuated)] > 1.0).any()
+
+
+def test_per_element_parameters(superball):
+    robot = superball
+    rng = np.random.default_rng(4)
+    params = PhysicalParameters(robot, values={
+        "cable_stiffness": rng.uniform(5e3, 2e4, robot.num_cables),
+        "cable_damping": rng.uniform(500.0, 1500.0, robot.num_cables),
+        "rod_mass": rng.uniform(8.0, 12.0, robot.num_rods)},
+        per_element=("cable_stiffness", "cable_damping", "rod_mass"))
+    engine = TensegrityEngine(robot, params)
+    p = {k: v.detach() for k, v in params.values().items()}
+    assert p["cable_stiffness"].shape == (robot.num_cables,) and p["rod_mass"].shape == (robot.num_rods,)
+    rest, act0 = environments.rest_pose(robot)
+    state = torch.tensor(launched(robot, rest, np.array([1.0, 0.3, 0.0]), np.array([0.0, 0.0, 0.5])))[None]
+    commands = torch.tensor(environments.random_commands(robot, rng, 200))[None]
+    act = torch.tensor(act0)[None]
+    out, ref = rollouts(engine, state, act, commands, params=p)
+    assert_states_close(out[0], ref[0], 1e-9)
+    nominal = native.NativeRollout(TensegrityEngine(robot)).rollout(state, act, commands, 1e-3)[0]
+    assert (nominal - out[0]).abs().max() > 1e-4                         # the parameters reach the kernel
+
+
+def test_parameter_changes_reach_a_reused_runner(three_bar):
+    """The runner reuses its parameter block only while the same, unmodified tensors come back."""
+    engine = TensegrityEngine(three_bar)
+    rest, act0 = environments.rest_pose(three_bar)
+    args = (torch.tensor(rest), torch.tensor(act0), torch.tensor(act0).expand(50, -1), 1e-3)
+    p = {k: v.detach().clone() for k, v in engine.param_values(torch.float64, "cpu").items()}
+    runner = native.NativeRollout(engine)
+    before = runner.rollout(*args, params=p)[0]
+    assert torch.equal(runner.rollout(*args, params=p)[0], before)
+    p["rod_mass"].mul_(2.0)                                             # in place
+    heavy = runner.rollout(*args, params=p)[0]
+    assert torch.equal(heavy, native.NativeRollout(engine).rollout(*args, params=p)[0])
+    assert (heavy - before).abs().max() > 1e-6
+    p = dict(p, contact_stiffness=p["contact_stiffness"] * 3)           # a new tensor
+    assert not torch.equal(runner.rollout(*args, params=p)[0], heavy)
+
+
+def test_commands_outside_the_range_are_clamped(three_bar):
+    robot = three_bar
+    engine = TensegrityEngine(robot)
+    rest, act0 = environments.rest_pose(robot)
+    rng = np.random.default_rng(5)
+    low, high = robot.command_low, robot.command_high
+    commands = torch.tensor(rng.uniform(low - 0.3, high + 0.3, (2, 200, robot.num_actuated)))
+    outside = (commands < torch.tensor(low)) | (commands > torch.tensor(high))
+    assert outside.float().mean() > 0.3
+    state, act = torch.tensor(rest).expand(2, -1, -1), torch.tensor(act0).expand(2, -1)
+    out, ref = rollouts(engine, state, act, commands)
+    assert_states_close(out[0], ref[0], 1e-9)
+    clamped = native.NativeRollout(engine).rollout(state, act, engine.clamp_command(commands), 1e-3)
+    assert torch.equal(clamped[0], out[0]) and torch.equal(clamped[1], out[1])
+
+
+def test_record_every_and_leading_batch_dims(three_bar):
+    robot = three_bar
+    engine = TensegrityEngine(robot)
+    rest, act0 = environments.rest_pose(robot)
+    g = torch.Generator().manual_seed(6)
+    state = torch.tensor(rest).expand(2, 3, -1, -1).clone()
+    state[..., 7:13] += 0.3 * torch.randn(state[..., 7:13].shape, generator=g, dtype=torch.float64)
+    low, high = torch.tensor(robot.command_low), torch.tensor(robot.command_high)
+    commands = low + (high - low) * torch.rand(2, 3, 52, robot.num_actuated, generator=g, dtype=torch.float64)
+    act = torch.tensor(act0)                                           # unbatched: broadcast
+    out, ref = rollouts(engine, state, act, commands, record_every=7)
+    assert out[0].shape == (2, 3, 7, robot.num_rods, 13) and out[1].shape == (2, 3, 7, robot.num_actuated)
+    assert ref[0].shape == out[0].shape and ref[1].shape == out[1].shape
+    assert_states_close(out[0].flatten(0, 1), ref[0].flatten(0, 1), 1e-9)
+    torch.testing.assert_close(out[1], ref[1], rtol=1e-12, atol=1e-14)
+    every = native.NativeRollout(engine).rollout(state, act, commands, 1e-3)
+    assert torch.equal(every[0][..., 6::7, :, :], out[0]) and torch.equal(every[1][..., 6::7, :], out[1])
+    held = native.NativeRollout(engine).rollout_held(state, act, commands[..., ::4, :], 1e-3, hold=4,
+                                                     record_every=2)
+    repeated = native.NativeRollout(engine).rollout(state, act, commands[..., ::4, :].repeat_interleave(4, -2),
+                                                    1e-3, record_every=2)
+    assert torch.equal(held[0], repeated[0]) and torch.equal(held[1], repeated[1])
+
+
+def test_actuator_timing_mean(superball):
+    robot = superball
+    engine = TensegrityEngine(robot, actuator_timing="mean")
+    rest, act0 = environments.rest_pose(robot)
+    rng = np.random.default_rng(7)
+    commands = torch.tensor(environments.random_commands(robot, rng, 150))[None]
+    state = torch.tensor(launched(robot, rest, np.array([0.5, -0.5, 0.0]), np.zeros(3)))[None]
+    out, ref = rollouts(engine, state, torch.tensor(act0)[None], commands)
+    assert_states_close(out[0], ref[0], 1e-9)
+    start = native.NativeRollout(TensegrityEngine(robot)).rollout(state, torch.tensor(act0)[None], commands, 1e-3)
+    assert (start[0] - out[0]).abs().max() > 1e-6                      # the timing reaches the kernel
+
+
+def test_fast_spin_takes_the_exact_exponential(three_bar):
+    """Rotations above 0.25 rad per half step leave the kernel's series for libm."""
+    robot = three_bar
+    engine = TensegrityEngine(robot, floor=False)
+    g = torch.Generator().manual_seed(11)
+    state = torch.tensor(initial_rod_state(robot)).expand(5, -1, -1).clone()
+    state[..., 10:13] = 300.0 * torch.randn(5, robot.num_rods, 3, generator=g, dtype=torch.float64)
+    half_angle = state[..., 10:13].norm(dim=-1) * 1e-3 / 2
+    assert (half_angle > 0.3).any() and (half_angle < 0.2).any()
+    act = torch.tensor(robot.cable_rest_length[robot.actuated_indices])
+    out, ref = rollouts(engine, state, act, act.expand(5, 8, -1))     # before the spin destabilises it
+    assert_states_close(out[0], ref[0], 1e-9)
+
+
+def test_float32_agrees_like_torch_float32(superball):
+    robot = superball
+    engine = TensegrityEngine(robot)
+    rest, act0 = environments.rest_pose(robot)
+    rng = np.random.default_rng(8)
+    state = np.stack([launched(robot, rest, np.r_[rng.uniform(-1, 1, 2), 0.0], np.r_[0.0, 0.0, rng.uniform(-1, 1)])
+                      for _ in range(3)])
+    commands = np.stack([environments.random_commands(robot, rng, 200, hold_range=(0.05, 0.1)) for _ in range(3)])
+    act = np.repeat(act0[None], 3, 0)
+    with torch.no_grad():
+        ref64, _ = engine.rollout(*(torch.tensor(x) for x in (state, act, commands)), 1e-3)
+        f32 = [torch.tensor(x, dtype=torch.float32) for x in (state, act, commands)]
+        torch32, _ = engine.rollout(*f32, 1e-3)
+    out32, acts32 = native.NativeRollout(engine).rollout(*f32, 1e-3)
+    assert out32.dtype == acts32.dtype == torch.float32
+    for name, part in GROUPS.items():
+        scale = ref64[..., part].norm()
+        native_err = (out32[..., part].double() - ref64[..., part]).norm() / scale
+        torch_err = (torch32[..., part].double() - ref64[..., part]).norm() / scale
+        assert native_err < max(3 * torch_err, 1e-6) and native_err < 1e-3, (name, native_err, torch_err)
+
+
+def test_two_threads_give_the_same_result(superball):
+    robot = superball
+    engine = TensegrityEngine(robot)
+    rest, act0 = environments.rest_pose(robot)
+    rng = np.random.default_rng(9)
+    B = 21                                                              # 3 chunks, the last one partial
+    state = torch.tensor(np.stack([launched(robot, rest, np.r_[rng.uniform(-1, 1, 2), 0.0], np.zeros(3))
+                                   for _ in range(B)]))
+    commands = torch.tensor(rng.uniform(robot.command_low, robot.command_high, (B, 60, robot.num_actuated)))
+    act = torch.tensor(act0).expand(B, -1)
+    runner = native.NativeRollout(engine)
+    one = runner.rollout(state, act, commands, 1e-3, threads=1)
+    two = runner.rollout(state, act, commands, 1e-3, threads=2)
+    assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
+    alone = runner.rollout(state[-1:], act[-1:], commands[-1:], 1e-3)   # lanes are independent
+    assert torch.equal(alone[0], one[0][-1:])
+
+
+# ----------------------------------------------------------------------------- planning
+def test_engine_dynamics_native_backend(three_bar):
+    robot = three_bar
+    s0, a0 = mpc.task_start(robot)
+    plans = torch.as_tensor(np.random.default_rng(10).uniform(robot.command_low, robot.command_high,
+                                                               (5, 3, robot.num_actuated)))
+    default = mpc.EngineDynamics(robot, control_dt=0.02)
+    assert default.backend == "native" and not default.compile
+    fast = mpc.EngineDynamics(robot, control_dt=0.02, dtype=torch.float64, backend="native")
+    slow = mpc.EngineDynamics(robot, control_dt=0.02, dtype=torch.float64, backend="torch", compile=False)
+    out = fast(s0, a0, plans)
+    assert out.shape == (5, 3, robot.num_rods, 13)
+    assert_states_close(out, slow(s0, a0, plans), 1e-9)
+    assert mpc.EngineDynamics(robot, compile=False).backend == "torch"
+    with pytest.raises(ValueError, match="semi_implicit"):
+        mpc.EngineDynamics(robot, integrator="implicit", backend="native")
+    with pytest.raises(ValueError, match="backend"):
+        mpc.EngineDynamics(robot, backend="cuda")
+    ctrl = mpc.MPPIController(robot, config=mpc.PlannerConfig(horizon=2, num_samples=6, iterations=2),
+                              backend="native")
+    command = ctrl.plan(s0, a0)
+    assert command.shape == (robot.num_actuated,) and np.isfinite(command).all()
+
+
+# ----------------------------------------------------------------------------- errors
+def test_missing_or_failing_compiler_gives_a_clear_error(three_bar, monkeypatch, tmp_path):
+    engine = TensegrityEngine(three_bar)
+    rest, act0 = environments.rest_pose(three_bar)
+    args = (torch.tensor(rest), torch.tensor(act0), torch.tensor(act0).expand(3, -1), 1e-3)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    with pytest.raises(native.NativeBuildError, match="/nonexistent/cc") as err:
+        native.NativeRollout(engine).rollout(*args)
+    assert "--backend torch" in str(err.value)
+    with pytest.raises(native.NativeBuildError, match="/nonexistent/cc"):
+        mpc.EngineDynamics(three_bar, backend="native")
+    monkeypatch.setenv("CC", "cc -include no_such_header_here.h")
+    with pytest.raises(native.NativeBuildError, match=r"no_such_header_here\.h"):
+        native.NativeRollout(engine).rollout(*args)
+    assert not any((tmp_path / "tensegrity_ros" / "native").glob("*.so"))
+
+
+def test_builds_into_the_cache_once(three_bar, monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    library = native.load_library(torch.float64)
+    cache = tmp_path / "tensegrity_ros" / "native"
+    built = sorted(cache.iterdir())
+    assert len(built) == 1 and built[0].suffix == ".so"                 # no leftover build directory
+    assert native.load_library(torch.float64) is library
+    native._LIBRARIES.clear()
+    native.load_library(torch.float64)
+    assert sorted(cache.iterdir()) == built
+
+
+def test_rejects_what_it_cannot_run(three_bar):
+    engine = TensegrityEngine(three_bar)
+    rest, act0 = environments.rest_pose(three_bar)
+    state, act = torch.tensor(rest), torch.tensor(act0)
+    commands = act.expand(3, -1)
+    runner = native.NativeRollout(engine)
+    with pytest.raises(ValueError, match="CPU"):
+        runner.rollout(state.to("meta"), act.to("meta"), commands.to("meta"), 1e-3)
+    with pytest.raises(ValueError, match="forward-only"):
+        runner.rollout(state.clone().requires_grad_(True), act, commands, 1e-3)
+    with pytest.raises(ValueError, match="forward-only"):
+        runner.rollout(state, act, commands, 1e-3, params=engine.param_values(torch.float64, "cpu"))
+    with pytest.raises(TypeError, match="float32 and float64"):
+        runner.rollout(state.half(), act.half(), commands.half(), 1e-3)
+    bad = {k: v.detach() for k, v in engine.param_values(torch.float64, "cpu").items()}
+    bad["contact_stiffness"] = bad["contact_stiffness"].expand(2)
+    with pytest.raises(ValueError, match="contact_stiffness"):
+        runner.rollout(state, act, commands, 1e-3, params=bad)
+    with pytest.raises(ValueError, match="ground_contact_fn"):
+        native.NativeRollout(TensegrityEngine(three_bar, ground_contact_fn=lambda nodes, radius: 0))
