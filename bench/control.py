@@ -16,9 +16,9 @@ paper's sizes (5 it x 40 samples x 1 s horizon, 1 ms MuJoCo step; ``--quick``: 2
 The engine plans with 1 ms semi-implicit steps (the only step at which its rollouts track
 MuJoCo's contacts: 2 ms is stable but does not transfer, see ``mpc.EngineDynamics``) in the
 native C kernel (``tensegrity_engine.native``; ``--engine-backend torch`` for the
-torch.compile'd step) and, by default, the configuration 1 it x 40 samples x 0.5 s horizon
-(warm-started MPPI; 500 sequential batched steps per control step; ``--engine-paper-sizes``
-for 5 x 40 x 1 s). Section 3 times one control step of every backend at both sizes. Torch and
+torch.compile'd step) at the paper's sizes, 5 it x 40 samples x 1 s horizon (real time with
+the native kernel; ``--engine-small`` plans 1 it x 40 x 0.5 s, warm-started, which the
+torch backend runs in real time). Section 3 times one control step of every backend at both sizes. Torch and
 the native kernel run on 1 thread (2 threads are slower at batch 40 on a shared 2-core
 machine), mujoco.rollout on 2.
 """
@@ -102,9 +102,9 @@ def main(argv=None) -> int:
                    help="ground-truth data points used by the identification that produced "
                         "--identified (default: the paper's 20 x 5 s at 10 Hz = 1000)")
     p.add_argument("--random-seed", type=int, default=1, help="seed of the random parameters (c)")
-    p.add_argument("--engine-paper-sizes", action="store_true",
-                   help="engine transfer runs at 5 it x 40 x 1 s (real time with the native kernel; "
-                        "~1.5-2 s per step with --engine-backend torch)")
+    p.add_argument("--engine-small", action="store_true",
+                   help="engine transfer runs at 1 it x 40 x 0.5 s instead of the paper's 5 x 40 x 1 s "
+                        "(for --engine-backend torch: ~1-2 s per step at the paper's sizes)")
     p.add_argument("--engine-backend", choices=("native", "torch"), default="native",
                    help="engine planning rollouts of section 2: the native C kernel or torch.compile'd torch")
     p.add_argument("--skip-compare", action="store_true", help="skip RS/CEM (MPPI on MuJoCo still runs)")
@@ -126,7 +126,7 @@ def main(argv=None) -> int:
     steps = 20 if a.quick else 50
     paper = dict(horizon=10, samples=40, iterations=5)
     mj_sizes = dict(horizon=10, samples=20, iterations=2) if a.quick else paper
-    eng_sizes = paper if a.engine_paper_sizes else dict(horizon=5, samples=40, iterations=1)
+    eng_sizes = dict(horizon=5, samples=40, iterations=1) if a.engine_small else paper
     sz = lambda d: f"{d['iterations']} it x {d['samples']} samples x {d['horizon'] * 0.1:g} s"
     results, summaries = {}, {}
     t_start = time.time()

@@ -66,6 +66,8 @@ class MppiControllerNode(Node):
         fmax = d("excitation_fmax", 2.0, "highest excitation frequency (Hz)", range=(0.001, 100.0))
         seed = d("seed", 0, "excitation / sampling seed", range=(0, 2**31 - 1))
         threads = d("torch_threads", 0, "torch intra-op threads (0 = torch default)", range=(0, 256))
+        backend = d("backend", "auto", "planning rollouts: the native C kernel (CPU, semi-implicit), "
+                    "torch, or auto (native where it applies)", choices=("auto", "native", "torch"))
 
         import torch
 
@@ -78,7 +80,8 @@ class MppiControllerNode(Node):
         cfg = PlannerConfig(horizon=horizon, control_dt=self.period, num_samples=samples,
                             iterations=iterations, noise_scale=noise, temperature=temperature, seed=seed)
         self.mpc = MPPIController(self.robot, planner=planner, config=cfg,
-                                  engine_dt=(engine_dt or None), integrator=integrator, device=self.device)
+                                  engine_dt=(engine_dt or None), integrator=integrator, device=self.device,
+                                  backend=None if backend == "auto" else backend)
         self.mpc.cost.target_velocity = np.array([vx, vy])
         self.mpc.cost.speed = float(np.hypot(vx, vy))
         self.excitation = ExcitationPolicy(self.robot, seed=seed, kind=kind, amplitude=amp,
@@ -107,7 +110,7 @@ class MppiControllerNode(Node):
         self._worker = threading.Thread(target=self._run, name="mppi_worker", daemon=True)
         self._worker.start()
         self.get_logger().info(f"MPPI controller on {self.device}: {planner}, H={horizon}, N={samples}, "
-                               f"iters={iterations}; starting in {self.mode}")
+                               f"iters={iterations}, {self.mpc.dynamics.backend} rollouts; starting in {self.mode}")
 
     # ------------------------------------------------------------------ callbacks
     def _on_pose(self, msg: PoseArray) -> None:
