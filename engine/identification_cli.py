@@ -232,7 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fine stage: Levenberg-Marquardt (default) or Adam with lr halving")
     i.add_argument("--epoch-tuples", type=int)
     i.add_argument("--val-tuples", type=int)
-    i.add_argument("--pose-only", action="store_true", help="drop velocities (finite-difference velocities, then windowed latent-velocity LM)")
+    i.add_argument("--pose-only", action="store_true",
+                   help="drop velocities (finite-difference velocities, then windowed latent-velocity LM)")
     i.add_argument("--resume", action="store_true")
     i.add_argument("--seed", type=int, default=0)
     i.add_argument("--device", default="cpu")
