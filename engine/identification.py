@@ -851,8 +851,13 @@ class ProgressiveTrainer:
             val = math.inf
         seconds = time.perf_counter() - start
         self.elapsed += seconds
+        return self._end_lm_epoch(f, val, len(idx), seconds, diverged, accepted, step)
+
+    def _end_lm_epoch(self, f, val, count, seconds, diverged, accepted, step) -> dict:
+        """Record one Levenberg-Marquardt iteration, then the schedule and LM's own stops."""
+        cfg = self.config
         metrics = {"epoch": self.epoch, "loss": f, "val_loss": val, "stage": self.phase,
-                   "integrator": self.integrator, "dt": self.dt, "lr": self.lr, "tuples": len(idx),
+                   "integrator": self.integrator, "dt": self.dt, "lr": self.lr, "tuples": count,
                    "seconds": seconds, "diverged": diverged, "params": self.params.as_dict(),
                    "lm_lambda": self.lm_lambda, "lm_accepted": accepted}
         self.history.append(metrics)
@@ -1018,25 +1023,7 @@ class ProgressiveTrainer:
         seconds = time.perf_counter() - start
         self.elapsed += seconds
         val = f if math.isfinite(f) else math.inf
-        metrics = {"epoch": self.epoch, "loss": f, "val_loss": val, "stage": self.phase,
-                   "integrator": self.integrator, "dt": self.dt, "lr": self.lr, "tuples": len(windows),
-                   "seconds": seconds, "diverged": diverged, "params": self.params.as_dict(),
-                   "lm_lambda": self.lm_lambda, "lm_accepted": accepted}
-        self.history.append(metrics)
-        self.epoch += 1
-        stage = (self.phase, self.pose_stage)
-        self._schedule(val)
-        if (self.phase, self.pose_stage) != stage:      # the schedule already moved on
-            pass
-        elif self.phase == "fine" and self.stage_epochs >= cfg.lm_max_iters:
-            self._lm_finish("Levenberg-Marquardt iteration limit")
-        elif self.phase == "fine" and val <= cfg.lm_tol:
-            self._lm_finish("Levenberg-Marquardt reached round-off")
-        elif self.phase == "fine" and step < cfg.lm_step_tol:
-            self._lm_finish("Levenberg-Marquardt step below lm_step_tol")
-        metrics["next_stage"] = self.phase
-        self._last_metrics = metrics
-        return dict(metrics)
+        return self._end_lm_epoch(f, val, len(windows), seconds, diverged, accepted, step)
 
     def _log_stage(self, before: str, val: float) -> None:
         entry = {"epoch": self.epoch, "from": before, "to": self._stage_name(), "val_loss": val}
