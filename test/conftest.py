@@ -1,7 +1,10 @@
-"""Make the repo's engine/ importable as `tensegrity_engine` when it is not installed."""
+"""Make the repo's engine/ importable as `tensegrity_engine` when it is not installed, and
+the robot fixtures every test module shares."""
 import importlib.util
 import sys
 from pathlib import Path
+
+import pytest
 
 try:
     import tensegrity_engine  # noqa: F401
@@ -12,3 +15,15 @@ except ImportError:
     _module = importlib.util.module_from_spec(_spec)
     sys.modules["tensegrity_engine"] = _module
     _spec.loader.exec_module(_module)
+
+
+@pytest.fixture(scope="module")
+def superball():
+    from tensegrity_engine.config import load_robot
+    return load_robot("superball")
+
+
+@pytest.fixture(scope="module")
+def three_bar():
+    from tensegrity_engine.config import load_robot
+    return load_robot("three_bar")

@@ -9,11 +9,6 @@ from tensegrity_engine.environments import noncontact_twin
 
 
 @pytest.fixture(scope="module")
-def superball():
-    return load_robot("superball")
-
-
-@pytest.fixture(scope="module")
 def generated(tmp_path_factory, superball):
     root = tmp_path_factory.mktemp("data")
     ds.generate_dataset(superball, "noncontact", root, counts={"train": 2, "val": 1}, duration=0.5, seed=3)

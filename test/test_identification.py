@@ -24,16 +24,6 @@ def _threads():
 
 
 @pytest.fixture(scope="module")
-def three_bar():
-    return load_robot("three_bar")
-
-
-@pytest.fixture(scope="module")
-def superball():
-    return load_robot("superball")
-
-
-@pytest.fixture(scope="module")
 def data(tmp_path_factory, superball):
     # SUPERball: its rods never touch in the non-contact environment, so engine and MuJoCo
     # agree exactly (the 3-bar's driven rods collide, and contact models differ on purpose).

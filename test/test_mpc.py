@@ -19,16 +19,6 @@ def _threads():
     torch.set_num_threads(old)
 
 
-@pytest.fixture(scope="module")
-def superball():
-    return load_robot("superball")
-
-
-@pytest.fixture(scope="module")
-def three_bar():
-    return load_robot("three_bar")
-
-
 # ----------------------------------------------------------------------------- toy system
 A_TOY = 3
 LOW, HIGH = np.full(A_TOY, -1.0), np.full(A_TOY, 1.0)

@@ -13,16 +13,6 @@ from tensegrity_engine.state import (center_of_mass, end_nodes, initial_rod_stat
                                      quat_to_matrix)
 
 
-@pytest.fixture(scope="module")
-def superball():
-    return load_robot("superball")
-
-
-@pytest.fixture(scope="module")
-def three_bar():
-    return load_robot("three_bar")
-
-
 def _random_state(robot, rng, batch):
     rs = np.zeros((batch, robot.num_rods, 13))
     rs[..., 0:3] = rng.normal(size=(batch, robot.num_rods, 3))

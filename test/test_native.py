@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tensegrity_engine import collision, environments, mpc, native
-from tensegrity_engine.config import load_robot, robot_from_dict
+from tensegrity_engine.config import robot_from_dict
 from tensegrity_engine.params import PhysicalParameters
 from tensegrity_engine.physics import TensegrityEngine
 from tensegrity_engine.state import center_of_mass, initial_rod_state
@@ -28,16 +28,6 @@ def _threads():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
-
-
-@pytest.fixture(scope="module")
-def superball():
-    return load_robot("superball")
-
-
-@pytest.fixture(scope="module")
-def three_bar():
-    return load_robot("three_bar")
 
 
 def assert_states_close(out, ref, rtol):
