@@ -14,24 +14,9 @@ from tensegrity_engine.params import PARAM_SPECS, PhysicalParameters
 from tensegrity_engine.physics import TensegrityEngine
 from tensegrity_engine.state import POS, center_of_mass, initial_rod_state, quat_axis
 
+from robot_builders import two_rod_robot
+
 torch.set_num_threads(2)
-
-
-def _two_rod_robot(crossing_gap: float):
-    """Two capsules crossing at right angles, axes `crossing_gap` apart, one cable."""
-    data = {
-        "name": "two_rods", "gravity": [0, 0, -9.81],
-        "rod_defaults": {"mass": 2.0, "radius": 0.05},
-        "rods": [{"end_nodes": [[-0.5, 0, 0.6], [0.5, 0, 0.6]]},
-                 {"end_nodes": [[0, -0.5, 0.6 + crossing_gap], [0, 0.5, 0.6 + crossing_gap]]}],
-        "cable_defaults": {"stiffness": 500.0, "damping": 5.0, "rest_length": 0.6,
-                           "actuated": True, "command_range": [0.3, 0.9]},
-        "cables": [{"ends": [[0, 0], [1, 0]]}, {"ends": [[0, 1], [1, 1]]}],
-        "actuator": {"time_constant": 0.05},
-        "contact": {"stiffness": 5e3, "damping": 20.0,
-                    "friction": {"sliding": 0.5, "torsional": 0.01, "rolling": 0.005}},
-    }
-    return robot_from_dict(data)
 
 
 def _perturbed(state: torch.Tensor, seed: int, scale: float = 0.3) -> torch.Tensor:
@@ -47,10 +32,10 @@ def _perturbed(state: torch.Tensor, seed: int, scale: float = 0.3) -> torch.Tens
 def test_gradcheck_one_step(case, integrator):
     """d(next state)/d(state, every parameter) matches finite differences in float64."""
     if case == "rod_rod":
-        robot = _two_rod_robot(crossing_gap=0.095)      # capsules overlap by 5 mm
+        robot = two_rod_robot(gap=0.095)      # capsules overlap by 5 mm
         engine = TensegrityEngine(robot, floor=False)
     else:
-        robot = _two_rod_robot(crossing_gap=0.3)
+        robot = two_rod_robot(gap=0.3)
         engine = TensegrityEngine(robot, floor=(case == "ground"))
     state = torch.tensor(initial_rod_state(robot))
     if case == "ground":
@@ -167,7 +152,7 @@ def test_energy_semi_implicit_conserves_implicit_dissipates():
 
 
 def test_slack_cable_pulls_with_zero_force_and_taut_cable_obeys_hooke():
-    robot = _two_rod_robot(crossing_gap=0.3)
+    robot = two_rod_robot(gap=0.3)
     engine = TensegrityEngine(robot, floor=False)
     state = torch.tensor(initial_rod_state(robot))
     p = engine.param_values(torch.float64, "cpu")

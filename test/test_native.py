@@ -13,10 +13,11 @@ import pytest
 import torch
 
 from tensegrity_engine import collision, environments, mpc, native
-from tensegrity_engine.config import robot_from_dict
 from tensegrity_engine.params import PhysicalParameters
 from tensegrity_engine.physics import TensegrityEngine
 from tensegrity_engine.state import center_of_mass, initial_rod_state
+
+from robot_builders import two_rod_robot
 
 GROUPS = {"position": slice(0, 3), "quaternion": slice(3, 7), "velocity": slice(7, 10),
           "angular velocity": slice(10, 13)}
@@ -59,23 +60,6 @@ def launched(robot, rest, velocity, omega):
     state[:, 7:10] = velocity + np.cross(omega, state[:, 0:3] - com)
     state[:, 10:13] = omega
     return state
-
-
-def two_rods(gap: float, floor_height: float = 0.6):
-    """Two capsules crossing at right angles with axes ``gap`` apart, joined by two cables."""
-    z = floor_height
-    return robot_from_dict({
-        "name": "two_rods", "gravity": [0, 0, -9.81],
-        "rod_defaults": {"mass": 2.0, "radius": 0.05},
-        "rods": [{"end_nodes": [[-0.5, 0, z], [0.5, 0, z]]},
-                 {"end_nodes": [[0, -0.5, z + gap], [0, 0.5, z + gap]]}],
-        "cable_defaults": {"stiffness": 500.0, "damping": 5.0, "rest_length": 0.6,
-                           "actuated": True, "command_range": [0.3, 0.9]},
-        "cables": [{"ends": [[0, 0], [1, 0]]}, {"ends": [[0, 1], [1, 1]]}],
-        "actuator": {"time_constant": 0.05},
-        "contact": {"stiffness": 5e3, "damping": 20.0,
-                    "friction": {"sliding": 0.5, "torsional": 0.01, "rolling": 0.005}},
-    })
 
 
 # ----------------------------------------------------------------------------- equality
@@ -133,7 +117,7 @@ def test_floor_contacts_sliding_rolling_spinning(superball):
 def test_rod_rod_contact(gap, floor):
     """Two crossing capsules pushed into each other: overlapping from the start, or
     approaching from apart (culled at first, then touching), with and without the floor."""
-    robot = two_rods(gap, floor_height=0.049 if floor else 0.6)
+    robot = two_rod_robot(gap, height=0.049 if floor else 0.6)
     engine = TensegrityEngine(robot, floor=floor)
     state = torch.tensor(initial_rod_state(robot)).expand(3, -1, -1).clone()
     state[:, 1, 9] = torch.tensor([-0.6, -0.8, -1.0])                   # rod 1 falls onto rod 0
