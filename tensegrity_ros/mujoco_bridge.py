@@ -6,7 +6,11 @@ applies every received cable command from its stamp on (zero-order hold), and pu
 rod poses at a low rate (optional noise and latency), per-rod IMU, RViz markers,
 /diagnostics and /clock (sim time). ``lockstep`` makes the simulation wait (wall clock,
 up to ``lockstep_timeout``) after each pose for the controller's command stamped at or
-after that pose, so that a slow planner sees the same closed loop as a fast one.
+after that pose, so that a slow planner sees the same closed loop as a fast one. Until
+the first command arrives, the waiting pose is re-sent every ``FIRST_POSE_REPEAT`` s: the
+graph can show the controller before DDS has matched its subscription, and a first pose
+lost then would stall the loop for the whole timeout (receivers that did get it count the
+repeat as a duplicate).
 """
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ from .diagnostics import Diagnostics
 from .params import declare, load_robot
 
 NS = conv.NS
+FIRST_POSE_REPEAT = 2.0   # s (wall): re-send the waiting pose until the first command arrives
 
 
 class MujocoBridge(Node):
@@ -194,12 +199,12 @@ class MujocoBridge(Node):
                 else:
                     self._publish_clock(t)
                     self._publish_measurement(*meas)
-                    self._wait_lockstep(t)
+                    self._wait_lockstep(t, meas[1])
             while delayed and delayed[0][0] <= t:
                 _, tm, meas, truth = delayed.pop(0)
                 self._publish_clock(t)
                 self._publish_measurement(tm, meas, truth)
-                self._wait_lockstep(tm)
+                self._wait_lockstep(tm, meas)
             if marker_ns and t >= next_marker:
                 self._publish_markers(t)
                 next_marker += marker_ns
@@ -226,14 +231,19 @@ class MujocoBridge(Node):
                 if ahead > 0:
                     self._stop.wait(ahead)
 
-    def _wait_lockstep(self, t_meas: int) -> None:
+    def _wait_lockstep(self, t_meas: int, meas: np.ndarray) -> None:
         if not self.lockstep or self.count_subscribers(TOPIC_POSES) == 0:
             return
         if self.count_publishers(TOPIC_COMMAND) == 0:
             return
         deadline = time.monotonic() + self.lockstep_timeout
+        resend_at = time.monotonic() + FIRST_POSE_REPEAT
         with self._cv:
             while self._latest_cmd_stamp < t_meas and not self._stop.is_set():
+                if self._latest_cmd_stamp < 0 and time.monotonic() >= resend_at:
+                    self.pub_pose.publish(conv.rod_state_to_pose_array(meas, t_meas))
+                    self.diag.count("first_pose_resent")
+                    resend_at = time.monotonic() + FIRST_POSE_REPEAT
                 left = deadline - time.monotonic()
                 if left <= 0:
                     self.lockstep_timeouts += 1

@@ -228,6 +228,33 @@ def test_controller_moves_robot_toward_goal(ros):
     assert dx > 0.1 and dx > abs(dy) * 0.5, (dx, dy, t[-1] - t[0])
 
 
+def test_lockstep_resends_a_first_pose_that_got_no_answer(ros):
+    """A controller whose subscription was not matched yet misses the first pose; in lockstep
+    the bridge re-sends it until the first command arrives instead of stalling for the whole
+    timeout. The stand-in controller here ignores the first copy it receives."""
+    from tensegrity_ros.mujoco_bridge import FIRST_POSE_REPEAT, MujocoBridge
+
+    rec = Recorder(ros.plain("recorder"))
+    ctrl = ros.plain("late_controller")
+    cmd_pub = ctrl.create_publisher(CableCommand, TOPIC_COMMAND, stream_qos())
+    seen = []
+
+    def on_pose(m):
+        seen.append(conv.stamp_ns(m.header.stamp))
+        if len(seen) > 1:                      # the first copy is "lost"
+            cmd_pub.publish(conv.make_cable_command(nominal_commands(ROBOT), seen[-1]))
+
+    ctrl.create_subscription(PoseArray, TOPIC_POSES, on_pose, stream_qos())
+    time.sleep(1.0)                             # let the stand-in be discovered
+    ros.node(MujocoBridge, {"real_time_factor": 0.0, "lockstep": True, "lockstep_timeout": 60.0,
+                            "marker_rate": 0.0})
+    assert wait_for(lambda: len(seen) >= 5, 6 * FIRST_POSE_REPEAT + 10), seen
+    assert seen[0] == seen[1]                  # the same pose, re-sent
+    assert seen[2] > seen[1]                   # then the loop went on
+    assert wait_for(lambda: rec.value("mujoco_bridge", "first_pose_resent") >= 1, 10), rec.diag.get("mujoco_bridge")
+    assert rec.value("mujoco_bridge", "lockstep_timeouts") == 0
+
+
 # ----------------------------------------------------------------------------- robustness
 def _pose_msg(arr, stamp_ns):
     m = PoseArray()
