@@ -1,21 +1,23 @@
 """ament_python package layout (as `ros2 pkg create --build-type ament_python` makes it).
 
-The ROS-free core lives in engine/ and is installed as `tensegrity_engine`, a name that
-cannot shadow anything else; the ROS nodes live in tensegrity_ros/.
+The ROS-free core lives in engine/tensegrity_engine/ and is installed as `tensegrity_engine`,
+a name that cannot shadow anything else; the ROS nodes live in tensegrity_ros/.
 """
 from glob import glob
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 package_name = "tensegrity_ros"
 
 setup(
     name=package_name,
     version="0.1.0",
-    packages=[package_name, "tensegrity_engine", "tensegrity_engine.native"],
-    package_dir={package_name: package_name, "tensegrity_engine": "engine"},
+    packages=[package_name] + find_packages("engine", include=["tensegrity_engine", "tensegrity_engine.*"]),
+    # Only the engine needs a mapping: an identity entry for tensegrity_ros breaks
+    # `colcon build --symlink-install` (setuptools rejects a key that is also a value).
+    package_dir={"tensegrity_engine": "engine/tensegrity_engine"},
     # the native kernel's C source, compiled on first use (tensegrity_engine/native)
-    package_data={"tensegrity_engine.native": ["*.c"]},
+    package_data={"tensegrity_engine.physics.native": ["*.c"]},
     data_files=[
         ("share/ament_index/resource_index/packages", ["resource/" + package_name]),
         ("share/" + package_name, ["package.xml"]),
@@ -31,9 +33,9 @@ setup(
     entry_points={
         "console_scripts": [
             # ROS-free tools (engine/)
-            "tensegrity-demo = tensegrity_engine.demo:main",
-            "tensegrity-identify = tensegrity_engine.identification_cli:main",
-            "tensegrity-control = tensegrity_engine.control_cli:main",
+            "tensegrity-demo = tensegrity_engine.cli.demo:main",
+            "tensegrity-identify = tensegrity_engine.cli.identify:main",
+            "tensegrity-control = tensegrity_engine.cli.control:main",
             # ROS 2 nodes and the launch-free runner (tensegrity_ros/)
             "mujoco_bridge = tensegrity_ros.mujoco_bridge:main",
             "identifier = tensegrity_ros.identifier_node:main",

@@ -15,7 +15,7 @@ Planning configurations (printed): RS / CEM / MPPI on MuJoCo all get the same bu
 paper's sizes (5 it x 40 samples x 1 s horizon, 1 ms MuJoCo step; ``--quick``: 2 x 20 x 1 s).
 The engine plans with 1 ms semi-implicit steps (the only step at which its rollouts track
 MuJoCo's contacts: 2 ms is stable but does not transfer, see ``mpc.EngineDynamics``) in the
-native C kernel (``tensegrity_engine.native``; ``--engine-backend torch`` for the
+native C kernel (``tensegrity_engine.physics.native``; ``--engine-backend torch`` for the
 torch.compile'd step) at the paper's sizes, 5 it x 40 samples x 1 s horizon (real time with
 the native kernel; ``--engine-small`` plans 1 it x 40 x 0.5 s, warm-started, which the
 torch backend runs in real time). Section 3 times one control step of every backend at both sizes. Torch and
@@ -39,8 +39,8 @@ except ImportError:  # not installed: use the checkout
     sys.path.insert(0, str(ROOT / "test"))
     import conftest  # noqa: F401
 
-from tensegrity_engine import control_cli  # noqa: E402  (chooses the GL backend first)
-from tensegrity_engine import mpc  # noqa: E402
+from tensegrity_engine.cli import control as control_cli  # noqa: E402  (chooses the GL backend first)
+from tensegrity_engine.control import mpc  # noqa: E402
 
 
 def _slug(label: str) -> str:
@@ -65,7 +65,7 @@ def identify(robot, seconds: float, out: Path, seed: int):
     try:
         import torch
 
-        from tensegrity_engine import dataset, identification as ident
+        from tensegrity_engine.identification import dataset, trainer as ident
     except ImportError as err:
         print(f"  identification module unavailable ({err})")
         return None, 0
@@ -116,8 +116,8 @@ def main(argv=None) -> int:
 
     import torch
 
-    from tensegrity_engine.config import load_robot
-    from tensegrity_engine.params import PhysicalParameters
+    from tensegrity_engine.physics.config import load_robot
+    from tensegrity_engine.physics.params import PhysicalParameters
 
     torch.set_num_threads(1)
     robot = load_robot("superball")

@@ -4,7 +4,7 @@
 Scenario (identical for both): the robot at MuJoCo's settled rest pose, every sample
 pushed with a random rolling velocity and held random commands, contact on, 1 ms steps.
 Prints steps/s (= batch x steps / seconds) and ratios to MuJoCo for the torch engine (eager,
-torch.compile'd, forward+backward) and the native C kernel (`tensegrity_engine.native`,
+torch.compile'd, forward+backward) and the native C kernel (`tensegrity_engine.physics.native`,
 forward only); never asserts timings.
 
     python bench/engine_throughput.py [--robot superball] [--steps 1000] [--threads 2]
@@ -17,10 +17,11 @@ import time
 import numpy as np
 import torch
 
-from tensegrity_engine import environments, native
-from tensegrity_engine.config import load_robot
-from tensegrity_engine.params import PhysicalParameters
-from tensegrity_engine.physics import TensegrityEngine
+from tensegrity_engine.groundtruth import environments
+from tensegrity_engine.physics import native
+from tensegrity_engine.physics.config import load_robot
+from tensegrity_engine.physics.params import PhysicalParameters
+from tensegrity_engine.physics.engine import TensegrityEngine
 
 
 def scenario(robot, batch: int, steps: int, seed: int = 0):

@@ -23,11 +23,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tensegrity_engine import dataset as ds
-from tensegrity_engine import identification as idf
-from tensegrity_engine.config import load_robot
-from tensegrity_engine.identification_cli import plot_com_error
-from tensegrity_engine.params import PhysicalParameters
+from tensegrity_engine.identification import dataset as ds
+from tensegrity_engine.identification import trainer as idf
+from tensegrity_engine.physics.config import load_robot
+from tensegrity_engine.cli.identify import plot_com_error
+from tensegrity_engine.physics.params import PhysicalParameters
 
 PAPER_EPOCH_S = 126.0
 
@@ -65,7 +65,7 @@ def collision_cost(robot, states: np.ndarray) -> float:
     """Seconds per MuJoCo collision check (kinematics + mj_collision) of one robot state."""
     import mujoco
 
-    from tensegrity_engine.environments import contact_twin
+    from tensegrity_engine.groundtruth.environments import contact_twin
     with contact_twin(robot, nthread=1) as twin:
         m, d = twin.model, mujoco.MjData(twin.model)
         mj = twin.mj_state_from(states, np.zeros((len(states), robot.num_actuated)))

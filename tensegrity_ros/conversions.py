@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from tensegrity_engine.state import ANG_VEL, POS, QUAT, end_nodes, quat_rotate
+from tensegrity_engine.physics.state import ANG_VEL, POS, QUAT, end_nodes, quat_rotate
 
 NS = 1_000_000_000
 _ROD_FRAME = re.compile(r"^rod_(\d+)$")
@@ -179,7 +179,7 @@ def msg_to_param_values(msg) -> dict:
 def msg_to_params(msg, robot):
     """IdentifiedParameters -> PhysicalParameters (bounds from the message). Raises
     ValueError on unknown names / non-finite values / values outside bounds."""
-    from tensegrity_engine.params import SPEC_BY_NAME, PhysicalParameters
+    from tensegrity_engine.physics.params import SPEC_BY_NAME, PhysicalParameters
 
     values = msg_to_param_values(msg)
     unknown = set(values) - set(SPEC_BY_NAME)

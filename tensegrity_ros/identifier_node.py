@@ -1,9 +1,9 @@
 """identifier: online recurrent progressive identification over topics.
 
-Subscribes to rod poses, IMU and cable commands; `tensegrity_engine.streaming.StreamAligner`
+Subscribes to rod poses, IMU and cable commands; `tensegrity_engine.identification.streaming.StreamAligner`
 validates them (counted, throttled rejections) and aligns them by stamp into
 (X_t, U_t, X_t+T) tuples; a background thread feeds them to
-`tensegrity_engine.identification.ProgressiveTrainer` (never blocking the callbacks),
+`tensegrity_engine.identification.trainer.ProgressiveTrainer` (never blocking the callbacks),
 publishes the parameters (latched) whenever the loss improves, checkpoints to disk and
 resumes from the checkpoint after a restart. A diverging epoch (NaN loss, exploding
 parameters, an exception) restores the last good parameters, which stay published.
@@ -25,8 +25,8 @@ from sensor_msgs.msg import Imu
 from tensegrity_ros_interfaces.msg import CableCommand, IdentifiedParameters
 from visualization_msgs.msg import MarkerArray
 
-from tensegrity_engine.params import PhysicalParameters
-from tensegrity_engine.streaming import StreamAligner, StreamConfig, TupleBatch, to_tuple_set
+from tensegrity_engine.physics.params import PhysicalParameters
+from tensegrity_engine.identification.streaming import StreamAligner, StreamConfig, TupleBatch, to_tuple_set
 
 from . import conversions as conv
 from .common import (TOPIC_COMMAND, TOPIC_IMU, TOPIC_MARKERS, TOPIC_PARAMS, TOPIC_POSES,
@@ -39,7 +39,7 @@ CHECKPOINT_NAME = "identifier_checkpoint.pt"
 
 
 def default_trainer_factory(robot, config, device, initial=None, log=None):
-    from tensegrity_engine.identification import ProgressiveTrainer
+    from tensegrity_engine.identification.trainer import ProgressiveTrainer
 
     return ProgressiveTrainer(robot, config, device=device, dtype=torch.float64, initial=initial, log=log)
 
@@ -84,7 +84,7 @@ class IdentifierNode(Node):
         if threads > 0:
             torch.set_num_threads(threads)
 
-        from tensegrity_engine.identification import IdentificationConfig
+        from tensegrity_engine.identification.trainer import IdentificationConfig
 
         self.robot = load_robot(robot_name)
         self.fixed_rods = tuple(int(r) for r in fixed if int(r) >= 0)

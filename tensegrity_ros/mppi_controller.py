@@ -7,7 +7,7 @@ on a worker thread from the newest pose so that callbacks never block.
 
 Before a model is identified (``excite_until``: the first parameters, or parameters whose
 ``stage`` contains "converged"/"done"; and at most ``max_excitation_time`` s) it sends
-the documented excitation: `tensegrity_engine.mpc.ExcitationPolicy` smooth random
+the documented excitation: `tensegrity_engine.control.mpc.ExcitationPolicy` smooth random
 multi-sines within each cable's command range.
 """
 from __future__ import annotations
@@ -21,8 +21,8 @@ from rclpy.node import Node
 from sensor_msgs.msg import Imu
 from tensegrity_ros_interfaces.msg import CableCommand, IdentifiedParameters
 
-from tensegrity_engine.mujoco_twin import nominal_commands
-from tensegrity_engine.streaming import StateEstimator, actuator_estimate
+from tensegrity_engine.groundtruth.mujoco_twin import nominal_commands
+from tensegrity_engine.identification.streaming import StateEstimator, actuator_estimate
 
 from . import conversions as conv
 from .common import (TOPIC_COMMAND, TOPIC_GOAL, TOPIC_IMU, TOPIC_PARAMS, TOPIC_POSES, goal_qos,
@@ -71,7 +71,7 @@ class MppiControllerNode(Node):
 
         import torch
 
-        from tensegrity_engine.mpc import ExcitationPolicy, MPPIController, PlannerConfig
+        from tensegrity_engine.control.mpc import ExcitationPolicy, MPPIController, PlannerConfig
 
         if threads > 0:
             torch.set_num_threads(threads)

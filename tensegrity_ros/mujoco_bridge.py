@@ -1,6 +1,6 @@
 """mujoco_bridge: MuJoCo as the robot (ground truth) over ROS topics.
 
-Steps `tensegrity_engine.mujoco_twin.MujocoTwin` at the robot's step (1 ms) in a
+Steps `tensegrity_engine.groundtruth.mujoco_twin.MujocoTwin` at the robot's step (1 ms) in a
 simulation thread, real time or faster (``real_time_factor``; 0 = as fast as possible),
 applies every received cable command from its stamp on (zero-order hold), and publishes
 rod poses at a low rate (optional noise and latency), per-rod IMU, RViz markers,
@@ -27,9 +27,9 @@ from sensor_msgs.msg import Imu
 from tensegrity_ros_interfaces.msg import CableCommand
 from visualization_msgs.msg import MarkerArray
 
-from tensegrity_engine.environments import rest_pose
-from tensegrity_engine.mujoco_twin import MujocoTwin, nominal_commands
-from tensegrity_engine.state import POS, QUAT, center_of_mass, quat_multiply
+from tensegrity_engine.groundtruth.environments import rest_pose
+from tensegrity_engine.groundtruth.mujoco_twin import MujocoTwin, nominal_commands
+from tensegrity_engine.physics.state import POS, QUAT, center_of_mass, quat_multiply
 
 from . import conversions as conv
 from .common import (TOPIC_COMMAND, TOPIC_IMU, TOPIC_MARKERS, TOPIC_POSES, run_node,

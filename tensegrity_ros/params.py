@@ -55,7 +55,7 @@ def config_dirs() -> list[Path]:
     """Where config YAMLs are looked up: the source tree first, then the share dir."""
     dirs = []
     try:
-        from tensegrity_engine.config import CONFIG_DIR
+        from tensegrity_engine.physics.config import CONFIG_DIR
 
         dirs.append(Path(CONFIG_DIR))
     except Exception:  # noqa: BLE001
@@ -79,6 +79,6 @@ def resolve_config(name_or_path: str, suffix: str = ".yaml") -> Path:
 
 
 def load_robot(name_or_path: str):
-    from tensegrity_engine.config import load_robot as _load
+    from tensegrity_engine.physics.config import load_robot as _load
 
     return _load(resolve_config(name_or_path))

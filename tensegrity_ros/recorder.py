@@ -1,5 +1,5 @@
 """recorder: write the tensegrity topics to an MCAP bag (rosbag2-compatible layout, no
-rosbag2 needed), and read a bag back as `tensegrity_engine.dataset.Trajectory` for the
+rosbag2 needed), and read a bag back as `tensegrity_engine.identification.dataset.Trajectory` for the
 offline identification.
 
     python -m tensegrity_ros.recorder --ros-args -p output:=run.mcap        # record
@@ -165,12 +165,12 @@ def _node_class():
 
 # ----------------------------------------------------------------------------- read back
 def bag_to_trajectory(path, robot, *, environment: Optional[dict] = None):
-    """MCAP bag -> `tensegrity_engine.dataset.Trajectory` (poses + commands, stamps from
+    """MCAP bag -> `tensegrity_engine.identification.dataset.Trajectory` (poses + commands, stamps from
     the message headers). Pose arrays with the wrong rod count or non-finite values and
     repeated / decreasing stamps are dropped (as the online aligner does)."""
     from mcap_ros2.reader import read_ros2_messages
 
-    from tensegrity_engine.dataset import Trajectory
+    from tensegrity_engine.identification.dataset import Trajectory
 
     cable_names = [robot.cable_names[i] for i in robot.actuated_indices]
     t, pos, quat, ct, cmd = [], [], [], [], []

@@ -192,7 +192,7 @@ class Monitor:
 
 
 def true_values(robot) -> dict:
-    from tensegrity_engine.params import nominal_values
+    from tensegrity_engine.physics.params import nominal_values
 
     return {k: np.asarray(v, dtype=np.float64) for k, v in nominal_values(robot).items()}
 

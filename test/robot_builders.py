@@ -1,5 +1,5 @@
 """Small robots built in code for tests (the configs in config/ are the real robots)."""
-from tensegrity_engine.config import robot_from_dict
+from tensegrity_engine.physics.config import robot_from_dict
 
 
 def two_rod_robot(gap: float, height: float = 0.6):

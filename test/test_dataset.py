@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from tensegrity_engine import dataset as ds
-from tensegrity_engine.config import load_robot, robot_from_dict
-from tensegrity_engine.environments import noncontact_twin
+from tensegrity_engine.identification import dataset as ds
+from tensegrity_engine.physics.config import load_robot, robot_from_dict
+from tensegrity_engine.groundtruth.environments import noncontact_twin
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,12 @@ import pytest
 import torch
 import yaml
 
-from tensegrity_engine import collision, environments
-from tensegrity_engine.config import CONFIG_DIR, ConfigError, load_robot, robot_from_dict
-from tensegrity_engine.params import PARAM_SPECS, PhysicalParameters
-from tensegrity_engine.physics import TensegrityEngine
-from tensegrity_engine.state import POS, center_of_mass, initial_rod_state, quat_axis
+from tensegrity_engine.physics import collision
+from tensegrity_engine.groundtruth import environments
+from tensegrity_engine.physics.config import CONFIG_DIR, ConfigError, load_robot, robot_from_dict
+from tensegrity_engine.physics.params import PARAM_SPECS, PhysicalParameters
+from tensegrity_engine.physics.engine import TensegrityEngine
+from tensegrity_engine.physics.state import POS, center_of_mass, initial_rod_state, quat_axis
 
 from robot_builders import two_rod_robot
 
@@ -364,7 +365,7 @@ def test_parameters_stay_inside_bounds_under_any_raw_value():
 def test_mujoco_ground_checker_matches_differentiable_depth_and_drives_the_step():
     """Ablation (c) hook: MuJoCo's capsule-plane depths equal the engine's node depths
     (tolerance 1e-9 m) on penetrating poses, batch [2, 3], and the engine steps with them."""
-    from tensegrity_engine.mujoco_twin import MujocoGroundChecker
+    from tensegrity_engine.groundtruth.mujoco_twin import MujocoGroundChecker
 
     robot = load_robot("superball")
     engine = TensegrityEngine(robot)

@@ -5,12 +5,12 @@ import pytest
 import torch
 import yaml
 
-from tensegrity_engine import dataset as ds
-from tensegrity_engine import identification as idf
-from tensegrity_engine.config import load_robot
-from tensegrity_engine.environments import noncontact_twin
-from tensegrity_engine.identification_cli import main as cli_main
-from tensegrity_engine.params import PhysicalParameters
+from tensegrity_engine.identification import dataset as ds
+from tensegrity_engine.identification import trainer as idf
+from tensegrity_engine.physics.config import load_robot
+from tensegrity_engine.groundtruth.environments import noncontact_twin
+from tensegrity_engine.cli.identify import main as cli_main
+from tensegrity_engine.physics.params import PhysicalParameters
 
 PERIOD = 0.02   # 20 engine steps per tuple keeps the CI problem small
 

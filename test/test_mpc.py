@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 import torch
 
-from tensegrity_engine import mpc
-from tensegrity_engine.config import load_robot
-from tensegrity_engine.environments import contact_twin
-from tensegrity_engine.params import PhysicalParameters
-from tensegrity_engine.state import center_of_mass
+from tensegrity_engine.control import mpc
+from tensegrity_engine.physics.config import load_robot
+from tensegrity_engine.groundtruth.environments import contact_twin
+from tensegrity_engine.physics.params import PhysicalParameters
+from tensegrity_engine.physics.state import center_of_mass
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -198,7 +198,7 @@ def test_set_params_swaps_the_model(three_bar, tmp_path):
     for k, v in heavy.as_dict().items():
         np.testing.assert_allclose(loaded.as_dict()[k], v, rtol=1e-6)
     try:
-        from tensegrity_engine.dataset import robot_to_yaml
+        from tensegrity_engine.identification.dataset import robot_to_yaml
     except ImportError:
         return
     path2 = tmp_path / "robot.yaml"

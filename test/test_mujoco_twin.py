@@ -3,13 +3,13 @@ import mujoco
 import numpy as np
 import pytest
 
-from tensegrity_engine import mujoco_twin as mt
-from tensegrity_engine.config import load_robot
-from tensegrity_engine.environments import (contact_twin, hanging_pose, noncontact_twin,
+from tensegrity_engine.groundtruth import mujoco_twin as mt
+from tensegrity_engine.physics.config import load_robot
+from tensegrity_engine.groundtruth.environments import (contact_twin, hanging_pose, noncontact_twin,
                                             random_commands, rest_pose, sample_contact_episode,
                                             sample_noncontact_episode)
-from tensegrity_engine.mujoco_twin import MujocoTwin, build_mjcf, nominal_commands
-from tensegrity_engine.state import (center_of_mass, end_nodes, initial_rod_state,
+from tensegrity_engine.groundtruth.mujoco_twin import MujocoTwin, build_mjcf, nominal_commands
+from tensegrity_engine.physics.state import (center_of_mass, end_nodes, initial_rod_state,
                                      quat_to_matrix)
 
 

@@ -12,10 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from tensegrity_engine import collision, environments, mpc, native
-from tensegrity_engine.params import PhysicalParameters
-from tensegrity_engine.physics import TensegrityEngine
-from tensegrity_engine.state import center_of_mass, initial_rod_state
+from tensegrity_engine.physics import collision, native
+from tensegrity_engine.groundtruth import environments
+from tensegrity_engine.control import mpc
+from tensegrity_engine.physics.params import PhysicalParameters
+from tensegrity_engine.physics.engine import TensegrityEngine
+from tensegrity_engine.physics.state import center_of_mass, initial_rod_state
 
 from robot_builders import two_rod_robot
 

@@ -33,9 +33,9 @@ from diagnostic_msgs.msg import DiagnosticArray  # noqa: E402
 from rosgraph_msgs.msg import Clock  # noqa: E402
 from sensor_msgs.msg import Imu  # noqa: E402
 
-from tensegrity_engine.config import load_robot  # noqa: E402
-from tensegrity_engine.mujoco_twin import MujocoTwin, nominal_commands  # noqa: E402
-from tensegrity_engine.state import center_of_mass  # noqa: E402
+from tensegrity_engine.physics.config import load_robot  # noqa: E402
+from tensegrity_engine.groundtruth.mujoco_twin import MujocoTwin, nominal_commands  # noqa: E402
+from tensegrity_engine.physics.state import center_of_mass  # noqa: E402
 from tensegrity_ros import conversions as conv  # noqa: E402
 from tensegrity_ros.common import (TOPIC_COMMAND, TOPIC_GOAL, TOPIC_IMU, TOPIC_PARAMS,  # noqa: E402
                                    TOPIC_POSES, Spinner, goal_qos, latched_qos, stream_qos)
@@ -366,7 +366,7 @@ class _DivergingTrainer:
     """Stands in for ProgressiveTrainer: a few good epochs, then NaN / exploding values."""
 
     def __init__(self, robot, *a, **k):
-        from tensegrity_engine.params import PhysicalParameters
+        from tensegrity_engine.physics.params import PhysicalParameters
 
         self.parameters = PhysicalParameters(robot)
         self.device = "cpu"
@@ -501,7 +501,7 @@ def test_killed_identifier_resumes_from_checkpoint(ros, tmp_path):
 
 
 def TupleBatchLen(saved):
-    from tensegrity_engine.streaming import TupleBatch
+    from tensegrity_engine.identification.streaming import TupleBatch
 
     return TupleBatch.from_dict(saved["window"])
 
@@ -509,7 +509,7 @@ def TupleBatchLen(saved):
 # ----------------------------------------------------------------------------- recorder
 def test_recorder_bag_reads_back_for_offline_identification(ros, tmp_path):
     pytest.importorskip("mcap_ros2", reason="mcap-ros2-support not installed")
-    from tensegrity_engine.dataset import to_tuples
+    from tensegrity_engine.identification.dataset import to_tuples
     from tensegrity_ros.mppi_controller import MppiControllerNode
     from tensegrity_ros.mujoco_bridge import MujocoBridge
     from tensegrity_ros.recorder import _node_class, bag_to_trajectory

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from tensegrity_engine.config import load_robot
-from tensegrity_engine.streaming import (NS, StateEstimator, StreamAligner, StreamConfig,
+from tensegrity_engine.physics.config import load_robot
+from tensegrity_engine.identification.streaming import (NS, StateEstimator, StreamAligner, StreamConfig,
                                          TupleBatch, actuator_estimate, to_tuple_set)
 
 R, A = 3, 4
@@ -259,7 +259,7 @@ def test_tuple_set_for_trainer():
         n = int((ts.traj == j).sum())
         assert cmds.shape == ((n + 1) * 100, robot.num_actuated)
     assert (ts.start_step % 100 == 0).all() and ts.start_step.min() == 100
-    identification = pytest.importorskip("tensegrity_engine.identification")
+    identification = pytest.importorskip("tensegrity_engine.identification.trainer")
     cfg = identification.IdentificationConfig(learn=("cable_stiffness",), max_epochs=1, batch_size=16)
     tr = identification.ProgressiveTrainer(robot, cfg)
     tr.set_data(ts)

@@ -7,7 +7,7 @@ Pieces (all ROS-free, float32 and gradient-free by default, any torch device):
   ("knots", ``control_dt`` long, command held over each) for N candidate plans.
   `EngineDynamics` runs the differentiable engine (`physics.TensegrityEngine`) at a
   configurable planning step and integrator (by default the semi-implicit step in the
-  fused C kernel of `tensegrity_engine.native`); `MujocoDynamics` runs ``mujoco.rollout``
+  fused C kernel of `tensegrity_engine.physics.native`); `MujocoDynamics` runs ``mujoco.rollout``
   on the MuJoCo twin (the ground truth baseline). The same planner runs on either.
 * **Costs** -- callables ``cost(states [N, H, R, 13], plans [N, H, A], state0, prev_command)
   -> [N]``. `LocomotionCost` tracks a desired CoM velocity (optionally steered at a goal)
@@ -47,10 +47,10 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from .config import RobotConfig
-from .params import PhysicalParameters
-from .physics import TensegrityEngine
-from .state import POS
+from tensegrity_engine.physics.config import RobotConfig
+from tensegrity_engine.physics.params import PhysicalParameters
+from tensegrity_engine.physics.engine import TensegrityEngine
+from tensegrity_engine.physics.state import POS
 
 __all__ = [
     "PlannerConfig", "EngineDynamics", "MujocoDynamics", "LocomotionCost",
@@ -133,7 +133,7 @@ class EngineDynamics:
     2 ms (stable, half the steps) only 0.45 m/s at 0.5 s horizon and 0.05 m/s at 1 s.
 
     ``backend``: "native" runs the semi-implicit rollouts in the fused C kernel
-    (`tensegrity_engine.native`, compiled with the system C compiler on first use and
+    (`tensegrity_engine.physics.native`, compiled with the system C compiler on first use and
     cached per user): the same step to rounding, ~40x faster than the compiled torch step
     at 40 samples (MPPI at the paper's sizes, 5 it x 40 samples x 1 s: ~0.03 s per control
     step on one core, vs ~1.0-1.4 s compiled). ``threads`` sets its OpenMP threads (whole
@@ -184,7 +184,7 @@ class EngineDynamics:
                 raise ValueError("the native backend runs on the CPU; use backend='torch' on other devices")
             if compile:
                 raise ValueError("compile=True applies to the torch backend, not the native one")
-            from . import native
+            from tensegrity_engine.physics import native
             native.load_library(dtype)              # compile now: a missing compiler fails here, clearly
             self._native = native.NativeRollout(self.engine, threads=self.threads)
             self.compile = False
@@ -642,8 +642,8 @@ class ExcitationPolicy:
 def task_start(robot: RobotConfig, start_xy=(0.0, 0.0)) -> tuple[np.ndarray, np.ndarray]:
     """(rod_state [R, 13], act [A]): the robot at rest on the floor with its CoM above
     ``start_xy``."""
-    from .environments import rest_pose
-    from .state import center_of_mass
+    from tensegrity_engine.groundtruth.environments import rest_pose
+    from tensegrity_engine.physics.state import center_of_mass
 
     rs, act = rest_pose(robot)
     com = center_of_mass(rs, robot.rod_mass)
@@ -683,7 +683,7 @@ def run_closed_loop(policy, twin, state0, act0, *, num_steps: int = 50, control_
 def summarize(robot: RobotConfig, traj: dict, goal=(5.0, 0.0)) -> dict:
     """Task metrics of a closed-loop run: mean x velocity (displacement / duration),
     final CoM xy, distance to ``goal``, per-control-step CoM velocity [K, 2]."""
-    from .state import center_of_mass
+    from tensegrity_engine.physics.state import center_of_mass
 
     com = center_of_mass(traj["states"], robot.rod_mass)
     t = traj["t"]
@@ -716,8 +716,8 @@ def params_from_file(robot: RobotConfig, path) -> PhysicalParameters:
     under a ``parameters:`` key."""
     import yaml
 
-    from .config import robot_from_dict
-    from .params import SPEC_BY_NAME, nominal_values
+    from tensegrity_engine.physics.config import robot_from_dict
+    from tensegrity_engine.physics.params import SPEC_BY_NAME, nominal_values
 
     with open(path) as fh:
         data = yaml.safe_load(fh)

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 import numpy as np
 import yaml
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "config"
+CONFIG_DIR = Path(__file__).resolve().parents[3] / "config"   # <repo>/config
 
 
 class ConfigError(ValueError):

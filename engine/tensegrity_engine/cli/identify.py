@@ -23,7 +23,7 @@ import numpy as np
 
 
 def _robot(name_or_path):
-    from .config import load_robot
+    from tensegrity_engine.physics.config import load_robot
     return load_robot(name_or_path)
 
 
@@ -32,7 +32,7 @@ def _plot_history(trainer, reference, out: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .params import PhysicalParameters
+    from tensegrity_engine.physics.params import PhysicalParameters
 
     hist = trainer.history
     if not hist:
@@ -103,7 +103,7 @@ def _summary(r: dict) -> str:
 
 
 def cmd_generate(args) -> int:
-    from .dataset import SPLITS, generate_dataset
+    from tensegrity_engine.identification.dataset import SPLITS, generate_dataset
 
     robot = _robot(args.robot)
     counts = dict(SPLITS)
@@ -123,9 +123,9 @@ def cmd_generate(args) -> int:
 def cmd_identify(args) -> int:
     import torch
 
-    from .dataset import load_split, tuples_from
-    from .identification import IdentificationConfig, ProgressiveTrainer, export_yaml
-    from .params import PhysicalParameters
+    from tensegrity_engine.identification.dataset import load_split, tuples_from
+    from tensegrity_engine.identification.trainer import IdentificationConfig, ProgressiveTrainer, export_yaml
+    from tensegrity_engine.physics.params import PhysicalParameters
 
     torch.set_num_threads(args.threads)
     train = load_split(args.data, "train", args.kind)
@@ -179,9 +179,9 @@ def cmd_identify(args) -> int:
 def cmd_evaluate(args) -> int:
     import torch
 
-    from .dataset import load_split
-    from .identification import evaluate
-    from .params import PhysicalParameters
+    from tensegrity_engine.identification.dataset import load_split
+    from tensegrity_engine.identification.trainer import evaluate
+    from tensegrity_engine.physics.params import PhysicalParameters
 
     torch.set_num_threads(args.threads)
     robot = _robot(args.robot)
@@ -258,8 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from .config import ConfigError
-    from .dataset import DatasetError
+    from tensegrity_engine.physics.config import ConfigError
+    from tensegrity_engine.identification.dataset import DatasetError
     try:
         return args.func(args)
     except (DatasetError, ConfigError) as err:

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .config import RobotConfig
+from tensegrity_engine.physics.config import RobotConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,7 +189,7 @@ class PhysicalParameters(nn.Module):
 
     def to_robot_config(self) -> RobotConfig:
         """A RobotConfig carrying these values (for YAML export and the MuJoCo twin)."""
-        from .config import ActuatorConfig, ContactConfig, Friction
+        from tensegrity_engine.physics.config import ActuatorConfig, ContactConfig, Friction
 
         v = {k: np.asarray(x) for k, x in self.as_dict().items()}
         r = self.robot

@@ -56,8 +56,8 @@ from typing import Optional, Sequence
 import numpy as np
 import yaml
 
-from .config import ConfigError, RobotConfig, robot_from_dict
-from .state import ANG_VEL, LIN_VEL, POS, QUAT, STATE_DIM, canonical_quat
+from tensegrity_engine.physics.config import ConfigError, RobotConfig, robot_from_dict
+from tensegrity_engine.physics.state import ANG_VEL, LIN_VEL, POS, QUAT, STATE_DIM, canonical_quat
 
 FORMAT = "tensegrity-trajectory"
 VERSION = 1
@@ -500,7 +500,7 @@ def generate_dataset(robot: RobotConfig, env: str, root: str | os.PathLike, *,
                      seed: int = 0, dense: bool = True, progress: bool = False) -> dict:
     """Run the MuJoCo ground truth and write sparse (every ``period``) and dense (every
     engine step) trajectory files under ``root/env/split``. Returns {split: [paths]}."""
-    from . import environments as envs
+    from tensegrity_engine.groundtruth import environments as envs
 
     if env not in ENVIRONMENTS:
         raise ValueError(f"env must be one of {ENVIRONMENTS}, got {env!r}")
@@ -537,7 +537,7 @@ def generate_dataset(robot: RobotConfig, env: str, root: str | os.PathLike, *,
                 ct, cv = _change_points(cmd[b], dt)
                 kw = dict(robot=robot, command_time=ct, command=cv, act0=a0[b],
                           environment=environment,
-                          meta={"generator": "tensegrity_engine.dataset", "seed": seed,
+                          meta={"generator": "tensegrity_engine.identification.dataset", "seed": seed,
                                 "split": split, "index": b})
                 if wr is not None:
                     kw["wrench_time"], kw["wrench"] = _change_points(wr[b], dt)

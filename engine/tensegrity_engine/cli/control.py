@@ -98,7 +98,7 @@ def render_video(robot, traj: dict, path, *, fps: int = 25, width: int = 480, he
     try:
         import mujoco
 
-        from .mujoco_twin import MujocoTwin
+        from tensegrity_engine.groundtruth.mujoco_twin import MujocoTwin
         twin = MujocoTwin(robot, nthread=1)
         renderer = mujoco.Renderer(twin.model, height, width)
     except Exception as err:  # no EGL/OSMesa, no display, ...
@@ -107,7 +107,7 @@ def render_video(robot, traj: dict, path, *, fps: int = 25, width: int = 480, he
                   f"{str(err).splitlines()[0] if str(err) else ''}); skipping videos", flush=True)
             _RENDER_WARNED = True
         return []
-    from .state import center_of_mass
+    from tensegrity_engine.physics.state import center_of_mass
 
     m = twin.model
     m.vis.headlight.ambient[:] = 0.45
@@ -158,8 +158,8 @@ def render_video(robot, traj: dict, path, *, fps: int = 25, width: int = 480, he
 # ----------------------------------------------------------------------------- runner
 def build_policy(robot, args, *, params=None, label: str = ""):
     """Controller for ``args.model`` ('mujoco' or 'engine')."""
-    from . import mpc
-    from .environments import contact_twin
+    from tensegrity_engine.control import mpc
+    from tensegrity_engine.groundtruth.environments import contact_twin
 
     cfg = mpc.PlannerConfig(horizon=args.horizon, control_dt=args.control_dt, num_samples=args.samples,
                             iterations=args.iterations, noise_scale=args.noise, temperature=args.temperature,
@@ -180,8 +180,8 @@ def build_policy(robot, args, *, params=None, label: str = ""):
 def run_task(robot, policy, *, steps: int, control_dt: float, label: str = "", verbose: bool = True,
              goal=(5.0, 0.0)) -> tuple[dict, dict]:
     """Closed-loop run on a fresh MuJoCo twin from the task start; (trajectory, summary)."""
-    from . import mpc
-    from .environments import contact_twin
+    from tensegrity_engine.control import mpc
+    from tensegrity_engine.groundtruth.environments import contact_twin
 
     s0, a0 = mpc.task_start(robot)
     twin = contact_twin(robot, nthread=1)
@@ -244,10 +244,10 @@ def main(argv: Optional[list] = None) -> int:
 
     import torch
 
-    from . import mpc
-    from .config import load_robot
-    from .native import NativeBuildError
-    from .params import PhysicalParameters
+    from tensegrity_engine.control import mpc
+    from tensegrity_engine.physics.config import load_robot
+    from tensegrity_engine.physics.native import NativeBuildError
+    from tensegrity_engine.physics.params import PhysicalParameters
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)

@@ -16,10 +16,10 @@ import time
 import numpy as np
 import torch
 
-from . import environments
-from .config import load_robot
-from .physics import TensegrityEngine
-from .state import center_of_mass
+from tensegrity_engine.groundtruth import environments
+from tensegrity_engine.physics.config import load_robot
+from tensegrity_engine.physics.engine import TensegrityEngine
+from tensegrity_engine.physics.state import center_of_mass
 
 
 def _com_error(robot, engine_states: torch.Tensor, mujoco_states: np.ndarray):

@@ -58,7 +58,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .state import ANG_VEL, LIN_VEL, POS, QUAT, STATE_DIM, canonical_quat, quat_rotate
+from tensegrity_engine.physics.state import ANG_VEL, LIN_VEL, POS, QUAT, STATE_DIM, canonical_quat, quat_rotate
 
 __all__ = ["StreamConfig", "TupleBatch", "StreamAligner", "StateEstimator", "REASONS", "NS",
            "actuator_estimate"]
@@ -554,7 +554,7 @@ def to_tuple_set(batch: TupleBatch, robot, *, period: Optional[float] = None, fl
     then (settled-actuator assumption, forgotten within that interval). Pose-only data:
     ``has_velocity=False`` lets the trainer optimise latent velocities.
     """
-    from .dataset import TupleSet
+    from tensegrity_engine.identification.dataset import TupleSet
 
     n = len(batch)
     S = batch.commands.shape[1]

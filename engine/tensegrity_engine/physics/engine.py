@@ -39,10 +39,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import collision
-from .config import RobotConfig
-from .params import PhysicalParameters
-from .state import ANG_VEL, LIN_VEL, POS, QUAT
+from tensegrity_engine.physics import collision
+from tensegrity_engine.physics.config import RobotConfig
+from tensegrity_engine.physics.params import PhysicalParameters
+from tensegrity_engine.physics.state import ANG_VEL, LIN_VEL, POS, QUAT
 
 INTEGRATORS = ("semi_implicit", "implicit", "ani")
 

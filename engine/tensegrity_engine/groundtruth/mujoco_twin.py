@@ -53,8 +53,8 @@ import mujoco
 import mujoco.rollout
 import numpy as np
 
-from .config import RobotConfig
-from .state import ANG_VEL, LIN_VEL, POS, QUAT, STATE_DIM, canonical_quat, initial_rod_state
+from tensegrity_engine.physics.config import RobotConfig
+from tensegrity_engine.physics.state import ANG_VEL, LIN_VEL, POS, QUAT, STATE_DIM, canonical_quat, initial_rod_state
 
 __all__ = ["build_mjcf", "MujocoTwin", "MujocoGroundChecker", "nominal_commands", "FULLPHYSICS"]
 

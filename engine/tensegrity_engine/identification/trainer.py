@@ -113,11 +113,11 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from .config import RobotConfig
-from .dataset import Trajectory, TupleSet, robot_to_yaml, to_tuples
-from .params import PhysicalParameters
-from .physics import TensegrityEngine
-from .state import ANG_VEL, LIN_VEL, POS, QUAT, quat_axis
+from tensegrity_engine.physics.config import RobotConfig
+from tensegrity_engine.identification.dataset import Trajectory, TupleSet, robot_to_yaml, to_tuples
+from tensegrity_engine.physics.params import PhysicalParameters
+from tensegrity_engine.physics.engine import TensegrityEngine
+from tensegrity_engine.physics.state import ANG_VEL, LIN_VEL, POS, QUAT, quat_axis
 
 NONCONTACT_PARAMS = ("cable_stiffness", "cable_damping", "rod_mass", "actuator_time_constant",
                      "actuator_gain", "actuator_offset")
@@ -452,7 +452,7 @@ class ProgressiveTrainer:
             self.params.randomize(np.random.default_rng(cfg.seed), self.learn)
         ground_fn = None
         if cfg.collision == "mujoco" and ts.floor:
-            from .mujoco_twin import MujocoGroundChecker
+            from tensegrity_engine.groundtruth.mujoco_twin import MujocoGroundChecker
             ground_fn = MujocoGroundChecker(self.robot, fixed_rods=ts.fixed_rods)
         self.engine = TensegrityEngine(self.robot, self.params, fixed_rods=ts.fixed_rods,
                                        floor=ts.floor, ground_contact_fn=ground_fn).to(self.device)
@@ -1179,7 +1179,7 @@ def export_yaml(params: PhysicalParameters, path, comment: str = "") -> Path:
     """Write the identified parameters as a complete robot config (loadable by load_robot)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    head = "# Identified by tensegrity_engine.identification\n"
+    head = "# Identified by tensegrity_engine.identification.trainer\n"
     if comment:
         head += "".join(f"# {line}\n" for line in comment.splitlines())
     path.write_text(head + robot_to_yaml(params.to_robot_config()))

@@ -48,9 +48,9 @@ from typing import Optional
 
 import numpy as np
 
-from .config import RobotConfig
-from .mujoco_twin import MujocoTwin, nominal_commands
-from .state import (ANG_VEL, LIN_VEL, POS, QUAT, center_of_mass, end_nodes, initial_rod_state,
+from tensegrity_engine.physics.config import RobotConfig
+from tensegrity_engine.groundtruth.mujoco_twin import MujocoTwin, nominal_commands
+from tensegrity_engine.physics.state import (ANG_VEL, LIN_VEL, POS, QUAT, center_of_mass, end_nodes, initial_rod_state,
                     quat_conjugate, quat_from_z_to, quat_multiply, quat_rotate)
 
 __all__ = [

@@ -1,0 +1,2 @@
+"""Command-line programs (``tensegrity-identify``, ``tensegrity-control``,
+``tensegrity-demo``): argument parsing over the packages. Nothing imports them but benches."""

@@ -1,0 +1,1 @@
+"""Model-predictive control over the engine or MuJoCo (``mpc``)."""
