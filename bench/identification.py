@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from tensegrity_engine.identification import dataset as ds
-from tensegrity_engine.identification import trainer as idf
+from tensegrity_engine import identification as idf
 from tensegrity_engine.physics.config import load_robot
 from tensegrity_engine.cli.identify import plot_com_error
 from tensegrity_engine.physics.params import PhysicalParameters

@@ -39,7 +39,7 @@ CHECKPOINT_NAME = "identifier_checkpoint.pt"
 
 
 def default_trainer_factory(robot, config, device, initial=None, log=None):
-    from tensegrity_engine.identification.trainer import ProgressiveTrainer
+    from tensegrity_engine.identification import ProgressiveTrainer
 
     return ProgressiveTrainer(robot, config, device=device, dtype=torch.float64, initial=initial, log=log)
 
@@ -84,7 +84,7 @@ class IdentifierNode(Node):
         if threads > 0:
             torch.set_num_threads(threads)
 
-        from tensegrity_engine.identification.trainer import IdentificationConfig
+        from tensegrity_engine.identification import IdentificationConfig
 
         self.robot = load_robot(robot_name)
         self.fixed_rods = tuple(int(r) for r in fixed if int(r) >= 0)
@@ -297,7 +297,7 @@ class IdentifierNode(Node):
         m["val_loss"] = self.best_loss
         self._publish(m, values, stage="converged")
         self.get_logger().info(f"identification converged after {self.epochs} epochs: "
-                               f"{self.trainer._fmt_params() if hasattr(self.trainer, '_fmt_params') else values}")
+                               f"{self.trainer.format_parameters()}")
         self._save_checkpoint()
 
     def _publish_prediction(self) -> None:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from tensegrity_engine.identification import dataset as ds
-from tensegrity_engine.physics.config import load_robot, robot_from_dict
+from tensegrity_engine.physics.config import load_robot, robot_from_dict, robot_to_dict
 from tensegrity_engine.groundtruth.environments import noncontact_twin
 
 
@@ -32,7 +32,7 @@ def _traj(robot, n=6, velocity=True, **kw):
 def test_robot_dict_round_trip():
     for name in ("superball", "three_bar"):
         robot = load_robot(name)
-        again = robot_from_dict(ds.robot_to_dict(robot))
+        again = robot_from_dict(robot_to_dict(robot))
         for field in ("rod_end_nodes", "rod_mass", "cable_ends", "cable_rest_length", "cable_stiffness",
                       "cable_damping", "cable_actuated", "cable_command_range"):
             np.testing.assert_array_equal(getattr(again, field), getattr(robot, field))

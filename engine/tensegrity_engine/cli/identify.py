@@ -124,7 +124,7 @@ def cmd_identify(args) -> int:
     import torch
 
     from tensegrity_engine.identification.dataset import load_split, tuples_from
-    from tensegrity_engine.identification.trainer import IdentificationConfig, ProgressiveTrainer, export_yaml
+    from tensegrity_engine.identification import IdentificationConfig, ProgressiveTrainer, export_yaml
     from tensegrity_engine.physics.params import PhysicalParameters
 
     torch.set_num_threads(args.threads)
@@ -156,7 +156,7 @@ def cmd_identify(args) -> int:
     ckpt = out / "checkpoint.pt"
     if args.resume and ckpt.exists():
         trainer.load_checkpoint(ckpt)
-        print(f"resumed from {ckpt} at epoch {trainer.epoch} ({trainer._stage_name()})")
+        print(f"resumed from {ckpt} at epoch {trainer.epoch} ({trainer.schedule.stage_name()})")
     print(f"data: {len(train)} train / {len(val)} val trajectories, {len(ts)} train tuples, "
           f"{ts.data_points} ground-truth train data points ({vs.data_points} validation)")
     t0 = time.perf_counter()
@@ -180,7 +180,7 @@ def cmd_evaluate(args) -> int:
     import torch
 
     from tensegrity_engine.identification.dataset import load_split
-    from tensegrity_engine.identification.trainer import evaluate
+    from tensegrity_engine.identification import evaluate
     from tensegrity_engine.physics.params import PhysicalParameters
 
     torch.set_num_threads(args.threads)

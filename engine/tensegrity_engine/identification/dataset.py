@@ -56,7 +56,7 @@ from typing import Optional, Sequence
 import numpy as np
 import yaml
 
-from tensegrity_engine.physics.config import ConfigError, RobotConfig, robot_from_dict
+from tensegrity_engine.physics.config import ConfigError, RobotConfig, robot_from_dict, robot_to_dict, robot_to_yaml
 from tensegrity_engine.physics.state import ANG_VEL, LIN_VEL, POS, QUAT, STATE_DIM, canonical_quat
 
 FORMAT = "tensegrity-trajectory"
@@ -66,39 +66,6 @@ _TIME_TOL = 1e-6   # s, stamps closer than this to a grid point count as on it
 
 class DatasetError(ValueError):
     """A trajectory file or array is malformed or does not match the robot."""
-
-
-# --------------------------------------------------------------------------- robot <-> dict
-def robot_to_dict(robot: RobotConfig) -> dict:
-    """Plain dict in the YAML schema of `config.py` (every value explicit, round-trips)."""
-    rods = [{"name": n, "end_nodes": robot.rod_end_nodes[i].tolist(),
-             "mass": float(robot.rod_mass[i]), "radius": float(robot.rod_radius[i])}
-            for i, n in enumerate(robot.rod_names)]
-    cables = []
-    for c, n in enumerate(robot.cable_names):
-        cab = {"name": n, "ends": robot.cable_ends[c].tolist(),
-               "rest_length": float(robot.cable_rest_length[c]),
-               "stiffness": float(robot.cable_stiffness[c]),
-               "damping": float(robot.cable_damping[c]),
-               "actuated": bool(robot.cable_actuated[c])}
-        if robot.cable_actuated[c]:
-            cab["command_range"] = robot.cable_command_range[c].tolist()
-        cables.append(cab)
-    a, con = robot.actuator, robot.contact
-    return {
-        "name": robot.name, "gravity": robot.gravity.tolist(), "engine": {"dt": float(robot.dt)},
-        "rods": rods, "cables": cables,
-        "actuator": {"time_constant": a.time_constant, "gain": a.gain, "offset": a.offset},
-        "contact": {"ground_height": con.ground_height, "rod_rod": con.rod_rod,
-                    "stiffness": con.stiffness, "damping": con.damping,
-                    "friction": {"sliding": con.friction.sliding,
-                                 "torsional": con.friction.torsional,
-                                 "rolling": con.friction.rolling}},
-    }
-
-
-def robot_to_yaml(robot: RobotConfig) -> str:
-    return yaml.safe_dump(robot_to_dict(robot), sort_keys=False)
 
 
 def check_same_topology(a: RobotConfig, b: RobotConfig, where: str) -> None:

@@ -294,3 +294,35 @@ def load_robot(name_or_path: str | os.PathLike = "superball") -> RobotConfig:
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {err}") from None
     return robot_from_dict(data, source=str(path))
+
+
+def robot_to_dict(robot: RobotConfig) -> dict:
+    """Plain dict in this module's YAML schema (every value explicit, round-trips)."""
+    rods = [{"name": n, "end_nodes": robot.rod_end_nodes[i].tolist(),
+             "mass": float(robot.rod_mass[i]), "radius": float(robot.rod_radius[i])}
+            for i, n in enumerate(robot.rod_names)]
+    cables = []
+    for c, n in enumerate(robot.cable_names):
+        cab = {"name": n, "ends": robot.cable_ends[c].tolist(),
+               "rest_length": float(robot.cable_rest_length[c]),
+               "stiffness": float(robot.cable_stiffness[c]),
+               "damping": float(robot.cable_damping[c]),
+               "actuated": bool(robot.cable_actuated[c])}
+        if robot.cable_actuated[c]:
+            cab["command_range"] = robot.cable_command_range[c].tolist()
+        cables.append(cab)
+    a, con = robot.actuator, robot.contact
+    return {
+        "name": robot.name, "gravity": robot.gravity.tolist(), "engine": {"dt": float(robot.dt)},
+        "rods": rods, "cables": cables,
+        "actuator": {"time_constant": a.time_constant, "gain": a.gain, "offset": a.offset},
+        "contact": {"ground_height": con.ground_height, "rod_rod": con.rod_rod,
+                    "stiffness": con.stiffness, "damping": con.damping,
+                    "friction": {"sliding": con.friction.sliding,
+                                 "torsional": con.friction.torsional,
+                                 "rolling": con.friction.rolling}},
+    }
+
+
+def robot_to_yaml(robot: RobotConfig) -> str:
+    return yaml.safe_dump(robot_to_dict(robot), sort_keys=False)

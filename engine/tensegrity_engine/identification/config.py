@@ -1,0 +1,82 @@
+"""Settings of an identification run and which parameters each environment identifies."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+NONCONTACT_PARAMS = ("cable_stiffness", "cable_damping", "rod_mass", "actuator_time_constant",
+                     "actuator_gain", "actuator_offset")
+CONTACT_PARAMS = ("contact_stiffness", "contact_damping", "friction_sliding",
+                  "friction_torsional", "friction_rolling")
+SCHEDULES = ("progressive", "implicit_only", "feedforward", "fine_only")
+
+
+def default_learnable(floor: bool) -> tuple[str, ...]:
+    """Non-contact data (no floor) identifies the robot; contact data identifies contact."""
+    return CONTACT_PARAMS if floor else NONCONTACT_PARAMS
+
+
+@dataclasses.dataclass
+class IdentificationConfig:
+    period: float = 0.1                 # s, T: sampling interval of the tuples
+    learn: Optional[tuple] = None       # parameter names; None: default_learnable(env)
+    per_element: tuple = ()             # names identified per cable / per rod
+    bounds: Optional[dict] = None       # {name: (lo, hi)} overriding the broad default ranges
+    schedule: str = "progressive"
+    lr0: float = 0.1
+    lr_min: float = 1e-4
+    coarse_integrator: str = "implicit"
+    fine_integrator: str = "semi_implicit"   # or "ani"
+    patience: int = 2                   # non-improving epochs before a stage change
+    min_rel_improvement: float = 1e-3   # val loss must fall by this fraction to count
+    max_stage_epochs: Optional[int] = None
+    max_epochs: int = 10_000
+    max_seconds: Optional[float] = None
+    batch_size: int = 16
+    epoch_tuples: Optional[int] = None  # training tuples drawn per epoch (None: all)
+    val_tuples: Optional[int] = None    # fixed validation subset (None: all)
+    w_vel: float = 1.0                  # weight of the end-node velocity term
+    latent_velocity: Optional[bool] = None   # None: when the data has no velocities
+    latent_lr_ratio: float = 0.1        # latent-velocity lr / parameter lr (fine_optimizer="adam")
+    pose_window: int = 3                # pose-only LM: tuples per multiple-shooting window
+    lm_windows: int = 64                # pose-only LM: windows (fixed subset) per iteration
+    max_raw: float = 12.0               # |raw| beyond this = saturated/exploded -> rollback
+    init: str = "random"                # "random" (within bounds) or "given" (initial values)
+    seed: int = 0
+    n_starts: int = 16                  # multi-start: random starts scored on the dt=T loss, best kept
+    coarse_work: int = 128              # coarse epoch: at most max(1, coarse_work // (T/dt)) minibatches
+    coarse_lr_min: Optional[float] = None   # implicit phase lr floor (None: lr0 / 4)
+    grad_clip: Optional[float] = 10.0   # clip the (normalised) parameter gradient norm
+    fine_optimizer: str = "lm"          # "lm" (Levenberg-Marquardt) or "adam" for the fine stage
+    lm_tuples: int = 256                # tuples per Levenberg-Marquardt iteration (random subset)
+    lm_max_iters: int = 40
+    lm_patience: int = 4                # non-improving LM iterations before the fine stage ends
+    lm_tol: float = 1e-24               # normalised val loss at which LM stops (exact data: round-off)
+    lm_step_tol: float = 1e-8           # LM stops when an accepted step moves no raw parameter more
+    coarse_time_fraction: float = 0.6   # with max_seconds: share of it the implicit phase may use
+    normalize_loss: bool = True         # divide the loss by the zero-motion loss of the data
+    collision: str = "differentiable"   # ground collision checker: "differentiable" or "mujoco"
+                                        # (MuJoCo's mj_collision per state, no geometry gradient:
+                                        # ablation (c) only, much slower)
+
+    def __post_init__(self):
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.fine_optimizer not in ("lm", "adam"):
+            raise ValueError(f"fine_optimizer must be 'lm' or 'adam', got {self.fine_optimizer!r}")
+        if self.collision not in ("differentiable", "mujoco"):
+            raise ValueError(f"collision must be 'differentiable' or 'mujoco', got {self.collision!r}")
+        if self.init not in ("random", "given"):
+            raise ValueError(f"init must be 'random' or 'given', got {self.init!r}")
+        for name in ("period", "lr0", "lr_min"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0")
+        if self.pose_window < 2 or self.lm_windows < 1:
+            raise ValueError("pose_window must be >= 2 (one pose per latent velocity does not "
+                             "identify) and lm_windows >= 1")
+        if self.patience < 1 or self.batch_size < 1:
+            raise ValueError("patience and batch_size must be >= 1")
+        if self.learn is not None:
+            self.learn = tuple(self.learn)
+        self.per_element = tuple(self.per_element)
+

@@ -1,0 +1,78 @@
+"""Training data on the device: a `TupleSet` as tensors, with finite-difference velocity
+estimates (and the per-tuple latents of the Adam formulation) when the data has poses only."""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+
+from tensegrity_engine.identification.dataset import Trajectory, TupleSet, to_tuples
+from tensegrity_engine.physics.state import POS, QUAT
+
+
+def as_tuple_set(data, period: float, dt: float) -> Optional[TupleSet]:
+    """One TupleSet from a Trajectory / TupleSet or a list of them (None stays None)."""
+    if data is None:
+        return None
+    if isinstance(data, (TupleSet, Trajectory)):
+        data = [data]
+    sets = [d if isinstance(d, TupleSet) else to_tuples(d, period, dt) for d in data]
+    return TupleSet.concat(sets) if sets else None
+
+
+def finite_difference_velocity(x0: np.ndarray, x1: np.ndarray, prev: np.ndarray, T: float) -> np.ndarray:
+    """[N, R, 6] central (or forward) differences of tuple poses: velocity estimates at x0."""
+    before = np.where((prev >= 0)[:, None, None], x0[np.clip(prev, 0, None)], x0)
+    span = np.where(prev >= 0, 2.0 * T, T)[:, None, None]
+    v = (x1[..., POS] - before[..., POS]) / span
+    qa, qb = before[..., QUAT], x1[..., QUAT]
+    # world-frame rotation dq = qb * conj(qa) -> rotation vector / span
+    w_a, v_a = qa[..., :1], -qa[..., 1:]
+    w_b, v_b = qb[..., :1], qb[..., 1:]
+    dw = w_b * w_a - (v_b * v_a).sum(-1, keepdims=True)
+    dv = w_b * v_a + w_a * v_b + np.cross(v_b, v_a)
+    sign = np.where(dw >= 0, 1.0, -1.0)
+    dw, dv = dw * sign, dv * sign
+    norm = np.linalg.norm(dv, axis=-1, keepdims=True)
+    angle = 2.0 * np.arctan2(norm, dw)
+    axis = dv / np.maximum(norm, 1e-12)
+    return np.concatenate([v, axis * angle / span], -1)
+
+
+class TrainingData:
+    """A TupleSet as device tensors plus what the loss needs."""
+
+    def __init__(self, ts: TupleSet, dtype, device, latent: bool):
+        f = lambda a: torch.as_tensor(np.asarray(a), dtype=dtype, device=device)
+        self.ts = ts
+        self.x0, self.x1 = f(ts.x0), f(ts.x1)
+        self.commands = f(ts.commands)
+        self.wrenches = None if ts.wrenches is None else f(ts.wrenches)
+        self.next = torch.as_tensor(ts.next, device=device)
+        S = ts.steps
+        K = max(len(c) // S for c in ts.traj_commands)
+        grid = np.zeros((len(ts.traj_commands), K, S, ts.commands.shape[-1]))
+        for j, c in enumerate(ts.traj_commands):
+            k = len(c) // S
+            grid[j, :k] = c[:k * S].reshape(k, S, -1)
+            grid[j, k:] = c[-1]
+        self.cmd_grid = f(grid)
+        self.traj_act0 = f(np.stack(ts.traj_act0))
+        self.traj = torch.as_tensor(ts.traj, device=device)
+        self.chunk = torch.as_tensor(ts.start_step // S, device=device)
+        self.latent = None
+        if latent:
+            # Velocity estimates by finite differences: x0 central (forward at a chain start),
+            # x1 the next tuple's estimate (backward difference at a chain end). They stand in
+            # for measured velocities in the coarse stage and initialise the latents.
+            v0 = finite_difference_velocity(ts.x0, ts.x1, ts.prev, ts.period)
+            v_back = finite_difference_velocity(ts.x0, ts.x1, -np.ones(len(ts), dtype=np.int64), ts.period)
+            v1 = np.where((ts.next >= 0)[:, None, None], v0[np.clip(ts.next, 0, None)], v_back)
+            self.x0 = torch.cat([self.x0[..., :7], f(v0)], -1)
+            self.x1 = torch.cat([self.x1[..., :7], f(v1)], -1)
+            self.latent = torch.nn.Parameter(f(v0))
+
+    def __len__(self):
+        return len(self.ts)
+

@@ -1,0 +1,205 @@
+"""The recurrent loss on (X_t, U_t, X_t+T) tuples (paper III-A) and the residuals of the
+Levenberg-Marquardt solvers.
+
+Tuples and loss. A tuple is (X_t, U_t, X_t+T): T = ``period`` (100 ms), U_t the commands
+(and known wrenches) of the T/dt_r engine steps in between. The engine runs T/dt steps of
+the current stage's dt from X_t (commands averaged over each coarse step) and the loss is
+
+    L = mean over tuples, free rods and both end nodes of
+        |x_hat - x|^2 + w_vel * T^2 |xdot_hat - xdot|^2              (m^2)
+
+on rod END NODES (position and velocity): they carry the rod centre and axis (the paper's
+per-rod p, v, axis, omega view; spin about a symmetric rod's axis is unobservable) in one
+unit, and T^2 turns a velocity error into the position error it causes over one sample
+interval, so both terms are commensurate. Welded rods are excluded. All tuples of a batch
+run in parallel on the batch dimension; gradients flow back through time (BPTT).
+
+Actuator state: the filtered command at each tuple start is rebuilt from the trajectory's
+initial actuator state and all commands before the tuple with the *current* time constant
+(exact first-order filter, differentiable), so it never has to be measured and tau is
+identifiable from the rest-length dynamics.
+
+The loss is divided by the data's zero-motion loss (``normalize_loss``: the same loss with
+x_hat = x_t, computed once on the first training data), so it reads as the fraction of the
+motion left unexplained and lr / tolerances mean the same for any robot.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+
+from tensegrity_engine.identification.config import IdentificationConfig
+from tensegrity_engine.identification.data import TrainingData
+from tensegrity_engine.physics.config import RobotConfig
+from tensegrity_engine.physics.engine import TensegrityEngine
+from tensegrity_engine.physics.state import ANG_VEL, LIN_VEL, POS, QUAT, quat_axis
+
+
+def averaging_matrix(fine: int, coarse: int, dtype=torch.float64, device="cpu") -> torch.Tensor:
+    """[coarse, fine] weights averaging a zero-order-hold signal of ``fine`` equal steps over
+    ``coarse`` equal steps of the same interval (exact for fractional overlaps)."""
+    edges_c = torch.linspace(0, 1, coarse + 1, dtype=torch.float64)
+    edges_f = torch.linspace(0, 1, fine + 1, dtype=torch.float64)
+    lo = torch.maximum(edges_c[:-1, None], edges_f[None, :-1])
+    hi = torch.minimum(edges_c[1:, None], edges_f[None, 1:])
+    w = (hi - lo).clamp(min=0) * coarse
+    return w.to(dtype=dtype, device=device)
+
+
+def node_state(state: torch.Tensor, half_length: torch.Tensor):
+    """End-node positions and velocities [..., R, 2, 3]."""
+    axis = quat_axis(state[..., QUAT])
+    r = axis * half_length[:, None]
+    lever = torch.stack([-r, r], -2)
+    pos = state[..., None, POS] + lever
+    vel = state[..., None, LIN_VEL] + torch.linalg.cross(
+        state[..., None, ANG_VEL].expand_as(lever), lever, dim=-1)
+    return pos, vel
+
+
+class RecurrentObjective:
+    """Engine predictions of tuples and their losses for one robot and environment.
+
+    Stateless during training but for ``loss_scale`` (set once, from the first data)."""
+
+    def __init__(self, robot: RobotConfig, config: IdentificationConfig, engine: TensegrityEngine,
+                 fixed_rods, dtype: torch.dtype, device):
+        self.robot, self.config, self.engine = robot, config, engine
+        self.dtype, self.device = dtype, device
+        f = lambda a: torch.as_tensor(a, dtype=dtype, device=device)
+        free = np.ones(robot.num_rods)
+        free[list(fixed_rods)] = 0.0
+        self.half, self.free = f(robot.rod_length / 2.0), f(free)
+        self.cmd_low, self.cmd_high = f(robot.command_low), f(robot.command_high)
+        self.loss_scale: Optional[float] = None
+
+    def zero_motion_loss(self, data: TrainingData) -> float:
+        """Loss of predicting 'nothing moves' (x_hat = x_t): the data's own motion scale, so
+        the normalised loss is the fraction of unexplained motion for any robot."""
+        half, free = self.half, self.free
+        weight = free / (2.0 * free.sum())
+        p0, v0 = node_state(data.x0, half)
+        p1, v1 = node_state(data.x1, half)
+        per = ((p1 - p0) ** 2).sum(-1).sum(-1)
+        if data.latent is None:
+            per = per + self.config.w_vel * self.config.period ** 2 * ((v1 - v0) ** 2).sum(-1).sum(-1)
+        scale = float((per * weight).sum(-1).mean())
+        return scale if math.isfinite(scale) and scale > 1e-30 else 1.0
+
+    def act_starts(self, data: TrainingData, tau: torch.Tensor) -> torch.Tensor:
+        """[N, A] filtered command at every tuple start (exact filter, differentiable in tau)."""
+        S = data.cmd_grid.shape[2]
+        d = torch.exp(-self.robot.dt / tau)
+        j = torch.arange(S, dtype=self.dtype, device=self.device)
+        weights = (1.0 - d) * d ** (S - 1 - j)
+        grid = torch.maximum(torch.minimum(data.cmd_grid, self.cmd_high), self.cmd_low)
+        contrib = torch.einsum("s,tksa->tka", weights, grid)
+        dS = d ** S
+        a = data.traj_act0
+        acts = [a]
+        for k in range(data.cmd_grid.shape[1] - 1):
+            a = dS * a + contrib[:, k]
+            acts.append(a)
+        acts = torch.stack(acts, 1)
+        return acts[data.traj, data.chunk]
+
+    def batch_loss(self, data: TrainingData, idx: torch.Tensor, p: dict, n_steps: int, integrator: str, *,
+                   use_latent: bool, latent: Optional[torch.Tensor] = None,
+                   acts: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Mean recurrent loss of tuples ``idx``. ``use_latent``: start from the per-tuple
+        latent velocities (Adam formulation); otherwise pose-only data runs on its
+        finite-difference velocities."""
+        T = self.config.period
+        lat = (data.latent if latent is None else latent) if use_latent else None
+        x0 = data.x0[idx]
+        if lat is not None:
+            x0 = torch.cat([x0[..., :7], lat[idx]], -1)
+        act = (self.act_starts(data, p["actuator_time_constant"]) if acts is None else acts)[idx]
+        pred = self.predict_end(data, idx, x0, act, p, n_steps, integrator)
+        half, free = self.half, self.free
+        weight = free / (2.0 * free.sum())                      # mean over free rods and 2 nodes
+        pp, pv = node_state(pred, half)
+        tp, tv = node_state(data.x1[idx], half)
+        per = ((pp - tp) ** 2).sum(-1).sum(-1)                   # [B, R]
+        if lat is None:
+            per = per + self.config.w_vel * T * T * ((pv - tv) ** 2).sum(-1).sum(-1)
+        else:
+            nxt = data.next[idx]
+            has = (nxt >= 0).to(self.dtype)[:, None]
+            nv = torch.cat([data.x1[idx][..., :7], lat[nxt.clamp(min=0)]], -1)
+            _, nv = node_state(nv, half)
+            per = per + has * self.config.w_vel * T * T * ((pv - nv) ** 2).sum(-1).sum(-1)
+        loss = (per * weight).sum(-1).mean()
+        return loss / self.loss_scale if self.loss_scale else loss
+
+    def predict_end(self, data: TrainingData, idx: torch.Tensor, x0: torch.Tensor, act: torch.Tensor,
+                    p: dict, n_steps: int, integrator: str) -> torch.Tensor:
+        """Engine state after T from x0 under the tuples' commands (and known wrenches),
+        averaged onto n_steps engine steps: the prediction both losses compare with X_t+T."""
+        cmd, wr = data.commands[idx], None if data.wrenches is None else data.wrenches[idx]
+        if n_steps != cmd.shape[1]:
+            M = averaging_matrix(cmd.shape[1], n_steps, self.dtype, self.device)
+            cmd = torch.einsum("cs,bsa->bca", M, cmd)
+            wr = None if wr is None else torch.einsum("cs,bsrk->bcrk", M, wr)
+        pred, _ = self.engine.rollout(x0, act, cmd, self.config.period / n_steps, integrator=integrator,
+                                      wrenches=wr, record_every=n_steps, params=p)
+        return pred[:, -1]
+
+    def residuals(self, data: TrainingData, idx: torch.Tensor, p: dict, n_steps: int,
+                  integrator: str) -> torch.Tensor:
+        """Flat residual vector r with sum(r^2) == batch_loss (velocity data only)."""
+        T = self.config.period
+        act = self.act_starts(data, p["actuator_time_constant"])[idx]
+        pred = self.predict_end(data, idx, data.x0[idx], act, p, n_steps, integrator)
+        pp, pv = node_state(pred, self.half)
+        tp, tv = node_state(data.x1[idx], self.half)
+        w = (self.free / (2.0 * self.free.sum() * len(idx) * (self.loss_scale or 1.0))).sqrt()
+        w = w[None, :, None, None]
+        r = torch.cat([(pp - tp) * w, (pv - tv) * (w * T * math.sqrt(self.config.w_vel))], -1)
+        return r.reshape(-1)
+
+    def window_residual(self, data: TrainingData, windows: torch.Tensor, vel: torch.Tensor,
+                        p: dict) -> torch.Tensor:
+        """[N, M] weighted end-node position errors at every sample of each multiple-shooting
+        window, from the window's first pose and latent velocity ``vel`` [N, R, 6];
+        sum(r^2) is the normalised position loss averaged over windows and samples."""
+        S = data.commands.shape[1]
+        first = windows[:, 0]
+        x0 = torch.cat([data.x0[first][..., :7], vel], -1)
+        act = self.act_starts(data, p["actuator_time_constant"])[first]
+        cmd = data.commands[windows].flatten(1, 2)
+        wr = None if data.wrenches is None else data.wrenches[windows].flatten(1, 2)
+        pred, _ = self.engine.rollout(x0, act, cmd, self.robot.dt, integrator=self.config.fine_integrator,
+                                      wrenches=wr, record_every=S, params=p)
+        pos, _ = node_state(pred, self.half)                          # [N, W, R, 2, 3]
+        target, _ = node_state(data.x1[windows], self.half)
+        w = self.free / (2.0 * self.free.sum() * windows.shape[0] * windows.shape[1]
+                         * (self.loss_scale or 1.0))
+        return ((pos - target) * w.sqrt()[:, None, None]).flatten(1)
+
+    def validation_loss(self, data: TrainingData, idx: torch.Tensor, p: dict, n_steps: int,
+                        integrator: str, *, use_latent: bool,
+                        latent_step: Optional[Callable[[torch.Tensor], None]] = None) -> float:
+        """Mean loss over ``idx`` in minibatches. With ``latent_step`` (pose-only Adam
+        formulation) each minibatch also takes one step of its latent velocities, with the
+        parameters frozen."""
+        acts = self.act_starts(data, p["actuator_time_constant"])
+        total, count = 0.0, 0
+        bs = self.config.batch_size
+        for b in range(0, len(idx), bs):
+            sub = idx[b:b + bs]
+            if latent_step is not None:
+                loss = self.batch_loss(data, sub, p, n_steps, integrator, use_latent=use_latent, acts=acts)
+                if torch.isfinite(loss):
+                    latent_step(loss)
+                loss = loss.detach()
+            else:
+                with torch.no_grad():
+                    loss = self.batch_loss(data, sub, p, n_steps, integrator, use_latent=use_latent,
+                                           acts=acts)
+            total += float(loss) * len(sub)
+            count += len(sub)
+        return total / max(count, 1)

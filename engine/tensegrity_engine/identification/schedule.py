@@ -1,0 +1,218 @@
+"""Algorithm 1 as an object that decides what the next epoch runs.
+
+Progressive training (`schedule="progressive"`): implicit integration with dt = T and
+lr = lr0; after ``patience`` epochs without a validation improvement of at least
+``min_rel_improvement`` (or ``max_stage_epochs``) the best parameters of the stage are
+restored and dt is halved down to the engine step (dt = max(dt/2, dt_r)); at dt_r lr is
+halved down to ``coarse_lr_min`` (lr0/4 by default: an implicit step at 1 ms is the most
+expensive part and the fine stage is exact anyway); then the fine stage starts from the
+best coarse parameters with the semi-implicit (or ANI) integrator at dt_r:
+
+* ``fine_optimizer="lm"`` (default): Levenberg-Marquardt. It ends when the validation loss
+  stops improving (``lm_patience``), reaches ``lm_tol`` (exact data: round-off), moves no
+  raw parameter by more than ``lm_step_tol`` or after ``lm_max_iters``. Pose-only data runs
+  it twice: on finite-difference velocities, then on multiple-shooting windows.
+* ``fine_optimizer="adam"``: lr reset to lr0 and halved until < lr_min, as in the paper.
+
+With ``max_seconds`` the implicit phase may use ``coarse_time_fraction`` of it, then the
+fine stage starts regardless. ``implicit_only`` stops after the implicit phase (lr down to
+lr_min), ``feedforward`` (the prior work) keeps a single implicit step of T, ``fine_only``
+runs only the fine phase (refinement from good values).
+
+The schedule owns the stage state and the best snapshot of the stage; what a stage change
+means for the solvers (a new optimiser, a new learning rate) its host carries out.
+"""
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+from tensegrity_engine.identification.config import IdentificationConfig
+
+
+class ScheduleHost(Protocol):
+    latent: bool                                    # the data has poses only
+
+    def snapshot(self): ...
+    def restore(self, snapshot) -> None: ...
+    def stage_changed(self, kind: str) -> None: ...   # "dt", "lr", "fine" or "window"
+    def log_stage(self, entry: dict) -> None: ...
+
+
+class ProgressiveSchedule:
+    def __init__(self, config: IdentificationConfig, full_steps: int, host: ScheduleHost):
+        self.config, self.full_steps, self.host = config, full_steps, host
+        self.phase = "coarse" if config.schedule != "fine_only" else "fine"
+        self.n_steps = full_steps if self.phase == "fine" else 1
+        self.lr = config.lr0
+        self.best_val = math.inf
+        self.bad_epochs = 0
+        self.stage_epochs = 0
+        self.best_snapshot = None
+        self.pose_stage = "finite_difference"        # pose-only LM: then "window"
+        self.stage_log: list[dict] = []
+
+    # ------------------------------------------------------------------ what runs now
+    @property
+    def dt(self) -> float:
+        return self.config.period / self.n_steps
+
+    @property
+    def integrator(self) -> str:
+        return self.config.coarse_integrator if self.phase == "coarse" else self.config.fine_integrator
+
+    @property
+    def done(self) -> bool:
+        return self.phase == "done"
+
+    @property
+    def use_lm(self) -> bool:
+        return self.phase == "fine" and self.config.fine_optimizer == "lm"
+
+    @property
+    def latent_adam(self) -> bool:
+        """Per-tuple latent velocities trained by Adam (pose-only, fine_optimizer="adam")."""
+        return self.phase == "fine" and self.config.fine_optimizer == "adam"
+
+    @property
+    def windows(self) -> bool:
+        """Pose-only windowed multiple-shooting LM."""
+        return self.use_lm and self.host.latent and self.pose_stage == "window"
+
+    @property
+    def lr_floor(self) -> float:
+        cfg = self.config
+        if self.phase == "coarse" and cfg.schedule == "progressive":
+            return cfg.coarse_lr_min if cfg.coarse_lr_min is not None else cfg.lr0 / 4.0
+        return cfg.lr_min
+
+    def stage_name(self) -> str:
+        if self.use_lm:
+            what = ""
+            if self.host.latent:
+                what = (" (windows, latent velocities)" if self.pose_stage == "window"
+                        else " (finite-difference velocities)")
+            return f"{self.phase} {self.integrator} dt={self.dt * 1e3:g}ms Levenberg-Marquardt{what}"
+        return f"{self.phase} {self.integrator} dt={self.dt * 1e3:g}ms lr={self.lr:g}"
+
+    # ------------------------------------------------------------------ decisions
+    def after_epoch(self, val: float, epoch: int, elapsed: float) -> None:
+        """Algorithm 1's stage update after an epoch with validation loss ``val``."""
+        cfg = self.config
+        self.stage_epochs += 1
+        if val < self.best_val * (1.0 - cfg.min_rel_improvement):
+            self.best_val = val
+            self.bad_epochs = 0
+            self.best_snapshot = self.host.snapshot()
+        else:
+            self.bad_epochs += 1
+        out_of_time = cfg.max_seconds is not None and elapsed >= cfg.max_seconds
+        coarse_out = (cfg.max_seconds is not None and self.phase == "coarse" and cfg.schedule == "progressive"
+                      and elapsed >= cfg.coarse_time_fraction * cfg.max_seconds)
+        if coarse_out and not out_of_time and epoch < cfg.max_epochs:
+            # Keep time for the fine stage: leave the implicit phase early.
+            self._restore_best()
+            before = self.stage_name()
+            self._enter_fine()
+            self._reset_best()
+            self.bad_epochs, self.stage_epochs = 0, 0
+            self._log_stage(before + " (coarse time budget spent)", val, epoch)
+            return
+        if epoch >= cfg.max_epochs or out_of_time:
+            self.finish("epoch/time limit reached", epoch)
+            return
+        patience = cfg.lm_patience if self.use_lm else cfg.patience
+        stalled = self.bad_epochs >= patience or (
+            cfg.max_stage_epochs is not None and not self.use_lm and self.stage_epochs >= cfg.max_stage_epochs)
+        if not stalled:
+            return
+        self._restore_best()
+        before = self.stage_name()
+        reset_best = False
+        if self.phase == "coarse" and cfg.schedule != "feedforward" and self.n_steps < self.full_steps:
+            self.n_steps = min(2 * self.n_steps, self.full_steps)   # dt = max(dt / 2, dt_r)
+            reset_best = True
+            self.host.stage_changed("dt")
+        elif self.phase == "fine" and self.use_lm:
+            self.lm_finish("Levenberg-Marquardt converged", epoch, val)
+            return
+        elif self.lr / 2.0 >= self.lr_floor:
+            self.lr = self.lr / 2.0
+            self.host.stage_changed("lr")
+        elif self.phase == "coarse" and cfg.schedule == "progressive":
+            self._enter_fine()
+            reset_best = True
+        else:
+            self.finish("lr below lr_min", epoch)
+            return
+        if reset_best:
+            self._reset_best()
+        self.bad_epochs = 0
+        self.stage_epochs = 0
+        self._log_stage(before, val, epoch)
+
+    def after_lm_iteration(self, val: float, step: float, epoch: int, elapsed: float) -> None:
+        """The stage update, then Levenberg-Marquardt's own stops."""
+        cfg = self.config
+        stage = (self.phase, self.pose_stage)
+        self.after_epoch(val, epoch, elapsed)
+        if (self.phase, self.pose_stage) != stage:      # the schedule already moved on
+            return
+        if self.phase == "fine" and self.stage_epochs >= cfg.lm_max_iters:
+            self.lm_finish("Levenberg-Marquardt iteration limit", epoch, val)
+        elif self.phase == "fine" and val <= cfg.lm_tol:
+            self.lm_finish("Levenberg-Marquardt reached round-off", epoch, val)
+        elif self.phase == "fine" and step < cfg.lm_step_tol:
+            self.lm_finish("Levenberg-Marquardt step below lm_step_tol", epoch, val)
+
+    # ------------------------------------------------------------------ transitions
+    def _restore_best(self) -> None:
+        if self.best_snapshot is not None:
+            self.host.restore(self.best_snapshot)
+
+    def _reset_best(self) -> None:
+        self.best_val, self.best_snapshot = math.inf, None
+
+    def _enter_fine(self) -> None:
+        self.phase = "fine"
+        self.n_steps = self.full_steps
+        self.lr = self.config.lr0
+        self.host.stage_changed("fine")
+
+    def lm_finish(self, why: str, epoch: int, val: float) -> None:
+        """End of a Levenberg-Marquardt stage. Pose-only data: the tuple LM on
+        finite-difference velocities is followed by the windowed latent-velocity LM."""
+        if not (self.host.latent and self.pose_stage == "finite_difference"):
+            return self.finish(why, epoch)
+        self._restore_best()
+        before = self.stage_name() + f" ({why})"
+        self.pose_stage = "window"
+        self.host.stage_changed("window")
+        self._reset_best()
+        self.bad_epochs, self.stage_epochs = 0, 0
+        self._log_stage(before, val, epoch)
+
+    def finish(self, why: str, epoch: int) -> None:
+        self._restore_best()
+        before = self.stage_name()
+        self.phase = "done"
+        entry = {"epoch": epoch, "from": before, "to": "done", "why": why}
+        self.stage_log.append(entry)
+        self.host.log_stage(entry)
+
+    def _log_stage(self, before: str, val: float, epoch: int) -> None:
+        entry = {"epoch": epoch, "from": before, "to": self.stage_name(), "val_loss": val}
+        self.stage_log.append(entry)
+        self.host.log_stage(entry)
+
+    # ------------------------------------------------------------------ checkpoint
+    STATE = ("phase", "n_steps", "lr", "best_val", "bad_epochs", "stage_epochs", "pose_stage", "stage_log")
+
+    def state_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.STATE} | {"best_snapshot": self.best_snapshot}
+
+    def load_state_dict(self, sd: dict) -> None:
+        for k in self.STATE:
+            if k in sd:
+                setattr(self, k, sd[k])
+        self.best_snapshot = sd.get("best_snapshot")

@@ -1,0 +1,45 @@
+"""Physical parameters to and from YAML: the identification's export (a complete robot
+config, loadable by `load_robot`) and what a controller or tool reads back."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from tensegrity_engine.physics.config import RobotConfig, robot_from_dict, robot_to_yaml
+from tensegrity_engine.physics.params import SPEC_BY_NAME, PhysicalParameters, nominal_values
+
+
+def export_yaml(params: PhysicalParameters, path, comment: str = "") -> Path:
+    """Write the identified parameters as a complete robot config (loadable by load_robot)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    head = "# Identified by tensegrity_engine.identification\n"
+    if comment:
+        head += "".join(f"# {line}\n" for line in comment.splitlines())
+    path.write_text(head + robot_to_yaml(params.to_robot_config()))
+    return path
+
+
+def params_from_file(robot: RobotConfig, path) -> PhysicalParameters:
+    """`PhysicalParameters` of ``robot`` from a YAML file: either a robot config (the
+    identification's export; its physical values are taken, topology must match) or a
+    mapping ``{name: value or [values]}`` (``PhysicalParameters.as_dict()``), optionally
+    under a ``parameters:`` key."""
+    with open(path) as fh:
+        data = yaml.safe_load(fh)
+    if isinstance(data, dict) and "rods" in data and "cables" in data:
+        other = robot_from_dict(data, source=str(path))
+        if (other.num_rods, other.num_cables) != (robot.num_rods, robot.num_cables):
+            raise ValueError(f"{path}: robot topology differs from {robot.name}")
+        values = nominal_values(other)
+    else:
+        values = data.get("parameters", data) if isinstance(data, dict) else None
+        if not isinstance(values, dict):
+            raise ValueError(f"{path}: expected a robot config or a mapping of parameters")
+        unknown = set(values) - set(SPEC_BY_NAME)
+        if unknown:
+            raise ValueError(f"{path}: unknown parameter(s) {sorted(unknown)}")
+    per_element = [k for k, v in values.items() if np.size(v) > 1 and np.ptp(np.asarray(v)) > 0]
+    return PhysicalParameters(robot, values=values, per_element=per_element)
