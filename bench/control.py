@@ -40,7 +40,7 @@ except ImportError:  # not installed: use the checkout
     import conftest  # noqa: F401
 
 from tensegrity_engine.cli import control as control_cli  # noqa: E402  (chooses the GL backend first)
-from tensegrity_engine.control import mpc  # noqa: E402
+from tensegrity_engine import control as mpc  # noqa: E402
 
 
 def _slug(label: str) -> str:
@@ -65,7 +65,8 @@ def identify(robot, seconds: float, out: Path, seed: int):
     try:
         import torch
 
-        from tensegrity_engine.identification import dataset, trainer as ident
+        from tensegrity_engine import identification as ident
+        from tensegrity_engine.identification import dataset
     except ImportError as err:
         print(f"  identification module unavailable ({err})")
         return None, 0
@@ -118,6 +119,7 @@ def main(argv=None) -> int:
 
     from tensegrity_engine.physics.config import load_robot
     from tensegrity_engine.physics.params import PhysicalParameters
+    from tensegrity_engine.physics.parameter_files import params_from_file
 
     torch.set_num_threads(1)
     robot = load_robot("superball")
@@ -165,7 +167,7 @@ def main(argv=None) -> int:
           f"semi-implicit, {sz(eng_sizes)} horizon)", flush=True)
     id_points, id_label = None, None
     if a.identified:
-        params_b = mpc.params_from_file(robot, a.identified)
+        params_b = params_from_file(robot, a.identified)
         id_label = "(b) identified engine"
         id_points = a.id_points if a.id_points is not None else 1000
         print(f"  (b) parameters from {a.identified}")

@@ -71,7 +71,7 @@ class MppiControllerNode(Node):
 
         import torch
 
-        from tensegrity_engine.control.mpc import ExcitationPolicy, MPPIController, PlannerConfig
+        from tensegrity_engine.control import ExcitationPolicy, MPPIController, PlannerConfig
 
         if threads > 0:
             torch.set_num_threads(threads)

@@ -4,11 +4,12 @@ import numpy as np
 import pytest
 import torch
 
-from tensegrity_engine.control import mpc
+from tensegrity_engine import control as mpc
 from tensegrity_engine.physics.config import load_robot
 from tensegrity_engine.groundtruth.environments import contact_twin
 from tensegrity_engine.physics.params import PhysicalParameters
 from tensegrity_engine.physics.state import center_of_mass
+from tensegrity_engine.physics.parameter_files import params_from_file
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -194,16 +195,16 @@ def test_set_params_swaps_the_model(three_bar, tmp_path):
     import yaml
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump({"parameters": heavy.as_dict()}))
-    loaded = mpc.params_from_file(robot, path)
+    loaded = params_from_file(robot, path)
     for k, v in heavy.as_dict().items():
         np.testing.assert_allclose(loaded.as_dict()[k], v, rtol=1e-6)
     try:
-        from tensegrity_engine.identification.dataset import robot_to_yaml
+        from tensegrity_engine.physics.config import robot_to_yaml
     except ImportError:
         return
     path2 = tmp_path / "robot.yaml"
     path2.write_text(robot_to_yaml(heavy.to_robot_config()))
-    loaded = mpc.params_from_file(robot, path2)
+    loaded = params_from_file(robot, path2)
     np.testing.assert_allclose(loaded.as_dict()["rod_mass"], 20.0, rtol=1e-6)
 
 

@@ -14,7 +14,7 @@ import torch
 
 from tensegrity_engine.physics import collision, native
 from tensegrity_engine.groundtruth import environments
-from tensegrity_engine.control import mpc
+from tensegrity_engine import control as mpc
 from tensegrity_engine.physics.params import PhysicalParameters
 from tensegrity_engine.physics.engine import TensegrityEngine
 from tensegrity_engine.physics.state import center_of_mass, initial_rod_state

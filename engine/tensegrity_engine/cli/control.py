@@ -158,7 +158,7 @@ def render_video(robot, traj: dict, path, *, fps: int = 25, width: int = 480, he
 # ----------------------------------------------------------------------------- runner
 def build_policy(robot, args, *, params=None, label: str = ""):
     """Controller for ``args.model`` ('mujoco' or 'engine')."""
-    from tensegrity_engine.control import mpc
+    from tensegrity_engine import control as mpc
     from tensegrity_engine.groundtruth.environments import contact_twin
 
     cfg = mpc.PlannerConfig(horizon=args.horizon, control_dt=args.control_dt, num_samples=args.samples,
@@ -180,7 +180,7 @@ def build_policy(robot, args, *, params=None, label: str = ""):
 def run_task(robot, policy, *, steps: int, control_dt: float, label: str = "", verbose: bool = True,
              goal=(5.0, 0.0)) -> tuple[dict, dict]:
     """Closed-loop run on a fresh MuJoCo twin from the task start; (trajectory, summary)."""
-    from tensegrity_engine.control import mpc
+    from tensegrity_engine import control as mpc
     from tensegrity_engine.groundtruth.environments import contact_twin
 
     s0, a0 = mpc.task_start(robot)
@@ -244,10 +244,10 @@ def main(argv: Optional[list] = None) -> int:
 
     import torch
 
-    from tensegrity_engine.control import mpc
     from tensegrity_engine.physics.config import load_robot
     from tensegrity_engine.physics.native import NativeBuildError
     from tensegrity_engine.physics.params import PhysicalParameters
+    from tensegrity_engine.physics.parameter_files import params_from_file
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -255,7 +255,7 @@ def main(argv: Optional[list] = None) -> int:
     params, what = None, "nominal-parameter engine"
     if args.model == "engine":
         if args.params:
-            params, what = mpc.params_from_file(robot, args.params), f"engine, parameters from {args.params}"
+            params, what = params_from_file(robot, args.params), f"engine, parameters from {args.params}"
         elif args.random_params is not None:
             params = PhysicalParameters(robot)
             params.randomize(np.random.default_rng(args.random_params))

@@ -1,0 +1,88 @@
+"""`MPPIController`: the stateful receding-horizon controller the ROS node and the
+closed-loop runs use."""
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import numpy as np
+import torch
+
+from tensegrity_engine.control.costs import LocomotionCost
+from tensegrity_engine.control.dynamics import EngineDynamics
+from tensegrity_engine.control.interfaces import Cost, Dynamics
+from tensegrity_engine.control.planners import PlannerConfig, make_planner
+from tensegrity_engine.physics.config import RobotConfig
+from tensegrity_engine.physics.params import PhysicalParameters
+
+
+class MPPIController:
+    """Stateful receding-horizon controller (one call per ``control_dt``).
+
+    ``plan(rod_state [R, 13], act [A]) -> command [A]`` (numpy float64, inside the command
+    range): optimises from the measured state, returns the plan's first knot and shifts
+    the plan for the next call (warm start). ``reset()`` forgets the plan.
+    ``set_params(PhysicalParameters)`` swaps the engine model (engine dynamics only).
+
+    Default: MPPI over the engine (`EngineDynamics`; ``backend``, ``compile`` and ``threads``
+    are passed to it) with `LocomotionCost` (1 m/s along +x).
+    Pass ``dynamics=MujocoDynamics(twin)`` to plan on MuJoCo, ``planner="cem"``/``"rs"``
+    for the other planners.
+    """
+
+    def __init__(self, robot: RobotConfig, *, params: Optional[PhysicalParameters] = None,
+                 dynamics: Optional[Dynamics] = None, cost: Optional[Cost] = None,
+                 planner: str = "mppi", config: Optional[PlannerConfig] = None,
+                 engine_dt: Optional[float] = None, integrator: str = "semi_implicit",
+                 device="cpu", dtype: torch.dtype = torch.float32, compile: Optional[bool] = None,
+                 backend: Optional[str] = None, threads: int = 1):
+        self.robot = robot
+        self.config = config or PlannerConfig()
+        if dynamics is None:
+            dynamics = EngineDynamics(robot, params, control_dt=self.config.control_dt,
+                                      dt=engine_dt, integrator=integrator, device=device, dtype=dtype,
+                                      compile=compile, backend=backend, threads=threads)
+        elif params is not None:
+            raise ValueError("give either params (engine dynamics) or dynamics, not both")
+        self.dynamics = dynamics
+        self.cost = cost or LocomotionCost(robot, control_dt=self.config.control_dt)
+        self.planner = make_planner(planner, dynamics, self.cost, robot.command_low,
+                                    robot.command_high, self.config, device=device, dtype=dtype)
+        self.last_plan_time = float("nan")
+        self.plan_times: list[float] = []
+        self._prev = None
+
+    @property
+    def control_dt(self) -> float:
+        return self.config.control_dt
+
+    def reset(self) -> None:
+        self.planner.reset()
+        self.plan_times = []
+        self._prev = None
+
+    def set_goal(self, velocity=None, *, goal=None) -> None:
+        """New task for the cost (see `LocomotionCost.set_goal`); the warm start is kept."""
+        self.cost.set_goal(velocity, goal=goal)
+
+    def set_params(self, params: PhysicalParameters) -> None:
+        if not hasattr(self.dynamics, "set_params"):
+            raise TypeError(f"{type(self.dynamics).__name__} has no physical parameters to set")
+        self.dynamics.set_params(params)
+
+    @property
+    def current_plan(self) -> np.ndarray:
+        return self.planner.mean.detach().cpu().double().numpy()
+
+    def plan(self, rod_state, act) -> np.ndarray:
+        t0 = time.perf_counter()
+        prev = act if self._prev is None else self._prev
+        plan = self.planner.plan(rod_state, act, prev)
+        command = plan[0].detach().cpu().double().numpy()
+        self.planner.shift()
+        self._prev = command
+        self.last_plan_time = time.perf_counter() - t0
+        self.plan_times.append(self.last_plan_time)
+        return command
+
+    __call__ = plan

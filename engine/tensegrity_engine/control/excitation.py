@@ -1,0 +1,67 @@
+"""Excitation for identification data before a model exists."""
+from __future__ import annotations
+
+import numpy as np
+
+from tensegrity_engine.physics.config import RobotConfig
+
+
+class ExcitationPolicy:
+    """Smooth random excitation for identification data (no model needed).
+
+    Each actuated cable follows ``mid + amp * sum_j a_j sin(2 pi f_j t + phi_j)`` with
+    ``num_sines`` random frequencies log-uniform in ``freq_range`` Hz, random phases and
+    weights (normalised so the sum stays within +-1), ``amp = amplitude * width / 2`` around
+    the range centre ``mid``; ``kind="chirp"`` instead sweeps each cable's frequency
+    log-linearly from ``freq_range[0]`` to ``freq_range[1]`` over ``duration`` s (random
+    phase). Always inside the command range. Same call as `MPPIController`:
+    ``plan(rod_state, act) -> command`` (state ignored), one call per ``control_dt``; or
+    `command_at(t)` for any time, `commands(num_steps, dt)` for a whole open-loop run.
+    """
+
+    def __init__(self, robot: RobotConfig, *, seed: int = 0, kind: str = "multisine",
+                 amplitude: float = 0.8, freq_range=(0.2, 2.0), num_sines: int = 3,
+                 control_dt: float = 0.1, duration: float = 5.0):
+        if kind not in ("multisine", "chirp"):
+            raise ValueError(f"kind must be 'multisine' or 'chirp', got {kind!r}")
+        if not 0.0 < amplitude <= 1.0:
+            raise ValueError("amplitude must be in (0, 1]")
+        self.robot, self.kind, self.seed = robot, kind, int(seed)
+        self.amplitude, self.freq_range = float(amplitude), tuple(float(f) for f in freq_range)
+        self.num_sines, self.control_dt, self.duration = int(num_sines), float(control_dt), float(duration)
+        self.low, self.high = robot.command_low, robot.command_high
+        self.reset()
+
+    def reset(self) -> None:
+        rng = np.random.default_rng(self.seed)
+        A = self.robot.num_actuated
+        lo, hi = np.log(self.freq_range[0]), np.log(self.freq_range[1])
+        self._freq = np.exp(rng.uniform(lo, hi, (A, self.num_sines)))
+        self._phase = rng.uniform(0, 2 * np.pi, (A, self.num_sines))
+        w = rng.uniform(0.5, 1.0, (A, self.num_sines))
+        self._weight = w / w.sum(-1, keepdims=True)
+        self._t = 0.0
+
+    def command_at(self, t) -> np.ndarray:
+        """Commands [..., A] at times t (s, scalar or array)."""
+        t = np.asarray(t, dtype=np.float64)[..., None, None]
+        if self.kind == "multisine":
+            s = (self._weight * np.sin(2 * np.pi * self._freq * t + self._phase)).sum(-1)
+        else:
+            f0, f1 = self.freq_range
+            k = np.log(f1 / f0) / self.duration
+            phase = 2 * np.pi * f0 * (np.exp(k * t[..., 0]) - 1.0) / k
+            s = np.sin(phase + self._phase[:, 0])
+        mid, half = 0.5 * (self.low + self.high), 0.5 * (self.high - self.low)
+        return np.clip(mid + self.amplitude * half * s, self.low, self.high)
+
+    def commands(self, num_steps: int, dt: float) -> np.ndarray:
+        """[S, A] commands at every step of length dt from t = 0."""
+        return self.command_at(np.arange(num_steps) * dt)
+
+    def plan(self, rod_state=None, act=None) -> np.ndarray:
+        u = self.command_at(self._t)
+        self._t += self.control_dt
+        return u
+
+    __call__ = plan
