@@ -2,11 +2,11 @@
 
 Subscribes to rod poses, IMU and cable commands; `tensegrity_engine.identification.streaming.StreamAligner`
 validates them (counted, throttled rejections) and aligns them by stamp into
-(X_t, U_t, X_t+T) tuples; a background thread feeds them to
-`tensegrity_engine.identification.trainer.ProgressiveTrainer` (never blocking the callbacks),
-publishes the parameters (latched) whenever the loss improves, checkpoints to disk and
-resumes from the checkpoint after a restart. A diverging epoch (NaN loss, exploding
-parameters, an exception) restores the last good parameters, which stay published.
+(X_t, U_t, X_t+T) tuples; a background thread feeds them to the ROS-free session
+`tensegrity_engine.identification.online.OnlineIdentification` (never blocking the
+callbacks), publishes the parameters (latched) whenever the loss improves, checkpoints to
+disk and resumes from the checkpoint after a restart. A diverging epoch (NaN loss,
+exploding parameters, an exception) restores the last good parameters, which stay published.
 """
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 from diagnostic_msgs.msg import DiagnosticStatus
 from geometry_msgs.msg import PoseArray
@@ -25,8 +24,9 @@ from sensor_msgs.msg import Imu
 from tensegrity_ros_interfaces.msg import CableCommand, IdentifiedParameters
 from visualization_msgs.msg import MarkerArray
 
+from tensegrity_engine.identification.online import OnlineIdentification, default_trainer_factory
+from tensegrity_engine.identification.streaming import StreamAligner, StreamConfig
 from tensegrity_engine.physics.params import PhysicalParameters
-from tensegrity_engine.identification.streaming import StreamAligner, StreamConfig, TupleBatch, to_tuple_set
 
 from . import conversions as conv
 from .common import (TOPIC_COMMAND, TOPIC_IMU, TOPIC_MARKERS, TOPIC_PARAMS, TOPIC_POSES,
@@ -36,12 +36,6 @@ from .params import declare, load_robot
 
 NS = conv.NS
 CHECKPOINT_NAME = "identifier_checkpoint.pt"
-
-
-def default_trainer_factory(robot, config, device, initial=None, log=None):
-    from tensegrity_engine.identification import ProgressiveTrainer
-
-    return ProgressiveTrainer(robot, config, device=device, dtype=torch.float64, initial=initial, log=log)
 
 
 class IdentifierNode(Node):
@@ -57,9 +51,9 @@ class IdentifierNode(Node):
         period = d("interval", 0.1, "T: time between X_t and X_t+T (s); the pose period", range=(0.001, 10.0))
         tol = d("stamp_tolerance", 0.002, "poses within T +- this count as on the grid (s)", range=(0.0, 1.0))
         jump = d("clock_jump", 5.0, "a stamp step larger than this restarts the stream (s)", range=(0.01, 1e6))
-        self.min_tuples = d("min_tuples", 20, "tuples needed before training starts", range=(1, 10**7))
-        self.max_tuples = d("max_tuples", 2000, "training window: newest tuples kept", range=(1, 10**7))
-        self.floor = d("floor", True, "the data has a floor (contact environment)")
+        min_tuples = d("min_tuples", 20, "tuples needed before training starts", range=(1, 10**7))
+        max_tuples = d("max_tuples", 2000, "training window: newest tuples kept", range=(1, 10**7))
+        floor = d("floor", True, "the data has a floor (contact environment)")
         fixed = d("fixed_rods", [-1], "rods welded to the world ([-1] = none)")
         learn = d("learn", ["default"], "parameters to identify (['default'] = the trainer's choice)")
         schedule = d("schedule", "progressive", "training schedule",
@@ -87,7 +81,7 @@ class IdentifierNode(Node):
         from tensegrity_engine.identification import IdentificationConfig
 
         self.robot = load_robot(robot_name)
-        self.fixed_rods = tuple(int(r) for r in fixed if int(r) >= 0)
+        fixed_rods = tuple(int(r) for r in fixed if int(r) >= 0)
         self.id_config = IdentificationConfig(
             period=period, learn=None if list(learn) == ["default"] else tuple(learn), schedule=schedule,
             lr0=lr0, lr_min=lr_min, patience=patience, batch_size=batch,
@@ -99,18 +93,12 @@ class IdentifierNode(Node):
         self.cable_names = [self.robot.cable_names[i] for i in self.robot.actuated_indices]
         self._lock = threading.Lock()        # aligner (callbacks <-> worker)
         self._stop = threading.Event()
-        self.window: collections.deque = collections.deque()   # TupleBatch chunks in the trainer
-        self.window_len = 0
-        self.trainer = None
-        self.good_state = None               # last healthy trainer.state_dict()
-        self.best_loss = math.inf
-        self.best_values = None              # PhysicalParameters.as_dict() last published
+        # trainer_factory is looked up per call: tests replace it on the instance
+        self.session = OnlineIdentification(
+            self.robot, self.id_config, device=self.device, min_tuples=min_tuples, max_tuples=max_tuples,
+            floor=floor, fixed_rods=fixed_rods, log=lambda m: self.get_logger().info(m),
+            trainer_factory=lambda *a: self.trainer_factory(*a))
         self.published = 0
-        self.epochs = 0
-        self.rollbacks = 0
-        self.last_metrics: dict = {}
-        self.status = "waiting for data"
-        self.converged = False
         self._last_ckpt = time.monotonic()
         self._last_publish = -math.inf
         self._unpublished = None             # an improvement waiting for min_publish_interval
@@ -126,7 +114,7 @@ class IdentifierNode(Node):
             self._load_checkpoint()
         self._worker = threading.Thread(target=self._run, name="identification", daemon=True)
         self._worker.start()
-        self.get_logger().info(f"identifier on {self.device}: T={period}s, window {self.max_tuples} tuples, "
+        self.get_logger().info(f"identifier on {self.device}: T={period}s, window {max_tuples} tuples, "
                                f"schedule {schedule}")
 
     # ------------------------------------------------------------------ callbacks
@@ -166,40 +154,14 @@ class IdentifierNode(Node):
                 self.aligner.add_command(conv.stamp_ns(msg.header.stamp), u)
             self._sync_rejections()
 
-    # ------------------------------------------------------------------ data window
-    def _tuple_set(self, batch: TupleBatch):
-        return to_tuple_set(batch, self.robot, period=self.id_config.period, floor=self.floor,
-                            fixed_rods=self.fixed_rods)
-
-    def _window_batch(self) -> TupleBatch:
-        return TupleBatch.cat(list(self.window))
+    # ------------------------------------------------------------------ the session
+    trainer = property(lambda self: self.session.trainer)
+    epochs = property(lambda self: self.session.epochs)
+    rollbacks = property(lambda self: self.session.rollbacks)
 
     def _take_new(self):
         with self._lock:
             return self.aligner.pop_tuples()
-
-    def _add_data(self, new: TupleBatch) -> None:
-        self.window.append(new)
-        self.window_len += len(new)
-        if self.trainer is None:
-            if self.window_len < self.min_tuples:
-                return
-            self.trainer = self.trainer_factory(self.robot, self.id_config, self.device, None,
-                                                lambda m: self.get_logger().info(m))
-            self.trainer.set_data(self._tuple_set(self._window_batch()))
-            self.status = "training"
-            return
-        if self.window_len > self.max_tuples:
-            while self.window_len - len(self.window[0]) >= self.max_tuples and len(self.window) > 1:
-                self.window_len -= len(self.window.popleft())
-            if self.window_len > self.max_tuples:      # one big chunk: cut it
-                only = self.window.popleft()
-                keep = only.slice(slice(len(only) - self.max_tuples, None))
-                self.window.appendleft(keep)
-                self.window_len = len(keep)
-            self.trainer.set_data(self._tuple_set(self._window_batch()))   # keeps the parameters
-        else:
-            self.trainer.add_tuples(self._tuple_set(new))
 
     # ------------------------------------------------------------------ worker
     def _run(self) -> None:
@@ -207,9 +169,9 @@ class IdentifierNode(Node):
             try:
                 new = self._take_new()
                 if new is not None:
-                    self._add_data(new)
-                if self.trainer is None or self.trainer.done:
-                    if self.trainer is not None and not self.converged:
+                    self.session.add(new)
+                if not self.session.training:
+                    if self.session.finished:
                         self._unpublished = None
                         self._on_done()
                     self._flush_publication()
@@ -221,42 +183,22 @@ class IdentifierNode(Node):
             except Exception as exc:  # noqa: BLE001 - never die: roll back and go on
                 if not self.context.ok():
                     break
-                self.rollbacks += 1
+                self.session.rollbacks += 1
                 self.diag.warn_throttled("worker", f"identification step failed ({exc!r}); "
                                          "restoring the last good parameters")
-                self._rollback()
+                self.session.rollback()
                 self._stop.wait(1.0)
 
-    def _healthy_values(self, values: dict) -> bool:
-        return all(np.isfinite(np.asarray(v, dtype=np.float64)).all() for v in values.values())
-
-    def _rollback(self) -> None:
-        if self.trainer is None or self.good_state is None:
-            return
-        try:
-            self.trainer.load_state_dict(self.good_state)
-        except Exception:  # noqa: BLE001 - data changed shape: restore parameters only
-            if self.best_values is not None:
-                for k, v in self.best_values.items():
-                    self.trainer.parameters.set_value(k, v)
-
     def _epoch(self) -> None:
-        m = self.trainer.train_epoch()
-        self.epochs += 1
-        self.last_metrics = {k: v for k, v in m.items() if k != "params"}
-        values = self.trainer.parameters.as_dict()
-        loss = float(m.get("val_loss", math.nan))
-        if m.get("diverged") or not math.isfinite(loss) or not self._healthy_values(values):
-            self.rollbacks += 1
+        before = self.session.rollbacks
+        improved = self.session.step()
+        if self.session.rollbacks > before:
             self.diag.count("divergences")
             self.diag.warn_throttled("diverged", "identification diverged: rolled back; publishing the "
                                      "last good parameters")
-            self._rollback()
             return
-        self.good_state = self.trainer.state_dict()
-        if loss < self.best_loss:
-            self.best_loss = loss
-            self._unpublished = (m, values)
+        if improved is not None:
+            self._unpublished = improved
         self._flush_publication()
 
     def _flush_publication(self, force: bool = False) -> None:
@@ -270,7 +212,7 @@ class IdentifierNode(Node):
     def _publish(self, m: dict, values: dict, stage: str = "") -> None:
         """Publish ``values`` (the best so far) with the metrics ``m`` (latched)."""
         self._last_publish = time.monotonic()
-        self.best_values = values
+        self.session.best_values = values
         cur = self.trainer.parameters
         params = PhysicalParameters(self.robot, values, per_element=getattr(cur, "per_element", ()),
                                     bounds={n: (sp.lower, sp.upper) for n, sp in cur.specs.items()})
@@ -279,7 +221,7 @@ class IdentifierNode(Node):
                                  train_loss=float(m.get("loss", math.nan)),
                                  validation_loss=float(m.get("val_loss", math.nan)), stage=stage.strip(),
                                  engine_dt=float(m.get("dt", self.robot.dt)), epoch=int(m.get("epoch", 0)),
-                                 tuples_used=self.window_len)
+                                 tuples_used=self.session.window_len)
         self.pub_params.publish(msg)
         self.published += 1
         if self.publish_markers:
@@ -287,14 +229,7 @@ class IdentifierNode(Node):
 
     def _on_done(self) -> None:
         """The schedule finished: publish the final (best) parameters as converged."""
-        self.converged = True
-        self.status = "converged"
-        values = self.trainer.parameters.as_dict()
-        if not self._healthy_values(values):
-            self._rollback()
-            values = self.trainer.parameters.as_dict()
-        m = dict(self.last_metrics)
-        m["val_loss"] = self.best_loss
+        m, values = self.session.finish()
         self._publish(m, values, stage="converged")
         self.get_logger().info(f"identification converged after {self.epochs} epochs: "
                                f"{self.trainer.format_parameters()}")
@@ -303,21 +238,12 @@ class IdentifierNode(Node):
     def _publish_prediction(self) -> None:
         """Markers of the identified model's prediction X_t+T from the newest tuple."""
         try:
-            engine = getattr(self.trainer, "engine", None)
-            if engine is None or not self.window:
+            pred = self.session.predict_newest()
+            if pred is None:
                 return
-            last = self.window[-1].slice(slice(-1, None))
-            with torch.no_grad():
-                p = engine.param_values(torch.float64, self.trainer.device)
-                x0 = last.x0.to(self.trainer.device)
-                act = last.commands[:, 0].to(self.trainer.device)
-                pred, _ = engine.rollout(x0, act, last.commands.to(self.trainer.device), self.robot.dt,
-                                         record_every=last.commands.shape[1], params=p)
-            rs = pred[0, -1].cpu().double().numpy()
-            if not np.isfinite(rs).all():
-                return
+            rs, t0 = pred
             arr = MarkerArray()
-            arr.markers = conv.rod_cable_markers(self.robot, rs, int(last.t0[0]) + self.aligner.T_ns,
+            arr.markers = conv.rod_cable_markers(self.robot, rs, t0 + self.aligner.T_ns,
                                                  "predicted", (1.0, 0.5, 0.1, 0.8), id_offset=100)
             self.pub_markers.publish(arr)
         except Exception as exc:  # noqa: BLE001 - visualisation only
@@ -333,15 +259,10 @@ class IdentifierNode(Node):
             self._save_checkpoint()
 
     def _save_checkpoint(self) -> None:
-        if not self.ckpt_dir or self.trainer is None:
+        data = self.session.checkpoint() if self.ckpt_dir else None
+        if data is None:
             return
         self._last_ckpt = time.monotonic()
-        state = self.trainer.state_dict()
-        if not self._healthy_values(self.trainer.parameters.as_dict()):
-            state = None
-        data = {"robot": self.robot.name, "window": self._window_batch().to_dict(),
-                "trainer": state, "best_loss": self.best_loss, "best_values": self.best_values,
-                "epochs": self.epochs, "converged": self.converged, "rollbacks": self.rollbacks}
         path = self.ckpt_path
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
@@ -354,49 +275,32 @@ class IdentifierNode(Node):
         if not path.exists():
             return
         try:
-            data = torch.load(path, map_location="cpu", weights_only=False)
-            if data.get("robot") != self.robot.name:
-                raise ValueError(f"checkpoint is for robot {data.get('robot')!r}")
-            window = TupleBatch.from_dict(data["window"])
-            self.window = collections.deque([window])
-            self.window_len = len(window)
-            self.trainer = self.trainer_factory(self.robot, self.id_config, self.device, None,
-                                                lambda m: self.get_logger().info(m))
-            self.trainer.set_data(self._tuple_set(window))
-            if data["trainer"] is not None:
-                self.trainer.load_state_dict(data["trainer"])
-                self.good_state = data["trainer"]
-            self.best_loss = float(data["best_loss"])
-            self.best_values = data["best_values"]
-            self.epochs = int(data["epochs"])
-            self.rollbacks = int(data.get("rollbacks", 0))
-            self.status = "resumed"
-            if self.best_values is not None:
-                for k, v in self.best_values.items():
-                    self.trainer.parameters.set_value(k, v)
-                stage = "converged" if data.get("converged") else "resumed"
-                self.converged = bool(data.get("converged"))
-                self._publish({"val_loss": self.best_loss, "epoch": self.epochs}, self.best_values, stage=stage)
-            self.diag.count("resumed")
-            self.get_logger().info(f"resumed from {path}: {self.window_len} tuples, {self.epochs} epochs, "
-                                   f"best loss {self.best_loss:.3e}")
+            self.session.restore(torch.load(path, map_location="cpu", weights_only=False))
         except Exception as exc:  # noqa: BLE001 - a bad checkpoint must not stop the node
             self.get_logger().error(f"cannot resume from {path}: {exc!r}; starting fresh")
-            self.trainer, self.window, self.window_len = None, collections.deque(), 0
+            return
+        s = self.session
+        if s.best_values is not None:
+            self._publish({"val_loss": s.best_loss, "epoch": s.epochs}, s.best_values,
+                          stage="converged" if s.converged else "resumed")
+        self.diag.count("resumed")
+        self.get_logger().info(f"resumed from {path}: {s.window_len} tuples, {s.epochs} epochs, "
+                               f"best loss {s.best_loss:.3e}")
 
     # ------------------------------------------------------------------ diagnostics
     def _diag_values(self) -> dict:
         with self._lock:
             st = self.aligner.stats()
-        m = self.last_metrics
-        out = {"status": self.status, "device": self.device, "epochs": self.epochs,
-               "rollbacks": self.rollbacks, "published": self.published, "window_tuples": self.window_len,
-               "best_loss": self.best_loss, "stage": m.get("stage", ""), "dt": m.get("dt", ""),
+        s = self.session
+        m = s.last_metrics
+        out = {"status": s.status, "device": self.device, "epochs": s.epochs,
+               "rollbacks": s.rollbacks, "published": self.published, "window_tuples": s.window_len,
+               "best_loss": s.best_loss, "stage": m.get("stage", ""), "dt": m.get("dt", ""),
                "lr": m.get("lr", "")}
         out.update({f"stream_{k}": v for k, v in st.items()})
         if self.rollbacks:
             self.diag.level = DiagnosticStatus.WARN
-        self.diag.message = self.status
+        self.diag.message = s.status
         return out
 
     def close(self) -> None:

@@ -1,0 +1,192 @@
+"""Identification while the robot works (ROS-free; the identifier node drives it).
+
+A sliding window of the newest tuples (`streaming.TupleBatch` chunks, at most
+``max_tuples``) feeds a `ProgressiveTrainer`, created once ``min_tuples`` have arrived.
+Each `step` runs one epoch. A diverging epoch (NaN loss, non-finite parameters, an
+exception) rolls back to the last healthy trainer state; the best healthy parameters so far
+are what a caller publishes. `checkpoint` / `restore` carry the whole session (window,
+trainer, best values) across a restart.
+"""
+from __future__ import annotations
+
+import collections
+import math
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+
+from tensegrity_engine.identification.config import IdentificationConfig
+from tensegrity_engine.identification.streaming import TupleBatch, to_tuple_set
+from tensegrity_engine.physics.config import RobotConfig
+
+TrainerFactory = Callable[..., object]   # (robot, config, device, initial, log) -> ProgressiveTrainer
+
+
+def default_trainer_factory(robot, config, device, initial=None, log=None):
+    from tensegrity_engine.identification.trainer import ProgressiveTrainer
+
+    return ProgressiveTrainer(robot, config, device=device, dtype=torch.float64, initial=initial, log=log)
+
+
+def healthy_values(values: dict) -> bool:
+    return all(np.isfinite(np.asarray(v, dtype=np.float64)).all() for v in values.values())
+
+
+class OnlineIdentification:
+    def __init__(self, robot: RobotConfig, config: IdentificationConfig, *, device="cpu",
+                 min_tuples: int = 20, max_tuples: int = 2000, floor: bool = True, fixed_rods=(),
+                 trainer_factory: TrainerFactory = default_trainer_factory,
+                 log: Callable[[str], None] = lambda msg: None):
+        self.robot, self.config, self.device = robot, config, device
+        self.min_tuples, self.max_tuples = int(min_tuples), int(max_tuples)
+        self.floor, self.fixed_rods = bool(floor), tuple(fixed_rods)
+        self.trainer_factory, self.log = trainer_factory, log
+        self.window: collections.deque = collections.deque()   # TupleBatch chunks in the trainer
+        self.window_len = 0
+        self.trainer = None
+        self.good_state = None               # last healthy trainer.state_dict()
+        self.best_loss = math.inf
+        self.best_values: Optional[dict] = None   # set by the caller when it publishes them
+        self.epochs = 0
+        self.rollbacks = 0
+        self.last_metrics: dict = {}
+        self.status = "waiting for data"
+        self.converged = False
+
+    # ------------------------------------------------------------------ data window
+    def _tuple_set(self, batch: TupleBatch):
+        return to_tuple_set(batch, self.robot, period=self.config.period, floor=self.floor,
+                            fixed_rods=self.fixed_rods)
+
+    def window_batch(self) -> TupleBatch:
+        return TupleBatch.cat(list(self.window))
+
+    def _new_trainer(self, batch: TupleBatch) -> None:
+        self.trainer = self.trainer_factory(self.robot, self.config, self.device, None, self.log)
+        self.trainer.set_data(self._tuple_set(batch))
+
+    def add(self, new: TupleBatch) -> None:
+        """Append new tuples; the oldest leave the window beyond ``max_tuples``."""
+        self.window.append(new)
+        self.window_len += len(new)
+        if self.trainer is None:
+            if self.window_len >= self.min_tuples:
+                self._new_trainer(self.window_batch())
+                self.status = "training"
+            return
+        if self.window_len > self.max_tuples:
+            while self.window_len - len(self.window[0]) >= self.max_tuples and len(self.window) > 1:
+                self.window_len -= len(self.window.popleft())
+            if self.window_len > self.max_tuples:      # one big chunk: cut it
+                only = self.window.popleft()
+                keep = only.slice(slice(len(only) - self.max_tuples, None))
+                self.window.appendleft(keep)
+                self.window_len = len(keep)
+            self.trainer.set_data(self._tuple_set(self.window_batch()))   # keeps the parameters
+        else:
+            self.trainer.add_tuples(self._tuple_set(new))
+
+    # ------------------------------------------------------------------ training
+    @property
+    def training(self) -> bool:
+        return self.trainer is not None and not self.trainer.done
+
+    @property
+    def finished(self) -> bool:
+        """The schedule ended and `finish` has not been called yet."""
+        return self.trainer is not None and self.trainer.done and not self.converged
+
+    def step(self) -> Optional[tuple[dict, dict]]:
+        """One epoch. Returns (metrics, parameter values) when the validation loss improved
+        on the best so far, None otherwise; a diverged epoch is rolled back and counted in
+        ``rollbacks`` (compare it before and after to tell)."""
+        m = self.trainer.train_epoch()
+        self.epochs += 1
+        self.last_metrics = {k: v for k, v in m.items() if k != "params"}
+        values = self.trainer.parameters.as_dict()
+        loss = float(m.get("val_loss", math.nan))
+        if m.get("diverged") or not math.isfinite(loss) or not healthy_values(values):
+            self.rollbacks += 1
+            self.rollback()
+            return None
+        self.good_state = self.trainer.state_dict()
+        if loss < self.best_loss:
+            self.best_loss = loss
+            return m, values
+        return None
+
+    def rollback(self) -> None:
+        """Back to the last healthy trainer state (or at least the best values)."""
+        if self.trainer is None or self.good_state is None:
+            return
+        try:
+            self.trainer.load_state_dict(self.good_state)
+        except Exception:  # noqa: BLE001 - data changed shape: restore parameters only
+            if self.best_values is not None:
+                for k, v in self.best_values.items():
+                    self.trainer.parameters.set_value(k, v)
+
+    def finish(self) -> tuple[dict, dict]:
+        """The schedule ended: (metrics with the best loss, final healthy values)."""
+        self.converged = True
+        self.status = "converged"
+        values = self.trainer.parameters.as_dict()
+        if not healthy_values(values):
+            self.rollback()
+            values = self.trainer.parameters.as_dict()
+        m = dict(self.last_metrics)
+        m["val_loss"] = self.best_loss
+        return m, values
+
+    @torch.no_grad()
+    def predict_newest(self) -> Optional[tuple[np.ndarray, int]]:
+        """The identified model's prediction X_t+T [R, 13] of the newest tuple and its
+        start stamp (ns), or None (no model or data yet, or a non-finite prediction)."""
+        engine = getattr(self.trainer, "engine", None)
+        if engine is None or not self.window:
+            return None
+        last = self.window[-1].slice(slice(-1, None))
+        device = self.trainer.device
+        p = engine.param_values(torch.float64, device)
+        pred, _ = engine.rollout(last.x0.to(device), last.commands[:, 0].to(device),
+                                 last.commands.to(device), self.robot.dt,
+                                 record_every=last.commands.shape[1], params=p)
+        rs = pred[0, -1].cpu().double().numpy()
+        return (rs, int(last.t0[0])) if np.isfinite(rs).all() else None
+
+    # ------------------------------------------------------------------ checkpoint
+    def checkpoint(self) -> Optional[dict]:
+        """The session as a dict, or None before the trainer exists."""
+        if self.trainer is None:
+            return None
+        state = self.trainer.state_dict() if healthy_values(self.trainer.parameters.as_dict()) else None
+        return {"robot": self.robot.name, "window": self.window_batch().to_dict(), "trainer": state,
+                "best_loss": self.best_loss, "best_values": self.best_values, "epochs": self.epochs,
+                "converged": self.converged, "rollbacks": self.rollbacks}
+
+    def restore(self, data: dict) -> None:
+        """Resume from `checkpoint` output. Raises (and leaves the session empty) on a
+        checkpoint of another robot or a malformed one."""
+        try:
+            if data.get("robot") != self.robot.name:
+                raise ValueError(f"checkpoint is for robot {data.get('robot')!r}")
+            window = TupleBatch.from_dict(data["window"])
+            self.window = collections.deque([window])
+            self.window_len = len(window)
+            self._new_trainer(window)
+            if data["trainer"] is not None:
+                self.trainer.load_state_dict(data["trainer"])
+                self.good_state = data["trainer"]
+            self.best_loss = float(data["best_loss"])
+            self.best_values = data["best_values"]
+            self.epochs = int(data["epochs"])
+            self.rollbacks = int(data.get("rollbacks", 0))
+            self.converged = bool(data.get("converged"))
+            self.status = "resumed"
+            if self.best_values is not None:
+                for k, v in self.best_values.items():
+                    self.trainer.parameters.set_value(k, v)
+        except Exception:
+            self.trainer, self.window, self.window_len = None, collections.deque(), 0
+            raise
