@@ -7,7 +7,7 @@ on a worker thread from the newest pose so that callbacks never block.
 
 Before a model is identified (``excite_until``: the first parameters, or parameters whose
 ``stage`` contains "converged"/"done"; and at most ``max_excitation_time`` s) it sends
-the documented excitation: `tensegrity_engine.control.mpc.ExcitationPolicy` smooth random
+the documented excitation: `tensegrity_engine.control.ExcitationPolicy` smooth random
 multi-sines within each cable's command range.
 """
 from __future__ import annotations

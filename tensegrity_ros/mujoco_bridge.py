@@ -29,7 +29,8 @@ from visualization_msgs.msg import MarkerArray
 
 from tensegrity_engine.groundtruth.environments import rest_pose
 from tensegrity_engine.groundtruth.mujoco_twin import MujocoTwin, nominal_commands
-from tensegrity_engine.physics.state import POS, QUAT, center_of_mass, quat_multiply
+from tensegrity_engine.groundtruth.sensors import noisy_rod_poses
+from tensegrity_engine.physics.state import center_of_mass
 
 from . import conversions as conv
 from .common import (TOPIC_COMMAND, TOPIC_IMU, TOPIC_MARKERS, TOPIC_POSES, run_node,
@@ -139,15 +140,7 @@ class MujocoBridge(Node):
     # ------------------------------------------------------------------ sim thread
     def _measure(self, t_ns: int):
         rs, _ = self.twin.get_state()
-        meas = rs.copy()
-        if self.pos_noise > 0:
-            meas[:, POS] += self.rng.normal(0.0, self.pos_noise, meas[:, POS].shape)
-        if self.rot_noise > 0:
-            rv = self.rng.normal(0.0, self.rot_noise, (meas.shape[0], 3))
-            ang = np.linalg.norm(rv, axis=-1, keepdims=True)
-            dq = np.concatenate([np.cos(ang / 2), np.sinc(ang / (2 * np.pi)) * rv / 2], -1)
-            meas[:, QUAT] = quat_multiply(dq, meas[:, QUAT])
-        return t_ns, meas, rs
+        return t_ns, noisy_rod_poses(rs, self.rng, pos_noise=self.pos_noise, rot_noise=self.rot_noise), rs
 
     def _publish_measurement(self, t_ns: int, meas: np.ndarray, truth: np.ndarray) -> None:
         self.pub_pose.publish(conv.rod_state_to_pose_array(meas, t_ns))

@@ -5,7 +5,7 @@ Pieces (all ROS-free, float32 and gradient-free by default, any torch device):
 * **Dynamics adapters** -- callables ``dynamics(state0 [R, 13], act0 [A], plans [N, H, A])
   -> states [N, H, R, 13]``: the rod state at the end of each of the H control intervals
   ("knots", ``control_dt`` long, command held over each) for N candidate plans.
-  `EngineDynamics` runs the differentiable engine (`physics.TensegrityEngine`) at a
+  `EngineDynamics` runs the differentiable engine (`physics.engine.TensegrityEngine`) at a
   configurable planning step and integrator (by default the semi-implicit step in the
   fused C kernel of `tensegrity_engine.physics.native`); `MujocoDynamics` runs ``mujoco.rollout``
   on the MuJoCo twin (the ground truth baseline). The same planner runs on either.

@@ -545,7 +545,7 @@ def actuator_estimate(act: np.ndarray, command: np.ndarray, tau: float, duration
 
 def to_tuple_set(batch: TupleBatch, robot, *, period: Optional[float] = None, floor: bool = True,
                  fixed_rods=(), max_chain: int = 50, has_velocity: bool = False):
-    """`TupleBatch` -> `engine.dataset.TupleSet` (what `ProgressiveTrainer` consumes).
+    """`TupleBatch` -> `dataset.TupleSet` (what `ProgressiveTrainer` consumes).
 
     Consecutive tuples of one segment (t0 exactly T apart) form chains (``prev``/``next``
     linked, for the recurrent multiple-shooting loss); each chain of at most ``max_chain``
