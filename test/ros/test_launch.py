@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LAUNCH = ROOT / "launch" / "sim2sim.launch.py"
 CONFIG = ROOT / "config" / "sim2sim.yaml"
 NODES = {"mujoco_bridge": ("mujoco_bridge", "tensegrity_ros.mujoco_bridge", "MujocoBridge"),

@@ -1,0 +1,127 @@
+"""The ROS-free online session: sliding window, rollback, best values, checkpoint."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from tensegrity_engine.identification import IdentificationConfig
+from tensegrity_engine.identification.online import OnlineIdentification
+from tensegrity_engine.identification.streaming import TupleBatch
+from tensegrity_engine.physics.params import PhysicalParameters
+from tensegrity_engine.physics.state import initial_rod_state
+
+
+def _batch(robot, start, n):
+    """n tuples stamped start, start + 1, ... (x 100 ms); contents do not matter here."""
+    R, A = robot.num_rods, robot.num_actuated
+    x = torch.as_tensor(initial_rod_state(robot)).expand(n, R, 13).clone()
+    u = torch.as_tensor(robot.cable_rest_length[robot.actuated_indices]).expand(n, 100, A).clone()
+    return TupleBatch(x0=x, commands=u, x1=x.clone(), prev_commands=u.clone(),
+                      vel_known0=torch.ones(n, dtype=torch.bool), vel_known1=torch.ones(n, dtype=torch.bool),
+                      omega_measured0=torch.zeros(n, R, dtype=torch.bool),
+                      t0=(torch.arange(start, start + n) * 100_000_000).long(),
+                      segment=torch.zeros(n, dtype=torch.long))
+
+
+class _ScriptedTrainer:
+    """Records what the session feeds it; epochs follow a script of validation losses
+    (NaN: the parameters explode)."""
+
+    def __init__(self, robot, script):
+        self.parameters = PhysicalParameters(robot)
+        self.script, self.calls, self.done, self.epoch = list(script), [], False, 0
+
+    def set_data(self, batch):
+        self.calls.append(("set", batch.t0.tolist()))
+
+    def add_tuples(self, batch):
+        self.calls.append(("add", batch.t0.tolist()))
+
+    def train_epoch(self):
+        loss = self.script.pop(0)
+        self.epoch += 1
+        if math.isnan(loss):
+            with torch.no_grad():
+                self.parameters.cable_stiffness.fill_(float("nan"))
+        else:
+            self.parameters.set_value("cable_stiffness", 1000.0 * self.epoch)
+        self.done = not self.script
+        return {"epoch": self.epoch, "loss": loss, "val_loss": loss, "diverged": math.isnan(loss)}
+
+    def state_dict(self):
+        return {"k": float(self.parameters.as_dict()["cable_stiffness"][0]), "epoch": self.epoch}
+
+    def load_state_dict(self, sd):
+        self.parameters.set_value("cable_stiffness", sd["k"])
+
+
+def _session(robot, script, **kw):
+    made = []
+
+    def factory(robot_, config, device, initial=None, log=None):
+        made.append(_ScriptedTrainer(robot_, script))
+        return made[-1]
+
+    s = OnlineIdentification(robot, IdentificationConfig(), trainer_factory=factory, **kw)
+    s._tuple_set = lambda batch: batch        # the window logic, not the conversion
+    return s, made
+
+
+def test_window_starts_at_min_tuples_appends_then_slides(three_bar):
+    s, made = _session(three_bar, [1.0], min_tuples=5, max_tuples=8)
+    s.add(_batch(three_bar, 0, 3))
+    assert s.trainer is None and not s.training
+    s.add(_batch(three_bar, 3, 3))                                     # 6 >= 5: a trainer
+    assert made[0].calls == [("set", [t * 100_000_000 for t in range(6)])]
+    s.add(_batch(three_bar, 6, 2))                                     # 8 <= 8: appended
+    assert made[0].calls[-1] == ("add", [600_000_000, 700_000_000])
+    s.add(_batch(three_bar, 8, 3))                                     # 11 > 8: oldest leave
+    kind, stamps = made[0].calls[-1]
+    assert kind == "set" and len(stamps) == s.window_len <= 8
+    assert stamps[-1] == 1_000_000_000 and stamps[0] >= 300_000_000
+    s.add(_batch(three_bar, 11, 20))                                   # one chunk beyond max: cut
+    assert s.window_len == 8 and made[0].calls[-1][1] == [t * 100_000_000 for t in range(23, 31)]
+
+
+def test_divergence_rolls_back_to_the_last_healthy_state(three_bar):
+    s, _ = _session(three_bar, [1.0, 0.5, float("nan"), 0.7], min_tuples=1)
+    s.add(_batch(three_bar, 0, 2))
+    assert s.step() is not None                       # first: an improvement
+    m, values = s.step()                              # better again
+    assert m["val_loss"] == 0.5 and values["cable_stiffness"][0] == pytest.approx(2000.0)
+    s.best_values = values
+    assert s.step() is None and s.rollbacks == 1      # NaN: rolled back
+    assert s.trainer.parameters.as_dict()["cable_stiffness"][0] == pytest.approx(2000.0)
+    assert s.step() is None and s.rollbacks == 1      # 0.7 is no improvement on 0.5
+    assert s.finished
+    m, values = s.finish()
+    assert s.converged and not s.finished and m["val_loss"] == 0.5
+
+
+def test_checkpoint_restores_the_session_and_refuses_another_robot(three_bar, superball):
+    s, _ = _session(three_bar, [1.0, 0.5], min_tuples=1)
+    s.add(_batch(three_bar, 0, 4))
+    m, values = s.step()
+    s.best_values = values
+    data = s.checkpoint()
+    r, made = _session(three_bar, [0.4], min_tuples=1)
+    r.restore(data)
+    assert (r.window_len, r.epochs, r.best_loss, r.status) == (4, 1, 1.0, "resumed")
+    assert r.trainer.parameters.as_dict()["cable_stiffness"][0] == pytest.approx(values["cable_stiffness"][0])
+    other, _ = _session(superball, [1.0])
+    with pytest.raises(ValueError, match="three_bar"):
+        other.restore(data)
+    assert other.trainer is None and other.window_len == 0
+
+
+def test_prediction_of_the_newest_tuple_uses_the_identified_engine(three_bar):
+    s, _ = _session(three_bar, [1.0], min_tuples=1)
+    assert s.predict_newest() is None                      # no model yet
+    s.add(_batch(three_bar, 0, 2))
+    assert s.predict_newest() is None                      # a trainer without an engine
+    from tensegrity_engine.physics.engine import TensegrityEngine
+    s.trainer.engine = TensegrityEngine(three_bar, s.trainer.parameters, floor=False)
+    s.trainer.device = "cpu"
+    rs, t0 = s.predict_newest()
+    assert t0 == 100_000_000 and rs.shape == (three_bar.num_rods, 13) and np.isfinite(rs).all()
