@@ -290,8 +290,8 @@ class NativeRollout:
             stiffness, damping = per("cable_stiffness", C), per("cable_damping", C)
             mass = per("rod_mass", R)
             tau, gain, offset = (per(n, A) for n in ("actuator_time_constant", "actuator_gain", "actuator_offset"))
-            decay = torch.exp(-dt / tau)                                       # as actuator_update
-            it, ia = mass * k["it"], mass * k["ia"]                            # as _accelerations_soa
+            decay = torch.exp(-dt / tau)                                       # as actuators.actuator_update
+            it, ia = mass * k["it"], mass * k["ia"]                            # as RigidRods.accelerations
             inv_t, inv_a = 1.0 / it, 1.0 / ia
             W = k["W"]
             lo, hi = self._cable_lo.long(), self._cable_hi.long()
@@ -307,7 +307,7 @@ class NativeRollout:
                 "mass": mass, "mass_gravity": mass * k["gravity_col"], "ia_minus_it": ia - it,
                 "inv_it": inv_t, "inv_ia_minus_inv_it": inv_a - inv_t, "free": k["free"], "half": k["half"],
                 "node_radius": k["node_radius"],
-                "node_inv_mass": k["node_compliance"] / mass.repeat_interleave(2),   # as _ground_friction
+                "node_inv_mass": k["node_compliance"] / mass.repeat_interleave(2),   # as ForceModel.ground_friction
                 "pair_radius_a": k["pair_radius_a"], "pair_radius_b": k["pair_radius_b"],
             }
             arrays = {name: v.to(dtype).contiguous() for name, v in arrays.items()}

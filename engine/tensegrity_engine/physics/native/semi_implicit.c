@@ -1,4 +1,4 @@
-/* Fused forward-only rollout of TensegrityEngine's semi-implicit step (engine/physics.py).
+/* Fused forward-only rollout of TensegrityEngine's semi-implicit step (physics/integrators.py).
  *
  * One call runs `steps` steps of `_step_soa(..., integrator="semi_implicit")` for a batch
  * of samples: actuator filter, cables, ground contacts (normal, rolling and torsional
@@ -454,7 +454,7 @@ static void external(const tg_model *m, tg_work *w, int with_wrench)
     }
 }
 
-/* Newton-Euler for axisymmetric rods (TensegrityEngine._accelerations_soa). */
+/* Newton-Euler for axisymmetric rods (RigidRods.accelerations). */
 static void accelerations(const tg_model *m, tg_work *w)
 {
     const int R = m->rods;
@@ -487,7 +487,7 @@ static void accelerations(const tg_model *m, tg_work *w)
 }
 
 /* Velocity-implicit smooth Coulomb sliding friction at the ground contacts
- * (TensegrityEngine._ground_friction with a step h), added to force and torque. */
+ * (ForceModel.ground_friction with a step h), added to force and torque. */
 static void ground_friction(const tg_model *m, tg_work *w)
 {
     const int R = m->rods, N = 2 * m->rods;

@@ -1,0 +1,155 @@
+"""Time integrators of the engine, one object each, looked up by name.
+
+Integrators
+-----------
+``semi_implicit``  symplectic Euler: v+ = v + h a(x, v); x+ = x + h v+; q+ = exp(h w+) q.
+``implicit``       linearised backward Euler of the whole system (Baraff & Witkin 1998):
+                   (M + h D + h^2 K) dxi = h (Q - h K xi), xi = (v, w) of every rod, where
+                   K and D are the stiffness/damping Jacobians of cable and contact forces
+                   mapped through the point Jacobians [I, -[r]x]. Unconditionally stable for
+                   the linearised system, dissipative: the paper's choice for large steps.
+                   (The paper's per-rod 21x21 system is the same linearisation written per
+                   spring; solving the whole 6R x 6R system couples all rods at once.)
+``ani``            adaptive naive integration: semi-implicit Euler split into n equal
+                   sub-steps, n = ceil(h / h_stable), where h_stable comes from the current
+                   parameters (largest node stiffness and damping over the smallest
+                   effective end mass).  n is chosen without gradient, each sub-step is
+                   differentiable, so gradients are those of a stable explicit simulation
+                   at any requested step, which is what the paper asks of ANI.
+
+Every integrator's ``step(S, act, command, dt, wrench, p)`` advances the components-first
+state S [..., 13, R] and the filtered commands act [..., A] by dt under a clamped command.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from tensegrity_engine.physics.actuators import CableActuators
+from tensegrity_engine.physics.forces import ForceModel
+from tensegrity_engine.physics.jacobians import block_diag, force_jacobians
+from tensegrity_engine.physics.rigid_body import RigidRods
+from tensegrity_engine.physics.state import ANG_VEL, LIN_VEL
+from tensegrity_engine.physics.vectors import dot, outer
+
+INTEGRATORS = ("semi_implicit", "implicit", "ani")
+
+
+class SemiImplicitEuler:
+    """Symplectic Euler with velocity-implicit ground friction."""
+
+    def __init__(self, forces: ForceModel, rods: RigidRods, actuators: CableActuators):
+        self.forces, self.rods, self.actuators = forces, rods, actuators
+
+    def advance(self, S, rest, p, h, wrench):
+        """One step h at fixed rest lengths."""
+        out = self.forces(S, rest, p, wrench, defer_friction=True)
+        acc, alpha = self.rods.accelerations(S, out)
+        if "ground_slip" in out:
+            k = self.forces.topology.constants(S.dtype, S.device)
+            f_fric, t_fric, _ = self.forces.ground_friction(out, p, k, h, acc, alpha)
+            out["force"], out["torque"] = out["force"] + f_fric, out["torque"] + t_fric
+            acc, alpha = self.rods.accelerations(S, out)
+        return self.rods.advance(S, S[..., 7:10, :] + h * acc, S[..., 10:13, :] + h * alpha, h)
+
+    def step(self, S, act, command, dt, wrench, p):
+        act_end, rest = self.actuators.advance(act, command, p, dt)
+        return self.advance(S, rest, p, dt, wrench), act_end
+
+
+class LinearizedBackwardEuler:
+    """Linearised backward Euler on the rod-major system (see the module docstring)."""
+
+    def __init__(self, forces: ForceModel, rods: RigidRods, actuators: CableActuators):
+        self.forces, self.rods, self.actuators = forces, rods, actuators
+
+    def advance(self, S, rest, p, h, wrench):
+        topology = self.forces.topology
+        R = topology.num_rods
+        k = topology.constants(S.dtype, S.device)
+        state = S.transpose(-1, -2)
+        out = self.forces(S, rest, p, wrench, keep=True)
+        Kmat, Dmat = force_jacobians(topology, state, out, p)
+        mass = out["mass"]
+        axis = out["axis"].transpose(-1, -2)
+        batch = state.shape[:-2]
+        dtype = state.dtype
+        w = state[..., ANG_VEL]
+        it, ia = mass * k["it"], mass * k["ia"]
+        aa = outer(axis, axis)
+        eye3 = torch.eye(3, dtype=dtype, device=state.device)
+        I_world = it[:, None, None] * (eye3 - aa) + ia[:, None, None] * aa
+        gyro = ((ia - it) * dot(out["axis"], S[..., 10:13, :])).unsqueeze(-2) * out["axis_rate"]
+        Q = torch.cat([out["force"], out["torque"] - gyro], -2).transpose(-1, -2)   # [..., R, 6]
+        M_blocks = torch.zeros(*batch, R, 6, 6, dtype=dtype, device=state.device)
+        M_blocks[..., :3, :3] = mass[:, None, None] * eye3
+        M_blocks[..., 3:, 3:] = I_world
+        free6 = k["free"].repeat_interleave(6)
+        A = block_diag(M_blocks) + h * Dmat + h * h * Kmat
+        xi = torch.cat([state[..., LIN_VEL], w], -1).reshape(*batch, 6 * R)
+        rhs = h * (Q.reshape(*batch, 6 * R) - h * (Kmat @ xi.unsqueeze(-1)).squeeze(-1))
+        # Fixed rods: identity rows/columns, zero right-hand side.
+        A = A * free6[:, None] * free6[None, :] + torch.diag(1.0 - free6)
+        delta = torch.linalg.solve(A, (rhs * free6).unsqueeze(-1)).squeeze(-1)
+        xi_new = (xi + delta).reshape(*batch, R, 6).transpose(-1, -2)               # [..., 6, R]
+        return self.rods.advance(S, xi_new[..., :3, :], xi_new[..., 3:, :], h)
+
+    def step(self, S, act, command, dt, wrench, p):
+        act_end, rest = self.actuators.advance(act, command, p, dt)
+        return self.advance(S, rest, p, dt, wrench), act_end
+
+
+class AdaptiveNaive:
+    """ANI: semi-implicit sub-steps no longer than `stable_step` allows.
+
+    ``safety`` scales the stability bound (< 1 leaves a margin).
+    """
+
+    def __init__(self, semi_implicit: SemiImplicitEuler, safety: float):
+        self.semi_implicit = semi_implicit
+        self.safety = safety
+
+    @torch.no_grad()
+    def stable_step(self, p: dict) -> float:
+        """Largest semi-implicit step the current parameters allow (ANI's bound).
+
+        Uses the stiffest/most damped end node (sum over its cables, plus contact) over
+        the smallest effective end mass 1 / (1/m + (L/2)^2 / I_t); relative two-node
+        modes see half that mass.
+        """
+        forces = self.semi_implicit.forces
+        topology = forces.topology
+        k = topology.constants(torch.float64, "cpu")
+        mass = p["rod_mass"].detach().double().cpu().expand(topology.num_rods)
+        end_mass = 1.0 / (1.0 / mass + k["half"] ** 2 / (mass * k["it"]))
+        m_min = float(end_mass.min()) / 2.0
+        count = torch.as_tensor(topology.node_cable_count)
+        C = topology.robot.num_cables
+        k_node = float((count @ p["cable_stiffness"].detach().double().cpu().expand(C)).max())
+        c_node = float((count @ p["cable_damping"].detach().double().cpu().expand(C)).max())
+        if forces.has_contacts:
+            k_node += float(p["contact_stiffness"].detach().max())
+            c_node += float(p["contact_damping"].detach().max())
+        h_spring = 2.0 / math.sqrt(k_node / m_min)
+        h_damp = 2.0 * m_min / max(c_node, 1e-9)
+        return self.safety * min(h_spring, h_damp)
+
+    def step(self, S, act, command, dt, wrench, p):
+        # The sub-step count is a Python int chosen at run time: this step cannot be compiled.
+        n = max(1, math.ceil(dt / self.stable_step(p) - 1e-9))
+        h = dt / n
+        semi = self.semi_implicit
+        for _ in range(n):
+            act_end, rest = semi.actuators.advance(act, command, p, h)
+            S = semi.advance(S, rest, p, h, wrench)
+            act = act_end
+        return S, act
+
+
+def make_integrators(forces: ForceModel, rods: RigidRods, actuators: CableActuators, *,
+                     ani_safety: float) -> dict:
+    """The name -> integrator table, in `INTEGRATORS` order."""
+    semi = SemiImplicitEuler(forces, rods, actuators)
+    return {"semi_implicit": semi, "implicit": LinearizedBackwardEuler(forces, rods, actuators),
+            "ani": AdaptiveNaive(semi, ani_safety)}
