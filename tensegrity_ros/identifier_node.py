@@ -24,6 +24,7 @@ from sensor_msgs.msg import Imu
 from tensegrity_ros_interfaces.msg import CableCommand, IdentifiedParameters
 from visualization_msgs.msg import MarkerArray
 
+from tensegrity_engine.identification.checkpoint import load_checkpoint, save_checkpoint
 from tensegrity_engine.identification.online import OnlineIdentification, default_trainer_factory
 from tensegrity_engine.identification.streaming import StreamAligner, StreamConfig
 from tensegrity_engine.physics.params import PhysicalParameters
@@ -35,7 +36,8 @@ from .diagnostics import Diagnostics
 from .params import declare, load_robot
 
 NS = conv.NS
-CHECKPOINT_NAME = "identifier_checkpoint.pt"
+CHECKPOINT_NAME = "identifier_checkpoint.safetensors"
+LEGACY_CHECKPOINT_NAME = "identifier_checkpoint.pt"   # pickle: never read
 
 
 class IdentifierNode(Node):
@@ -263,21 +265,27 @@ class IdentifierNode(Node):
         if data is None:
             return
         self._last_ckpt = time.monotonic()
-        path = self.ckpt_path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        torch.save(data, tmp)
-        tmp.replace(path)
+        try:
+            save_checkpoint(self.ckpt_path, data, robot=self.robot, kind="identifier")
+        except OSError as exc:       # full disk, read-only directory: keep training
+            self.diag.count("checkpoint_errors")
+            self.diag.warn_throttled("checkpoint", f"cannot write {self.ckpt_path}: {exc}")
+            return
         self.diag.count("checkpoints_saved")
 
     def _load_checkpoint(self) -> None:
         path = self.ckpt_path
+        legacy = path.with_name(LEGACY_CHECKPOINT_NAME)
+        if legacy.exists():
+            self.get_logger().warning(f"ignoring {legacy}: pickle checkpoints of older versions are never "
+                                      "read (loading one could run code)")
         if not path.exists():
             return
         try:
-            self.session.restore(torch.load(path, map_location="cpu", weights_only=False))
+            self.session.restore(load_checkpoint(path, robot=self.robot, kind="identifier"))
         except Exception as exc:  # noqa: BLE001 - a bad checkpoint must not stop the node
-            self.get_logger().error(f"cannot resume from {path}: {exc!r}; starting fresh")
+            self.diag.count("checkpoint_rejected")
+            self.get_logger().error(f"cannot resume from {path}: {exc}; starting fresh")
             return
         s = self.session
         if s.best_values is not None:

@@ -92,9 +92,9 @@ def test_resume_reproduces_uninterrupted_training(superball, data, tmp_path):
     b = _trainer(superball, data, epoch_tuples=16)
     for _ in range(2):
         b.train_epoch()
-    b.save_checkpoint(tmp_path / "ck.pt")
+    b.save_checkpoint(tmp_path / "ck.safetensors")
     c = _trainer(superball, data, epoch_tuples=16)
-    c.load_checkpoint(tmp_path / "ck.pt")
+    c.load_checkpoint(tmp_path / "ck.safetensors")
     c.train_epoch()
     np.testing.assert_allclose(c.params.flat()[1], a.params.flat()[1], rtol=1e-12)
     assert (c.epoch, c.n_steps, c.lr, c.phase) == (a.epoch, a.n_steps, a.lr, a.phase)
@@ -170,9 +170,9 @@ def test_resume_inside_the_window_stage_reproduces_uninterrupted_training(superb
     a = _trainer(superball, po, **kw)
     while a.pose_stage != "window" or a.window_lm.windows is None:
         a.train_epoch()
-    a.save_checkpoint(tmp_path / "window.pt")
+    a.save_checkpoint(tmp_path / "window.safetensors")
     b = _trainer(superball, po, **kw)
-    b.load_checkpoint(tmp_path / "window.pt")
+    b.load_checkpoint(tmp_path / "window.safetensors")
     ma, mb = a.train_epoch(), b.train_epoch()
     assert not a.done and mb["stage"] == "fine" and np.isfinite(mb["loss"])
     assert (mb["loss"], mb["lm_lambda"]) == (ma["loss"], ma["lm_lambda"])
@@ -213,7 +213,7 @@ def test_cli_generate_identify_evaluate(tmp_path):
     ident = out / "id"
     assert cli_main(["identify", "--data", str(out / "noncontact"), "--out", str(ident), "--period", "0.02",
                      "--max-epochs", "2", "--quiet", "--learn", "cable_stiffness"]) == 0
-    for f in ("identified.yaml", "checkpoint.pt", "history.json", "loss.png", "params.png"):
+    for f in ("identified.yaml", "checkpoint.safetensors", "history.json", "loss.png", "params.png"):
         assert (ident / f).exists(), f
     assert cli_main(["identify", "--data", str(out / "noncontact"), "--out", str(ident), "--period", "0.02",
                      "--max-epochs", "3", "--quiet", "--learn", "cable_stiffness", "--resume"]) == 0

@@ -7,7 +7,7 @@
     tensegrity-identify evaluate --robot runs/ident/contact_id/identified.yaml \
         --data runs/ident/contact --out runs/ident/contact_id
 
-``identify`` writes identified.yaml (a robot config), checkpoint.pt (``--resume`` continues
+``identify`` writes identified.yaml (a robot config), checkpoint.safetensors (``--resume`` continues
 from it), history.json and PNG plots (loss per stage, parameters against the data's config);
 ``evaluate`` writes com_error.png and evaluation.json. Nothing is written outside ``--out``.
 """
@@ -153,7 +153,7 @@ def cmd_identify(args) -> int:
                                  log=lambda m: print(m, flush=True))
     ts, vs = tuples_from(train, cfg.period), tuples_from(val, cfg.period)
     trainer.set_data(ts, vs)
-    ckpt = out / "checkpoint.pt"
+    ckpt = out / "checkpoint.safetensors"
     if args.resume and ckpt.exists():
         trainer.load_checkpoint(ckpt)
         print(f"resumed from {ckpt} at epoch {trainer.epoch} ({trainer.schedule.stage_name()})")

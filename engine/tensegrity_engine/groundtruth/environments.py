@@ -43,12 +43,11 @@ Choices (all overridable by keyword):
 from __future__ import annotations
 
 import hashlib
-import pickle
 from typing import Optional
 
 import numpy as np
 
-from tensegrity_engine.physics.config import RobotConfig
+from tensegrity_engine.physics.config import RobotConfig, robot_to_yaml
 from tensegrity_engine.groundtruth.mujoco_twin import MujocoTwin, nominal_commands
 from tensegrity_engine.physics.state import (ANG_VEL, LIN_VEL, POS, QUAT, center_of_mass, end_nodes, initial_rod_state,
                     quat_conjugate, quat_from_z_to, quat_multiply, quat_rotate)
@@ -68,7 +67,8 @@ _CACHE: dict = {}
 
 
 def _key(robot: RobotConfig, *extra) -> str:
-    return hashlib.sha1(pickle.dumps((robot, extra))).hexdigest()
+    """Cache key of a settled pose: the whole robot description and the settling options."""
+    return hashlib.sha1((robot_to_yaml(robot) + repr(extra)).encode()).hexdigest()
 
 
 def contact_twin(robot: RobotConfig, *, nthread: int = 2) -> MujocoTwin:

@@ -33,12 +33,12 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
-from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
 import torch
 
+from tensegrity_engine.identification import checkpoint
 from tensegrity_engine.identification.config import IdentificationConfig, default_learnable
 from tensegrity_engine.identification.data import TrainingData, as_tuple_set
 from tensegrity_engine.identification.dataset import TupleSet
@@ -344,10 +344,11 @@ class ProgressiveTrainer:
             self.adam.optimizer.load_state_dict(sd["optimizer"])
 
     def save_checkpoint(self, path) -> None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(str(path) + ".tmp")
-        torch.save(self.state_dict(), tmp)
-        tmp.replace(path)
+        """`state_dict` as a pickle-free checkpoint file (see `checkpoint`)."""
+        checkpoint.save_checkpoint(path, self.state_dict(), robot=self.robot, kind="trainer")
 
     def load_checkpoint(self, path) -> None:
-        self.load_state_dict(torch.load(path, map_location=self.device, weights_only=False))
+        """Resume from `save_checkpoint` (after `set_data`); `checkpoint.CheckpointError`
+        for a file of another format, version or robot topology."""
+        self.load_state_dict(checkpoint.load_checkpoint(path, robot=self.robot, kind="trainer",
+                                                         device=self.device))

@@ -326,3 +326,15 @@ def robot_to_dict(robot: RobotConfig) -> dict:
 
 def robot_to_yaml(robot: RobotConfig) -> str:
     return yaml.safe_dump(robot_to_dict(robot), sort_keys=False)
+
+
+def topology_fingerprint(robot: RobotConfig) -> str:
+    """Hash of what a model or a checkpoint depends on: rods (count, lengths) and cables
+    (end points, which are actuated). Physical parameters do not enter it."""
+    import hashlib
+    import json
+
+    desc = {"rods": int(robot.num_rods), "lengths": [round(float(x), 6) for x in robot.rod_length],
+            "cables": np.asarray(robot.cable_ends).astype(int).tolist(),
+            "actuated": np.asarray(robot.cable_actuated).astype(bool).tolist()}
+    return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:16]
