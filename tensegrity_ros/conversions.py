@@ -167,34 +167,55 @@ def params_to_msg(params, robot_name: str, stamp_ns_: int, *, train_loss=float("
     return m
 
 
+_PARAM_NAME = re.compile(r"^([a-z_]+)(?:\[(\d{1,6})\])?$")
+
+
 def msg_to_param_values(msg) -> dict:
-    """IdentifiedParameters -> {name: np.array of values} (per-element names merged)."""
+    """IdentifiedParameters -> {name: np.array of values} (per-element names merged).
+
+    Raises `ParameterError` (with a counter ``reason``) on names that do not parse,
+    duplicates, gaps in the element indices and names/values of different lengths."""
+    from tensegrity_engine.physics.params import ParameterError
+
+    if len(msg.names) != len(msg.values):
+        raise ParameterError("wrong_length", f"{len(msg.names)} names but {len(msg.values)} values")
     groups: dict = {}
     for n, v in zip(msg.names, msg.values):
-        base, _, idx = n.partition("[")
-        groups.setdefault(base, []).append((int(idx[:-1]) if idx else 0, float(v)))
-    return {k: np.array([v for _, v in sorted(items)]) for k, items in groups.items()}
+        match = _PARAM_NAME.match(n)
+        if match is None:
+            raise ParameterError("bad_name", f"parameter name {n[:64]!r}")
+        base, idx = match.group(1), int(match.group(2) or 0)
+        items = groups.setdefault(base, {})
+        if idx in items:
+            raise ParameterError("duplicate_name", f"{n!r} given twice")
+        items[idx] = float(v)
+    for base, items in groups.items():
+        if sorted(items) != list(range(len(items))):
+            raise ParameterError("wrong_length", f"{base}: element indices are not 0..{len(items) - 1}")
+    return {k: np.array([items[i] for i in range(len(items))]) for k, items in groups.items()}
 
 
 def msg_to_params(msg, robot):
-    """IdentifiedParameters -> PhysicalParameters (bounds from the message). Raises
-    ValueError on unknown names / non-finite values / values outside bounds."""
-    from tensegrity_engine.physics.params import SPEC_BY_NAME, PhysicalParameters
+    """IdentifiedParameters -> PhysicalParameters after every check a consumer needs: the
+    robot name, the message's shape (`msg_to_param_values`) and the values against the
+    project's bounds (`checked_parameters`; the message's own bounds may only narrow
+    them). Raises `ParameterError` whose ``reason`` names what was wrong."""
+    from tensegrity_engine.physics.params import ParameterError, checked_parameters
 
+    if msg.robot_name != robot.name:
+        raise ParameterError("wrong_robot", f"parameters for robot {msg.robot_name[:64]!r}, not {robot.name!r}")
     values = msg_to_param_values(msg)
-    unknown = set(values) - set(SPEC_BY_NAME)
-    if unknown:
-        raise ValueError(f"unknown parameter(s) {sorted(unknown)}")
-    for k, v in values.items():
-        if not np.isfinite(v).all():
-            raise ValueError(f"non-finite value for {k}")
+    n = len(msg.names)
+    if len(msg.lower_bounds) not in (0, n) or len(msg.upper_bounds) not in (0, n):
+        raise ParameterError("wrong_length", "bounds do not match the names")
     bounds = {}
-    for n, lo, hi in zip(msg.names, msg.lower_bounds, msg.upper_bounds):
-        base = n.split("[")[0]
-        if np.isfinite(lo) and np.isfinite(hi) and lo < hi:
-            bounds[base] = (float(lo), float(hi))
-    per_element = [k for k, v in values.items() if v.size > 1]
-    return PhysicalParameters(robot, values=values, per_element=per_element, bounds=bounds)
+    for name, lo, hi in zip(msg.names, msg.lower_bounds, msg.upper_bounds):
+        base = name.split("[")[0]
+        if not (np.isfinite(lo) and np.isfinite(hi)):
+            raise ParameterError("non_finite", f"bounds of {name}")
+        if bounds.setdefault(base, (float(lo), float(hi))) != (float(lo), float(hi)):
+            raise ParameterError("bad_bounds", f"{base}: different bounds for its elements")
+    return checked_parameters(robot, values, bounds=bounds)
 
 
 # ----------------------------------------------------------------------------- markers

@@ -23,6 +23,7 @@ from tensegrity_ros_interfaces.msg import CableCommand, IdentifiedParameters
 
 from tensegrity_engine.groundtruth.mujoco_twin import nominal_commands
 from tensegrity_engine.identification.streaming import StateEstimator, actuator_estimate
+from tensegrity_engine.physics.params import ParameterError
 
 from . import conversions as conv
 from .common import (TOPIC_COMMAND, TOPIC_GOAL, TOPIC_IMU, TOPIC_PARAMS, TOPIC_POSES, goal_qos,
@@ -152,10 +153,15 @@ class MppiControllerNode(Node):
             self.estimator.add_imu(conv.stamp_ns(msg.header.stamp), rod, w)
 
     def _on_params(self, msg: IdentifiedParameters) -> None:
+        """Swap in identified parameters only after every check (`conv.msg_to_params`);
+        a rejected message is counted under its reason and the current model stays."""
         try:
             params = conv.msg_to_params(msg, self.robot)
+        except ParameterError as exc:
+            self.diag.reject(f"parameters_{exc.reason}", str(exc))
+            return
         except Exception as exc:  # noqa: BLE001 - bad message: keep the current model
-            self.diag.reject("bad_parameters", repr(exc))
+            self.diag.reject("parameters_invalid", repr(exc))
             return
         with self._lock:
             self._pending_params = (params, msg.stage)

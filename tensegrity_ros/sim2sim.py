@@ -165,8 +165,13 @@ class Monitor:
             self.last_pose_t = t
 
     def _on_params(self, msg):
+        try:
+            values = self.conv.msg_to_params(msg, self.robot).as_dict()
+        except ValueError as exc:      # ParameterError: not a model of this robot
+            print(f"sim2sim monitor: parameters rejected ({exc})", flush=True)
+            return
         with self.lock:
-            self.params.append((self.last_pose_t, msg.stage, self.conv.msg_to_param_values(msg),
+            self.params.append((self.last_pose_t, msg.stage, {k: np.asarray(v) for k, v in values.items()},
                                 float(msg.validation_loss)))
 
     def _on_cmd(self, msg):

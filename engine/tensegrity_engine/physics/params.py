@@ -70,6 +70,54 @@ def nominal_values(robot: RobotConfig) -> dict[str, np.ndarray]:
     }
 
 
+class ParameterError(ValueError):
+    """Parameter values that must not be used; ``reason`` is a short key for counters."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+def element_count(robot: RobotConfig, name: str) -> int:
+    """Entries of a per-element value of ``name``: cables, rods, or 1."""
+    return {"cable": robot.num_cables, "rod": robot.num_rods, "global": 1}[SPEC_BY_NAME[name].group]
+
+
+def checked_parameters(robot: RobotConfig, values: Mapping[str, object], *,
+                       bounds: Mapping[str, tuple[float, float]] | None = None) -> "PhysicalParameters":
+    """`PhysicalParameters` from values nobody vouches for (a topic, a file), or `ParameterError`.
+
+    Every name must be known; each value has one entry (shared) or one per cable / rod as
+    its spec says; all finite and strictly inside the project's bounds (`PARAM_SPECS`).
+    ``bounds`` (e.g. a message's) may only narrow those bounds. Names not given keep the
+    robot's nominal values."""
+    bounds = dict(bounds or {})
+    unknown = (set(values) | set(bounds)) - set(SPEC_BY_NAME)
+    if unknown:
+        raise ParameterError("unknown_name", f"unknown parameter name(s) {sorted(unknown)}")
+    checked, per_element = {}, []
+    for name, value in values.items():
+        spec = SPEC_BY_NAME[name]
+        try:
+            arr = np.atleast_1d(np.asarray(value, dtype=np.float64))
+        except (TypeError, ValueError):
+            raise ParameterError("non_numeric", f"{name}: not numbers") from None
+        count = element_count(robot, name)
+        if arr.ndim != 1 or arr.size not in (1, count):
+            raise ParameterError("wrong_length", f"{name}: {arr.size} values, expected 1 or {count}")
+        if not np.isfinite(arr).all():
+            raise ParameterError("non_finite", f"{name}: non-finite value")
+        lo, hi = bounds.get(name, (spec.lower, spec.upper))
+        if not (spec.lower <= lo < hi <= spec.upper):
+            raise ParameterError("bad_bounds", f"{name}: bounds {(lo, hi)} outside [{spec.lower}, {spec.upper}]")
+        if not ((arr > lo) & (arr < hi)).all():
+            raise ParameterError("out_of_bounds", f"{name}={arr.tolist()} outside ({lo}, {hi}) {spec.unit}")
+        checked[name] = arr
+        if arr.size > 1:
+            per_element.append(name)
+    return PhysicalParameters(robot, values=checked, per_element=per_element, bounds=bounds)
+
+
 class PhysicalParameters(nn.Module):
     """All identifiable parameters of one robot, bounded by reparameterisation.
 

@@ -1,0 +1,79 @@
+"""IdentifiedParameters from the network: a forged or malformed message never becomes a
+planning model; each rejection names its reason (the controller counts it)."""
+import numpy as np
+import pytest
+
+pytest.importorskip("tensegrity_ros_interfaces.msg", reason="ROS 2 message packages not importable")
+
+from tensegrity_engine.physics.params import ParameterError, PhysicalParameters  # noqa: E402
+from tensegrity_ros import conversions as conv  # noqa: E402
+
+
+def _msg(robot, **per_element):
+    p = PhysicalParameters(robot, per_element=tuple(per_element))
+    for name, value in per_element.items():
+        p.set_value(name, value)
+    return conv.params_to_msg(p, robot.name, 0)
+
+
+def test_round_trip_keeps_every_value(three_bar):
+    k = np.linspace(800.0, 1200.0, three_bar.num_cables)
+    got = conv.msg_to_params(_msg(three_bar, cable_stiffness=k), three_bar).as_dict()
+    np.testing.assert_allclose(got["cable_stiffness"], k, rtol=1e-12)
+    assert got["rod_mass"] == pytest.approx(PhysicalParameters(three_bar).as_dict()["rod_mass"])
+
+
+def _forge(msg, **changes):
+    for key, value in changes.items():
+        setattr(msg, key, value)
+    return msg
+
+
+def _set(msg, name, value):
+    values = list(msg.values)
+    values[list(msg.names).index(name)] = value
+    msg.values = values
+    return msg
+
+
+def _rename(msg, old, new):
+    msg.names = [new if n == old else n for n in msg.names]
+    return msg
+
+
+FORGERIES = {
+    "wrong_robot": lambda m, r: _forge(m, robot_name="superball"),
+    "negative_stiffness": lambda m, r: _set(m, "cable_stiffness", -1000.0),
+    "huge_mass": lambda m, r: _set(m, "rod_mass", 1e30),
+    "nan": lambda m, r: _set(m, "cable_damping", float("nan")),
+    "inf": lambda m, r: _set(m, "actuator_time_constant", float("inf")),
+    "more_names_than_values": lambda m, r: _forge(m, values=list(m.values)[:-1]),
+    "unknown_name": lambda m, r: _forge(m, names=list(m.names)[:-1] + ["warp_drive"]),
+    "unparsable_name": lambda m, r: _forge(m, names=["cable_stiffness[x]"] + list(m.names)[1:]),
+    "duplicate_name": lambda m, r: _forge(m, names=[m.names[1]] + list(m.names)[1:]),
+    "index_gap": lambda m, r: _rename(_msg(r, rod_mass=[5.0, 6.0, 7.0]), "rod_mass[1]", "rod_mass[5]"),
+    "widened_bounds": lambda m, r: _forge(m, lower_bounds=[-1e40] * len(m.names)),
+    "bounds_length": lambda m, r: _forge(m, upper_bounds=[1.0]),
+}
+REASON = {"wrong_robot": "wrong_robot", "negative_stiffness": "out_of_bounds", "huge_mass": "out_of_bounds",
+          "nan": "non_finite", "inf": "non_finite", "more_names_than_values": "wrong_length",
+          "unknown_name": "unknown_name", "unparsable_name": "bad_name", "duplicate_name": "duplicate_name",
+          "index_gap": "wrong_length", "widened_bounds": "bad_bounds", "bounds_length": "wrong_length"}
+
+
+@pytest.mark.parametrize("kind", sorted(FORGERIES))
+def test_forged_parameters_are_rejected_with_their_reason(three_bar, kind):
+    msg = FORGERIES[kind](_msg(three_bar), three_bar)
+    with pytest.raises(ParameterError) as err:
+        conv.msg_to_params(msg, three_bar)
+    assert err.value.reason == REASON[kind]
+
+
+def test_per_element_values_need_one_per_element(three_bar):
+    from tensegrity_engine.physics.params import checked_parameters
+
+    with pytest.raises(ParameterError, match="expected 1 or 3") as err:
+        checked_parameters(three_bar, {"rod_mass": [1.0, 2.0]})
+    assert err.value.reason == "wrong_length"
+    ok = checked_parameters(three_bar, {"rod_mass": [1.0, 2.0, 3.0]})
+    np.testing.assert_allclose(ok.as_dict()["rod_mass"], [1.0, 2.0, 3.0])
