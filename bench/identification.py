@@ -175,7 +175,7 @@ def main(argv=None) -> int:
           f"of {len(ts)} tuples (paper: {PAPER_EPOCH_S:.0f} s/epoch); rollbacks {tr.rollbacks}")
     params_table(tr, robot, tr.learn)
     idf.export_yaml(tr.parameters, out / "noncontact_identified.yaml")
-    tr.save_checkpoint(out / "noncontact_checkpoint.pt")
+    tr.save_checkpoint(out / "noncontact_checkpoint.safetensors")
     r_prog = idf.evaluate(tr.parameters, d["test"])
     com_line("progressive (semi-implicit 1 ms)", r_prog)
     curves = {"progressive": r_prog}
@@ -226,7 +226,7 @@ def main(argv=None) -> int:
               f"(paper: {PAPER_EPOCH_S:.0f} s/epoch); rollbacks {trc.rollbacks}")
         params_table(trc, robot, trc.learn)
         idf.export_yaml(trc.parameters, out / "contact_identified.yaml")
-        trc.save_checkpoint(out / "contact_checkpoint.pt")
+        trc.save_checkpoint(out / "contact_checkpoint.safetensors")
         r_c = idf.evaluate(trc.parameters, d["test"])
         com_line("contact progressive", r_c)
         rel = float(np.mean(r_c["relative"]))
