@@ -167,7 +167,7 @@ def params_to_msg(params, robot_name: str, stamp_ns_: int, *, train_loss=float("
     return m
 
 
-_PARAM_NAME = re.compile(r"^([a-z_]+)(?:\[(\d{1,6})\])?$")
+_PARAM_NAME = re.compile(r"([a-z_]+)(?:\[(\d{1,6})\])?")
 
 
 def msg_to_param_values(msg) -> dict:
@@ -181,7 +181,7 @@ def msg_to_param_values(msg) -> dict:
         raise ParameterError("wrong_length", f"{len(msg.names)} names but {len(msg.values)} values")
     groups: dict = {}
     for n, v in zip(msg.names, msg.values):
-        match = _PARAM_NAME.match(n)
+        match = _PARAM_NAME.fullmatch(n)
         if match is None:
             raise ParameterError("bad_name", f"parameter name {n[:64]!r}")
         base, idx = match.group(1), int(match.group(2) or 0)

@@ -281,16 +281,17 @@ class IdentifierNode(Node):
                                       "read (loading one could run code)")
         if not path.exists():
             return
+        s = self.session
         try:
-            self.session.restore(load_checkpoint(path, robot=self.robot, kind="identifier"))
+            s.restore(load_checkpoint(path, robot=self.robot, kind="identifier"))
+            if s.best_values is not None:
+                self._publish({"val_loss": s.best_loss, "epoch": s.epochs}, s.best_values,
+                              stage="converged" if s.converged else "resumed")
         except Exception as exc:  # noqa: BLE001 - a bad checkpoint must not stop the node
             self.diag.count("checkpoint_rejected")
             self.get_logger().error(f"cannot resume from {path}: {exc}; starting fresh")
+            s.reset()
             return
-        s = self.session
-        if s.best_values is not None:
-            self._publish({"val_loss": s.best_loss, "epoch": s.epochs}, s.best_values,
-                          stage="converged" if s.converged else "resumed")
         self.diag.count("resumed")
         self.get_logger().info(f"resumed from {path}: {s.window_len} tuples, {s.epochs} epochs, "
                                f"best loss {s.best_loss:.3e}")

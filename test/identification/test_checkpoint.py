@@ -58,6 +58,25 @@ def test_other_robot_kind_or_version_is_refused(three_bar, superball, tmp_path, 
         load_checkpoint(path, robot=three_bar, kind="trainer")
 
 
+def test_malformed_payload_and_failed_write_raise_their_errors(three_bar, tmp_path, monkeypatch):
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    deep = tmp_path / "deep.safetensors"
+    save_file({}, str(deep), metadata={"format": checkpoint.FORMAT, "version": str(checkpoint.VERSION),
+                                       "kind": "trainer", "topology": checkpoint.topology_fingerprint(three_bar),
+                                       "payload": "[" * 200_000 + "]" * 200_000})
+    with pytest.raises(CheckpointError, match="malformed"):
+        load_checkpoint(deep, robot=three_bar, kind="trainer")
+
+    def full_disk(*args, **kwargs):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device")
+    monkeypatch.setattr("safetensors.torch.save_file", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        save_checkpoint(tmp_path / "c.safetensors", {"a": 1}, robot=three_bar, kind="trainer")
+    assert not list(tmp_path.glob("c.safetensors*"))
+
+
 def test_no_pickle_on_any_input_path():
     """No source file reads with pickle: no torch.load, pickle.load(s), allow_pickle=True."""
     pattern = re.compile(r"torch\.load\(|pickle\.loads?\(|allow_pickle\s*=\s*True|weights_only\s*=\s*False")

@@ -109,6 +109,11 @@ def test_checkpoint_restores_the_session_and_refuses_another_robot(three_bar, su
     r.restore(data)
     assert (r.window_len, r.epochs, r.best_loss, r.status) == (4, 1, 1.0, "resumed")
     assert r.trainer.parameters.as_dict()["cable_stiffness"][0] == pytest.approx(values["cable_stiffness"][0])
+    forged, _ = _session(three_bar, [0.4], min_tuples=1)
+    bad = dict(data, best_values={"cable_stiffness": [1.0, 2.0, 3.0]})    # 3 values for 9 cables
+    with pytest.raises(ValueError, match="expected 1 or 9"):
+        forged.restore(bad)
+    assert forged.trainer is None and forged.best_loss == math.inf and forged.best_values is None
     other, _ = _session(superball, [1.0])
     with pytest.raises(ValueError, match="three_bar"):
         other.restore(data)

@@ -36,6 +36,16 @@ def _set(msg, name, value):
     return msg
 
 
+def _squeeze(msg, name):
+    """Bounds a few ulps wide around a value just above the lower bound: log(hi) == log(lo)."""
+    i = list(msg.names).index(name)
+    lo = float(msg.lower_bounds[i])
+    values, highs = list(msg.values), list(msg.upper_bounds)
+    values[i], highs[i] = np.nextafter(lo, np.inf), np.nextafter(np.nextafter(lo, np.inf), np.inf)
+    msg.values, msg.upper_bounds = values, highs
+    return msg
+
+
 def _rename(msg, old, new):
     msg.names = [new if n == old else n for n in msg.names]
     return msg
@@ -54,11 +64,13 @@ FORGERIES = {
     "index_gap": lambda m, r: _rename(_msg(r, rod_mass=[5.0, 6.0, 7.0]), "rod_mass[1]", "rod_mass[5]"),
     "widened_bounds": lambda m, r: _forge(m, lower_bounds=[-1e40] * len(m.names)),
     "bounds_length": lambda m, r: _forge(m, upper_bounds=[1.0]),
+    "degenerate_bounds": lambda m, r: _squeeze(m, "cable_stiffness"),
 }
 REASON = {"wrong_robot": "wrong_robot", "negative_stiffness": "out_of_bounds", "huge_mass": "out_of_bounds",
           "nan": "non_finite", "inf": "non_finite", "more_names_than_values": "wrong_length",
           "unknown_name": "unknown_name", "unparsable_name": "bad_name", "duplicate_name": "duplicate_name",
-          "index_gap": "wrong_length", "widened_bounds": "bad_bounds", "bounds_length": "wrong_length"}
+          "index_gap": "wrong_length", "widened_bounds": "bad_bounds", "bounds_length": "wrong_length",
+          "degenerate_bounds": "bad_bounds"}
 
 
 @pytest.mark.parametrize("kind", sorted(FORGERIES))

@@ -76,6 +76,7 @@ def _hashable(key):
 
 def save_checkpoint(path, payload: dict, *, robot: RobotConfig, kind: str) -> Path:
     """Write ``payload`` (nested dicts / lists of tensors, arrays, numbers, strings)."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     tensors: dict = {}
@@ -85,7 +86,11 @@ def save_checkpoint(path, payload: dict, *, robot: RobotConfig, kind: str) -> Pa
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    save_file(tensors, str(tmp), metadata=metadata)
+    try:
+        save_file(tensors, str(tmp), metadata=metadata)
+    except SafetensorError as exc:     # a write failure (full disk, unwritable file) is an OSError
+        tmp.unlink(missing_ok=True)
+        raise OSError(f"cannot write {path}: {exc}") from None
     os.replace(tmp, path)
     return path
 
@@ -114,5 +119,5 @@ def load_checkpoint(path, *, robot: RobotConfig, kind: str, device="cpu") -> dic
                               f"differs from {robot.name!r}")
     try:
         return _decode(json.loads(metadata["payload"]), tensors, device)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"{path}: malformed checkpoint payload ({exc!r})") from None
+    except (KeyError, TypeError, ValueError, IndexError, RecursionError) as exc:
+        raise CheckpointError(f"{path}: malformed checkpoint payload ({type(exc).__name__})") from None

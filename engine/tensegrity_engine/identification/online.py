@@ -19,6 +19,7 @@ import torch
 from tensegrity_engine.identification.config import IdentificationConfig
 from tensegrity_engine.identification.streaming import TupleBatch, to_tuple_set
 from tensegrity_engine.physics.config import RobotConfig
+from tensegrity_engine.physics.params import checked_parameters
 
 TrainerFactory = Callable[..., object]   # (robot, config, device, initial, log) -> ProgressiveTrainer
 
@@ -42,6 +43,10 @@ class OnlineIdentification:
         self.min_tuples, self.max_tuples = int(min_tuples), int(max_tuples)
         self.floor, self.fixed_rods = bool(floor), tuple(fixed_rods)
         self.trainer_factory, self.log = trainer_factory, log
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything: no data, no trainer, no best values."""
         self.window: collections.deque = collections.deque()   # TupleBatch chunks in the trainer
         self.window_len = 0
         self.trainer = None
@@ -180,6 +185,8 @@ class OnlineIdentification:
                 self.good_state = data["trainer"]
             self.best_loss = float(data["best_loss"])
             self.best_values = data["best_values"]
+            if self.best_values is not None:   # a file is no more trusted than a topic
+                self.best_values = checked_parameters(self.robot, self.best_values).as_dict()
             self.epochs = int(data["epochs"])
             self.rollbacks = int(data.get("rollbacks", 0))
             self.converged = bool(data.get("converged"))
@@ -188,5 +195,5 @@ class OnlineIdentification:
                 for k, v in self.best_values.items():
                     self.trainer.parameters.set_value(k, v)
         except Exception:
-            self.trainer, self.window, self.window_len = None, collections.deque(), 0
+            self.reset()
             raise

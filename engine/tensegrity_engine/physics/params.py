@@ -110,12 +110,20 @@ def checked_parameters(robot: RobotConfig, values: Mapping[str, object], *,
         lo, hi = bounds.get(name, (spec.lower, spec.upper))
         if not (spec.lower <= lo < hi <= spec.upper):
             raise ParameterError("bad_bounds", f"{name}: bounds {(lo, hi)} outside [{spec.lower}, {spec.upper}]")
+        if (math.log(hi / lo) if spec.log_scale else (hi - lo) / (spec.upper - spec.lower)) < 1e-9:
+            raise ParameterError("bad_bounds", f"{name}: bounds {(lo, hi)} too narrow to represent")
         if not ((arr > lo) & (arr < hi)).all():
             raise ParameterError("out_of_bounds", f"{name}={arr.tolist()} outside ({lo}, {hi}) {spec.unit}")
         checked[name] = arr
         if arr.size > 1:
             per_element.append(name)
-    return PhysicalParameters(robot, values=checked, per_element=per_element, bounds=bounds)
+    try:
+        params = PhysicalParameters(robot, values=checked, per_element=per_element, bounds=bounds)
+    except ValueError as exc:         # a value on a bound after rounding to the raw scale
+        raise ParameterError("out_of_bounds", str(exc)) from None
+    if not all(np.isfinite(v).all() for v in params.as_dict().values()):
+        raise ParameterError("non_finite", "values not representable within their bounds")
+    return params
 
 
 class PhysicalParameters(nn.Module):
@@ -169,7 +177,8 @@ class PhysicalParameters(nn.Module):
             frac = (torch.log(value) - math.log(lo)) / (math.log(hi) - math.log(lo))
         else:
             frac = (value - lo) / (hi - lo)
-        if bool(((frac <= 0) | (frac >= 1)).any()):
+        # NaN (a NaN value, or bounds too narrow to resolve) is outside too
+        if bool((~torch.isfinite(frac) | (frac <= 0) | (frac >= 1)).any()):
             raise ValueError(f"{spec.name}={value.tolist()} lies outside its bounds [{lo}, {hi}]")
         return torch.logit(frac)
 
