@@ -8,7 +8,7 @@ import numpy as np
 import yaml
 
 from tensegrity_engine.physics.config import RobotConfig, robot_from_dict, robot_to_yaml
-from tensegrity_engine.physics.params import SPEC_BY_NAME, PhysicalParameters, nominal_values
+from tensegrity_engine.physics.params import ParameterError, PhysicalParameters, checked_parameters, nominal_values
 
 
 def export_yaml(params: PhysicalParameters, path, comment: str = "") -> Path:
@@ -38,8 +38,10 @@ def params_from_file(robot: RobotConfig, path) -> PhysicalParameters:
         values = data.get("parameters", data) if isinstance(data, dict) else None
         if not isinstance(values, dict):
             raise ValueError(f"{path}: expected a robot config or a mapping of parameters")
-        unknown = set(values) - set(SPEC_BY_NAME)
-        if unknown:
-            raise ValueError(f"{path}: unknown parameter(s) {sorted(unknown)}")
-    per_element = [k for k, v in values.items() if np.size(v) > 1 and np.ptp(np.asarray(v)) > 0]
-    return PhysicalParameters(robot, values=values, per_element=per_element)
+    # A file is checked like a topic; equal per-element values stay one shared value.
+    shared = {k: v[:1] if np.size(v) > 1 and np.ptp(np.asarray(v, dtype=np.float64)) == 0 else v
+              for k, v in values.items()}
+    try:
+        return checked_parameters(robot, shared)
+    except ParameterError as exc:
+        raise ParameterError(exc.reason, f"{path}: {exc}") from None
