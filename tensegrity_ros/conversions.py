@@ -26,6 +26,12 @@ def stamp_ns(stamp) -> int:
     return int(stamp.sec) * NS + int(stamp.nanosec)
 
 
+def stamp_valid(stamp) -> bool:
+    """A measurement time: not before the epoch (sim time starts at 0) and a normalised
+    nanosecond field."""
+    return int(stamp.sec) >= 0 and 0 <= int(stamp.nanosec) < NS
+
+
 def ns_to_stamp(ns: int, stamp=None):
     from builtin_interfaces.msg import Time
 

@@ -12,11 +12,20 @@ from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 class Diagnostics:
     """Counters + a periodic DiagnosticArray on /diagnostics (wall-clock timer, so it also
     reports while sim time is stalled). ``reject(reason, detail)`` counts and warns at most
-    once per ``throttle_s`` per reason."""
+    once per ``throttle_s`` per reason.
 
-    def __init__(self, node, *, period_s: float = 1.0, throttle_s: float = 5.0,
-                 extra: Callable[[], Mapping] | None = None):
+    Every subscribed message is accounted for: a callback calls ``received(topic)`` first
+    and ends in exactly one ``accept(topic)`` or ``reject(reason, topic=topic)``, so
+    ``in_<topic> == <topic>_accepted + <topic>_rejected`` holds whatever arrives (the fuzz
+    harness checks it, and that ``in_<topic>`` equals what was sent)."""
+
+    def __init__(self, node, *, throttle_s: float = 5.0, extra: Callable[[], Mapping] | None = None):
         from rclpy.clock import Clock, ClockType
+
+        from .params import declare
+
+        period_s = declare(node, "diagnostics_period", 1.0, "seconds (wall) between /diagnostics messages",
+                           range=(0.01, 3600.0))
 
         self.node = node
         self.counters: collections.Counter = collections.Counter()
@@ -34,10 +43,19 @@ class Diagnostics:
         with self._lock:
             self.counters[key] += n
 
-    def reject(self, reason: str, detail: str = "") -> None:
-        """Count a rejected message and warn (throttled per reason)."""
+    def received(self, topic: str) -> None:
+        self.count(f"in_{topic}")
+
+    def accept(self, topic: str) -> None:
+        self.count(f"{topic}_accepted")
+
+    def reject(self, reason: str, detail: str = "", *, topic: str | None = None) -> None:
+        """Count a rejected message (under its reason, and its topic's total) and warn
+        (throttled per reason)."""
         with self._lock:
             self.counters[f"rejected_{reason}"] += 1
+            if topic is not None:
+                self.counters[f"{topic}_rejected"] += 1
             n = self.counters[f"rejected_{reason}"]
             now = time.monotonic()
             if now - self._last_warn.get(reason, -1e18) < self.throttle_s:

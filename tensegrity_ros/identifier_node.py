@@ -36,6 +36,7 @@ from .diagnostics import Diagnostics
 from .params import declare, load_robot
 
 NS = conv.NS
+STREAM_EVENTS = ("gap", "clock_jump", "decimated", "no_command", "overflow")
 CHECKPOINT_NAME = "identifier_checkpoint.safetensors"
 LEGACY_CHECKPOINT_NAME = "identifier_checkpoint.pt"   # pickle: never read
 
@@ -55,6 +56,8 @@ class IdentifierNode(Node):
         jump = d("clock_jump", 5.0, "a stamp step larger than this restarts the stream (s)", range=(0.01, 1e6))
         min_tuples = d("min_tuples", 20, "tuples needed before training starts", range=(1, 10**7))
         max_tuples = d("max_tuples", 2000, "training window: newest tuples kept", range=(1, 10**7))
+        self.pose_frame = d("pose_frame", "world", "frame the rod poses are given in; poses in any "
+                            "other frame are refused")
         floor = d("floor", True, "the data has a floor (contact environment)")
         fixed = d("fixed_rods", [-1], "rods welded to the world ([-1] = none)")
         learn = d("learn", ["default"], "parameters to identify (['default'] = the trainer's choice)")
@@ -120,41 +123,54 @@ class IdentifierNode(Node):
                                f"schedule {schedule}")
 
     # ------------------------------------------------------------------ callbacks
-    def _sync_rejections(self) -> None:
-        """Mirror the aligner's counters into /diagnostics with throttled warnings."""
-        for reason, n in list(self.aligner.counters.items()):
-            new = n - self._counted[reason]
+    def _sync_events(self) -> None:
+        """Mirror the aligner's stream events (not rejections: those are counted per
+        message) into /diagnostics, with throttled warnings."""
+        for reason in STREAM_EVENTS:
+            new = self.aligner.counters[reason] - self._counted[reason]
             if new > 0:
-                self._counted[reason] = n
-                if reason in ("gap", "clock_jump", "decimated", "no_command", "overflow"):
-                    self.diag.count(f"event_{reason}", new)
-                    if reason in ("gap", "clock_jump"):
-                        self.diag.warn_throttled(reason, f"stream {reason.replace('_', ' ')}: "
-                                                 "segment split, no tuple across it")
-                else:
-                    for _ in range(new):
-                        self.diag.reject(reason)
+                self._counted[reason] += new
+                self.diag.count(f"event_{reason}", new)
+                if reason in ("gap", "clock_jump"):
+                    self.diag.warn_throttled(reason, f"stream {reason.replace('_', ' ')}: "
+                                             "segment split, no tuple across it")
+
+    def _account(self, topic: str, verdict) -> None:
+        ok, reason = verdict
+        if ok:
+            self.diag.accept(topic)
+        else:
+            self.diag.reject(reason, topic=topic)
+        self._sync_events()
 
     def _on_pose(self, msg: PoseArray) -> None:
+        self.diag.received("poses")
+        if not conv.stamp_valid(msg.header.stamp):
+            return self.diag.reject("bad_stamp", "pose stamp before 0 or malformed", topic="poses")
+        if msg.header.frame_id != self.pose_frame:
+            return self.diag.reject("wrong_frame", f"poses in {msg.header.frame_id[:64]!r}, expected "
+                                    f"{self.pose_frame!r} (parameter pose_frame)", topic="poses")
         arr = conv.pose_array_to_array(msg)
         with self._lock:
-            self.aligner.add_pose(conv.stamp_ns(msg.header.stamp), arr)
-            self._sync_rejections()
+            self._account("poses", self.aligner.add_pose(conv.stamp_ns(msg.header.stamp), arr))
 
     def _on_imu(self, msg: Imu) -> None:
+        self.diag.received("imu")
+        if not conv.stamp_valid(msg.header.stamp):
+            return self.diag.reject("bad_stamp", "IMU stamp before 0 or malformed", topic="imu")
         rod, w, q = conv.imu_to_arrays(msg)
         with self._lock:
-            self.aligner.add_imu(conv.stamp_ns(msg.header.stamp), -1 if rod is None else rod, w, q)
-            self._sync_rejections()
+            self._account("imu", self.aligner.add_imu(conv.stamp_ns(msg.header.stamp), rod, w, q))
 
     def _on_command(self, msg: CableCommand) -> None:
+        self.diag.received("commands")
+        if not conv.stamp_valid(msg.header.stamp):
+            return self.diag.reject("bad_stamp", "command stamp before 0 or malformed", topic="commands")
         u = conv.cable_command_to_array(msg, self.cable_names)
+        if u is None:
+            return self.diag.reject("wrong_length", "cable names do not match the robot's", topic="commands")
         with self._lock:
-            if u is None:
-                self.aligner.counters["wrong_length"] += 1
-            else:
-                self.aligner.add_command(conv.stamp_ns(msg.header.stamp), u)
-            self._sync_rejections()
+            self._account("commands", self.aligner.add_command(conv.stamp_ns(msg.header.stamp), u))
 
     # ------------------------------------------------------------------ the session
     trainer = property(lambda self: self.session.trainer)

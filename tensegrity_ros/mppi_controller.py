@@ -22,7 +22,8 @@ from sensor_msgs.msg import Imu
 from tensegrity_ros_interfaces.msg import CableCommand, IdentifiedParameters
 
 from tensegrity_engine.groundtruth.mujoco_twin import nominal_commands
-from tensegrity_engine.identification.streaming import StateEstimator, actuator_estimate
+from tensegrity_engine.identification.measurements import StampOrder, imu_problem, pose_problem
+from tensegrity_engine.identification.streaming import StateEstimator, StreamConfig, actuator_estimate
 from tensegrity_engine.physics.params import ParameterError
 
 from . import conversions as conv
@@ -54,6 +55,8 @@ class MppiControllerNode(Node):
                        choices=("semi_implicit", "implicit", "ani"))
         vx = d("goal_vx", 1.0, "initial desired CoM velocity x (m/s) until a goal arrives", range=(-10.0, 10.0))
         vy = d("goal_vy", 0.0, "initial desired CoM velocity y (m/s)", range=(-10.0, 10.0))
+        self.pose_frame = d("pose_frame", "world", "frame the rod poses and goals are given in; "
+                            "any other is refused")
         self.excite_until = d("excite_until", "converged",
                               "leave excitation at the first identified parameters ('first'), at "
                               "parameters whose stage says converged/done ('converged'), or never",
@@ -89,6 +92,8 @@ class MppiControllerNode(Node):
                                            freq_range=(fmin, fmax), control_dt=self.period)
         self.tau = float(self.robot.actuator.time_constant)
         self.estimator = StateEstimator(self.R)
+        self.checks = StreamConfig.for_robot(self.robot)    # the identifier's measurement limits
+        self.order = StampOrder(int(5 * NS))
         self.act = nominal_commands(self.robot).copy()   # estimated filtered commands
         self.last_command = self.act.copy()
         self.last_command_ns = None
@@ -115,67 +120,78 @@ class MppiControllerNode(Node):
 
     # ------------------------------------------------------------------ callbacks
     def _on_pose(self, msg: PoseArray) -> None:
+        self.diag.received("poses")
+        if not conv.stamp_valid(msg.header.stamp):
+            return self.diag.reject("bad_stamp", "pose stamp before 0 or malformed", topic="poses")
+        if msg.header.frame_id != self.pose_frame:
+            return self.diag.reject("wrong_frame", f"poses in {msg.header.frame_id[:64]!r}, expected "
+                                    f"{self.pose_frame!r} (parameter pose_frame)", topic="poses")
         arr = conv.pose_array_to_array(msg)
         stamp = conv.stamp_ns(msg.header.stamp)
-        if arr.shape[0] != self.R:
-            self.diag.reject("rod_count", f"{arr.shape[0]} poses, expected {self.R}")
-            return
-        if not np.isfinite(arr).all():
-            self.diag.reject("nonfinite", "NaN/inf in rod poses")
-            return
-        qn = np.linalg.norm(arr[:, 3:], axis=-1)
-        if np.abs(qn - 1.0).max() > 0.1:
-            self.diag.reject("bad_quaternion", "non-unit quaternion")
-            return
+        problem = pose_problem(arr, self.R, max_abs_position=self.checks.max_abs_position,
+                               quat_tolerance=self.checks.quat_tolerance)
+        if problem:
+            return self.diag.reject(problem, "rod poses", topic="poses")
         with self._lock:
-            last = self.estimator.stamp
-            if last is not None and stamp <= last:
-                if last - stamp > 5 * NS:       # clock jump backwards: start over
-                    self.diag.count("clock_jump")
+            verdict = self.order.verdict("pose", stamp)
+            if verdict in ("duplicate", "out_of_order"):
+                return self.diag.reject(verdict, "pose stamp not increasing", topic="poses")
+            if verdict == "clock_jump":
+                self.diag.count("event_clock_jump")
+                if stamp < self.order.get("pose"):      # the clock restarted: start over
                     self.estimator = StateEstimator(self.R)
+                    self.order.forget()
                     self.last_command_ns = None
-                else:
-                    self.diag.reject("duplicate" if stamp == last else "out_of_order", "pose stamp not increasing")
-                    return
+            self.order.accept("pose", stamp)
             self.estimator.add_pose(stamp, arr)
             self.pose_count += 1
+        self.diag.accept("poses")
         self._new_pose.set()
 
     def _on_imu(self, msg: Imu) -> None:
-        rod, w, _ = conv.imu_to_arrays(msg)
-        if rod is None or not 0 <= rod < self.R:
-            self.diag.reject("unknown_rod", f"IMU frame_id {msg.header.frame_id!r}")
-            return
-        if not np.isfinite(w).all():
-            self.diag.reject("nonfinite", "NaN/inf in IMU")
-            return
+        self.diag.received("imu")
+        if not conv.stamp_valid(msg.header.stamp):
+            return self.diag.reject("bad_stamp", "IMU stamp before 0 or malformed", topic="imu")
+        rod, w, q = conv.imu_to_arrays(msg)
+        problem = imu_problem(rod, w, q, self.R, max_abs_angular_velocity=self.checks.max_abs_angular_velocity,
+                              quat_tolerance=self.checks.quat_tolerance)
+        if problem:
+            return self.diag.reject(problem, f"IMU {msg.header.frame_id[:64]!r}", topic="imu")
+        stamp = conv.stamp_ns(msg.header.stamp)
         with self._lock:
-            self.estimator.add_imu(conv.stamp_ns(msg.header.stamp), rod, w)
+            verdict = self.order.verdict(("imu", rod), stamp)
+            if verdict in ("duplicate", "out_of_order"):
+                return self.diag.reject(verdict, "IMU stamp not increasing", topic="imu")
+            self.order.accept(("imu", rod), stamp)
+            self.estimator.add_imu(stamp, rod, w)
+        self.diag.accept("imu")
 
     def _on_params(self, msg: IdentifiedParameters) -> None:
         """Swap in identified parameters only after every check (`conv.msg_to_params`);
         a rejected message is counted under its reason and the current model stays."""
+        self.diag.received("parameters")
         try:
             params = conv.msg_to_params(msg, self.robot)
         except ParameterError as exc:
-            self.diag.reject(f"parameters_{exc.reason}", str(exc))
-            return
+            return self.diag.reject(f"parameters_{exc.reason}", str(exc), topic="parameters")
         except Exception as exc:  # noqa: BLE001 - bad message: keep the current model
-            self.diag.reject("parameters_invalid", repr(exc))
-            return
+            return self.diag.reject("parameters_invalid", repr(exc), topic="parameters")
         with self._lock:
             self._pending_params = (params, msg.stage)
-        self.diag.count("parameters_received")
+        self.diag.accept("parameters")
 
     def _on_goal(self, msg: Vector3Stamped) -> None:
+        self.diag.received("goals")
         v = np.array([msg.vector.x, msg.vector.y])
         if not np.isfinite(v).all() or np.linalg.norm(v) > 10.0:
-            self.diag.reject("bad_goal", f"goal {v}")
-            return
+            return self.diag.reject("bad_goal", f"goal {v}", topic="goals")
+        if msg.header.frame_id not in ("", self.pose_frame):
+            return self.diag.reject("wrong_frame", f"goal in {msg.header.frame_id[:64]!r}, expected "
+                                    f"{self.pose_frame!r}", topic="goals")
         with self._lock:
             self.mpc.cost.target_velocity = v
             self.mpc.cost.speed = float(np.linalg.norm(v))
-        self.diag.count("goals_received")
+        self.diag.accept("goals")
 
     # ------------------------------------------------------------------ worker
     def _run(self) -> None:

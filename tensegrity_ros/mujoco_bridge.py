@@ -30,6 +30,7 @@ from visualization_msgs.msg import MarkerArray
 from tensegrity_engine.groundtruth.environments import rest_pose
 from tensegrity_engine.groundtruth.mujoco_twin import MujocoTwin, nominal_commands
 from tensegrity_engine.groundtruth.sensors import noisy_rod_poses
+from tensegrity_engine.identification.measurements import command_problem
 from tensegrity_engine.physics.state import center_of_mass
 
 from . import conversions as conv
@@ -110,31 +111,32 @@ class MujocoBridge(Node):
 
     # ------------------------------------------------------------------ commands
     def _on_command(self, msg: CableCommand) -> None:
+        self.diag.received("commands")
+        if not conv.stamp_valid(msg.header.stamp):
+            return self.diag.reject("bad_stamp", "command stamp before 0 or malformed", topic="commands")
         stamp = conv.stamp_ns(msg.header.stamp)
         u = conv.cable_command_to_array(msg, self.cable_names)
-        if u is None or u.shape[0] != self.A:
-            self.diag.reject("wrong_length", f"{len(msg.target_rest_lengths)} values, expected {self.A}")
-            return
-        if not np.isfinite(u).all():
-            self.diag.reject("nonfinite", "NaN/inf in cable command")
-            return
+        problem = "wrong_length" if u is None else command_problem(u, self.A)
+        if problem:
+            return self.diag.reject(problem, f"cable command ({len(msg.target_rest_lengths)} values, "
+                                    f"expected {self.A} finite)", topic="commands")
         with self._cv:
             now = int(round(self.twin.time * NS))
             if stamp > now + int(self.clock_jump * NS):
-                self.diag.reject("clock_jump", f"command stamped {(stamp - now) / NS:.1f} s in the future")
-                return
+                return self.diag.reject("clock_jump", f"command stamped {(stamp - now) / NS:.1f} s in the future",
+                                        topic="commands")
             if self._last_cmd_stamp is not None and stamp <= self._last_cmd_stamp and stamp != 0:
                 reason = "duplicate" if stamp == self._last_cmd_stamp else "out_of_order"
-                self.diag.reject(reason, "command stamp not increasing")
-                return
+                return self.diag.reject(reason, "command stamp not increasing", topic="commands")
             self._last_cmd_stamp = stamp
+            # the actuators saturate: a command beyond the range is applied at its limit
             clipped = np.clip(u, self.low, self.high)
             if np.any(clipped != u):
                 self.diag.count("commands_clipped")
             bisect.insort(self._queue, (stamp, self._seq, clipped))
             self._seq += 1
             self._latest_cmd_stamp = max(self._latest_cmd_stamp, stamp)
-            self.diag.count("commands_received")
+            self.diag.accept("commands")
             self._cv.notify_all()
 
     # ------------------------------------------------------------------ sim thread

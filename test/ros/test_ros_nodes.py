@@ -221,7 +221,7 @@ def test_controller_moves_robot_toward_goal(ros):
     # the config (= true) model, no excitation: MPPI from the first pose
     ros.node(MppiControllerNode, {"use_sim_time": True, "excite_until": "never", "device": "cpu",
                                   "horizon": 5, "num_samples": 16, "iterations": 1, "torch_threads": 1})
-    assert wait_for(lambda: rec.value("mppi_controller", "goals_received") >= 1, 30)
+    assert wait_for(lambda: rec.value("mppi_controller", "goals_accepted") >= 1, 30)
     assert wait_for(lambda: rec.value("mppi_controller", "plans") >= 25, 150)
     t, com = rec.com(ROBOT)
     assert len(t) > 20

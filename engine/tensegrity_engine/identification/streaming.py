@@ -30,7 +30,9 @@ Stream rules (each rejection is counted by reason in ``counters``; nothing raise
 ``unknown_rod``     an IMU message for a rod index outside 0..R-1
 ``wrong_length``    a command whose length is not A
 ``bad_quaternion``  a quaternion whose norm is far from 1
-``out_of_range``    a position beyond ``max_abs_position`` (m)
+``out_of_range``    a position beyond ``max_abs_position`` (m), a gyro rate beyond
+                    ``max_abs_angular_velocity`` (rad/s), a command outside the robot's
+                    command range (by more than ``command_tolerance`` of its width)
 ``duplicate``       a stamp equal to the previous one of that stream
 ``out_of_order``    a stamp earlier than the previous one (by < clock_jump)
 ``clock_jump``      a stamp jump of more than ``clock_jump`` s (either direction):
@@ -58,6 +60,8 @@ from typing import Optional
 import numpy as np
 import torch
 
+from tensegrity_engine.identification.measurements import (StampOrder, command_problem, imu_problem,
+                                                           pose_problem)
 from tensegrity_engine.physics.state import ANG_VEL, LIN_VEL, POS, QUAT, STATE_DIM, canonical_quat, quat_rotate
 
 __all__ = ["StreamConfig", "TupleBatch", "StreamAligner", "StateEstimator", "REASONS", "NS",
@@ -83,7 +87,11 @@ class StreamConfig:
     command_wait: Optional[float] = None  # s, how long after t1 a late command may still
     #                                      arrive (default: T); then the interval is final
     max_abs_position: float = 1e3     # m
+    max_abs_angular_velocity: float = 1e3   # rad/s, a gyro reading beyond this is garbage
     quat_tolerance: float = 0.1       # | |q| - 1 | allowed (q is normalised after)
+    command_low: Optional[tuple] = None     # [A] the robot's command range (None: unchecked)
+    command_high: Optional[tuple] = None
+    command_tolerance: float = 0.01   # fraction of the range width a command may overshoot
     max_tuples: int = 100_000
     max_commands: int = 10_000
     max_imu: int = 1_000
@@ -95,6 +103,8 @@ class StreamConfig:
     @classmethod
     def for_robot(cls, robot, **kw) -> "StreamConfig":
         kw.setdefault("engine_dt", robot.dt)
+        kw.setdefault("command_low", tuple(float(v) for v in robot.command_low))
+        kw.setdefault("command_high", tuple(float(v) for v in robot.command_high))
         return cls(num_rods=robot.num_rods, num_actuated=robot.num_actuated, **kw)
 
 
@@ -190,9 +200,7 @@ class StreamAligner:
         self._cmd_u: collections.deque = collections.deque()
         self._imu: collections.OrderedDict = collections.OrderedDict()
         self._out: collections.deque = collections.deque()
-        self._last_pose_stamp: Optional[int] = None
-        self._last_cmd_stamp: Optional[int] = None
-        self._last_imu_stamp: dict = {}
+        self._order = StampOrder(self.jump_ns)   # keys: "pose", "command", ("imu", rod)
         self._final_before: int = -(1 << 62)   # commands before this stamp are final
         self.tuples_made = 0
 
@@ -220,27 +228,13 @@ class StreamAligner:
             **{f"count_{r}": self.counters[r] for r in REASONS},
         }
 
-    def _check_stamp(self, stamp: int, last: Optional[int]) -> Optional[str]:
-        """'duplicate' / 'out_of_order' / 'clock_jump' (backwards or forwards) / None."""
-        if last is None:
-            return None
-        if stamp == last:
-            return "duplicate"
-        if stamp < last:
-            return "clock_jump" if last - stamp > self.jump_ns else "out_of_order"
-        if stamp - last > self.jump_ns:
-            return "clock_jump"
-        return None
-
     def reset(self) -> None:
         """Forget all stream state (finished tuples stay in the output queue)."""
         self._new_segment()
         self._cmd_t.clear()
         self._cmd_u.clear()
         self._imu.clear()
-        self._last_pose_stamp = None
-        self._last_cmd_stamp = None
-        self._last_imu_stamp = {}
+        self._order.forget()
         self._final_before = -(1 << 62)
 
     def _new_segment(self) -> None:
@@ -251,41 +245,32 @@ class StreamAligner:
     # ------------------------------------------------------------------ inputs
     def add_pose(self, stamp: int, poses) -> tuple[bool, str]:
         """poses [R, 7] = (x, y, z, qw, qx, qy, qz). Returns (accepted, reason or 'ok')."""
-        try:
-            arr = np.asarray(poses, dtype=np.float64)
-        except (TypeError, ValueError):
-            return self._reject("wrong_length")
-        if arr.ndim != 2 or arr.shape[1] != 7:
-            return self._reject("wrong_length")
-        if arr.shape[0] != self.R:
-            return self._reject("rod_count")
-        if not np.isfinite(arr).all():
-            return self._reject("nonfinite")
-        if np.abs(arr[:, :3]).max() > self.cfg.max_abs_position:
-            return self._reject("out_of_range")
+        problem = pose_problem(poses, self.R, max_abs_position=self.cfg.max_abs_position,
+                               quat_tolerance=self.cfg.quat_tolerance)
+        if problem:
+            return self._reject(problem)
+        arr = np.asarray(poses, dtype=np.float64)
         qn = np.linalg.norm(arr[:, 3:], axis=-1)
-        if np.abs(qn - 1.0).max() > self.cfg.quat_tolerance:
-            return self._reject("bad_quaternion")
         stamp = int(stamp)
-        verdict = self._check_stamp(stamp, self._last_pose_stamp)
+        last = self._order.get("pose")
+        verdict = self._order.verdict("pose", stamp)
         if verdict in ("duplicate", "out_of_order"):
             return self._reject(verdict)
         if verdict == "clock_jump":
             self._event("clock_jump")
-            backwards = stamp < self._last_pose_stamp
-            if backwards:
+            if stamp < last:
                 self.reset()
             else:
                 self._new_segment()
-        elif self._last_pose_stamp is not None:
-            gap = stamp - self._last_pose_stamp
+        elif last is not None:
+            gap = stamp - last
             if gap < self.T_ns - self.tol_ns:
                 self._event("decimated")
                 return True, "decimated"
             if gap > self.T_ns + self.tol_ns:
                 self._event("gap")
                 self._new_segment()
-        self._last_pose_stamp = stamp
+        self._order.accept("pose", stamp)
         self.accepted["pose"] += 1
         pose = _Pose(stamp, arr[:, :3].copy(), arr[:, 3:] / qn[:, None],
                      np.full((self.R, 3), np.nan))
@@ -299,28 +284,26 @@ class StreamAligner:
         return True, "ok"
 
     def add_command(self, stamp: int, targets) -> tuple[bool, str]:
-        try:
-            u = np.asarray(targets, dtype=np.float64).reshape(-1)
-        except (TypeError, ValueError):
-            return self._reject("wrong_length")
-        if u.shape[0] != self.A:
-            return self._reject("wrong_length")
-        if not np.isfinite(u).all():
-            return self._reject("nonfinite")
+        problem = command_problem(targets, self.A, self.cfg.command_low, self.cfg.command_high,
+                                  tolerance=self.cfg.command_tolerance)
+        if problem:
+            return self._reject(problem)
+        u = np.asarray(targets, dtype=np.float64).reshape(-1)
         stamp = int(stamp)
-        verdict = self._check_stamp(stamp, self._last_cmd_stamp)
+        last = self._order.get("command")
+        verdict = self._order.verdict("command", stamp)
         if verdict in ("duplicate", "out_of_order"):
             return self._reject(verdict)
         if verdict == "clock_jump":
             self._event("clock_jump")
-            if stamp < self._last_cmd_stamp:
+            if stamp < last:
                 # the command clock restarted: old commands mean nothing on the new clock
                 self._cmd_t.clear()
                 self._cmd_u.clear()
                 self._final_before = -(1 << 62)
         elif stamp < self._final_before:
             return self._reject("late_command")
-        self._last_cmd_stamp = stamp
+        self._order.accept("command", stamp)
         self.accepted["command"] += 1
         self._cmd_t.append(stamp)
         self._cmd_u.append(u.copy())
@@ -335,33 +318,27 @@ class StreamAligner:
         """Gyro of one rod: body-frame angular velocity; ``quat_wxyz`` its orientation if
         valid (else the pose's orientation at that stamp is used)."""
         try:
-            rod = int(rod)
+            rod = None if rod is None else int(rod)
         except (TypeError, ValueError):
-            return self._reject("unknown_rod")
-        if not 0 <= rod < self.R:
-            return self._reject("unknown_rod")
-        try:
-            w = np.asarray(omega_body, dtype=np.float64).reshape(-1)
-            q = None if quat_wxyz is None else np.asarray(quat_wxyz, dtype=np.float64).reshape(-1)
-        except (TypeError, ValueError):
-            return self._reject("wrong_length")
-        if w.shape[0] != 3 or (q is not None and q.shape[0] != 4):
-            return self._reject("wrong_length")
-        if not np.isfinite(w).all() or (q is not None and not np.isfinite(q).all()):
-            return self._reject("nonfinite")
-        if q is not None:
-            qn = np.linalg.norm(q)
-            if abs(qn - 1.0) > self.cfg.quat_tolerance:
-                return self._reject("bad_quaternion")
-            q = q / qn
+            rod = None
+        problem = imu_problem(rod, omega_body, quat_wxyz, self.R,
+                              max_abs_angular_velocity=self.cfg.max_abs_angular_velocity,
+                              quat_tolerance=self.cfg.quat_tolerance)
+        if problem:
+            return self._reject(problem)
+        w = np.asarray(omega_body, dtype=np.float64).reshape(-1)
+        q = None
+        if quat_wxyz is not None:
+            q = np.asarray(quat_wxyz, dtype=np.float64).reshape(-1)
+            q = q / np.linalg.norm(q)
         stamp = int(stamp)
-        verdict = self._check_stamp(stamp, self._last_imu_stamp.get(rod))
+        verdict = self._order.verdict(("imu", rod), stamp)
         if verdict in ("duplicate", "out_of_order"):
             return self._reject(verdict)
         if verdict == "clock_jump":
             self._event("clock_jump")
             self._imu.clear()
-        self._last_imu_stamp[rod] = stamp
+        self._order.accept(("imu", rod), stamp)
         self.accepted["imu"] += 1
         self._imu[(stamp, rod)] = (w, q)
         while len(self._imu) > self.cfg.max_imu:
