@@ -126,8 +126,8 @@ def cable_command_to_array(msg, cable_names: Sequence[str]) -> Optional[np.ndarr
     if len(names) != len(vals):
         return None
     index = {n: i for i, n in enumerate(cable_names)}
-    if len(names) != len(cable_names) or any(n not in index for n in names):
-        return None
+    if len(names) != len(cable_names) or set(names) != set(index):
+        return None        # unknown, missing or repeated names
     out = np.empty(len(cable_names))
     out[[index[n] for n in names]] = vals
     return out
@@ -205,7 +205,7 @@ def msg_to_params(msg, robot):
     """IdentifiedParameters -> PhysicalParameters after every check a consumer needs: the
     robot name, the message's shape (`msg_to_param_values`) and the values against the
     project's bounds (`checked_parameters`; the message's own bounds may only narrow
-    them). Raises `ParameterError` whose ``reason`` names what was wrong."""
+    them); a model message names every parameter, so a partial one is refused. Raises `ParameterError` whose ``reason`` names what was wrong."""
     from tensegrity_engine.physics.params import ParameterError, checked_parameters
 
     if msg.robot_name != robot.name:
@@ -221,7 +221,7 @@ def msg_to_params(msg, robot):
             raise ParameterError("non_finite", f"bounds of {name}")
         if bounds.setdefault(base, (float(lo), float(hi))) != (float(lo), float(hi)):
             raise ParameterError("bad_bounds", f"{base}: different bounds for its elements")
-    return checked_parameters(robot, values, bounds=bounds)
+    return checked_parameters(robot, values, bounds=bounds, complete=True)
 
 
 # ----------------------------------------------------------------------------- markers

@@ -65,12 +65,16 @@ FORGERIES = {
     "widened_bounds": lambda m, r: _forge(m, lower_bounds=[-1e40] * len(m.names)),
     "bounds_length": lambda m, r: _forge(m, upper_bounds=[1.0]),
     "degenerate_bounds": lambda m, r: _squeeze(m, "cable_stiffness"),
+    "partial_model": lambda m, r: _forge(m, names=list(m.names)[1:], values=list(m.values)[1:],
+                                         lower_bounds=list(m.lower_bounds)[1:],
+                                         upper_bounds=list(m.upper_bounds)[1:]),
+    "empty": lambda m, r: _forge(m, names=[], values=[], lower_bounds=[], upper_bounds=[]),
 }
 REASON = {"wrong_robot": "wrong_robot", "negative_stiffness": "out_of_bounds", "huge_mass": "out_of_bounds",
           "nan": "non_finite", "inf": "non_finite", "more_names_than_values": "wrong_length",
           "unknown_name": "unknown_name", "unparsable_name": "bad_name", "duplicate_name": "duplicate_name",
           "index_gap": "wrong_length", "widened_bounds": "bad_bounds", "bounds_length": "wrong_length",
-          "degenerate_bounds": "bad_bounds"}
+          "degenerate_bounds": "bad_bounds", "partial_model": "missing_name", "empty": "missing_name"}
 
 
 @pytest.mark.parametrize("kind", sorted(FORGERIES))

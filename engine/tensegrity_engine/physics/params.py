@@ -84,17 +84,22 @@ def element_count(robot: RobotConfig, name: str) -> int:
 
 
 def checked_parameters(robot: RobotConfig, values: Mapping[str, object], *,
-                       bounds: Mapping[str, tuple[float, float]] | None = None) -> "PhysicalParameters":
+                       bounds: Mapping[str, tuple[float, float]] | None = None,
+                       complete: bool = False) -> "PhysicalParameters":
     """`PhysicalParameters` from values nobody vouches for (a topic, a file), or `ParameterError`.
 
     Every name must be known; each value has one entry (shared) or one per cable / rod as
     its spec says; all finite and strictly inside the project's bounds (`PARAM_SPECS`).
     ``bounds`` (e.g. a message's) may only narrow those bounds. Names not given keep the
-    robot's nominal values."""
+    robot's nominal values, unless ``complete`` (a whole model, as a topic carries) asks
+    for every name."""
     bounds = dict(bounds or {})
     unknown = (set(values) | set(bounds)) - set(SPEC_BY_NAME)
     if unknown:
         raise ParameterError("unknown_name", f"unknown parameter name(s) {sorted(unknown)}")
+    missing = set(SPEC_BY_NAME) - set(values)
+    if complete and missing:
+        raise ParameterError("missing_name", f"a model needs every parameter; missing {sorted(missing)}")
     checked, per_element = {}, []
     for name, value in values.items():
         spec = SPEC_BY_NAME[name]
