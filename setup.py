@@ -42,6 +42,7 @@ setup(
             "mppi_controller = tensegrity_ros.mppi_controller:main",
             "recorder = tensegrity_ros.recorder:main",
             "tensegrity-sim2sim = tensegrity_ros.sim2sim:main",
+            "tensegrity-fuzz = tensegrity_ros.fuzz:main",
         ],
     },
 )

@@ -222,3 +222,131 @@ class FuzzHarness:
 def hostile_items(robot, rest_state, n: int, seed: int) -> tuple[HostileStream, list[Item]]:
     stream = HostileStream(robot, rest_state, seed=seed)
     return stream, list(stream.items(n))
+
+
+# ----------------------------------------------------------------------------- the long run
+NODE_MODULES = {"identifier": "tensegrity_ros.identifier_node", "mppi_controller": "tensegrity_ros.mppi_controller",
+                "mujoco_bridge": "tensegrity_ros.mujoco_bridge"}
+
+
+def node_parameters(robot_name: str) -> dict:
+    """The nodes' settings for a fuzz run (also used by the CI test)."""
+    fast = {"robot": robot_name, "diagnostics_period": 0.02}
+    return {"identifier": {**fast, "device": "cpu", "torch_threads": 1, "min_tuples": 10, "max_tuples": 64,
+                           "epoch_tuples": 16, "schedule": "implicit_only", "learn": ["cable_stiffness"],
+                           "init": "given", "lr_min": 1e-9, "publish_markers": False,
+                           "min_publish_interval": 0.0},
+            "mppi_controller": {**fast, "device": "cpu", "torch_threads": 1},
+            "mujoco_bridge": {**fast, "pose_rate": 10.0, "marker_rate": 0.0, "real_time_factor": 1.0}}
+
+
+def _param_arg(key, value) -> str:
+    if isinstance(value, (list, tuple)):
+        value = "[" + ",".join(str(v) for v in value) + "]"
+    elif isinstance(value, bool):
+        value = str(value).lower()
+    return f"{key}:={value}"
+
+
+def print_table(accounting: dict, harness: "FuzzHarness", wall_s: float) -> None:
+    print(f"{'node/topic':28s} {'sent':>7s} {'received':>8s} {'accepted':>8s} {'expected':>8s} {'rejected':>8s}")
+    for n, a in accounting.items():
+        for t, r in a["topics"].items():
+            exp = "-" if r["expected_accepted"] is None else f"{r['expected_accepted']:.0f}"
+            print(f"{n + '/' + t:28s} {r['sent']:7.0f} {r['received']:8.0f} {r['accepted']:8.0f} {exp:>8s} "
+                  f"{r['rejected']:8.0f}")
+        print(f"  reasons: {', '.join(f'{k} {v:.0f}' for k, v in a['rejection_reasons'].items())}")
+    print(f"{sum(harness.sent.values())} messages in {wall_s:.0f} s; controller commands checked: "
+          f"{harness.commands_seen}, outside the range: {len(harness.bad_commands)}")
+
+
+def main(argv=None) -> int:
+    import argparse
+    import json
+    import os
+    import random
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    import rclpy
+
+    from tensegrity_engine.groundtruth.environments import rest_pose
+
+    from .params import load_robot
+    from .sim2sim import clean_dds_shm, ros_env, stop_processes
+
+    ap = argparse.ArgumentParser(description="fuzz the identifier, controller and bridge over DDS")
+    ap.add_argument("--robot", default="superball")
+    ap.add_argument("--messages", type=int, default=20000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--recovery-ticks", type=int, default=60, help="clean 10 Hz ticks after the storm")
+    ap.add_argument("--output", default=None, help="write the accounting as JSON here")
+    args = ap.parse_args(argv)
+
+    robot = load_robot(args.robot)
+    log_dir = Path(tempfile.mkdtemp(prefix="tensegrity_fuzz_"))
+    env = ros_env(random.randint(1, 200), str(log_dir))
+    os.environ.update({k: env[k] for k in ("ROS_DOMAIN_ID", "ROS_AUTOMATIC_DISCOVERY_RANGE",
+                                           "RMW_IMPLEMENTATION", "ROS_LOG_DIR")})
+    procs = {}
+    for name, params in node_parameters(args.robot).items():
+        cmd = [sys.executable, "-m", NODE_MODULES[name]] + remap_args(name)
+        for k, v in params.items():
+            cmd += ["-p", _param_arg(k, v)]
+        procs[name] = subprocess.Popen(cmd, env=env, stdout=open(log_dir / f"{name}.log", "w"),
+                                       stderr=subprocess.STDOUT, start_new_session=True)
+    rclpy.init()
+    node = rclpy.create_node("fuzzer")
+    from .common import Spinner
+
+    spinner = Spinner(node)
+    problems = ["nodes never became ready"]
+    try:
+        harness = FuzzHarness(node, robot)
+        if harness.wait_ready(120):
+            stream = HostileStream(robot, rest_pose(robot)[0], seed=args.seed)
+            t0 = time.monotonic()
+            harness.send(stream.items(args.messages), progress=lambda k: print(f"  {k} sent", flush=True))
+            wall = time.monotonic() - t0
+            tuples = harness.value("identifier", "stream_tuples_made")
+            epochs = harness.value("identifier", "epochs")
+            harness.send(stream.clean(args.recovery_ticks))
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline and not (
+                    harness.value("identifier", "stream_tuples_made") >= tuples + args.recovery_ticks - 10
+                    and harness.value("identifier", "epochs") > epochs):
+                time.sleep(0.5)
+            harness.wait_caught_up(30)
+            report = harness.accounting()
+            problems = harness.failures(report)
+            recovered = {"tuples_after": harness.value("identifier", "stream_tuples_made") - tuples,
+                         "epochs_after": harness.value("identifier", "epochs") - epochs,
+                         "identifier_parameter_messages": harness.identifier_parameters}
+            if recovered["tuples_after"] < args.recovery_ticks - 10 or recovered["epochs_after"] <= 0:
+                problems.append(f"no recovery after the storm: {recovered}")
+            dead = [n for n, p in procs.items() if p.poll() is not None]
+            if dead:
+                problems.append(f"processes died: {dead}")
+            print_table(report, harness, wall)
+            print(f"recovery: {recovered}; processes alive: {[n for n in procs if n not in dead]}")
+            if args.output:
+                Path(args.output).write_text(json.dumps({"accounting": report, "recovery": recovered,
+                                                         "sent": dict(harness.sent), "problems": problems,
+                                                         "kinds": {f"{t}/{k}": v for (t, k), v in
+                                                                   sorted(harness.kinds.items())}}, indent=1))
+    finally:
+        spinner.stop()
+        node.destroy_node()
+        rclpy.try_shutdown()
+        stop_processes(list(procs.values()))
+        clean_dds_shm()
+    for p in problems:
+        print(f"FAIL: {p}")
+    print("fuzz: " + ("FAILED" if problems else "passed") + f" (node logs in {log_dir})")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -7,13 +7,13 @@ import time
 import pytest
 
 try:
-    import rclpy
+    import rclpy  # noqa: F401
     from rclpy.parameter import Parameter
     from tensegrity_ros_interfaces.msg import CableCommand  # noqa: F401
 except ImportError as exc:  # pragma: no cover
     pytest.skip(f"ROS 2 not importable ({exc})", allow_module_level=True)
 
-from tensegrity_ros.fuzz import FuzzHarness, remap_args  # noqa: E402
+from tensegrity_ros.fuzz import FuzzHarness, node_parameters, remap_args  # noqa: E402
 from tensegrity_ros.fuzz_messages import HostileStream  # noqa: E402
 
 from test_ros_nodes import Ros, wait_for  # noqa: E402
@@ -44,14 +44,10 @@ def test_fuzzed_nodes_account_for_every_message(ros):
     from tensegrity_ros.params import load_robot
 
     robot = load_robot("three_bar")
-    fast = {"robot": "three_bar", "diagnostics_period": 0.02}
-    ident = _node(ros, IdentifierNode, "identifier", {
-        **fast, "device": "cpu", "torch_threads": 1, "min_tuples": 10, "max_tuples": 64, "epoch_tuples": 16,
-        "schedule": "implicit_only", "learn": ["cable_stiffness"], "init": "given", "lr_min": 1e-9,
-        "publish_markers": False, "min_publish_interval": 0.0})
-    ctrl = _node(ros, MppiControllerNode, "mppi_controller", {**fast, "device": "cpu", "torch_threads": 1})
-    bridge = _node(ros, MujocoBridge, "mujoco_bridge", {**fast, "pose_rate": 10.0, "marker_rate": 0.0,
-                                                        "real_time_factor": 1.0})
+    params = node_parameters("three_bar")
+    ident = _node(ros, IdentifierNode, "identifier", params["identifier"])
+    ctrl = _node(ros, MppiControllerNode, "mppi_controller", params["mppi_controller"])
+    bridge = _node(ros, MujocoBridge, "mujoco_bridge", params["mujoco_bridge"])
     harness = FuzzHarness(ros.plain("fuzzer"), robot)
     assert harness.wait_ready(60), harness.diag.keys()
 
