@@ -43,6 +43,7 @@ setup(
             "recorder = tensegrity_ros.recorder:main",
             "tensegrity-sim2sim = tensegrity_ros.sim2sim:main",
             "tensegrity-fuzz = tensegrity_ros.fuzz:main",
+            "tensegrity-soak = tensegrity_ros.soak:main",
         ],
     },
 )
