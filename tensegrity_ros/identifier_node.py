@@ -27,7 +27,7 @@ from visualization_msgs.msg import MarkerArray
 from tensegrity_engine.identification.checkpoint import load_checkpoint, save_checkpoint
 from tensegrity_engine.identification.online import OnlineIdentification, default_trainer_factory
 from tensegrity_engine.identification.streaming import StreamAligner, StreamConfig
-from tensegrity_engine.physics.params import PhysicalParameters
+from tensegrity_engine.physics.params import PhysicalParameters, checked_parameters
 
 from . import conversions as conv
 from .common import (TOPIC_COMMAND, TOPIC_IMU, TOPIC_MARKERS, TOPIC_PARAMS, TOPIC_POSES,
@@ -227,13 +227,14 @@ class IdentifierNode(Node):
             self._unpublished = None
             self._publish(m, values)
 
-    def _publish(self, m: dict, values: dict, stage: str = "") -> None:
+    def _publish(self, m: dict, values: dict, stage: str = "", params=None) -> None:
         """Publish ``values`` (the best so far) with the metrics ``m`` (latched)."""
         self._last_publish = time.monotonic()
         self.session.best_values = values
-        cur = self.trainer.parameters
-        params = PhysicalParameters(self.robot, values, per_element=getattr(cur, "per_element", ()),
-                                    bounds={n: (sp.lower, sp.upper) for n, sp in cur.specs.items()})
+        if params is None:
+            cur = self.trainer.parameters
+            params = PhysicalParameters(self.robot, values, per_element=getattr(cur, "per_element", ()),
+                                        bounds={n: (sp.lower, sp.upper) for n, sp in cur.specs.items()})
         stage = stage or f"{m.get('stage', '')} {m.get('integrator', '')} dt={m.get('dt', 0) * 1e3:g}ms"
         msg = conv.params_to_msg(params, self.robot.name, self.get_clock().now().nanoseconds,
                                  train_loss=float(m.get("loss", math.nan)),
@@ -299,10 +300,16 @@ class IdentifierNode(Node):
             return
         s = self.session
         try:
-            s.restore(load_checkpoint(path, robot=self.robot, kind="identifier"))
-            if s.best_values is not None:
-                self._publish({"val_loss": s.best_loss, "epoch": s.epochs}, s.best_values,
-                              stage="converged" if s.converged else "resumed")
+            data = load_checkpoint(path, robot=self.robot, kind="identifier")
+            best = data.get("best_values") if data.get("robot") == self.robot.name else None
+            if best is not None:
+                # publish the checkpoint's model first: rebuilding the trainer on its
+                # window takes seconds the controller need not wait for
+                early = checked_parameters(self.robot, best)
+                self._publish({"val_loss": data.get("best_loss", math.nan), "epoch": data.get("epochs", 0)},
+                              early.as_dict(), stage="converged" if data.get("converged") else "resumed",
+                              params=early)
+            s.restore(data)
         except Exception as exc:  # noqa: BLE001 - a bad checkpoint must not stop the node
             self.diag.count("checkpoint_rejected")
             self.get_logger().error(f"cannot resume from {path}: {exc}; starting fresh")

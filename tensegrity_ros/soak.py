@@ -1,7 +1,7 @@
 """tensegrity-soak: the sim2sim for a long run, with a flood, a kill -9 and a failing disk.
 
 Runs mujoco_bridge, identifier and mppi_controller as processes (config/sim2sim.yaml,
-the bridge as fast as the lockstep controller allows, identification without a time
+the bridge as fast as MuJoCo runs, without lockstep, identification without a time
 limit so it is still training when it is killed) and, on a wall-clock timeline:
 
 * samples the resident memory (VmRSS) of every node once a second;
@@ -34,7 +34,8 @@ from pathlib import Path
 from .sim2sim import NODES, clean_dds_shm, ros_env, start_node, stop_processes
 
 SOAK_OVERRIDES = {
-    "mujoco_bridge": [("real_time_factor", "0.0"), ("marker_rate", "0.0")],
+    # no lockstep: the simulation runs as fast as MuJoCo can, the nodes keep up as they can
+    "mujoco_bridge": [("real_time_factor", "0.0"), ("lockstep", "false"), ("marker_rate", "0.0")],
     "identifier": [("max_seconds", "0.0"), ("max_epochs", "10000000"), ("checkpoint_period", "0.1"),
                    ("device", "cpu"), ("lr_min", "1e-9")],
     "mppi_controller": [("max_excitation_time", "20.0"), ("device", "cpu")],
