@@ -26,6 +26,16 @@ def stamp_ns(stamp) -> int:
     return int(stamp.sec) * NS + int(stamp.nanosec)
 
 
+def header_problem(header, frame: Optional[str] = None) -> Optional[tuple[str, str]]:
+    """(reason, detail) when a measurement's header is unusable: a bad stamp, or a frame
+    other than ``frame`` (when given); None when it is fine."""
+    if not stamp_valid(header.stamp):
+        return "bad_stamp", "stamp before 0 or malformed"
+    if frame is not None and header.frame_id != frame:
+        return "wrong_frame", f"frame {header.frame_id[:64]!r}, expected {frame!r} (parameter pose_frame)"
+    return None
+
+
 def stamp_valid(stamp) -> bool:
     """A measurement time: not before the epoch (sim time starts at 0) and a normalised
     nanosecond field."""

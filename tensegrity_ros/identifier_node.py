@@ -145,27 +145,27 @@ class IdentifierNode(Node):
 
     def _on_pose(self, msg: PoseArray) -> None:
         self.diag.received("poses")
-        if not conv.stamp_valid(msg.header.stamp):
-            return self.diag.reject("bad_stamp", "pose stamp before 0 or malformed", topic="poses")
-        if msg.header.frame_id != self.pose_frame:
-            return self.diag.reject("wrong_frame", f"poses in {msg.header.frame_id[:64]!r}, expected "
-                                    f"{self.pose_frame!r} (parameter pose_frame)", topic="poses")
+        problem = conv.header_problem(msg.header, self.pose_frame)
+        if problem:
+            return self.diag.reject(*problem, topic="poses")
         arr = conv.pose_array_to_array(msg)
         with self._lock:
             self._account("poses", self.aligner.add_pose(conv.stamp_ns(msg.header.stamp), arr))
 
     def _on_imu(self, msg: Imu) -> None:
         self.diag.received("imu")
-        if not conv.stamp_valid(msg.header.stamp):
-            return self.diag.reject("bad_stamp", "IMU stamp before 0 or malformed", topic="imu")
+        problem = conv.header_problem(msg.header)
+        if problem:
+            return self.diag.reject(*problem, topic="imu")
         rod, w, q = conv.imu_to_arrays(msg)
         with self._lock:
             self._account("imu", self.aligner.add_imu(conv.stamp_ns(msg.header.stamp), rod, w, q))
 
     def _on_command(self, msg: CableCommand) -> None:
         self.diag.received("commands")
-        if not conv.stamp_valid(msg.header.stamp):
-            return self.diag.reject("bad_stamp", "command stamp before 0 or malformed", topic="commands")
+        problem = conv.header_problem(msg.header)
+        if problem:
+            return self.diag.reject(*problem, topic="commands")
         u = conv.cable_command_to_array(msg, self.cable_names)
         if u is None:
             return self.diag.reject("wrong_length", "cable names do not match the robot's", topic="commands")

@@ -121,11 +121,9 @@ class MppiControllerNode(Node):
     # ------------------------------------------------------------------ callbacks
     def _on_pose(self, msg: PoseArray) -> None:
         self.diag.received("poses")
-        if not conv.stamp_valid(msg.header.stamp):
-            return self.diag.reject("bad_stamp", "pose stamp before 0 or malformed", topic="poses")
-        if msg.header.frame_id != self.pose_frame:
-            return self.diag.reject("wrong_frame", f"poses in {msg.header.frame_id[:64]!r}, expected "
-                                    f"{self.pose_frame!r} (parameter pose_frame)", topic="poses")
+        problem = conv.header_problem(msg.header, self.pose_frame)
+        if problem:
+            return self.diag.reject(*problem, topic="poses")
         arr = conv.pose_array_to_array(msg)
         stamp = conv.stamp_ns(msg.header.stamp)
         problem = pose_problem(arr, self.R, max_abs_position=self.checks.max_abs_position,
@@ -150,8 +148,9 @@ class MppiControllerNode(Node):
 
     def _on_imu(self, msg: Imu) -> None:
         self.diag.received("imu")
-        if not conv.stamp_valid(msg.header.stamp):
-            return self.diag.reject("bad_stamp", "IMU stamp before 0 or malformed", topic="imu")
+        problem = conv.header_problem(msg.header)
+        if problem:
+            return self.diag.reject(*problem, topic="imu")
         rod, w, q = conv.imu_to_arrays(msg)
         problem = imu_problem(rod, w, q, self.R, max_abs_angular_velocity=self.checks.max_abs_angular_velocity,
                               quat_tolerance=self.checks.quat_tolerance)

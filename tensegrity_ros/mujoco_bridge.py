@@ -112,8 +112,9 @@ class MujocoBridge(Node):
     # ------------------------------------------------------------------ commands
     def _on_command(self, msg: CableCommand) -> None:
         self.diag.received("commands")
-        if not conv.stamp_valid(msg.header.stamp):
-            return self.diag.reject("bad_stamp", "command stamp before 0 or malformed", topic="commands")
+        problem = conv.header_problem(msg.header)
+        if problem:
+            return self.diag.reject(*problem, topic="commands")
         stamp = conv.stamp_ns(msg.header.stamp)
         u = conv.cable_command_to_array(msg, self.cable_names)
         problem = "wrong_length" if u is None else command_problem(u, self.A)
