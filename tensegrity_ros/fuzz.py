@@ -36,10 +36,13 @@ SUBSCRIBED = {"identifier": ("poses", "imu", "commands"),
               "mujoco_bridge": ("commands",)}
 EXACT = ("identifier", "mppi_controller")   # nodes whose accepted count is predicted
 CONTROLLER_COMMANDS = "/fuzz/controller_command"
+IDENTIFIER_PARAMETERS = "/fuzz/identifier_parameters"
 REMAP = {"mppi_controller": {TOPIC_COMMAND: CONTROLLER_COMMANDS},
          "mujoco_bridge": {TOPIC_POSES: "/fuzz/bridge/rod_poses", TOPIC_IMU: "/fuzz/bridge/imu",
                            "/clock": "/fuzz/bridge/clock", "/tensegrity/markers": "/fuzz/bridge/markers"},
-         "identifier": {}}
+         # the identifier's models would race the fuzzed ones into the controller's
+         # depth-1 (latched) queue, where the newer replaces the older unseen
+         "identifier": {TOPIC_PARAMS: IDENTIFIER_PARAMETERS}}
 SINGLE = ("parameters", "goals")             # depth-1 (latched) queues: one per chunk
 
 
@@ -84,7 +87,7 @@ class FuzzHarness:
         every_param = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE,
                                  durability=DurabilityPolicy.TRANSIENT_LOCAL)
         node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 100)
-        node.create_subscription(IdentifiedParameters, TOPIC_PARAMS, self._on_params, every_param)
+        node.create_subscription(IdentifiedParameters, IDENTIFIER_PARAMETERS, self._on_params, every_param)
         node.create_subscription(CableCommand, CONTROLLER_COMMANDS, self._on_command, stream_qos(200))
 
     # ------------------------------------------------------------------ observation
@@ -94,9 +97,8 @@ class FuzzHarness:
                 self.diag[st.name] = {kv.key: kv.value for kv in st.values}
 
     def _on_params(self, msg) -> None:
-        if msg.stage != "fuzz":
-            with self._lock:
-                self.identifier_parameters += 1
+        with self._lock:
+            self.identifier_parameters += 1
 
     def _on_command(self, msg) -> None:
         u = np.asarray(msg.target_rest_lengths, dtype=np.float64)
@@ -116,7 +118,7 @@ class FuzzHarness:
             return v
 
     def expected_in(self, topic: str) -> int:
-        return self.sent[topic] + (self.identifier_parameters if topic == "parameters" else 0)
+        return self.sent[topic]
 
     def _caught_up(self) -> bool:
         return all(self.value(n, f"in_{t}") == self.expected_in(t) for n in self.nodes for t in SUBSCRIBED[n])
@@ -189,7 +191,7 @@ class FuzzHarness:
         for n in self.nodes:
             rows = {}
             for t in SUBSCRIBED[n]:
-                expected = self.valid[t] + (self.identifier_parameters if t == "parameters" else 0)
+                expected = self.valid[t]
                 rows[t] = {"sent": self.expected_in(t), "received": self.value(n, f"in_{t}"),
                            "accepted": self.value(n, f"{t}_accepted"),
                            "rejected": self.value(n, f"{t}_rejected"),
