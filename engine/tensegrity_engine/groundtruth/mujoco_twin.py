@@ -46,6 +46,7 @@ live in `environments.py`.
 """
 from __future__ import annotations
 
+import math
 import xml.etree.ElementTree as ET
 from typing import Iterable, Optional, Sequence
 
@@ -53,6 +54,7 @@ import mujoco
 import mujoco.rollout
 import numpy as np
 
+from tensegrity_engine.groundtruth.realisation import Realisation, RestLengthDriver, rod_inertia
 from tensegrity_engine.physics.config import RobotConfig
 from tensegrity_engine.physics.state import ANG_VEL, LIN_VEL, POS, QUAT, STATE_DIM, canonical_quat, initial_rod_state
 
@@ -86,18 +88,27 @@ def _actuator_order(robot: RobotConfig) -> np.ndarray:
 
 
 def build_mjcf(robot: RobotConfig, *, fixed_rods: Sequence[int] = (), floor: bool = True,
-               rod_state: Optional[np.ndarray] = None) -> str:
+               rod_state: Optional[np.ndarray] = None, realisation: Optional[Realisation] = None) -> str:
     """MJCF text of the robot. ``rod_state`` ([R, 13], optional) overrides the body poses
-    (default: the config pose); for rods in ``fixed_rods`` that pose is welded to the world."""
+    (default: the config pose); for rods in ``fixed_rods`` that pose is welded to the world.
+    ``realisation`` (default: the twin) chooses the integrator, contacts, slack damping,
+    actuation and rod inertia (`realisation.py`)."""
+    real = Realisation() if realisation is None else realisation
     R = robot.num_rods
     fixed = {int(i) for i in fixed_rods}
     if any(not 0 <= i < R for i in fixed):
         raise ValueError(f"fixed_rods {sorted(fixed)} out of range 0..{R - 1}")
     pose = initial_rod_state(robot) if rod_state is None else np.asarray(rod_state, np.float64)
-    inertia = robot.rod_inertia()
+    inertia = rod_inertia(robot.rod_mass, robot.rod_radius, robot.rod_length, real.end_mass_fraction)
     fr = robot.contact.friction
     friction = _vec([fr.sliding, fr.torsional, fr.rolling])
-    condim = "6" if (fr.torsional > 0 or fr.rolling > 0) else "3"
+    condim = str(real.contact.condim) if real.contact.condim else (
+        "6" if (fr.torsional > 0 or fr.rolling > 0) else "3")
+    contact_attrs = {"condim": condim, "friction": friction}
+    if real.contact.solref is not None:
+        contact_attrs["solref"] = _vec(real.contact.solref)
+    if real.contact.solimp is not None:
+        contact_attrs["solimp"] = _vec(real.contact.solimp)
     # Collision bits: rod-rod on -> everything is 1/1; off -> rods only meet the floor.
     if robot.contact.rod_rod:
         rod_bits, floor_bits = ("1", "1"), ("1", "1")
@@ -106,13 +117,13 @@ def build_mjcf(robot: RobotConfig, *, fixed_rods: Sequence[int] = (), floor: boo
 
     root = ET.Element("mujoco", model=robot.name)
     ET.SubElement(root, "compiler", angle="radian", autolimits="true")
-    ET.SubElement(root, "option", timestep=_f(robot.dt), integrator="Euler",
-                  gravity=_vec(robot.gravity))
+    ET.SubElement(root, "option", timestep=_f(robot.dt), integrator=real.integrator,
+                  cone=real.contact.cone, gravity=_vec(robot.gravity))
     world = ET.SubElement(root, "worldbody")
     if floor:
         ET.SubElement(world, "geom", name="floor", type="plane", size="0 0 1",
-                      pos=_vec([0.0, 0.0, robot.contact.ground_height]), friction=friction,
-                      condim=condim, contype=floor_bits[0], conaffinity=floor_bits[1])
+                      pos=_vec([0.0, 0.0, robot.contact.ground_height]), **contact_attrs,
+                      contype=floor_bits[0], conaffinity=floor_bits[1])
     for r in range(R):
         half = 0.5 * robot.rod_length[r]
         body = ET.SubElement(world, "body", name=f"rod{r}", pos=_vec(pose[r, POS]),
@@ -122,27 +133,43 @@ def build_mjcf(robot: RobotConfig, *, fixed_rods: Sequence[int] = (), floor: boo
         if r not in fixed:
             ET.SubElement(body, "freejoint", name=f"rod{r}_free")
         ET.SubElement(body, "geom", name=f"rod{r}_capsule", type="capsule",
-                      size=_vec([robot.rod_radius[r], half]), friction=friction, condim=condim,
+                      size=_vec([robot.rod_radius[r], half]), **contact_attrs,
                       contype=rod_bits[0], conaffinity=rod_bits[1], mass="0")
         for end, z in ((0, -half), (1, half)):
             ET.SubElement(body, "site", name=f"rod{r}_end{end}", pos=_vec([0.0, 0.0, z]),
                           size=_f(robot.rod_radius[r] * 0.5))
+    kind = real.actuation.kind
+    tendon_spring = kind == "spring_length"
     tendon = ET.SubElement(root, "tendon")
     for c in range(robot.num_cables):
-        sp = ET.SubElement(tendon, "spatial", name=f"cable{c}", width="0.005")
+        sp_attrs = dict(name=f"cable{c}", width="0.005")
+        if real.slack_damping:
+            sp_attrs["damping"] = _f(robot.cable_damping[c])
+        if tendon_spring:     # dead band [0, l0]: pulls back only past the rest length
+            sp_attrs.update(stiffness=_f(robot.cable_stiffness[c]),
+                            springlength=_vec([0.0, robot.cable_rest_length[c]]))
+        sp = ET.SubElement(tendon, "spatial", **sp_attrs)
         for rod, end in robot.cable_ends[c]:
             ET.SubElement(sp, "site", site=f"rod{int(rod)}_end{int(end)}")
     actuator = ET.SubElement(root, "actuator")
     g, off, tau = robot.actuator.gain, robot.actuator.offset, robot.actuator.time_constant
     for c in _actuator_order(robot):
-        K, damp = robot.cable_stiffness[c], robot.cable_damping[c]
+        K = 0.0 if tendon_spring else robot.cable_stiffness[c]
+        damp = 0.0 if real.slack_damping else robot.cable_damping[c]
         attrs = dict(name=f"act_cable{c}", tendon=f"cable{c}", gaintype="fixed",
                      biastype="affine", forcelimited="true", forcerange="-1e9 0")
         if robot.cable_actuated[c]:
             lo, hi = robot.cable_command_range[c]
-            attrs.update(dyntype="filterexact", dynprm=_f(tau), gainprm=_f(K * g),
-                         biasprm=_vec([K * off, -K, -damp]), ctrllimited="true",
-                         ctrlrange=_vec([lo, hi]), actlimited="true", actrange=_vec([lo, hi]))
+            attrs.update(gainprm=_f(K * g), biasprm=_vec([K * off, -K, -damp]),
+                         actlimited="true", actrange=_vec([lo, hi]))
+            if kind == "filter":
+                attrs.update(dyntype="filterexact", dynprm=_f(tau), ctrllimited="true",
+                             ctrlrange=_vec([lo, hi]))
+            else:             # act integrates a rate set each step by `RestLengthDriver`
+                speed = real.actuation.max_speed / g
+                attrs.update(dyntype="integrator", ctrllimited=str(math.isfinite(speed)).lower())
+                if math.isfinite(speed):
+                    attrs["ctrlrange"] = _vec([-speed, speed])
         else:
             attrs.update(dyntype="none", gainprm="0",
                          biasprm=_vec([K * robot.cable_rest_length[c], -K, -damp]),
@@ -187,11 +214,14 @@ class MujocoTwin:
     """
 
     def __init__(self, robot: RobotConfig, *, fixed_rods: Sequence[int] = (), floor: bool = True,
-                 nthread: int = 2):
+                 nthread: int = 2, realisation: Optional[Realisation] = None):
         self.robot = robot
         self.fixed_rods = tuple(sorted({int(i) for i in fixed_rods}))
         self.floor = floor
-        self.xml = build_mjcf(robot, fixed_rods=self.fixed_rods, floor=floor)
+        self.realisation = Realisation() if realisation is None else realisation
+        # Stepped actuations need Python between steps: no mujoco.rollout for them.
+        self.driver = RestLengthDriver(robot, self.realisation) if self.realisation.actuation.stepped else None
+        self.xml = build_mjcf(robot, fixed_rods=self.fixed_rods, floor=floor, realisation=self.realisation)
         self.model = mujoco.MjModel.from_xml_string(self.xml)
         self.data = mujoco.MjData(self.model)
         R = robot.num_rods
@@ -330,6 +360,8 @@ class MujocoTwin:
         out_act = np.empty((B, n_rec, self.num_actuated))
         if S == 0:
             return out_rs, out_act
+        if self.driver is not None:
+            return self._stepped_rollout(init, cmd, wr, k, out_rs, out_act)
         chunk = max(1, min(B, _ROLLOUT_BUFFER_FLOATS // max(1, S * self.nstate)))
         buf = np.empty((chunk, S, self.nstate))
         for b0 in range(0, B, chunk):
@@ -342,23 +374,52 @@ class MujocoTwin:
             out_rs[b0:b1], out_act[b0:b1] = self.rod_state_from(rec)
         return out_rs, out_act
 
+    def _stepped_rollout(self, init, cmd, wr, k, out_rs, out_act):
+        """`rollout` for stepped actuations: one episode after another in a Python loop."""
+        S = cmd.shape[1]
+        d = mujoco.MjData(self.model)
+        state = np.empty(self.nstate)
+        for b in range(len(init)):
+            mujoco.mj_setState(self.model, d, init[b], FULLPHYSICS)
+            d.xfrc_applied[:] = 0.0
+            for s in range(S):
+                if wr is not None:
+                    self._set_wrench(d, wr[b, s])
+                self.driver.before_step(self.model, d, cmd[b, s])
+                mujoco.mj_step(self.model, d)
+                if (s + 1) % k == 0 and (s + 1) // k <= out_rs.shape[1]:
+                    mujoco.mj_getState(self.model, d, state, FULLPHYSICS)
+                    out_rs[b, (s + 1) // k - 1], out_act[b, (s + 1) // k - 1] = self.rod_state_from(state)
+        return out_rs, out_act
+
+    def _set_wrench(self, data, wrench) -> None:
+        w = np.array(wrench, dtype=np.float64, copy=True).reshape(self.num_rods, 6)
+        w[self.fixed_mask] = 0.0
+        data.xfrc_applied[self.body_ids] = w
+
     # ------------------------------------------------------------------ live stepping
     def reset(self, rod_state, act) -> None:
         """Reset ``self.data`` to a rod state ([R, 13]) and activations ([A])."""
         mujoco.mj_resetData(self.model, self.data)
         mujoco.mj_setState(self.model, self.data, self.mj_state_from(rod_state, act)[0], FULLPHYSICS)
-        self.data.ctrl[:self.num_actuated] = np.asarray(act, dtype=np.float64).reshape(-1)
+        act = np.asarray(act, dtype=np.float64).reshape(-1)
+        if self.driver is None:
+            self.data.ctrl[:self.num_actuated] = act
+        else:
+            self.driver.before_step(self.model, self.data, act)
         mujoco.mj_forward(self.model, self.data)
 
     def step(self, command, wrench=None, nsteps: int = 1) -> None:
         """Hold command [A] (and wrench [R, 6], world force/torque at rod centres) for nsteps."""
+        command = np.asarray(command, dtype=np.float64).reshape(-1)
         self.data.ctrl[:] = 0.0
-        self.data.ctrl[:self.num_actuated] = np.asarray(command, dtype=np.float64).reshape(-1)
         self.data.xfrc_applied[:] = 0.0
         if wrench is not None:
-            w = np.array(wrench, dtype=np.float64, copy=True).reshape(self.num_rods, 6)
-            w[self.fixed_mask] = 0.0
-            self.data.xfrc_applied[self.body_ids] = w
+            self._set_wrench(self.data, wrench)
+        if self.driver is not None:
+            self.driver.step(self.model, self.data, command, nsteps)
+            return
+        self.data.ctrl[:self.num_actuated] = command
         mujoco.mj_step(self.model, self.data, nstep=int(nsteps))
 
     def get_state(self) -> tuple[np.ndarray, np.ndarray]:
@@ -377,10 +438,16 @@ class MujocoTwin:
         states = self.mj_state_from(rod_state, act)
         d = mujoco.MjData(self.model)
         out = np.empty((states.shape[0], self.robot.num_cables))
+        m = self.model
         for b, s in enumerate(states):
-            mujoco.mj_setState(self.model, d, s, FULLPHYSICS)
-            mujoco.mj_forward(self.model, d)
+            mujoco.mj_setState(m, d, s, FULLPHYSICS)
+            if self.driver is not None:
+                self.driver.before_step(m, d, d.act[:self.num_actuated])
+            mujoco.mj_forward(m, d)
             out[b, self.actuator_cable] = -d.actuator_force
+            # Tendon springs (dead band [0, l0]) and tendon damping, where the realisation has them.
+            stretch = np.maximum(d.ten_length - m.tendon_lengthspring[:, 1], 0.0)
+            out[b] += m.tendon_stiffness * stretch + m.tendon_damping * d.ten_velocity
         single = np.asarray(rod_state).ndim == 2 and np.asarray(act).ndim == 1
         return out[0] if single else out
 
