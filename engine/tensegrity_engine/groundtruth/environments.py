@@ -49,6 +49,7 @@ import numpy as np
 
 from tensegrity_engine.physics.config import RobotConfig, robot_to_yaml
 from tensegrity_engine.groundtruth.mujoco_twin import MujocoTwin, nominal_commands
+from tensegrity_engine.groundtruth.realisation import Realisation
 from tensegrity_engine.physics.state import (ANG_VEL, LIN_VEL, POS, QUAT, center_of_mass, end_nodes, initial_rod_state,
                     quat_conjugate, quat_from_z_to, quat_multiply, quat_rotate)
 
@@ -71,14 +72,16 @@ def _key(robot: RobotConfig, *extra) -> str:
     return hashlib.sha1((robot_to_yaml(robot) + repr(extra)).encode()).hexdigest()
 
 
-def contact_twin(robot: RobotConfig, *, nthread: int = 2) -> MujocoTwin:
-    """Twin for the contact environment: floor, all rods free."""
-    return MujocoTwin(robot, floor=True, nthread=nthread)
+def contact_twin(robot: RobotConfig, *, nthread: int = 2, realisation: Optional[Realisation] = None) -> MujocoTwin:
+    """Ground truth for the contact environment: floor, all rods free (``realisation``:
+    how MuJoCo realises the robot; default the engine's twin)."""
+    return MujocoTwin(robot, floor=True, nthread=nthread, realisation=realisation)
 
 
-def noncontact_twin(robot: RobotConfig, *, nthread: int = 2) -> MujocoTwin:
-    """Twin for the non-contact environment: no floor, rod 0 welded to the world."""
-    return MujocoTwin(robot, floor=False, fixed_rods=(NONCONTACT_FIXED_ROD,), nthread=nthread)
+def noncontact_twin(robot: RobotConfig, *, nthread: int = 2, realisation: Optional[Realisation] = None) -> MujocoTwin:
+    """Ground truth for the non-contact environment: no floor, rod 0 welded to the world."""
+    return MujocoTwin(robot, floor=False, fixed_rods=(NONCONTACT_FIXED_ROD,), nthread=nthread,
+                      realisation=realisation)
 
 
 def lowest_point(robot: RobotConfig, rod_state) -> float:
@@ -151,18 +154,19 @@ def face_down_pose(robot: RobotConfig) -> np.ndarray:
     return state
 
 
-def rest_pose(robot: RobotConfig, *, settle_time: float = 3.0) -> tuple[np.ndarray, np.ndarray]:
+def rest_pose(robot: RobotConfig, *, settle_time: float = 3.0,
+              realisation: Optional[Realisation] = None) -> tuple[np.ndarray, np.ndarray]:
     """(rod_state [R, 13], act [A]) of the robot resting on the floor at nominal commands.
 
     The config pose, turned onto its lowest convex-hull face (`face_down_pose`), is lifted
     so that its lowest capsule point is 1 cm above the ground, dropped and settled for
     ``settle_time`` s (`_settle`). Cached per robot in-process (copies returned).
     """
-    key = _key(robot, "rest", float(settle_time))
+    key = _key(robot, "rest", float(settle_time), realisation)
     if key not in _CACHE:
         state = face_down_pose(robot)
         state[:, 2] += robot.contact.ground_height + 0.01 - lowest_point(robot, state)
-        with MujocoTwin(robot, floor=True, nthread=1) as twin:
+        with MujocoTwin(robot, floor=True, nthread=1, realisation=realisation) as twin:
             _CACHE[key] = _settle(twin, state, settle_time)
     rs, act = _CACHE[key]
     return rs.copy(), act.copy()
@@ -193,13 +197,14 @@ def _hang_below(robot: RobotConfig, fixed_rod: int) -> np.ndarray:
     return state
 
 
-def hanging_pose(robot: RobotConfig, *, settle_time: float = 2.0) -> tuple[np.ndarray, np.ndarray]:
+def hanging_pose(robot: RobotConfig, *, settle_time: float = 2.0,
+                 realisation: Optional[Realisation] = None) -> tuple[np.ndarray, np.ndarray]:
     """(rod_state, act) of the robot hanging from rod 0 (welded at its config pose, no
     floor, gravity on): the config pose swung about rod 0's axis until the CoM is below
     it (`_hang_below`), relaxed for ``settle_time`` s at nominal commands. Cached."""
-    key = _key(robot, "hang", float(settle_time))
+    key = _key(robot, "hang", float(settle_time), realisation)
     if key not in _CACHE:
-        with noncontact_twin(robot, nthread=1) as twin:
+        with noncontact_twin(robot, nthread=1, realisation=realisation) as twin:
             _CACHE[key] = _settle(twin, _hang_below(robot, NONCONTACT_FIXED_ROD), settle_time)
     rs, act = _CACHE[key]
     return rs.copy(), act.copy()
@@ -254,13 +259,13 @@ def random_forces(robot: RobotConfig, rng: np.random.Generator, num_steps: int, 
 
 def sample_noncontact_episode(robot: RobotConfig, rng: np.random.Generator, num_steps: int, *,
                               max_force: Optional[float] = None, hold_range=HOLD_RANGE,
-                              settle_time: float = 2.0):
+                              settle_time: float = 2.0, realisation: Optional[Realisation] = None):
     """Robot hanging from rod 0 (no floor): random commands and random external forces.
 
     Returns rod_state0 [R, 13], act0 [A], commands [S, A], wrenches [S, R, 6]; use with
     ``noncontact_twin(robot)``.
     """
-    state, act = hanging_pose(robot, settle_time=settle_time)
+    state, act = hanging_pose(robot, settle_time=settle_time, realisation=realisation)
     commands = random_commands(robot, rng, num_steps, hold_range=hold_range)
     wrenches = random_forces(robot, rng, num_steps, max_force=max_force, hold_range=hold_range)
     return state, act, commands, wrenches
@@ -281,13 +286,14 @@ def rolling_velocity(robot: RobotConfig, state: np.ndarray, velocity) -> np.ndar
 
 def sample_contact_episode(robot: RobotConfig, rng: np.random.Generator, num_steps: int, *,
                            speed_range=SPEED_RANGE, randomize_commands: bool = False,
-                           hold_range=HOLD_RANGE, settle_time: float = 3.0):
+                           hold_range=HOLD_RANGE, settle_time: float = 3.0,
+                           realisation: Optional[Realisation] = None):
     """Robot launched from its rest pose at a random horizontal CoM speed, rolling.
 
     Returns rod_state0 [R, 13], act0 [A], commands [S, A] (nominal, or random when
     ``randomize_commands``); use with ``contact_twin(robot)``.
     """
-    state, act = rest_pose(robot, settle_time=settle_time)
+    state, act = rest_pose(robot, settle_time=settle_time, realisation=realisation)
     speed = rng.uniform(*speed_range)
     heading = rng.uniform(0.0, 2.0 * np.pi)
     v = speed * np.array([np.cos(heading), np.sin(heading), 0.0])

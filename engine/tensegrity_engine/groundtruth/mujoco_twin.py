@@ -58,7 +58,14 @@ from tensegrity_engine.groundtruth.realisation import Realisation, RestLengthDri
 from tensegrity_engine.physics.config import RobotConfig
 from tensegrity_engine.physics.state import ANG_VEL, LIN_VEL, POS, QUAT, STATE_DIM, canonical_quat, initial_rod_state
 
-__all__ = ["build_mjcf", "MujocoTwin", "MujocoGroundChecker", "nominal_commands", "FULLPHYSICS"]
+__all__ = ["build_mjcf", "MujocoTwin", "GroundTruthDiverged", "MujocoGroundChecker", "nominal_commands", "FULLPHYSICS"]
+
+MAX_SPEED = 100.0    # m/s: no rod of a robot moves this fast; MuJoCo has diverged
+
+
+class GroundTruthDiverged(RuntimeError):
+    """The MuJoCo ground truth blew up: its robot definition is not simulable as given."""
+
 
 FULLPHYSICS = int(mujoco.mjtState.mjSTATE_FULLPHYSICS.value)
 _CTRL = int(mujoco.mjtState.mjSTATE_CTRL.value)
@@ -361,7 +368,8 @@ class MujocoTwin:
         if S == 0:
             return out_rs, out_act
         if self.driver is not None:
-            return self._stepped_rollout(init, cmd, wr, k, out_rs, out_act)
+            self._stepped_rollout(init, cmd, wr, k, out_rs, out_act)
+            return self._checked(rs, out_rs, k), out_act
         chunk = max(1, min(B, _ROLLOUT_BUFFER_FLOATS // max(1, S * self.nstate)))
         buf = np.empty((chunk, S, self.nstate))
         for b0 in range(0, B, chunk):
@@ -372,7 +380,23 @@ class MujocoTwin:
                                           control_spec=spec, nstep=S, state=st)
             rec = st[:, k - 1:n_rec * k:k]
             out_rs[b0:b1], out_act[b0:b1] = self.rod_state_from(rec)
-        return out_rs, out_act
+        return self._checked(rs, out_rs, k), out_act
+
+    def _checked(self, rod_state0, rod_states, k: int):
+        """``rod_states``, or `GroundTruthDiverged` when MuJoCo blew up: non-finite values,
+        or speeds (state or between records) over MAX_SPEED. MuJoCo's answer to a bad
+        acceleration is to reset the robot to its model pose, which looks finite."""
+        pos = np.concatenate([np.broadcast_to(rod_state0[:, None, :, POS],
+                                              (len(rod_states), 1) + rod_state0.shape[1:2] + (3,)),
+                              rod_states[..., POS]], axis=1)
+        jump = np.linalg.norm(np.diff(pos, axis=1), axis=-1).max(initial=0.0) / (k * self.robot.dt)
+        speed = np.abs(rod_states[..., LIN_VEL]).max(initial=0.0)
+        if not np.isfinite(rod_states).all() or max(jump, speed) > MAX_SPEED:
+            raise GroundTruthDiverged(
+                f"{self.robot.name}: MuJoCo diverged (speed {max(jump, speed):.3g} m/s > {MAX_SPEED} m/s) "
+                f"with integrator {self.realisation.integrator} at dt {self.robot.dt} s; a stiffer or "
+                "more damped robot needs an implicit integrator or a smaller step")
+        return rod_states
 
     def _stepped_rollout(self, init, cmd, wr, k, out_rs, out_act):
         """`rollout` for stepped actuations: one episode after another in a Python loop."""

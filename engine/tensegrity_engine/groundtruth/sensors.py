@@ -1,6 +1,8 @@
 """Sensor models of the simulated robot: what a motion-capture system would report."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from tensegrity_engine.physics.state import POS, QUAT, quat_multiply
@@ -19,3 +21,49 @@ def noisy_rod_poses(rod_state: np.ndarray, rng: np.random.Generator, *, pos_nois
         dq = np.concatenate([np.cos(ang / 2), np.sinc(ang / (2 * np.pi)) * rv / 2], -1)
         meas[:, QUAT] = quat_multiply(dq, meas[:, QUAT])
     return meas
+
+
+@dataclasses.dataclass(frozen=True)
+class SensorModel:
+    """A motion-capture system: what it reports of the dense ground truth at its stamps.
+
+    A frame stamped t shows the robot at ``t - latency + e`` (e ~ N(0, jitter^2) s, the
+    stamp error), rounded to the ground truth's step; positions get N(0, position_noise^2)
+    m per axis and orientations a random rotation of N(0, rotation_noise^2) rad per axis;
+    each frame but the first is lost with probability ``drop_rate``. No velocities: a
+    mocap measures poses.
+    """
+
+    position_noise: float = 0.0      # m
+    rotation_noise: float = 0.0      # rad
+    latency: float = 0.0             # s
+    jitter: float = 0.0              # s, standard deviation of the stamp error
+    drop_rate: float = 0.0           # fraction of frames lost
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            if not (np.isfinite(getattr(self, f.name)) and getattr(self, f.name) >= 0):
+                raise ValueError(f"{f.name} must be finite and >= 0")
+        if self.drop_rate >= 1:
+            raise ValueError("drop_rate must be < 1")
+
+    @property
+    def ideal(self) -> bool:
+        return self == SensorModel()
+
+    def measure(self, dense_states: np.ndarray, dt: float, stamps: np.ndarray,
+                rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """dense_states [N, R, 13] at t = k dt; stamps [K] (s) -> (kept stamps, poses [K', R, 13]
+        with zero velocities)."""
+        stamps = np.asarray(stamps, dtype=np.float64)
+        seen = stamps - self.latency + (rng.normal(0.0, self.jitter, stamps.shape) if self.jitter else 0.0)
+        idx = np.clip(np.rint(seen / dt).astype(int), 0, len(dense_states) - 1)
+        keep = rng.random(len(stamps)) >= self.drop_rate
+        keep[0] = True
+        out = []
+        for i in np.flatnonzero(keep):
+            pose = noisy_rod_poses(dense_states[idx[i]], rng, pos_noise=self.position_noise,
+                                   rot_noise=self.rotation_noise)
+            pose[:, 7:] = 0.0
+            out.append(pose)
+        return stamps[keep], np.stack(out)

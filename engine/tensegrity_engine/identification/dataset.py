@@ -464,9 +464,15 @@ SPLITS = {"train": 10, "val": 2, "test": 10}
 
 def generate_dataset(robot: RobotConfig, env: str, root: str | os.PathLike, *,
                      counts: Optional[dict] = None, duration: float = 5.0, period: float = 0.1,
-                     seed: int = 0, dense: bool = True, progress: bool = False) -> dict:
+                     seed: int = 0, dense: bool = True, progress: bool = False,
+                     truth=None, sensing=None) -> dict:
     """Run the MuJoCo ground truth and write sparse (every ``period``) and dense (every
-    engine step) trajectory files under ``root/env/split``. Returns {split: [paths]}."""
+    engine step) trajectory files under ``root/env/split``. Returns {split: [paths]}.
+
+    ``truth`` (a `groundtruth.zoo.ZooRobot`, default the twin of ``robot``) is the robot
+    that runs; the files carry ``robot`` (what the user knows), never the truth's values.
+    ``sensing`` (a `groundtruth.sensors.SensorModel`) records the sparse files as a mocap
+    would: noisy, late, jittered poses with dropped frames and no velocities."""
     from tensegrity_engine.groundtruth import environments as envs
 
     if env not in ENVIRONMENTS:
@@ -479,7 +485,12 @@ def generate_dataset(robot: RobotConfig, env: str, root: str | os.PathLike, *,
         raise ValueError("duration must be a whole number of periods")
     rng = np.random.default_rng(seed)
     out: dict = {}
-    twin = envs.noncontact_twin(robot) if env == "noncontact" else envs.contact_twin(robot)
+    true_robot = robot if truth is None else truth.truth
+    realisation = None if truth is None else truth.realisation
+    if truth is not None:
+        check_same_topology(robot, true_robot, "ground truth")
+    make_twin = envs.noncontact_twin if env == "noncontact" else envs.contact_twin
+    twin = make_twin(true_robot, realisation=realisation)
     environment = ({"name": env, "floor": False, "fixed_rods": [envs.NONCONTACT_FIXED_ROD]}
                    if env == "noncontact" else {"name": env, "floor": True, "fixed_rods": []})
     try:
@@ -487,9 +498,10 @@ def generate_dataset(robot: RobotConfig, env: str, root: str | os.PathLike, *,
             eps = []
             for _ in range(n):
                 if env == "noncontact":
-                    eps.append(envs.sample_noncontact_episode(robot, rng, S))
+                    eps.append(envs.sample_noncontact_episode(true_robot, rng, S, realisation=realisation))
                 else:
-                    eps.append(envs.sample_contact_episode(robot, rng, S) + (None,))
+                    eps.append(envs.sample_contact_episode(true_robot, rng, S, realisation=realisation)
+                               + (None,))
             if not eps:
                 continue
             s0 = np.stack([e[0] for e in eps])
@@ -505,16 +517,21 @@ def generate_dataset(robot: RobotConfig, env: str, root: str | os.PathLike, *,
                 kw = dict(robot=robot, command_time=ct, command=cv, act0=a0[b],
                           environment=environment,
                           meta={"generator": "tensegrity_engine.identification.dataset", "seed": seed,
-                                "split": split, "index": b})
+                                "split": split, "index": b,
+                                "ground_truth": "twin" if truth is None else truth.name,
+                                "sensing": None if sensing is None else dataclasses.asdict(sensing)})
                 if wr is not None:
                     kw["wrench_time"], kw["wrench"] = _change_points(wr[b], dt)
                 for kind, sel in (("sparse", slice(None, None, every)), ("dense", slice(None))):
                     if kind == "dense" and not dense:
                         continue
-                    st = states[b, sel]
-                    traj = Trajectory(t=times[sel], position=st[..., POS], quaternion=st[..., QUAT],
-                                      linear_velocity=st[..., LIN_VEL],
-                                      angular_velocity=st[..., ANG_VEL], **kw)
+                    st, t_rec, vel = states[b, sel], times[sel], True
+                    if kind == "sparse" and sensing is not None:
+                        t_rec, st = sensing.measure(states[b], dt, t_rec, rng)
+                        vel = False
+                    traj = Trajectory(t=t_rec, position=st[..., POS], quaternion=st[..., QUAT],
+                                      linear_velocity=st[..., LIN_VEL] if vel else None,
+                                      angular_velocity=st[..., ANG_VEL] if vel else None, **kw)
                     paths.append(traj.save(Path(root) / env / split / f"traj_{b:03d}.{kind}.npz"))
             out[split] = paths
             if progress:

@@ -21,7 +21,8 @@ def evaluate(params: PhysicalParameters, trajs: Sequence[Trajectory], *,
     recorded commands (and wrenches); CoM error at every sample on the dt grid.
 
     Needs velocities in the first state (pose-only test data: zero initial velocity is
-    assumed, which is right for trajectories that start at rest). Returns dict with
+    assumed, which is right for trajectories that start at rest). A model that diverges
+    has error inf from there on. Returns dict with
     times [K], com_error [B, K], path_length [B], final_error [B], relative [B].
     """
     if not trajs:
@@ -58,7 +59,8 @@ def evaluate(params: PhysicalParameters, trajs: Sequence[Trajectory], *,
                 k = np.rint(rel / dt).astype(int)
                 ok = (np.abs(k * dt - rel) < 1e-6) & (k >= 1) & (k <= steps)
                 err = np.full(steps, np.nan)
-                err[k[ok] - 1] = np.linalg.norm(com_pred[i, k[ok] - 1] - t.center_of_mass()[ok], axis=-1)
+                gap = np.linalg.norm(com_pred[i, k[ok] - 1] - t.center_of_mass()[ok], axis=-1)
+                err[k[ok] - 1] = np.where(np.isfinite(gap), gap, np.inf)    # a diverged model
                 errors.append(err)
                 lengths.append(t.path_length())
     err = np.stack(errors)
@@ -78,4 +80,70 @@ def parameter_errors(params: PhysicalParameters, reference: RobotConfig, names: 
     for n in names:
         r = np.broadcast_to(np.asarray(ref[n]), np.shape(got[n])) if len(got[n]) > 1 else np.mean(ref[n])
         out[n] = float(np.max(np.abs(np.asarray(got[n]) - r) / np.maximum(np.abs(r), 1e-12)))
+    return out
+
+
+def _filtered_commands(params: PhysicalParameters, traj: Trajectory, steps: int) -> np.ndarray:
+    """[steps + 1, A] the model's filtered commands (act) at every engine step from the
+    trajectory's start: its first-order filter run over the recorded (clamped) commands."""
+    robot = params.robot
+    tau = float(np.mean(params.as_dict()["actuator_time_constant"]))
+    decay = math.exp(-robot.dt / tau)
+    cmd = np.clip(traj.command_grid(traj.t[0], steps, robot.dt), robot.command_low, robot.command_high)
+    out = np.empty((steps + 1, robot.num_actuated))
+    out[0] = traj.initial_act()
+    for k in range(steps):
+        out[k + 1] = cmd[k] + (out[k] - cmd[k]) * decay
+    return out
+
+
+def horizon_errors(params: PhysicalParameters, trajs: Sequence[Trajectory], horizons=(0.1, 0.5, 1.0), *,
+                   stride: float = 0.5, integrator: str = "semi_implicit", device="cpu",
+                   dtype: torch.dtype = torch.float64, batch_size: int = 64) -> dict:
+    """k-step-ahead prediction: restart the model from the recorded state every ``stride``
+    s (the data's state, its own filtered commands) and roll it ``h`` s ahead under the
+    recorded commands; CoM error at each horizon. The test for models of chaotic motion
+    (rolling), where open-loop error over seconds measures the chaos more than the model.
+
+    Needs velocities in the data. Returns {h: errors [windows]} plus "windows".
+    A model that diverges gives inf at the horizons it cannot reach."""
+    if not trajs or not all(t.has_velocity for t in trajs):
+        raise ValueError("horizon_errors needs trajectories with velocities")
+    robot = params.robot
+    horizons = sorted(float(h) for h in horizons)
+    n_steps = [int(round(h / robot.dt)) for h in horizons]
+    H = n_steps[-1]
+    engine = TensegrityEngine(robot, params, fixed_rods=trajs[0].fixed_rods, floor=trajs[0].floor).to(device)
+    w = robot.rod_mass / robot.rod_mass.sum()
+    windows = []                                   # (x0, act0, commands, wrenches, true CoM per horizon)
+    for t in trajs:
+        states, com = t.states(), t.center_of_mass()
+        total = int(math.floor((t.t[-1] - t.t[0]) / robot.dt + 1e-9))
+        acts = _filtered_commands(params, t, total)
+        for start in np.arange(t.t[0], t.t[-1] - horizons[-1] + 1e-9, stride):
+            i0 = int(np.argmin(np.abs(t.t - start)))
+            s0 = int(round((t.t[i0] - t.t[0]) / robot.dt))
+            targets = [np.argmin(np.abs(t.t - (t.t[i0] + h))) for h in horizons]
+            if abs(t.t[i0] - start) > 1e-6 or any(abs(t.t[j] - t.t[i0] - h) > 1e-6 for j, h in zip(targets, horizons)):
+                continue
+            wr = t.wrench_grid(t.t[i0], H, robot.dt)
+            windows.append((states[i0], acts[s0], t.command_grid(t.t[i0], H, robot.dt), wr, com[targets]))
+    if not windows:
+        raise ValueError("no prediction window fits in the trajectories")
+    errs = []
+    with torch.no_grad():
+        p = engine.param_values(dtype, device)
+        f = lambda a: torch.as_tensor(np.stack(a), dtype=dtype, device=device)
+        for b0 in range(0, len(windows), batch_size):
+            chunk = windows[b0:b0 + batch_size]
+            wr = None if chunk[0][3] is None else f([c[3] for c in chunk])
+            pred, _ = engine.rollout(f([c[0] for c in chunk]), f([c[1] for c in chunk]),
+                                     f([c[2] for c in chunk]), robot.dt, integrator=integrator,
+                                     wrenches=wr, params=p)
+            com = (pred[:, [n - 1 for n in n_steps], :, 0:3].cpu().double().numpy() * w[:, None]).sum(-2)
+            e = np.linalg.norm(com - np.stack([c[4] for c in chunk]), axis=-1)
+            errs.append(np.where(np.isfinite(e), e, np.inf))
+    errs = np.concatenate(errs)
+    out = {h: errs[:, i] for i, h in enumerate(horizons)}
+    out["windows"] = len(windows)
     return out

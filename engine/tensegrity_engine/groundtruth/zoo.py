@@ -1,0 +1,143 @@
+"""The robot zoo: ground truths that are not the engine, built from any robot config.
+
+A zoo entry (``config/zoo.yaml``) scales a robot config's values far from nominal and picks
+a `Realisation` and a `SensorModel`; `zoo_robot(name, base)` applies it to ``base`` (any
+topology). The result carries the base (nominal) config, the true config and how MuJoCo
+realises it; benches compare identified values with `ZooRobot.true_values`, which the
+identification never sees.
+"""
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+import yaml
+
+from tensegrity_engine.groundtruth.mujoco_twin import MujocoTwin
+from tensegrity_engine.groundtruth.realisation import Realisation
+from tensegrity_engine.groundtruth.sensors import SensorModel
+from tensegrity_engine.physics.config import CONFIG_DIR, ActuatorConfig, ConfigError, RobotConfig, load_robot
+
+__all__ = ["ZooRobot", "zoo_names", "zoo_robot", "ground_truth", "ZOO_FILE", "ZOO_PREFIX"]
+
+ZOO_FILE = CONFIG_DIR / "zoo.yaml"
+ZOO_PREFIX = "zoo/"
+SCALED = ("cable_stiffness", "cable_damping", "rod_mass", "actuator_time_constant")
+ENTRY_KEYS = {"description", "scale", "friction_sliding", "cable_spread", "payload", "radius_scale",
+              "realisation", "sensing"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ZooRobot:
+    name: str
+    description: str
+    nominal: RobotConfig          # what the user knows: topology and config values
+    truth: RobotConfig            # the values MuJoCo runs
+    realisation: Realisation
+    sensing: SensorModel
+
+    def twin(self, *, floor: bool = True, fixed_rods: Sequence[int] = (), nthread: int = 2) -> MujocoTwin:
+        return MujocoTwin(self.truth, floor=floor, fixed_rods=fixed_rods, nthread=nthread,
+                          realisation=self.realisation)
+
+    def true_values(self) -> dict[str, np.ndarray]:
+        """True value of every parameter that has one in this realisation (per cable / rod)."""
+        t = self.truth
+        return {"cable_stiffness": t.cable_stiffness.copy(), "cable_damping": t.cable_damping.copy(),
+                "rod_mass": t.rod_mass.copy(),
+                "actuator_time_constant": np.array([t.actuator.time_constant]),
+                "actuator_gain": np.array([t.actuator.gain]),
+                "actuator_offset": np.array([t.actuator.offset]),
+                "friction_sliding": np.array([t.contact.friction.sliding])}
+
+
+def _entries(path: Optional[Path]) -> dict:
+    path = Path(path) if path is not None else ZOO_FILE
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise ConfigError(f"{path}: cannot read the zoo: {err}") from None
+    robots = (data or {}).get("robots")
+    if not isinstance(robots, dict) or not robots:
+        raise ConfigError(f"{path}: needs a non-empty 'robots' mapping")
+    return robots
+
+
+def zoo_names(path: Optional[Path] = None) -> list[str]:
+    return list(_entries(path))
+
+
+def _factor(value, where: str) -> float:
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: not a number: {value!r}") from None
+    if not (np.isfinite(f) and f > 0):
+        raise ConfigError(f"{where}: must be a finite number > 0, got {f}")
+    return f
+
+
+def zoo_robot(name: str, base: RobotConfig | str, path: Optional[Path] = None) -> ZooRobot:
+    """The zoo entry ``name`` applied to ``base`` (a config or its name/path)."""
+    base = load_robot(base) if not isinstance(base, RobotConfig) else base
+    entries = _entries(path)
+    if name not in entries:
+        raise ConfigError(f"no zoo robot {name!r}; known: {sorted(entries)}")
+    e = dict(entries[name] or {})
+    where = f"zoo/{name}"
+    unknown = set(e) - ENTRY_KEYS
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}")
+    scale = dict(e.get("scale") or {})
+    if set(scale) - set(SCALED):
+        raise ConfigError(f"{where}: scale may name only {SCALED}, got {sorted(scale)}")
+    f = {k: _factor(scale.get(k, 1.0), f"{where}.scale.{k}") for k in SCALED}
+    # Seeded by the name alone: the same robot on every machine and every run.
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    spread = float(e.get("cable_spread", 0.0))
+    if not 0.0 <= spread < 1.0:
+        raise ConfigError(f"{where}.cable_spread must be in [0, 1), got {spread}")
+    C = base.num_cables
+    stiffness = base.cable_stiffness * f["cable_stiffness"] * rng.uniform(1 - spread, 1 + spread, C)
+    damping = base.cable_damping * f["cable_damping"] * rng.uniform(1 - spread, 1 + spread, C)
+    mass = base.rod_mass * f["rod_mass"]
+    if e.get("payload"):
+        p = dict(e["payload"])
+        rod = int(p["rod"]) % base.num_rods
+        mass = mass.copy()
+        mass[rod] += _factor(p["mass_fraction"], f"{where}.payload.mass_fraction") * base.rod_mass[rod]
+    friction = base.contact.friction
+    if "friction_sliding" in e:
+        friction = dataclasses.replace(friction, sliding=_factor(e["friction_sliding"], f"{where}.friction_sliding"))
+    truth = base.replace(
+        name=f"{base.name}@{name}", source=f"{where} of {base.source}",
+        cable_stiffness=stiffness, cable_damping=damping, rod_mass=mass,
+        rod_radius=base.rod_radius * _factor(e.get("radius_scale", 1.0), f"{where}.radius_scale"),
+        actuator=ActuatorConfig(time_constant=base.actuator.time_constant * f["actuator_time_constant"],
+                                gain=base.actuator.gain, offset=base.actuator.offset),
+        contact=dataclasses.replace(base.contact, friction=friction))
+    try:
+        realisation = Realisation.from_dict(e.get("realisation") or {})
+        sensing = SensorModel(**{k: float(v) for k, v in (e.get("sensing") or {}).items()})
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{where}: {err}") from None
+    return ZooRobot(name=name, description=str(e.get("description", "")), nominal=base, truth=truth,
+                    realisation=realisation, sensing=sensing)
+
+
+def ground_truth(spec: str, base: RobotConfig) -> ZooRobot:
+    """``zoo/<name>`` (a zoo entry applied to ``base``), ``twin`` (the engine's twin of
+    ``base``), or a robot-config YAML path (its values, realised as the twin). The topology
+    must be ``base``'s."""
+    from tensegrity_engine.physics.config import topology_fingerprint
+
+    if spec.startswith(ZOO_PREFIX):
+        return zoo_robot(spec[len(ZOO_PREFIX):], base)
+    truth = base if spec in ("", "twin") else load_robot(spec)
+    if topology_fingerprint(truth) != topology_fingerprint(base):
+        raise ConfigError(f"ground truth {spec!r} has another topology than {base.name!r}")
+    return ZooRobot(name=spec or "twin", description="the engine's twin", nominal=base, truth=truth,
+                    realisation=Realisation(), sensing=SensorModel())

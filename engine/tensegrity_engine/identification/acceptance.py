@@ -1,0 +1,79 @@
+"""The gate a model passes before it replaces another: stable, and no worse on held-out data.
+
+Training scores a model on T-long tuples; a model can fit them and still blow up over a
+second (e.g. contact damping far past the explicit integrator's stability limit chatters
+for 100 ms and diverges over 1 s), or fit the training robot's quirks and predict held-out
+motion worse than the model it replaces. `judge` rolls both models out ``horizon`` ahead
+from the recorded states of held-out trajectories, every ``stride`` seconds, in the
+integrator the model will be used with, and accepts the candidate only if every rollout is
+finite and its mean CoM error is at most the incumbent's.
+
+Pose-only data gets central finite-difference velocities (`with_estimated_velocity`):
+noisy starting velocities hurt both models alike, so the comparison stays fair.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+from tensegrity_engine.identification.dataset import Trajectory
+from tensegrity_engine.identification.evaluation import horizon_errors
+from tensegrity_engine.identification.streaming import _quat_log_world
+from tensegrity_engine.physics.params import PhysicalParameters
+
+__all__ = ["Verdict", "judge", "with_estimated_velocity"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    accepted: bool
+    reason: str              # "better", "not_worse", "unstable", "worse"
+    candidate_error: float   # m, mean CoM error at the horizon (inf: diverged)
+    incumbent_error: float
+    horizon: float
+    windows: int
+
+    def __str__(self) -> str:
+        return (f"{'accepted' if self.accepted else 'rejected'} ({self.reason}): CoM error "
+                f"{self.horizon:.2g} s ahead {1e3 * self.candidate_error:.2f} mm vs "
+                f"{1e3 * self.incumbent_error:.2f} mm for the model it would replace "
+                f"({self.windows} held-out windows)")
+
+
+def with_estimated_velocity(traj: Trajectory) -> Trajectory:
+    """The trajectory with velocities from its poses: central differences (one-sided at the
+    ends) of positions and of orientations (world-frame rotation vectors)."""
+    if traj.has_velocity:
+        return traj
+    t, p, q = traj.t, traj.position, traj.quaternion
+    n = len(t)
+    if n < 2:
+        raise ValueError(f"{traj.source}: needs two samples to estimate velocities")
+    lo = np.clip(np.arange(n) - 1, 0, n - 1)
+    hi = np.clip(np.arange(n) + 1, 0, n - 1)
+    span = (t[hi] - t[lo])[:, None, None]
+    lin = (p[hi] - p[lo]) / span
+    ang = np.stack([_quat_log_world(q[a], q[b]) for a, b in zip(lo, hi)]) / span
+    return dataclasses.replace(traj, linear_velocity=lin, angular_velocity=ang)
+
+
+def judge(candidate: PhysicalParameters, incumbent: PhysicalParameters, trajs: Sequence[Trajectory], *,
+          horizon: float = 1.0, stride: float = 0.5, integrator: str = "semi_implicit") -> Verdict:
+    if not trajs:
+        raise ValueError("judge needs held-out trajectories")
+    trajs = [with_estimated_velocity(t) for t in trajs]
+    horizon = min(float(horizon), min(float(t.t[-1] - t.t[0]) for t in trajs))
+    horizon = round(horizon / candidate.robot.dt) * candidate.robot.dt
+    cand = horizon_errors(candidate, trajs, (horizon,), stride=stride, integrator=integrator)
+    inc = horizon_errors(incumbent, trajs, (horizon,), stride=stride, integrator=integrator)
+    c, i = float(np.mean(cand[horizon])), float(np.mean(inc[horizon]))
+    if not np.isfinite(c):
+        reason = "unstable"
+    elif c <= i:
+        reason = "better" if c < i else "not_worse"
+    else:
+        reason = "worse"
+    return Verdict(accepted=reason in ("better", "not_worse"), reason=reason, candidate_error=c,
+                   incumbent_error=i, horizon=horizon, windows=int(cand["windows"]))
