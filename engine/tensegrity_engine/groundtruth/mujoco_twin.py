@@ -386,9 +386,8 @@ class MujocoTwin:
         """``rod_states``, or `GroundTruthDiverged` when MuJoCo blew up: non-finite values,
         or speeds (state or between records) over MAX_SPEED. MuJoCo's answer to a bad
         acceleration is to reset the robot to its model pose, which looks finite."""
-        pos = np.concatenate([np.broadcast_to(rod_state0[:, None, :, POS],
-                                              (len(rod_states), 1) + rod_state0.shape[1:2] + (3,)),
-                              rod_states[..., POS]], axis=1)
+        start = np.broadcast_to(rod_state0[:, None, :, POS], rod_states[:, :1, :, POS].shape)
+        pos = np.concatenate([start, rod_states[..., POS]], axis=1)
         jump = np.linalg.norm(np.diff(pos, axis=1), axis=-1).max(initial=0.0) / (k * self.robot.dt)
         speed = np.abs(rod_states[..., LIN_VEL]).max(initial=0.0)
         if not np.isfinite(rod_states).all() or max(jump, speed) > MAX_SPEED:

@@ -19,7 +19,8 @@ import yaml
 from tensegrity_engine.groundtruth.mujoco_twin import MujocoTwin
 from tensegrity_engine.groundtruth.realisation import Realisation
 from tensegrity_engine.groundtruth.sensors import SensorModel
-from tensegrity_engine.physics.config import CONFIG_DIR, ActuatorConfig, ConfigError, RobotConfig, load_robot
+from tensegrity_engine.physics.config import (CONFIG_DIR, ActuatorConfig, ConfigError, RobotConfig, load_robot,
+                                             topology_fingerprint)
 
 __all__ = ["ZooRobot", "zoo_names", "zoo_robot", "ground_truth", "ZOO_FILE", "ZOO_PREFIX"]
 
@@ -132,8 +133,6 @@ def ground_truth(spec: str, base: RobotConfig) -> ZooRobot:
     """``zoo/<name>`` (a zoo entry applied to ``base``), ``twin`` (the engine's twin of
     ``base``), or a robot-config YAML path (its values, realised as the twin). The topology
     must be ``base``'s."""
-    from tensegrity_engine.physics.config import topology_fingerprint
-
     if spec.startswith(ZOO_PREFIX):
         return zoo_robot(spec[len(ZOO_PREFIX):], base)
     truth = base if spec in ("", "twin") else load_robot(spec)
