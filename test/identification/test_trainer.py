@@ -221,3 +221,45 @@ def test_cli_generate_identify_evaluate(tmp_path):
                      "--out", str(ident)]) == 0
     assert (ident / "com_error.png").exists()
     assert cli_main(["identify", "--data", str(tmp_path / "nothing"), "--out", str(ident)]) == 2
+
+
+def test_force_scale_search_recovers_the_mass_scale_from_known_pushes(superball, data):
+    from tensegrity_engine.identification.scale import scale_search
+    tr = _trainer(superball, data, init="given", schedule="fine_only")
+    assert tr.train.wrenches is not None and float(tr.train.wrenches.abs().max()) > 0   # pushes exist
+    truth = {n: np.array(tr.params.as_dict()[n]) for n in ("cable_stiffness", "cable_damping", "rod_mass")}
+    for n, v in truth.items():
+        tr.params.set_value(n, 3.0 * v)           # K/m and c/m still right: only the scale is off
+    s = scale_search(tr)
+    assert s == pytest.approx(1 / 3, rel=0.05)
+    for n, v in truth.items():
+        np.testing.assert_allclose(tr.params.as_dict()[n], v, rtol=0.05)
+
+
+def test_force_scale_search_is_skipped_without_known_forces(superball, data):
+    from tensegrity_engine.identification.scale import scale_search
+    tr = _trainer(superball, data, init="given", schedule="fine_only")
+    tr.train.wrenches = None                      # pose data without pushes: scale unobservable
+    before = tr.params.as_dict()
+    tr.params.set_value("rod_mass", 3.0 * np.array(before["rod_mass"]))
+    assert scale_search(tr) == 1.0
+    assert tr.params.as_dict()["rod_mass"] == pytest.approx(3.0 * np.array(before["rod_mass"]))
+
+
+def test_contact_identification_is_bounded_to_the_stable_region(three_bar, tmp_path):
+    from tensegrity_engine.physics.stability import contact_upper_bounds
+    from tensegrity_engine.physics.topology import Topology
+    ds.generate_dataset(three_bar, "contact", tmp_path, counts={"train": 1}, duration=0.3, period=0.1,
+                        seed=2, dense=False)
+    lines = []
+    tr = idf.ProgressiveTrainer(three_bar, idf.IdentificationConfig(seed=1, n_starts=4), log=lines.append)
+    tr.set_data(ds.load_split(tmp_path / "contact", "train"))
+    limits = contact_upper_bounds(Topology(three_bar), PhysicalParameters(three_bar).values(), three_bar.dt)
+    for name in ("contact_stiffness", "contact_damping"):
+        assert tr.params.bounds_of(name)[1] == pytest.approx(min(limits[name], 1e7))
+        assert tr.params.as_dict()[name][0] < limits[name]       # the random starts too
+    assert any("semi-implicit stability" in line for line in lines)
+    # an ANI fine stage sub-steps by itself: no bound
+    ani = idf.ProgressiveTrainer(three_bar, idf.IdentificationConfig(seed=1, n_starts=1, fine_integrator="ani"))
+    ani.set_data(ds.load_split(tmp_path / "contact", "train"))
+    assert ani.params.bounds_of("contact_damping")[1] == 1e5

@@ -40,8 +40,9 @@ sparse = every T (10 Hz), dense = every engine step (1 kHz).
 
 Which parameters an environment can identify: in the non-contact environment (robot
 hanging from a welded rod, known external forces) cable stiffness/damping, rod mass and the
-actuator (time constant, gain, offset); mass is identifiable because gravity and the known
-wrenches fix the force scale. In the contact environment (rolling, nominal commands, no
+actuator (time constant, gain, offset); mass is identifiable only because the known wrenches
+fix the force scale (gravity does not: scaling every mass, stiffness and damping together
+leaves the motion unchanged, see `scale`). In the contact environment (rolling, nominal commands, no
 known forces) the contact normal stiffness/damping and the friction coefficients, with the
 cable/rod parameters taken from the non-contact stage (as the paper does).
 """

@@ -30,6 +30,7 @@ from tensegrity_engine.physics.actuators import CableActuators
 from tensegrity_engine.physics.forces import ForceModel
 from tensegrity_engine.physics.jacobians import block_diag, force_jacobians
 from tensegrity_engine.physics.rigid_body import RigidRods
+from tensegrity_engine.physics.stability import explicit_step_limit
 from tensegrity_engine.physics.state import ANG_VEL, LIN_VEL
 from tensegrity_engine.physics.vectors import dot, outer
 
@@ -112,28 +113,10 @@ class AdaptiveNaive:
 
     @torch.no_grad()
     def stable_step(self, p: dict) -> float:
-        """Largest semi-implicit step the current parameters allow (ANI's bound).
-
-        Uses the stiffest/most damped end node (sum over its cables, plus contact) over
-        the smallest effective end mass 1 / (1/m + (L/2)^2 / I_t); relative two-node
-        modes see half that mass.
-        """
+        """Largest semi-implicit step the current parameters allow (ANI's bound, see
+        `stability.explicit_step_limit`), times ``safety``."""
         forces = self.semi_implicit.forces
-        topology = forces.topology
-        k = topology.constants(torch.float64, "cpu")
-        mass = p["rod_mass"].detach().double().cpu().expand(topology.num_rods)
-        end_mass = 1.0 / (1.0 / mass + k["half"] ** 2 / (mass * k["it"]))
-        m_min = float(end_mass.min()) / 2.0
-        count = torch.as_tensor(topology.node_cable_count)
-        C = topology.robot.num_cables
-        k_node = float((count @ p["cable_stiffness"].detach().double().cpu().expand(C)).max())
-        c_node = float((count @ p["cable_damping"].detach().double().cpu().expand(C)).max())
-        if forces.has_contacts:
-            k_node += float(p["contact_stiffness"].detach().max())
-            c_node += float(p["contact_damping"].detach().max())
-        h_spring = 2.0 / math.sqrt(k_node / m_min)
-        h_damp = 2.0 * m_min / max(c_node, 1e-9)
-        return self.safety * min(h_spring, h_damp)
+        return self.safety * explicit_step_limit(forces.topology, p, floor=forces.has_contacts)
 
     def step(self, S, act, command, dt, wrench, p):
         # The sub-step count is a Python int chosen at run time: this step cannot be compiled.

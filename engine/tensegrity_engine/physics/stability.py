@@ -1,0 +1,71 @@
+"""Where the explicit (semi-implicit Euler) step stays stable, as a bound on parameters.
+
+Cable and contact forces are explicit in the semi-implicit integrator, so a step h is stable
+only while the stiffest and most damped end node satisfies (per mode, mass m)
+
+    h <= 2 / sqrt(k / m)        and        h <= 2 m / c,
+
+with k, c the sums over the node's cables plus the ground contact, and m the smallest
+effective end mass 1 / (1/m_rod + (L/2)^2 / I_t), halved for relative two-node modes. ANI
+sub-steps by this bound; identification uses it the other way round: a model whose contact
+damping puts the bound below the engine step fits 100 ms tuples (the ReLU normal force
+clips the overshoot) and diverges within a second of its own rollout.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import numpy as np
+
+from tensegrity_engine.physics.topology import Topology
+
+__all__ = ["explicit_step_limit", "contact_upper_bounds"]
+
+
+def _values(values: Mapping[str, object], name: str, size: int) -> np.ndarray:
+    v = values[name]
+    if hasattr(v, "detach"):
+        v = v.detach().cpu().double().numpy()
+    return np.broadcast_to(np.atleast_1d(np.asarray(v, dtype=np.float64)), (size,))
+
+
+def _node_terms(topology: Topology, values: Mapping[str, object]) -> tuple[float, float, float]:
+    """(smallest modal end mass, largest per-node cable stiffness, largest per-node cable damping)."""
+    robot = topology.robot
+    R, C = robot.num_rods, robot.num_cables
+    mass = _values(values, "rod_mass", R)
+    half = robot.rod_length / 2.0
+    inertia_per_mass = robot.rod_inertia()[:, 0] / robot.rod_mass     # I_t / m: geometry only
+    end_mass = 1.0 / (1.0 / mass + half ** 2 / (mass * inertia_per_mass))
+    count = topology.node_cable_count
+    k_node = float((count @ _values(values, "cable_stiffness", C)).max())
+    c_node = float((count @ _values(values, "cable_damping", C)).max())
+    return float(end_mass.min()) / 2.0, k_node, c_node
+
+
+def explicit_step_limit(topology: Topology, values: Mapping[str, object], *, floor: bool) -> float:
+    """Largest stable semi-implicit step (s) for these parameter values."""
+    m_min, k_node, c_node = _node_terms(topology, values)
+    if floor:
+        k_node += float(np.max(_values(values, "contact_stiffness", 1)))
+        c_node += float(np.max(_values(values, "contact_damping", 1)))
+    return min(2.0 / math.sqrt(max(k_node, 1e-12) / m_min), 2.0 * m_min / max(c_node, 1e-12))
+
+
+def contact_upper_bounds(topology: Topology, values: Mapping[str, object], step: float) -> dict:
+    """Largest contact stiffness (stable) and damping (deadbeat) for a semi-implicit ``step``
+    given the cables and rod masses in ``values``: {name: upper} (absent where the cables
+    alone already break it)."""
+    m_min, k_node, c_node = _node_terms(topology, values)
+    end_mass = 2.0 * m_min          # the ground does not move: a contact sees the whole end mass
+    out = {}
+    k_max = end_mass * (2.0 / step) ** 2 - k_node
+    # Damping: deadbeat (h c / m = 1) is the most a step can damp; past it the discrete
+    # response overshoots and damps less, and at twice it stops damping at all.
+    c_max = end_mass / step - c_node
+    if k_max > 0:
+        out["contact_stiffness"] = k_max
+    if c_max > 0:
+        out["contact_damping"] = c_max
+    return out

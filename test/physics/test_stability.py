@@ -1,0 +1,45 @@
+"""The explicit-integrator stability bound that identification puts on contact parameters:
+under it a rolling robot behaves like the nominal model, well past it the same rollout
+gains energy or diverges (so the bound is neither vacuous nor far too tight)."""
+import numpy as np
+import pytest
+import torch
+
+from tensegrity_engine.groundtruth import environments as envs
+from tensegrity_engine.physics.engine import TensegrityEngine
+from tensegrity_engine.physics.params import PhysicalParameters
+from tensegrity_engine.physics.stability import contact_upper_bounds, explicit_step_limit
+
+
+def _max_speed(robot, values, episode) -> float:
+    s0, a0, cmd = episode
+    engine = TensegrityEngine(robot, PhysicalParameters(robot, values), floor=True)
+    with torch.no_grad():
+        states, _ = engine.rollout(torch.as_tensor(s0)[None], torch.as_tensor(a0)[None],
+                                   torch.as_tensor(cmd)[None], robot.dt)
+    speed = states[..., 7:10].norm(dim=-1).max().item()
+    return speed if np.isfinite(speed) else np.inf
+
+
+@pytest.mark.parametrize("name,past", [("contact_damping", 20.0), ("contact_stiffness", 5.0)])
+def test_contact_bound_separates_stable_from_energy_gaining_rollouts(three_bar, name, past):
+    robot = three_bar
+    episode = envs.sample_contact_episode(robot, np.random.default_rng(0), 1000)[:3]
+    nominal = PhysicalParameters(robot)
+    limits = contact_upper_bounds(TensegrityEngine(robot, nominal, floor=True).topology,
+                                  nominal.values(), robot.dt)
+    assert limits[name] > 2 * nominal.as_dict()[name][0]          # the nominal model is inside
+    reference = _max_speed(robot, nominal.as_dict(), episode)
+    assert 0.5 < reference < 5.0                                   # it rolls
+    at = lambda f: _max_speed(robot, {**nominal.as_dict(), name: [f * limits[name]]}, episode)
+    assert at(1.0) < 1.1 * reference
+    assert at(past) > 1.5 * reference                              # past the bound: energy from nowhere
+
+
+def test_step_limit_is_the_engine_step_at_the_contact_bounds(three_bar):
+    nominal = PhysicalParameters(three_bar)
+    topology = TensegrityEngine(three_bar, nominal, floor=True).topology
+    limits = contact_upper_bounds(topology, nominal.values(), three_bar.dt)
+    # deadbeat on the whole end mass is ANI's stability limit on half of it (relative modes)
+    values = {**nominal.as_dict(), "contact_damping": [limits["contact_damping"]], "contact_stiffness": [1.0]}
+    assert explicit_step_limit(topology, values, floor=True) == pytest.approx(three_bar.dt, rel=1e-9)
