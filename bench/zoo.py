@@ -38,6 +38,7 @@ from tensegrity_engine.identification import dataset as ds
 from tensegrity_engine.identification.acceptance import judge
 from tensegrity_engine.identification.evaluation import evaluate, horizon_errors
 from tensegrity_engine.physics.config import load_robot
+from tensegrity_engine.physics.parameter_files import export_yaml
 from tensegrity_engine.physics.params import PhysicalParameters
 from tensegrity_engine.physics.state import LIN_VEL, ANG_VEL
 
@@ -176,6 +177,9 @@ def run_robot(name, base, args, out: Path) -> dict:
         identified[label], walls[label] = c, w1 + w2
         _line(f"   {label}: identified in {w1:.0f} s (hanging) + {w2:.0f} s (rolling)")
         _line(f"     hanging stage {v1}\n     rolling stage {v2}")
+    for label, params in identified.items():      # for bench/zoo_control.py
+        export_yaml(params, root / "models" / f"{label.replace(' ', '_')}.yaml",
+                    comment=f"zoo robot {name}, {label}, {args.budget:g} s per stage")
     rows = params_rows(z, identified)
     _line("    parameter                     true    nominal " + "".join(f"{k:>12s}  err" for k in identified))
     for n, r in rows.items():
