@@ -1,5 +1,10 @@
 """mujoco_bridge: MuJoCo as the robot (ground truth) over ROS topics.
 
+``robot_truth`` picks the robot MuJoCo plays: the config's twin, a zoo robot
+(``zoo/<name>``: other values, integrator, contacts, actuators; see
+`tensegrity_engine.groundtruth.zoo`) or another robot YAML of the same topology. The
+other nodes only ever see ``robot`` (the nominal config), as on a real robot.
+
 Steps `tensegrity_engine.groundtruth.mujoco_twin.MujocoTwin` at the robot's step (1 ms) in a
 simulation thread, real time or faster (``real_time_factor``; 0 = as fast as possible),
 applies every received cable command from its stamp on (zero-order hold), and publishes
@@ -28,7 +33,9 @@ from tensegrity_ros_interfaces.msg import CableCommand
 from visualization_msgs.msg import MarkerArray
 
 from tensegrity_engine.groundtruth.environments import rest_pose
-from tensegrity_engine.groundtruth.mujoco_twin import MujocoTwin, nominal_commands
+from tensegrity_engine.groundtruth.mujoco_twin import nominal_commands
+from tensegrity_engine.groundtruth.zoo import ground_truth
+from tensegrity_engine.physics.config import ConfigError
 from tensegrity_engine.groundtruth.sensors import noisy_rod_poses
 from tensegrity_engine.identification.measurements import command_problem
 from tensegrity_engine.physics.state import center_of_mass
@@ -74,11 +81,19 @@ class MujocoBridge(Node):
         self.clock_jump = d("command_clock_jump", 5.0,
                             "commands stamped further than this in the future are rejected (s)",
                             range=(0.0, 1e6))
+        truth_spec = d("robot_truth", "twin",
+                       "the robot MuJoCo plays: 'twin' (the config's values, the engine's equations), "
+                       "'zoo/<name>' (a config/zoo.yaml robot: other values, integrator, contacts, "
+                       "actuators) or a robot-config YAML path of the same topology", read_only=True)
         self.robot = load_robot(robot_name)
+        try:
+            self.truth = ground_truth(truth_spec, self.robot)
+        except ConfigError as err:
+            raise ValueError(f"robot_truth {truth_spec!r}: {err}") from None
         self.rng = np.random.default_rng(self.seed)
-        self.twin = MujocoTwin(self.robot, floor=True, nthread=1)
-        rs, act = rest_pose(self.robot)
-        com = center_of_mass(rs, self.robot.rod_mass)
+        self.twin = self.truth.twin(floor=True, nthread=1)
+        rs, act = rest_pose(self.truth.truth, realisation=self.truth.realisation)
+        com = center_of_mass(rs, self.truth.truth.rod_mass)
         rs[:, 0:2] += np.array([self.start_x, self.start_y]) - com[:2]
         self.twin.reset(rs, act)
         self.command = nominal_commands(self.robot).copy()
@@ -106,7 +121,7 @@ class MujocoBridge(Node):
         self._thread = threading.Thread(target=self._run, name="mujoco_sim", daemon=True)
         self._thread.start()
         self.get_logger().info(
-            f"MuJoCo bridge: {self.robot.name}, poses at {self.pose_rate} Hz, "
+            f"MuJoCo bridge: {self.robot.name} played by {self.truth.name!r}, poses at {self.pose_rate} Hz, "
             f"rtf={self.rtf or 'max'}, lockstep={self.lockstep}")
 
     # ------------------------------------------------------------------ commands

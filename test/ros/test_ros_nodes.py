@@ -561,3 +561,20 @@ def test_identifier_refuses_a_crafted_checkpoint_and_survives_an_unwritable_one(
     ident.session.checkpoint = lambda: {"robot": "three_bar", "window": {}}
     ident._save_checkpoint()
     assert ident.diag.counters["checkpoint_errors"] == 1 and ident.diag.counters["checkpoints_saved"] == 0
+
+
+def test_bridge_plays_a_zoo_robot_and_refuses_an_unknown_one(ros):
+    from tensegrity_engine.groundtruth.zoo import zoo_robot
+    from tensegrity_ros.mujoco_bridge import MujocoBridge
+
+    rec = Recorder(ros.plain("recorder"))
+    bridge = ros.node(MujocoBridge, {"robot": "three_bar", "robot_truth": "zoo/end_heavy", "real_time_factor": 0.0,
+                                     "marker_rate": 0.0, "publish_clock": False, "max_duration": 1.0})
+    truth = zoo_robot("end_heavy", load_robot("three_bar")).truth
+    rod_bodies = [i for i in range(bridge.twin.model.nbody) if bridge.twin.model.body_mass[i] > 0]
+    np.testing.assert_allclose(sorted(bridge.twin.model.body_mass[rod_bodies]), sorted(truth.rod_mass))
+    assert not np.allclose(truth.rod_mass, load_robot("three_bar").rod_mass)      # not the config's robot
+    assert wait_for(lambda: len(rec.poses) >= 5, 30)                               # and it runs
+    with pytest.raises(ValueError, match="no zoo robot"):
+        MujocoBridge(context=ros.context, parameter_overrides=[Parameter("robot", value="three_bar"),
+                                                               Parameter("robot_truth", value="zoo/unicorn")])

@@ -22,8 +22,9 @@ class LocomotionCost:
     Per knot k the achieved CoM velocity is the displacement over the knot divided by
     ``control_dt`` (robust to the CoM bobbing of a rolling polyhedron). Desired velocity:
     ``target_velocity`` (x, y), or, when ``goal`` (x, y) is given, ``speed`` towards the
-    goal from the CoM at the start of the knot (capped so as not to overshoot it within
-    the knot). Cost per rollout, averaged over knots::
+    goal from the CoM at the start of the knot, capped at distance / ``approach_time``
+    (default one knot: do not overshoot within it; longer: slow down to stop there).
+    Cost per rollout, averaged over knots::
 
         |v_xy - v_des|^2 + w_height (z_k - z_0)^2 + w_smooth |u_k - u_{k-1}|^2 / width^2
 
@@ -33,12 +34,17 @@ class LocomotionCost:
     def __init__(self, robot: RobotConfig, *, target_velocity: Sequence[float] = (1.0, 0.0),
                  goal: Optional[Sequence[float]] = None, speed: Optional[float] = None,
                  control_dt: float = 0.1, w_height: float = 0.1, w_smooth: float = 0.002,
-                 terminal_weight: float = 1.0):
+                 terminal_weight: float = 1.0, approach_time: Optional[float] = None):
         self.robot = robot
         self.target_velocity = np.asarray(target_velocity, dtype=np.float64)[:2]
         self.goal = None if goal is None else np.asarray(goal, dtype=np.float64)[:2]
         self.speed = float(np.linalg.norm(self.target_velocity) if speed is None else speed)
         self.control_dt = float(control_dt)
+        # Near the goal the desired speed is distance / approach_time: one knot (the default)
+        # arrives as fast as possible; a second or so slows down early enough to stop there.
+        self.approach_time = float(control_dt if approach_time is None else approach_time)
+        if not self.approach_time > 0:
+            raise ValueError("approach_time must be > 0")
         self.w_height = float(w_height)
         self.w_smooth = float(w_smooth)
         self.terminal_weight = float(terminal_weight)
@@ -60,7 +66,7 @@ class LocomotionCost:
                                    device=com.device).expand(*com.shape[:-1], 2)
         to_goal = torch.as_tensor(self.goal, dtype=com.dtype, device=com.device) - com[..., :2]
         dist = torch.linalg.vector_norm(to_goal, dim=-1, keepdim=True)
-        speed = torch.clamp(dist / self.control_dt, max=self.speed)
+        speed = torch.clamp(dist / self.approach_time, max=self.speed)
         return to_goal / dist.clamp_min(1e-6) * speed
 
     def __call__(self, states: torch.Tensor, plans: torch.Tensor, state0, prev_command) -> torch.Tensor:
