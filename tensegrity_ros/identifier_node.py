@@ -25,6 +25,7 @@ from tensegrity_ros_interfaces.msg import CableCommand, IdentifiedParameters
 from visualization_msgs.msg import MarkerArray
 
 from tensegrity_engine.identification.checkpoint import load_checkpoint, save_checkpoint
+from tensegrity_engine.identification.config import INITS
 from tensegrity_engine.identification.online import OnlineIdentification, default_trainer_factory
 from tensegrity_engine.identification.streaming import StreamAligner, StreamConfig
 from tensegrity_engine.physics.params import PhysicalParameters, checked_parameters
@@ -70,8 +71,9 @@ class IdentifierNode(Node):
         epoch_tuples = d("epoch_tuples", 0, "tuples per epoch (0 = all)", range=(0, 10**7))
         max_epochs = d("max_epochs", 10000, "epoch limit", range=(1, 10**7))
         max_seconds = d("max_seconds", 0.0, "training time limit (s, 0 = none)", range=(0.0, 1e7))
-        init = d("init", "random", "start from random values within bounds or the config's",
-                 choices=("random", "given"))
+        init = d("init", "random", "start from random values within bounds, the config's, or the best of "
+                 "both (given+random)",
+                 choices=INITS)
         seed = d("seed", 0, "random start seed", range=(0, 2**31 - 1))
         self.ckpt_dir = d("checkpoint_dir", "", "directory for checkpoints ('' = none)")
         self.ckpt_period = d("checkpoint_period", 10.0, "seconds (wall) between checkpoints", range=(0.1, 1e6))

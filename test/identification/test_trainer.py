@@ -263,3 +263,17 @@ def test_contact_identification_is_bounded_to_the_stable_region(three_bar, tmp_p
     ani = idf.ProgressiveTrainer(three_bar, idf.IdentificationConfig(seed=1, n_starts=1, fine_integrator="ani"))
     ani.set_data(ds.load_split(tmp_path / "contact", "train"))
     assert ani.params.bounds_of("contact_damping")[1] == 1e5
+
+
+def test_given_plus_random_init_scores_the_given_values_among_the_random_starts(superball, data):
+    tr = _trainer(superball, data, init="given+random", n_starts=6)
+    assert len(tr.start_losses) == 6
+    assert tr.start_losses[0] == min(tr.start_losses)     # the config (here the truth) wins...
+    got, truth = tr.params.as_dict(), PhysicalParameters(superball).as_dict()
+    # ... and is kept up to the force scale (the scale search may rescale K, c, m together)
+    ratio = np.array(got["rod_mass"]) / np.array(truth["rod_mass"])
+    for n in ("cable_stiffness", "cable_damping"):
+        np.testing.assert_allclose(np.array(got[n]) / np.array(truth[n]), ratio, rtol=1e-9)
+    np.testing.assert_allclose(got["actuator_time_constant"], truth["actuator_time_constant"], rtol=1e-9)
+    with pytest.raises(ValueError, match="init must be one of"):
+        idf.IdentificationConfig(init="truth")

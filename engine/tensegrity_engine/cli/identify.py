@@ -145,7 +145,7 @@ def cmd_identify(args) -> int:
         max_stage_epochs=args.max_stage_epochs, max_epochs=args.max_epochs,
         max_seconds=args.max_seconds, batch_size=args.batch_size, epoch_tuples=args.epoch_tuples,
         val_tuples=args.val_tuples, seed=args.seed, n_starts=args.starts,
-        fine_optimizer=args.fine_optimizer)
+        fine_optimizer=args.fine_optimizer, init=args.init)
     dtype = {"float64": torch.float64, "float32": torch.float32}[args.dtype]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -228,6 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--max-seconds", type=float)
     i.add_argument("--batch-size", type=int, default=16)
     i.add_argument("--starts", type=int, default=16, help="multi-start: random starts scored, best kept")
+    i.add_argument("--init", default="random", choices=["random", "given", "given+random"],
+                   help="learnt parameters start random (multi-start), at the robot's (or --initial's) "
+                        "values, or from the best of both")
     i.add_argument("--fine-optimizer", default="lm", choices=["lm", "adam"],
                    help="fine stage: Levenberg-Marquardt (default) or Adam with lr halving")
     i.add_argument("--epoch-tuples", type=int)

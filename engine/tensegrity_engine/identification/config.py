@@ -9,6 +9,7 @@ NONCONTACT_PARAMS = ("cable_stiffness", "cable_damping", "rod_mass", "actuator_t
 CONTACT_PARAMS = ("contact_stiffness", "contact_damping", "friction_sliding",
                   "friction_torsional", "friction_rolling")
 SCHEDULES = ("progressive", "implicit_only", "feedforward", "fine_only")
+INITS = ("random", "given", "given+random")
 
 
 def default_learnable(floor: bool) -> tuple[str, ...]:
@@ -41,7 +42,8 @@ class IdentificationConfig:
     pose_window: int = 3                # pose-only LM: tuples per multiple-shooting window
     lm_windows: int = 64                # pose-only LM: windows (fixed subset) per iteration
     max_raw: float = 12.0               # |raw| beyond this = saturated/exploded -> rollback
-    init: str = "random"                # "random" (within bounds) or "given" (initial values)
+    init: str = "random"                # "random" (within bounds), "given" (initial values) or
+                                        # "given+random" (multi-start: the given values among the random ones)
     seed: int = 0
     n_starts: int = 16                  # multi-start: random starts scored on the dt=T loss, best kept
     coarse_work: int = 128              # coarse epoch: at most max(1, coarse_work // (T/dt)) minibatches
@@ -66,8 +68,8 @@ class IdentificationConfig:
             raise ValueError(f"fine_optimizer must be 'lm' or 'adam', got {self.fine_optimizer!r}")
         if self.collision not in ("differentiable", "mujoco"):
             raise ValueError(f"collision must be 'differentiable' or 'mujoco', got {self.collision!r}")
-        if self.init not in ("random", "given"):
-            raise ValueError(f"init must be 'random' or 'given', got {self.init!r}")
+        if self.init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
         for name in ("period", "lr0", "lr_min"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")

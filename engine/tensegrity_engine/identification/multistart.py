@@ -1,6 +1,8 @@
-"""Multi-start (``n_starts``, random init only): that many random starts within the bounds
-are scored on the first stage's loss (one implicit step of T, 64 fixed training tuples) and
-the best is kept. Starting values are never taken from the truth."""
+"""Multi-start (``n_starts``; init "random" or "given+random"): that many starts are scored
+on the first stage's loss (one implicit step of T, 64 fixed training tuples) and the best is
+kept. The first start is the run's current values: random for init="random", the given
+ones (the user's config: a prior, never the truth of a benchmark robot) for
+"given+random"; the others are random within the bounds."""
 from __future__ import annotations
 
 import math

@@ -133,7 +133,7 @@ class ProgressiveTrainer:
             self.val_index = torch.as_tensor(pick, device=self.device)
         else:
             self.val_index = None if self.val is None else torch.arange(len(self.val), device=self.device)
-        if first and self.config.init == "random" and self.config.n_starts > 1 \
+        if first and self.config.init in ("random", "given+random") and self.config.n_starts > 1 \
                 and self.config.schedule != "fine_only":
             multi_start(self)
             scale_search(self)
