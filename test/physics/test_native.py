@@ -161,8 +161,9 @@ def test_per_element_parameters(superball):
     params = PhysicalParameters(robot, values={
         "cable_stiffness": rng.uniform(5e3, 2e4, robot.num_cables),
         "cable_damping": rng.uniform(500.0, 1500.0, robot.num_cables),
-        "rod_mass": rng.uniform(8.0, 12.0, robot.num_rods)},
-        per_element=("cable_stiffness", "cable_damping", "rod_mass"))
+        "rod_mass": rng.uniform(8.0, 12.0, robot.num_rods),
+        "rod_inertia_factor": rng.uniform(1.0, 2.5, robot.num_rods)},
+        per_element=("cable_stiffness", "cable_damping", "rod_mass", "rod_inertia_factor"))
     engine = TensegrityEngine(robot, params)
     p = {k: v.detach() for k, v in params.values().items()}
     assert p["cable_stiffness"].shape == (robot.num_cables,) and p["rod_mass"].shape == (robot.num_rods,)

@@ -106,7 +106,9 @@ def build_mjcf(robot: RobotConfig, *, fixed_rods: Sequence[int] = (), floor: boo
     if any(not 0 <= i < R for i in fixed):
         raise ValueError(f"fixed_rods {sorted(fixed)} out of range 0..{R - 1}")
     pose = initial_rod_state(robot) if rod_state is None else np.asarray(rod_state, np.float64)
-    inertia = rod_inertia(robot.rod_mass, robot.rod_radius, robot.rod_length, real.end_mass_fraction)
+    # an end-heavy realisation replaces the config's inertia factor
+    inertia = (robot.rod_inertia() if real.end_mass_fraction == 0.0 else
+               rod_inertia(robot.rod_mass, robot.rod_radius, robot.rod_length, real.end_mass_fraction))
     fr = robot.contact.friction
     friction = _vec([fr.sliding, fr.torsional, fr.rolling])
     condim = str(real.contact.condim) if real.contact.condim else (

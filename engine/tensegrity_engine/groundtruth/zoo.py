@@ -17,7 +17,7 @@ import numpy as np
 import yaml
 
 from tensegrity_engine.groundtruth.mujoco_twin import MujocoTwin
-from tensegrity_engine.groundtruth.realisation import Realisation
+from tensegrity_engine.groundtruth.realisation import Realisation, rod_inertia
 from tensegrity_engine.groundtruth.sensors import SensorModel
 from tensegrity_engine.physics.config import (CONFIG_DIR, ActuatorConfig, ConfigError, RobotConfig, load_robot,
                                              topology_fingerprint)
@@ -44,11 +44,19 @@ class ZooRobot:
         return MujocoTwin(self.truth, floor=floor, fixed_rods=fixed_rods, nthread=nthread,
                           realisation=self.realisation)
 
+    def inertia_factor(self) -> np.ndarray:
+        """(R,) the robot's transverse inertia over a uniform rod's (the engine's
+        ``rod_inertia_factor``), end-heavy realisations included."""
+        t, f = self.truth, self.realisation.end_mass_fraction
+        if f == 0.0:
+            return t.rod_inertia_factor.copy()
+        return rod_inertia(t.rod_mass, t.rod_radius, t.rod_length, f)[:, 0] / t.uniform_rod_inertia()[:, 0]
+
     def true_values(self) -> dict[str, np.ndarray]:
         """True value of every parameter that has one in this realisation (per cable / rod)."""
         t = self.truth
         return {"cable_stiffness": t.cable_stiffness.copy(), "cable_damping": t.cable_damping.copy(),
-                "rod_mass": t.rod_mass.copy(),
+                "rod_mass": t.rod_mass.copy(), "rod_inertia_factor": self.inertia_factor(),
                 "actuator_time_constant": np.array([t.actuator.time_constant]),
                 "actuator_gain": np.array([t.actuator.gain]),
                 "actuator_offset": np.array([t.actuator.offset]),

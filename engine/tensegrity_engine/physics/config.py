@@ -9,7 +9,7 @@ import dataclasses
 import math
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 import numpy as np
 import yaml
@@ -66,6 +66,14 @@ class RobotConfig:
     actuator: ActuatorConfig
     contact: ContactConfig
     source: str = "<dict>"
+    # Transverse inertia over that of a uniform solid rod (R,): 1 uniform, 1 + 2f with a
+    # fraction f of the mass at the ends (SUPERball's motors and batteries). None: all 1.
+    rod_inertia_factor: Optional[np.ndarray] = None
+
+    def __post_init__(self):
+        factor = np.ones(len(self.rod_names)) if self.rod_inertia_factor is None else \
+            np.broadcast_to(np.asarray(self.rod_inertia_factor, dtype=np.float64), (len(self.rod_names),)).copy()
+        object.__setattr__(self, "rod_inertia_factor", factor)
 
     @property
     def num_rods(self) -> int:
@@ -103,9 +111,15 @@ class RobotConfig:
     def rod_inertia(self) -> np.ndarray:
         """(R, 3) principal inertia (Ixx, Iyy, Izz) about the centre, z = rod axis.
 
-        Solid cylinder of the rod's length and radius: the model the engine and
-        the MuJoCo twin share.
+        A solid cylinder of the rod's length and radius, its transverse inertia times
+        ``rod_inertia_factor``: the model the engine and the MuJoCo twin share.
         """
+        uniform = self.uniform_rod_inertia()
+        return uniform * np.stack([self.rod_inertia_factor, self.rod_inertia_factor,
+                                   np.ones_like(self.rod_inertia_factor)], axis=-1)
+
+    def uniform_rod_inertia(self) -> np.ndarray:
+        """(R, 3) principal inertia of uniform solid cylinders (``rod_inertia_factor`` 1)."""
         m, r, L = self.rod_mass, self.rod_radius, self.rod_length
         transverse = m * (3.0 * r**2 + L**2) / 12.0
         axial = 0.5 * m * r**2
@@ -156,7 +170,7 @@ def _parse_rods(data: Mapping[str, Any]):
     rods = _require(data, "rods", "config")
     if not isinstance(rods, list) or len(rods) < 2:
         raise ConfigError("config.rods: expected a list of at least 2 rods")
-    names, ends, mass, radius, length = [], [], [], [], []
+    names, ends, mass, radius, length, inertia = [], [], [], [], [], []
     for i, raw in enumerate(rods):
         where = f"rods[{i}]"
         rod = _merged(defaults, raw, where)
@@ -171,6 +185,7 @@ def _parse_rods(data: Mapping[str, Any]):
         ends.append(pts)
         mass.append(_number(_require(rod, "mass", where), f"{where}.mass", positive=True))
         radius.append(_number(_require(rod, "radius", where), f"{where}.radius", positive=True))
+        inertia.append(_number(rod.get("inertia_factor", 1.0), f"{where}.inertia_factor", positive=True))
         if "length" in rod:
             declared = _number(rod["length"], f"{where}.length", positive=True)
             if abs(declared - span) > 1e-3 * max(1.0, declared):
@@ -179,7 +194,7 @@ def _parse_rods(data: Mapping[str, Any]):
         length.append(span)
     if len(set(names)) != len(names):
         raise ConfigError("config.rods: rod names must be unique")
-    return tuple(names), np.stack(ends), np.array(mass), np.array(radius), np.array(length)
+    return tuple(names), np.stack(ends), np.array(mass), np.array(radius), np.array(length), np.array(inertia)
 
 
 def _parse_cables(data: Mapping[str, Any], num_rods: int):
@@ -239,7 +254,7 @@ def robot_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> RobotCon
         gravity = _vector(data.get("gravity", [0.0, 0.0, -9.81]), 3, "config.gravity")
         engine = data.get("engine", {}) or {}
         dt = _number(engine.get("dt", 0.001), "engine.dt", positive=True)
-        rod_names, rod_ends, mass, radius, length = _parse_rods(data)
+        rod_names, rod_ends, mass, radius, length, inertia = _parse_rods(data)
         cable = _parse_cables(data, len(rod_names))
         act = _require(data, "actuator", "config")
         actuator = ActuatorConfig(
@@ -273,6 +288,7 @@ def robot_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> RobotCon
         cable_names=cable[0], cable_ends=cable[1], cable_rest_length=cable[2],
         cable_stiffness=cable[3], cable_damping=cable[4], cable_actuated=cable[5],
         cable_command_range=cable[6], actuator=actuator, contact=contact, source=source,
+        rod_inertia_factor=inertia,
     )
 
 
@@ -300,6 +316,7 @@ def robot_to_dict(robot: RobotConfig) -> dict:
     """Plain dict in this module's YAML schema (every value explicit, round-trips)."""
     rods = [{"name": n, "end_nodes": robot.rod_end_nodes[i].tolist(),
              "mass": float(robot.rod_mass[i]), "radius": float(robot.rod_radius[i])}
+            | ({} if robot.rod_inertia_factor[i] == 1.0 else {"inertia_factor": float(robot.rod_inertia_factor[i])})
             for i, n in enumerate(robot.rod_names)]
     cables = []
     for c, n in enumerate(robot.cable_names):

@@ -144,14 +144,15 @@ class TensegrityEngine(nn.Module):
         out = self.force_model(state.transpose(-1, -2), rest, p,
                                None if wrench is None else wrench.transpose(-1, -2), keep=jacobians)
         result = {"force": out["force"].transpose(-1, -2), "torque": out["torque"].transpose(-1, -2),
-                  "axis": out["axis"].transpose(-1, -2), "mass": out["mass"], "tension": out["tension"]}
+                  "axis": out["axis"].transpose(-1, -2), "mass": out["mass"], "tension": out["tension"],
+                  "inertia_factor": out["inertia_factor"]}
         if jacobians:
             result["K"], result["D"] = force_jacobians(self.topology, state, out, p)
         return result
 
     def accelerations(self, state, out):
         """Rod-major accelerations from a `forces` result: (a [..., R, 3], alpha [..., R, 3])."""
-        soa = {"axis": out["axis"].transpose(-1, -2), "mass": out["mass"],
+        soa = {"axis": out["axis"].transpose(-1, -2), "mass": out["mass"], "inertia_factor": out["inertia_factor"],
                "force": out["force"].transpose(-1, -2), "torque": out["torque"].transpose(-1, -2)}
         S = state.transpose(-1, -2)
         soa["axis_rate"] = cross(S[..., 10:13, :], soa["axis"])
@@ -250,7 +251,7 @@ class TensegrityEngine(nn.Module):
         w_axial = torch.linalg.vecdot(axis, w)
         w_perp2 = torch.linalg.vecdot(w, w) - w_axial ** 2
         kinetic = 0.5 * (mass * torch.linalg.vecdot(v, v)).sum(-1) + 0.5 * (
-            mass * (k["it"] * w_perp2 + k["ia"] * w_axial ** 2)).sum(-1)
+            mass * (k["it"] * p["rod_inertia_factor"].expand(R) * w_perp2 + k["ia"] * w_axial ** 2)).sum(-1)
         gravity = -(mass.unsqueeze(-1) * k["gravity"] * state[..., POS]).sum((-1, -2))
         Y = torch.cat([state[..., POS], axis], -2)
         length = torch.linalg.vector_norm(k["W"] @ Y, dim=-1)

@@ -72,7 +72,8 @@ class ForceModel:
         tension = torch.relu(stretch)
         general = -((tension.unsqueeze(-2) * u) @ k["W"])                  # on Y, [..., 3, 2R]
         mass = p["rod_mass"].expand(R)
-        out = {"axis": axis, "axis_rate": axis_rate, "mass": mass, "tension": tension}
+        out = {"axis": axis, "axis_rate": axis_rate, "mass": mass, "tension": tension,
+               "inertia_factor": p["rod_inertia_factor"].expand(R)}
         if keep:
             out.update(d=d, length=length, u=u, stretch=stretch)
         kc, cc = p["contact_stiffness"], p["contact_damping"]

@@ -77,7 +77,7 @@ class LinearizedBackwardEuler:
         batch = state.shape[:-2]
         dtype = state.dtype
         w = state[..., ANG_VEL]
-        it, ia = mass * k["it"], mass * k["ia"]
+        it, ia = mass * k["it"] * out["inertia_factor"], mass * k["ia"]
         aa = outer(axis, axis)
         eye3 = torch.eye(3, dtype=dtype, device=state.device)
         I_world = it[:, None, None] * (eye3 - aa) + ia[:, None, None] * aa

@@ -39,6 +39,9 @@ PARAM_SPECS: tuple[ParamSpec, ...] = (
     ParamSpec("cable_stiffness", 1e2, 1e6, True, "cable", "N/m", "cable spring constant K"),
     ParamSpec("cable_damping", 1.0, 1e4, True, "cable", "N s/m", "cable damping along the cable"),
     ParamSpec("rod_mass", 0.1, 100.0, True, "rod", "kg", "rod mass (inertia scales with it)"),
+    # 1: uniform rod; 3: all the mass at the ends (m L^2 / 4); room on both sides
+    ParamSpec("rod_inertia_factor", 0.05, 4.0, True, "rod", "-",
+              "transverse inertia over a uniform solid rod's (1 + 2f with a fraction f of the mass at the ends)"),
     ParamSpec("actuator_time_constant", 2e-3, 1.0, True, "global", "s",
               "first-order motor time constant tau"),
     ParamSpec("actuator_gain", 0.5, 1.5, True, "global", "-", "rest length per commanded metre"),
@@ -59,6 +62,7 @@ def nominal_values(robot: RobotConfig) -> dict[str, np.ndarray]:
         "cable_stiffness": robot.cable_stiffness,
         "cable_damping": robot.cable_damping,
         "rod_mass": robot.rod_mass,
+        "rod_inertia_factor": robot.rod_inertia_factor,
         "actuator_time_constant": np.array([robot.actuator.time_constant]),
         "actuator_gain": np.array([robot.actuator.gain]),
         "actuator_offset": np.array([robot.actuator.offset]),
@@ -275,6 +279,7 @@ class PhysicalParameters(nn.Module):
             cable_stiffness=np.broadcast_to(v["cable_stiffness"], (r.num_cables,)).copy(),
             cable_damping=np.broadcast_to(v["cable_damping"], (r.num_cables,)).copy(),
             rod_mass=np.broadcast_to(v["rod_mass"], (r.num_rods,)).copy(),
+            rod_inertia_factor=np.broadcast_to(v["rod_inertia_factor"], (r.num_rods,)).copy(),
             actuator=ActuatorConfig(float(v["actuator_time_constant"][0]), float(v["actuator_gain"][0]),
                                     float(v["actuator_offset"][0])),
             contact=ContactConfig(

@@ -28,7 +28,7 @@ class RigidRods:
         k = self.topology.constants(S.dtype, S.device)
         axis, mass = out["axis"], out["mass"]
         w = S[..., 10:13, :]
-        it, ia = mass * k["it"], mass * k["ia"]
+        it, ia = mass * k["it"] * out["inertia_factor"], mass * k["ia"]
         gyro = ((ia - it) * dot(axis, w)).unsqueeze(-2) * out["axis_rate"]
         tau = out["torque"] - gyro
         inv_t, inv_a = 1.0 / it, 1.0 / ia

@@ -36,7 +36,8 @@ def _node_terms(topology: Topology, values: Mapping[str, object]) -> tuple[float
     R, C = robot.num_rods, robot.num_cables
     mass = _values(values, "rod_mass", R)
     half = robot.rod_length / 2.0
-    inertia_per_mass = robot.rod_inertia()[:, 0] / robot.rod_mass     # I_t / m: geometry only
+    inertia_per_mass = (robot.uniform_rod_inertia()[:, 0] / robot.rod_mass      # I_t / m
+                        * _values(values, "rod_inertia_factor", R))
     end_mass = 1.0 / (1.0 / mass + half ** 2 / (mass * inertia_per_mass))
     count = topology.node_cable_count
     k_node = float((count @ _values(values, "cable_stiffness", C)).max())

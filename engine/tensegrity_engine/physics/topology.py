@@ -39,7 +39,8 @@ class Topology:
                 raise ValueError(f"fixed rod index {i} out of range")
         R, C = robot.num_rods, robot.num_cables
         half = robot.rod_length / 2.0
-        inertia = robot.rod_inertia() / robot.rod_mass[:, None]
+        # per unit mass, uniform rods: the inertia factor is a parameter (p["rod_inertia_factor"])
+        inertia = robot.uniform_rod_inertia() / robot.rod_mass[:, None]
         if not np.allclose(inertia[:, 0], inertia[:, 1]):
             raise ValueError("rods must be axisymmetric (equal transverse inertia)")
         nodes = robot.cable_node_index

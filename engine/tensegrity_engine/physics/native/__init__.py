@@ -291,7 +291,8 @@ class NativeRollout:
             mass = per("rod_mass", R)
             tau, gain, offset = (per(n, A) for n in ("actuator_time_constant", "actuator_gain", "actuator_offset"))
             decay = torch.exp(-dt / tau)                                       # as actuators.actuator_update
-            it, ia = mass * k["it"], mass * k["ia"]                            # as RigidRods.accelerations
+            it = mass * k["it"] * per("rod_inertia_factor", R)                # as RigidRods.accelerations
+            ia = mass * k["ia"]
             inv_t, inv_a = 1.0 / it, 1.0 / ia
             W = k["W"]
             lo, hi = self._cable_lo.long(), self._cable_hi.long()
