@@ -37,7 +37,7 @@ from tensegrity_engine import identification as idf
 from tensegrity_engine.groundtruth import environments as envs
 from tensegrity_engine.groundtruth.zoo import zoo_names, zoo_robot
 from tensegrity_engine.identification import dataset as ds
-from tensegrity_engine.identification.acceptance import judge
+from tensegrity_engine.identification.acceptance import judge, select
 from tensegrity_engine.identification.evaluation import evaluate, horizon_errors
 from tensegrity_engine.physics.config import load_robot
 from tensegrity_engine.physics.parameter_files import export_yaml
@@ -178,9 +178,15 @@ def run_robot(name, base, args, out: Path) -> dict:
         nc, w1, v1 = identify(z.nominal, hang[kind], idf.IdentificationConfig(**cfg))
         c, w2, v2 = identify(z.nominal, roll[kind], idf.IdentificationConfig(**cfg), initial=nc)
         label = "identified" if kind == "clean" else "pose-only"
-        identified[label], walls[label] = c, w1 + w2
         _line(f"   {label}: identified in {w1:.0f} s (hanging) + {w2:.0f} s (rolling)")
         _line(f"     hanging stage {v1}\n     rolling stage {v2}")
+        # The model is used hanging and rolling: it must be no worse than nominal on both.
+        nominal = PhysicalParameters(z.nominal)
+        picked, model, verdicts = select([("both stages", c), ("hanging stage only", nc)], nominal,
+                                         {"hanging": hang[kind]["val"], "rolling": roll[kind]["val"]})
+        _line(f"     published: {picked} (" + "; ".join(
+            f"{name}: " + ", ".join(f"{r} {v.reason}" for r, v in vs.items()) for name, vs in verdicts.items()) + ")")
+        identified[label], walls[label] = model, w1 + w2
     for label, params in identified.items():      # for bench/zoo_control.py
         export_yaml(params, root / "models" / f"{label.replace(' ', '_')}.yaml",
                     comment=f"zoo robot {name}, {label}, {args.budget:g} s per stage")

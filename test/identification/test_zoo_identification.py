@@ -70,3 +70,18 @@ def test_estimated_velocities_follow_the_recorded_ones(soft_slow_hanging):
     assert np.abs(est.linear_velocity - t.linear_velocity).mean() < 0.5 * speed
     assert np.abs(est.angular_velocity - t.angular_velocity).mean() < 0.5 * np.abs(t.angular_velocity).mean()
     assert with_estimated_velocity(t) is t
+
+
+def test_select_publishes_the_first_model_no_worse_anywhere(soft_slow_hanging):
+    from tensegrity_engine.identification.acceptance import select
+    z, data = soft_slow_hanging
+    nominal = PhysicalParameters(z.nominal)
+    worse = PhysicalParameters(z.nominal, values={"rod_mass": 5 * z.nominal.rod_mass.mean()})
+    true = PhysicalParameters(z.nominal, values=z.true_values(), per_element=("cable_stiffness", "cable_damping"))
+    held_out = {"val": data["val"], "test": data["test"][:2]}
+    name, model, verdicts = select([("worse", worse), ("true", true)], nominal, held_out)
+    assert name == "true" and model is true
+    assert {v.reason for v in verdicts["worse"].values()} == {"worse"}
+    assert all(v.accepted for v in verdicts["true"].values())
+    name, model, _ = select([("worse", worse)], nominal, held_out)
+    assert name == "incumbent" and model is nominal

@@ -23,7 +23,7 @@ from tensegrity_engine.identification.evaluation import horizon_errors
 from tensegrity_engine.identification.streaming import _quat_log_world
 from tensegrity_engine.physics.params import PhysicalParameters
 
-__all__ = ["Verdict", "judge", "with_estimated_velocity"]
+__all__ = ["Verdict", "judge", "select", "with_estimated_velocity"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,3 +77,18 @@ def judge(candidate: PhysicalParameters, incumbent: PhysicalParameters, trajs: S
         reason = "worse"
     return Verdict(accepted=reason in ("better", "not_worse"), reason=reason, candidate_error=c,
                    incumbent_error=i, horizon=horizon, windows=int(cand["windows"]))
+
+
+def select(candidates: Sequence[tuple[str, PhysicalParameters]], incumbent: PhysicalParameters,
+           held_out: dict, **judge_kw) -> tuple[str, PhysicalParameters, dict]:
+    """The first candidate (name, params) that ``judge`` accepts against ``incumbent`` on
+    every held-out set of ``held_out`` ({regime: trajectories}, e.g. hanging and rolling);
+    ("incumbent", incumbent, ...) if none. A stage is gated on its own regime's data, but a
+    model is used in all of them: one fitted hanging can roll worse than the one it replaced.
+    Returns (name, params, {candidate: {regime: Verdict}})."""
+    verdicts = {}
+    for name, params in candidates:
+        verdicts[name] = {regime: judge(params, incumbent, trajs, **judge_kw) for regime, trajs in held_out.items()}
+        if all(v.accepted for v in verdicts[name].values()):
+            return name, params, verdicts
+    return "incumbent", incumbent, verdicts
