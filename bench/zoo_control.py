@@ -113,9 +113,12 @@ def run_task(z, params, task: dict, seed: int) -> dict:
             "plan_time": float(np.mean(ctl.plan_times))}
 
 
-def models_for(z, name: str, models_root: Path, robot_name: str) -> dict:
+def models_for(z, name: str, models_root: Path, robot_name: str, wait: float = 0.0) -> dict:
     models = {"nominal": PhysicalParameters(z.nominal)}
     path = models_root / robot_name / name / "models" / "identified.yaml"
+    deadline = time.monotonic() + wait
+    while not path.exists() and time.monotonic() < deadline:      # bench/zoo.py still running
+        time.sleep(10.0)
     if path.exists():
         models["identified"] = params_from_file(z.nominal, path)
     else:
@@ -132,6 +135,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tasks", default=",".join(TASKS))
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--out", default="runs/bench_zoo_control")
+    ap.add_argument("--wait", type=float, default=0.0,
+                    help="seconds to wait for each identified model (bench/zoo.py running alongside)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     base = load_robot(args.robot)
@@ -143,7 +148,7 @@ def main(argv=None) -> int:
     for name in names:
         z = zoo_robot(name, base)
         print(f"\n== {name}: {z.description}", flush=True)
-        models = models_for(z, name, Path(args.models), base.name)
+        models = models_for(z, name, Path(args.models), base.name, args.wait)
         results[name] = {}
         for task in tasks:
             print(f"   {task}: {'model':12s} success  time (s)  path (m)  final dist (m)  final speed (m/s)")
