@@ -196,16 +196,21 @@ class Monitor:
         rclpy.try_shutdown(context=self.context)
 
 
-def true_values(robot) -> dict:
+def true_values(robot, robot_truth: str = "twin") -> dict:
+    """The values of the robot the bridge plays (``robot_truth``: twin, zoo/<name> or a YAML)."""
+    from tensegrity_engine.groundtruth.zoo import ground_truth
     from tensegrity_engine.physics.params import nominal_values
 
-    return {k: np.asarray(v, dtype=np.float64) for k, v in nominal_values(robot).items()}
+    played = ground_truth(robot_truth, robot)
+    values = nominal_values(played.truth) | played.true_values()
+    return {k: np.asarray(v, dtype=np.float64) for k, v in values.items()}
 
 
-def summarize(robot, mon: Monitor, rolling_start, out_dir: Path, wall_s: float, learn) -> dict:
+def summarize(robot, mon: Monitor, rolling_start, out_dir: Path, wall_s: float, learn,
+              robot_truth: str = "twin") -> dict:
     t = np.array(mon.pose_t)
     com = np.array(mon.com) if mon.com else np.zeros((0, 3))
-    truth = true_values(robot)
+    truth = true_values(robot, robot_truth)
     final = mon.params[-1] if mon.params else None
     start_vals = mon.params[0][2] if mon.params else None
     rows = []
@@ -218,7 +223,7 @@ def summarize(robot, mon: Monitor, rolling_start, out_dir: Path, wall_s: float, 
             first = float(np.mean(start_vals[name])) if start_vals and name in start_vals else float("nan")
             rows.append({"name": name, "true": ref, "identified": got, "first_published": first,
                          "rel_error": abs(got - ref) / abs(ref)})
-    summary = {"wall_seconds": round(wall_s, 1), "sim_seconds": float(t[-1] - t[0]) if len(t) > 1 else 0.0,
+    summary = {"robot_truth": robot_truth, "wall_seconds": round(wall_s, 1), "sim_seconds": float(t[-1] - t[0]) if len(t) > 1 else 0.0,
                "poses": int(len(t)), "parameters_published": len(mon.params),
                "final_stage": final[1] if final else None, "parameters": rows,
                "mppi_start_sim_t": rolling_start}
@@ -288,6 +293,7 @@ def _plots(mon, robot, truth, rolling_start, out_dir: Path, learn) -> None:
 
 def print_summary(s: dict) -> None:
     print("\n=== sim2sim summary ===")
+    print(f"the robot: {s.get('robot_truth', 'twin')} (values below are its true ones)")
     print(f"wall time {s['wall_seconds']} s, sim time {s['sim_seconds']:.1f} s, {s['poses']} poses "
           f"({s.get('pose_rate_sim_hz', float('nan')):.2f} Hz sim), {s['parameters_published']} parameter "
           f"messages, final stage: {s['final_stage']}")
@@ -328,7 +334,9 @@ def main(argv=None) -> int:
     wall_timeout = args.wall_timeout if args.wall_timeout is not None else float(run.get("wall_timeout", 900.0))
     out_dir = Path(args.output_dir or run.get("output_dir", "runs/sim2sim"))
     goal = (float(run.get("goal_vx", 1.0)), float(run.get("goal_vy", 0.0)))
-    robot = load_robot(data["mujoco_bridge"]["ros__parameters"].get("robot", "superball"))
+    bridge = data["mujoco_bridge"]["ros__parameters"]
+    robot = load_robot(bridge.get("robot", "superball"))
+    robot_truth = str(bridge.get("robot_truth", "twin"))
     learn = data.get("identifier", {}).get("ros__parameters", {}).get("learn")
     domain = args.domain_id if args.domain_id is not None else random.randint(1, 200)
     log_root = Path(tempfile.mkdtemp(prefix="sim2sim_ros_log_"))
@@ -347,7 +355,9 @@ def main(argv=None) -> int:
         node, _, rest = item.partition(":")
         key, _, value = rest.partition(":=")
         overrides.setdefault(node, []).append((key, value))
-
+        if (node, key) == ("mujoco_bridge", "robot_truth"):
+            robot_truth = value
+    true_values(robot, robot_truth)          # a bad robot_truth fails here, before any node starts
     print(f"sim2sim: {cfg_path} on ROS_DOMAIN_ID={domain}; logs in {out_dir}/*.log", flush=True)
     wall0 = time.monotonic()
     procs = []
@@ -388,7 +398,7 @@ def main(argv=None) -> int:
         stop_processes(procs)
         summary = None
         if mon is not None:
-            summary = summarize(robot, mon, rolling_start, out_dir, time.monotonic() - wall0, learn)
+            summary = summarize(robot, mon, rolling_start, out_dir, time.monotonic() - wall0, learn, robot_truth)
             mon.close()
         clean_dds_shm()
         shutil.rmtree(log_root, ignore_errors=True)

@@ -12,6 +12,7 @@ import random
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -115,3 +116,20 @@ def test_launch_description_parses(tmp_path, monkeypatch):
     nodes = [e for e in ld.entities if isinstance(e, launch_ros.actions.Node)]
     assert len(nodes) == 3
     assert (share / "tensegrity_ros" / "config" / "sim2sim.yaml").exists()
+
+
+def test_sim2sim_reports_the_values_of_the_robot_the_bridge_plays():
+    from tensegrity_engine.groundtruth.zoo import zoo_robot
+    from tensegrity_engine.physics.config import ConfigError, load_robot
+    from tensegrity_ros.sim2sim import true_values
+
+    robot = load_robot("superball")
+    twin = true_values(robot, "twin")
+    assert float(twin["cable_stiffness"].mean()) == pytest.approx(float(robot.cable_stiffness.mean()))
+    zoo = true_values(robot, "zoo/end_heavy")
+    truth = zoo_robot("end_heavy", robot)
+    np.testing.assert_allclose(zoo["rod_mass"], truth.truth.rod_mass)
+    assert float(zoo["rod_inertia_factor"].mean()) > 1.5          # 60 % of the mass at the ends
+    assert float(zoo["rod_mass"].mean()) != pytest.approx(float(robot.rod_mass.mean()))
+    with pytest.raises(ConfigError):
+        true_values(robot, "zoo/unicorn")
