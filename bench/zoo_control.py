@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 from zoo import machine, true_model  # noqa: E402  (bench/zoo.py: the same true-values model)
 
 from tensegrity_engine import control as mpc  # noqa: E402
+from tensegrity_engine.groundtruth.mujoco_twin import GroundTruthDiverged  # noqa: E402
 from tensegrity_engine.groundtruth.zoo import zoo_names, zoo_robot  # noqa: E402
 from tensegrity_engine.physics.config import load_robot  # noqa: E402
 from tensegrity_engine.physics.parameter_files import params_from_file  # noqa: E402
@@ -68,7 +69,7 @@ def run_task(z, params, task: dict, seed: int) -> dict:
     steps = int(round(task["duration"] / CONTROL_DT))
     per_ctrl = int(round(CONTROL_DT / z.truth.dt))
     goals = [np.asarray(g, dtype=np.float64) for g in task["waypoints"]]
-    reached, coms, t_success = [], [], None
+    reached, coms, t_success, diverged = [], [], None, False
     with z.twin(floor=True, nthread=1) as twin:
         start = mpc.task_start(z.truth)
         rng = np.random.default_rng(seed)
@@ -83,7 +84,11 @@ def run_task(z, params, task: dict, seed: int) -> dict:
             else:                        # open loop between replans: the plan's next knot
                 u = ctl.current_plan[0]
                 ctl.planner.shift()
-            twin.step(u, nsteps=per_ctrl)
+            try:
+                twin.step(u, nsteps=per_ctrl)
+            except GroundTruthDiverged:     # the commands broke the robot's own simulation: a failure
+                diverged = True
+                break
             com = center_of_mass(twin.get_state()[0], z.truth.rod_mass)
             coms.append(com)
             if not np.isfinite(com).all():
@@ -96,10 +101,12 @@ def run_task(z, params, task: dict, seed: int) -> dict:
             if len(reached) == len(goals) and t_success is None and not task["stop"]:
                 t_success = reached[-1]
     coms = np.array(coms)
-    window = int(round(0.5 / CONTROL_DT))
+    window = min(int(round(0.5 / CONTROL_DT)), len(coms) - 1)
     final_speed = float(np.linalg.norm(coms[-1, :2] - coms[-1 - window, :2]) / (window * CONTROL_DT))
     final_dist = float(np.linalg.norm(coms[-1, :2] - goals[-1]))
-    if task["stop"]:
+    if diverged:
+        ok = False
+    elif task["stop"]:
         ok = final_dist < RADIUS and final_speed < STOP_SPEED
         if ok:       # time from which the robot stayed within the radius
             inside = np.linalg.norm(coms[:, :2] - goals[-1], axis=-1) < RADIUS
@@ -109,7 +116,7 @@ def run_task(z, params, task: dict, seed: int) -> dict:
         ok = len(reached) == len(goals)
     path = float(np.linalg.norm(np.diff(coms[:, :2], axis=0), axis=-1).sum())
     return {"success": bool(ok), "time": t_success, "final_distance": final_dist,
-            "final_speed": final_speed, "path": path, "reached": reached,
+            "final_speed": final_speed, "path": path, "reached": reached, "diverged": diverged,
             "plan_time": float(np.mean(ctl.plan_times))}
 
 

@@ -105,6 +105,10 @@ def test_a_diverging_ground_truth_is_refused(superball):
                     fixed_rods=(0,)) as twin:
         with pytest.raises(GroundTruthDiverged, match="diverged"):
             twin.rollout(s0, a0, cmd, record_every=10)
+        twin.reset(s0, a0)                      # stepping (the bridge, closed loops) says so too
+        with pytest.raises(GroundTruthDiverged, match="bad acceleration"):
+            for _ in range(50):
+                twin.step(a0, nsteps=10)
     with MujocoTwin(robot, realisation=Realisation(integrator="implicitfast"), nthread=1, floor=False,
                     fixed_rods=(0,)) as twin:
         assert np.isfinite(twin.rollout(s0, a0, cmd, record_every=10)[0]).all()

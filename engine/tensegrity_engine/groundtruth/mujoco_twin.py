@@ -68,6 +68,7 @@ class GroundTruthDiverged(RuntimeError):
 
 
 FULLPHYSICS = int(mujoco.mjtState.mjSTATE_FULLPHYSICS.value)
+_BADQACC = int(mujoco.mjtWarning.mjWARN_BADQACC.value)
 _CTRL = int(mujoco.mjtState.mjSTATE_CTRL.value)
 _XFRC = int(mujoco.mjtState.mjSTATE_XFRC_APPLIED.value)
 # Floats of rollout output held at once (the rollout returns every step; batches are
@@ -435,17 +436,24 @@ class MujocoTwin:
         mujoco.mj_forward(self.model, self.data)
 
     def step(self, command, wrench=None, nsteps: int = 1) -> None:
-        """Hold command [A] (and wrench [R, 6], world force/torque at rod centres) for nsteps."""
+        """Hold command [A] (and wrench [R, 6], world force/torque at rod centres) for nsteps.
+        `GroundTruthDiverged` if MuJoCo hit a bad acceleration on the way (it would
+        otherwise reset the robot to its model pose and carry on)."""
         command = np.asarray(command, dtype=np.float64).reshape(-1)
         self.data.ctrl[:] = 0.0
         self.data.xfrc_applied[:] = 0.0
         if wrench is not None:
             self._set_wrench(self.data, wrench)
+        bad = self.data.warning[_BADQACC].number
         if self.driver is not None:
             self.driver.step(self.model, self.data, command, nsteps)
-            return
-        self.data.ctrl[:self.num_actuated] = command
-        mujoco.mj_step(self.model, self.data, nstep=int(nsteps))
+        else:
+            self.data.ctrl[:self.num_actuated] = command
+            mujoco.mj_step(self.model, self.data, nstep=int(nsteps))
+        if self.data.warning[_BADQACC].number > bad:
+            raise GroundTruthDiverged(
+                f"{self.robot.name}: MuJoCo diverged at t={self.data.time:.3f} s (bad acceleration) with "
+                f"integrator {self.realisation.integrator}; it reset the robot to its model pose")
 
     def get_state(self) -> tuple[np.ndarray, np.ndarray]:
         """(rod_state [R, 13], act [A]) of ``self.data``."""
