@@ -202,7 +202,8 @@ def true_values(robot, robot_truth: str = "twin") -> dict:
     from tensegrity_engine.physics.params import nominal_values
 
     played = ground_truth(robot_truth, robot)
-    values = nominal_values(played.truth) | played.true_values()
+    # a zoo robot's contacts are MuJoCo's own: no engine value is "true" for them
+    values = played.true_values() if robot_truth.startswith("zoo/") else nominal_values(played.truth)
     return {k: np.asarray(v, dtype=np.float64) for k, v in values.items()}
 
 
@@ -216,7 +217,7 @@ def summarize(robot, mon: Monitor, rolling_start, out_dir: Path, wall_s: float, 
     rows = []
     if final is not None:
         for name in learn or sorted(final[2]):
-            if name not in final[2]:
+            if name not in final[2] or name not in truth:     # no true value (a zoo robot's contacts)
                 continue
             got = float(np.mean(final[2][name]))
             ref = float(np.mean(truth[name]))
@@ -277,7 +278,7 @@ def _plots(mon, robot, truth, rolling_start, out_dir: Path, learn) -> None:
     ax[0, 1].legend()
     if mon.params:
         pt = np.array([p[0] for p in mon.params])
-        names = [n for n in (learn or []) if n in mon.params[-1][2]][:4]
+        names = [n for n in (learn or []) if n in mon.params[-1][2] and n in truth][:4]
         for n in names:
             vals = np.array([np.mean(p[2][n]) for p in mon.params])
             ax[1, 0].semilogy(pt, vals / np.mean(truth[n]), marker=".", label=n)

@@ -257,7 +257,6 @@ def test_contact_identification_is_bounded_to_the_stable_region(three_bar, tmp_p
     limits = contact_upper_bounds(Topology(three_bar), PhysicalParameters(three_bar).values(), three_bar.dt)
     for name in ("contact_stiffness", "contact_damping"):
         assert tr.params.bounds_of(name)[1] == pytest.approx(min(limits[name], 1e7))
-        assert tr.params.as_dict()[name][0] < limits[name]       # the random starts too
     assert any("semi-implicit stability" in line for line in lines)
     # an ANI fine stage sub-steps by itself: no bound
     ani = idf.ProgressiveTrainer(three_bar, idf.IdentificationConfig(seed=1, n_starts=1, fine_integrator="ani"))

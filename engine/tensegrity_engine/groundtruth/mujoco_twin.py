@@ -68,7 +68,8 @@ class GroundTruthDiverged(RuntimeError):
 
 
 FULLPHYSICS = int(mujoco.mjtState.mjSTATE_FULLPHYSICS.value)
-_BADQACC = int(mujoco.mjtWarning.mjWARN_BADQACC.value)
+_RESETS = tuple(int(w.value) for w in (mujoco.mjtWarning.mjWARN_BADQACC, mujoco.mjtWarning.mjWARN_BADQPOS,
+                                        mujoco.mjtWarning.mjWARN_BADQVEL))
 _CTRL = int(mujoco.mjtState.mjSTATE_CTRL.value)
 _XFRC = int(mujoco.mjtState.mjSTATE_XFRC_APPLIED.value)
 # Floats of rollout output held at once (the rollout returns every step; batches are
@@ -444,16 +445,18 @@ class MujocoTwin:
         self.data.xfrc_applied[:] = 0.0
         if wrench is not None:
             self._set_wrench(self.data, wrench)
-        bad = self.data.warning[_BADQACC].number
+        before = [self.data.warning[w].number for w in _RESETS]
+        t0 = self.data.time
         if self.driver is not None:
             self.driver.step(self.model, self.data, command, nsteps)
         else:
             self.data.ctrl[:self.num_actuated] = command
             mujoco.mj_step(self.model, self.data, nstep=int(nsteps))
-        if self.data.warning[_BADQACC].number > bad:
+        # A reset restarts the clock and may leave a warning count at 1: any change is one.
+        if [self.data.warning[w].number for w in _RESETS] != before or self.data.time < t0:
             raise GroundTruthDiverged(
-                f"{self.robot.name}: MuJoCo diverged at t={self.data.time:.3f} s (bad acceleration) with "
-                f"integrator {self.realisation.integrator}; it reset the robot to its model pose")
+                f"{self.robot.name}: MuJoCo diverged after t={t0:.3f} s (bad acceleration, position or "
+                f"velocity) with integrator {self.realisation.integrator}; it reset the robot to its model pose")
 
     def get_state(self) -> tuple[np.ndarray, np.ndarray]:
         """(rod_state [R, 13], act [A]) of ``self.data``."""

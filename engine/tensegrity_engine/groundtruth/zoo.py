@@ -146,5 +146,7 @@ def ground_truth(spec: str, base: RobotConfig) -> ZooRobot:
     truth = base if spec in ("", "twin") else load_robot(spec)
     if topology_fingerprint(truth) != topology_fingerprint(base):
         raise ConfigError(f"ground truth {spec!r} has another topology than {base.name!r}")
+    if truth.dt != base.dt:
+        raise ConfigError(f"ground truth {spec!r} steps at {truth.dt} s, {base.name!r} at {base.dt} s")
     return ZooRobot(name=spec or "twin", description="the engine's twin", nominal=base, truth=truth,
                     realisation=Realisation(), sensing=SensorModel())

@@ -86,6 +86,8 @@ def select(candidates: Sequence[tuple[str, PhysicalParameters]], incumbent: Phys
     ("incumbent", incumbent, ...) if none. A stage is gated on its own regime's data, but a
     model is used in all of them: one fitted hanging can roll worse than the one it replaced.
     Returns (name, params, {candidate: {regime: Verdict}})."""
+    if not held_out or not all(held_out.values()):
+        raise ValueError("select needs held-out trajectories for every regime")
     verdicts = {}
     for name, params in candidates:
         verdicts[name] = {regime: judge(params, incumbent, trajs, **judge_kw) for regime, trajs in held_out.items()}

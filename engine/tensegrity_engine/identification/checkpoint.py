@@ -20,7 +20,7 @@ import torch
 from tensegrity_engine.physics.config import RobotConfig, topology_fingerprint
 
 FORMAT = "tensegrity-checkpoint"
-VERSION = 1
+VERSION = 2     # 2: rod_inertia_factor among the parameters; narrowed bounds saved
 
 
 class CheckpointError(ValueError):

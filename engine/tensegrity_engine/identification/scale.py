@@ -32,7 +32,8 @@ def scale_search(run, *, octaves: float = 8.0, per_octave: int = 2, refinements:
     """Multiply the learnt members of `SCALE_GROUP` of ``run`` (a `ProgressiveTrainer`) by the
     best s in [2^-octaves, 2^octaves] on the current stage's loss; returns s (1: no change)."""
     names = [n for n in SCALE_GROUP if n in run.learn]
-    if "rod_mass" not in names or len(names) < 2 or run.train.wrenches is None:
+    if "rod_mass" not in names or len(names) < 2 or run.train.wrenches is None \
+            or not bool(run.train.wrenches.abs().max() > 0):
         return 1.0
     rng = np.random.default_rng(run.config.seed + 104729)
     n = len(run.train)

@@ -333,6 +333,8 @@ class ProgressiveTrainer:
         lm = self.window_lm if self.schedule.pose_stage == "window" else self.tuple_lm
         return self.schedule.state_dict() | {
             "config": dataclasses.asdict(self.config), "params": copy.deepcopy(self.params.state_dict()),
+            # the raw values mean something only with the bounds they were stored under
+            "param_bounds": {n: list(self.params.bounds_of(n)) for n in self.params.specs},
             "learn": self.learn, "optimizer": self.adam.state_dict(), "epoch": self.epoch,
             "elapsed": self.elapsed, "history": self.history, "rng": self.rng.bit_generator.state,
             "latent": None if not self.latent else self.train.latent.detach().clone(),
@@ -346,6 +348,9 @@ class ProgressiveTrainer:
         """Resume (call after `set_data` with the same data)."""
         if self.engine is None:
             raise RuntimeError("call set_data() before load_state_dict()")
+        for name, (lo, hi) in (sd.get("param_bounds") or {}).items():
+            if name in self.params.specs and self.params.bounds_of(name) != (lo, hi):
+                self.params.specs[name] = dataclasses.replace(self.params.specs[name], lower=float(lo), upper=float(hi))
         with torch.no_grad():
             self.params.load_state_dict(sd["params"])
         self.learn = tuple(sd["learn"])

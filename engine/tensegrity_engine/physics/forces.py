@@ -166,7 +166,9 @@ class ForceModel:
         speed = torch.sqrt(vcx * vcx + vcy * vcy + eps * eps)
         coef = mu * normal / speed
         if h is not None:
-            inv_mass = k["node_compliance"] / out["mass"].repeat_interleave(2)
+            compliance = (k["node_compliance_axial"]
+                          + k["node_compliance_transverse"] / out["inertia_factor"].repeat_interleave(2))
+            inv_mass = compliance / out["mass"].repeat_interleave(2)
             coef = coef / (1.0 + h * coef * inv_mass)
         fx, fy = -coef * vcx, -coef * vcy
         zeros = torch.zeros_like(fx)

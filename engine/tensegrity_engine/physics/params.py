@@ -243,15 +243,17 @@ class PhysicalParameters(nn.Module):
     @torch.no_grad()
     def narrow_upper_bound(self, name: str, upper: float) -> bool:
         """Lower the upper bound of ``name`` to ``upper`` (never widen it), keeping the value:
-        one above the new bound moves to half of it. Returns whether the value had to move."""
+        one above the new bound moves to half of it (or between the bounds if they are close).
+        Returns whether the value had to move."""
         spec = self.specs[name]
         upper = min(float(upper), spec.upper)
-        if not upper > spec.lower * (1.0 + 1e-9):
-            raise ValueError(f"{name}: upper bound {upper} at or below the lower bound {spec.lower}")
+        if not upper > spec.lower * 1.01:
+            raise ValueError(f"{name}: upper bound {upper} at or too close to the lower bound {spec.lower}")
         value = self.value(name)
         self.specs[name] = dataclasses.replace(spec, upper=upper)
         over = value >= upper * (1.0 - 1e-9)
-        inside = torch.where(over, torch.full_like(value, max(upper / 2.0, spec.lower * 1.01)), value)
+        inside = torch.where(over, torch.full_like(value, math.sqrt(upper * spec.lower)
+                                                   if upper < 2.0 * spec.lower else upper / 2.0), value)
         getattr(self, name).copy_(self._to_raw(self.specs[name], inside))
         moved = bool(over.any())
         return moved

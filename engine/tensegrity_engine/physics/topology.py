@@ -74,7 +74,10 @@ class Topology:
             "command_low": robot.command_low, "command_high": robot.command_high,
             "free": free, "pair_onehot_a": onehot_a, "pair_onehot_b": onehot_b,
             "ez": np.array([0.0, 0.0, 1.0]),
-            "node_compliance": np.repeat(1.0 + half ** 2 / inertia[:, 0] + robot.rod_radius ** 2 / inertia[:, 2], 2),
+            # per-node compliance 1/m_eff * m = 1 + (L/2)^2 m / I_t + r^2 m / I_a; the I_t part is
+            # divided by the rod inertia factor at run time
+            "node_compliance_axial": np.repeat(1.0 + robot.rod_radius ** 2 / inertia[:, 2], 2),
+            "node_compliance_transverse": np.repeat(half ** 2 / inertia[:, 0], 2),
         }
         lever = np.stack([sign_of[:, 0] * half[rod_of[:, 0]], sign_of[:, 1] * half[rod_of[:, 1]]], -1)
         self.numpy_constants.update({

@@ -291,7 +291,8 @@ class NativeRollout:
             mass = per("rod_mass", R)
             tau, gain, offset = (per(n, A) for n in ("actuator_time_constant", "actuator_gain", "actuator_offset"))
             decay = torch.exp(-dt / tau)                                       # as actuators.actuator_update
-            it = mass * k["it"] * per("rod_inertia_factor", R)                # as RigidRods.accelerations
+            inertia_factor = per("rod_inertia_factor", R)
+            it = mass * k["it"] * inertia_factor                                # as RigidRods.accelerations
             ia = mass * k["ia"]
             inv_t, inv_a = 1.0 / it, 1.0 / ia
             W = k["W"]
@@ -308,7 +309,8 @@ class NativeRollout:
                 "mass": mass, "mass_gravity": mass * k["gravity_col"], "ia_minus_it": ia - it,
                 "inv_it": inv_t, "inv_ia_minus_inv_it": inv_a - inv_t, "free": k["free"], "half": k["half"],
                 "node_radius": k["node_radius"],
-                "node_inv_mass": k["node_compliance"] / mass.repeat_interleave(2),   # as ForceModel.ground_friction
+                "node_inv_mass": (k["node_compliance_axial"] + k["node_compliance_transverse"]    # as ForceModel
+                                  / inertia_factor.repeat_interleave(2)) / mass.repeat_interleave(2),  # .ground_friction
                 "pair_radius_a": k["pair_radius_a"], "pair_radius_b": k["pair_radius_b"],
             }
             arrays = {name: v.to(dtype).contiguous() for name, v in arrays.items()}
