@@ -44,8 +44,8 @@ from tensegrity_engine.physics.parameter_files import export_yaml
 from tensegrity_engine.physics.params import PhysicalParameters
 from tensegrity_engine.physics.state import LIN_VEL, ANG_VEL
 
-REPORTED = ("cable_stiffness", "cable_damping", "rod_mass", "rod_inertia_factor", "actuator_time_constant",
-            "friction_sliding")
+REPORTED = ("cable_stiffness", "cable_damping", "cable_slack_damping", "rod_mass", "rod_inertia_factor",
+            "actuator_time_constant", "friction_sliding")
 HANG_HORIZONS = (0.1, 1.0)
 ROLL_HORIZONS = (0.1, 0.5, 1.0)
 COUNTS = {"train": 8, "val": 2, "test": 6}

@@ -151,7 +151,8 @@ def test_slack_cables_and_passive_cables(three_bar):
     out, ref = rollouts(engine, state, act, commands)
     assert_states_close(out[0], ref[0], 1e-9)
     tension = engine.cable_tensions(ref[0], ref[1]).detach()
-    assert (tension == 0).double().mean() > 0.1 and (tension[1, -1] > 1.0).all()
+    slack = tension.abs() < 0.1           # only the (default 1e-3) slack share of the damping
+    assert slack.double().mean() > 0.1 and (tension[1, -1] > 1.0).all()
     assert (tension[..., ~torch.as_tensor(robot.cable_actuated)] > 1.0).any()
 
 
@@ -162,8 +163,9 @@ def test_per_element_parameters(superball):
         "cable_stiffness": rng.uniform(5e3, 2e4, robot.num_cables),
         "cable_damping": rng.uniform(500.0, 1500.0, robot.num_cables),
         "rod_mass": rng.uniform(8.0, 12.0, robot.num_rods),
-        "rod_inertia_factor": rng.uniform(1.0, 2.5, robot.num_rods)},
-        per_element=("cable_stiffness", "cable_damping", "rod_mass", "rod_inertia_factor"))
+        "rod_inertia_factor": rng.uniform(1.0, 2.5, robot.num_rods),
+        "cable_slack_damping": rng.uniform(0.01, 0.99, robot.num_cables)},
+        per_element=("cable_stiffness", "cable_damping", "rod_mass", "rod_inertia_factor", "cable_slack_damping"))
     engine = TensegrityEngine(robot, params)
     p = {k: v.detach() for k, v in params.values().items()}
     assert p["cable_stiffness"].shape == (robot.num_cables,) and p["rod_mass"].shape == (robot.num_rods,)

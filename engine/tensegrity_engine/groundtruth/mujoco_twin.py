@@ -152,10 +152,11 @@ def build_mjcf(robot: RobotConfig, *, fixed_rods: Sequence[int] = (), floor: boo
     kind = real.actuation.kind
     tendon_spring = kind == "spring_length"
     tendon = ET.SubElement(root, "tendon")
+    # The share of the damping acting taut or slack is the tendon's own damping; the rest is
+    # the tension-only actuator's.
+    slack_share = np.ones(robot.num_cables) if real.slack_damping else robot.cable_slack_damping
     for c in range(robot.num_cables):
-        sp_attrs = dict(name=f"cable{c}", width="0.005")
-        if real.slack_damping:
-            sp_attrs["damping"] = _f(robot.cable_damping[c])
+        sp_attrs = dict(name=f"cable{c}", width="0.005", damping=_f(slack_share[c] * robot.cable_damping[c]))
         if tendon_spring:     # dead band [0, l0]: pulls back only past the rest length
             sp_attrs.update(stiffness=_f(robot.cable_stiffness[c]),
                             springlength=_vec([0.0, robot.cable_rest_length[c]]))
@@ -166,7 +167,7 @@ def build_mjcf(robot: RobotConfig, *, fixed_rods: Sequence[int] = (), floor: boo
     g, off, tau = robot.actuator.gain, robot.actuator.offset, robot.actuator.time_constant
     for c in _actuator_order(robot):
         K = 0.0 if tendon_spring else robot.cable_stiffness[c]
-        damp = 0.0 if real.slack_damping else robot.cable_damping[c]
+        damp = (1.0 - slack_share[c]) * robot.cable_damping[c]
         attrs = dict(name=f"act_cable{c}", tendon=f"cable{c}", gaintype="fixed",
                      biastype="affine", forcelimited="true", forcerange="-1e9 0")
         if robot.cable_actuated[c]:

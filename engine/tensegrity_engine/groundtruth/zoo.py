@@ -55,7 +55,10 @@ class ZooRobot:
     def true_values(self) -> dict[str, np.ndarray]:
         """True value of every parameter that has one in this realisation (per cable / rod)."""
         t = self.truth
+        # all the damping on slack cables too: 1, held just inside the parameter's bound
+        slack = np.full(t.num_cables, 1.0 - 1e-6) if self.realisation.slack_damping else t.cable_slack_damping.copy()
         return {"cable_stiffness": t.cable_stiffness.copy(), "cable_damping": t.cable_damping.copy(),
+                "cable_slack_damping": slack,
                 "rod_mass": t.rod_mass.copy(), "rod_inertia_factor": self.inertia_factor(),
                 "actuator_time_constant": np.array([t.actuator.time_constant]),
                 "actuator_gain": np.array([t.actuator.gain]),

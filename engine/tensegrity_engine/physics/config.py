@@ -15,6 +15,7 @@ import numpy as np
 import yaml
 
 CONFIG_DIR = Path(__file__).resolve().parents[3] / "config"   # <repo>/config
+DEFAULT_SLACK_DAMPING = 1e-3    # cables.slack_damping when a config leaves it out
 
 
 class ConfigError(ValueError):
@@ -69,11 +70,19 @@ class RobotConfig:
     # Transverse inertia over that of a uniform solid rod (R,): 1 uniform, 1 + 2f with a
     # fraction f of the mass at the ends (SUPERball's motors and batteries). None: all 1.
     rod_inertia_factor: Optional[np.ndarray] = None
+    # Share of the cable damping acting whether the cable is taut or slack (C,): a tendon
+    # damper (cable through a housing, elastic cord) rather than a damped spring that only
+    # acts while it pulls. Zero is not representable by the bounded parameter, so "none"
+    # is its default, 1e-3. None: that default.
+    cable_slack_damping: Optional[np.ndarray] = None
 
     def __post_init__(self):
-        factor = np.ones(len(self.rod_names)) if self.rod_inertia_factor is None else \
-            np.broadcast_to(np.asarray(self.rod_inertia_factor, dtype=np.float64), (len(self.rod_names),)).copy()
-        object.__setattr__(self, "rod_inertia_factor", factor)
+        for name, count, default in (("rod_inertia_factor", len(self.rod_names), 1.0),
+                                     ("cable_slack_damping", len(self.cable_names), DEFAULT_SLACK_DAMPING)):
+            value = getattr(self, name)
+            value = np.full(count, default) if value is None else \
+                np.broadcast_to(np.asarray(value, dtype=np.float64), (count,)).copy()
+            object.__setattr__(self, name, value)
 
     @property
     def num_rods(self) -> int:
@@ -202,7 +211,7 @@ def _parse_cables(data: Mapping[str, Any], num_rods: int):
     cables = _require(data, "cables", "config")
     if not isinstance(cables, list) or not cables:
         raise ConfigError("config.cables: expected a non-empty list of cables")
-    names, ends, rest, stiff, damp, actuated, cmd_range = [], [], [], [], [], [], []
+    names, ends, rest, stiff, damp, actuated, cmd_range, slack = [], [], [], [], [], [], [], []
     for i, raw in enumerate(cables):
         where = f"cables[{i}]"
         cable = _merged(defaults, raw, where)
@@ -227,6 +236,10 @@ def _parse_cables(data: Mapping[str, Any], num_rods: int):
         rest.append(r)
         stiff.append(_number(_require(cable, "stiffness", where), f"{where}.stiffness", positive=True))
         damp.append(_number(_require(cable, "damping", where), f"{where}.damping", nonneg=True))
+        share = _number(cable.get("slack_damping", DEFAULT_SLACK_DAMPING), f"{where}.slack_damping", positive=True)
+        if share > 1.0:
+            raise ConfigError(f"{where}.slack_damping: a share of the damping, in (0, 1]; got {share}")
+        slack.append(share)
         act = cable.get("actuated", False)
         if not isinstance(act, bool):
             raise ConfigError(f"{where}.actuated: expected true/false, got {act!r}")
@@ -243,7 +256,7 @@ def _parse_cables(data: Mapping[str, Any], num_rods: int):
     if len(set(names)) != len(names):
         raise ConfigError("config.cables: cable names must be unique")
     return (tuple(names), np.array(ends, dtype=np.int64), np.array(rest), np.array(stiff),
-            np.array(damp), np.array(actuated, dtype=bool), np.array(cmd_range))
+            np.array(damp), np.array(actuated, dtype=bool), np.array(cmd_range), np.array(slack))
 
 
 def robot_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> RobotConfig:
@@ -288,7 +301,7 @@ def robot_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> RobotCon
         cable_names=cable[0], cable_ends=cable[1], cable_rest_length=cable[2],
         cable_stiffness=cable[3], cable_damping=cable[4], cable_actuated=cable[5],
         cable_command_range=cable[6], actuator=actuator, contact=contact, source=source,
-        rod_inertia_factor=inertia,
+        rod_inertia_factor=inertia, cable_slack_damping=cable[7],
     )
 
 
@@ -325,6 +338,8 @@ def robot_to_dict(robot: RobotConfig) -> dict:
                "stiffness": float(robot.cable_stiffness[c]),
                "damping": float(robot.cable_damping[c]),
                "actuated": bool(robot.cable_actuated[c])}
+        if robot.cable_slack_damping[c] != DEFAULT_SLACK_DAMPING:
+            cab["slack_damping"] = float(robot.cable_slack_damping[c])
         if robot.cable_actuated[c]:
             cab["command_range"] = robot.cable_command_range[c].tolist()
         cables.append(cab)

@@ -1,7 +1,9 @@
 """Force model: cables (CFG), ground contacts (DCC + CRG) and rod-rod contacts.
 
-Force conventions: cable tension T = max(0, K (l - l0) + c dl/dt), identical to the MuJoCo
-twin's clamped actuator.  Contact normal force F = max(0, k d - c dd) for depth d > 0.
+Force conventions: cable tension T = max(0, K (l - l0) + (1 - s) c dl/dt) + s c dl/dt, with s
+the share of the damping that acts on a slack cable too (a tendon damper; tiny by default),
+identical to the MuJoCo twin's clamped actuator plus tendon damping.
+Contact normal force F = max(0, k d - c dd) for depth d > 0.
 Friction: F_t = -mu F v_t / sqrt(|v_t|^2 + eps^2) (smooth Coulomb, eps = friction_smoothing);
 torsional and rolling friction use eps = angular_smoothing.
 """
@@ -67,9 +69,9 @@ class ForceModel:
         length = torch.sqrt(dot(d, d))
         u = d / length.unsqueeze(-2)
         length_rate = dot(Ydot @ k["Wt"], u)
-        K, c = p["cable_stiffness"], p["cable_damping"]
-        stretch = K * (length - rest) + c * length_rate
-        tension = torch.relu(stretch)
+        K, c, s = p["cable_stiffness"], p["cable_damping"], p["cable_slack_damping"]
+        stretch = K * (length - rest) + ((1.0 - s) * c) * length_rate
+        tension = torch.relu(stretch) + (s * c) * length_rate
         general = -((tension.unsqueeze(-2) * u) @ k["W"])                  # on Y, [..., 3, 2R]
         mass = p["rod_mass"].expand(R)
         out = {"axis": axis, "axis_rate": axis_rate, "mass": mass, "tension": tension,

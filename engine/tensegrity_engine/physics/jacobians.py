@@ -65,9 +65,10 @@ def force_jacobians(topology: Topology, state: torch.Tensor, out: dict, p: dict)
     Ga, Gb = _point_jacobian(lever_a), _point_jacobian(lever_b)
     taut = (stretch > 0).to(dtype)[..., None, None]
     uu = outer(u, u)
-    H = taut * (p["cable_stiffness"][..., None, None] * uu
-                + (tension / length)[..., None, None] * (eye3 - uu))
-    Dc = taut * p["cable_damping"][..., None, None] * uu
+    c, s = p["cable_damping"], p["cable_slack_damping"]
+    H = (taut * p["cable_stiffness"][..., None, None] * uu
+         + (tension / length)[..., None, None] * (eye3 - uu))
+    Dc = (taut * ((1.0 - s) * c)[..., None, None] + (s * c)[..., None, None]) * uu
     Kmat = _pair_blocks(H, Ga, Gb, rod_a, rod_b, R, batch, dtype, device)
     Dmat = _pair_blocks(Dc, Ga, Gb, rod_a, rod_b, R, batch, dtype, device)
     kc, cc, mu = p["contact_stiffness"], p["contact_damping"], p["friction_sliding"]

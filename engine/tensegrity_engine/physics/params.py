@@ -38,6 +38,9 @@ class ParamSpec:
 PARAM_SPECS: tuple[ParamSpec, ...] = (
     ParamSpec("cable_stiffness", 1e2, 1e6, True, "cable", "N/m", "cable spring constant K"),
     ParamSpec("cable_damping", 1.0, 1e4, True, "cable", "N s/m", "cable damping along the cable"),
+    # 1e-3: a damped spring that only pulls; 1: a tendon damper acting taut or slack
+    ParamSpec("cable_slack_damping", 1e-4, 1.0, True, "cable", "-",
+              "share of the cable damping that acts whether the cable is taut or slack"),
     ParamSpec("rod_mass", 0.1, 100.0, True, "rod", "kg", "rod mass (inertia scales with it)"),
     # 1: uniform rod; 3: all the mass at the ends (m L^2 / 4); room on both sides
     ParamSpec("rod_inertia_factor", 0.05, 4.0, True, "rod", "-",
@@ -61,6 +64,7 @@ def nominal_values(robot: RobotConfig) -> dict[str, np.ndarray]:
     return {
         "cable_stiffness": robot.cable_stiffness,
         "cable_damping": robot.cable_damping,
+        "cable_slack_damping": robot.cable_slack_damping,
         "rod_mass": robot.rod_mass,
         "rod_inertia_factor": robot.rod_inertia_factor,
         "actuator_time_constant": np.array([robot.actuator.time_constant]),
@@ -280,6 +284,7 @@ class PhysicalParameters(nn.Module):
         return r.replace(
             cable_stiffness=np.broadcast_to(v["cable_stiffness"], (r.num_cables,)).copy(),
             cable_damping=np.broadcast_to(v["cable_damping"], (r.num_cables,)).copy(),
+            cable_slack_damping=np.broadcast_to(v["cable_slack_damping"], (r.num_cables,)).copy(),
             rod_mass=np.broadcast_to(v["rod_mass"], (r.num_rods,)).copy(),
             rod_inertia_factor=np.broadcast_to(v["rod_inertia_factor"], (r.num_rods,)).copy(),
             actuator=ActuatorConfig(float(v["actuator_time_constant"][0]), float(v["actuator_gain"][0]),

@@ -1,9 +1,9 @@
 """Levenberg-Marquardt on tuples: the fine stage (``fine_optimizer="lm"``).
 
 One iteration per epoch in raw (logit) space on ``lm_tuples`` random training tuples,
-Jacobian by central differences (2P no-grad rollouts; P is small), adaptive damping, step
-bounded to 2 in logit units. Without contact the engine equals MuJoCo, so Gauss-Newton
-converges quadratically to the exact parameters. Pose-only data runs it on the
+Jacobian by central differences (2P no-grad rollouts; P is small), adaptive damping, each
+parameter's step bounded to 2 in logit units. Without contact the engine equals MuJoCo, so
+Gauss-Newton converges quadratically to the exact parameters. Pose-only data runs it on the
 finite-difference velocities first (biased, but it lands in the basin of the exact fit).
 """
 from __future__ import annotations
@@ -26,6 +26,16 @@ def set_raw_vector(params, names, theta: torch.Tensor) -> None:
         raw = getattr(params, n)
         raw.copy_(theta[i:i + raw.numel()].reshape(raw.shape))
         i += raw.numel()
+
+
+RAW_STEP_LIMIT = 2.0     # logit units a parameter may move in one iteration
+
+
+def bounded_step(delta: torch.Tensor) -> torch.Tensor:
+    """Trust region in raw (logit) space, per parameter: each component moves at most
+    RAW_STEP_LIMIT. Scaling the whole step instead would let one barely observable
+    parameter (a near-zero Jacobian column, a huge Gauss-Newton step) freeze all others."""
+    return delta.clamp(-RAW_STEP_LIMIT, RAW_STEP_LIMIT)
 
 
 class TupleLevenbergMarquardt:
@@ -67,9 +77,7 @@ class TupleLevenbergMarquardt:
                     delta = -torch.linalg.solve(A, g)
                 except RuntimeError:
                     delta = torch.full_like(g, math.nan)
-                big = float(delta.abs().max()) if bool(torch.isfinite(delta).all()) else math.inf
-                if big > 2.0:                          # trust region in raw (logit) space
-                    delta = delta * (2.0 / big) if math.isfinite(big) else delta
+                delta = bounded_step(delta)
                 theta = theta0 + delta
                 if bool(torch.isfinite(theta).all()) and float(theta.abs().max()) <= cfg.max_raw:
                     f = float((self._residual(run, theta, idx) ** 2).sum())

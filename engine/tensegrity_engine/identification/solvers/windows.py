@@ -27,7 +27,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from tensegrity_engine.identification.solvers.levenberg_marquardt import raw_vector, set_raw_vector
+from tensegrity_engine.identification.solvers.levenberg_marquardt import bounded_step, raw_vector, set_raw_vector
 
 
 class WindowLevenbergMarquardt:
@@ -138,10 +138,8 @@ class WindowLevenbergMarquardt:
                     delta = -torch.linalg.solve(schur, g)
                 except RuntimeError:
                     delta = torch.full_like(theta0, math.nan)
-                big = float(delta.abs().max()) if bool(torch.isfinite(delta).all()) else math.inf
-                if math.isfinite(big):
-                    if big > 2.0:                      # trust region in raw (logit) space
-                        delta = delta * (2.0 / big)
+                if bool(torch.isfinite(delta).all()):
+                    delta = bounded_step(delta)
                     d_lat = -(Binv @ (Btr + AtB.transpose(1, 2) @ delta[None, :, None]))[..., 0]
                     vel_new = vel.flatten(1).clone()
                     vel_new[:, self.latent_cols] += d_lat

@@ -135,8 +135,9 @@ def _structs(real):
                     + [("cable_lo", pi32), ("cable_hi", pi32)]
                     + [(n, preal) for n in ("cable_wpos_lo", "cable_wpos_hi", "cable_wax_lo", "cable_wax_hi")]
                     + [("cable_act", pi32)]
-                    + [(n, preal) for n in ("passive_rest", "stiffness", "damping", "gain", "offset", "decay",
-                                            "tau_over_h", "one_minus_decay", "command_low", "command_high")]
+                    + [(n, preal) for n in ("passive_rest", "stiffness", "damping", "slack_damping", "gain",
+                                            "offset", "decay", "tau_over_h", "one_minus_decay", "command_low",
+                                            "command_high")]
                     + [("actuate_mean", i32)]
                     + [(n, preal) for n in ("mass", "mass_gravity", "ia_minus_it", "inv_it",
                                             "inv_ia_minus_inv_it", "free", "half", "node_radius",
@@ -288,6 +289,7 @@ class NativeRollout:
 
         with torch.no_grad():
             stiffness, damping = per("cable_stiffness", C), per("cable_damping", C)
+            slack_share = per("cable_slack_damping", C)                         # as ForceModel
             mass = per("rod_mass", R)
             tau, gain, offset = (per(n, A) for n in ("actuator_time_constant", "actuator_gain", "actuator_offset"))
             decay = torch.exp(-dt / tau)                                       # as actuators.actuator_update
@@ -302,7 +304,8 @@ class NativeRollout:
             arrays = {
                 "cable_wpos_lo": W[rows, lo], "cable_wpos_hi": W[rows, hi],
                 "cable_wax_lo": W[rows, R + lo], "cable_wax_hi": W[rows, R + hi],
-                "passive_rest": passive, "stiffness": stiffness, "damping": damping,
+                "passive_rest": passive, "stiffness": stiffness,
+                "damping": (1.0 - slack_share) * damping, "slack_damping": slack_share * damping,
                 "gain": gain, "offset": offset, "decay": decay, "tau_over_h": tau / dt,
                 "one_minus_decay": 1.0 - decay,
                 "command_low": k["command_low"], "command_high": k["command_high"],

@@ -58,7 +58,7 @@ typedef struct {
     const real *cable_wpos_lo, *cable_wpos_hi, *cable_wax_lo, *cable_wax_hi;
     const int32_t *cable_act;      /* actuated index giving the rest length, -1: passive */
     const real *passive_rest;      /* [C], used where cable_act < 0 */
-    const real *stiffness, *damping;                                   /* [C] */
+    const real *stiffness, *damping, *slack_damping;  /* [C]: damping only taut, damping taut or slack */
     const real *gain, *offset, *decay, *tau_over_h, *one_minus_decay;  /* [A] */
     const real *command_low, *command_high;                            /* [A] */
     int32_t actuate_mean;          /* actuator_timing "mean" (1) or "start" (0) */
@@ -150,7 +150,8 @@ static void kinematics(const tg_model *m, tg_work *w)
     }
 }
 
-/* Tension-only spring-dampers; accumulates W^T (tension u) in the engine's column order. */
+/* Tension-only spring-dampers plus tendon damping (acting slack too); accumulates
+ * W^T (tension u) in the engine's column order. */
 static void cables(const tg_model *m, tg_work *w)
 {
     const int R = m->rods, C = m->cables;
@@ -160,7 +161,7 @@ static void cables(const tg_model *m, tg_work *w)
         const int lo = m->cable_lo[c], hi = m->cable_hi[c];
         const real wp_lo = m->cable_wpos_lo[c], wp_hi = m->cable_wpos_hi[c];
         const real wa_lo = m->cable_wax_lo[c], wa_hi = m->cable_wax_hi[c];
-        const real K = m->stiffness[c], D = m->damping[c];
+        const real K = m->stiffness[c], D = m->damping[c], Ds = m->slack_damping[c];
         const real *rest = ROW(w->rest, c);
         const real *p0 = ROW(w->st, lo), *p1 = ROW(w->st, R + lo), *p2 = ROW(w->st, 2 * R + lo);
         const real *q0 = ROW(w->st, hi), *q1 = ROW(w->st, R + hi), *q2 = ROW(w->st, 2 * R + hi);
@@ -187,7 +188,7 @@ static void cables(const tg_model *m, tg_work *w)
             const real n0 = d0 / length, n1 = d1 / length, n2 = d2 / length;
             const real rate = e0 * n0 + e1 * n1 + e2 * n2;
             const real stretch = K * (length - rest[l]) + D * rate;
-            const real tension = stretch < 0 ? (real)0 : stretch;
+            const real tension = (stretch < 0 ? (real)0 : stretch) + Ds * rate;
             const real t0 = tension * n0, t1 = tension * n1, t2 = tension * n2;
             gp_lo0[l] += t0 * wp_lo; gp_lo1[l] += t1 * wp_lo; gp_lo2[l] += t2 * wp_lo;
             gp_hi0[l] += t0 * wp_hi; gp_hi1[l] += t1 * wp_hi; gp_hi2[l] += t2 * wp_hi;
