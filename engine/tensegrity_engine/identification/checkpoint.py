@@ -20,7 +20,7 @@ import torch
 from tensegrity_engine.physics.config import RobotConfig, topology_fingerprint
 
 FORMAT = "tensegrity-checkpoint"
-VERSION = 2     # 2: rod_inertia_factor among the parameters; narrowed bounds saved
+VERSION = 3     # 2: rod_inertia_factor among the parameters; narrowed bounds saved; 3: cable_slack_damping
 
 
 class CheckpointError(ValueError):
