@@ -28,6 +28,16 @@ def set_raw_vector(params, names, theta: torch.Tensor) -> None:
         i += raw.numel()
 
 
+def residual_jacobian(residual, theta0: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """[n, P] Jacobian of ``residual(theta)`` by central differences (2P evaluations)."""
+    cols = []
+    for j in range(len(theta0)):
+        e = torch.zeros_like(theta0)
+        e[j] = eps
+        cols.append((residual(theta0 + e) - residual(theta0 - e)) / (2 * eps))
+    return torch.stack(cols, -1)
+
+
 RAW_STEP_LIMIT = 2.0     # logit units a parameter may move in one iteration
 
 
@@ -60,14 +70,7 @@ class TupleLevenbergMarquardt:
         if not math.isfinite(f0):
             diverged = True
         else:
-            eps = 1e-5
-            cols = []
-            for j in range(len(theta0)):
-                e = torch.zeros_like(theta0)
-                e[j] = eps
-                cols.append((self._residual(run, theta0 + e, idx) - self._residual(run, theta0 - e, idx))
-                            / (2 * eps))
-            J = torch.stack(cols, -1)
+            J = residual_jacobian(lambda theta: self._residual(run, theta, idx), theta0)
             ok = bool(torch.isfinite(J).all())
             g, H = J.T @ r0, J.T @ J
             d = H.diagonal().clamp(min=1e-12 * float(H.diagonal().max().clamp(min=1e-300)))

@@ -1,0 +1,129 @@
+"""How sure an identification is: 1-sigma per parameter and what the data cannot determine.
+
+Gauss-Newton (Laplace) estimate at the identified values: with J the Jacobian of the tuple
+residuals r w.r.t. the raw (logit) values of the learnt parameters,
+
+    cov_raw = s^2 (J^T J)^+,   s^2 = |r|^2 / (n - P)
+
+(the residual variance stands in for the unknown sensor noise and model mismatch), then
+each value's 1-sigma by the delta method through its reparameterisation. Directions of
+J^T J that the data does not constrain (eigenvalues of the column-scaled matrix below
+``singular`` times the largest) are not inverted: the parameters that make them up are
+*undetermined* (sigma = inf) until the robot moves in a way that reveals them.
+
+Residuals of one tuple are correlated and model mismatch is not noise, so sigma is a lower
+bound on the real error: trust it to rank parameters and to flag missing excitation.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import torch
+
+from tensegrity_engine.identification.solvers.levenberg_marquardt import (raw_vector, residual_jacobian,
+                                                                          set_raw_vector)
+from tensegrity_engine.physics.params import PhysicalParameters
+
+SINGULAR = 1e-8        # relative eigenvalue below which a direction counts as unconstrained
+UNDETERMINED_SHARE = 0.1   # a parameter is undetermined if this share of it lies in such a direction
+
+
+@dataclasses.dataclass(frozen=True)
+class ParameterUncertainty:
+    sigma: dict            # learnt name -> 1-sigma per element (value units; inf: undetermined)
+    undetermined: tuple    # learnt names the data cannot determine yet
+    residual_sigma: float  # s, the residual scale behind sigma
+    dof: int               # n - P
+
+    def flat(self, params: PhysicalParameters) -> list[float]:
+        """1-sigma aligned with ``params.flat()`` names; NaN for parameters not identified."""
+        out = []
+        for name, v in params.values().items():
+            n = v.numel()
+            s = self.sigma.get(name)
+            out.extend([math.nan] * n if s is None else np.broadcast_to(s, (n,)).tolist())
+        return out
+
+    def relative(self, params: PhysicalParameters) -> dict:
+        """Learnt name -> largest sigma / |value| over its elements."""
+        values = params.as_dict()
+        return {n: float(np.max(s / np.maximum(np.abs(values[n]), 1e-300))) for n, s in self.sigma.items()}
+
+
+def value_slopes(params: PhysicalParameters, names) -> torch.Tensor:
+    """d value / d raw for every raw element of ``names`` (order of `raw_vector`)."""
+    out = []
+    for name in names:
+        spec = params.specs[name]
+        frac = torch.sigmoid(getattr(params, name).detach())
+        slope = frac * (1.0 - frac)
+        if spec.log_scale:
+            slope = slope * params.value(name).detach() * (math.log(spec.upper) - math.log(spec.lower))
+        else:
+            slope = slope * (spec.upper - spec.lower)
+        out.append(slope.reshape(-1))
+    return torch.cat(out)
+
+
+def gauss_newton_uncertainty(params: PhysicalParameters, names, J: torch.Tensor, r: torch.Tensor, *,
+                             singular: float = SINGULAR) -> ParameterUncertainty:
+    """`ParameterUncertainty` from residuals r [n] and their Jacobian J [n, P] w.r.t. the
+    raw elements of ``names`` (in `raw_vector` order) at the current values."""
+    J, r = J.detach().double().cpu(), r.detach().double().cpu()
+    n, P = J.shape
+    dof = max(n - P, 1)
+    s2 = float((r @ r) / dof)
+    H = J.T @ J
+    scale = H.diagonal().sqrt()
+    alive = scale > 0
+    undetermined_raw = ~alive
+    var = torch.full((P,), math.inf, dtype=torch.float64)
+    if bool(alive.any()):
+        Hs = H[alive][:, alive] / (scale[alive, None] * scale[None, alive])
+        lam, V = torch.linalg.eigh(Hs)
+        weak = lam <= singular * float(lam.max().clamp(min=1e-300))
+        share = (V[:, weak] ** 2).sum(-1)                       # of each parameter in weak directions
+        strong_var = (V[:, ~weak] ** 2 / lam[~weak]).sum(-1) * s2 / scale[alive] ** 2
+        sub = torch.where(share > UNDETERMINED_SHARE, torch.full_like(strong_var, math.inf), strong_var)
+        var[alive] = sub
+        undetermined_raw = var == math.inf
+    sigma_raw = var.sqrt()
+    sigma_value = sigma_raw * value_slopes(params, names).abs().cpu()
+    sigma, flagged, i = {}, [], 0
+    for name in names:
+        k = getattr(params, name).numel()
+        sigma[name] = sigma_value[i:i + k].numpy().copy()
+        if bool(undetermined_raw[i:i + k].any()):
+            flagged.append(name)
+        i += k
+    return ParameterUncertainty(sigma=sigma, undetermined=tuple(flagged), residual_sigma=math.sqrt(s2), dof=dof)
+
+
+@torch.no_grad()
+def trainer_uncertainty(trainer, max_tuples: int = 256, seed: int = 0) -> ParameterUncertainty:
+    """Uncertainty of a `ProgressiveTrainer`'s current values on (at most ``max_tuples`` of)
+    its training tuples, at the step and integrator of the fine stage."""
+    data = trainer.train
+    if data is None or not trainer.learn:
+        raise RuntimeError("no data or nothing learnt: no uncertainty to estimate")
+    n = len(data)
+    rng = np.random.default_rng(seed)
+    idx = torch.as_tensor(np.sort(rng.permutation(n)[:min(n, max_tuples)]), device=trainer.device)
+    names = tuple(trainer.learn)
+    theta0 = raw_vector(trainer.params, names)
+    n_steps = trainer.full_steps
+    integrator = trainer.config.fine_integrator
+
+    def residual(theta):
+        set_raw_vector(trainer.params, names, theta)
+        p = trainer.engine.param_values(trainer.dtype, trainer.device)
+        return trainer.objective.residuals(data, idx, p, n_steps, integrator)
+
+    try:
+        J = residual_jacobian(residual, theta0)
+        r = residual(theta0)
+    finally:
+        set_raw_vector(trainer.params, names, theta0)
+    return gauss_newton_uncertainty(trainer.params, names, J, r)

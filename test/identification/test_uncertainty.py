@@ -1,0 +1,97 @@
+"""1-sigma of identified values and the parameters data cannot determine."""
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from tensegrity_engine import identification as idf
+from tensegrity_engine.identification import dataset as ds
+from tensegrity_engine.identification.uncertainty import gauss_newton_uncertainty, trainer_uncertainty
+from tensegrity_engine.physics.params import PhysicalParameters
+
+PERIOD = 0.02
+LEARN = ("cable_stiffness", "cable_damping", "actuator_time_constant", "rod_mass")
+
+
+@pytest.fixture(scope="module")
+def clean_tuples(tmp_path_factory, superball):
+    root = tmp_path_factory.mktemp("sigma")
+    ds.generate_dataset(superball, "noncontact", root, counts={"train": 2, "val": 1, "test": 1},
+                        duration=0.6, period=PERIOD, seed=11, dense=False)
+    return {s: ds.tuples_from(ds.load_split(root / "noncontact", s), period=PERIOD) for s in ("train", "val")}
+
+
+def _noisy(ts, scale, seed):
+    """Targets X_t+T with sensor-like noise: 1 mm and 1 cm/s per unit ``scale``."""
+    rng = np.random.default_rng(seed)
+    x1 = ts.x1.copy()
+    x1[..., 0:3] += 1e-3 * scale * rng.standard_normal(x1[..., 0:3].shape)
+    x1[..., 7:13] += 1e-2 * scale * rng.standard_normal(x1[..., 7:13].shape)
+    return dataclasses.replace(ts, x1=x1)
+
+
+def _identified(robot, train, val, learn=LEARN):
+    cfg = idf.IdentificationConfig(period=PERIOD, learn=learn, schedule="fine_only", init="given",
+                                   lm_max_iters=6, val_tuples=16, patience=2, seed=0)
+    tr = idf.ProgressiveTrainer(robot, cfg, log=lambda m: None)
+    tr.set_data(train, val)
+    tr.run()
+    return tr
+
+
+def test_sigma_covers_the_error_and_grows_with_the_noise(superball, clean_tuples):
+    """On data of the exact model with added noise the identified values lie within 3 sigma
+    of the truth, sigma is a small fraction of each value (5 % per mm of noise), and it
+    scales with the noise."""
+    truth = PhysicalParameters(superball).as_dict()
+    sig = {}
+    for scale in (1.0, 4.0):
+        tr = _identified(superball, _noisy(clean_tuples["train"], scale, 1), clean_tuples["val"])
+        u = trainer_uncertainty(tr)
+        assert u.undetermined == ()
+        got = tr.parameters.as_dict()
+        for name in LEARN:
+            err = abs(got[name][0] - truth[name][0])
+            assert err > 0                                          # the noise moved it
+            assert err < 3.0 * u.sigma[name][0], (scale, name, err, u.sigma[name])
+            assert u.sigma[name][0] < 0.05 * scale * truth[name][0], (scale, name, u.sigma[name])
+        sig[scale] = np.array([u.sigma[n][0] for n in LEARN])
+        flat = u.flat(tr.parameters)
+        names, _ = tr.parameters.flat()
+        assert len(flat) == len(names)
+        assert np.isnan(flat[names.index("friction_sliding")])      # not identified: no sigma
+    ratio = sig[4.0] / sig[1.0]
+    assert np.all((ratio > 2.5) & (ratio < 6.0)), ratio
+
+
+def test_a_parameter_the_data_does_not_touch_is_undetermined(superball, clean_tuples):
+    """Sliding friction from hanging data (no contact anywhere): flagged, sigma inf; the
+    others keep finite sigmas."""
+    tr = _identified(superball, _noisy(clean_tuples["train"], 1.0, 2), clean_tuples["val"],
+                     learn=LEARN + ("friction_sliding",))
+    u = trainer_uncertainty(tr)
+    assert u.undetermined == ("friction_sliding",)
+    assert np.isinf(u.sigma["friction_sliding"]).all()
+    assert all(np.isfinite(u.sigma[n]).all() for n in LEARN)
+
+
+def test_two_parameters_only_their_sum_matters_are_both_undetermined(superball):
+    """A direction in which two columns cancel (here: two identical Jacobian columns) is
+    unconstrained: both parameters flagged, a third, independent one keeps its sigma."""
+    params = PhysicalParameters(superball)
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((200, 1)), rng.standard_normal((200, 1))
+    b -= a * (a[:, 0] @ b[:, 0]) / (a[:, 0] @ a[:, 0])                        # independent of a
+    J = torch.as_tensor(np.hstack([a, a, b]))
+    r = torch.as_tensor(0.01 * rng.standard_normal(200))
+    u = gauss_newton_uncertainty(params, ("cable_stiffness", "cable_damping", "rod_mass"), J, r)
+    assert set(u.undetermined) == {"cable_stiffness", "cable_damping"}
+    assert np.isfinite(u.sigma["rod_mass"]).all()
+    # sigma of the independent one: s / |b| in raw units, times d value / d raw
+    s = float(np.sqrt(r.numpy() @ r.numpy() / 197))
+    raw_sigma = s / np.linalg.norm(b)
+    spec = params.specs["rod_mass"]
+    frac = torch.sigmoid(params.rod_mass.detach()).item()
+    slope = frac * (1 - frac) * params.as_dict()["rod_mass"][0] * np.log(spec.upper / spec.lower)
+    assert u.sigma["rod_mass"][0] == pytest.approx(raw_sigma * slope, rel=1e-9)
