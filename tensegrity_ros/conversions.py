@@ -157,8 +157,9 @@ def make_cable_command(values: np.ndarray, stamp_ns_: int, cable_names: Sequence
 
 def params_to_msg(params, robot_name: str, stamp_ns_: int, *, train_loss=float("nan"),
                   validation_loss=float("nan"), stage: str = "", engine_dt: float = 0.001,
-                  epoch: int = 0, tuples_used: int = 0):
-    """PhysicalParameters -> IdentifiedParameters (flat names like cable_stiffness[3])."""
+                  epoch: int = 0, tuples_used: int = 0, uncertainty=None):
+    """PhysicalParameters -> IdentifiedParameters (flat names like cable_stiffness[3]);
+    ``uncertainty``: a 1-sigma per flat name (NaN: not identified, inf: undetermined)."""
     from tensegrity_ros_interfaces.msg import IdentifiedParameters
 
     names, values = params.flat()
@@ -174,6 +175,10 @@ def params_to_msg(params, robot_name: str, stamp_ns_: int, *, train_loss=float("
     m.names = list(names)
     m.values = [float(v) for v in values]
     m.lower_bounds, m.upper_bounds = lo, hi
+    if uncertainty is not None:
+        if len(uncertainty) != len(names):
+            raise ValueError(f"{len(uncertainty)} sigmas for {len(names)} parameters")
+        m.uncertainty = [float(v) for v in uncertainty]
     m.train_loss = float(train_loss)
     m.validation_loss = float(validation_loss)
     m.stage = stage
@@ -191,12 +196,29 @@ def msg_to_param_values(msg) -> dict:
 
     Raises `ParameterError` (with a counter ``reason``) on names that do not parse,
     duplicates, gaps in the element indices and names/values of different lengths."""
+    return _grouped(msg.names, msg.values, "values")
+
+
+def msg_to_sigmas(msg) -> dict:
+    """IdentifiedParameters -> {name: 1-sigma array} ({} when the message carries none).
+    NaN: not identified; inf: the data cannot determine it yet; a negative sigma is refused."""
     from tensegrity_engine.physics.params import ParameterError
 
-    if len(msg.names) != len(msg.values):
-        raise ParameterError("wrong_length", f"{len(msg.names)} names but {len(msg.values)} values")
+    if not len(msg.uncertainty):
+        return {}
+    sigma = np.asarray(msg.uncertainty, dtype=np.float64)
+    if (sigma < 0).any():
+        raise ParameterError("bad_uncertainty", "a negative standard deviation")
+    return _grouped(msg.names, sigma, "uncertainty")
+
+
+def _grouped(names, numbers, field: str) -> dict:
+    from tensegrity_engine.physics.params import ParameterError
+
+    if len(names) != len(numbers):
+        raise ParameterError("wrong_length", f"{len(names)} names but {len(numbers)} {field}")
     groups: dict = {}
-    for n, v in zip(msg.names, msg.values):
+    for n, v in zip(names, numbers):
         match = _PARAM_NAME.fullmatch(n)
         if match is None:
             raise ParameterError("bad_name", f"parameter name {n[:64]!r}")

@@ -81,6 +81,8 @@ class IdentifierNode(Node):
         self.publish_interval = d("min_publish_interval", 1.0,
                                   "improvements are published at most this often (wall s)", range=(0.0, 3600.0))
         self.publish_markers = d("publish_markers", True, "publish the identified model's prediction as markers")
+        self.sigma_tuples = d("uncertainty_tuples", 64, "tuples of the window behind each published 1-sigma "
+                              "(0 = publish none)", range=(0, 10**6))
         threads = d("torch_threads", 0, "torch intra-op threads (0 = torch default)", range=(0, 256))
         if threads > 0:
             torch.set_num_threads(threads)
@@ -109,6 +111,7 @@ class IdentifierNode(Node):
         self._last_ckpt = time.monotonic()
         self._last_publish = -math.inf
         self._unpublished = None             # an improvement waiting for min_publish_interval
+        self.undetermined: tuple = ()        # parameters the data cannot determine yet
 
         self.pub_params = self.create_publisher(IdentifiedParameters, TOPIC_PARAMS, latched_qos())
         self.pub_markers = self.create_publisher(MarkerArray, TOPIC_MARKERS, 5)
@@ -237,16 +240,33 @@ class IdentifierNode(Node):
             cur = self.trainer.parameters
             params = PhysicalParameters(self.robot, values, per_element=getattr(cur, "per_element", ()),
                                         bounds={n: (sp.lower, sp.upper) for n, sp in cur.specs.items()})
+            sigma = self._uncertainty(params, values)
+        else:
+            sigma = None                     # a checkpoint's values: no data behind them yet
         stage = stage or f"{m.get('stage', '')} {m.get('integrator', '')} dt={m.get('dt', 0) * 1e3:g}ms"
         msg = conv.params_to_msg(params, self.robot.name, self.get_clock().now().nanoseconds,
                                  train_loss=float(m.get("loss", math.nan)),
                                  validation_loss=float(m.get("val_loss", math.nan)), stage=stage.strip(),
                                  engine_dt=float(m.get("dt", self.robot.dt)), epoch=int(m.get("epoch", 0)),
-                                 tuples_used=self.session.window_len)
+                                 tuples_used=self.session.window_len, uncertainty=sigma)
         self.pub_params.publish(msg)
         self.published += 1
         if self.publish_markers:
             self._publish_prediction()
+
+    def _uncertainty(self, params, values: dict):
+        """1-sigma at ``values`` per flat name of ``params`` (the same values), or None."""
+        if not self.sigma_tuples:
+            return None
+        u = self.session.uncertainty(max_tuples=self.sigma_tuples, at=values)
+        if u is None:
+            self.diag.count("uncertainty_failed")
+            return None
+        if u.undetermined and u.undetermined != self.undetermined:
+            self.diag.warn_throttled("undetermined", "the data does not determine "
+                                     f"{', '.join(u.undetermined)} yet: excite the motions they act on")
+        self.undetermined = u.undetermined
+        return u.flat(params)
 
     def _on_done(self) -> None:
         """The schedule finished: publish the final (best) parameters as converged."""
@@ -330,7 +350,7 @@ class IdentifierNode(Node):
         out = {"status": s.status, "device": self.device, "epochs": s.epochs,
                "rollbacks": s.rollbacks, "published": self.published, "window_tuples": s.window_len,
                "best_loss": s.best_loss, "stage": m.get("stage", ""), "dt": m.get("dt", ""),
-               "lr": m.get("lr", "")}
+               "lr": m.get("lr", ""), "undetermined": ", ".join(self.undetermined)}
         out.update({f"stream_{k}": v for k, v in st.items()})
         if self.rollbacks:
             self.diag.level = DiagnosticStatus.WARN

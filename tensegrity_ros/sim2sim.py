@@ -135,7 +135,7 @@ class Monitor:
         self.node = rclpy.create_node("sim2sim_monitor", context=self.context)
         self.lock = threading.Lock()
         self.pose_t, self.com = [], []
-        self.params = []            # (t_sim, stage, {name: values}, val_loss)
+        self.params = []            # (t_sim, stage, {name: values}, val_loss, {name: 1-sigma})
         self.commands = []          # (t, [A])
         self.mode = "unknown"
         self.mode_switch_t = None
@@ -170,9 +170,14 @@ class Monitor:
         except ValueError as exc:      # ParameterError: not a model of this robot
             print(f"sim2sim monitor: parameters rejected ({exc})", flush=True)
             return
+        try:
+            sigmas = self.conv.msg_to_sigmas(msg)
+        except ValueError as exc:
+            print(f"sim2sim monitor: uncertainty rejected ({exc})", flush=True)
+            sigmas = {}
         with self.lock:
             self.params.append((self.last_pose_t, msg.stage, {k: np.asarray(v) for k, v in values.items()},
-                                float(msg.validation_loss)))
+                                float(msg.validation_loss), sigmas))
 
     def _on_cmd(self, msg):
         with self.lock:
@@ -222,7 +227,10 @@ def summarize(robot, mon: Monitor, rolling_start, out_dir: Path, wall_s: float, 
             got = float(np.mean(final[2][name]))
             ref = float(np.mean(truth[name]))
             first = float(np.mean(start_vals[name])) if start_vals and name in start_vals else float("nan")
-            rows.append({"name": name, "true": ref, "identified": got, "first_published": first,
+            # sigma of the mean over elements, as if independent (shared values: their sigma)
+            sig = np.asarray(final[4].get(name, [np.nan]), dtype=np.float64)
+            sigma = float(np.sqrt(np.sum(sig ** 2)) / sig.size)
+            rows.append({"name": name, "true": ref, "identified": got, "sigma": sigma, "first_published": first,
                          "rel_error": abs(got - ref) / abs(ref)})
     summary = {"robot_truth": robot_truth, "wall_seconds": round(wall_s, 1), "sim_seconds": float(t[-1] - t[0]) if len(t) > 1 else 0.0,
                "poses": int(len(t)), "parameters_published": len(mon.params),
@@ -280,10 +288,18 @@ def _plots(mon, robot, truth, rolling_start, out_dir: Path, learn) -> None:
         pt = np.array([p[0] for p in mon.params])
         names = [n for n in (learn or []) if n in mon.params[-1][2] and n in truth][:4]
         for n in names:
-            vals = np.array([np.mean(p[2][n]) for p in mon.params])
-            ax[1, 0].semilogy(pt, vals / np.mean(truth[n]), marker=".", label=n)
+            ref = np.mean(truth[n])
+            vals = np.array([np.mean(p[2][n]) for p in mon.params]) / ref
+            line, = ax[1, 0].semilogy(pt, vals, marker=".", label=n)
+            sig = np.array([np.sqrt(np.sum(np.square(p[4].get(n, [np.nan])))) / np.size(p[4].get(n, [np.nan]))
+                            for p in mon.params]) / ref
+            band = np.isfinite(sig)
+            if band.any():          # 1-sigma band (floored so the log axis can draw it)
+                ax[1, 0].fill_between(pt[band], np.maximum(vals[band] - sig[band], 1e-3 * vals[band]),
+                                      vals[band] + sig[band], color=line.get_color(), alpha=0.2, lw=0)
         ax[1, 0].axhline(1.0, color="k", ls="--", lw=0.8)
-        ax[1, 0].set(xlabel="sim time (s)", ylabel="identified / true", title="identified parameters")
+        ax[1, 0].set(xlabel="sim time (s)", ylabel="identified / true (band: 1 sigma)",
+                     title="identified parameters")
         ax[1, 0].legend(fontsize=7)
         ax[1, 1].semilogy(pt, [max(p[3], 1e-12) for p in mon.params], marker=".")
         ax[1, 1].set(xlabel="sim time (s)", ylabel="loss (m^2)", title="published validation loss")
@@ -299,10 +315,13 @@ def print_summary(s: dict) -> None:
           f"({s.get('pose_rate_sim_hz', float('nan')):.2f} Hz sim), {s['parameters_published']} parameter "
           f"messages, final stage: {s['final_stage']}")
     if s["parameters"]:
-        print(f"{'parameter':28s} {'true':>12s} {'start':>12s} {'identified':>12s} {'rel.err':>8s}")
+        print(f"{'parameter':28s} {'true':>12s} {'start':>12s} {'identified':>12s} {'1-sigma':>10s} "
+              f"{'rel.err':>8s} {'err/sigma':>9s}")
         for r in s["parameters"]:
+            sigma = r.get("sigma", float("nan"))
+            ratio = abs(r["identified"] - r["true"]) / sigma if sigma > 0 else float("nan")
             print(f"{r['name']:28s} {r['true']:12.5g} {r['first_published']:12.5g} {r['identified']:12.5g} "
-                  f"{100 * r['rel_error']:7.1f}%")
+                  f"{sigma:10.3g} {100 * r['rel_error']:7.1f}% {ratio:9.1f}")
     if "achieved_vx" in s:
         print(f"MPPI from sim t={s['mppi_start_sim_t']:.1f} s for {s['rolling_sim_seconds']:.1f} s: "
               f"CoM moved {s['rolling_distance_x']:+.2f} m in x, achieved velocity "

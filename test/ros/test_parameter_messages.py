@@ -93,3 +93,21 @@ def test_per_element_values_need_one_per_element(three_bar):
     assert err.value.reason == "wrong_length"
     ok = checked_parameters(three_bar, {"rod_mass": [1.0, 2.0, 3.0]})
     np.testing.assert_allclose(ok.as_dict()["rod_mass"], [1.0, 2.0, 3.0])
+
+
+def test_uncertainty_travels_with_the_values_and_bad_sigmas_are_refused(three_bar):
+    p = PhysicalParameters(three_bar, per_element=("cable_stiffness",))
+    names, _ = p.flat()
+    sigma = [12.0 if n.startswith("cable_stiffness[") else float("nan") for n in names]
+    sigma[names.index("rod_mass")] = float("inf")                      # undetermined
+    msg = conv.params_to_msg(p, three_bar.name, 0, uncertainty=sigma)
+    got = conv.msg_to_sigmas(msg)
+    np.testing.assert_array_equal(got["cable_stiffness"], np.full(three_bar.num_cables, 12.0))
+    assert np.isinf(got["rod_mass"]).all() and np.isnan(got["cable_damping"]).all()
+    assert conv.msg_to_sigmas(conv.params_to_msg(p, three_bar.name, 0)) == {}   # none published
+    with pytest.raises(ValueError):
+        conv.params_to_msg(p, three_bar.name, 0, uncertainty=sigma[:-1])
+    for forged in (sigma[:-1], [-1.0] * len(sigma)):
+        msg.uncertainty = forged
+        with pytest.raises(ParameterError):
+            conv.msg_to_sigmas(msg)

@@ -203,6 +203,11 @@ def test_bridge_identifier_controller(ros):
     # training, and the coarse implicit stage may overshoot below the truth afterwards,
     # so it is no baseline.
     assert err[-1] < math.log(3.0) - 0.05, k
+    # every identified value comes with its 1-sigma; values not identified carry NaN
+    sigmas = conv.msg_to_sigmas(rec.params[-1])
+    assert set(sigmas) == set(conv.msg_to_param_values(rec.params[-1]))
+    assert 0 < sigmas["cable_stiffness"][0] < k[-1]
+    assert all(np.isnan(v).all() for n, v in sigmas.items() if n != "cable_stiffness")
     assert rec.value("identifier", "stream_tuples_made") > 10
     assert rec.value("mujoco_bridge", "commands_applied") > 10
     assert rec.value("mppi_controller", "commands_sent") > 10

@@ -144,6 +144,20 @@ class OnlineIdentification:
         m["val_loss"] = self.best_loss
         return m, values
 
+    def uncertainty(self, max_tuples: int = 256, at: Optional[dict] = None):
+        """`uncertainty.ParameterUncertainty` of the trainer's current values (or of ``at``)
+        on the window, or None (no trainer yet, or the estimate failed: no sigma beats a
+        wrong one)."""
+        from tensegrity_engine.identification.uncertainty import trainer_uncertainty
+
+        if self.trainer is None:
+            return None
+        try:
+            return trainer_uncertainty(self.trainer, max_tuples=max_tuples, at=at)
+        except (RuntimeError, ValueError) as exc:
+            self.log(f"no uncertainty estimate: {exc}")
+            return None
+
     @torch.no_grad()
     def predict_newest(self) -> Optional[tuple[np.ndarray, int]]:
         """The identified model's prediction X_t+T [R, 13] of the newest tuple and its

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Optional
 
 import numpy as np
 import torch
@@ -102,9 +103,11 @@ def gauss_newton_uncertainty(params: PhysicalParameters, names, J: torch.Tensor,
 
 
 @torch.no_grad()
-def trainer_uncertainty(trainer, max_tuples: int = 256, seed: int = 0) -> ParameterUncertainty:
-    """Uncertainty of a `ProgressiveTrainer`'s current values on (at most ``max_tuples`` of)
-    its training tuples, at the step and integrator of the fine stage."""
+def trainer_uncertainty(trainer, max_tuples: int = 256, seed: int = 0, at: Optional[dict] = None
+                        ) -> ParameterUncertainty:
+    """Uncertainty of a `ProgressiveTrainer`'s current values (or of the values ``at``, e.g.
+    the best ones, published) on at most ``max_tuples`` of its training tuples, at the step
+    and integrator of the fine stage. The trainer's values are left as they were."""
     data = trainer.train
     if data is None or not trainer.learn:
         raise RuntimeError("no data or nothing learnt: no uncertainty to estimate")
@@ -112,6 +115,9 @@ def trainer_uncertainty(trainer, max_tuples: int = 256, seed: int = 0) -> Parame
     rng = np.random.default_rng(seed)
     idx = torch.as_tensor(np.sort(rng.permutation(n)[:min(n, max_tuples)]), device=trainer.device)
     names = tuple(trainer.learn)
+    before = raw_vector(trainer.params, names)
+    for name in names if at is not None else ():
+        trainer.params.set_value(name, at[name])
     theta0 = raw_vector(trainer.params, names)
     n_steps = trainer.full_steps
     integrator = trainer.config.fine_integrator
@@ -124,6 +130,6 @@ def trainer_uncertainty(trainer, max_tuples: int = 256, seed: int = 0) -> Parame
     try:
         J = residual_jacobian(residual, theta0)
         r = residual(theta0)
+        return gauss_newton_uncertainty(trainer.params, names, J, r)
     finally:
-        set_raw_vector(trainer.params, names, theta0)
-    return gauss_newton_uncertainty(trainer.params, names, J, r)
+        set_raw_vector(trainer.params, names, before)
