@@ -91,6 +91,7 @@ class MppiControllerNode(Node):
         self.excitation = ExcitationPolicy(self.robot, seed=seed, kind=kind, amplitude=amp,
                                            freq_range=(fmin, fmax), control_dt=self.period)
         self.tau = float(self.robot.actuator.time_constant)
+        self.max_speed = float(self.robot.actuator.max_speed)
         self.estimator = StateEstimator(self.R)
         self.checks = StreamConfig.for_robot(self.robot)    # the identifier's measurement limits
         self.order = StampOrder(int(5 * NS))
@@ -214,6 +215,7 @@ class MppiControllerNode(Node):
         params, stage = pending
         self.mpc.set_params(params)
         self.tau = float(params.value("actuator_time_constant").detach().cpu()[0])
+        self.max_speed = float(params.value("actuator_max_speed").detach().cpu()[0])
         self.model_stage = stage or "identified"
         self.diag.count("models_swapped")
         converged = any(k in (stage or "").lower() for k in ("converged", "done", "final"))
@@ -236,7 +238,7 @@ class MppiControllerNode(Node):
         t_cmd = max(now, stamp)
         if self.last_command_ns is not None:
             self.act = actuator_estimate(self.act, self.last_command, self.tau,
-                                         (t_cmd - self.last_command_ns) / NS)
+                                         (t_cmd - self.last_command_ns) / NS, self.max_speed)
         if self.excite_start_ns is None:
             self.excite_start_ns = t_cmd
         if (self.mode == "excitation" and self.max_excitation > 0

@@ -63,7 +63,7 @@ def test_loss_vanishes_at_the_truth_and_actuator_state_matches_mujoco(superball,
     with noncontact_twin(superball) as twin:
         _, acts = twin.rollout(traj.states()[0], traj.act0, traj.command_grid(0, steps, superball.dt),
                                traj.wrench_grid(0, steps, superball.dt), record_every=20)
-    rebuilt = tr.act_starts(tr.train, p["actuator_time_constant"]).detach().numpy()
+    rebuilt = tr.act_starts(tr.train, p).detach().numpy()
     np.testing.assert_allclose(rebuilt[1:len(acts[0])], acts[0][:-1][:len(rebuilt) - 1][:29], atol=1e-12)
     # a wrong parameter gives a clearly larger loss
     tr.params.set_value("cable_stiffness", 1.2 * superball.cable_stiffness.mean())
@@ -276,3 +276,22 @@ def test_given_plus_random_init_scores_the_given_values_among_the_random_starts(
     np.testing.assert_allclose(got["actuator_time_constant"], truth["actuator_time_constant"], rtol=1e-9)
     with pytest.raises(ValueError, match="init must be one of"):
         idf.IdentificationConfig(init="truth")
+
+
+def test_a_winch_speed_limit_is_found_from_a_start_where_it_does_not_bind(superball, tmp_path):
+    """Winches limited to 0.3 m/s (the config says nothing: 1e3, never binding, no gradient):
+    the speed-limit search finds the basin and Levenberg-Marquardt the value."""
+    import dataclasses
+
+    truth = superball.replace(actuator=dataclasses.replace(superball.actuator, max_speed=0.3))
+    ds.generate_dataset(truth, "noncontact", tmp_path, counts={"train": 2, "val": 1, "test": 1},
+                        duration=0.6, period=PERIOD, seed=8, dense=False)
+    data = {s: ds.load_split(tmp_path / "noncontact", s, robot=superball) for s in ("train", "val")}
+    learn = ("actuator_max_speed", "actuator_time_constant")
+    tr = _trainer(superball, data, learn=learn, init="given", schedule="fine_only", lm_max_iters=8,
+                  val_tuples=16)
+    assert superball.actuator.max_speed == 1e3
+    tr.run()
+    got = tr.parameters.as_dict()
+    assert got["actuator_max_speed"][0] == pytest.approx(0.3, rel=0.02), got
+    assert got["actuator_time_constant"][0] == pytest.approx(superball.actuator.time_constant, rel=0.02)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
@@ -9,6 +10,7 @@ import torch
 import yaml
 
 from tensegrity_engine.physics import collision
+from tensegrity_engine.physics.actuators import actuator_update
 from tensegrity_engine.groundtruth import environments
 from tensegrity_engine.physics.config import CONFIG_DIR, ConfigError, load_robot, robot_from_dict
 from tensegrity_engine.physics.params import PARAM_SPECS, PhysicalParameters
@@ -67,9 +69,10 @@ def test_gradcheck_one_step(case, integrator):
 
 
 def test_gradients_reach_every_raw_parameter_through_contacts():
-    """Loss after a short contact-rich rollout has non-zero gradient for every parameter."""
+    """Loss after a short contact-rich rollout has non-zero gradient for every parameter
+    (with a winch speed limit that binds: one that cannot has rightly none)."""
     robot = load_robot("superball")
-    params = PhysicalParameters(robot)
+    params = PhysicalParameters(robot, values={"actuator_max_speed": 0.8})   # limited for 12 of 30 ms
     engine = TensegrityEngine(robot, params)
     state0, act0 = environments.rest_pose(robot)
     state = _perturbed(torch.tensor(state0).unsqueeze(0), seed=3, scale=1.0)
@@ -83,6 +86,31 @@ def test_gradients_reach_every_raw_parameter_through_contacts():
         grad = getattr(params, spec.name).grad
         assert grad is not None and torch.isfinite(grad).all(), spec.name
         assert grad.abs().max() > 0, f"no gradient reaches {spec.name}"
+
+
+@pytest.mark.parametrize("gap", [0.004, 0.03, 0.3, -0.03, 0.0])
+def test_rate_limited_actuator_is_the_exact_solution(gap):
+    """The closed form over a 20 ms step against a 1e5-substep integration of
+    act' = clip((u - act) / tau, -v, v): within the linear range (0.004), crossing into it
+    mid-step (0.03), limited throughout (0.3), either sign; a limit that cannot bind is the
+    plain filter."""
+    tau, v, h = torch.tensor(0.05), torch.tensor(0.8), 0.02       # knee at tau v = 40 mm
+    command = torch.tensor(0.5, dtype=torch.float64)
+    act = command + gap
+    end, mean = actuator_update(act, command, tau.double(), h, v.double())
+    n = 100_000
+    a, total = float(act), 0.0
+    for _ in range(n):
+        total += a
+        a += h / n * float(np.clip((0.5 - a) / 0.05, -0.8, 0.8))
+    assert float(end) == pytest.approx(a, abs=1e-7)
+    assert float(mean) == pytest.approx(total / n, abs=1e-7)
+    plain = actuator_update(act, command, tau.double(), h)
+    unbound = actuator_update(act, command, tau.double(), h, torch.tensor(1e3, dtype=torch.float64))
+    for x, y in zip(plain, unbound):
+        assert float(x) == pytest.approx(float(y), abs=1e-15)
+    if abs(gap) > 0.04:
+        assert abs(float(end) - float(plain[0])) > 1e-3                # the limit binds
 
 
 # ----------------------------------------------------------------------------- accuracy
@@ -208,20 +236,24 @@ def test_float32_matches_float64():
 
 
 # ----------------------------------------------------------------------------- vs MuJoCo
-STRUCTURES = {"uniform": {}, "end_heavy": {"rod_inertia_factor": 2.2}, "tendon_damped": {"cable_slack_damping": 0.8}}
+STRUCTURES = {
+    "uniform": lambda r: r,
+    "end_heavy": lambda r: r.replace(rod_inertia_factor=np.full(r.num_rods, 2.2)),
+    "tendon_damped": lambda r: r.replace(cable_slack_damping=np.full(r.num_cables, 0.8)),
+    "speed_limited": lambda r: r.replace(actuator=dataclasses.replace(r.actuator, max_speed=0.3)),
+}
 
 
 @pytest.mark.parametrize("structure", list(STRUCTURES))
 def test_engine_matches_mujoco_without_contact(structure):
     """Same parameters, no contact: MuJoCo (Euler) and the engine take the same steps,
-    for uniform rods, end-heavy rods (transverse inertia x2.2) and cables whose damping
-    mostly acts taut or slack (a tendon's, 80 %).
+    for uniform rods, end-heavy rods (transverse inertia x2.2), cables whose damping
+    mostly acts taut or slack (a tendon's, 80 %) and winches limited to 0.3 m/s.
 
     Measured here: CoM error after 1 s ~ 1e-15 m (round-off), path ~ 0.7 m.
     """
     base = load_robot("superball")
-    changes = {name: np.full(len(getattr(base, name)), value) for name, value in STRUCTURES[structure].items()}
-    robot = base.replace(**changes)
+    robot = STRUCTURES[structure](base)
     m = torch.tensor(robot.rod_mass)
     s0, a0, cmds, wr = _noncontact_episode(robot, seed=0, steps=1000)
     cmds[500:] = robot.command_high          # cables let out: slack, where only a tendon damps
@@ -234,7 +266,7 @@ def test_engine_matches_mujoco_without_contact(structure):
     path = (com_mujoco[1:] - com_mujoco[:-1]).norm(dim=-1).sum()
     assert path > 0.1
     assert (com_engine[-1] - com_mujoco[-1]).norm() < 1e-9
-    if changes:                     # the structure matters: the config's robot moves differently
+    if structure != "uniform":      # the structure matters: the config's robot moves differently
         plain = _run(TensegrityEngine(base, fixed_rods=(0,), floor=False), episode, 1e-3)
         assert (center_of_mass(plain, m)[-1] - com_engine[-1]).norm() > 1e-3
 

@@ -164,7 +164,8 @@ def test_per_element_parameters(superball):
         "cable_damping": rng.uniform(500.0, 1500.0, robot.num_cables),
         "rod_mass": rng.uniform(8.0, 12.0, robot.num_rods),
         "rod_inertia_factor": rng.uniform(1.0, 2.5, robot.num_rods),
-        "cable_slack_damping": rng.uniform(0.01, 0.99, robot.num_cables)},
+        "cable_slack_damping": rng.uniform(0.01, 0.99, robot.num_cables),
+        "actuator_max_speed": 0.2},                                   # winches that hit their limit
         per_element=("cable_stiffness", "cable_damping", "rod_mass", "rod_inertia_factor", "cable_slack_damping"))
     engine = TensegrityEngine(robot, params)
     p = {k: v.detach() for k, v in params.values().items()}

@@ -54,7 +54,7 @@ import mujoco
 import mujoco.rollout
 import numpy as np
 
-from tensegrity_engine.groundtruth.realisation import Realisation, RestLengthDriver, rod_inertia
+from tensegrity_engine.groundtruth.realisation import Realisation, RestLengthDriver, driven, rod_inertia
 from tensegrity_engine.physics.config import RobotConfig
 from tensegrity_engine.physics.state import ANG_VEL, LIN_VEL, POS, QUAT, STATE_DIM, canonical_quat, initial_rod_state
 
@@ -174,7 +174,7 @@ def build_mjcf(robot: RobotConfig, *, fixed_rods: Sequence[int] = (), floor: boo
             lo, hi = robot.cable_command_range[c]
             attrs.update(gainprm=_f(K * g), biasprm=_vec([K * off, -K, -damp]),
                          actlimited="true", actrange=_vec([lo, hi]))
-            if kind == "filter":
+            if not driven(robot, real):
                 attrs.update(dyntype="filterexact", dynprm=_f(tau), ctrllimited="true",
                              ctrlrange=_vec([lo, hi]))
             else:             # act integrates a rate set each step by `RestLengthDriver`
@@ -232,7 +232,7 @@ class MujocoTwin:
         self.floor = floor
         self.realisation = Realisation() if realisation is None else realisation
         # Stepped actuations need Python between steps: no mujoco.rollout for them.
-        self.driver = RestLengthDriver(robot, self.realisation) if self.realisation.actuation.stepped else None
+        self.driver = RestLengthDriver(robot, self.realisation) if driven(robot, self.realisation) else None
         self.xml = build_mjcf(robot, fixed_rods=self.fixed_rods, floor=floor, realisation=self.realisation)
         self.model = mujoco.MjModel.from_xml_string(self.xml)
         self.data = mujoco.MjData(self.model)

@@ -25,6 +25,7 @@ import math
 from typing import Optional
 
 import numpy as np
+import torch
 
 __all__ = ["Contact", "Actuation", "Realisation", "INTEGRATORS", "ACTUATIONS", "rod_inertia"]
 
@@ -138,20 +139,30 @@ def rod_inertia(mass: np.ndarray, radius: np.ndarray, length: np.ndarray, end_ma
     return np.stack([transverse, transverse, axial], axis=-1)
 
 
+def driven(robot, realisation: Realisation) -> bool:
+    """Whether the actuation needs `RestLengthDriver`: a stepped one, or the engine's filter
+    with a speed limit that binds (MuJoCo's ``filterexact`` has none)."""
+    a = robot.actuator
+    span = float(np.max(robot.command_high - robot.command_low, initial=0.0))
+    return realisation.actuation.stepped or a.time_constant * a.max_speed < span
+
+
 class RestLengthDriver:
-    """The per-step part of a ``stepped`` actuation (`Actuation`).
+    """The per-step part of a `driven` actuation (`Actuation`).
 
     The model's actuated cables have ``integrator`` dynamics: ``act`` (the rest length in
     command units, as for the twin) integrates the rate this driver writes to ``ctrl``
     before every step; MuJoCo clamps it to the motor's speed and ``act`` to the command
-    range. ``spring_length`` also moves the tendon springs' dead band to the new l0.
+    range. ``spring_length`` also moves the tendon springs' dead band to the new l0;
+    ``filter`` writes the rate that lands exactly on the engine's rate-limited filter.
     """
 
     def __init__(self, robot, realisation: Realisation):
         act = realisation.actuation
-        if not act.stepped:
-            raise ValueError("the filter actuation needs no driver")
+        if not driven(robot, realisation):
+            raise ValueError("this filter actuation needs no driver")
         self.kind = act.kind
+        self.max_speed = float(robot.actuator.max_speed)
         self.num_actuated = robot.num_actuated
         self.tau = float(robot.actuator.time_constant)
         self.gain, self.offset = float(robot.actuator.gain), float(robot.actuator.offset)
@@ -162,7 +173,16 @@ class RestLengthDriver:
     def before_step(self, model, data, command: np.ndarray) -> None:
         A = self.num_actuated
         act = data.act[:A]
-        error = np.clip(command, self.low, self.high) - act
+        target = np.clip(command, self.low, self.high)
+        if self.kind == "filter":
+            from tensegrity_engine.physics.actuators import actuator_update
+
+            h = float(model.opt.timestep)
+            f = lambda x: torch.as_tensor(np.asarray(x, dtype=np.float64))
+            end, _ = actuator_update(f(act), f(target), f(self.tau), h, f(self.max_speed))
+            data.ctrl[:A] = (end.numpy() - act) / h
+            return
+        error = target - act
         rate = error / self.tau
         if self.deadband > 0:
             rate[np.abs(error) <= self.deadband] = 0.0

@@ -9,6 +9,7 @@ identification never sees.
 from __future__ import annotations
 
 import dataclasses
+import math
 import zlib
 from pathlib import Path
 from typing import Optional, Sequence
@@ -52,6 +53,14 @@ class ZooRobot:
             return t.rod_inertia_factor.copy()
         return rod_inertia(t.rod_mass, t.rod_radius, t.rod_length, f)[:, 0] / t.uniform_rod_inertia()[:, 0]
 
+    def max_speed(self) -> float:
+        """Top speed of the filtered command (the engine's ``actuator_max_speed``): a motor
+        realisation's winch speed over the gain (its dead band has no engine value)."""
+        a = self.realisation.actuation
+        if a.kind == "motor" and math.isfinite(a.max_speed):
+            return a.max_speed / self.truth.actuator.gain
+        return self.truth.actuator.max_speed
+
     def true_values(self) -> dict[str, np.ndarray]:
         """True value of every parameter that has one in this realisation (per cable / rod)."""
         t = self.truth
@@ -61,6 +70,7 @@ class ZooRobot:
                 "cable_slack_damping": slack,
                 "rod_mass": t.rod_mass.copy(), "rod_inertia_factor": self.inertia_factor(),
                 "actuator_time_constant": np.array([t.actuator.time_constant]),
+                "actuator_max_speed": np.array([self.max_speed()]),
                 "actuator_gain": np.array([t.actuator.gain]),
                 "actuator_offset": np.array([t.actuator.offset]),
                 "friction_sliding": np.array([t.contact.friction.sliding])}

@@ -5,7 +5,8 @@ import dataclasses
 from typing import Optional
 
 NONCONTACT_PARAMS = ("cable_stiffness", "cable_damping", "cable_slack_damping", "rod_mass",
-                     "rod_inertia_factor", "actuator_time_constant", "actuator_gain", "actuator_offset")
+                     "rod_inertia_factor", "actuator_time_constant", "actuator_max_speed", "actuator_gain",
+                     "actuator_offset")
 CONTACT_PARAMS = ("contact_stiffness", "contact_damping", "friction_sliding",
                   "friction_torsional", "friction_rolling")
 SCHEDULES = ("progressive", "implicit_only", "feedforward", "fine_only")

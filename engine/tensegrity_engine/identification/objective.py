@@ -33,6 +33,7 @@ import torch
 
 from tensegrity_engine.identification.config import IdentificationConfig
 from tensegrity_engine.identification.data import TrainingData
+from tensegrity_engine.physics.actuators import actuator_update, speed_limit_binds
 from tensegrity_engine.physics.config import RobotConfig
 from tensegrity_engine.physics.engine import TensegrityEngine
 from tensegrity_engine.physics.state import ANG_VEL, LIN_VEL, POS, QUAT, quat_axis
@@ -89,8 +90,14 @@ class RecurrentObjective:
         scale = float((per * weight).sum(-1).mean())
         return scale if math.isfinite(scale) and scale > 1e-30 else 1.0
 
-    def act_starts(self, data: TrainingData, tau: torch.Tensor) -> torch.Tensor:
-        """[N, A] filtered command at every tuple start (exact filter, differentiable in tau)."""
+    def act_starts(self, data: TrainingData, p: dict) -> torch.Tensor:
+        """[N, A] filtered command at every tuple start (exact filter, differentiable in tau
+        and the speed limit). A filter whose speed limit cannot bind is linear: every tuple
+        start at once by superposition; else the closed form runs over the stretches of
+        constant command in order."""
+        tau, speed = p["actuator_time_constant"], p["actuator_max_speed"]
+        if speed_limit_binds(tau, speed, self.cmd_high - self.cmd_low):
+            return self._limited_act_starts(data, tau, speed)
         S = data.cmd_grid.shape[2]
         d = torch.exp(-self.robot.dt / tau)
         j = torch.arange(S, dtype=self.dtype, device=self.device)
@@ -106,6 +113,20 @@ class RecurrentObjective:
         acts = torch.stack(acts, 1)
         return acts[data.traj, data.chunk]
 
+    def _limited_act_starts(self, data: TrainingData, tau: torch.Tensor, speed: torch.Tensor) -> torch.Tensor:
+        traj, chunks, S, A = data.cmd_grid.shape
+        grid = torch.maximum(torch.minimum(data.cmd_grid, self.cmd_high), self.cmd_low).reshape(traj, chunks * S, A)
+        changed = torch.zeros(chunks * S, dtype=torch.bool, device=grid.device)
+        changed[1:] = (grid[:, 1:] != grid[:, :-1]).any(-1).any(0)
+        changed[::S] = True                                            # every tuple start is a stop
+        stops = torch.nonzero(changed).flatten().tolist() + [chunks * S]
+        a, acts = data.traj_act0, []
+        for begin, end in zip(stops[:-1], stops[1:]):
+            if begin % S == 0:
+                acts.append(a)
+            a = actuator_update(a, grid[:, begin], tau, (end - begin) * self.robot.dt, speed)[0]
+        return torch.stack(acts, 1)[data.traj, data.chunk]
+
     def batch_loss(self, data: TrainingData, idx: torch.Tensor, p: dict, n_steps: int, integrator: str, *,
                    use_latent: bool, latent: Optional[torch.Tensor] = None,
                    acts: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -117,7 +138,7 @@ class RecurrentObjective:
         x0 = data.x0[idx]
         if lat is not None:
             x0 = torch.cat([x0[..., :7], lat[idx]], -1)
-        act = (self.act_starts(data, p["actuator_time_constant"]) if acts is None else acts)[idx]
+        act = (self.act_starts(data, p) if acts is None else acts)[idx]
         pred = self.predict_end(data, idx, x0, act, p, n_steps, integrator)
         half, free = self.half, self.free
         weight = free / (2.0 * free.sum())                      # mean over free rods and 2 nodes
@@ -152,7 +173,7 @@ class RecurrentObjective:
                   integrator: str) -> torch.Tensor:
         """Flat residual vector r with sum(r^2) == batch_loss (velocity data only)."""
         T = self.config.period
-        act = self.act_starts(data, p["actuator_time_constant"])[idx]
+        act = self.act_starts(data, p)[idx]
         pred = self.predict_end(data, idx, data.x0[idx], act, p, n_steps, integrator)
         pp, pv = node_state(pred, self.half)
         tp, tv = node_state(data.x1[idx], self.half)
@@ -169,7 +190,7 @@ class RecurrentObjective:
         S = data.commands.shape[1]
         first = windows[:, 0]
         x0 = torch.cat([data.x0[first][..., :7], vel], -1)
-        act = self.act_starts(data, p["actuator_time_constant"])[first]
+        act = self.act_starts(data, p)[first]
         cmd = data.commands[windows].flatten(1, 2)
         wr = None if data.wrenches is None else data.wrenches[windows].flatten(1, 2)
         pred, _ = self.engine.rollout(x0, act, cmd, self.robot.dt, integrator=self.config.fine_integrator,
@@ -186,7 +207,7 @@ class RecurrentObjective:
         """Mean loss over ``idx`` in minibatches. With ``latent_step`` (pose-only Adam
         formulation) each minibatch also takes one step of its latent velocities, with the
         parameters frozen."""
-        acts = self.act_starts(data, p["actuator_time_constant"])
+        acts = self.act_starts(data, p)
         total, count = 0.0, 0
         bs = self.config.batch_size
         for b in range(0, len(idx), bs):

@@ -6,7 +6,8 @@ same s leaves the motion unchanged: only known external forces (pushes, `wrench`
 the absolute scale. Along that valley gradient steps crawl (measured on a zoo 3-bar: K/m
 and c/m within 1 % of the truth after the coarse phase, mass 17x too large), so after the
 random multi-start and before the fine stage the run tries a log grid of s (on that
-stage's loss) and keeps the best.
+stage's loss) and keeps the best. The same log line search finds a winch speed limit,
+which has no gradient while it does not bind.
 Without known wrenches the scale is unidentifiable and the search is skipped: the
 masses then stay where the user put them (weigh the rods).
 """
@@ -26,6 +27,47 @@ def _loss(run, idx) -> float:
     return loss if math.isfinite(loss) else math.inf
 
 
+def _tuples(run, tuples: int, salt: int) -> torch.Tensor:
+    rng = np.random.default_rng(run.config.seed + salt)
+    n = len(run.train)
+    return torch.as_tensor(np.sort(rng.permutation(n)[:min(n, tuples)]), device=run.device)
+
+
+def log_line_search(run, apply, factors, idx, refinements: int = 14) -> tuple[float, dict]:
+    """Best factor s for ``apply(s)`` on the current stage's loss of tuples ``idx``: the
+    given grid (1 = no change, always scored), then golden-section search in log s between
+    the best grid point's neighbours. Applies and returns it, with every loss scored."""
+    losses = {}
+
+    def score(s: float) -> float:
+        if s not in losses:
+            apply(s)
+            losses[s] = _loss(run, idx)
+        return losses[s]
+
+    for s in sorted(set(factors) | {1.0}):
+        score(float(s))
+    best = min(losses, key=losses.get)
+    grid = sorted(losses)
+    i = grid.index(best)
+    lo, hi = math.log(grid[max(i - 1, 0)]), math.log(grid[min(i + 1, len(grid) - 1)])
+    ratio = (math.sqrt(5.0) - 1.0) / 2.0
+    a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+    fa, fb = score(math.exp(a)), score(math.exp(b))
+    for _ in range(refinements):
+        if fa <= fb:
+            hi, b, fb = b, a, fa
+            a = hi - ratio * (hi - lo)
+            fa = score(math.exp(a))
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + ratio * (hi - lo)
+            fb = score(math.exp(b))
+    best = min(losses, key=losses.get)
+    apply(best)
+    return best, losses
+
+
 @torch.no_grad()
 def scale_search(run, *, octaves: float = 8.0, per_octave: int = 2, refinements: int = 14,
                  tuples: int = 64) -> float:
@@ -35,9 +77,7 @@ def scale_search(run, *, octaves: float = 8.0, per_octave: int = 2, refinements:
     if "rod_mass" not in names or len(names) < 2 or run.train.wrenches is None \
             or not bool(run.train.wrenches.abs().max() > 0):
         return 1.0
-    rng = np.random.default_rng(run.config.seed + 104729)
-    n = len(run.train)
-    idx = torch.as_tensor(np.sort(rng.permutation(n)[:min(n, tuples)]), device=run.device)
+    idx = _tuples(run, tuples, 104729)
     start = {k: run.params.value(k).detach().clone() for k in names}
     bounds = {k: run.params.bounds_of(k) for k in names}
 
@@ -50,40 +90,42 @@ def scale_search(run, *, octaves: float = 8.0, per_octave: int = 2, refinements:
         for k in names:
             run.params.set_value(k, (start[k] * s).cpu().numpy())
 
-    losses = {1.0: _loss(run, idx)}
-    for e in np.linspace(-octaves, octaves, int(2 * octaves * per_octave) + 1):
-        s = float(2.0 ** e)
-        if s != 1.0 and inside(s):
-            apply(s)
-            losses[s] = _loss(run, idx)
-    best = min(losses, key=losses.get)
-    # Golden-section search in log s between the best grid point's neighbours.
-    grid = sorted(losses)
-    i = grid.index(best)
-    lo, hi = math.log(grid[max(i - 1, 0)]), math.log(grid[min(i + 1, len(grid) - 1)])
-    ratio = (math.sqrt(5.0) - 1.0) / 2.0
-
-    def score(x: float) -> float:
-        s = math.exp(x)
-        if s not in losses:
-            apply(s)
-            losses[s] = _loss(run, idx)
-        return losses[s]
-
-    a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
-    fa, fb = score(a), score(b)
-    for _ in range(refinements):
-        if fa <= fb:
-            hi, b, fb = b, a, fa
-            a = hi - ratio * (hi - lo)
-            fa = score(a)
-        else:
-            lo, a, fa = a, b, fb
-            b = lo + ratio * (hi - lo)
-            fb = score(b)
-    best = min(losses, key=losses.get)
-    apply(best)
+    grid = [float(2.0 ** e) for e in np.linspace(-octaves, octaves, int(2 * octaves * per_octave) + 1)]
+    best, losses = log_line_search(run, apply, [s for s in grid if inside(s)], idx, refinements)
     if best != 1.0:
         run.log(f"force-scale search: x{best:.3g} ({', '.join(names)}), loss {losses[1.0]:.3e} -> "
+                f"{losses[best]:.3e}")
+    return best
+
+
+@torch.no_grad()
+def speed_limit_search(run, *, octaves: float = 10.0, per_octave: int = 2, tuples: int = 64) -> float:
+    """A winch speed limit that does not bind has no gradient (a flat loss), so no local
+    step finds one: when ``actuator_max_speed`` is learnt and does not bind, try limits from
+    the fastest the filter ever runs (command span / tau) down ``octaves`` octaves and keep
+    the best on the current stage's loss. Returns the factor on the old value (1: kept)."""
+    from tensegrity_engine.physics.actuators import speed_limit_binds
+
+    name = "actuator_max_speed"
+    if name not in run.learn:
+        return 1.0
+    p = run.engine.param_values(run.dtype, run.device)
+    tau, speed = p["actuator_time_constant"], p[name]
+    span = run.objective.cmd_high - run.objective.cmd_low
+    if speed_limit_binds(tau, speed, span):
+        return 1.0
+    idx = _tuples(run, tuples, 7919)
+    start = speed.detach().clone()
+    fastest = float((span.max() / tau).max())
+    lo, hi = run.params.bounds_of(name)
+
+    def apply(s: float) -> None:
+        run.params.set_value(name, (start * s).cpu().numpy())
+
+    grid = [fastest * 2.0 ** -e / float(start.max()) for e in np.arange(0.0, octaves + 1e-9, 1.0 / per_octave)]
+    grid = [s for s in grid if lo * (1 + 1e-6) < float(start.max()) * s < hi * (1 - 1e-6)]
+    best, losses = log_line_search(run, apply, grid, idx)
+    if best != 1.0:
+        run.log(f"speed-limit search: {name} {float(start.max() * best):.3g}, loss {losses[1.0]:.3e} -> "
                 f"{losses[best]:.3e}")
     return best

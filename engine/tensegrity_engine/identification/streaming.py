@@ -62,6 +62,7 @@ import torch
 
 from tensegrity_engine.identification.measurements import (StampOrder, command_problem, imu_problem,
                                                            pose_problem)
+from tensegrity_engine.physics.actuators import actuator_update
 from tensegrity_engine.physics.state import ANG_VEL, LIN_VEL, POS, QUAT, STATE_DIM, canonical_quat, quat_rotate
 
 __all__ = ["StreamConfig", "TupleBatch", "StreamAligner", "StateEstimator", "REASONS", "NS",
@@ -512,12 +513,18 @@ class StateEstimator:
         return s
 
 
-def actuator_estimate(act: np.ndarray, command: np.ndarray, tau: float, duration: float) -> np.ndarray:
-    """First-order actuator filter (the engine's and MuJoCo's ``filterexact``) advanced
-    exactly over ``duration`` s under a held command: the controller's estimate of the
-    unmeasured filtered commands."""
-    a = 1.0 - math.exp(-max(0.0, duration) / max(tau, 1e-9))
-    return np.asarray(act, dtype=np.float64) + (np.asarray(command, dtype=np.float64) - act) * a
+def actuator_estimate(act: np.ndarray, command: np.ndarray, tau: float, duration: float,
+                      max_speed: Optional[float] = None) -> np.ndarray:
+    """The engine's (rate-limited) first-order actuator filter advanced exactly over
+    ``duration`` s under a held command: the controller's estimate of the unmeasured
+    filtered commands."""
+    duration = max(0.0, float(duration))
+    if duration == 0.0:
+        return np.asarray(act, dtype=np.float64).copy()
+    f = lambda x: torch.as_tensor(np.asarray(x, dtype=np.float64))
+    end, _ = actuator_update(f(act), f(command), f(max(tau, 1e-9)), duration,
+                             None if max_speed is None else f(max_speed))
+    return end.numpy()
 
 
 def to_tuple_set(batch: TupleBatch, robot, *, period: Optional[float] = None, floor: bool = True,

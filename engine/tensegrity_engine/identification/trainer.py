@@ -39,20 +39,19 @@ import numpy as np
 import torch
 
 from tensegrity_engine.identification import checkpoint
+from tensegrity_engine.identification.bounds import bound_for_stability
 from tensegrity_engine.identification.config import IdentificationConfig, default_learnable
 from tensegrity_engine.identification.data import TrainingData, as_tuple_set
 from tensegrity_engine.identification.dataset import TupleSet
 from tensegrity_engine.identification.multistart import multi_start
 from tensegrity_engine.identification.objective import RecurrentObjective
-from tensegrity_engine.identification.scale import scale_search
+from tensegrity_engine.identification.scale import scale_search, speed_limit_search
 from tensegrity_engine.identification.schedule import ProgressiveSchedule
 from tensegrity_engine.identification.solvers import (AdamSolver, TupleLevenbergMarquardt,
                                                       WindowLevenbergMarquardt)
 from tensegrity_engine.physics.config import RobotConfig
 from tensegrity_engine.physics.engine import TensegrityEngine
 from tensegrity_engine.physics.params import PhysicalParameters
-from tensegrity_engine.physics.stability import contact_upper_bounds
-from tensegrity_engine.physics.topology import Topology
 
 
 class ProgressiveTrainer:
@@ -137,6 +136,8 @@ class ProgressiveTrainer:
                 and self.config.schedule != "fine_only":
             multi_start(self)
             scale_search(self)
+        if first:
+            speed_limit_search(self)
         self.adam.rebuild(self)
 
     def add_tuples(self, data) -> None:
@@ -173,7 +174,7 @@ class ProgressiveTrainer:
         self.learn = tuple(cfg.learn) if cfg.learn is not None else default_learnable(ts.floor)
         for name, raw in self.params.named_parameters():
             raw.requires_grad_(name in self.learn)
-        self._bound_for_stability(ts)
+        bound_for_stability(self, ts)
         if cfg.init == "random":
             self.params.randomize(np.random.default_rng(cfg.seed), self.learn)
         ground_fn = None
@@ -189,29 +190,9 @@ class ProgressiveTrainer:
         self.log(f"identifying {', '.join(self.learn)} ({'floor' if ts.floor else 'no floor'}, "
                  f"fixed rods {list(ts.fixed_rods)}); start {self.format_parameters()}")
 
-    def _bound_for_stability(self, ts: TupleSet) -> None:
-        """Contact stiffness and damping learnt for the semi-implicit fine stage stay where
-        that integrator is stable at the engine step, given the cables and masses the run
-        starts from (`stability.contact_upper_bounds`). Without the bound the implicit
-        coarse phase settles on plastic contacts (damping ~5e4 N s/m) that fit 100 ms
-        tuples and diverge within a second of semi-implicit rollout."""
-        learnt = [n for n in ("contact_stiffness", "contact_damping") if n in self.learn]
-        if not (ts.floor and learnt and self.config.fine_integrator == "semi_implicit"):
-            return
-        limits = contact_upper_bounds(Topology(self.robot, ts.fixed_rods), self.params.values(), self.robot.dt)
-        for name in learnt:
-            lower = self.params.bounds_of(name)[0]
-            if limits.get(name, 0.0) <= lower * 1.01:
-                self.log(f"{name}: the cables and masses leave no stable range above {lower:g}; "
-                         "not bounded for stability")
-                continue
-            moved = self.params.narrow_upper_bound(name, limits[name])
-            self.log(f"{name} bounded to <= {self.params.bounds_of(name)[1]:.4g} (semi-implicit "
-                     f"stability at dt={self.robot.dt * 1e3:g} ms)" + ("; start value moved inside" if moved else ""))
-
     # ------------------------------------------------------------------ loss
-    def act_starts(self, data: TrainingData, tau: torch.Tensor) -> torch.Tensor:
-        return self.objective.act_starts(data, tau)
+    def act_starts(self, data: TrainingData, p: dict) -> torch.Tensor:
+        return self.objective.act_starts(data, p)
 
     def batch_loss(self, data: TrainingData, idx: torch.Tensor, p: dict, n_steps: Optional[int] = None,
                    integrator: Optional[str] = None, latent: Optional[torch.Tensor] = None,
@@ -292,6 +273,7 @@ class ProgressiveTrainer:
             # What implicit-only training would have returned (ablation b, for free).
             self.coarse_params = self.params.as_dict()
             scale_search(self)
+            speed_limit_search(self)
             self.adam.rebuild(self)
         elif kind == "lr":
             self.adam.set_lr(self.lr)

@@ -1,4 +1,4 @@
-"""Cable actuators: command -> rest length (first-order filter, gain/offset calibration)."""
+"""Cable actuators: command -> rest length (rate-limited first-order filter, gain/offset calibration)."""
 from __future__ import annotations
 
 import torch
@@ -8,16 +8,36 @@ from tensegrity_engine.physics.topology import Topology
 TIMINGS = ("start", "mean")
 
 
-def actuator_update(act: torch.Tensor, command: torch.Tensor, tau: torch.Tensor, h):
-    """Exact first-order filter over a step with held command.
+def actuator_update(act: torch.Tensor, command: torch.Tensor, tau: torch.Tensor, h, max_speed=None):
+    """Exact rate-limited first-order filter over a step with held command:
+
+        d act / dt = clip((command - act) / tau, -max_speed, max_speed)
+
+    a winch that runs at its top speed while far from the command, then settles
+    exponentially once within tau * max_speed of it. Closed form per step: a linear phase
+    of t1 = min(h, (|gap| - tau v) / v, clipped at 0), then an exponential one of h - t1.
+    ``max_speed`` None (or a limit that does not bind) is the plain first-order filter.
 
     Returns (act at the end of the step, act averaged over the step).
     """
     decay = torch.exp(-h / tau)
     gap = act - command
-    end = command + gap * decay
-    mean = command + gap * (tau / h) * (1.0 - decay)
-    return end, mean
+    if max_speed is None:
+        return command + gap * decay, command + gap * (tau / h) * (1.0 - decay)
+    size, sign = gap.abs(), torch.sign(gap)
+    t1 = torch.clamp((size - tau * max_speed) / max_speed, min=0.0, max=h)
+    knee = size - max_speed * t1                       # |gap| when the exponential phase starts
+    # the exponential phase lasts the whole step unless the limit binds (reuse its decay:
+    # the native kernel does, and rounds the same)
+    decay2 = torch.where(t1 > 0, torch.exp(-(h - t1) / tau), decay)
+    end = command + sign * (knee * decay2)
+    area = size * t1 - 0.5 * max_speed * t1 * t1 + knee * tau * (1.0 - decay2)
+    return end, command + sign * (area / h)
+
+
+def speed_limit_binds(tau: torch.Tensor, max_speed: torch.Tensor, command_span: torch.Tensor) -> bool:
+    """Whether the speed limit can ever act: the filter runs at (gap / tau) <= span / tau."""
+    return bool(((tau * max_speed).reshape(-1) < command_span.max()).any())
 
 
 class CableActuators:
@@ -57,5 +77,6 @@ class CableActuators:
 
         Returns (act at the end of the step, the rest lengths the step's forces use).
         """
-        act_end, act_mean = actuator_update(act, command, p["actuator_time_constant"], h)
+        act_end, act_mean = actuator_update(act, command, p["actuator_time_constant"], h,
+                                            p["actuator_max_speed"])
         return act_end, self.rest_lengths(act if self.timing == "start" else act_mean, p)

@@ -16,6 +16,7 @@ import yaml
 
 CONFIG_DIR = Path(__file__).resolve().parents[3] / "config"   # <repo>/config
 DEFAULT_SLACK_DAMPING = 1e-3    # cables.slack_damping when a config leaves it out
+DEFAULT_MAX_SPEED = 1e3         # actuator.max_speed (m/s) when a config leaves it out: no limit
 
 
 class ConfigError(ValueError):
@@ -43,6 +44,9 @@ class ActuatorConfig:
     time_constant: float
     gain: float
     offset: float
+    # Top speed of the filtered command (m/s in command units; the winch's cable speed over
+    # the gain). The default never binds within any command range (tau * speed >= 2 m).
+    max_speed: float = DEFAULT_MAX_SPEED
 
 
 @dataclasses.dataclass(frozen=True)
@@ -275,6 +279,7 @@ def robot_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> RobotCon
                                   "actuator.time_constant", positive=True),
             gain=_number(act.get("gain", 1.0), "actuator.gain", positive=True),
             offset=_number(act.get("offset", 0.0), "actuator.offset"),
+            max_speed=_number(act.get("max_speed", DEFAULT_MAX_SPEED), "actuator.max_speed", positive=True),
         )
         con = _require(data, "contact", "config")
         fr = _require(con, "friction", "contact")
@@ -347,7 +352,8 @@ def robot_to_dict(robot: RobotConfig) -> dict:
     return {
         "name": robot.name, "gravity": robot.gravity.tolist(), "engine": {"dt": float(robot.dt)},
         "rods": rods, "cables": cables,
-        "actuator": {"time_constant": a.time_constant, "gain": a.gain, "offset": a.offset},
+        "actuator": {"time_constant": a.time_constant, "gain": a.gain, "offset": a.offset}
+        | ({} if a.max_speed == DEFAULT_MAX_SPEED else {"max_speed": a.max_speed}),
         "contact": {"ground_height": con.ground_height, "rod_rod": con.rod_rod,
                     "stiffness": con.stiffness, "damping": con.damping,
                     "friction": {"sliding": con.friction.sliding,

@@ -136,7 +136,7 @@ def _structs(real):
                     + [(n, preal) for n in ("cable_wpos_lo", "cable_wpos_hi", "cable_wax_lo", "cable_wax_hi")]
                     + [("cable_act", pi32)]
                     + [(n, preal) for n in ("passive_rest", "stiffness", "damping", "slack_damping", "gain",
-                                            "offset", "decay", "tau_over_h", "one_minus_decay", "command_low",
+                                            "offset", "decay", "tau", "max_speed", "command_low",
                                             "command_high")]
                     + [("actuate_mean", i32)]
                     + [(n, preal) for n in ("mass", "mass_gravity", "ia_minus_it", "inv_it",
@@ -306,8 +306,8 @@ class NativeRollout:
                 "cable_wax_lo": W[rows, R + lo], "cable_wax_hi": W[rows, R + hi],
                 "passive_rest": passive, "stiffness": stiffness,
                 "damping": (1.0 - slack_share) * damping, "slack_damping": slack_share * damping,
-                "gain": gain, "offset": offset, "decay": decay, "tau_over_h": tau / dt,
-                "one_minus_decay": 1.0 - decay,
+                "gain": gain, "offset": offset, "decay": decay, "tau": tau,
+                "max_speed": per("actuator_max_speed", A),
                 "command_low": k["command_low"], "command_high": k["command_high"],
                 "mass": mass, "mass_gravity": mass * k["gravity_col"], "ia_minus_it": ia - it,
                 "inv_it": inv_t, "inv_ia_minus_inv_it": inv_a - inv_t, "free": k["free"], "half": k["half"],

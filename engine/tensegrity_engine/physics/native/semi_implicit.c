@@ -32,12 +32,14 @@
 #ifdef TG_FLOAT
 typedef float real;
 #define SQRT sqrtf
+#define EXP expf
 #define FMA fmaf
 #define COS cosf
 #define SIN sinf
 #else
 typedef double real;
 #define SQRT sqrt
+#define EXP exp
 #define FMA fma
 #define COS cos
 #define SIN sin
@@ -59,7 +61,7 @@ typedef struct {
     const int32_t *cable_act;      /* actuated index giving the rest length, -1: passive */
     const real *passive_rest;      /* [C], used where cable_act < 0 */
     const real *stiffness, *damping, *slack_damping;  /* [C]: damping only taut, damping taut or slack */
-    const real *gain, *offset, *decay, *tau_over_h, *one_minus_decay;  /* [A] */
+    const real *gain, *offset, *decay, *tau, *max_speed;  /* [A]; decay = exp(-h / tau) */
     const real *command_low, *command_high;                            /* [A] */
     int32_t actuate_mean;          /* actuator_timing "mean" (1) or "start" (0) */
     const real *mass, *mass_gravity;   /* [R], [3][R] */
@@ -602,21 +604,30 @@ static void advance(const tg_model *m, tg_work *w)
 
 /* ------------------------------------------------------------------ driver */
 
-/* First-order actuator filter over the step (actuator_update) and the rest lengths it
- * gives (rest_lengths): act_end for the next step, rest from act or the step's mean. */
+/* Rate-limited first-order actuator filter over the step (actuator_update: a linear phase
+ * at top speed for t1, then exponential) and the rest lengths it gives (rest_lengths):
+ * act_end for the next step, rest from act or the step's mean. */
 static void actuators(const tg_model *m, tg_work *w)
 {
     const int A = m->actuated, C = m->cables;
+    const real h = m->h;
     for (int a = 0; a < A; ++a) {
-        const real decay = m->decay[a], tau_h = m->tau_over_h[a], one_m = m->one_minus_decay[a];
+        const real decay = m->decay[a], tau = m->tau[a], v = m->max_speed[a];
         const real gain = m->gain[a], offset = m->offset[a];
         const real *act = ROW(w->act, a), *cmd = ROW(w->cmd, a);
         real *end = ROW(w->act_end, a), *used = ROW(w->act_used, a);
         const int mean = m->actuate_mean;
         LANE_LOOP {
             const real gap = act[l] - cmd[l];
-            end[l] = cmd[l] + gap * decay;
-            const real source = mean ? cmd[l] + gap * tau_h * one_m : act[l];
+            const real size = gap < 0 ? -gap : gap;
+            const real sign = gap > 0 ? (real)1 : (gap < 0 ? (real)-1 : (real)0);
+            real t1 = (size - tau * v) / v;
+            t1 = t1 < 0 ? (real)0 : (t1 > h ? h : t1);
+            const real knee = size - v * t1;
+            const real d2 = t1 > 0 ? EXP(-(h - t1) / tau) : decay;
+            end[l] = cmd[l] + sign * (knee * d2);
+            const real area = size * t1 - (real)0.5 * v * t1 * t1 + knee * tau * ((real)1 - d2);
+            const real source = mean ? cmd[l] + sign * (area / h) : act[l];
             used[l] = gain * source + offset;
         }
     }
