@@ -154,8 +154,8 @@ class OnlineIdentification:
             return None
         try:
             return trainer_uncertainty(self.trainer, max_tuples=max_tuples, at=at)
-        except (RuntimeError, ValueError) as exc:
-            self.log(f"no uncertainty estimate: {exc}")
+        except Exception as exc:  # noqa: BLE001 - a failed sigma must not hold back the model
+            self.log(f"no uncertainty estimate: {exc!r}")
             return None
 
     @torch.no_grad()
