@@ -271,8 +271,8 @@ class IdentifierNode(Node):
     def _on_done(self) -> None:
         """The schedule finished: publish the final (best) parameters as converged."""
         m, values = self.session.finish()
-        self._publish(m, values, stage="converged")
-        self.get_logger().info(f"identification converged after {self.epochs} epochs: "
+        self._publish(m, values, stage=self.session.status)
+        self.get_logger().info(f"identification {self.session.status} after {self.epochs} epochs: "
                                f"{self.trainer.format_parameters()}")
         self._save_checkpoint()
 
@@ -329,7 +329,7 @@ class IdentifierNode(Node):
                 # window takes seconds the controller need not wait for
                 early = checked_parameters(self.robot, best)
                 self._publish({"val_loss": data.get("best_loss", math.nan), "epoch": data.get("epochs", 0)},
-                              early.as_dict(), stage="converged" if data.get("converged") else "resumed",
+                              early.as_dict(), stage=str(data.get("status", "final"))[:120] if data.get("converged") else "resumed",
                               params=early)
             s.restore(data)
         except Exception as exc:  # noqa: BLE001 - a bad checkpoint must not stop the node

@@ -6,7 +6,8 @@ a cable command every ``control_period`` (sim or wall time, per use_sim_time), p
 on a worker thread from the newest pose so that callbacks never block.
 
 Before a model is identified (``excite_until``: the first parameters, or parameters whose
-``stage`` contains "converged"/"done"; and at most ``max_excitation_time`` s) it sends
+``stage`` contains "converged"/"done"/"final": the identifier finished, by a convergence
+test or its budget; and at most ``max_excitation_time`` s) it sends
 the documented excitation: `tensegrity_engine.control.ExcitationPolicy` smooth random
 multi-sines within each cable's command range.
 """
@@ -59,7 +60,7 @@ class MppiControllerNode(Node):
                             "any other is refused")
         self.excite_until = d("excite_until", "converged",
                               "leave excitation at the first identified parameters ('first'), at "
-                              "parameters whose stage says converged/done ('converged'), or never",
+                              "parameters whose stage says converged/done/final ('converged'), or never",
                               choices=("first", "converged", "never"))
         self.max_excitation = d("max_excitation_time", 0.0,
                                 "switch to MPPI after this much excitation even without a converged "

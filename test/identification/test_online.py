@@ -1,5 +1,6 @@
 """The ROS-free online session: sliding window, rollback, best values, checkpoint."""
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -28,9 +29,12 @@ class _ScriptedTrainer:
     """Records what the session feeds it; epochs follow a script of validation losses
     (NaN: the parameters explode)."""
 
-    def __init__(self, robot, script):
+    def __init__(self, robot, script, converges=False):
         self.parameters = PhysicalParameters(robot)
         self.script, self.calls, self.done, self.epoch = list(script), [], False, 0
+        # how the script ends: a convergence test or a budget
+        self.schedule = SimpleNamespace(converged=converges, stop_reason="Levenberg-Marquardt converged"
+                                        if converges else "epoch/time limit reached")
 
     def set_data(self, batch):
         self.calls.append(("set", batch.t0.tolist()))
@@ -97,6 +101,23 @@ def test_divergence_rolls_back_to_the_last_healthy_state(three_bar):
     assert s.finished
     m, values = s.finish()
     assert s.converged and not s.finished and m["val_loss"] == 0.5
+    assert s.status == "final (epoch/time limit reached)"           # a budget, not convergence
+
+
+def test_converged_is_said_only_when_a_convergence_test_ended_it(three_bar):
+    s = OnlineIdentification(three_bar, IdentificationConfig(), min_tuples=1,
+                             trainer_factory=lambda robot, *a: _ScriptedTrainer(robot, [1.0], converges=True))
+    s._tuple_set = lambda batch: batch
+    s.add(_batch(three_bar, 0, 2))
+    s.step()
+    s.finish()
+    assert s.status == "converged"
+    data = s.checkpoint()
+    r = OnlineIdentification(three_bar, IdentificationConfig(), min_tuples=1,
+                             trainer_factory=lambda robot, *a: _ScriptedTrainer(robot, []))
+    r._tuple_set = lambda batch: batch
+    r.restore(data)
+    assert r.status == "converged" and r.converged                   # a resumed session says how it ended
 
 
 def test_checkpoint_restores_the_session_and_refuses_another_robot(three_bar, superball):

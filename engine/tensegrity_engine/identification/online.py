@@ -133,9 +133,12 @@ class OnlineIdentification:
                     self.trainer.parameters.set_value(k, v)
 
     def finish(self) -> tuple[dict, dict]:
-        """The schedule ended: (metrics with the best loss, final healthy values)."""
-        self.converged = True
-        self.status = "converged"
+        """The schedule ended: (metrics with the best loss, final healthy values). ``status``
+        says "converged" only if a convergence test ended it, else "final (<why>)": a
+        budget ran out."""
+        self.converged = True           # finished: no more epochs (the checkpoint's flag)
+        schedule = self.trainer.schedule
+        self.status = "converged" if schedule.converged else f"final ({schedule.stop_reason or 'stopped'})"
         values = self.trainer.parameters.as_dict()
         if not healthy_values(values):
             self.rollback()
@@ -182,7 +185,7 @@ class OnlineIdentification:
         state = self.trainer.state_dict() if healthy_values(self.trainer.parameters.as_dict()) else None
         return {"robot": self.robot.name, "window": self.window_batch().to_dict(), "trainer": state,
                 "best_loss": self.best_loss, "best_values": self.best_values, "epochs": self.epochs,
-                "converged": self.converged, "rollbacks": self.rollbacks}
+                "converged": self.converged, "status": self.status, "rollbacks": self.rollbacks}
 
     def restore(self, data: dict) -> None:
         """Resume from `checkpoint` output. Raises (and leaves the session empty) on a
@@ -204,7 +207,8 @@ class OnlineIdentification:
             self.epochs = int(data["epochs"])
             self.rollbacks = int(data.get("rollbacks", 0))
             self.converged = bool(data.get("converged"))
-            self.status = "resumed"
+            # a finished session says how it finished (text from a file: bounded)
+            self.status = str(data.get("status", "final"))[:120] if self.converged else "resumed"
             if self.best_values is not None:
                 for k, v in self.best_values.items():
                     self.trainer.parameters.set_value(k, v)

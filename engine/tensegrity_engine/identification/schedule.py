@@ -39,6 +39,12 @@ class ScheduleHost(Protocol):
     def log_stage(self, entry: dict) -> None: ...
 
 
+# stops that are convergence tests; the others ("epoch/time limit reached", "Levenberg-
+# Marquardt iteration limit") are budgets running out
+CONVERGED_STOPS = ("Levenberg-Marquardt converged", "Levenberg-Marquardt reached round-off",
+                   "Levenberg-Marquardt step below lm_step_tol", "lr below lr_min")
+
+
 class ProgressiveSchedule:
     def __init__(self, config: IdentificationConfig, full_steps: int, host: ScheduleHost):
         self.config, self.full_steps, self.host = config, full_steps, host
@@ -64,6 +70,16 @@ class ProgressiveSchedule:
     @property
     def done(self) -> bool:
         return self.phase == "done"
+
+    @property
+    def stop_reason(self) -> str:
+        """Why the schedule ended ("" while it runs)."""
+        return self.stage_log[-1].get("why", "") if self.done and self.stage_log else ""
+
+    @property
+    def converged(self) -> bool:
+        """Ended by a convergence test, not by a budget (epochs, time, iterations)."""
+        return self.stop_reason in CONVERGED_STOPS
 
     @property
     def use_lm(self) -> bool:
