@@ -57,6 +57,9 @@ class IdentifierNode(Node):
         jump = d("clock_jump", 5.0, "a stamp step larger than this restarts the stream (s)", range=(0.01, 1e6))
         min_tuples = d("min_tuples", 20, "tuples needed before training starts", range=(1, 10**7))
         max_tuples = d("max_tuples", 2000, "training window: newest tuples kept", range=(1, 10**7))
+        holdout_every = d("holdout_every", 5, "every n-th tuple is held out: a model is published only if it "
+                          "predicts them better than the one it replaces (0 = no gate)", range=(0, 1000))
+        max_holdout = d("max_holdout", 200, "held-out tuples kept (newest)", range=(1, 10**6))
         self.pose_frame = d("pose_frame", "world", "frame the rod poses are given in; poses in any "
                             "other frame are refused")
         floor = d("floor", True, "the data has a floor (contact environment)")
@@ -105,6 +108,7 @@ class IdentifierNode(Node):
         # trainer_factory is looked up per call: tests replace it on the instance
         self.session = OnlineIdentification(
             self.robot, self.id_config, device=self.device, min_tuples=min_tuples, max_tuples=max_tuples,
+            holdout_every=holdout_every, max_holdout=max_holdout,
             floor=floor, fixed_rods=fixed_rods, log=lambda m: self.get_logger().info(m),
             trainer_factory=lambda *a: self.trainer_factory(*a))
         self.published = 0
@@ -112,6 +116,7 @@ class IdentifierNode(Node):
         self._last_publish = -math.inf
         self._unpublished = None             # an improvement waiting for min_publish_interval
         self.undetermined: tuple = ()        # parameters the data cannot determine yet
+        self.last_gate = None                # HeldOutVerdict of the newest candidate
 
         self.pub_params = self.create_publisher(IdentifiedParameters, TOPIC_PARAMS, latched_qos())
         self.pub_markers = self.create_publisher(MarkerArray, TOPIC_MARKERS, 5)
@@ -230,10 +235,23 @@ class IdentifierNode(Node):
         if force or time.monotonic() - self._last_publish >= self.publish_interval:
             m, values = self._unpublished
             self._unpublished = None
-            self._publish(m, values)
+            if self._passes_gate(values):
+                self._publish(m, values, heldout_loss=self.last_gate.candidate_loss)
 
-    def _publish(self, m: dict, values: dict, stage: str = "", params=None) -> None:
-        """Publish ``values`` (the best so far) with the metrics ``m`` (latched)."""
+    def _passes_gate(self, values: dict) -> bool:
+        """The hold-out gate (`OnlineIdentification.gate`), counted and logged."""
+        verdict = self.session.gate(values)
+        self.last_gate = verdict
+        if not verdict.accepted:
+            self.diag.count(f"gate_rejected_{verdict.reason}")
+            self.diag.warn_throttled("gate", f"candidate not published ({verdict.reason} on "
+                                     f"{verdict.tuples} held-out tuples: loss {verdict.candidate_loss:.3g} vs "
+                                     f"{verdict.incumbent_loss:.3g} for the model it would replace)")
+        return verdict.accepted
+
+    def _publish(self, m: dict, values: dict, stage: str = "", params=None, heldout_loss: float = math.nan) -> None:
+        """Publish ``values`` (the best so far) with the metrics ``m`` (latched); the
+        message's validation loss is ``heldout_loss`` where there is one."""
         self._last_publish = time.monotonic()
         self.session.best_values = values
         if params is None:
@@ -244,9 +262,10 @@ class IdentifierNode(Node):
         else:
             sigma = None                     # a checkpoint's values: no data behind them yet
         stage = stage or f"{m.get('stage', '')} {m.get('integrator', '')} dt={m.get('dt', 0) * 1e3:g}ms"
+        held = float(heldout_loss) if math.isfinite(heldout_loss) else float(m.get("val_loss", math.nan))
         msg = conv.params_to_msg(params, self.robot.name, self.get_clock().now().nanoseconds,
-                                 train_loss=float(m.get("loss", math.nan)),
-                                 validation_loss=float(m.get("val_loss", math.nan)), stage=stage.strip(),
+                                 train_loss=float(m.get("loss", math.nan)), validation_loss=held,
+                                 stage=stage.strip(),
                                  engine_dt=float(m.get("dt", self.robot.dt)), epoch=int(m.get("epoch", 0)),
                                  tuples_used=self.session.window_len, uncertainty=sigma)
         self.pub_params.publish(msg)
@@ -271,7 +290,13 @@ class IdentifierNode(Node):
     def _on_done(self) -> None:
         """The schedule finished: publish the final (best) parameters as converged."""
         m, values = self.session.finish()
-        self._publish(m, values, stage=self.session.status)
+        stage, held = self.session.status, math.nan
+        if self._passes_gate(values):
+            held = self.last_gate.candidate_loss
+        else:                                   # the end state is said with the model in use
+            values = self.session.best_values or PhysicalParameters(self.robot).as_dict()
+            stage, held = stage + "; last candidate refused by the hold-out gate", self.last_gate.incumbent_loss
+        self._publish(m, values, stage=stage, heldout_loss=held)
         self.get_logger().info(f"identification {self.session.status} after {self.epochs} epochs: "
                                f"{self.trainer.format_parameters()}")
         self._save_checkpoint()
@@ -350,7 +375,11 @@ class IdentifierNode(Node):
         out = {"status": s.status, "device": self.device, "epochs": s.epochs,
                "rollbacks": s.rollbacks, "published": self.published, "window_tuples": s.window_len,
                "best_loss": s.best_loss, "stage": m.get("stage", ""), "dt": m.get("dt", ""),
-               "lr": m.get("lr", ""), "undetermined": ", ".join(self.undetermined)}
+               "lr": m.get("lr", ""), "undetermined": ", ".join(self.undetermined),
+               "heldout_tuples": s.heldout_len}
+        if self.last_gate is not None:
+            g = self.last_gate
+            out.update(gate=g.reason, heldout_loss=g.candidate_loss, heldout_improvement=g.improvement)
         out.update({f"stream_{k}": v for k, v in st.items()})
         if self.rollbacks:
             self.diag.level = DiagnosticStatus.WARN

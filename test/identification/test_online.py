@@ -53,6 +53,11 @@ class _ScriptedTrainer:
         self.done = not self.script
         return {"epoch": self.epoch, "loss": loss, "val_loss": loss, "diverged": math.isnan(loss)}
 
+    def heldout_loss(self, data, values):
+        """A stand-in yardstick: distance of the stiffness from 3000 (NaN stays NaN)."""
+        self.calls.append(("heldout", data.t0.tolist()))
+        return abs(float(np.mean(values["cable_stiffness"])) - 3000.0)
+
     def state_dict(self):
         return {"k": float(self.parameters.as_dict()["cable_stiffness"][0]), "epoch": self.epoch}
 
@@ -73,7 +78,7 @@ def _session(robot, script, **kw):
 
 
 def test_window_starts_at_min_tuples_appends_then_slides(three_bar):
-    s, made = _session(three_bar, [1.0], min_tuples=5, max_tuples=8)
+    s, made = _session(three_bar, [1.0], min_tuples=5, max_tuples=8, holdout_every=0)
     s.add(_batch(three_bar, 0, 3))
     assert s.trainer is None and not s.training
     s.add(_batch(three_bar, 3, 3))                                     # 6 >= 5: a trainer
@@ -151,3 +156,26 @@ def test_prediction_of_the_newest_tuple_uses_the_identified_engine(three_bar):
     s.trainer.device = "cpu"
     rs, t0 = s.predict_newest()
     assert t0 == 100_000_000 and rs.shape == (three_bar.num_rods, 13) and np.isfinite(rs).all()
+
+
+def test_held_out_tuples_never_train_and_gate_every_publication(three_bar):
+    s, made = _session(three_bar, [1.0] * 4, min_tuples=2, holdout_every=3)
+    assert s.gate({"cable_stiffness": [1.0]}).reason == "no held-out data yet"
+    s.add(_batch(three_bar, 0, 9))                                    # tuples 2, 5, 8 held out
+    assert s.heldout_len == 3 and s.window_len == 6
+    trained = made[0].calls[0][1]
+    assert 200_000_000 not in trained and 500_000_000 not in trained and len(trained) == 6
+    # nothing published yet: the incumbent is the config (K 2000 on the 3-bar: 1000 from 3000)
+    assert PhysicalParameters(three_bar).as_dict()["cable_stiffness"][0] == pytest.approx(2000.0)
+    v = s.gate({"cable_stiffness": [2500.0]})
+    assert v.accepted and v.reason == "better" and v.improvement == pytest.approx(2.0) and v.tuples == 3
+    assert made[0].calls[-1] == ("heldout", [200_000_000, 500_000_000, 800_000_000])
+    s.best_values = {**PhysicalParameters(three_bar).as_dict(), "cable_stiffness": [2500.0]}
+    assert s.gate({"cable_stiffness": [1500.0]}).reason == "worse"      # 1500 vs 500 away
+    assert s.gate({"cable_stiffness": [float("nan")]}).reason == "unstable"
+    s.add(_batch(three_bar, 9, 3))                                    # the count goes on: 11 held out
+    assert s.heldout_len == 4 and s.window_len == 8
+    data = s.checkpoint()
+    r, _ = _session(three_bar, [1.0], min_tuples=2, holdout_every=3)
+    r.restore(data)
+    assert (r.heldout_len, r.seen) == (4, 12)

@@ -160,8 +160,13 @@ TRUE_K = float(ROBOT.cable_stiffness.mean())
 
 
 # ----------------------------------------------------------------------------- system
-def test_bridge_identifier_controller(ros):
-    """Poses flow at the configured rate; identification moves toward the truth."""
+def test_bridge_identifier_controller(ros, tmp_path):
+    """Poses flow at the configured rate; identification moves toward the truth from a
+    config that believes the cables 3x stiffer (its models pass the hold-out gate against
+    that belief)."""
+    import yaml
+
+    from tensegrity_engine.physics.config import robot_to_dict
     from tensegrity_ros.identifier_node import IdentifierNode
     from tensegrity_ros.mppi_controller import MppiControllerNode
     from tensegrity_ros.mujoco_bridge import MujocoBridge
@@ -169,17 +174,15 @@ def test_bridge_identifier_controller(ros):
     rec = Recorder(ros.plain("recorder"))
     ros.node(MujocoBridge, {"pose_rate": 10.0, "real_time_factor": 2.0, "lockstep": True,
                             "marker_rate": 1.0})
+    believed = robot_to_dict(ROBOT.replace(cable_stiffness=3.0 * ROBOT.cable_stiffness))
+    (tmp_path / "believed.yaml").write_text(yaml.safe_dump(believed))
     ros.node(IdentifierNode, {"use_sim_time": True, "learn": ["cable_stiffness"], "min_tuples": 15,
+                              "robot": str(tmp_path / "believed.yaml"),
                               "init": "given", "schedule": "implicit_only", "epoch_tuples": 32,
                               "max_tuples": 64,      # bounded validation work: epochs keep pace on a slow machine
                               "torch_threads": 1, "device": "cpu", "publish_markers": True})
     ros.node(MppiControllerNode, {"use_sim_time": True, "excite_until": "never", "device": "cpu",
                                   "torch_threads": 1, "excitation_amplitude": 0.8})
-    # start the identifier 3x away from the true stiffness (init 'given' uses `initial`)
-    ident = ros.nodes[2]
-    factory = ident.trainer_factory
-    ident.trainer_factory = lambda robot, config, device, initial=None, log=None: factory(
-        robot, config, device, {"cable_stiffness": 3.0 * TRUE_K}, log)
     # the controller is in MPPI mode with the config model from the start (excite_until
     # never); switch it to excitation for the identification phase
     ctrl = ros.nodes[3]

@@ -2,6 +2,8 @@
 
 A sliding window of the newest tuples (`streaming.TupleBatch` chunks, at most
 ``max_tuples``) feeds a `ProgressiveTrainer`, created once ``min_tuples`` have arrived.
+Every ``holdout_every``-th tuple is held out instead (the newest ``max_holdout``): `gate`
+lets a model be published only if it predicts them better than the one it replaces.
 Each `step` runs one epoch. A diverging epoch (NaN loss, non-finite parameters, an
 exception) rolls back to the last healthy trainer state; the best healthy parameters so far
 are what a caller publishes. `checkpoint` / `restore` carry the whole session (window,
@@ -10,6 +12,7 @@ trainer, best values) across a restart.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 from typing import Callable, Optional
 
@@ -19,7 +22,7 @@ import torch
 from tensegrity_engine.identification.config import IdentificationConfig
 from tensegrity_engine.identification.streaming import TupleBatch, to_tuple_set
 from tensegrity_engine.physics.config import RobotConfig
-from tensegrity_engine.physics.params import checked_parameters
+from tensegrity_engine.physics.params import PhysicalParameters, checked_parameters
 
 TrainerFactory = Callable[..., object]   # (robot, config, device, initial, log) -> ProgressiveTrainer
 
@@ -30,6 +33,20 @@ def default_trainer_factory(robot, config, device, initial=None, log=None):
     return ProgressiveTrainer(robot, config, device=device, dtype=torch.float64, initial=initial, log=log)
 
 
+@dataclasses.dataclass(frozen=True)
+class HeldOutVerdict:
+    accepted: bool
+    reason: str              # "better", "worse", "unstable", "no held-out data yet"
+    candidate_loss: float    # recurrent loss on the held-out tuples (normalised, see objective)
+    incumbent_loss: float
+    tuples: int
+
+    @property
+    def improvement(self) -> float:
+        """Incumbent's held-out loss over the candidate's (> 1: better)."""
+        return self.incumbent_loss / self.candidate_loss if self.candidate_loss > 0 else math.inf
+
+
 def healthy_values(values: dict) -> bool:
     return all(np.isfinite(np.asarray(v, dtype=np.float64)).all() for v in values.values())
 
@@ -37,10 +54,12 @@ def healthy_values(values: dict) -> bool:
 class OnlineIdentification:
     def __init__(self, robot: RobotConfig, config: IdentificationConfig, *, device="cpu",
                  min_tuples: int = 20, max_tuples: int = 2000, floor: bool = True, fixed_rods=(),
+                 holdout_every: int = 5, max_holdout: int = 200,
                  trainer_factory: TrainerFactory = default_trainer_factory,
                  log: Callable[[str], None] = lambda msg: None):
         self.robot, self.config, self.device = robot, config, device
         self.min_tuples, self.max_tuples = int(min_tuples), int(max_tuples)
+        self.holdout_every, self.max_holdout = int(holdout_every), int(max_holdout)
         self.floor, self.fixed_rods = bool(floor), tuple(fixed_rods)
         self.trainer_factory, self.log = trainer_factory, log
         self.reset()
@@ -49,6 +68,9 @@ class OnlineIdentification:
         """Forget everything: no data, no trainer, no best values."""
         self.window: collections.deque = collections.deque()   # TupleBatch chunks in the trainer
         self.window_len = 0
+        self.heldout: collections.deque = collections.deque()  # TupleBatch chunks never trained on
+        self.heldout_len = 0
+        self.seen = 0                        # tuples received (picks the held-out ones)
         self.trainer = None
         self.good_state = None               # last healthy trainer.state_dict()
         self.best_loss = math.inf
@@ -71,8 +93,40 @@ class OnlineIdentification:
         self.trainer = self.trainer_factory(self.robot, self.config, self.device, None, self.log)
         self.trainer.set_data(self._tuple_set(batch))
 
+    def _hold_out(self, new: TupleBatch) -> Optional[TupleBatch]:
+        """Keep every ``holdout_every``-th tuple aside; returns the rest (None if none)."""
+        k = self.holdout_every
+        if k < 2:
+            return new
+        held = (torch.arange(len(new)) + self.seen) % k == k - 1
+        self.seen += len(new)
+        if bool(held.any()):
+            self.heldout.append(new.slice(held))
+            self.heldout_len += int(held.sum())
+            while self.heldout_len > self.max_holdout and len(self.heldout) > 1:
+                self.heldout_len -= len(self.heldout.popleft())
+        return new.slice(~held) if not bool(held.all()) else None
+
+    def gate(self, values: dict) -> HeldOutVerdict:
+        """May ``values`` replace the published model (``best_values``, else the config's)?
+        Only if their loss on the held-out tuples is finite and lower."""
+        if self.trainer is None or not self.heldout:
+            return HeldOutVerdict(True, "no held-out data yet", math.nan, math.nan, 0)
+        data = self._tuple_set(TupleBatch.cat(list(self.heldout)))
+        incumbent = self.best_values if self.best_values is not None else PhysicalParameters(self.robot).as_dict()
+        cand = self.trainer.heldout_loss(data, values)
+        inc = self.trainer.heldout_loss(data, incumbent)
+        if not math.isfinite(cand):
+            return HeldOutVerdict(False, "unstable", math.inf, inc, self.heldout_len)
+        accepted = cand < inc or not math.isfinite(inc)
+        return HeldOutVerdict(accepted, "better" if accepted else "worse", cand, inc, self.heldout_len)
+
     def add(self, new: TupleBatch) -> None:
-        """Append new tuples; the oldest leave the window beyond ``max_tuples``."""
+        """Append new tuples (less the held-out ones); the oldest leave the window beyond
+        ``max_tuples``."""
+        new = self._hold_out(new)
+        if new is None:
+            return
         self.window.append(new)
         self.window_len += len(new)
         if self.trainer is None:
@@ -183,7 +237,9 @@ class OnlineIdentification:
         if self.trainer is None:
             return None
         state = self.trainer.state_dict() if healthy_values(self.trainer.parameters.as_dict()) else None
-        return {"robot": self.robot.name, "window": self.window_batch().to_dict(), "trainer": state,
+        heldout = TupleBatch.cat(list(self.heldout)).to_dict() if self.heldout else None
+        return {"robot": self.robot.name, "window": self.window_batch().to_dict(), "heldout": heldout,
+                "seen": self.seen, "trainer": state,
                 "best_loss": self.best_loss, "best_values": self.best_values, "epochs": self.epochs,
                 "converged": self.converged, "status": self.status, "rollbacks": self.rollbacks}
 
@@ -196,6 +252,10 @@ class OnlineIdentification:
             window = TupleBatch.from_dict(data["window"])
             self.window = collections.deque([window])
             self.window_len = len(window)
+            if data.get("heldout") is not None:
+                held = TupleBatch.from_dict(data["heldout"])
+                self.heldout, self.heldout_len = collections.deque([held]), len(held)
+            self.seen = int(data.get("seen", 0))
             self._new_trainer(window)
             if data["trainer"] is not None:
                 self.trainer.load_state_dict(data["trainer"])

@@ -203,6 +203,17 @@ class ProgressiveTrainer:
             self.integrator if integrator is None else integrator,
             use_latent=self.schedule.latent_adam, latent=latent, acts=acts)
 
+    def heldout_loss(self, data, values: dict) -> float:
+        """Loss of the parameter ``values`` on tuples ``data`` (a TupleSet the trainer never
+        saw) at the engine step with the fine-stage integrator: one yardstick for any stage."""
+        per_element = [k for k, v in values.items() if len(v) > 1]
+        model = PhysicalParameters(self.robot, values, per_element=per_element)
+        p = {k: v.detach().to(self.dtype).to(self.device) for k, v in model.values().items()}
+        held = self._to_data(as_tuple_set(data, self.config.period, self.robot.dt))
+        idx = torch.arange(len(held), device=self.device)
+        return self.objective.validation_loss(held, idx, p, self.full_steps, self.config.fine_integrator,
+                                              use_latent=False)
+
     def validate(self) -> float:
         """Validation loss (training loss if there is no validation data)."""
         data, idx = (self.val, self.val_index) if self.val is not None else (self.train, None)
