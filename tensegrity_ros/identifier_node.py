@@ -235,19 +235,8 @@ class IdentifierNode(Node):
         if force or time.monotonic() - self._last_publish >= self.publish_interval:
             m, values = self._unpublished
             self._unpublished = None
-            if self._passes_gate(values):
+            if passes_gate(self, values):
                 self._publish(m, values, heldout_loss=self.last_gate.candidate_loss)
-
-    def _passes_gate(self, values: dict) -> bool:
-        """The hold-out gate (`OnlineIdentification.gate`), counted and logged."""
-        verdict = self.session.gate(values)
-        self.last_gate = verdict
-        if not verdict.accepted:
-            self.diag.count(f"gate_rejected_{verdict.reason}")
-            self.diag.warn_throttled("gate", f"candidate not published ({verdict.reason} on "
-                                     f"{verdict.tuples} held-out tuples: loss {verdict.candidate_loss:.3g} vs "
-                                     f"{verdict.incumbent_loss:.3g} for the model it would replace)")
-        return verdict.accepted
 
     def _publish(self, m: dict, values: dict, stage: str = "", params=None, heldout_loss: float = math.nan) -> None:
         """Publish ``values`` (the best so far) with the metrics ``m`` (latched); the
@@ -258,7 +247,7 @@ class IdentifierNode(Node):
             cur = self.trainer.parameters
             params = PhysicalParameters(self.robot, values, per_element=getattr(cur, "per_element", ()),
                                         bounds={n: (sp.lower, sp.upper) for n, sp in cur.specs.items()})
-            sigma = self._uncertainty(params, values)
+            sigma = published_uncertainty(self, params, values)
         else:
             sigma = None                     # a checkpoint's values: no data behind them yet
         stage = stage or f"{m.get('stage', '')} {m.get('integrator', '')} dt={m.get('dt', 0) * 1e3:g}ms"
@@ -273,25 +262,11 @@ class IdentifierNode(Node):
         if self.publish_markers:
             self._publish_prediction()
 
-    def _uncertainty(self, params, values: dict):
-        """1-sigma at ``values`` per flat name of ``params`` (the same values), or None."""
-        if not self.sigma_tuples:
-            return None
-        u = self.session.uncertainty(max_tuples=self.sigma_tuples, at=values)
-        if u is None:
-            self.diag.count("uncertainty_failed")
-            return None
-        if u.undetermined and u.undetermined != self.undetermined:
-            self.diag.warn_throttled("undetermined", "the data does not determine "
-                                     f"{', '.join(u.undetermined)} yet: excite the motions they act on")
-        self.undetermined = u.undetermined
-        return u.flat(params)
-
     def _on_done(self) -> None:
         """The schedule finished: publish the final (best) parameters as converged."""
         m, values = self.session.finish()
         stage, held = self.session.status, math.nan
-        if self._passes_gate(values):
+        if passes_gate(self, values):
             held = self.last_gate.candidate_loss
         else:                                   # the end state is said with the model in use
             values = self.session.best_values or PhysicalParameters(self.robot).as_dict()
@@ -393,6 +368,33 @@ class IdentifierNode(Node):
             self._save_checkpoint()
         except Exception:  # noqa: BLE001
             pass
+
+
+def passes_gate(node, values: dict) -> bool:
+    """The hold-out gate (`OnlineIdentification.gate`), counted and logged."""
+    verdict = node.session.gate(values)
+    node.last_gate = verdict
+    if not verdict.accepted:
+        node.diag.count(f"gate_rejected_{verdict.reason}")
+        node.diag.warn_throttled("gate", f"candidate not published ({verdict.reason} on "
+                                 f"{verdict.tuples} held-out tuples: loss {verdict.candidate_loss:.3g} vs "
+                                 f"{verdict.incumbent_loss:.3g} for the model it would replace)")
+    return verdict.accepted
+
+
+def published_uncertainty(node, params, values: dict):
+    """1-sigma at ``values`` per flat name of ``params`` (the same values), or None."""
+    if not node.sigma_tuples:
+        return None
+    u = node.session.uncertainty(max_tuples=node.sigma_tuples, at=values)
+    if u is None:
+        node.diag.count("uncertainty_failed")
+        return None
+    if u.undetermined and u.undetermined != node.undetermined:
+        node.diag.warn_throttled("undetermined", "the data does not determine "
+                                 f"{', '.join(u.undetermined)} yet: excite the motions they act on")
+    node.undetermined = u.undetermined
+    return u.flat(params)
 
 
 def main(args=None) -> int:

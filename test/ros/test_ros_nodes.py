@@ -430,7 +430,9 @@ def test_diverging_identification_rolls_back(ros):
     class Node_(IdentifierNode):
         trainer_factory = staticmethod(lambda robot, *a, **k: _DivergingTrainer(robot))
 
-    ident = ros.node(Node_, {"robot": "three_bar", "min_tuples": 3, "device": "cpu", "publish_markers": False})
+    # the hold-out gate off: this is about rollback (the fake trainer cannot be held out)
+    ident = ros.node(Node_, {"robot": "three_bar", "min_tuples": 3, "device": "cpu", "publish_markers": False,
+                             "holdout_every": 0})
     pub_node = ros.plain("feeder")
     pose_pub = pub_node.create_publisher(PoseArray, TOPIC_POSES, stream_qos())
     cmd_pub = pub_node.create_publisher(CableCommand, TOPIC_COMMAND, stream_qos())
@@ -462,7 +464,8 @@ def test_killed_identifier_resumes_from_checkpoint(ros, tmp_path):
     cmd = [sys.executable, "-m", "tensegrity_ros.identifier_node", "--ros-args",
            "-p", "robot:=three_bar", "-p", "min_tuples:=5", "-p", "device:=cpu", "-p", f"checkpoint_dir:={ckpt}",
            "-p", "checkpoint_period:=0.5", "-p", "learn:=[cable_stiffness]", "-p", "schedule:=implicit_only",
-           "-p", "torch_threads:=1", "-p", "publish_markers:=false", "-p", "max_tuples:=100"]
+           "-p", "torch_threads:=1", "-p", "publish_markers:=false", "-p", "max_tuples:=100",
+           "-p", "holdout_every:=0"]      # a robot at rest: no candidate beats the config, the gate would publish none
     rec = Recorder(ros.plain("recorder"))
     feeder = ros.plain("feeder")
     pose_pub = feeder.create_publisher(PoseArray, TOPIC_POSES, stream_qos())
