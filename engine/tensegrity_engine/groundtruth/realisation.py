@@ -25,7 +25,6 @@ import math
 from typing import Optional
 
 import numpy as np
-import torch
 
 __all__ = ["Contact", "Actuation", "Realisation", "INTEGRATORS", "ACTUATIONS", "rod_inertia"]
 
@@ -175,12 +174,10 @@ class RestLengthDriver:
         act = data.act[:A]
         target = np.clip(command, self.low, self.high)
         if self.kind == "filter":
-            from tensegrity_engine.physics.actuators import actuator_update
+            from tensegrity_engine.physics.actuators import held_command_update
 
             h = float(model.opt.timestep)
-            f = lambda x: torch.as_tensor(np.asarray(x, dtype=np.float64))
-            end, _ = actuator_update(f(act), f(target), f(self.tau), h, f(self.max_speed))
-            data.ctrl[:A] = (end.numpy() - act) / h
+            data.ctrl[:A] = (held_command_update(act, target, self.tau, h, self.max_speed) - act) / h
             return
         error = target - act
         rate = error / self.tau

@@ -62,7 +62,7 @@ import torch
 
 from tensegrity_engine.identification.measurements import (StampOrder, command_problem, imu_problem,
                                                            pose_problem)
-from tensegrity_engine.physics.actuators import actuator_update
+from tensegrity_engine.physics.actuators import held_command_update
 from tensegrity_engine.physics.state import ANG_VEL, LIN_VEL, POS, QUAT, STATE_DIM, canonical_quat, quat_rotate
 
 __all__ = ["StreamConfig", "TupleBatch", "StreamAligner", "StateEstimator", "REASONS", "NS",
@@ -521,10 +521,7 @@ def actuator_estimate(act: np.ndarray, command: np.ndarray, tau: float, duration
     duration = max(0.0, float(duration))
     if duration == 0.0:
         return np.asarray(act, dtype=np.float64).copy()
-    f = lambda x: torch.as_tensor(np.asarray(x, dtype=np.float64))
-    end, _ = actuator_update(f(act), f(command), f(max(tau, 1e-9)), duration,
-                             None if max_speed is None else f(max_speed))
-    return end.numpy()
+    return held_command_update(act, command, max(tau, 1e-9), duration, max_speed)
 
 
 def to_tuple_set(batch: TupleBatch, robot, *, period: Optional[float] = None, floor: bool = True,

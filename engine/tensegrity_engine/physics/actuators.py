@@ -35,6 +35,15 @@ def actuator_update(act: torch.Tensor, command: torch.Tensor, tau: torch.Tensor,
     return end, command + sign * (area / h)
 
 
+def held_command_update(act, command, tau: float, duration: float, max_speed=None):
+    """`actuator_update`'s end state for numpy values (drivers, controllers): float64 array."""
+    import numpy as np
+
+    f = lambda x: torch.as_tensor(np.asarray(x, dtype=np.float64))
+    return actuator_update(f(act), f(command), f(tau), duration,
+                           None if max_speed is None else f(max_speed))[0].numpy()
+
+
 def speed_limit_binds(tau: torch.Tensor, max_speed: torch.Tensor, command_span: torch.Tensor) -> bool:
     """Whether the speed limit can ever act: the filter runs at (gap / tau) <= span / tau."""
     return bool(((tau * max_speed).reshape(-1) < command_span.max()).any())
