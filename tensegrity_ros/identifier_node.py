@@ -65,8 +65,11 @@ class IdentifierNode(Node):
         floor = d("floor", True, "the data has a floor (contact environment)")
         fixed = d("fixed_rods", [-1], "rods welded to the world ([-1] = none)")
         learn = d("learn", ["default"], "parameters to identify (['default'] = the trainer's choice)")
-        schedule = d("schedule", "progressive", "training schedule",
-                     choices=("progressive", "implicit_only", "feedforward"))
+        schedule = d("schedule", "online", "training schedule: 'online' (Levenberg-Marquardt from the start "
+                     "values, resumed whenever reopen_tuples new tuples arrived) or Algorithm 1's",
+                     choices=("online", "progressive", "implicit_only", "feedforward"))
+        reopen = d("reopen_tuples", 50, "schedule 'online': new tuples after convergence that resume it "
+                   "(0 = never)", range=(0, 10**6))
         lr0 = d("lr0", 0.1, "initial learning rate", range=(1e-6, 10.0))
         lr_min = d("lr_min", 1e-3, "stop when the learning rate falls below this", range=(1e-9, 10.0))
         patience = d("patience", 2, "non-improving epochs before a stage change", range=(1, 1000))
@@ -108,7 +111,7 @@ class IdentifierNode(Node):
         # trainer_factory is looked up per call: tests replace it on the instance
         self.session = OnlineIdentification(
             self.robot, self.id_config, device=self.device, min_tuples=min_tuples, max_tuples=max_tuples,
-            holdout_every=holdout_every, max_holdout=max_holdout,
+            holdout_every=holdout_every, max_holdout=max_holdout, reopen_tuples=reopen,
             floor=floor, fixed_rods=fixed_rods, log=lambda m: self.get_logger().info(m),
             trainer_factory=lambda *a: self.trainer_factory(*a))
         self.published = 0

@@ -161,21 +161,22 @@ def test_prediction_of_the_newest_tuple_uses_the_identified_engine(three_bar):
 def test_held_out_tuples_never_train_and_gate_every_publication(three_bar):
     s, made = _session(three_bar, [1.0] * 4, min_tuples=2, holdout_every=3)
     assert s.gate({"cable_stiffness": [1.0]}).reason == "no held-out data yet"
-    s.add(_batch(three_bar, 0, 9))                                    # tuples 2, 5, 8 held out
-    assert s.heldout_len == 3 and s.window_len == 6
+    s.add(_batch(three_bar, 0, 16))                          # every 3rd block of 5: 10-14 held out
+    assert s.heldout_len == 5 and s.window_len == 11
     trained = made[0].calls[0][1]
-    assert 200_000_000 not in trained and 500_000_000 not in trained and len(trained) == 6
+    assert all(t not in trained for t in range(1_000_000_000, 1_500_000_000, 100_000_000))
+    assert len(trained) == 11 and 1_500_000_000 in trained and 900_000_000 in trained
     # nothing published yet: the incumbent is the config (K 2000 on the 3-bar: 1000 from 3000)
     assert PhysicalParameters(three_bar).as_dict()["cable_stiffness"][0] == pytest.approx(2000.0)
     v = s.gate({"cable_stiffness": [2500.0]})
-    assert v.accepted and v.reason == "better" and v.improvement == pytest.approx(2.0) and v.tuples == 3
-    assert made[0].calls[-1] == ("heldout", [200_000_000, 500_000_000, 800_000_000])
+    assert v.accepted and v.reason == "better" and v.improvement == pytest.approx(2.0) and v.tuples == 5
+    assert made[0].calls[-1] == ("heldout", list(range(1_000_000_000, 1_500_000_000, 100_000_000)))
     s.best_values = {**PhysicalParameters(three_bar).as_dict(), "cable_stiffness": [2500.0]}
     assert s.gate({"cable_stiffness": [1500.0]}).reason == "worse"      # 1500 vs 500 away
     assert s.gate({"cable_stiffness": [float("nan")]}).reason == "unstable"
-    s.add(_batch(three_bar, 9, 3))                                    # the count goes on: 11 held out
-    assert s.heldout_len == 4 and s.window_len == 8
+    s.add(_batch(three_bar, 16, 15))                          # the count goes on: 25-29 held out
+    assert s.heldout_len == 10 and s.window_len == 21
     data = s.checkpoint()
     r, _ = _session(three_bar, [1.0], min_tuples=2, holdout_every=3)
     r.restore(data)
-    assert (r.heldout_len, r.seen) == (4, 12)
+    assert (r.heldout_len, r.seen) == (10, 31)

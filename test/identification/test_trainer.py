@@ -295,3 +295,47 @@ def test_a_winch_speed_limit_is_found_from_a_start_where_it_does_not_bind(superb
     got = tr.parameters.as_dict()
     assert got["actuator_max_speed"][0] == pytest.approx(0.3, rel=0.02), got
     assert got["actuator_time_constant"][0] == pytest.approx(superball.actuator.time_constant, rel=0.02)
+
+
+def test_online_schedule_resumes_on_new_data_with_the_old_windows_latents(superball, data):
+    """Schedule "online": it ends like fine_only, but `reopen` after new data goes on with
+    the windowed stage on all of it; windows seen before keep their latent velocities."""
+    po = {k: [t.without_velocity() for t in v] for k, v in data.items() if k != "root"}
+    tr = _trainer(superball, {"train": po["train"][:1], "val": po["val"]}, init="given", schedule="online",
+                  learn=("cable_stiffness", "cable_damping"), lm_tuples=16, lm_max_iters=4, val_tuples=8)
+    tr.run()
+    assert tr.done and tr.pose_stage == "window"
+    lm = tr.window_lm
+    old = {tuple(w): v.clone() for w, v in zip(lm.windows.tolist(), lm.window_vel)}
+    tr.add_tuples(po["train"][1])
+    assert tr.done and len(lm.windows) == len(old)           # a running stage keeps its problem
+    tr.reopen("new data")
+    assert not tr.done and tr.schedule.windows and len(lm.windows) > len(old)
+    kept = [v for w, v in zip(lm.windows.tolist(), lm.window_vel) if tuple(w) in old]
+    assert len(kept) == len(old)
+    for w, v in zip(lm.windows.tolist(), lm.window_vel):
+        if tuple(w) in old:
+            assert torch.equal(v, old[tuple(w)])
+    assert np.isfinite(tr.train_epoch()["loss"])
+    with pytest.raises(RuntimeError, match="online"):
+        _trainer(superball, po, init="given", schedule="fine_only").reopen("x")
+
+
+def test_native_and_torch_residuals_agree(superball, data):
+    """The Levenberg-Marquardt residuals run in the C kernel by default: the same numbers
+    as the torch engine (tuples and multiple-shooting windows)."""
+    po = {k: [t.without_velocity() for t in v] for k, v in data.items() if k != "root"}
+    kw = dict(init="given", schedule="fine_only", learn=("cable_stiffness",))
+    a, b = _trainer(superball, po, **kw), _trainer(superball, po, forward_backend="torch", **kw)
+    assert a.objective.native is not None and b.objective.native is None
+    idx = torch.arange(len(a.train))
+    with torch.no_grad():
+        p = a.engine.param_values(torch.float64, "cpu")
+        ra = a.objective.residuals(a.train, idx, p, a.full_steps, "semi_implicit")
+        rb = b.objective.residuals(b.train, idx, p, b.full_steps, "semi_implicit")
+        torch.testing.assert_close(ra, rb, rtol=1e-9, atol=1e-12)
+        assert float(ra.abs().max()) > 1e-6                       # a real residual, not zeros
+        windows = torch.tensor([[0, 1, 2], [3, 4, 5]])
+        vel = a.train.x0[windows[:, 0]][..., 7:] * 1.01
+        torch.testing.assert_close(a.objective.window_residual(a.train, windows, vel, p),
+                                   b.objective.window_residual(b.train, windows, vel, p), rtol=1e-9, atol=1e-12)

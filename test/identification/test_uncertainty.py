@@ -95,3 +95,46 @@ def test_two_parameters_only_their_sum_matters_are_both_undetermined(superball):
     frac = torch.sigmoid(params.rod_mass.detach()).item()
     slope = frac * (1 - frac) * params.as_dict()["rod_mass"][0] * np.log(spec.upper / spec.lower)
     assert u.sigma["rod_mass"][0] == pytest.approx(raw_sigma * slope, rel=1e-9)
+
+
+def test_windows_cut_every_chain_into_non_overlapping_pieces():
+    from tensegrity_engine.identification.solvers.windows import chain_windows
+
+    nxt = [1, 2, 3, 4, 5, 6, -1, 8, -1, -1]               # chains 0..6, 7..8, 9
+    pool, width = chain_windows(nxt, 3)
+    assert width == 3 and pool.tolist() == [[0, 1, 2], [3, 4, 5]]
+    pool, width = chain_windows([1, -1, 3, -1], 3)        # no chain of 3: windows of 2
+    assert width == 2 and pool.tolist() == [[0, 1], [2, 3]]
+
+
+def test_cluster_robust_sigma_widens_for_correlated_residuals(superball):
+    """A straight-line fit whose residuals come in correlated groups: the plain Gauss-Newton
+    sigma assumes independent residuals and is too small; the sandwich over the groups is
+    not (checked against the spread of the estimate over many draws)."""
+    from tensegrity_engine.identification.uncertainty import normal_matrix_uncertainty
+
+    params = PhysicalParameters(superball)
+    names = ("cable_stiffness",)
+    rng = np.random.default_rng(0)
+    groups, per = 40, 25
+    # the regressor and the error both vary slowly (per group), as along a trajectory
+    x = torch.as_tensor(np.repeat(rng.uniform(-1, 1, groups), per) + 0.05 * rng.normal(0, 1, groups * per))
+    J = x[:, None]
+    estimates, plain, robust = [], [], []
+    for _ in range(200):
+        shared = np.repeat(rng.normal(0, 1, groups), per)          # one offset per group
+        y = torch.as_tensor(shared + 0.1 * rng.normal(0, 1, groups * per))
+        H = J.T @ J
+        theta = float(torch.linalg.solve(H, J.T @ y))
+        r = y - J[:, 0] * theta
+        G = (J[:, 0] * r).reshape(groups, per).sum(1, keepdim=True)
+        estimates.append(theta)
+        a = normal_matrix_uncertainty(params, names, H, float(r @ r), len(r) - 1)
+        b = normal_matrix_uncertainty(params, names, H, float(r @ r), len(r) - 1, scores=G)
+        plain.append(float(a.sigma[names[0]][0]))
+        robust.append(float(b.sigma[names[0]][0]))
+    from tensegrity_engine.identification.uncertainty import value_slopes
+    to_value = float(value_slopes(params, names).abs()[0])
+    spread = np.std(estimates) * to_value
+    assert np.median(plain) < 0.6 * spread                        # the plain sigma is overconfident
+    assert 0.7 * spread < np.median(robust) < 1.4 * spread

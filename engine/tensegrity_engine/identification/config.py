@@ -9,7 +9,7 @@ NONCONTACT_PARAMS = ("cable_stiffness", "cable_damping", "cable_slack_damping", 
                      "actuator_offset")
 CONTACT_PARAMS = ("contact_stiffness", "contact_damping", "friction_sliding",
                   "friction_torsional", "friction_rolling")
-SCHEDULES = ("progressive", "implicit_only", "feedforward", "fine_only")
+SCHEDULES = ("progressive", "implicit_only", "feedforward", "fine_only", "online")
 INITS = ("random", "given", "given+random")
 
 
@@ -42,6 +42,7 @@ class IdentificationConfig:
     latent_lr_ratio: float = 0.1        # latent-velocity lr / parameter lr (fine_optimizer="adam")
     pose_window: int = 3                # pose-only LM: tuples per multiple-shooting window
     lm_windows: int = 64                # pose-only LM: windows (fixed subset) per iteration
+    latent_jacobian_reuse: int = 4      # pose-only LM: iterations a window's latent Jacobian is reused
     max_raw: float = 12.0               # |raw| beyond this = saturated/exploded -> rollback
     init: str = "random"                # "random" (within bounds), "given" (initial values) or
                                         # "given+random" (multi-start: the given values among the random ones)
@@ -61,6 +62,9 @@ class IdentificationConfig:
     collision: str = "differentiable"   # ground collision checker: "differentiable" or "mujoco"
                                         # (MuJoCo's mj_collision per state, no geometry gradient:
                                         # ablation (c) only, much slower)
+    forward_backend: Optional[str] = None   # gradient-free rollouts (Levenberg-Marquardt residuals,
+                                        # validation): "native" (C kernel, CPU, semi-implicit),
+                                        # "torch", None: native where it applies
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
@@ -69,6 +73,8 @@ class IdentificationConfig:
             raise ValueError(f"fine_optimizer must be 'lm' or 'adam', got {self.fine_optimizer!r}")
         if self.collision not in ("differentiable", "mujoco"):
             raise ValueError(f"collision must be 'differentiable' or 'mujoco', got {self.collision!r}")
+        if self.forward_backend not in (None, "native", "torch"):
+            raise ValueError(f"forward_backend must be None, 'native' or 'torch', got {self.forward_backend!r}")
         if self.init not in INITS:
             raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
         for name in ("period", "lr0", "lr_min"):

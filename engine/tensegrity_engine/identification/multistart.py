@@ -24,8 +24,9 @@ def multi_start(run) -> None:
     for k in range(cfg.n_starts):
         if k:
             run.params.randomize(rng, run.learn)
-        p = run.engine.param_values(run.dtype, run.device)
-        loss = float(run.batch_loss(run.train, idx, p))
+        with torch.no_grad():           # scoring only (and the native kernel where it applies)
+            p = run.engine.param_values(run.dtype, run.device)
+            loss = float(run.batch_loss(run.train, idx, p))
         run.start_losses.append(loss)
         if math.isfinite(loss) and loss < best_loss:
             best, best_loss = run.snapshot(), loss

@@ -2,7 +2,7 @@
 
 A sliding window of the newest tuples (`streaming.TupleBatch` chunks, at most
 ``max_tuples``) feeds a `ProgressiveTrainer`, created once ``min_tuples`` have arrived.
-Every ``holdout_every``-th tuple is held out instead (the newest ``max_holdout``): `gate`
+Every ``holdout_every``-th block of tuples is held out instead (the newest ``max_holdout``): `gate`
 lets a model be published only if it predicts them better than the one it replaces.
 Each `step` runs one epoch. A diverging epoch (NaN loss, non-finite parameters, an
 exception) rolls back to the last healthy trainer state; the best healthy parameters so far
@@ -24,6 +24,7 @@ from tensegrity_engine.identification.streaming import TupleBatch, to_tuple_set
 from tensegrity_engine.physics.config import RobotConfig
 from tensegrity_engine.physics.params import PhysicalParameters, checked_parameters
 
+HOLDOUT_BLOCK = 5          # consecutive tuples held out together
 TrainerFactory = Callable[..., object]   # (robot, config, device, initial, log) -> ProgressiveTrainer
 
 
@@ -54,12 +55,13 @@ def healthy_values(values: dict) -> bool:
 class OnlineIdentification:
     def __init__(self, robot: RobotConfig, config: IdentificationConfig, *, device="cpu",
                  min_tuples: int = 20, max_tuples: int = 2000, floor: bool = True, fixed_rods=(),
-                 holdout_every: int = 5, max_holdout: int = 200,
+                 holdout_every: int = 5, max_holdout: int = 200, reopen_tuples: int = 50,
                  trainer_factory: TrainerFactory = default_trainer_factory,
                  log: Callable[[str], None] = lambda msg: None):
         self.robot, self.config, self.device = robot, config, device
         self.min_tuples, self.max_tuples = int(min_tuples), int(max_tuples)
         self.holdout_every, self.max_holdout = int(holdout_every), int(max_holdout)
+        self.reopen_tuples = int(reopen_tuples)
         self.floor, self.fixed_rods = bool(floor), tuple(fixed_rods)
         self.trainer_factory, self.log = trainer_factory, log
         self.reset()
@@ -80,6 +82,7 @@ class OnlineIdentification:
         self.last_metrics: dict = {}
         self.status = "waiting for data"
         self.converged = False
+        self.since_end = 0                   # training tuples added after the schedule's end
 
     # ------------------------------------------------------------------ data window
     def _tuple_set(self, batch: TupleBatch):
@@ -94,11 +97,14 @@ class OnlineIdentification:
         self.trainer.set_data(self._tuple_set(batch))
 
     def _hold_out(self, new: TupleBatch) -> Optional[TupleBatch]:
-        """Keep every ``holdout_every``-th tuple aside; returns the rest (None if none)."""
+        """Keep every ``holdout_every``-th block of HOLDOUT_BLOCK tuples aside; returns the
+        rest (None if none)."""
         k = self.holdout_every
         if k < 2:
             return new
-        held = (torch.arange(len(new)) + self.seen) % k == k - 1
+        # in blocks: the training tuples between them stay chains long enough for the
+        # multiple-shooting windows of pose-only identification
+        held = (torch.arange(len(new)) + self.seen) // HOLDOUT_BLOCK % k == k - 1
         self.seen += len(new)
         if bool(held.any()):
             self.heldout.append(new.slice(held))
@@ -145,6 +151,19 @@ class OnlineIdentification:
             self.trainer.set_data(self._tuple_set(self.window_batch()))   # keeps the parameters
         else:
             self.trainer.add_tuples(self._tuple_set(new))
+        self._maybe_reopen(len(new))
+
+    def _maybe_reopen(self, added: int) -> None:
+        """Schedule "online": resume the finished solver once ``reopen_tuples`` new tuples
+        have arrived (the robot keeps moving: the model keeps learning)."""
+        if not (self.converged and self.trainer.done and self.config.schedule == "online"):
+            return
+        self.since_end += added
+        if self.since_end >= self.reopen_tuples > 0:
+            self.trainer.reopen(f"{self.since_end} new tuples")
+            self.since_end = 0
+            self.converged = False
+            self.status = "training"
 
     # ------------------------------------------------------------------ training
     @property
@@ -191,6 +210,7 @@ class OnlineIdentification:
         says "converged" only if a convergence test ended it, else "final (<why>)": a
         budget ran out."""
         self.converged = True           # finished: no more epochs (the checkpoint's flag)
+        self.since_end = 0
         schedule = self.trainer.schedule
         self.status = "converged" if schedule.converged else f"final ({schedule.stop_reason or 'stopped'})"
         values = self.trainer.parameters.as_dict()

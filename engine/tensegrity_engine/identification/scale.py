@@ -21,6 +21,7 @@ import torch
 SCALE_GROUP = ("cable_stiffness", "cable_damping", "rod_mass", "contact_stiffness", "contact_damping")
 
 
+@torch.no_grad()
 def _loss(run, idx) -> float:
     p = run.engine.param_values(run.dtype, run.device)
     loss = float(run.batch_loss(run.train, idx, p))

@@ -17,7 +17,10 @@ best coarse parameters with the semi-implicit (or ANI) integrator at dt_r:
 With ``max_seconds`` the implicit phase may use ``coarse_time_fraction`` of it, then the
 fine stage starts regardless. ``implicit_only`` stops after the implicit phase (lr down to
 lr_min), ``feedforward`` (the prior work) keeps a single implicit step of T, ``fine_only``
-runs only the fine phase (refinement from good values).
+runs only the fine phase (refinement from good values). ``online`` (identification while
+the robot works) is ``fine_only`` that does not end for good: when enough new data has
+arrived after it finished, `reopen` resumes the last Levenberg-Marquardt stage on all the
+data, warm-started, and the next convergence test ends it again.
 
 The schedule owns the stage state and the best snapshot of the stage; what a stage change
 means for the solvers (a new optimiser, a new learning rate) its host carries out.
@@ -48,7 +51,7 @@ CONVERGED_STOPS = ("Levenberg-Marquardt converged", "Levenberg-Marquardt reached
 class ProgressiveSchedule:
     def __init__(self, config: IdentificationConfig, full_steps: int, host: ScheduleHost):
         self.config, self.full_steps, self.host = config, full_steps, host
-        self.phase = "coarse" if config.schedule != "fine_only" else "fine"
+        self.phase = "fine" if config.schedule in ("fine_only", "online") else "coarse"
         self.n_steps = full_steps if self.phase == "fine" else 1
         self.lr = config.lr0
         self.best_val = math.inf
@@ -75,6 +78,12 @@ class ProgressiveSchedule:
     def stop_reason(self) -> str:
         """Why the schedule ended ("" while it runs)."""
         return self.stage_log[-1].get("why", "") if self.done and self.stage_log else ""
+
+    @property
+    def finished_on(self) -> int:
+        """Epoch of the last `finish` (-1: never finished)."""
+        ends = [e["epoch"] for e in self.stage_log if e.get("to") == "done"]
+        return ends[-1] if ends else -1
 
     @property
     def converged(self) -> bool:
@@ -207,6 +216,18 @@ class ProgressiveSchedule:
         self._reset_best()
         self.bad_epochs, self.stage_epochs = 0, 0
         self._log_stage(before, val, epoch)
+
+    def reopen(self, epoch: int, why: str) -> None:
+        """``online``: after `finish`, go on with the same (last) stage on new data."""
+        if not self.done:
+            return
+        self.phase = "fine"
+        self.n_steps = self.full_steps
+        self._reset_best()
+        self.bad_epochs, self.stage_epochs = 0, 0
+        entry = {"epoch": epoch, "from": "done", "to": self.stage_name(), "why": why}
+        self.stage_log.append(entry)
+        self.host.log_stage(entry)
 
     def finish(self, why: str, epoch: int) -> None:
         self._restore_best()

@@ -133,7 +133,7 @@ class ProgressiveTrainer:
         else:
             self.val_index = None if self.val is None else torch.arange(len(self.val), device=self.device)
         if first and self.config.init in ("random", "given+random") and self.config.n_starts > 1 \
-                and self.config.schedule != "fine_only":
+                and self.config.schedule != "fine_only":     # "online" from random: the multi-start too
             multi_start(self)
             scale_search(self)
         if first:
@@ -147,7 +147,7 @@ class ProgressiveTrainer:
             return self.set_data(ts)
         old = self.train
         self.train = self._to_data(TupleSet.concat([old.ts, ts]))
-        self.window_lm.reset()
+        self.window_lm.grow()
         if old.latent is not None:
             with torch.no_grad():
                 self.train.latent[:len(old)] = old.latent
@@ -289,8 +289,17 @@ class ProgressiveTrainer:
         elif kind == "lr":
             self.adam.set_lr(self.lr)
 
+    def reopen(self, why: str) -> None:
+        """Schedule "online": resume after the end on all the data (new windows join)."""
+        if self.config.schedule != "online":
+            raise RuntimeError(f"only the 'online' schedule resumes after its end, not {self.config.schedule!r}")
+        self.schedule.reopen(self.epoch, why)
+        if self.window_lm.stale: self.window_lm.setup(self)  # noqa: E701
+
     def log_stage(self, entry: dict) -> None:
-        if entry["to"] == "done":
+        if entry["from"] == "done":
+            self.log(f"epoch {entry['epoch']}: resumed, {entry['to']} ({entry['why']})")
+        elif entry["to"] == "done":
             self.log(f"epoch {entry['epoch']}: done ({entry['why']}); {self.format_parameters()}")
         else:
             self.log(f"epoch {entry['epoch']}: stage {entry['from']} -> {entry['to']} "
@@ -334,8 +343,7 @@ class ProgressiveTrainer:
             "val_latent": None if self.val is None or self.val.latent is None else self.val.latent.detach().clone(),
             "rollbacks": self.rollbacks, "coarse_params": self.coarse_params,
             "loss_scale": self.loss_scale, "lm_lambda": lm.lm_lambda,
-            "windows": self.window_lm.windows, "window_vel": self.window_lm.window_vel,
-        }
+            **{k: getattr(self.window_lm, k) for k in ("windows", "window_vel", "latent_jac", "jac_age")}}
 
     def load_state_dict(self, sd: dict) -> None:
         """Resume (call after `set_data` with the same data)."""
@@ -356,7 +364,7 @@ class ProgressiveTrainer:
             self.objective.loss_scale = sd["loss_scale"]
         lm = self.window_lm if self.schedule.pose_stage == "window" else self.tuple_lm
         lm.lm_lambda = sd.get("lm_lambda", lm.lm_lambda)
-        self.window_lm.load(self, sd.get("windows"), sd.get("window_vel"))
+        self.window_lm.load(self, sd.get("windows"), sd.get("window_vel"), sd.get("latent_jac"), sd.get("jac_age"))
         self.rng.bit_generator.state = sd["rng"]
         with torch.no_grad():
             if sd["latent"] is not None and self.latent and sd["latent"].shape == self.train.latent.shape:

@@ -75,28 +75,45 @@ def gauss_newton_uncertainty(params: PhysicalParameters, names, J: torch.Tensor,
     J, r = J.detach().double().cpu(), r.detach().double().cpu()
     n, P = J.shape
     dof = max(n - P, 1)
-    s2 = float((r @ r) / dof)
-    H = J.T @ J
-    scale = H.diagonal().sqrt()
+    return normal_matrix_uncertainty(params, names, J.T @ J, float(r @ r), dof, singular=singular)
+
+
+def normal_matrix_uncertainty(params: PhysicalParameters, names, H: torch.Tensor, rss: float, dof: int, *,
+                              scores: Optional[torch.Tensor] = None,
+                              singular: float = SINGULAR) -> ParameterUncertainty:
+    """`ParameterUncertainty` from the Gauss-Newton normal matrix H [P, P] (raw elements of
+    ``names``), the residual sum of squares and its degrees of freedom. With ``scores``
+    [G, P] (each independent group's share of the gradient J'r, e.g. one per
+    multiple-shooting window) the variance is the larger of s^2 H^-1 and the
+    cluster-robust sandwich H^-1 (sum g g') H^-1 G / (G - P): residuals correlated within a
+    group, or model mismatch that varies between groups, widen it."""
+    H = H.detach().double().cpu()
+    P = H.shape[0]
+    s2 = rss / max(dof, 1)
+    scale = H.diagonal().clamp(min=0).sqrt()
     alive = scale > 0
-    undetermined_raw = ~alive
     var = torch.full((P,), math.inf, dtype=torch.float64)
     if bool(alive.any()):
-        Hs = H[alive][:, alive] / (scale[alive, None] * scale[None, alive])
+        d = scale[alive]
+        Hs = H[alive][:, alive] / (d[:, None] * d[None, :])
         lam, V = torch.linalg.eigh(Hs)
         weak = lam <= singular * float(lam.max().clamp(min=1e-300))
         share = (V[:, weak] ** 2).sum(-1)                       # of each parameter in weak directions
-        strong_var = (V[:, ~weak] ** 2 / lam[~weak]).sum(-1) * s2 / scale[alive] ** 2
-        sub = torch.where(share > UNDETERMINED_SHARE, torch.full_like(strong_var, math.inf), strong_var)
-        var[alive] = sub
-        undetermined_raw = var == math.inf
-    sigma_raw = var.sqrt()
-    sigma_value = sigma_raw * value_slopes(params, names).abs().cpu()
+        Vs, ls = V[:, ~weak], lam[~weak]
+        strong_var = (Vs ** 2 / ls).sum(-1) * s2 / d ** 2
+        if scores is not None and scores.shape[0] > P:
+            G = scores.detach().double().cpu()[:, alive] / d
+            inv = (Vs / ls) @ Vs.T                              # pseudo-inverse in the strong subspace
+            meat = G.T @ G * (G.shape[0] / (G.shape[0] - P))
+            robust = (inv @ meat @ inv).diagonal() / d ** 2
+            strong_var = torch.maximum(strong_var, robust)
+        var[alive] = torch.where(share > UNDETERMINED_SHARE, torch.full_like(strong_var, math.inf), strong_var)
+    sigma_value = var.sqrt() * value_slopes(params, names).abs().cpu()
     sigma, flagged, i = {}, [], 0
     for name in names:
         k = getattr(params, name).numel()
         sigma[name] = sigma_value[i:i + k].numpy().copy()
-        if bool(undetermined_raw[i:i + k].any()):
+        if bool((var[i:i + k] == math.inf).any()):
             flagged.append(name)
         i += k
     return ParameterUncertainty(sigma=sigma, undetermined=tuple(flagged), residual_sigma=math.sqrt(s2), dof=dof)
@@ -115,6 +132,18 @@ def trainer_uncertainty(trainer, max_tuples: int = 256, seed: int = 0, at: Optio
     rng = np.random.default_rng(seed)
     idx = torch.as_tensor(np.sort(rng.permutation(n)[:min(n, max_tuples)]), device=trainer.device)
     names = tuple(trainer.learn)
+    info = trainer.window_lm.information if trainer.schedule.windows else None
+    if info is not None:
+        # pose-only: the windowed multiple-shooting problem, latent velocities eliminated
+        # (tuple residuals would rest on biased finite-difference velocities). Linearised
+        # where the last iteration started: at convergence, the values themselves.
+        before = raw_vector(trainer.params, names)
+        try:
+            set_raw_vector(trainer.params, names, info["theta"])
+            return normal_matrix_uncertainty(trainer.params, names, info["H"], info["rss"], info["dof"],
+                                             scores=info["G"])
+        finally:
+            set_raw_vector(trainer.params, names, before)
     before = raw_vector(trainer.params, names)
     for name in names if at is not None else ():
         trainer.params.set_value(name, at[name])

@@ -30,6 +30,27 @@ import torch
 from tensegrity_engine.identification.solvers.levenberg_marquardt import bounded_step, raw_vector, set_raw_vector
 
 
+def chain_windows(nxt, width: int) -> tuple[np.ndarray, int]:
+    """([N, w] tuple indices, w): every chain of consecutive tuples (``nxt[i]``: the tuple
+    after i, -1 at a chain end) cut from its start into non-overlapping windows of ``width``
+    tuples (a shorter rest is left out); w < ``width`` when no chain is that long."""
+    nxt = np.asarray(nxt)
+    has_prev = np.zeros(len(nxt), dtype=bool)
+    has_prev[nxt[nxt >= 0]] = True
+    chains = []
+    for start in np.flatnonzero(~has_prev):
+        c = [int(start)]
+        while nxt[c[-1]] >= 0:
+            c.append(int(nxt[c[-1]]))
+        chains.append(c)
+    width = min(width, max((len(c) for c in chains), default=0))
+    pool = [c[k:k + width] for c in chains for k in range(0, len(c) - width + 1, width)] if width else []
+    return np.array(pool, dtype=np.int64).reshape(-1, max(width, 1)), width
+
+
+EPS = 1e-6     # forward-difference step (raw parameter units; m/s and rad/s for latents)
+
+
 class WindowLevenbergMarquardt:
     def __init__(self, config):
         self.config = config
@@ -37,36 +58,57 @@ class WindowLevenbergMarquardt:
         self.windows: Optional[torch.Tensor] = None      # [N, W] tuple indices
         self.window_vel: Optional[torch.Tensor] = None   # their latent initial velocities
         self.latent_cols: Optional[torch.Tensor] = None
+        self.stale = False                               # data appended since setup
+        self.latent_jac: Optional[torch.Tensor] = None   # [N, M, L] cached latent blocks
+        self.jac_age: Optional[torch.Tensor] = None      # iterations since each was computed
+        self.information: Optional[dict] = None          # for the uncertainty (see _keep_information)
 
     def reset(self) -> None:
-        """New data: the windows are drawn again at the next epoch."""
-        self.windows = None
+        """New data (tuple indices changed): the windows are drawn again at the next epoch."""
+        self.windows, self.stale = None, False
+
+    def grow(self) -> None:
+        """Tuples were appended (old indices still hold). The windows stay as they are while
+        a stage runs (its losses compare the same problem); `setup` after ``grow`` (the
+        schedule "online" resuming) adds the new windows, the old ones keep their latents."""
+        self.stale = self.windows is not None
 
     def setup(self, run) -> None:
-        """Fixed random subset of multiple-shooting windows (chains of ``pose_window``
-        consecutive tuples, shorter if the data has no chain that long) and their latent
-        initial velocities, initialised by the finite-difference estimates."""
+        """The multiple-shooting windows: every chain of consecutive tuples cut into
+        non-overlapping pieces of ``pose_window`` (shorter if the data has no chain that
+        long), so each tuple is in at most one window; at most ``lm_windows`` of them (a
+        random subset, drawn again when data arrives). Latent initial velocities: kept for
+        windows seen before, the finite-difference estimates for new ones."""
         cfg = self.config
-        nxt = run.train.ts.next
-        chains = {}
-        for i in range(len(nxt)):
-            c = [i]
-            while len(c) < cfg.pose_window and nxt[c[-1]] >= 0:
-                c.append(int(nxt[c[-1]]))
-            chains.setdefault(len(c), []).append(c)
-        width = max(chains)
+        pool, width = chain_windows(run.train.ts.next, cfg.pose_window)
         if width < 2:
             raise ValueError("pose-only identification needs consecutive tuples (chains of at "
                              "least 2 sample intervals); the data has only isolated tuples")
-        if width < cfg.pose_window:
+        if width < cfg.pose_window and self.windows is None:
             run.log(f"pose-only: no chain of {cfg.pose_window} tuples, using windows of {width}")
-        pool = np.array(chains[width])
-        pick = np.sort(run.rng.permutation(len(pool))[:cfg.lm_windows])
-        self.windows = torch.as_tensor(pool[pick], device=run.device)
-        self.window_vel = run.train.x0[self.windows[:, 0]][..., 7:].detach().clone()
+        if len(pool) > cfg.lm_windows:
+            pool = pool[np.sort(run.rng.permutation(len(pool))[:cfg.lm_windows])]
+        windows = torch.as_tensor(pool, device=run.device)
+        vel = run.train.x0[windows[:, 0]][..., 7:].detach().clone()
+        reuse = max(1, int(cfg.latent_jacobian_reuse))
+        jac, age = None, torch.full((len(pool),), reuse, dtype=torch.long)     # new: due now
+        if self.stale and self.windows.shape[1] == width:
+            known = {tuple(w): i for i, w in enumerate(self.windows.tolist())}
+            pairs = [(j, known[tuple(w)]) for j, w in enumerate(pool.tolist()) if tuple(w) in known]
+            if pairs:
+                new_idx, old_idx = (torch.as_tensor(x, device=run.device) for x in zip(*pairs))
+                vel[new_idx] = self.window_vel[old_idx]
+                if self.latent_jac is not None:
+                    jac = self.latent_jac.new_zeros((len(pool),) + self.latent_jac.shape[1:])
+                    jac[new_idx] = self.latent_jac[old_idx]
+                    age[new_idx.cpu()] = self.jac_age[old_idx.cpu()]
+        first = self.windows is None
+        self.windows, self.window_vel, self.stale = windows, vel, False
+        self.latent_jac, self.jac_age, self.information = jac, age, None
         self._set_latent_cols(run)
-        run.log(f"pose-only Levenberg-Marquardt: {len(pick)} windows of {width} x "
-                f"{cfg.period * 1e3:g} ms, {len(self.latent_cols)} latent velocities each")
+        if first:
+            run.log(f"pose-only Levenberg-Marquardt: {len(pool)} windows of {width} x "
+                    f"{cfg.period * 1e3:g} ms, {len(self.latent_cols)} latent velocities each")
 
     def _set_latent_cols(self, run) -> None:
         free = np.flatnonzero(run.objective.free.cpu().numpy() > 0)
@@ -79,33 +121,53 @@ class WindowLevenbergMarquardt:
         return run.objective.window_residual(run.train, windows, vel, p)
 
     @torch.no_grad()
-    def _jacobians(self, run, theta, windows, vel, r0):
-        """Central-difference Jacobians: A [N, M, P] w.r.t. raw parameters, B [N, M, L] w.r.t.
-        each window's own latents (latent j of every window perturbed in one batched run)."""
-        eps = 1e-5
+    def _param_jacobian(self, run, theta, windows, vel, r0) -> torch.Tensor:
+        """[N, M, P] forward-difference Jacobian w.r.t. the raw parameters."""
         cols = []
         for j in range(len(theta)):
             e = torch.zeros_like(theta)
-            e[j] = eps
-            cols.append((self._residual(run, theta + e, windows, vel)
-                         - self._residual(run, theta - e, windows, vel)) / (2 * eps))
-        A = torch.stack(cols, -1)
+            e[j] = EPS
+            cols.append((self._residual(run, theta + e, windows, vel) - r0) / EPS)
+        set_raw_vector(run.params, run.learn, theta)
+        return torch.stack(cols, -1)
+
+    @torch.no_grad()
+    def _latent_jacobian(self, run, theta, windows, vel, r0) -> torch.Tensor:
+        """[n, M, L] forward-difference Jacobian of each window's residual w.r.t. its own
+        latents (latent j of every window perturbed in one batched run)."""
         N, R = vel.shape[0], vel.shape[1]
         L = len(self.latent_cols)
-        pert = torch.zeros(2 * L, R * 6, dtype=vel.dtype, device=vel.device)
-        pert[torch.arange(L), self.latent_cols] = eps
-        pert[torch.arange(L) + L, self.latent_cols] = -eps
-        chunk = max(1, 4096 // (2 * L))           # bounded rollout batch (memory)
+        pert = torch.zeros(L, R * 6, dtype=vel.dtype, device=vel.device)
+        pert[torch.arange(L), self.latent_cols] = EPS
+        chunk = max(1, 4096 // L)                 # bounded rollout batch (memory)
         blocks = []
         for a in range(0, N, chunk):
-            v = (vel[a:a + chunk, None] + pert.reshape(2 * L, R, 6)).flatten(0, 1)
-            w = windows[a:a + chunk].repeat_interleave(2 * L, 0)
-            rb = self._residual(run, theta, w, v).reshape(-1, 2, L, r0.shape[-1])
+            v = (vel[a:a + chunk, None] + pert.reshape(L, R, 6)).flatten(0, 1)
+            w = windows[a:a + chunk].repeat_interleave(L, 0)
+            rb = self._residual(run, theta, w, v).reshape(-1, L, r0.shape[-1])
             # the residual weight scales with 1 / (number of windows): undo the chunk's count
-            rb = rb * math.sqrt(len(w) / N)
-            blocks.append(((rb[:, 0] - rb[:, 1]) / (2 * eps)).transpose(1, 2))
-        set_raw_vector(run.params, run.learn, theta)
-        return A, torch.cat(blocks)
+            rb = rb * math.sqrt(len(w) / self.windows.shape[0])
+            blocks.append(((rb - r0[a:a + chunk, None]) / EPS).transpose(1, 2))
+        return torch.cat(blocks)
+
+    def _latent_blocks(self, run, theta, r0) -> torch.Tensor:
+        """B [N, M, L] of all windows: the blocks computed within the last
+        ``latent_jacobian_reuse`` iterations are reused (the latent Jacobian changes slowly,
+        and is ~90 % of an iteration's rollouts), new windows' and the oldest share are
+        computed, so the cost is spread evenly over iterations."""
+        N = self.windows.shape[0]
+        reuse = max(1, int(self.config.latent_jacobian_reuse))
+        if self.latent_jac is None or self.latent_jac.shape[0] != N:
+            self.latent_jac = r0.new_zeros((N, r0.shape[-1], len(self.latent_cols)))
+            self.jac_age = torch.full((N,), reuse, dtype=torch.long)
+        stale = self.jac_age >= reuse
+        due = int(stale.sum())
+        quota = max(due, -(-N // reuse)) if reuse > 1 else N
+        pick = torch.argsort(self.jac_age, descending=True, stable=True)[:quota].to(r0.device)
+        self.latent_jac[pick] = self._latent_jacobian(run, theta, self.windows[pick], self.window_vel[pick], r0[pick])
+        self.jac_age[pick.cpu()] = 0
+        self.jac_age += 1
+        return self.latent_jac
 
     def epoch(self, run) -> dict:
         """One joint Levenberg-Marquardt iteration on the parameters and the windows' latent
@@ -119,7 +181,7 @@ class WindowLevenbergMarquardt:
         f0 = float((r0 ** 2).sum())
         diverged, accepted, f, step = not math.isfinite(f0), False, f0, math.inf
         if not diverged:
-            A, B = self._jacobians(run, theta0, windows, vel, r0)
+            A, B = self._param_jacobian(run, theta0, windows, vel, r0), self._latent_blocks(run, theta0, r0)
             ok = bool(torch.isfinite(A).all() and torch.isfinite(B).all())
             At, Bt = A.transpose(1, 2), B.transpose(1, 2)
             AtA, AtB, BtB = At @ A, At @ B, Bt @ B
@@ -130,6 +192,7 @@ class WindowLevenbergMarquardt:
             dB = BtB.diagonal(dim1=1, dim2=2)
             dB = torch.maximum(dB, 1e-6 * dB.amax(-1, keepdim=True))
             BtB = BtB + 1e-9 * torch.diag_embed(dB)
+            self._keep_information(theta0, AtA, AtB, BtB, Atr, Btr, f0, r0)
             for _ in range(10 if ok else 0):
                 try:
                     Binv = torch.linalg.inv(BtB + self.lm_lambda * torch.diag_embed(dB))
@@ -161,8 +224,30 @@ class WindowLevenbergMarquardt:
         return {"loss": f, "val_loss": val, "tuples": len(windows), "diverged": diverged,
                 "lm_lambda": self.lm_lambda, "lm_accepted": accepted, "step": step}
 
-    def load(self, run, windows: Optional[torch.Tensor], window_vel: Optional[torch.Tensor]) -> None:
-        """Resume saved windows if they index the current data."""
+    def _keep_information(self, theta0, AtA, AtB, BtB, Atr, Btr, f0, r0) -> None:
+        """What the uncertainty needs at ``theta0``, the latents eliminated: the reduced
+        normal matrix H = sum_i (A_i'A_i - A_i'B_i (B_i'B_i)^-1 B_i'A_i), each window's
+        reduced gradient g_i (its share of the score, for the cluster-robust estimate), the
+        residual sum of squares and its degrees of freedom."""
+        try:
+            Binv = torch.linalg.inv(BtB)
+        except RuntimeError:
+            self.information = None
+            return
+        H = (AtA - AtB @ Binv @ AtB.transpose(1, 2)).sum(0)
+        G = Atr - (AtB @ Binv @ Btr)[..., 0]
+        N, P, L = AtB.shape[0], AtB.shape[1], AtB.shape[2]
+        self.information = {"theta": theta0.clone(), "H": H, "G": G, "rss": f0,
+                            "dof": max(r0.numel() - P - N * L, 1)}
+
+    def load(self, run, windows: Optional[torch.Tensor], window_vel: Optional[torch.Tensor],
+             latent_jac: Optional[torch.Tensor] = None, jac_age: Optional[torch.Tensor] = None) -> None:
+        """Resume saved windows (and the cached latent Jacobians: a resumed run takes the
+        same steps) if they index the current data."""
         if windows is not None and run.latent and int(windows.max()) < len(run.train):
             self.windows, self.window_vel = windows.to(run.device), window_vel.to(run.device)
+            same = latent_jac is not None and jac_age is not None and latent_jac.shape[0] == windows.shape[0]
+            self.latent_jac = latent_jac.to(run.device) if same else None
+            self.jac_age = jac_age.cpu().long() if same else None
+            self.information = None
             self._set_latent_cols(run)
