@@ -106,7 +106,7 @@ def run_session(z, args, seed: int, learn) -> dict:
     noisy = args.noise == "robot"
     events = record(z, seed, args.duration, noisy)
     cfg = IdentificationConfig(period=CONTROL_DT, learn=learn, init=args.init, seed=seed,
-                               schedule=args.schedule)
+                               schedule=args.schedule, lm_windows=args.lm_windows)
     session = OnlineIdentification(robot, cfg, min_tuples=args.min_tuples, max_tuples=args.max_tuples,
                                    floor=True, holdout_every=args.holdout_every,
                                    log=(lambda m: _line(f"    [{z.name} {seed}] {m}")) if args.verbose else (lambda m: None))
@@ -146,7 +146,7 @@ def run_session(z, args, seed: int, learn) -> dict:
                 undetermined = () if u is None else u.undetermined
                 trace.append((clock, values, sigma))
         spent = time.perf_counter() - t0
-        clock += spent if session.training else max(spent, CONTROL_DT)
+        clock += spent / args.compute_per_sim_second if session.training else max(spent, CONTROL_DT)
     final = published if published is not None else PhysicalParameters(robot).as_dict()
     reported = [n for n in TARGETS if n in learn]
     err = relative_errors(final, truth, reported)
@@ -181,9 +181,13 @@ def main(argv=None) -> int:
     ap.add_argument("--min-tuples", type=int, default=30)
     ap.add_argument("--max-tuples", type=int, default=1500)
     ap.add_argument("--holdout-every", type=int, default=5)
+    ap.add_argument("--lm-windows", type=int, default=256, help="as the identifier node's lm_windows")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="runs/bench_online")
     ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--compute-per-sim-second", type=float, default=1.0,
+                    help="wall seconds of identification per second of robot time (1: real time on this "
+                    "machine; more: a faster machine, or a loaded one)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     robot = load_robot(args.robot)
@@ -207,6 +211,9 @@ def main(argv=None) -> int:
                 continue
             results.append(r)
             errs = " ".join(f"{n.split('_')[-1][:5]} {100 * e:+6.1f}%" for n, e in r["error"].items())
+            if not r["publications"] and r["candidate_error"]:      # the gate kept the config
+                errs += " (unpublished candidate: " + " ".join(
+                    f"{100 * e:+.1f}%" for e in r["candidate_error"].values()) + ")"
             sig = ("" if r["relative_sigma"] is None else " sigma " + " ".join(
                 f"{100 * s:.1f}%" for s in r["relative_sigma"].values()))
             _line(f"  {z.name:14s} seed {seed}: {errs};{sig}; within {100 * r['tol']:g}% from "

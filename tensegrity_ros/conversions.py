@@ -157,7 +157,8 @@ def make_cable_command(values: np.ndarray, stamp_ns_: int, cable_names: Sequence
 
 def params_to_msg(params, robot_name: str, stamp_ns_: int, *, train_loss=float("nan"),
                   validation_loss=float("nan"), stage: str = "", engine_dt: float = 0.001,
-                  epoch: int = 0, tuples_used: int = 0, uncertainty=None):
+                  epoch: int = 0, tuples_used: int = 0, uncertainty=None,
+                  heldout_com_error: float = float("nan"), replaced_com_error: float = float("nan")):
     """PhysicalParameters -> IdentifiedParameters (flat names like cable_stiffness[3]);
     ``uncertainty``: a 1-sigma per flat name (NaN: not identified, inf: undetermined)."""
     from tensegrity_ros_interfaces.msg import IdentifiedParameters
@@ -181,6 +182,7 @@ def params_to_msg(params, robot_name: str, stamp_ns_: int, *, train_loss=float("
         m.uncertainty = [float(v) for v in uncertainty]
     m.train_loss = float(train_loss)
     m.validation_loss = float(validation_loss)
+    m.heldout_com_error, m.replaced_com_error = float(heldout_com_error), float(replaced_com_error)
     m.stage = stage
     m.engine_dt = float(engine_dt)
     m.epoch = int(max(0, epoch))

@@ -68,6 +68,9 @@ class IdentifierNode(Node):
         schedule = d("schedule", "online", "training schedule: 'online' (Levenberg-Marquardt from the start "
                      "values, resumed whenever reopen_tuples new tuples arrived) or Algorithm 1's",
                      choices=("online", "progressive", "implicit_only", "feedforward"))
+        lm_windows = d("lm_windows", 256, "pose-only Levenberg-Marquardt: most multiple-shooting windows of 3 "
+                       "tuples per iteration (a random subset beyond; ~5 ms each per iteration on one core)",
+                       range=(1, 10**5))
         reopen = d("reopen_tuples", 50, "schedule 'online': new tuples after convergence that resume it "
                    "(0 = never)", range=(0, 10**6))
         lr0 = d("lr0", 0.1, "initial learning rate", range=(1e-6, 10.0))
@@ -101,7 +104,7 @@ class IdentifierNode(Node):
             period=period, learn=None if list(learn) == ["default"] else tuple(learn), schedule=schedule,
             lr0=lr0, lr_min=lr_min, patience=patience, batch_size=batch,
             epoch_tuples=epoch_tuples or None, max_epochs=max_epochs,
-            max_seconds=max_seconds or None, init=init, seed=seed)
+            max_seconds=max_seconds or None, init=init, seed=seed, lm_windows=lm_windows)
         self.stream_cfg = StreamConfig.for_robot(self.robot, interval=period, stamp_tolerance=tol,
                                                  clock_jump=jump)
         self.aligner = StreamAligner(self.stream_cfg)
@@ -239,9 +242,12 @@ class IdentifierNode(Node):
             m, values = self._unpublished
             self._unpublished = None
             if passes_gate(self, values):
-                self._publish(m, values, heldout_loss=self.last_gate.candidate_loss)
+                g = self.last_gate
+                self._publish(m, values, heldout_loss=g.candidate_loss,
+                              com=(g.candidate_com_error, g.incumbent_com_error))
 
-    def _publish(self, m: dict, values: dict, stage: str = "", params=None, heldout_loss: float = math.nan) -> None:
+    def _publish(self, m: dict, values: dict, stage: str = "", params=None, heldout_loss: float = math.nan,
+                 com: tuple = (math.nan, math.nan)) -> None:
         """Publish ``values`` (the best so far) with the metrics ``m`` (latched); the
         message's validation loss is ``heldout_loss`` where there is one."""
         self._last_publish = time.monotonic()
@@ -259,7 +265,8 @@ class IdentifierNode(Node):
                                  train_loss=float(m.get("loss", math.nan)), validation_loss=held,
                                  stage=stage.strip(),
                                  engine_dt=float(m.get("dt", self.robot.dt)), epoch=int(m.get("epoch", 0)),
-                                 tuples_used=self.session.window_len, uncertainty=sigma)
+                                 tuples_used=self.session.window_len, uncertainty=sigma,
+                                 heldout_com_error=com[0], replaced_com_error=com[1])
         self.pub_params.publish(msg)
         self.published += 1
         if self.publish_markers:
@@ -268,13 +275,16 @@ class IdentifierNode(Node):
     def _on_done(self) -> None:
         """The schedule finished: publish the final (best) parameters as converged."""
         m, values = self.session.finish()
-        stage, held = self.session.status, math.nan
+        stage = self.session.status
         if passes_gate(self, values):
-            held = self.last_gate.candidate_loss
+            g = self.last_gate
+            held, com = g.candidate_loss, (g.candidate_com_error, g.incumbent_com_error)
         else:                                   # the end state is said with the model in use
             values = self.session.best_values or PhysicalParameters(self.robot).as_dict()
-            stage, held = stage + "; last candidate refused by the hold-out gate", self.last_gate.incumbent_loss
-        self._publish(m, values, stage=stage, heldout_loss=held)
+            g = self.last_gate
+            stage, held = stage + "; last candidate refused by the hold-out gate", g.incumbent_loss
+            com = (g.incumbent_com_error, g.incumbent_com_error)
+        self._publish(m, values, stage=stage, heldout_loss=held, com=com)
         self.get_logger().info(f"identification {self.session.status} after {self.epochs} epochs: "
                                f"{self.trainer.format_parameters()}")
         self._save_checkpoint()

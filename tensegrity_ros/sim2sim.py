@@ -135,7 +135,8 @@ class Monitor:
         self.node = rclpy.create_node("sim2sim_monitor", context=self.context)
         self.lock = threading.Lock()
         self.pose_t, self.com = [], []
-        self.params = []            # (t_sim, stage, {name: values}, val_loss, {name: 1-sigma})
+        self.params = []            # (t_sim, stage, {name: values}, val_loss, {name: 1-sigma},
+        #                             (held-out CoM error 1 s ahead, the replaced model's))
         self.commands = []          # (t, [A])
         self.mode = "unknown"
         self.mode_switch_t = None
@@ -177,7 +178,8 @@ class Monitor:
             sigmas = {}
         with self.lock:
             self.params.append((self.last_pose_t, msg.stage, {k: np.asarray(v) for k, v in values.items()},
-                                float(msg.validation_loss), sigmas))
+                                float(msg.validation_loss), sigmas,
+                                (float(msg.heldout_com_error), float(msg.replaced_com_error))))
 
     def _on_cmd(self, msg):
         with self.lock:
@@ -232,7 +234,14 @@ def summarize(robot, mon: Monitor, rolling_start, out_dir: Path, wall_s: float, 
             sigma = float(np.sqrt(np.sum(sig ** 2)) / sig.size)
             rows.append({"name": name, "true": ref, "identified": got, "sigma": sigma, "first_published": first,
                          "rel_error": abs(got - ref) / abs(ref)})
-    summary = {"robot_truth": robot_truth, "wall_seconds": round(wall_s, 1), "sim_seconds": float(t[-1] - t[0]) if len(t) > 1 else 0.0,
+    names = [r["name"] for r in rows]
+    within = None          # sim time from which every published value stays within 5 % of the truth
+    for entry in mon.params:
+        ok = all(abs(np.mean(entry[2][n]) / np.mean(truth[n]) - 1.0) <= 0.05 for n in names if n in entry[2])
+        within = (within if within is not None else entry[0]) if ok else None
+    summary = {"robot_truth": robot_truth, "within_5_percent_from_sim_t": within,
+               "heldout_com_error_1s": final[5][0] if final else None,
+               "replaced_com_error_1s": final[5][1] if final else None, "wall_seconds": round(wall_s, 1), "sim_seconds": float(t[-1] - t[0]) if len(t) > 1 else 0.0,
                "poses": int(len(t)), "parameters_published": len(mon.params),
                "final_stage": final[1] if final else None, "parameters": rows,
                "mppi_start_sim_t": rolling_start}
@@ -322,6 +331,11 @@ def print_summary(s: dict) -> None:
             ratio = abs(r["identified"] - r["true"]) / sigma if sigma > 0 else float("nan")
             print(f"{r['name']:28s} {r['true']:12.5g} {r['first_published']:12.5g} {r['identified']:12.5g} "
                   f"{sigma:10.3g} {100 * r['rel_error']:7.1f}% {ratio:9.1f}")
+        within = s.get("within_5_percent_from_sim_t")
+        print("all within 5 % of the truth " + (f"from sim t={within:.1f} s" if within is not None else "never"))
+        com, old = s.get("heldout_com_error_1s"), s.get("replaced_com_error_1s")
+        if com is not None and np.isfinite(com):
+            print(f"held-out CoM error 1 s ahead: {1e3 * com:.1f} mm (the model it replaced: {1e3 * old:.1f} mm)")
     if "achieved_vx" in s:
         print(f"MPPI from sim t={s['mppi_start_sim_t']:.1f} s for {s['rolling_sim_seconds']:.1f} s: "
               f"CoM moved {s['rolling_distance_x']:+.2f} m in x, achieved velocity "

@@ -53,10 +53,11 @@ class _ScriptedTrainer:
         self.done = not self.script
         return {"epoch": self.epoch, "loss": loss, "val_loss": loss, "diverged": math.isnan(loss)}
 
-    def heldout_loss(self, data, values):
+    def heldout_loss(self, data, values, chain=0):
         """A stand-in yardstick: distance of the stiffness from 3000 (NaN stays NaN)."""
         self.calls.append(("heldout", data.t0.tolist()))
-        return abs(float(np.mean(values["cable_stiffness"])) - 3000.0)
+        loss = abs(float(np.mean(values["cable_stiffness"])) - 3000.0)
+        return (loss, loss / 1e4) if chain else loss
 
     def state_dict(self):
         return {"k": float(self.parameters.as_dict()["cable_stiffness"][0]), "epoch": self.epoch}
@@ -160,23 +161,26 @@ def test_prediction_of_the_newest_tuple_uses_the_identified_engine(three_bar):
 
 def test_held_out_tuples_never_train_and_gate_every_publication(three_bar):
     s, made = _session(three_bar, [1.0] * 4, min_tuples=2, holdout_every=3)
+    assert s.holdout_block == 10                              # 1 s of 100 ms tuples
     assert s.gate({"cable_stiffness": [1.0]}).reason == "no held-out data yet"
-    s.add(_batch(three_bar, 0, 16))                          # every 3rd block of 5: 10-14 held out
-    assert s.heldout_len == 5 and s.window_len == 11
+    s.add(_batch(three_bar, 0, 31))                          # every 3rd block of 10: 20-29 held out
+    assert s.heldout_len == 10 and s.window_len == 21
+    held = list(range(2_000_000_000, 3_000_000_000, 100_000_000))
     trained = made[0].calls[0][1]
-    assert all(t not in trained for t in range(1_000_000_000, 1_500_000_000, 100_000_000))
-    assert len(trained) == 11 and 1_500_000_000 in trained and 900_000_000 in trained
+    assert all(t not in trained for t in held)
+    assert len(trained) == 21 and 1_900_000_000 in trained and 3_000_000_000 in trained
     # nothing published yet: the incumbent is the config (K 2000 on the 3-bar: 1000 from 3000)
     assert PhysicalParameters(three_bar).as_dict()["cable_stiffness"][0] == pytest.approx(2000.0)
     v = s.gate({"cable_stiffness": [2500.0]})
-    assert v.accepted and v.reason == "better" and v.improvement == pytest.approx(2.0) and v.tuples == 5
-    assert made[0].calls[-1] == ("heldout", list(range(1_000_000_000, 1_500_000_000, 100_000_000)))
+    assert v.accepted and v.reason == "better" and v.improvement == pytest.approx(2.0) and v.tuples == 10
+    assert (v.candidate_com_error, v.incumbent_com_error) == pytest.approx((0.05, 0.1))
+    assert made[0].calls[-1] == ("heldout", held)
     s.best_values = {**PhysicalParameters(three_bar).as_dict(), "cable_stiffness": [2500.0]}
     assert s.gate({"cable_stiffness": [1500.0]}).reason == "worse"      # 1500 vs 500 away
     assert s.gate({"cable_stiffness": [float("nan")]}).reason == "unstable"
-    s.add(_batch(three_bar, 16, 15))                          # the count goes on: 25-29 held out
-    assert s.heldout_len == 10 and s.window_len == 21
+    s.add(_batch(three_bar, 31, 29))                          # the count goes on: 50-59 held out
+    assert s.heldout_len == 20 and s.window_len == 40
     data = s.checkpoint()
     r, _ = _session(three_bar, [1.0], min_tuples=2, holdout_every=3)
     r.restore(data)
-    assert (r.heldout_len, r.seen) == (10, 31)
+    assert (r.heldout_len, r.seen) == (20, 60)

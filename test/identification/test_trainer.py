@@ -339,3 +339,15 @@ def test_native_and_torch_residuals_agree(superball, data):
         vel = a.train.x0[windows[:, 0]][..., 7:] * 1.01
         torch.testing.assert_close(a.objective.window_residual(a.train, windows, vel, p),
                                    b.objective.window_residual(b.train, windows, vel, p), rtol=1e-9, atol=1e-12)
+
+
+def test_heldout_com_error_is_zero_for_the_true_model_and_grows_with_a_wrong_one(superball, data):
+    """The gate's 1 s CoM error: chains of held-out tuples rolled out open loop."""
+    tr = _trainer(superball, data, init="given", schedule="fine_only", learn=("cable_stiffness",))
+    truth = PhysicalParameters(superball).as_dict()
+    loss, com = tr.heldout_loss(data["test"], truth, chain=3)
+    assert loss < 1e-12 and 0.0 <= com < 1e-8
+    wrong = {**truth, "cable_stiffness": [2.0 * v for v in truth["cable_stiffness"]]}
+    loss_w, com_w = tr.heldout_loss(data["test"], wrong, chain=3)
+    assert loss_w > 1e-4 and com_w > 1e-3
+    assert np.isnan(tr.heldout_loss(data["test"], truth, chain=1000)[1])     # no chain that long

@@ -2,8 +2,9 @@
 
 A sliding window of the newest tuples (`streaming.TupleBatch` chunks, at most
 ``max_tuples``) feeds a `ProgressiveTrainer`, created once ``min_tuples`` have arrived.
-Every ``holdout_every``-th block of tuples is held out instead (the newest ``max_holdout``): `gate`
-lets a model be published only if it predicts them better than the one it replaces.
+Every ``holdout_every``-th block of tuples (1 s) is held out instead (the newest
+``max_holdout``): `gate` lets a model be published only if it predicts them better than the
+one it replaces, and says both models' CoM error 1 s ahead on them.
 Each `step` runs one epoch. A diverging epoch (NaN loss, non-finite parameters, an
 exception) rolls back to the last healthy trainer state; the best healthy parameters so far
 are what a caller publishes. `checkpoint` / `restore` carry the whole session (window,
@@ -24,7 +25,7 @@ from tensegrity_engine.identification.streaming import TupleBatch, to_tuple_set
 from tensegrity_engine.physics.config import RobotConfig
 from tensegrity_engine.physics.params import PhysicalParameters, checked_parameters
 
-HOLDOUT_BLOCK = 5          # consecutive tuples held out together
+HOLDOUT_SECONDS = 1.0      # held out in blocks this long: the gate also says the CoM error this far ahead
 TrainerFactory = Callable[..., object]   # (robot, config, device, initial, log) -> ProgressiveTrainer
 
 
@@ -41,6 +42,8 @@ class HeldOutVerdict:
     candidate_loss: float    # recurrent loss on the held-out tuples (normalised, see objective)
     incumbent_loss: float
     tuples: int
+    candidate_com_error: float = math.nan   # m, CoM error HOLDOUT_SECONDS ahead (held-out blocks)
+    incumbent_com_error: float = math.nan
 
     @property
     def improvement(self) -> float:
@@ -62,6 +65,7 @@ class OnlineIdentification:
         self.min_tuples, self.max_tuples = int(min_tuples), int(max_tuples)
         self.holdout_every, self.max_holdout = int(holdout_every), int(max_holdout)
         self.reopen_tuples = int(reopen_tuples)
+        self.holdout_block = max(2, int(round(HOLDOUT_SECONDS / config.period)))
         self.floor, self.fixed_rods = bool(floor), tuple(fixed_rods)
         self.trainer_factory, self.log = trainer_factory, log
         self.reset()
@@ -97,14 +101,14 @@ class OnlineIdentification:
         self.trainer.set_data(self._tuple_set(batch))
 
     def _hold_out(self, new: TupleBatch) -> Optional[TupleBatch]:
-        """Keep every ``holdout_every``-th block of HOLDOUT_BLOCK tuples aside; returns the
-        rest (None if none)."""
+        """Keep every ``holdout_every``-th block of ``holdout_block`` tuples aside; returns
+        the rest (None if none)."""
         k = self.holdout_every
         if k < 2:
             return new
         # in blocks: the training tuples between them stay chains long enough for the
         # multiple-shooting windows of pose-only identification
-        held = (torch.arange(len(new)) + self.seen) // HOLDOUT_BLOCK % k == k - 1
+        held = (torch.arange(len(new)) + self.seen) // self.holdout_block % k == k - 1
         self.seen += len(new)
         if bool(held.any()):
             self.heldout.append(new.slice(held))
@@ -120,12 +124,13 @@ class OnlineIdentification:
             return HeldOutVerdict(True, "no held-out data yet", math.nan, math.nan, 0)
         data = self._tuple_set(TupleBatch.cat(list(self.heldout)))
         incumbent = self.best_values if self.best_values is not None else PhysicalParameters(self.robot).as_dict()
-        cand = self.trainer.heldout_loss(data, values)
-        inc = self.trainer.heldout_loss(data, incumbent)
+        cand, cand_com = self.trainer.heldout_loss(data, values, chain=self.holdout_block)
+        inc, inc_com = self.trainer.heldout_loss(data, incumbent, chain=self.holdout_block)
         if not math.isfinite(cand):
-            return HeldOutVerdict(False, "unstable", math.inf, inc, self.heldout_len)
+            return HeldOutVerdict(False, "unstable", math.inf, inc, self.heldout_len, math.inf, inc_com)
         accepted = cand < inc or not math.isfinite(inc)
-        return HeldOutVerdict(accepted, "better" if accepted else "worse", cand, inc, self.heldout_len)
+        return HeldOutVerdict(accepted, "better" if accepted else "worse", cand, inc, self.heldout_len,
+                              cand_com, inc_com)
 
     def add(self, new: TupleBatch) -> None:
         """Append new tuples (less the held-out ones); the oldest leave the window beyond

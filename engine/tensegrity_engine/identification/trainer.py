@@ -31,6 +31,7 @@ trained with Adam); it does not converge from random starts.
 from __future__ import annotations
 
 import copy
+import math
 import dataclasses
 import time
 from typing import Callable, Optional
@@ -49,9 +50,13 @@ from tensegrity_engine.identification.scale import scale_search, speed_limit_sea
 from tensegrity_engine.identification.schedule import ProgressiveSchedule
 from tensegrity_engine.identification.solvers import (AdamSolver, TupleLevenbergMarquardt,
                                                       WindowLevenbergMarquardt)
+from tensegrity_engine.identification.solvers.windows import chain_windows
 from tensegrity_engine.physics.config import RobotConfig
 from tensegrity_engine.physics.engine import TensegrityEngine
 from tensegrity_engine.physics.params import PhysicalParameters
+
+
+LM_FREE_LAMBDA = 1.0     # Levenberg-Marquardt damping above which a short step is not convergence
 
 
 class ProgressiveTrainer:
@@ -203,16 +208,24 @@ class ProgressiveTrainer:
             self.integrator if integrator is None else integrator,
             use_latent=self.schedule.latent_adam, latent=latent, acts=acts)
 
-    def heldout_loss(self, data, values: dict) -> float:
+    def heldout_loss(self, data, values: dict, chain: int = 0):
         """Loss of the parameter ``values`` on tuples ``data`` (a TupleSet the trainer never
-        saw) at the engine step with the fine-stage integrator: one yardstick for any stage."""
+        saw) at the engine step with the fine-stage integrator: one yardstick for any stage.
+        ``chain`` > 0: (loss, mean CoM error (m) at the end of its chains of ``chain``
+        consecutive tuples, NaN if none) instead."""
         per_element = [k for k, v in values.items() if len(v) > 1]
         model = PhysicalParameters(self.robot, values, per_element=per_element)
         p = {k: v.detach().to(self.dtype).to(self.device) for k, v in model.values().items()}
         held = self._to_data(as_tuple_set(data, self.config.period, self.robot.dt))
         idx = torch.arange(len(held), device=self.device)
-        return self.objective.validation_loss(held, idx, p, self.full_steps, self.config.fine_integrator,
+        loss = self.objective.validation_loss(held, idx, p, self.full_steps, self.config.fine_integrator,
                                               use_latent=False)
+        if not chain:
+            return loss
+        chains, width = chain_windows(held.ts.next, chain)
+        com = (float(self.objective.chain_com_error(held, torch.as_tensor(chains, device=self.device), p).mean())
+               if width == chain and len(chains) else math.nan)
+        return loss, com
 
     def validate(self) -> float:
         """Validation loss (training loss if there is no validation data)."""
@@ -264,6 +277,8 @@ class ProgressiveTrainer:
         seconds = time.perf_counter() - start
         self.elapsed += seconds
         step = result.pop("step", None)
+        if result.get("lm_lambda", 0.0) > LM_FREE_LAMBDA:
+            step = math.inf      # a short step under heavy damping is the trust region, not convergence
         metrics = {"epoch": self.epoch, "loss": result.pop("loss"), "val_loss": result.pop("val_loss"),
                    "stage": self.phase, "integrator": self.integrator, "dt": self.dt, "lr": self.lr,
                    "tuples": result.pop("tuples"), "seconds": seconds, "diverged": result.pop("diverged"),
@@ -294,6 +309,7 @@ class ProgressiveTrainer:
         if self.config.schedule != "online":
             raise RuntimeError(f"only the 'online' schedule resumes after its end, not {self.config.schedule!r}")
         self.schedule.reopen(self.epoch, why)
+        self.window_lm.lm_lambda = self.tuple_lm.lm_lambda = 1e-3      # new data: a fresh trust region
         if self.window_lm.stale: self.window_lm.setup(self)  # noqa: E701
 
     def log_stage(self, entry: dict) -> None:

@@ -48,6 +48,7 @@ def chain_windows(nxt, width: int) -> tuple[np.ndarray, int]:
     return np.array(pool, dtype=np.int64).reshape(-1, max(width, 1)), width
 
 
+SCORE_CLUSTERS = 10     # groups of consecutive windows behind the cluster-robust sigma
 EPS = 1e-6     # forward-difference step (raw parameter units; m/s and rad/s for latents)
 
 
@@ -228,7 +229,7 @@ class WindowLevenbergMarquardt:
         """What the uncertainty needs at ``theta0``, the latents eliminated: the reduced
         normal matrix H = sum_i (A_i'A_i - A_i'B_i (B_i'B_i)^-1 B_i'A_i), each window's
         reduced gradient g_i (its share of the score, for the cluster-robust estimate), the
-        residual sum of squares and its degrees of freedom."""
+        residual sum of squares and its degrees of freedom. Windows are in time order."""
         try:
             Binv = torch.linalg.inv(BtB)
         except RuntimeError:
@@ -237,6 +238,10 @@ class WindowLevenbergMarquardt:
         H = (AtA - AtB @ Binv @ AtB.transpose(1, 2)).sum(0)
         G = Atr - (AtB @ Binv @ Btr)[..., 0]
         N, P, L = AtB.shape[0], AtB.shape[1], AtB.shape[2]
+        # clusters of consecutive windows (~ a tenth of the run each): model mismatch that
+        # drifts with the excitation is correlated over seconds, not only within a window
+        clusters = min(N, SCORE_CLUSTERS) if N >= 2 * SCORE_CLUSTERS else N
+        G = torch.stack([g.sum(0) for g in torch.tensor_split(G, clusters)])
         self.information = {"theta": theta0.clone(), "H": H, "G": G, "rss": f0,
                             "dof": max(r0.numel() - P - N * L, 1)}
 
