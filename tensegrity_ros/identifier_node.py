@@ -64,26 +64,8 @@ class IdentifierNode(Node):
                             "other frame are refused")
         floor = d("floor", True, "the data has a floor (contact environment)")
         fixed = d("fixed_rods", [-1], "rods welded to the world ([-1] = none)")
-        learn = d("learn", ["default"], "parameters to identify (['default'] = the trainer's choice)")
-        schedule = d("schedule", "online", "training schedule: 'online' (Levenberg-Marquardt from the start "
-                     "values, resumed whenever reopen_tuples new tuples arrived) or Algorithm 1's",
-                     choices=("online", "progressive", "implicit_only", "feedforward"))
-        lm_windows = d("lm_windows", 256, "pose-only Levenberg-Marquardt: most multiple-shooting windows of 3 "
-                       "tuples per iteration (a random subset beyond; ~5 ms each per iteration on one core)",
-                       range=(1, 10**5))
         reopen = d("reopen_tuples", 50, "schedule 'online': new tuples after convergence that resume it "
                    "(0 = never)", range=(0, 10**6))
-        lr0 = d("lr0", 0.1, "initial learning rate", range=(1e-6, 10.0))
-        lr_min = d("lr_min", 1e-3, "stop when the learning rate falls below this", range=(1e-9, 10.0))
-        patience = d("patience", 2, "non-improving epochs before a stage change", range=(1, 1000))
-        batch = d("batch_size", 16, "tuples per gradient step", range=(1, 100000))
-        epoch_tuples = d("epoch_tuples", 0, "tuples per epoch (0 = all)", range=(0, 10**7))
-        max_epochs = d("max_epochs", 10000, "epoch limit", range=(1, 10**7))
-        max_seconds = d("max_seconds", 0.0, "training time limit (s, 0 = none)", range=(0.0, 1e7))
-        init = d("init", "random", "start from random values within bounds, the config's, or the best of "
-                 "both (given+random)",
-                 choices=INITS)
-        seed = d("seed", 0, "random start seed", range=(0, 2**31 - 1))
         self.ckpt_dir = d("checkpoint_dir", "", "directory for checkpoints ('' = none)")
         self.ckpt_period = d("checkpoint_period", 10.0, "seconds (wall) between checkpoints", range=(0.1, 1e6))
         self.resume = d("resume", True, "resume from the checkpoint in checkpoint_dir if present")
@@ -92,19 +74,16 @@ class IdentifierNode(Node):
         self.publish_markers = d("publish_markers", True, "publish the identified model's prediction as markers")
         self.sigma_tuples = d("uncertainty_tuples", 64, "tuples of the window behind each published 1-sigma "
                               "(0 = publish none)", range=(0, 10**6))
+        self.converged_sigma = d("converged_sigma", 0.05, "'converged' is published only when every learnt "
+                                 "value's 1-sigma is within this fraction of it (else 'fitted ...: keep "
+                                 "exciting'; 0 = the solver's test alone)", range=(0.0, 10.0))
         threads = d("torch_threads", 0, "torch intra-op threads (0 = torch default)", range=(0, 256))
         if threads > 0:
             torch.set_num_threads(threads)
 
-        from tensegrity_engine.identification import IdentificationConfig
-
         self.robot = load_robot(robot_name)
         fixed_rods = tuple(int(r) for r in fixed if int(r) >= 0)
-        self.id_config = IdentificationConfig(
-            period=period, learn=None if list(learn) == ["default"] else tuple(learn), schedule=schedule,
-            lr0=lr0, lr_min=lr_min, patience=patience, batch_size=batch,
-            epoch_tuples=epoch_tuples or None, max_epochs=max_epochs,
-            max_seconds=max_seconds or None, init=init, seed=seed, lm_windows=lm_windows)
+        self.id_config = declare_solver(d, period)
         self.stream_cfg = StreamConfig.for_robot(self.robot, interval=period, stamp_tolerance=tol,
                                                  clock_jump=jump)
         self.aligner = StreamAligner(self.stream_cfg)
@@ -136,7 +115,7 @@ class IdentifierNode(Node):
         self._worker = threading.Thread(target=self._run, name="identification", daemon=True)
         self._worker.start()
         self.get_logger().info(f"identifier on {self.device}: T={period}s, window {max_tuples} tuples, "
-                               f"schedule {schedule}")
+                               f"schedule {self.id_config.schedule}")
 
     # ------------------------------------------------------------------ callbacks
     def _sync_events(self) -> None:
@@ -276,6 +255,10 @@ class IdentifierNode(Node):
         """The schedule finished: publish the final (best) parameters as converged."""
         m, values = self.session.finish()
         stage = self.session.status
+        wide = not_yet_determined(self, values) if stage == "converged" else ()
+        if wide:      # no word the controller takes for "done": it keeps exciting
+            stage = (f"fitted to the data so far; {', '.join(wide)} not yet within "
+                     f"{100 * self.converged_sigma:g} % (1 sigma): keep exciting")
         if passes_gate(self, values):
             g = self.last_gate
             held, com = g.candidate_loss, (g.candidate_com_error, g.incumbent_com_error)
@@ -383,6 +366,33 @@ class IdentifierNode(Node):
             pass
 
 
+def declare_solver(d, period: float):
+    """The identification settings (node parameters) as an `IdentificationConfig`."""
+    from tensegrity_engine.identification import IdentificationConfig
+
+    learn = d("learn", ["default"], "parameters to identify (['default'] = the trainer's choice)")
+    schedule = d("schedule", "online", "training schedule: 'online' (Levenberg-Marquardt from the start "
+                 "values, resumed whenever reopen_tuples new tuples arrived) or Algorithm 1's",
+                 choices=("online", "progressive", "implicit_only", "feedforward"))
+    lm_windows = d("lm_windows", 256, "pose-only Levenberg-Marquardt: most multiple-shooting windows of 3 "
+                   "tuples per iteration (a random subset beyond; ~5 ms each per iteration on one core)",
+                   range=(1, 10**5))
+    lr0 = d("lr0", 0.1, "initial learning rate", range=(1e-6, 10.0))
+    lr_min = d("lr_min", 1e-3, "stop when the learning rate falls below this", range=(1e-9, 10.0))
+    patience = d("patience", 2, "non-improving epochs before a stage change", range=(1, 1000))
+    batch = d("batch_size", 16, "tuples per gradient step", range=(1, 100000))
+    epoch_tuples = d("epoch_tuples", 0, "tuples per epoch (0 = all)", range=(0, 10**7))
+    max_epochs = d("max_epochs", 10000, "epoch limit", range=(1, 10**7))
+    max_seconds = d("max_seconds", 0.0, "training time limit (s, 0 = none)", range=(0.0, 1e7))
+    init = d("init", "random", "start from random values within bounds, the config's, or the best of "
+             "both (given+random)", choices=INITS)
+    seed = d("seed", 0, "random start seed", range=(0, 2**31 - 1))
+    return IdentificationConfig(
+        period=period, learn=None if list(learn) == ["default"] else tuple(learn), schedule=schedule,
+        lr0=lr0, lr_min=lr_min, patience=patience, batch_size=batch, epoch_tuples=epoch_tuples or None,
+        max_epochs=max_epochs, max_seconds=max_seconds or None, init=init, seed=seed, lm_windows=lm_windows)
+
+
 def passes_gate(node, values: dict) -> bool:
     """The hold-out gate (`OnlineIdentification.gate`), counted and logged."""
     verdict = node.session.gate(values)
@@ -393,6 +403,19 @@ def passes_gate(node, values: dict) -> bool:
                                  f"{verdict.tuples} held-out tuples: loss {verdict.candidate_loss:.3g} vs "
                                  f"{verdict.incumbent_loss:.3g} for the model it would replace)")
     return verdict.accepted
+
+
+def not_yet_determined(node, values: dict) -> tuple:
+    """Learnt parameters whose 1-sigma at ``values`` is wider than ``converged_sigma`` of
+    the value, or that the data does not determine (all of them if no sigma can be had)."""
+    if not node.converged_sigma:
+        return ()
+    u = node.session.uncertainty(max_tuples=node.sigma_tuples or 64, at=values)
+    learnt = tuple(node.trainer.learn or ())
+    if u is None:
+        return learnt
+    rel = u.relative(PhysicalParameters(node.robot, values, per_element=[k for k, v in values.items() if len(v) > 1]))
+    return tuple(n for n in learnt if n in u.undetermined or not rel.get(n, math.inf) <= node.converged_sigma)
 
 
 def published_uncertainty(node, params, values: dict):

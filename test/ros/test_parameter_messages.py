@@ -111,3 +111,30 @@ def test_uncertainty_travels_with_the_values_and_bad_sigmas_are_refused(three_ba
         msg.uncertainty = forged
         with pytest.raises(ParameterError):
             conv.msg_to_sigmas(msg)
+
+
+def test_converged_is_published_only_when_every_sigma_is_narrow(three_bar):
+    """A solver that converged on too little excitation says "fitted ...: keep exciting",
+    naming the parameters still too uncertain (the controller keeps exciting)."""
+    from types import SimpleNamespace
+
+    from tensegrity_engine.identification.uncertainty import ParameterUncertainty
+    from tensegrity_ros.identifier_node import not_yet_determined
+
+    values = PhysicalParameters(three_bar).as_dict()
+    k, c = float(values["cable_stiffness"][0]), float(values["cable_damping"][0])
+
+    def node(sigma_k, sigma_c, undetermined=(), converged_sigma=0.05):
+        u = ParameterUncertainty(sigma={"cable_stiffness": np.array([sigma_k]), "cable_damping": np.array([sigma_c])},
+                                 undetermined=undetermined, residual_sigma=1.0, dof=10)
+        session = SimpleNamespace(uncertainty=lambda max_tuples, at: u)
+        return SimpleNamespace(converged_sigma=converged_sigma, sigma_tuples=64, session=session, robot=three_bar,
+                               trainer=SimpleNamespace(learn=("cable_stiffness", "cable_damping")))
+
+    assert not_yet_determined(node(0.01 * k, 0.01 * c), values) == ()
+    assert not_yet_determined(node(0.2 * k, 0.01 * c), values) == ("cable_stiffness",)
+    assert not_yet_determined(node(0.01 * k, np.inf, ("cable_damping",)), values) == ("cable_damping",)
+    assert not_yet_determined(node(0.2 * k, 0.2 * c, converged_sigma=0.0), values) == ()   # test off
+    none = node(0, 0)
+    none.session = SimpleNamespace(uncertainty=lambda max_tuples, at: None)                 # no sigma: not sure
+    assert not_yet_determined(none, values) == ("cable_stiffness", "cable_damping")

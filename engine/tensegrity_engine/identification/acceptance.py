@@ -14,16 +14,41 @@ noisy starting velocities hurt both models alike, so the comparison stays fair.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Sequence
 
 import numpy as np
+import torch
 
+from tensegrity_engine.identification.data import as_tuple_set
 from tensegrity_engine.identification.dataset import Trajectory
 from tensegrity_engine.identification.evaluation import horizon_errors
+from tensegrity_engine.identification.solvers.windows import chain_windows
 from tensegrity_engine.identification.streaming import _quat_log_world
 from tensegrity_engine.physics.params import PhysicalParameters
 
-__all__ = ["Verdict", "judge", "select", "with_estimated_velocity"]
+__all__ = ["Verdict", "judge", "select", "with_estimated_velocity", "heldout_scores"]
+
+
+def heldout_scores(run, data, values: dict, chain: int = 0):
+    """Loss of the parameter ``values`` on tuples ``data`` (a TupleSet ``run``, a
+    `ProgressiveTrainer`, never saw) at the engine step with the fine-stage integrator: one
+    yardstick for any stage. ``chain`` > 0: (loss, mean CoM error (m) at the end of its
+    chains of ``chain`` consecutive tuples, rolled out from each chain's first state; NaN if
+    there is no such chain) instead."""
+    per_element = [k for k, v in values.items() if len(v) > 1]
+    model = PhysicalParameters(run.robot, values, per_element=per_element)
+    p = {k: v.detach().to(run.dtype).to(run.device) for k, v in model.values().items()}
+    held = run._to_data(as_tuple_set(data, run.config.period, run.robot.dt))
+    idx = torch.arange(len(held), device=run.device)
+    loss = run.objective.validation_loss(held, idx, p, run.full_steps, run.config.fine_integrator,
+                                         use_latent=False)
+    if not chain:
+        return loss
+    chains, width = chain_windows(held.ts.next, chain)
+    com = (float(run.objective.chain_com_error(held, torch.as_tensor(chains, device=run.device), p).mean())
+           if width == chain and len(chains) else math.nan)
+    return loss, com
 
 
 @dataclasses.dataclass(frozen=True)

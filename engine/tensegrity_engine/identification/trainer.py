@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from tensegrity_engine.identification import checkpoint
+from tensegrity_engine.identification.acceptance import heldout_scores
 from tensegrity_engine.identification.bounds import bound_for_stability
 from tensegrity_engine.identification.config import IdentificationConfig, default_learnable
 from tensegrity_engine.identification.data import TrainingData, as_tuple_set
@@ -50,7 +51,6 @@ from tensegrity_engine.identification.scale import scale_search, speed_limit_sea
 from tensegrity_engine.identification.schedule import ProgressiveSchedule
 from tensegrity_engine.identification.solvers import (AdamSolver, TupleLevenbergMarquardt,
                                                       WindowLevenbergMarquardt)
-from tensegrity_engine.identification.solvers.windows import chain_windows
 from tensegrity_engine.physics.config import RobotConfig
 from tensegrity_engine.physics.engine import TensegrityEngine
 from tensegrity_engine.physics.params import PhysicalParameters
@@ -209,23 +209,8 @@ class ProgressiveTrainer:
             use_latent=self.schedule.latent_adam, latent=latent, acts=acts)
 
     def heldout_loss(self, data, values: dict, chain: int = 0):
-        """Loss of the parameter ``values`` on tuples ``data`` (a TupleSet the trainer never
-        saw) at the engine step with the fine-stage integrator: one yardstick for any stage.
-        ``chain`` > 0: (loss, mean CoM error (m) at the end of its chains of ``chain``
-        consecutive tuples, NaN if none) instead."""
-        per_element = [k for k, v in values.items() if len(v) > 1]
-        model = PhysicalParameters(self.robot, values, per_element=per_element)
-        p = {k: v.detach().to(self.dtype).to(self.device) for k, v in model.values().items()}
-        held = self._to_data(as_tuple_set(data, self.config.period, self.robot.dt))
-        idx = torch.arange(len(held), device=self.device)
-        loss = self.objective.validation_loss(held, idx, p, self.full_steps, self.config.fine_integrator,
-                                              use_latent=False)
-        if not chain:
-            return loss
-        chains, width = chain_windows(held.ts.next, chain)
-        com = (float(self.objective.chain_com_error(held, torch.as_tensor(chains, device=self.device), p).mean())
-               if width == chain and len(chains) else math.nan)
-        return loss, com
+        """`acceptance.heldout_scores` of ``values`` on tuples the trainer never saw."""
+        return heldout_scores(self, data, values, chain)
 
     def validate(self) -> float:
         """Validation loss (training loss if there is no validation data)."""
