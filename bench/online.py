@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import sys
 import time
 from pathlib import Path
@@ -45,6 +44,9 @@ from tensegrity_engine.identification.streaming import StreamAligner, StreamConf
 from tensegrity_engine.physics.config import load_robot
 from tensegrity_engine.physics.params import PhysicalParameters
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from zoo import machine  # noqa: E402  (bench/zoo.py prints the machine the same way)
+
 TARGETS = ("cable_stiffness", "cable_damping", "rod_mass", "actuator_time_constant")
 # what the engine can represent of the zoo's robots, but contact (see the note in main)
 LEARN = ("cable_stiffness", "cable_damping", "cable_slack_damping", "rod_inertia_factor",
@@ -55,23 +57,6 @@ CONTROL_DT = 0.1
 
 def _line(*a):
     print(*a, flush=True)
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    flags = ""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-        flags = text
-        for line in text.splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return f"{cpu}, {isa}, {torch.get_num_threads()} torch thread(s), {gpu}"
 
 
 def record(z, seed: int, duration: float, noisy: bool):

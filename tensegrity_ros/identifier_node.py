@@ -57,8 +57,9 @@ class IdentifierNode(Node):
         jump = d("clock_jump", 5.0, "a stamp step larger than this restarts the stream (s)", range=(0.01, 1e6))
         min_tuples = d("min_tuples", 20, "tuples needed before training starts", range=(1, 10**7))
         max_tuples = d("max_tuples", 2000, "training window: newest tuples kept", range=(1, 10**7))
-        holdout_every = d("holdout_every", 5, "every n-th tuple is held out: a model is published only if it "
-                          "predicts them better than the one it replaces (0 = no gate)", range=(0, 1000))
+        holdout_every = d("holdout_every", 5, "every n-th block of 1 s of tuples is held out: a model is "
+                          "published only if it predicts them better than the one it replaces, never before "
+                          "the first block (0 = no gate)", range=(0, 1000))
         max_holdout = d("max_holdout", 200, "held-out tuples kept (newest)", range=(1, 10**6))
         self.pose_frame = d("pose_frame", "world", "frame the rod poses are given in; poses in any "
                             "other frame are refused")

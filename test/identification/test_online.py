@@ -162,7 +162,10 @@ def test_prediction_of_the_newest_tuple_uses_the_identified_engine(three_bar):
 def test_held_out_tuples_never_train_and_gate_every_publication(three_bar):
     s, made = _session(three_bar, [1.0] * 4, min_tuples=2, holdout_every=3)
     assert s.holdout_block == 10                              # 1 s of 100 ms tuples
-    assert s.gate({"cable_stiffness": [1.0]}).reason == "no held-out data yet"
+    early = s.gate({"cable_stiffness": [1.0]})
+    assert not early.accepted and early.reason == "no_heldout_yet"         # nothing to judge it on
+    off, _ = _session(three_bar, [1.0], holdout_every=0)
+    assert off.gate({"cable_stiffness": [1.0]}).reason == "gate_off"
     s.add(_batch(three_bar, 0, 31))                          # every 3rd block of 10: 20-29 held out
     assert s.heldout_len == 10 and s.window_len == 21
     held = list(range(2_000_000_000, 3_000_000_000, 100_000_000))

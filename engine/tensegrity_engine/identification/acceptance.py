@@ -23,11 +23,13 @@ import torch
 from tensegrity_engine.identification.data import as_tuple_set
 from tensegrity_engine.identification.dataset import Trajectory
 from tensegrity_engine.identification.evaluation import horizon_errors
-from tensegrity_engine.identification.solvers.windows import chain_windows
+from tensegrity_engine.identification.solvers.windows import chain_windows, fit_start_velocities
 from tensegrity_engine.identification.streaming import _quat_log_world
 from tensegrity_engine.physics.params import PhysicalParameters
 
 __all__ = ["Verdict", "judge", "select", "with_estimated_velocity", "heldout_scores"]
+
+HELDOUT_FIT = 3     # pose-only held-out chains: tuples that fix each chain's start velocity
 
 
 def heldout_scores(run, data, values: dict, chain: int = 0):
@@ -35,19 +37,30 @@ def heldout_scores(run, data, values: dict, chain: int = 0):
     `ProgressiveTrainer`, never saw) at the engine step with the fine-stage integrator: one
     yardstick for any stage. ``chain`` > 0: (loss, mean CoM error (m) at the end of its
     chains of ``chain`` consecutive tuples, rolled out from each chain's first state; NaN if
-    there is no such chain) instead."""
+    there is no such chain) instead. Pose-only data with such chains: each chain's start
+    velocity is first fitted to its first ``HELDOUT_FIT`` tuples with these values
+    (`fit_start_velocities`), and the loss is the pose error over the whole chain."""
     per_element = [k for k, v in values.items() if len(v) > 1]
     model = PhysicalParameters(run.robot, values, per_element=per_element)
     p = {k: v.detach().to(run.dtype).to(run.device) for k, v in model.values().items()}
     held = run._to_data(as_tuple_set(data, run.config.period, run.robot.dt))
-    idx = torch.arange(len(held), device=run.device)
-    loss = run.objective.validation_loss(held, idx, p, run.full_steps, run.config.fine_integrator,
-                                         use_latent=False)
+    chains, width = chain_windows(held.ts.next, chain) if chain else (None, 0)
+    whole = chain and width == chain and len(chains) > 0
+    vel = None
+    if whole and held.latent is not None and chain > HELDOUT_FIT:
+        chains = torch.as_tensor(chains, device=run.device)
+        with torch.no_grad():
+            vel = fit_start_velocities(run.objective, held, chains[:, :HELDOUT_FIT], p)
+            loss = float((run.objective.window_residual(held, chains, vel, p) ** 2).sum())
+        loss = loss if math.isfinite(loss) else math.inf
+    else:
+        idx = torch.arange(len(held), device=run.device)
+        loss = run.objective.validation_loss(held, idx, p, run.full_steps, run.config.fine_integrator,
+                                             use_latent=False)
     if not chain:
         return loss
-    chains, width = chain_windows(held.ts.next, chain)
-    com = (float(run.objective.chain_com_error(held, torch.as_tensor(chains, device=run.device), p).mean())
-           if width == chain and len(chains) else math.nan)
+    com = (float(run.objective.chain_com_error(held, torch.as_tensor(chains, device=run.device), p, vel).mean())
+           if whole else math.nan)
     return loss, com
 
 

@@ -230,16 +230,17 @@ class RecurrentObjective:
         return ((pos - target) * w.sqrt()[:, None, None]).flatten(1)
 
     @torch.no_grad()
-    def chain_com_error(self, data: TrainingData, chains: torch.Tensor, p: dict) -> torch.Tensor:
+    def chain_com_error(self, data: TrainingData, chains: torch.Tensor, p: dict,
+                        vel: Optional[torch.Tensor] = None) -> torch.Tensor:
         """[N] distance (m) between the predicted and the measured centre of mass of the free
         rods at the end of each chain of consecutive tuples, rolled out open loop from its
-        first tuple's state as estimated (finite-difference velocities for pose-only data)."""
+        first tuple's state as estimated (or its pose and ``vel`` [N, R, 6])."""
         first = chains[:, 0]
         act = self.act_starts(data, p)[first]
         cmd = data.commands[chains].flatten(1, 2)
         wr = None if data.wrenches is None else data.wrenches[chains].flatten(1, 2)
-        pred, _ = self.rollout(data.x0[first], act, cmd, self.robot.dt, self.config.fine_integrator, wr,
-                               cmd.shape[1], p)
+        x0 = data.x0[first] if vel is None else torch.cat([data.x0[first][..., :7], vel], -1)
+        pred, _ = self.rollout(x0, act, cmd, self.robot.dt, self.config.fine_integrator, wr, cmd.shape[1], p)
         w = self.free * p["rod_mass"].to(self.dtype).reshape(-1).expand_as(self.free)
         com = lambda x: (x[..., :3] * w[:, None]).sum(-2) / w.sum()          # noqa: E731
         return (com(pred[:, -1]) - com(data.x1[chains[:, -1]])).norm(dim=-1)

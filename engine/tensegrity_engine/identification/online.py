@@ -38,7 +38,7 @@ def default_trainer_factory(robot, config, device, initial=None, log=None):
 @dataclasses.dataclass(frozen=True)
 class HeldOutVerdict:
     accepted: bool
-    reason: str              # "better", "worse", "unstable", "no held-out data yet"
+    reason: str              # "better", "worse", "unstable", "no_heldout_yet", "gate_off"
     candidate_loss: float    # recurrent loss on the held-out tuples (normalised, see objective)
     incumbent_loss: float
     tuples: int
@@ -119,9 +119,13 @@ class OnlineIdentification:
 
     def gate(self, values: dict) -> HeldOutVerdict:
         """May ``values`` replace the published model (``best_values``, else the config's)?
-        Only if their loss on the held-out tuples is finite and lower."""
+        Only if their loss on the held-out tuples is finite and lower; not before there are
+        held-out tuples (an early fit to a few seconds would become the incumbent every
+        later model is judged against), unless the gate is off (``holdout_every`` < 2)."""
+        if self.holdout_every < 2:
+            return HeldOutVerdict(True, "gate_off", math.nan, math.nan, 0)
         if self.trainer is None or not self.heldout:
-            return HeldOutVerdict(True, "no held-out data yet", math.nan, math.nan, 0)
+            return HeldOutVerdict(False, "no_heldout_yet", math.nan, math.nan, 0)
         data = self._tuple_set(TupleBatch.cat(list(self.heldout)))
         incumbent = self.best_values if self.best_values is not None else PhysicalParameters(self.robot).as_dict()
         cand, cand_com = self.trainer.heldout_loss(data, values, chain=self.holdout_block)

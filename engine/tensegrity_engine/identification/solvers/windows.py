@@ -48,6 +48,42 @@ def chain_windows(nxt, width: int) -> tuple[np.ndarray, int]:
     return np.array(pool, dtype=np.int64).reshape(-1, max(width, 1)), width
 
 
+@torch.no_grad()
+def fit_start_velocities(objective, data, windows: torch.Tensor, p: dict, iterations: int = 6) -> torch.Tensor:
+    """[N, R, 6] initial velocities of ``windows`` (chains of tuples) that make the model
+    ``p`` best reproduce their poses: Gauss-Newton per window, the parameters fixed, from
+    the finite-difference estimates. What the model predicts *after* them is then a fair
+    measure of the model: finite-difference velocities are 25-45 % off at 10 Hz, and which
+    model happens to suit that error says nothing about the robot."""
+    vel = data.x0[windows[:, 0]][..., 7:].clone()
+    N, R = vel.shape[0], vel.shape[1]
+    cols = torch.as_tensor([r * 6 + j for r in range(R) for j in range(6)
+                            if float(objective.free[r]) > 0], device=vel.device)
+    L = len(cols)
+    pert = torch.zeros(L, R * 6, dtype=vel.dtype, device=vel.device)
+    pert[torch.arange(L), cols] = EPS
+    r0 = objective.window_residual(data, windows, vel, p)
+    f0 = (r0 ** 2).sum(-1)
+    for _ in range(iterations):
+        v = (vel[:, None] + pert.reshape(L, R, 6)).flatten(0, 1)
+        rb = objective.window_residual(data, windows.repeat_interleave(L, 0), v, p).reshape(N, L, -1)
+        B = ((rb * math.sqrt(L) - r0[:, None]) / EPS).transpose(1, 2)          # [N, M, L]
+        BtB = B.transpose(1, 2) @ B
+        d = BtB.diagonal(dim1=1, dim2=2)
+        d = torch.maximum(d, 1e-6 * d.amax(-1, keepdim=True))
+        step = -torch.linalg.solve(BtB + 1e-6 * torch.diag_embed(d), B.transpose(1, 2) @ r0[..., None])[..., 0]
+        trial = vel.flatten(1).clone()
+        trial[:, cols] += torch.nan_to_num(step)
+        trial = trial.reshape(vel.shape)
+        r1 = objective.window_residual(data, windows, trial, p)
+        f1 = (r1 ** 2).sum(-1)
+        better = torch.isfinite(f1) & (f1 < f0)
+        vel = torch.where(better[:, None, None], trial, vel)
+        r0 = torch.where(better[:, None], r1, r0)
+        f0 = torch.where(better, f1, f0)
+    return vel
+
+
 SCORE_CLUSTERS = 10     # groups of consecutive windows behind the cluster-robust sigma
 EPS = 1e-6     # forward-difference step (raw parameter units; m/s and rad/s for latents)
 
