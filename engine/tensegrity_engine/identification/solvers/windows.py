@@ -11,11 +11,13 @@ differences) and the residual is every end-node position at the window's samples
 latents against 90 observed coordinates are over-determined, so the parameters are
 identified; Levenberg-Marquardt solves parameters and all window latents jointly, with the
 block-diagonal latent part eliminated by a Schur complement per window (bundle-adjustment
-style) and central-difference Jacobians (window latents perturbed for all windows in one
-batched rollout). Spin about a rod's axis moves no node, so the latent blocks are
-regularised relative to their largest curvature. ``lm_windows`` windows (a fixed random
-subset, their latents persist) are used; the reported validation loss of this stage is the
-normalised window objective. Measured (SUPERball, no contact, MuJoCo data with velocities
+style) and forward-difference Jacobians (window latents perturbed for all windows in one
+batched rollout; a window's latent block, most of the rollouts, is reused for
+``latent_jacobian_reuse`` iterations). Spin about a rod's axis moves no node, so the latent
+blocks are regularised relative to their largest curvature. Each tuple is in at most one
+window; up to ``lm_windows`` of them are used (a random subset beyond) and their latents
+persist, also when data is appended (`grow`); the reported validation loss of this stage is
+the normalised window objective. Measured (SUPERball, no contact, MuJoCo data with velocities
 removed): from the finite-difference result all parameters within 0.1 % in 3 iterations
 and exact (0.000 %) in 7.
 """
@@ -28,6 +30,9 @@ import numpy as np
 import torch
 
 from tensegrity_engine.identification.solvers.levenberg_marquardt import bounded_step, raw_vector, set_raw_vector
+
+SCORE_CLUSTERS = 10     # groups of consecutive windows behind the cluster-robust sigma
+EPS = 1e-6              # forward-difference step (raw parameter units; m/s and rad/s for latents)
 
 
 def chain_windows(nxt, width: int) -> tuple[np.ndarray, int]:
@@ -49,6 +54,26 @@ def chain_windows(nxt, width: int) -> tuple[np.ndarray, int]:
 
 
 @torch.no_grad()
+def latent_jacobian(residual, windows: torch.Tensor, vel: torch.Tensor, r0: torch.Tensor, cols: torch.Tensor,
+                    total: int) -> torch.Tensor:
+    """[n, M, L] forward-difference Jacobian of each window's residual w.r.t. its own latent
+    velocity components ``cols`` (component j of every window perturbed in one batched run).
+    ``residual(windows, vel)`` weighs by 1 / sqrt(number of windows): ``total`` is the count
+    behind ``r0``."""
+    N, R, L = vel.shape[0], vel.shape[1], len(cols)
+    pert = torch.zeros(L, R * 6, dtype=vel.dtype, device=vel.device)
+    pert[torch.arange(L), cols] = EPS
+    chunk = max(1, 4096 // L)                 # bounded rollout batch (memory)
+    blocks = []
+    for a in range(0, N, chunk):
+        v = (vel[a:a + chunk, None] + pert.reshape(L, R, 6)).flatten(0, 1)
+        w = windows[a:a + chunk].repeat_interleave(L, 0)
+        rb = residual(w, v).reshape(-1, L, r0.shape[-1]) * math.sqrt(len(w) / total)
+        blocks.append(((rb - r0[a:a + chunk, None]) / EPS).transpose(1, 2))
+    return torch.cat(blocks)
+
+
+@torch.no_grad()
 def fit_start_velocities(objective, data, windows: torch.Tensor, p: dict, iterations: int = 6) -> torch.Tensor:
     """[N, R, 6] initial velocities of ``windows`` (chains of tuples) that make the model
     ``p`` best reproduce their poses: Gauss-Newton per window, the parameters fixed, from
@@ -59,15 +84,11 @@ def fit_start_velocities(objective, data, windows: torch.Tensor, p: dict, iterat
     N, R = vel.shape[0], vel.shape[1]
     cols = torch.as_tensor([r * 6 + j for r in range(R) for j in range(6)
                             if float(objective.free[r]) > 0], device=vel.device)
-    L = len(cols)
-    pert = torch.zeros(L, R * 6, dtype=vel.dtype, device=vel.device)
-    pert[torch.arange(L), cols] = EPS
-    r0 = objective.window_residual(data, windows, vel, p)
+    residual = lambda w, v: objective.window_residual(data, w, v, p)        # noqa: E731
+    r0 = residual(windows, vel)
     f0 = (r0 ** 2).sum(-1)
     for _ in range(iterations):
-        v = (vel[:, None] + pert.reshape(L, R, 6)).flatten(0, 1)
-        rb = objective.window_residual(data, windows.repeat_interleave(L, 0), v, p).reshape(N, L, -1)
-        B = ((rb * math.sqrt(L) - r0[:, None]) / EPS).transpose(1, 2)          # [N, M, L]
+        B = latent_jacobian(residual, windows, vel, r0, cols, N)
         BtB = B.transpose(1, 2) @ B
         d = BtB.diagonal(dim1=1, dim2=2)
         d = torch.maximum(d, 1e-6 * d.amax(-1, keepdim=True))
@@ -82,10 +103,6 @@ def fit_start_velocities(objective, data, windows: torch.Tensor, p: dict, iterat
         r0 = torch.where(better[:, None], r1, r0)
         f0 = torch.where(better, f1, f0)
     return vel
-
-
-SCORE_CLUSTERS = 10     # groups of consecutive windows behind the cluster-robust sigma
-EPS = 1e-6     # forward-difference step (raw parameter units; m/s and rad/s for latents)
 
 
 class WindowLevenbergMarquardt:
@@ -169,24 +186,6 @@ class WindowLevenbergMarquardt:
         return torch.stack(cols, -1)
 
     @torch.no_grad()
-    def _latent_jacobian(self, run, theta, windows, vel, r0) -> torch.Tensor:
-        """[n, M, L] forward-difference Jacobian of each window's residual w.r.t. its own
-        latents (latent j of every window perturbed in one batched run)."""
-        N, R = vel.shape[0], vel.shape[1]
-        L = len(self.latent_cols)
-        pert = torch.zeros(L, R * 6, dtype=vel.dtype, device=vel.device)
-        pert[torch.arange(L), self.latent_cols] = EPS
-        chunk = max(1, 4096 // L)                 # bounded rollout batch (memory)
-        blocks = []
-        for a in range(0, N, chunk):
-            v = (vel[a:a + chunk, None] + pert.reshape(L, R, 6)).flatten(0, 1)
-            w = windows[a:a + chunk].repeat_interleave(L, 0)
-            rb = self._residual(run, theta, w, v).reshape(-1, L, r0.shape[-1])
-            # the residual weight scales with 1 / (number of windows): undo the chunk's count
-            rb = rb * math.sqrt(len(w) / self.windows.shape[0])
-            blocks.append(((rb - r0[a:a + chunk, None]) / EPS).transpose(1, 2))
-        return torch.cat(blocks)
-
     def _latent_blocks(self, run, theta, r0) -> torch.Tensor:
         """B [N, M, L] of all windows: the blocks computed within the last
         ``latent_jacobian_reuse`` iterations are reused (the latent Jacobian changes slowly,
@@ -201,7 +200,9 @@ class WindowLevenbergMarquardt:
         due = int(stale.sum())
         quota = max(due, -(-N // reuse)) if reuse > 1 else N
         pick = torch.argsort(self.jac_age, descending=True, stable=True)[:quota].to(r0.device)
-        self.latent_jac[pick] = self._latent_jacobian(run, theta, self.windows[pick], self.window_vel[pick], r0[pick])
+        residual = lambda w, v: self._residual(run, theta, w, v)            # noqa: E731
+        self.latent_jac[pick] = latent_jacobian(residual, self.windows[pick], self.window_vel[pick], r0[pick],
+                                                self.latent_cols, N)
         self.jac_age[pick.cpu()] = 0
         self.jac_age += 1
         return self.latent_jac
