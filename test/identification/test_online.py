@@ -180,7 +180,9 @@ def test_held_out_tuples_never_train_and_gate_every_publication(three_bar):
     assert made[0].calls[-1] == ("heldout", held)
     s.best_values = {**PhysicalParameters(three_bar).as_dict(), "cable_stiffness": [2500.0]}
     assert s.gate({"cable_stiffness": [1500.0]}).reason == "worse"      # 1500 vs 500 away
+    calls = len(made[0].calls)
     assert s.gate({"cable_stiffness": [float("nan")]}).reason == "unstable"
+    assert len(made[0].calls) == calls + 1            # the incumbent's score is reused
     s.add(_batch(three_bar, 31, 29))                          # the count goes on: 50-59 held out
     assert s.heldout_len == 20 and s.window_len == 40
     data = s.checkpoint()
