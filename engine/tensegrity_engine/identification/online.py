@@ -131,8 +131,8 @@ class OnlineIdentification:
         incumbent = self.best_values if self.best_values is not None else PhysicalParameters(self.robot).as_dict()
         cand, cand_com = self.trainer.heldout_loss(data, values, chain=self.holdout_block)
         # the incumbent's score changes only with the held-out data or the incumbent
-        key = (self.seen, self.heldout_len, repr(sorted((k, list(map(float, np.ravel(v))))
-                                                         for k, v in incumbent.items())))
+        key = (self.heldout_len, int(self.heldout[-1].t0[-1]),
+               repr(sorted((k, list(map(float, np.ravel(v)))) for k, v in incumbent.items())))
         if self._incumbent_score is None or self._incumbent_score[0] != key:
             self._incumbent_score = (key, self.trainer.heldout_loss(data, incumbent, chain=self.holdout_block))
         inc, inc_com = self._incumbent_score[1]

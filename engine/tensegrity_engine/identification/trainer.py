@@ -31,8 +31,8 @@ trained with Adam); it does not converge from random starts.
 from __future__ import annotations
 
 import copy
-import math
 import dataclasses
+import math
 import time
 from typing import Callable, Optional
 
