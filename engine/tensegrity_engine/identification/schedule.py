@@ -80,12 +80,6 @@ class ProgressiveSchedule:
         return self.stage_log[-1].get("why", "") if self.done and self.stage_log else ""
 
     @property
-    def finished_on(self) -> int:
-        """Epoch of the last `finish` (-1: never finished)."""
-        ends = [e["epoch"] for e in self.stage_log if e.get("to") == "done"]
-        return ends[-1] if ends else -1
-
-    @property
     def converged(self) -> bool:
         """Ended by a convergence test, not by a budget (epochs, time, iterations)."""
         return self.stop_reason in CONVERGED_STOPS

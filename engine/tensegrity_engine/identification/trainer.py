@@ -295,7 +295,8 @@ class ProgressiveTrainer:
             raise RuntimeError(f"only the 'online' schedule resumes after its end, not {self.config.schedule!r}")
         self.schedule.reopen(self.epoch, why)
         self.window_lm.lm_lambda = self.tuple_lm.lm_lambda = 1e-3      # new data: a fresh trust region
-        if self.window_lm.stale: self.window_lm.setup(self)  # noqa: E701
+        if self.window_lm.stale:
+            self.window_lm.setup(self)
 
     def log_stage(self, entry: dict) -> None:
         if entry["from"] == "done":
