@@ -14,7 +14,9 @@ session. The session computes in *sim time*: every second it spends (one core) i
 second of robot time, during which new data arrives. A candidate is published, as the node
 does, only if it passes the hold-out gate; its 1-sigma is computed then (and costs time).
 
-Printed per robot and seed: the published values at the end vs the truth (relative error),
+Printed per robot and seed: the published values at the end vs the truth (relative error,
+beside the nominal config's), the CoM error 1 s ahead on the held-out blocks of the nominal
+and the published model,
 their 1-sigma, whether the truth is within 2 sigma, the sim time after which all learnt
 values stay within 5 % (10 % with noise), the session's state. Then the medians over seeds
 and the 2-sigma coverage. Targets (printed, never asserted): K, c, m, tau within 5 %
@@ -40,7 +42,7 @@ from tensegrity_engine.groundtruth.sensors import SensorModel
 from tensegrity_engine.groundtruth.zoo import ZOO_PREFIX, ground_truth, zoo_names
 from tensegrity_engine.identification.config import IdentificationConfig
 from tensegrity_engine.identification.online import OnlineIdentification
-from tensegrity_engine.identification.streaming import StreamAligner, StreamConfig
+from tensegrity_engine.identification.streaming import StreamAligner, StreamConfig, TupleBatch
 from tensegrity_engine.physics.config import load_robot
 from tensegrity_engine.physics.params import PhysicalParameters
 
@@ -132,7 +134,13 @@ def run_session(z, args, seed: int, learn) -> dict:
                 trace.append((clock, values, sigma))
         spent = time.perf_counter() - t0
         clock += spent / args.compute_per_sim_second if session.training else max(spent, CONTROL_DT)
-    final = published if published is not None else PhysicalParameters(robot).as_dict()
+    nominal = PhysicalParameters(robot).as_dict()
+    final = published if published is not None else nominal
+    com = {"nominal": math.nan, "identified": math.nan}   # held-out CoM error 1 s ahead (the gate's measure)
+    if session.heldout and session.trainer is not None:
+        held = session._tuple_set(TupleBatch.cat(list(session.heldout)))
+        for name, values in (("nominal", nominal), ("identified", final)):
+            com[name] = session.trainer.heldout_loss(held, values, chain=session.holdout_block)[1]
     reported = [n for n in TARGETS if n in learn]
     err = relative_errors(final, truth, reported)
     within = None                     # sim time from which every published value stays within tol
@@ -143,6 +151,7 @@ def run_session(z, args, seed: int, learn) -> dict:
     covered = {n: (sigma is not None and math.isfinite(sigma.get(n, math.inf))
                    and abs(np.mean(final[n]) - np.mean(truth[n])) <= 2 * sigma[n]) for n in reported}
     return {"robot": z.name, "seed": seed, "error": err, "candidate_error": cand, "sigma": sigma,
+            "nominal_error": relative_errors(nominal, truth, reported), "heldout_com_1s": com,
             "relative_sigma": None if sigma is None else {n: sigma[n] / abs(np.mean(final[n])) for n in reported},
             "all_errors": relative_errors(final, truth, learn), "undetermined": undetermined,
             "covered": covered, "within_tol_from": within, "tol": tol, "publications": len(trace),
@@ -203,18 +212,24 @@ def main(argv=None) -> int:
                 f"{100 * s:.1f}%" for s in r["relative_sigma"].values()))
             _line(f"  {z.name:14s} seed {seed}: {errs};{sig}; within {100 * r['tol']:g}% from "
                   f"{r['within_tol_from'] if r['within_tol_from'] is None else round(r['within_tol_from'], 1)} s; "
+                  f"held-out CoM 1 s nominal {1e3 * r['heldout_com_1s']['nominal']:.1f} / identified "
+                  f"{1e3 * r['heldout_com_1s']['identified']:.1f} mm; "
                   f"{r['publications']} publications, {r['epochs']} epochs, {r['status']} "
                   f"({time.perf_counter() - t0:.0f} s wall)")
     _line("")
     reported = [n for n in TARGETS if n in learn]
-    _line(f"| robot | {' | '.join(n for n in reported)} | 2-sigma coverage | within tol by {args.duration:g} s |")
-    _line("|---|" + "---|" * (len(reported) + 2))
+    _line(f"| robot | {' | '.join(f'{n} identified / nominal' for n in reported)} | held-out CoM error 1 s "
+          f"ahead, nominal / identified (mm) | 2-sigma coverage | within tol by {args.duration:g} s |")
+    _line("|---|" + "---|" * (len(reported) + 3))
     for name in dict.fromkeys(r["robot"] for r in results):
         rs = [r for r in results if r["robot"] == name]
-        med = [100 * float(np.median([abs(r["error"][n]) for r in rs])) for n in reported]
+        med = lambda key, n: 100 * float(np.median([abs(r[key][n]) for r in rs]))     # noqa: E731
+        cells = [f"{med('error', n):.1f} / {med('nominal_error', n):.0f} %" for n in reported]
+        com = {k: 1e3 * float(np.nanmedian([r["heldout_com_1s"][k] for r in rs])) for k in ("nominal", "identified")}
         cov = np.mean([r["covered"][n] for r in rs for n in reported])
         ok = sum(r["within_tol_from"] is not None for r in rs)
-        _line(f"| {name} | {' | '.join(f'{m:.1f} %' for m in med)} | {100 * cov:.0f} % | {ok}/{len(rs)} |")
+        _line(f"| {name} | {' | '.join(cells)} | {com['nominal']:.1f} / {com['identified']:.1f} | "
+              f"{100 * cov:.0f} % | {ok}/{len(rs)} |")
     cov_all = np.mean([r["covered"][n] for r in results for n in reported])
     _line(f"2-sigma coverage over all: {100 * cov_all:.0f} % (target >= 90 %)")
     (out / "results.json").write_text(json.dumps(results, indent=1, default=float))
