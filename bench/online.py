@@ -52,7 +52,7 @@ from zoo import machine  # noqa: E402  (bench/zoo.py prints the machine the same
 TARGETS = ("cable_stiffness", "cable_damping", "rod_mass", "actuator_time_constant")
 # what the engine can represent of the zoo's robots, but contact (see the note in main)
 LEARN = ("cable_stiffness", "cable_damping", "cable_slack_damping", "rod_inertia_factor",
-         "actuator_time_constant", "actuator_max_speed")
+         "actuator_time_constant", "actuator_max_speed", "actuator_delay")
 NS = 1_000_000_000
 CONTROL_DT = 0.1
 
@@ -98,7 +98,7 @@ def run_session(z, args, seed: int, learn) -> dict:
                                    floor=True, holdout_every=args.holdout_every,
                                    log=(lambda m: _line(f"    [{z.name} {seed}] {m}")) if args.verbose else (lambda m: None))
     aligner = StreamAligner(StreamConfig.for_robot(robot, interval=CONTROL_DT))
-    truth = z.true_values()
+    truth = z.true_values(sensed=noisy)
     tol = 0.10 if noisy and not z.sensing.ideal else 0.05
     clock, i_event = 0.0, 0
     trace = []                        # (sim time, published values, sigma) per publication
@@ -153,7 +153,8 @@ def run_session(z, args, seed: int, learn) -> dict:
     return {"robot": z.name, "seed": seed, "error": err, "candidate_error": cand, "sigma": sigma,
             "nominal_error": relative_errors(nominal, truth, reported), "heldout_com_1s": com,
             "relative_sigma": None if sigma is None else {n: sigma[n] / abs(np.mean(final[n])) for n in reported},
-            "all_errors": relative_errors(final, truth, learn), "undetermined": undetermined,
+            "all_errors": relative_errors(final, truth, [n for n in learn if n != "actuator_delay"]), "undetermined": undetermined,
+            "delay_ms": (1e3 * float(np.mean(final["actuator_delay"])), 1e3 * float(np.mean(truth["actuator_delay"]))),
             "covered": covered, "within_tol_from": within, "tol": tol, "publications": len(trace),
             "epochs": session.epochs, "status": session.status, "tuples": session.window_len}
 
@@ -210,6 +211,8 @@ def main(argv=None) -> int:
                     f"{100 * e:+.1f}%" for e in r["candidate_error"].values()) + ")"
             sig = ("" if r["relative_sigma"] is None else " sigma " + " ".join(
                 f"{100 * s:.1f}%" for s in r["relative_sigma"].values()))
+            if "actuator_delay" in learn:
+                errs += " delay {:.1f} ms (true {:.1f})".format(*r["delay_ms"])
             _line(f"  {z.name:14s} seed {seed}: {errs};{sig}; within {100 * r['tol']:g}% from "
                   f"{r['within_tol_from'] if r['within_tol_from'] is None else round(r['within_tol_from'], 1)} s; "
                   f"held-out CoM 1 s nominal {1e3 * r['heldout_com_1s']['nominal']:.1f} / identified "

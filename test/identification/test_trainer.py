@@ -358,3 +358,35 @@ def test_heldout_com_error_is_zero_for_the_true_model_and_grows_with_a_wrong_one
     loss_pw, com_pw = tr.heldout_loss(po, wrong, chain=6)
     assert loss_p < 1e-10 and com_p < 1e-5, (loss_p, com_p)
     assert loss_pw > 1e3 * loss_p and com_pw > 1e-3
+
+
+def test_a_command_delay_is_a_parameter_of_the_fit_not_a_bias_in_tau(superball, data):
+    """Commands that act 30 ms after their stamps (a mocap's latency, a motor's dead time):
+    the loss at the true values is exact only with ``actuator_delay``, and Levenberg-Marquardt
+    from no delay and a 2x wrong tau finds both."""
+    import dataclasses
+
+    lag = 0.03                                            # 30 engine steps: the shift is exact
+    late = {k: [dataclasses.replace(t, command_time=t.command_time - lag) for t in v]
+            for k, v in data.items() if k in ("train", "val")}
+    tr = _trainer(superball, late, init="given", learn=("actuator_time_constant", "actuator_delay"),
+                  schedule="fine_only", lm_max_iters=10, val_tuples=16)
+    idx = torch.arange(len(tr.train))
+
+    def loss(delay, tau):
+        tr.params.set_value("actuator_delay", delay)
+        tr.params.set_value("actuator_time_constant", tau)
+        p = tr.engine.param_values(torch.float64, "cpu")
+        return tr.batch_loss(tr.train, idx, p, integrator="semi_implicit", n_steps=20).item()
+
+    tau = superball.actuator.time_constant
+    assert loss(lag, tau) < 1e-20
+    assert loss(0.0, tau) > 1e-6
+    # a fractional delay is interpolated: the loss is continuous across a step boundary
+    assert abs(loss(lag + 0.5e-3, tau) - 0.5 * (loss(lag, tau) + loss(lag + 1e-3, tau))) \
+        < 0.5 * loss(lag + 1e-3, tau)
+    loss(0.0, 2.0 * tau)
+    tr.run()
+    got = tr.parameters.as_dict()
+    assert got["actuator_delay"][0] == pytest.approx(lag, abs=1e-3), got
+    assert got["actuator_time_constant"][0] == pytest.approx(tau, rel=0.02), got

@@ -449,3 +449,20 @@ def test_mujoco_ground_checker_matches_differentiable_depth_and_drives_the_step(
         assert torch.isfinite(b).all()
         torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-9)
     assert checker.calls == 6 * 3                           # direct call + one query per step
+
+
+def test_delayed_commands_shift_by_whole_steps_and_interpolate_between():
+    from tensegrity_engine.physics.actuators import delayed_commands
+
+    u = torch.as_tensor(np.random.default_rng(3).normal(size=(2, 12, 3)))
+    dt = 0.001
+    np.testing.assert_array_equal(delayed_commands(u, torch.tensor(0.0, dtype=torch.float64), dt).numpy(), u.numpy())
+    late = delayed_commands(u, torch.tensor(3 * dt, dtype=torch.float64), dt)
+    np.testing.assert_allclose(late[:, 3:].numpy(), u[:, :-3].numpy(), atol=1e-15)
+    np.testing.assert_allclose(late[:, :3].numpy(), u[:, :1].expand(2, 3, 3).numpy())   # first held before
+    early = delayed_commands(u, torch.tensor(-2 * dt, dtype=torch.float64), dt)
+    np.testing.assert_allclose(early[:, :-2].numpy(), u[:, 2:].numpy(), atol=1e-15)
+    half = delayed_commands(u, torch.tensor(1.5 * dt, dtype=torch.float64), dt)
+    np.testing.assert_allclose(half[:, 2:].numpy(), 0.5 * (u[:, 1:-1] + u[:, :-2]).numpy(), atol=1e-15)
+    d = torch.tensor(2.3 * dt, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x: delayed_commands(u, x, dt), (d,))

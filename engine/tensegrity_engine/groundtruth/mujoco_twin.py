@@ -227,6 +227,9 @@ class MujocoTwin:
 
     def __init__(self, robot: RobotConfig, *, fixed_rods: Sequence[int] = (), floor: bool = True,
                  nthread: int = 2, realisation: Optional[Realisation] = None):
+        if robot.actuator.delay:        # a robot played here must not silently lose its dead time
+            raise ValueError(f"actuator.delay = {robot.actuator.delay} s: the MuJoCo twin plays no command "
+                             "dead time; give the played robot's latency to its sensor model")
         self.robot = robot
         self.fixed_rods = tuple(sorted({int(i) for i in fixed_rods}))
         self.floor = floor

@@ -61,8 +61,10 @@ class ZooRobot:
             return a.max_speed / self.truth.actuator.gain
         return self.truth.actuator.max_speed
 
-    def true_values(self) -> dict[str, np.ndarray]:
-        """True value of every parameter that has one in this realisation (per cable / rod)."""
+    def true_values(self, *, sensed: bool = False) -> dict[str, np.ndarray]:
+        """True value of every parameter that has one in this realisation (per cable / rod).
+        ``sensed``: the data comes through the robot's sensor model, whose latency is then
+        part of the delay the pose stamps see (``actuator_delay``)."""
         t = self.truth
         # all the damping on slack cables too: 1, held just inside the parameter's bound
         slack = np.full(t.num_cables, 1.0 - 1e-6) if self.realisation.slack_damping else t.cable_slack_damping.copy()
@@ -71,6 +73,7 @@ class ZooRobot:
                 "rod_mass": t.rod_mass.copy(), "rod_inertia_factor": self.inertia_factor(),
                 "actuator_time_constant": np.array([t.actuator.time_constant]),
                 "actuator_max_speed": np.array([self.max_speed()]),
+                "actuator_delay": np.array([t.actuator.delay + (self.sensing.latency if sensed else 0.0)]),
                 "actuator_gain": np.array([t.actuator.gain]),
                 "actuator_offset": np.array([t.actuator.offset]),
                 "friction_sliding": np.array([t.contact.friction.sliding])}

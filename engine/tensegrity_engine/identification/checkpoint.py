@@ -20,7 +20,8 @@ import torch
 from tensegrity_engine.physics.config import RobotConfig, topology_fingerprint
 
 FORMAT = "tensegrity-checkpoint"
-VERSION = 3     # 2: rod_inertia_factor among the parameters; narrowed bounds saved; 3: cable_slack_damping
+VERSION = 4     # 2: rod_inertia_factor among the parameters; narrowed bounds saved; 3: cable_slack_damping;
+#               4: actuator_delay
 
 
 class CheckpointError(ValueError):

@@ -19,6 +19,10 @@ initial actuator state and all commands before the tuple with the *current* time
 (exact first-order filter, differentiable), so it never has to be measured and tau is
 identifiable from the rest-length dynamics.
 
+Timing: the commands act ``actuator_delay`` s after their stamps as the pose stamps see it
+(motor dead time plus mocap latency; `physics.actuators.delayed_commands`), so a latency
+is a parameter of the fit rather than a bias in tau.
+
 The loss is divided by the data's zero-motion loss (``normalize_loss``: the same loss with
 x_hat = x_t, computed once on the first training data), so it reads as the fraction of the
 motion left unexplained and lr / tolerances mean the same for any robot.
@@ -33,7 +37,7 @@ import torch
 
 from tensegrity_engine.identification.config import IdentificationConfig
 from tensegrity_engine.identification.data import TrainingData
-from tensegrity_engine.physics.actuators import actuator_update, speed_limit_binds
+from tensegrity_engine.physics.actuators import actuator_update, delayed_commands, speed_limit_binds
 from tensegrity_engine.physics.config import RobotConfig
 from tensegrity_engine.physics.engine import TensegrityEngine
 from tensegrity_engine.physics.state import ANG_VEL, LIN_VEL, POS, QUAT, quat_axis
@@ -77,6 +81,7 @@ class RecurrentObjective:
         self.cmd_low, self.cmd_high = f(robot.command_low), f(robot.command_high)
         self.loss_scale: Optional[float] = None
         self.native = self._native_rollout(config, engine, device)
+        self._timed = None        # (data, delay, commands, grid) of the last gradient-free call
 
     @staticmethod
     def _native_rollout(config: IdentificationConfig, engine: TensegrityEngine, device):
@@ -120,32 +125,52 @@ class RecurrentObjective:
         scale = float((per * weight).sum(-1).mean())
         return scale if math.isfinite(scale) and scale > 1e-30 else 1.0
 
+    def timed_commands(self, data: TrainingData, p: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """(commands [N, S, A], command grid [traj, chunks, S, A]) as they act on the robot:
+        the data's, ``actuator_delay`` late. Gradient-free calls reuse the last result for the
+        same data and delay (a Levenberg-Marquardt iteration asks once per column)."""
+        delay = p["actuator_delay"].reshape(())
+        if not delay.requires_grad and float(delay) == 0.0:
+            return data.commands, data.cmd_grid
+        key = None if (delay.requires_grad or torch.is_grad_enabled()) else float(delay)
+        if key is not None and self._timed is not None and self._timed[0] is data and self._timed[1] == key:
+            return self._timed[2], self._timed[3]
+        traj, chunks, S, A = data.cmd_grid.shape
+        grid = delayed_commands(data.cmd_grid.reshape(traj, chunks * S, A), delay,
+                                self.robot.dt).reshape(traj, chunks, S, A)
+        commands = grid[data.traj, data.chunk]
+        if key is not None:
+            self._timed = (data, key, commands, grid)
+        return commands, grid
+
     def act_starts(self, data: TrainingData, p: dict) -> torch.Tensor:
         """[N, A] filtered command at every tuple start (exact filter, differentiable in tau
         and the speed limit). A filter whose speed limit cannot bind is linear: every tuple
         start at once by superposition; else the closed form runs over the stretches of
         constant command in order."""
         tau, speed = p["actuator_time_constant"], p["actuator_max_speed"]
+        cmd_grid = self.timed_commands(data, p)[1]
         if speed_limit_binds(tau, speed, self.cmd_high - self.cmd_low):
-            return self._limited_act_starts(data, tau, speed)
-        S = data.cmd_grid.shape[2]
+            return self._limited_act_starts(data, cmd_grid, tau, speed)
+        S = cmd_grid.shape[2]
         d = torch.exp(-self.robot.dt / tau)
         j = torch.arange(S, dtype=self.dtype, device=self.device)
         weights = (1.0 - d) * d ** (S - 1 - j)
-        grid = torch.maximum(torch.minimum(data.cmd_grid, self.cmd_high), self.cmd_low)
+        grid = torch.maximum(torch.minimum(cmd_grid, self.cmd_high), self.cmd_low)
         contrib = torch.einsum("s,tksa->tka", weights, grid)
         dS = d ** S
         a = data.traj_act0
         acts = [a]
-        for k in range(data.cmd_grid.shape[1] - 1):
+        for k in range(cmd_grid.shape[1] - 1):
             a = dS * a + contrib[:, k]
             acts.append(a)
         acts = torch.stack(acts, 1)
         return acts[data.traj, data.chunk]
 
-    def _limited_act_starts(self, data: TrainingData, tau: torch.Tensor, speed: torch.Tensor) -> torch.Tensor:
-        traj, chunks, S, A = data.cmd_grid.shape
-        grid = torch.maximum(torch.minimum(data.cmd_grid, self.cmd_high), self.cmd_low).reshape(traj, chunks * S, A)
+    def _limited_act_starts(self, data: TrainingData, cmd_grid: torch.Tensor, tau: torch.Tensor,
+                            speed: torch.Tensor) -> torch.Tensor:
+        traj, chunks, S, A = cmd_grid.shape
+        grid = torch.maximum(torch.minimum(cmd_grid, self.cmd_high), self.cmd_low).reshape(traj, chunks * S, A)
         changed = torch.zeros(chunks * S, dtype=torch.bool, device=grid.device)
         changed[1:] = (grid[:, 1:] != grid[:, :-1]).any(-1).any(0)
         changed[::S] = True                                            # every tuple start is a stop
@@ -190,7 +215,8 @@ class RecurrentObjective:
                     p: dict, n_steps: int, integrator: str) -> torch.Tensor:
         """Engine state after T from x0 under the tuples' commands (and known wrenches),
         averaged onto n_steps engine steps: the prediction both losses compare with X_t+T."""
-        cmd, wr = data.commands[idx], None if data.wrenches is None else data.wrenches[idx]
+        cmd = self.timed_commands(data, p)[0][idx]
+        wr = None if data.wrenches is None else data.wrenches[idx]
         if n_steps != cmd.shape[1]:
             M = averaging_matrix(cmd.shape[1], n_steps, self.dtype, self.device)
             cmd = torch.einsum("cs,bsa->bca", M, cmd)
@@ -220,7 +246,7 @@ class RecurrentObjective:
         first = windows[:, 0]
         x0 = torch.cat([data.x0[first][..., :7], vel], -1)
         act = self.act_starts(data, p)[first]
-        cmd = data.commands[windows].flatten(1, 2)
+        cmd = self.timed_commands(data, p)[0][windows].flatten(1, 2)
         wr = None if data.wrenches is None else data.wrenches[windows].flatten(1, 2)
         pred, _ = self.rollout(x0, act, cmd, self.robot.dt, self.config.fine_integrator, wr, S, p)
         pos, _ = node_state(pred, self.half)                          # [N, W, R, 2, 3]
@@ -237,7 +263,7 @@ class RecurrentObjective:
         first tuple's state as estimated (or its pose and ``vel`` [N, R, 6])."""
         first = chains[:, 0]
         act = self.act_starts(data, p)[first]
-        cmd = data.commands[chains].flatten(1, 2)
+        cmd = self.timed_commands(data, p)[0][chains].flatten(1, 2)
         wr = None if data.wrenches is None else data.wrenches[chains].flatten(1, 2)
         x0 = data.x0[first] if vel is None else torch.cat([data.x0[first][..., :7], vel], -1)
         pred, _ = self.rollout(x0, act, cmd, self.robot.dt, self.config.fine_integrator, wr, cmd.shape[1], p)

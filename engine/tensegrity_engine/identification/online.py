@@ -22,6 +22,7 @@ import torch
 
 from tensegrity_engine.identification.config import IdentificationConfig
 from tensegrity_engine.identification.streaming import TupleBatch, to_tuple_set
+from tensegrity_engine.physics.actuators import delayed_commands
 from tensegrity_engine.physics.config import RobotConfig
 from tensegrity_engine.physics.params import PhysicalParameters, checked_parameters
 
@@ -260,9 +261,11 @@ class OnlineIdentification:
         last = self.window[-1].slice(slice(-1, None))
         device = self.trainer.device
         p = engine.param_values(torch.float64, device)
-        pred, _ = engine.rollout(last.x0.to(device), last.commands[:, 0].to(device),
-                                 last.commands.to(device), self.robot.dt,
-                                 record_every=last.commands.shape[1], params=p)
+        S = last.commands.shape[1]
+        timed = delayed_commands(torch.cat([last.prev_commands, last.commands], 1).to(device),
+                                 p["actuator_delay"], self.robot.dt)[:, S:]
+        pred, _ = engine.rollout(last.x0.to(device), timed[:, 0], timed, self.robot.dt,
+                                 record_every=S, params=p)
         rs = pred[0, -1].cpu().double().numpy()
         return (rs, int(last.t0[0])) if np.isfinite(rs).all() else None
 

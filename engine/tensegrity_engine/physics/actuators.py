@@ -44,6 +44,24 @@ def held_command_update(act, command, tau: float, duration: float, max_speed=Non
                            None if max_speed is None else f(max_speed))[0].numpy()
 
 
+def delayed_commands(commands: torch.Tensor, delay: torch.Tensor, dt: float) -> torch.Tensor:
+    """A zero-order-held command sequence [..., H, A] (one sample per engine step ``dt``) as
+    it acts ``delay`` s later: sample j is the command of time j dt - delay, linear between
+    samples (so the result is differentiable in the delay), the first sample held before
+    the sequence and the last after it. A delay of zero returns ``commands`` itself."""
+    delay = torch.as_tensor(delay).reshape(())
+    if not delay.requires_grad and float(delay) == 0.0:
+        return commands
+    H = commands.shape[-2]
+    shift = delay.to(commands.dtype) / dt
+    whole = torch.floor(shift.detach())
+    frac = shift - whole                                   # in [0, 1); carries the gradient
+    src = torch.arange(H, device=commands.device) - int(whole)
+    at = commands.index_select(-2, src.clamp(0, H - 1))
+    before = commands.index_select(-2, (src - 1).clamp(0, H - 1))
+    return at + frac * (before - at)
+
+
 def speed_limit_binds(tau: torch.Tensor, max_speed: torch.Tensor, command_span: torch.Tensor) -> bool:
     """Whether the speed limit can ever act: the filter runs at (gap / tau) <= span / tau."""
     return bool(((tau * max_speed).reshape(-1) < command_span.max()).any())

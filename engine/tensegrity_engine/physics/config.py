@@ -47,6 +47,9 @@ class ActuatorConfig:
     # Top speed of the filtered command (m/s in command units; the winch's cable speed over
     # the gain). The default never binds within any command range (tau * speed >= 2 m).
     max_speed: float = DEFAULT_MAX_SPEED
+    # s a command takes to act, as the pose stamps see it: motor dead time plus the mocap's
+    # latency (negative: a pose clock ahead of the command clock).
+    delay: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -280,6 +283,7 @@ def robot_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> RobotCon
             gain=_number(act.get("gain", 1.0), "actuator.gain", positive=True),
             offset=_number(act.get("offset", 0.0), "actuator.offset"),
             max_speed=_number(act.get("max_speed", DEFAULT_MAX_SPEED), "actuator.max_speed", positive=True),
+            delay=_number(act.get("delay", 0.0), "actuator.delay"),
         )
         con = _require(data, "contact", "config")
         fr = _require(con, "friction", "contact")
@@ -353,7 +357,8 @@ def robot_to_dict(robot: RobotConfig) -> dict:
         "name": robot.name, "gravity": robot.gravity.tolist(), "engine": {"dt": float(robot.dt)},
         "rods": rods, "cables": cables,
         "actuator": {"time_constant": a.time_constant, "gain": a.gain, "offset": a.offset}
-        | ({} if a.max_speed == DEFAULT_MAX_SPEED else {"max_speed": a.max_speed}),
+        | ({} if a.max_speed == DEFAULT_MAX_SPEED else {"max_speed": a.max_speed})
+        | ({"delay": a.delay} if a.delay else {}),
         "contact": {"ground_height": con.ground_height, "rod_rod": con.rod_rod,
                     "stiffness": con.stiffness, "damping": con.damping,
                     "friction": {"sliding": con.friction.sliding,

@@ -50,6 +50,9 @@ PARAM_SPECS: tuple[ParamSpec, ...] = (
     # winch speed limit; the default 1e3 never binds (tau * speed >= 2 m)
     ParamSpec("actuator_max_speed", 1e-3, 1e4, True, "global", "m/s",
               "top speed of the filtered command (winch cable speed / gain)"),
+    # linear: zero (none) is inside; negative: a pose clock ahead of the command clock
+    ParamSpec("actuator_delay", -0.05, 0.1, False, "global", "s",
+              "time a command takes to act as the pose stamps see it (dead time + mocap latency)"),
     ParamSpec("actuator_gain", 0.5, 1.5, True, "global", "-", "rest length per commanded metre"),
     ParamSpec("actuator_offset", -0.2, 0.2, False, "global", "m", "rest-length calibration offset"),
     ParamSpec("contact_stiffness", 1e3, 1e7, True, "global", "N/m", "contact normal stiffness"),
@@ -72,6 +75,7 @@ def nominal_values(robot: RobotConfig) -> dict[str, np.ndarray]:
         "rod_inertia_factor": robot.rod_inertia_factor,
         "actuator_time_constant": np.array([robot.actuator.time_constant]),
         "actuator_max_speed": np.array([robot.actuator.max_speed]),
+        "actuator_delay": np.array([robot.actuator.delay]),
         "actuator_gain": np.array([robot.actuator.gain]),
         "actuator_offset": np.array([robot.actuator.offset]),
         "contact_stiffness": np.array([robot.contact.stiffness]),
@@ -292,7 +296,8 @@ class PhysicalParameters(nn.Module):
             rod_mass=np.broadcast_to(v["rod_mass"], (r.num_rods,)).copy(),
             rod_inertia_factor=np.broadcast_to(v["rod_inertia_factor"], (r.num_rods,)).copy(),
             actuator=ActuatorConfig(float(v["actuator_time_constant"][0]), float(v["actuator_gain"][0]),
-                                    float(v["actuator_offset"][0]), float(v["actuator_max_speed"][0])),
+                                    float(v["actuator_offset"][0]), float(v["actuator_max_speed"][0]),
+                                    float(v["actuator_delay"][0])),
             contact=ContactConfig(
                 ground_height=r.contact.ground_height, rod_rod=r.contact.rod_rod,
                 stiffness=float(v["contact_stiffness"][0]), damping=float(v["contact_damping"][0]),
