@@ -26,6 +26,7 @@ noise-free / 10 % noisy within 60 s, median over >= 5 seeds; truth within 2 sigm
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -52,7 +53,7 @@ from zoo import machine  # noqa: E402  (bench/zoo.py prints the machine the same
 TARGETS = ("cable_stiffness", "cable_damping", "rod_mass", "actuator_time_constant")
 # what the engine can represent of the zoo's robots, but contact (see the note in main)
 LEARN = ("cable_stiffness", "cable_damping", "cable_slack_damping", "rod_inertia_factor",
-         "actuator_time_constant", "actuator_max_speed", "actuator_delay")
+         "actuator_time_constant", "actuator_max_speed")
 NS = 1_000_000_000
 CONTROL_DT = 0.1
 
@@ -91,6 +92,8 @@ def run_session(z, args, seed: int, learn) -> dict:
     if args.masses == "weighed":          # the user weighed the rods: the config has their masses
         robot = robot.replace(rod_mass=z.truth.rod_mass.copy())
     noisy = args.noise == "robot"
+    if noisy and args.latency == "declared":      # the mocap's data sheet: the config's start value
+        robot = robot.replace(actuator=dataclasses.replace(robot.actuator, delay=z.sensing.latency))
     events = record(z, seed, args.duration, noisy)
     cfg = IdentificationConfig(period=CONTROL_DT, learn=learn, init=args.init, seed=seed,
                                schedule=args.schedule, lm_windows=args.lm_windows)
@@ -153,7 +156,7 @@ def run_session(z, args, seed: int, learn) -> dict:
     return {"robot": z.name, "seed": seed, "error": err, "candidate_error": cand, "sigma": sigma,
             "nominal_error": relative_errors(nominal, truth, reported), "heldout_com_1s": com,
             "relative_sigma": None if sigma is None else {n: sigma[n] / abs(np.mean(final[n])) for n in reported},
-            "all_errors": relative_errors(final, truth, [n for n in learn if n != "actuator_delay"]), "undetermined": undetermined,
+            "all_errors": relative_errors(final, truth, [n for n in learn if n in truth and n != "actuator_delay"]), "undetermined": undetermined,
             "delay_ms": (1e3 * float(np.mean(final["actuator_delay"])), 1e3 * float(np.mean(truth["actuator_delay"]))),
             "covered": covered, "within_tol_from": within, "tol": tol, "publications": len(trace),
             "epochs": session.epochs, "status": session.status, "tuples": session.window_len}
@@ -173,6 +176,9 @@ def main(argv=None) -> int:
     ap.add_argument("--masses", choices=("weighed", "learnt"), default="weighed",
                     help="weighed: the config has the robot's rod masses (pose-only data without known "
                     "forces cannot fix the force scale, see scale.py); learnt: they are identified too")
+    ap.add_argument("--latency", choices=("declared", "learnt"), default="declared",
+                    help="declared: the config carries the mocap's latency as actuator.delay (a data "
+                    "sheet or a timing test gives it); learnt: actuator_delay is identified from 0")
     ap.add_argument("--min-tuples", type=int, default=30)
     ap.add_argument("--max-tuples", type=int, default=1500)
     ap.add_argument("--holdout-every", type=int, default=5)
@@ -189,9 +195,11 @@ def main(argv=None) -> int:
     specs = [s for part in args.truth.split(",") for s in
              ([ZOO_PREFIX + n for n in zoo_names()] if part == "zoo" else [part])]
     learn = tuple(args.learn.split(",")) if args.learn else LEARN + (("rod_mass",) if args.masses == "learnt" else ())
+    if args.latency == "learnt" and "actuator_delay" not in learn:
+        learn += ("actuator_delay",)
     _line(f"machine: {machine()}")
     _line(f"online identification of {', '.join(learn)} on {args.robot}: {args.duration:g} s of sim time, "
-          f"masses {args.masses}, noise {args.noise}, init {args.init}, schedule {args.schedule}, seeds {args.seeds}")
+          f"masses {args.masses}, noise {args.noise}, latency {args.latency}, init {args.init}, schedule {args.schedule}, seeds {args.seeds}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = []
@@ -211,7 +219,7 @@ def main(argv=None) -> int:
                     f"{100 * e:+.1f}%" for e in r["candidate_error"].values()) + ")"
             sig = ("" if r["relative_sigma"] is None else " sigma " + " ".join(
                 f"{100 * s:.1f}%" for s in r["relative_sigma"].values()))
-            if "actuator_delay" in learn:
+            if "actuator_delay" in learn or args.latency == "declared":
                 errs += " delay {:.1f} ms (true {:.1f})".format(*r["delay_ms"])
             _line(f"  {z.name:14s} seed {seed}: {errs};{sig}; within {100 * r['tol']:g}% from "
                   f"{r['within_tol_from'] if r['within_tol_from'] is None else round(r['within_tol_from'], 1)} s; "

@@ -54,10 +54,12 @@ class _ScriptedTrainer:
         return {"epoch": self.epoch, "loss": loss, "val_loss": loss, "diverged": math.isnan(loss)}
 
     def heldout_loss(self, data, values, chain=0):
-        """A stand-in yardstick: distance of the stiffness from 3000 (NaN stays NaN)."""
+        """A stand-in yardstick: distance of the stiffness from 3000 (NaN stays NaN); a
+        sliding friction above 2 stands for a model whose CoM drifts off (1 m)."""
         self.calls.append(("heldout", data.t0.tolist()))
         loss = abs(float(np.mean(values["cable_stiffness"])) - 3000.0)
-        return (loss, loss / 1e4) if chain else loss
+        drift = float(np.mean(values.get("friction_sliding", [0.0]))) > 2.0
+        return (loss, 1.0 if drift else loss / 1e4) if chain else loss
 
     def state_dict(self):
         return {"k": float(self.parameters.as_dict()["cable_stiffness"][0]), "epoch": self.epoch}
@@ -180,6 +182,9 @@ def test_held_out_tuples_never_train_and_gate_every_publication(three_bar):
     assert made[0].calls[-1] == ("heldout", held)
     s.best_values = {**PhysicalParameters(three_bar).as_dict(), "cable_stiffness": [2500.0]}
     assert s.gate({"cable_stiffness": [1500.0]}).reason == "worse"      # 1500 vs 500 away
+    # a lower loss is not enough: the CoM must not end up further off either
+    drifts = s.gate({"cable_stiffness": [2900.0], "friction_sliding": [2.5]})
+    assert not drifts.accepted and drifts.reason == "worse_com" and drifts.improvement > 1
     calls = len(made[0].calls)
     assert s.gate({"cable_stiffness": [float("nan")]}).reason == "unstable"
     assert len(made[0].calls) == calls + 1            # the incumbent's score is reused

@@ -39,7 +39,8 @@ def default_trainer_factory(robot, config, device, initial=None, log=None):
 @dataclasses.dataclass(frozen=True)
 class HeldOutVerdict:
     accepted: bool
-    reason: str              # "better", "worse", "unstable", "no_heldout_yet", "gate_off"
+    reason: str              # "better", "worse", "worse_com" (lower loss, larger CoM error), "unstable",
+    #                          "no_heldout_yet", "gate_off"
     candidate_loss: float    # recurrent loss on the held-out tuples (normalised, see objective)
     incumbent_loss: float
     tuples: int
@@ -121,7 +122,8 @@ class OnlineIdentification:
 
     def gate(self, values: dict) -> HeldOutVerdict:
         """May ``values`` replace the published model (``best_values``, else the config's)?
-        Only if their loss on the held-out tuples is finite and lower; not before there are
+        Only if their loss on the held-out tuples is finite and lower, and their CoM error at
+        the end of the held-out blocks no larger; not before there are
         held-out tuples (an early fit to a few seconds would become the incumbent every
         later model is judged against), unless the gate is off (``holdout_every`` < 2)."""
         if self.holdout_every < 2:
@@ -139,9 +141,12 @@ class OnlineIdentification:
         inc, inc_com = self._incumbent_score[1]
         if not math.isfinite(cand):
             return HeldOutVerdict(False, "unstable", math.inf, inc, self.heldout_len, math.inf, inc_com)
-        accepted = cand < inc or not math.isfinite(inc)
-        return HeldOutVerdict(accepted, "better" if accepted else "worse", cand, inc, self.heldout_len,
-                              cand_com, inc_com)
+        # both yardsticks: the pose loss over each block and where its centre of mass ends up,
+        # which a loss dominated by shape can trade away (a robot's path is what MPPI plans)
+        drifts = math.isfinite(cand_com) and math.isfinite(inc_com) and cand_com > inc_com
+        accepted = (cand < inc or not math.isfinite(inc)) and not drifts
+        reason = "better" if accepted else ("worse_com" if cand < inc else "worse")
+        return HeldOutVerdict(accepted, reason, cand, inc, self.heldout_len, cand_com, inc_com)
 
     def add(self, new: TupleBatch) -> None:
         """Append new tuples (less the held-out ones); the oldest leave the window beyond
