@@ -252,3 +252,20 @@ def test_random_commands_shapes(three_bar):
     assert cmd.shape == (1500, 6)
     assert np.all(cmd >= three_bar.command_low) and np.all(cmd <= three_bar.command_high)
     assert len(np.unique(cmd[:, 0])) >= 3
+
+
+def test_a_command_delay_survives_yaml_and_is_refused_by_the_twin(superball, tmp_path):
+    """``actuator.delay`` is a timing of the data (dead time + mocap latency): it travels
+    with a robot's YAML, but MuJoCo plays no dead time, so a twin refuses it rather than
+    silently playing a robot without it."""
+    import dataclasses
+
+    from tensegrity_engine.physics.config import robot_to_yaml
+
+    late = superball.replace(actuator=dataclasses.replace(superball.actuator, delay=0.02))
+    path = tmp_path / "late.yaml"
+    path.write_text(robot_to_yaml(late))
+    assert load_robot(path).actuator.delay == 0.02
+    assert load_robot("superball").actuator.delay == 0.0
+    with pytest.raises(ValueError, match="plays no command dead time"):
+        MujocoTwin(late, nthread=1)
