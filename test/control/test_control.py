@@ -146,6 +146,29 @@ def test_engine_and_mujoco_dynamics_agree_in_shape_and_start(three_bar):
         mpc.EngineDynamics(robot, control_dt=0.1, dt=0.03)
 
 
+@pytest.mark.parametrize("backend", ["native", "torch"])
+def test_a_model_with_a_dead_time_plans_with_the_command_in_force(three_bar, backend):
+    """actuator_delay = 20 ms: the robot runs the command in force for 20 ms, then the plan
+    20 ms late; the same as a model without delay given that sequence by hand."""
+    robot = three_bar
+    s0, a0 = mpc.task_start(robot)
+    A = robot.num_actuated
+    plans = torch.as_tensor(np.random.default_rng(1).uniform(robot.command_low, robot.command_high, (3, 2, A)))
+    in_force = torch.as_tensor(robot.command_low + 0.25 * (robot.command_high - robot.command_low))
+    kw = dict(control_dt=0.05, dtype=torch.float64, backend=backend, compile=False if backend == "torch" else None)
+    late = mpc.EngineDynamics(robot, PhysicalParameters(robot, values={"actuator_delay": 0.02}), **kw)
+    plain = mpc.EngineDynamics(robot, **kw)
+    fine = plans.repeat_interleave(50, 1)
+    by_hand = torch.cat([in_force.expand(3, 20, A), fine[:, :-20]], 1)
+    want = plain.engine.rollout(s0.expand(3, -1, -1) if torch.is_tensor(s0) else torch.as_tensor(s0).expand(3, -1, -1),
+                                torch.as_tensor(a0).expand(3, A), by_hand, robot.dt, record_every=50,
+                                params=plain._p)[0]
+    late.in_force = in_force
+    got = late(s0, a0, plans)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-9)
+    assert (got - plain(s0, a0, plans)).abs().max() > 1e-4          # the dead time matters
+
+
 def test_compiled_rollouts_match_eager(three_bar):
     """The torch backend's default path (torch.compile'd engine step) gives the eager
     rollouts; engines are shared between adapters (one compile per step shape), parameters

@@ -77,6 +77,8 @@ class MPPIController:
     def plan(self, rod_state, act) -> np.ndarray:
         t0 = time.perf_counter()
         prev = act if self._prev is None else self._prev
+        if hasattr(self.dynamics, "in_force"):        # what a model's dead time keeps running
+            self.dynamics.in_force = None if self._prev is None else self._prev
         plan = self.planner.plan(rod_state, act, prev)
         command = plan[0].detach().cpu().double().numpy()
         self.planner.shift()

@@ -5,12 +5,14 @@ default the semi-implicit step in the fused C kernel of `tensegrity_engine.physi
 Both have the signature of `interfaces.Dynamics`."""
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import numpy as np
 import torch
 
 from tensegrity_engine.control.interfaces import as_tensor
+from tensegrity_engine.physics.actuators import delayed_commands
 from tensegrity_engine.physics.config import RobotConfig
 from tensegrity_engine.physics.engine import TensegrityEngine
 from tensegrity_engine.physics.params import PhysicalParameters
@@ -112,6 +114,7 @@ class EngineDynamics:
             self.compile = (integrator != "ani") if compile is None else bool(compile)
             if self.compile and integrator == "ani":
                 raise ValueError("compile=True supports the 'semi_implicit' and 'implicit' integrators")
+        self.in_force = None        # [A] the command the robot runs now (see __call__)
         self.set_params(params if params is not None else PhysicalParameters(robot))
 
     def set_params(self, params: PhysicalParameters) -> None:
@@ -120,6 +123,17 @@ class EngineDynamics:
         with torch.no_grad():
             self._p = {k: v.detach().to(dtype=self.dtype, device=self.device)
                        for k, v in params.values().items()}
+        self.delay = float(self._p["actuator_delay"].reshape(()))
+
+    def _timed(self, plans: torch.Tensor, in_force) -> torch.Tensor:
+        """[N, H * substeps, A] engine-step commands as they act: ``actuator_delay`` late,
+        the command in force now (``in_force``, else the plans' first) filling the dead time."""
+        N, H, A = plans.shape
+        fine = plans.repeat_interleave(self.substeps, dim=1)
+        lead = max(0, math.ceil(self.delay / self.dt - 1e-9))
+        now = plans[:, :1] if in_force is None else as_tensor(in_force, self.dtype, self.device).reshape(1, 1, A)
+        history = torch.cat([now.expand(N, lead, A), fine], 1)
+        return delayed_commands(history, torch.tensor(self.delay, dtype=torch.float64), self.dt)[:, lead:]
 
     @property
     def params(self) -> PhysicalParameters:
@@ -127,8 +141,19 @@ class EngineDynamics:
 
     @torch.no_grad()
     def __call__(self, state0, act0, plans) -> torch.Tensor:
+        """A model with an ``actuator_delay`` keeps running ``in_force`` (the command the
+        robot runs now, set by the controller before it plans; None: the plans' first knot)
+        for that long."""
         plans = as_tensor(plans, self.dtype, self.device)
         N, H, A = plans.shape
+        if self.delay:
+            s = as_tensor(state0, self.dtype, self.device).expand(N, -1, -1).contiguous()
+            a = as_tensor(act0, self.dtype, self.device).expand(N, A).contiguous()
+            fine = self._timed(plans, self.in_force).contiguous()
+            if self.backend == "native":
+                return self._native.rollout(s, a, fine, self.dt, record_every=self.substeps, params=self._p)[0]
+            return self.engine.rollout(s, a, fine, self.dt, integrator=self.integrator,
+                                       record_every=self.substeps, params=self._p)[0]
         if self.backend == "native":
             s = as_tensor(state0, self.dtype, self.device)
             a = as_tensor(act0, self.dtype, self.device)
