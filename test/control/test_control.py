@@ -288,3 +288,18 @@ def test_plan_on_mujoco_and_rs_cem(three_bar):
         assert ctrl.current_plan.shape == (2, robot.num_actuated)
         with pytest.raises(TypeError):
             ctrl.set_params(PhysicalParameters(robot))
+
+
+def test_the_planner_steps_a_stiff_model_as_identification_does(superball):
+    """A model past the config's step (1.4x the cable damping) plans at the sub-step it needs
+    (`stable_substeps`, as identification rolls it out), and a swap back restores 1 ms."""
+    damped = PhysicalParameters(superball, {"cable_damping": 1.4 * superball.cable_damping.mean()})
+    dyn = mpc.EngineDynamics(superball, damped, control_dt=0.1)
+    assert dyn.dt == pytest.approx(superball.dt / 2) and dyn.substeps == 200
+    s0, a0 = mpc.task_start(superball)
+    plans = torch.as_tensor(np.random.default_rng(2).uniform(superball.command_low, superball.command_high,
+                                                             (4, 5, superball.num_actuated)), dtype=torch.float32)
+    states = dyn(s0, a0, plans)
+    assert torch.isfinite(states).all() and states[..., 7:10].norm(dim=-1).max() < 5.0
+    dyn.set_params(PhysicalParameters(superball))
+    assert dyn.dt == superball.dt and dyn.substeps == 100

@@ -83,6 +83,9 @@ def test_gradients_reach_every_raw_parameter_through_contacts():
     loss = (states[..., -1, :, :3] ** 2).sum() + (states[..., -1, :, 7:] ** 2).sum()
     loss.backward()
     for spec in PARAM_SPECS:
+        if spec.name == "actuator_delay":     # timing of the commands: where they meet the data
+            assert getattr(params, spec.name).grad is None       # (objective, planner), not a step
+            continue
         grad = getattr(params, spec.name).grad
         assert grad is not None and torch.isfinite(grad).all(), spec.name
         assert grad.abs().max() > 0, f"no gradient reaches {spec.name}"

@@ -43,3 +43,37 @@ def test_step_limit_is_the_engine_step_at_the_contact_bounds(three_bar):
     # deadbeat on the whole end mass is ANI's stability limit on half of it (relative modes)
     values = {**nominal.as_dict(), "contact_damping": [limits["contact_damping"]], "contact_stiffness": [1.0]}
     assert explicit_step_limit(topology, values, floor=True) == pytest.approx(three_bar.dt, rel=1e-9)
+
+
+def test_a_model_past_the_step_runs_true_at_the_substeps_it_is_given(superball):
+    """SUPERball with 1.4x the cable damping: the config's 1 ms step runs away (2.4x the
+    bound), the step `stable_substeps` chooses (0.5 ms) agrees with a 1/8 ms reference up to
+    the floor's chaos, and the config's own values keep the 1 ms step."""
+    from tensegrity_engine.control.excitation import ExcitationPolicy
+    from tensegrity_engine.physics.stability import STEP_MARGIN, stable_substeps
+
+    robot = superball
+    topology = TensegrityEngine(robot, floor=True).topology
+    assert stable_substeps(topology, PhysicalParameters(robot).values(), robot.dt, floor=True) == 1
+    damped = PhysicalParameters(robot, {"cable_damping": 1.4 * robot.cable_damping.mean()})
+    k = stable_substeps(topology, damped.values(), robot.dt, floor=True)
+    assert k == 2 and robot.dt / explicit_step_limit(topology, damped.values(), floor=True) > STEP_MARGIN
+    s0, a0 = envs.rest_pose(robot)
+    cmd = ExcitationPolicy(robot, seed=0, kind="multisine", amplitude=0.8, control_dt=0.1).command_at(
+        np.arange(5) * 0.1)
+    from tensegrity_engine.physics import native
+
+    engine = TensegrityEngine(robot, damped, floor=True)
+    kernel = native.NativeRollout(engine)          # the same step as the torch engine, faster
+    p = {name: v.detach() for name, v in damped.values().items()}
+
+    def com_path(n):
+        c = torch.as_tensor(np.repeat(cmd, 100 * n, 0))[None]
+        states, _ = kernel.rollout(torch.as_tensor(s0)[None], torch.as_tensor(a0)[None], c, robot.dt / n,
+                                   record_every=100 * n, params=p)
+        return states[0, :, :, :3].mean(-2).numpy()
+
+    reference = com_path(8)
+    err = lambda n: np.nan_to_num(np.abs(com_path(n) - reference).max(), nan=np.inf)    # noqa: E731
+    assert err(k) < 0.01
+    assert err(1) > 10 * err(k)

@@ -16,6 +16,7 @@ from tensegrity_engine.physics.actuators import delayed_commands
 from tensegrity_engine.physics.config import RobotConfig
 from tensegrity_engine.physics.engine import TensegrityEngine
 from tensegrity_engine.physics.params import PhysicalParameters
+from tensegrity_engine.physics.stability import stable_substeps
 
 _ENGINES: dict = {}
 
@@ -80,7 +81,7 @@ class EngineDynamics:
                  device="cpu", dtype: torch.dtype = torch.float32, floor: bool = True,
                  compile: Optional[bool] = None, backend: Optional[str] = None, threads: int = 1):
         self.robot = robot
-        self.dt = float(robot.dt if dt is None else dt)
+        self.planning_dt = self.dt = float(robot.dt if dt is None else dt)
         self.control_dt = float(control_dt)
         self.substeps = int(round(self.control_dt / self.dt))
         if self.substeps < 1 or abs(self.substeps * self.dt - self.control_dt) > 1e-9:
@@ -124,6 +125,12 @@ class EngineDynamics:
             self._p = {k: v.detach().to(dtype=self.dtype, device=self.device)
                        for k, v in params.values().items()}
         self.delay = float(self._p["actuator_delay"].reshape(()))
+        # a semi-implicit step the model's stiffness, damping and masses allow (identification
+        # rolls it out the same way): dt = planning_dt / k
+        k = (stable_substeps(self.engine.topology, self._p, self.planning_dt, floor=self.engine.floor)
+             if self.integrator == "semi_implicit" else 1)
+        self.dt = self.planning_dt / k
+        self.substeps = int(round(self.control_dt / self.dt))
 
     def _timed(self, plans: torch.Tensor, in_force) -> torch.Tensor:
         """[N, H * substeps, A] engine-step commands as they act: ``actuator_delay`` late,

@@ -44,6 +44,11 @@ def heldout_scores(run, data, values: dict, chain: int = 0):
     model = PhysicalParameters(run.robot, values, per_element=per_element)
     p = {k: v.detach().to(run.dtype).to(run.device) for k, v in model.values().items()}
     held = run._to_data(as_tuple_set(data, run.config.period, run.robot.dt))
+    with run.objective.stepped_for(p):           # each model at the step it needs
+        return _scores(run, held, p, chain)
+
+
+def _scores(run, held, p: dict, chain: int):
     chains, width = chain_windows(held.ts.next, chain) if chain else (None, 0)
     whole = chain and width == chain and len(chains) > 0
     vel = None

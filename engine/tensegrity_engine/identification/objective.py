@@ -23,12 +23,17 @@ Timing: the commands act ``actuator_delay`` s after their stamps as the pose sta
 (motor dead time plus mocap latency; `physics.actuators.delayed_commands`), so a latency
 is a parameter of the fit rather than a bias in tau.
 
+Step: semi-implicit rollouts split each engine step into ``substeps`` (set per model by
+`step_for` / `stepped_for` from `physics.stability.stable_substeps`), so a robot stiffer,
+more damped or lighter than the config's step allows is still rolled out true.
+
 The loss is divided by the data's zero-motion loss (``normalize_loss``: the same loss with
 x_hat = x_t, computed once on the first training data), so it reads as the fraction of the
 motion left unexplained and lr / tolerances mean the same for any robot.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Callable, Optional
 
@@ -40,6 +45,7 @@ from tensegrity_engine.identification.data import TrainingData
 from tensegrity_engine.physics.actuators import actuator_update, delayed_commands, speed_limit_binds
 from tensegrity_engine.physics.config import RobotConfig
 from tensegrity_engine.physics.engine import TensegrityEngine
+from tensegrity_engine.physics.stability import stable_substeps
 from tensegrity_engine.physics.state import ANG_VEL, LIN_VEL, POS, QUAT, quat_axis
 
 
@@ -82,6 +88,7 @@ class RecurrentObjective:
         self.loss_scale: Optional[float] = None
         self.native = self._native_rollout(config, engine, device)
         self._timed = None        # (data, delay, commands, grid) of the last gradient-free call
+        self.substeps = 1         # per engine step, semi-implicit rollouts (see step_for)
 
     @staticmethod
     def _native_rollout(config: IdentificationConfig, engine: TensegrityEngine, device):
@@ -104,8 +111,28 @@ class RecurrentObjective:
         native.load_library(torch.float64)
         return native.NativeRollout(engine)
 
+    def step_for(self, p: dict) -> int:
+        """Set (and return) the sub-steps the semi-implicit rollouts of ``p`` need."""
+        self.substeps = stable_substeps(self.engine.topology, p, self.robot.dt, floor=self.engine.floor)
+        return self.substeps
+
+    @contextlib.contextmanager
+    def stepped_for(self, p: dict):
+        """Within: rollouts sub-stepped as model ``p`` needs (a model judged, not trained)."""
+        kept = self.substeps
+        self.step_for(p)
+        try:
+            yield self.substeps
+        finally:
+            self.substeps = kept
+
     def rollout(self, x0, act, cmd, dt: float, integrator: str, wrenches, record_every: int, p: dict):
         """The engine's rollout; in the native kernel when no gradient is wanted."""
+        k = self.substeps if integrator == "semi_implicit" else 1
+        if k > 1:                 # each command (and push) held over its step's k sub-steps
+            cmd = cmd.repeat_interleave(k, dim=1)
+            wrenches = None if wrenches is None else wrenches.repeat_interleave(k, dim=1)
+            dt, record_every = dt / k, record_every * k
         if (self.native is not None and integrator == "semi_implicit" and not torch.is_grad_enabled()
                 and x0.dtype in (torch.float32, torch.float64)):
             return self.native.rollout(x0, act, cmd, dt, record_every=record_every, params=p, wrenches=wrenches)

@@ -157,8 +157,9 @@ def trainer_uncertainty(trainer, max_tuples: int = 256, seed: int = 0, at: Optio
         return trainer.objective.residuals(data, idx, p, n_steps, integrator)
 
     try:
-        J = residual_jacobian(residual, theta0)
-        r = residual(theta0)
+        with trainer.objective.stepped_for(trainer.engine.param_values(trainer.dtype, trainer.device)):
+            J = residual_jacobian(residual, theta0)
+            r = residual(theta0)
         return gauss_newton_uncertainty(trainer.params, names, J, r)
     finally:
         set_raw_vector(trainer.params, names, before)
