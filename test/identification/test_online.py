@@ -194,3 +194,15 @@ def test_held_out_tuples_never_train_and_gate_every_publication(three_bar):
     r, _ = _session(three_bar, [1.0], min_tuples=2, holdout_every=3)
     r.restore(data)
     assert (r.heldout_len, r.seen) == (20, 60)
+
+
+def test_the_gate_never_publishes_a_model_worse_than_the_config_on_todays_data(three_bar):
+    """A published model that new held-out data shows worse than the config (K 4500: 1500
+    away from the stand-in truth 3000, the config's 2000 is 1000 away) cannot be replaced by
+    one that beats it but not the config (K 1900: 1100 away)."""
+    s, _ = _session(three_bar, [1.0] * 4, min_tuples=2, holdout_every=3)
+    s.add(_batch(three_bar, 0, 31))
+    s.best_values = {**PhysicalParameters(three_bar).as_dict(), "cable_stiffness": [4500.0]}
+    v = s.gate({"cable_stiffness": [1900.0]})
+    assert not v.accepted and v.reason == "worse_than_config" and v.improvement > 1
+    assert s.gate({"cable_stiffness": [2100.0]}).accepted           # 900 away: better than both

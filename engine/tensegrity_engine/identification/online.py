@@ -39,8 +39,8 @@ def default_trainer_factory(robot, config, device, initial=None, log=None):
 @dataclasses.dataclass(frozen=True)
 class HeldOutVerdict:
     accepted: bool
-    reason: str              # "better", "worse", "worse_com" (lower loss, larger CoM error), "unstable",
-    #                          "no_heldout_yet", "gate_off"
+    reason: str              # "better", "worse", "worse_com" (lower loss, larger CoM error),
+    #                          "worse_than_config", "unstable", "no_heldout_yet", "gate_off"
     candidate_loss: float    # recurrent loss on the held-out tuples (normalised, see objective)
     incumbent_loss: float
     tuples: int
@@ -89,7 +89,7 @@ class OnlineIdentification:
         self.status = "waiting for data"
         self.converged = False
         self.since_end = 0                   # training tuples added after the schedule's end
-        self._incumbent_score = None         # (key, held-out scores of the incumbent): see gate
+        self._reference_scores = {}          # {key: held-out scores} of the incumbent and config: see gate
 
     # ------------------------------------------------------------------ data window
     def _tuple_set(self, batch: TupleBatch):
@@ -123,7 +123,8 @@ class OnlineIdentification:
     def gate(self, values: dict) -> HeldOutVerdict:
         """May ``values`` replace the published model (``best_values``, else the config's)?
         Only if their loss on the held-out tuples is finite and lower, and their CoM error at
-        the end of the held-out blocks no larger; not before there are
+        the end of the held-out blocks no larger, than both the published model's and the
+        config's; not before there are
         held-out tuples (an early fit to a few seconds would become the incumbent every
         later model is judged against), unless the gate is off (``holdout_every`` < 2)."""
         if self.holdout_every < 2:
@@ -131,22 +132,39 @@ class OnlineIdentification:
         if self.trainer is None or not self.heldout:
             return HeldOutVerdict(False, "no_heldout_yet", math.nan, math.nan, 0)
         data = self._tuple_set(TupleBatch.cat(list(self.heldout)))
-        incumbent = self.best_values if self.best_values is not None else PhysicalParameters(self.robot).as_dict()
+        config = PhysicalParameters(self.robot).as_dict()
+        incumbent = self.best_values if self.best_values is not None else config
         cand, cand_com = self.trainer.heldout_loss(data, values, chain=self.holdout_block)
-        # the incumbent's score changes only with the held-out data or the incumbent
-        key = (self.heldout_len, int(self.heldout[-1].t0[-1]),
-               repr(sorted((k, list(map(float, np.ravel(v)))) for k, v in incumbent.items())))
-        if self._incumbent_score is None or self._incumbent_score[0] != key:
-            self._incumbent_score = (key, self.trainer.heldout_loss(data, incumbent, chain=self.holdout_block))
-        inc, inc_com = self._incumbent_score[1]
+        inc, inc_com = self._reference_score(data, incumbent)
         if not math.isfinite(cand):
             return HeldOutVerdict(False, "unstable", math.inf, inc, self.heldout_len, math.inf, inc_com)
-        # both yardsticks: the pose loss over each block and where its centre of mass ends up,
-        # which a loss dominated by shape can trade away (a robot's path is what MPPI plans)
-        drifts = math.isfinite(cand_com) and math.isfinite(inc_com) and cand_com > inc_com
-        accepted = (cand < inc or not math.isfinite(inc)) and not drifts
-        reason = "better" if accepted else ("worse_com" if cand < inc else "worse")
-        return HeldOutVerdict(accepted, reason, cand, inc, self.heldout_len, cand_com, inc_com)
+
+        def beats(loss, com):
+            # both yardsticks: the pose loss over each block and where its centre of mass
+            # ends up, which a loss dominated by shape can trade away (MPPI plans the path)
+            drifts = math.isfinite(cand_com) and math.isfinite(com) and cand_com > com
+            return (cand < loss or not math.isfinite(loss)) and not drifts
+
+        if not beats(inc, inc_com):
+            reason = "worse_com" if cand < inc else "worse"
+        elif incumbent is not config and not beats(*self._reference_score(data, config)):
+            # a chain of models, each better than the last on the data of its day, can end
+            # worse than the config on today's: never publish one that does
+            reason = "worse_than_config"
+        else:
+            reason = "better"
+        return HeldOutVerdict(reason == "better", reason, cand, inc, self.heldout_len, cand_com, inc_com)
+
+    def _reference_score(self, data, values: dict) -> tuple[float, float]:
+        """Held-out (loss, CoM error) of a model the gate compares with; recomputed only
+        when the held-out data or the model changes."""
+        key = (self.heldout_len, int(self.heldout[-1].t0[-1]),
+               repr(sorted((k, list(map(float, np.ravel(v)))) for k, v in values.items())))
+        if key not in self._reference_scores:
+            fresh = {k: v for k, v in self._reference_scores.items() if k[:2] == key[:2]}
+            fresh[key] = self.trainer.heldout_loss(data, values, chain=self.holdout_block)
+            self._reference_scores = fresh
+        return self._reference_scores[key]
 
     def add(self, new: TupleBatch) -> None:
         """Append new tuples (less the held-out ones); the oldest leave the window beyond
