@@ -111,9 +111,14 @@ class RecurrentObjective:
         native.load_library(torch.float64)
         return native.NativeRollout(engine)
 
-    def step_for(self, p: dict) -> int:
-        """Set (and return) the sub-steps the semi-implicit rollouts of ``p`` need."""
+    def step_for(self, p: dict, log: Optional[Callable[[str], None]] = None) -> int:
+        """Set (and return) the sub-steps the semi-implicit rollouts of ``p`` need; ``log``
+        hears of a change."""
+        before = self.substeps
         self.substeps = stable_substeps(self.engine.topology, p, self.robot.dt, floor=self.engine.floor)
+        if log is not None and self.substeps != before:
+            log(f"engine step {1e3 * self.robot.dt / before:.3g} -> {1e3 * self.robot.dt / self.substeps:.3g} ms "
+                f"({self.substeps} sub-steps): the values' stiffness, damping and masses need it")
         return self.substeps
 
     @contextlib.contextmanager

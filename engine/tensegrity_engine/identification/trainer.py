@@ -258,7 +258,8 @@ class ProgressiveTrainer:
         lm = self.schedule.use_lm
         solver = (self.window_lm if self.schedule.windows else self.tuple_lm) if lm else self.adam
         start = time.perf_counter()
-        self._fit_step()
+        with torch.no_grad():       # an epoch keeps one step: its losses compare one discretisation
+            self.objective.step_for(self.engine.param_values(self.dtype, self.device), self.log)
         result = solver.epoch(self)
         seconds = time.perf_counter() - start
         self.elapsed += seconds
@@ -278,16 +279,6 @@ class ProgressiveTrainer:
         metrics["next_stage"] = self.phase
         self._last_metrics = metrics
         return dict(metrics)
-
-    def _fit_step(self) -> None:
-        """Sub-step the semi-implicit rollouts as the current values need (an epoch keeps
-        one step: its losses compare the same discretisation)."""
-        before = self.objective.substeps
-        with torch.no_grad():
-            after = self.objective.step_for(self.engine.param_values(self.dtype, self.device))
-        if after != before:
-            self.log(f"engine step {1e3 * self.robot.dt / before:.3g} -> {1e3 * self.robot.dt / after:.3g} ms "
-                     f"({after} sub-steps): the values' stiffness, damping and masses need it")
 
     def stage_changed(self, kind: str) -> None:
         """Carry out a stage change of the schedule (ScheduleHost)."""
