@@ -53,13 +53,19 @@ class _ScriptedTrainer:
         self.done = not self.script
         return {"epoch": self.epoch, "loss": loss, "val_loss": loss, "diverged": math.isnan(loss)}
 
-    def heldout_loss(self, data, values, chain=0):
-        """A stand-in yardstick: distance of the stiffness from 3000 (NaN stays NaN); a
-        sliding friction above 2 stands for a model whose CoM drifts off (1 m)."""
+    def heldout_loss(self, data, values, chain=0, per_block=False):
+        """A stand-in yardstick: distance of the stiffness from 3000 (NaN stays NaN) in every
+        held-out block, +-1e6 x the actuator offset alternately (block noise); a sliding
+        friction above 2 stands for a model whose CoM drifts off (1 m)."""
         self.calls.append(("heldout", data.t0.tolist()))
         loss = abs(float(np.mean(values["cable_stiffness"])) - 3000.0)
         drift = float(np.mean(values.get("friction_sliding", [0.0]))) > 2.0
-        return (loss, 1.0 if drift else loss / 1e4) if chain else loss
+        if not chain:
+            return loss
+        blocks = max(1, len(data.t0) // chain)
+        noise = 3e6 * float(np.mean(values.get("actuator_offset", [0.0]))) * (-1.0) ** np.arange(blocks)
+        loss_blocks, com_blocks = loss + noise, np.full(blocks, 1.0 if drift else loss / 1e4)
+        return (loss_blocks, com_blocks) if per_block else (float(loss_blocks.mean()), float(com_blocks.mean()))
 
     def state_dict(self):
         return {"k": float(self.parameters.as_dict()["cable_stiffness"][0]), "epoch": self.epoch}
@@ -206,3 +212,16 @@ def test_the_gate_never_publishes_a_model_worse_than_the_config_on_todays_data(t
     v = s.gate({"cable_stiffness": [1900.0]})
     assert not v.accepted and v.reason == "worse_than_config" and v.improvement > 1
     assert s.gate({"cable_stiffness": [2100.0]}).accepted           # 900 away: better than both
+
+
+def test_the_gate_asks_for_an_improvement_beyond_the_blocks_noise(three_bar):
+    """Three held-out blocks: a candidate 100 closer than the published model in every block
+    is better; the same mean gain with a block-to-block spread of 360 (standard error 208)
+    is within the noise and is refused."""
+    s, _ = _session(three_bar, [1.0] * 4, min_tuples=2, holdout_every=3)
+    s.add(_batch(three_bar, 0, 91))                          # blocks 20-29, 50-59, 80-89 held out
+    assert s.heldout_len == 30
+    s.best_values = {**PhysicalParameters(three_bar).as_dict(), "cable_stiffness": [2800.0]}
+    assert s.gate({"cable_stiffness": [2900.0]}).reason == "better"
+    noisy = s.gate({"cable_stiffness": [2900.0], "actuator_offset": [6e-5]})
+    assert not noisy.accepted and noisy.reason == "not_significant"

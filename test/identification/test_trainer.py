@@ -358,6 +358,10 @@ def test_heldout_com_error_is_zero_for_the_true_model_and_grows_with_a_wrong_one
     loss_pw, com_pw = tr.heldout_loss(po, wrong, chain=6)
     assert loss_p < 1e-10 and com_p < 1e-5, (loss_p, com_p)
     assert loss_pw > 1e3 * loss_p and com_pw > 1e-3
+    # per block (what the gate pairs): one loss and one CoM error per chain, their means the above
+    blocks, coms = tr.heldout_loss(po, wrong, chain=6, per_block=True)
+    assert len(blocks) == len(coms) > 1 and (blocks > 0).all()
+    assert blocks.mean() == pytest.approx(loss_pw, rel=1e-9) and coms.mean() == pytest.approx(com_pw, rel=1e-9)
 
 
 def test_a_command_delay_is_a_parameter_of_the_fit_not_a_bias_in_tau(superball, data):

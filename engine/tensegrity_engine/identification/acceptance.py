@@ -32,23 +32,30 @@ __all__ = ["Verdict", "judge", "select", "with_estimated_velocity", "heldout_sco
 HELDOUT_FIT = 3     # pose-only held-out chains: tuples that fix each chain's start velocity
 
 
-def heldout_scores(run, data, values: dict, chain: int = 0):
+def heldout_scores(run, data, values: dict, chain: int = 0, per_block: bool = False):
     """Loss of the parameter ``values`` on tuples ``data`` (a TupleSet ``run``, a
     `ProgressiveTrainer`, never saw) at the engine step with the fine-stage integrator: one
     yardstick for any stage. ``chain`` > 0: (loss, mean CoM error (m) at the end of its
     chains of ``chain`` consecutive tuples, rolled out from each chain's first state; NaN if
-    there is no such chain) instead. Pose-only data with such chains: each chain's start
-    velocity is first fitted to its first ``HELDOUT_FIT`` tuples with these values
+    there is no such chain) instead; ``per_block``: both per chain (arrays; the loss has one
+    entry where the data has velocities). Pose-only data with such chains: each chain's
+    start velocity is first fitted to its first ``HELDOUT_FIT`` tuples with these values
     (`fit_start_velocities`), and the loss is the pose error over the whole chain."""
     per_element = [k for k, v in values.items() if len(v) > 1]
     model = PhysicalParameters(run.robot, values, per_element=per_element)
     p = {k: v.detach().to(run.dtype).to(run.device) for k, v in model.values().items()}
     held = run._to_data(as_tuple_set(data, run.config.period, run.robot.dt))
     with run.objective.stepped_for(p):           # each model at the step it needs
-        return _scores(run, held, p, chain)
+        loss, com = _scores(run, held, p, chain)
+    if not chain:
+        return float(loss.mean())
+    if per_block:
+        return loss, com
+    return float(loss.mean()), float(com.mean())
 
 
-def _scores(run, held, p: dict, chain: int):
+def _scores(run, held, p: dict, chain: int) -> tuple[np.ndarray, np.ndarray]:
+    """(loss per chain, or one overall; CoM error per chain, or [NaN])."""
     chains, width = chain_windows(held.ts.next, chain) if chain else (None, 0)
     whole = chain and width == chain and len(chains) > 0
     vel = None
@@ -56,17 +63,17 @@ def _scores(run, held, p: dict, chain: int):
         chains = torch.as_tensor(chains, device=run.device)
         with torch.no_grad():
             vel = fit_start_velocities(run.objective, held, chains[:, :HELDOUT_FIT], p)
-            loss = float((run.objective.window_residual(held, chains, vel, p) ** 2).sum())
-        loss = loss if math.isfinite(loss) else math.inf
+            r = run.objective.window_residual(held, chains, vel, p)
+        loss = (r ** 2).sum(-1).cpu().double().numpy() * len(chains)    # each chain's; mean = the total
+        loss = np.where(np.isfinite(loss), loss, np.inf)
     else:
         idx = torch.arange(len(held), device=run.device)
-        loss = run.objective.validation_loss(held, idx, p, run.full_steps, run.config.fine_integrator,
-                                             use_latent=False)
-    if not chain:
-        return loss
-    com = (float(run.objective.chain_com_error(held, torch.as_tensor(chains, device=run.device), p, vel).mean())
-           if whole else math.nan)
-    return loss, com
+        loss = np.array([run.objective.validation_loss(held, idx, p, run.full_steps, run.config.fine_integrator,
+                                                       use_latent=False)])
+    if not whole:
+        return loss, np.array([math.nan])
+    com = run.objective.chain_com_error(held, torch.as_tensor(chains, device=run.device), p, vel)
+    return loss, com.cpu().double().numpy()
 
 
 @dataclasses.dataclass(frozen=True)
