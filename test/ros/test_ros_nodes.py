@@ -199,8 +199,9 @@ def test_bridge_identifier_controller(ros, tmp_path):
     wall_rate = (len(t_wall) - 1) / (t_wall[-1] - t_wall[0])
     assert wall_rate > 5.0, wall_rate                                   # rtf 2 -> ~20 Hz wall
     # epochs share two cores and the GIL with the 1 kHz bridge: allow a slow machine
-    # only models that beat the config on held-out tuples are published: fewer on a loaded machine
-    assert wait_for(lambda: len(rec.params) >= 2, 300), f"{len(rec.params)} parameter messages"
+    # only models that beat the config on held-out tuples, and the published model beyond
+    # the blocks' noise, are published: one may be all (fewer still on a loaded machine)
+    assert wait_for(lambda: len(rec.params) >= 1, 300), f"{len(rec.params)} parameter messages"
     k = [conv.msg_to_param_values(m)["cable_stiffness"].mean() for m in rec.params]
     err = [abs(math.log(v / TRUE_K)) for v in k]
     # Toward the truth from the known start (3x). The first message already reflects
