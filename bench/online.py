@@ -109,7 +109,7 @@ def run_session(z, args, seed: int, learn) -> dict:
     clock, i_event = 0.0, 0
     trace = []                        # (sim time, published values, sigma) per publication
     candidate_trace = []              # (sim time, the trainer's values) per epoch
-    published, sigma, undetermined = None, None, ()
+    published, sigma, undetermined, reverts = None, None, (), 0
     while clock < args.duration:
         while i_event < len(events) and events[i_event][0] <= clock * NS:
             stamp, kind, value = events[i_event]
@@ -132,12 +132,18 @@ def run_session(z, args, seed: int, learn) -> dict:
             improved = None
         if improved is not None:
             _, values = improved
-            if session.gate(values).accepted:
+            verdict = session.gate(values)
+            if verdict.accepted:
                 session.best_values = published = values
                 u = session.uncertainty(max_tuples=64, at=values)
                 sigma = None if u is None else {n: float(np.max(s)) for n, s in u.sigma.items()}
                 undetermined = () if u is None else u.undetermined
                 trace.append((clock, values, sigma))
+            elif verdict.revert:                 # as the node: the config's values again
+                session.best_values = published = sigma = None
+                undetermined = ()
+                reverts += 1
+                trace.append((clock, PhysicalParameters(robot).as_dict(), None))
         spent = time.perf_counter() - t0
         clock += spent / args.compute_per_sim_second if session.training else max(spent, CONTROL_DT)
     nominal = PhysicalParameters(robot).as_dict()
@@ -161,7 +167,7 @@ def run_session(z, args, seed: int, learn) -> dict:
             "relative_sigma": None if sigma is None else {n: sigma[n] / abs(np.mean(final[n])) for n in reported},
             "all_errors": relative_errors(final, truth, [n for n in learn if n in truth and n != "actuator_delay"]), "undetermined": undetermined,
             "delay_ms": (1e3 * float(np.mean(final["actuator_delay"])), 1e3 * float(np.mean(truth["actuator_delay"]))),
-            "covered": covered, "within_tol_from": within, "tol": tol, "publications": len(trace),
+            "covered": covered, "within_tol_from": within, "tol": tol, "publications": len(trace), "reverts": reverts,
             "epochs": session.epochs, "status": session.status, "tuples": session.window_len}
 
 
@@ -228,7 +234,7 @@ def main(argv=None) -> int:
                   f"{r['within_tol_from'] if r['within_tol_from'] is None else round(r['within_tol_from'], 1)} s; "
                   f"held-out CoM 1 s nominal {1e3 * r['heldout_com_1s']['nominal']:.1f} / identified "
                   f"{1e3 * r['heldout_com_1s']['identified']:.1f} mm; "
-                  f"{r['publications']} publications, {r['epochs']} epochs, {r['status']} "
+                  f"{r['publications']} publications ({r['reverts']} to the config), {r['epochs']} epochs, {r['status']} "
                   f"({time.perf_counter() - t0:.0f} s wall)")
     _line("")
     reported = [n for n in TARGETS if n in learn]

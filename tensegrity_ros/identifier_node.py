@@ -226,10 +226,12 @@ class IdentifierNode(Node):
             accepted = passes_gate(self, values)
             # the gate rolls every held-out block out: at most ~1/5 of the worker's time
             self._next_gate = time.monotonic() + 4.0 * (time.monotonic() - now)
+            g = self.last_gate
             if accepted:
-                g = self.last_gate
                 self._publish(m, values, heldout_loss=g.candidate_loss,
                               com=(g.candidate_com_error, g.incumbent_com_error))
+            elif g.revert:
+                revert_to_config(self, m)
 
     def _publish(self, m: dict, values: dict, stage: str = "", params=None, heldout_loss: float = math.nan,
                  com: tuple = (math.nan, math.nan)) -> None:
@@ -255,7 +257,7 @@ class IdentifierNode(Node):
         self.pub_params.publish(msg)
         self.published += 1
         if self.publish_markers:
-            self._publish_prediction()
+            publish_prediction(self)
 
     def _on_done(self) -> None:
         """The schedule finished: publish the final (best) parameters as converged."""
@@ -269,28 +271,17 @@ class IdentifierNode(Node):
             g = self.last_gate
             held, com = g.candidate_loss, (g.candidate_com_error, g.incumbent_com_error)
         else:                                   # the end state is said with the model in use
-            values = self.session.best_values or PhysicalParameters(self.robot).as_dict()
             g = self.last_gate
+            if g.revert:
+                revert_to_config(self, m, stage + "; ")
+                return self._save_checkpoint()
+            values = self.session.best_values or PhysicalParameters(self.robot).as_dict()
             stage, held = stage + "; last candidate refused by the hold-out gate", g.incumbent_loss
             com = (g.incumbent_com_error, g.incumbent_com_error)
         self._publish(m, values, stage=stage, heldout_loss=held, com=com)
         self.get_logger().info(f"identification {self.session.status} after {self.epochs} epochs: "
                                f"{self.trainer.format_parameters()}")
         self._save_checkpoint()
-
-    def _publish_prediction(self) -> None:
-        """Markers of the identified model's prediction X_t+T from the newest tuple."""
-        try:
-            pred = self.session.predict_newest()
-            if pred is None:
-                return
-            rs, t0 = pred
-            arr = MarkerArray()
-            arr.markers = conv.rod_cable_markers(self.robot, rs, t0 + self.aligner.T_ns,
-                                                 "predicted", (1.0, 0.5, 0.1, 0.8), id_offset=100)
-            self.pub_markers.publish(arr)
-        except Exception as exc:  # noqa: BLE001 - visualisation only
-            self.diag.warn_throttled("markers", f"prediction markers failed: {exc!r}")
 
     # ------------------------------------------------------------------ checkpoints
     @property
@@ -409,6 +400,33 @@ def passes_gate(node, values: dict) -> bool:
                                  f"{verdict.tuples} held-out tuples: loss {verdict.candidate_loss:.3g} vs "
                                  f"{verdict.incumbent_loss:.3g} for the model it would replace)")
     return verdict.accepted
+
+
+def publish_prediction(node) -> None:
+    """Markers of the identified model's prediction X_t+T from the newest tuple."""
+    try:
+        pred = node.session.predict_newest()
+        if pred is None:
+            return
+        rs, t0 = pred
+        arr = MarkerArray()
+        arr.markers = conv.rod_cable_markers(node.robot, rs, t0 + node.aligner.T_ns,
+                                             "predicted", (1.0, 0.5, 0.1, 0.8), id_offset=100)
+        node.pub_markers.publish(arr)
+    except Exception as exc:  # noqa: BLE001 - visualisation only
+        node.diag.warn_throttled("markers", f"prediction markers failed: {exc!r}")
+
+
+def revert_to_config(node, m: dict, stage: str = "") -> None:
+    """Today's held-out blocks say the config predicts better than the published model:
+    publish the config's values again (counted), and judge later models against it."""
+    node.diag.count("reverted_to_config")
+    node.get_logger().warning("the published model predicts the held-out blocks worse than the config: "
+                              "publishing the config's values again")
+    node._publish(m, PhysicalParameters(node.robot).as_dict(),
+                  stage=stage + "reverted to the config's values (the published model predicts the held-out "
+                  "blocks worse)")
+    node.session.best_values = None
 
 
 def not_yet_determined(node, values: dict) -> tuple:

@@ -203,15 +203,23 @@ def test_held_out_tuples_never_train_and_gate_every_publication(three_bar):
 
 
 def test_the_gate_never_publishes_a_model_worse_than_the_config_on_todays_data(three_bar):
-    """A published model that new held-out data shows worse than the config (K 4500: 1500
-    away from the stand-in truth 3000, the config's 2000 is 1000 away) cannot be replaced by
-    one that beats it but not the config (K 1900: 1100 away)."""
+    """Stand-in truth K 3000, the config's 2000 (1000 away). A published model that new
+    held-out data shows worse than the config (K 4500: 1500 away) is reverted to the config,
+    and a candidate that beats it but not the config (K 1900: 1100) is refused."""
     s, _ = _session(three_bar, [1.0] * 4, min_tuples=2, holdout_every=3)
-    s.add(_batch(three_bar, 0, 31))
+    s.add(_batch(three_bar, 0, 91))                          # three held-out blocks
     s.best_values = {**PhysicalParameters(three_bar).as_dict(), "cable_stiffness": [4500.0]}
     v = s.gate({"cable_stiffness": [1900.0]})
-    assert not v.accepted and v.reason == "worse_than_config" and v.improvement > 1
-    assert s.gate({"cable_stiffness": [2100.0]}).accepted           # 900 away: better than both
+    assert not v.accepted and v.revert and v.reason == "worse" and v.improvement > 1
+    ok = s.gate({"cable_stiffness": [2100.0]})                     # 900 away: better than both
+    assert ok.accepted and not ok.revert
+    # a published model the config does not beat beyond the blocks' noise (K 1950 with
+    # +-300 block noise) stays; a candidate that beats it in every block (K 1970, the same
+    # noise) but not the config is refused as worse than the config
+    s.best_values = {**PhysicalParameters(three_bar).as_dict(), "cable_stiffness": [1950.0],
+                     "actuator_offset": [1e-4]}
+    v = s.gate({"cable_stiffness": [1970.0], "actuator_offset": [1e-4]})
+    assert not v.accepted and not v.revert and v.reason == "worse_than_config"
 
 
 def test_the_gate_asks_for_an_improvement_beyond_the_blocks_noise(three_bar):

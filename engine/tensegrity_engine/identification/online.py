@@ -47,6 +47,9 @@ class HeldOutVerdict:
     tuples: int
     candidate_com_error: float = math.nan   # m, CoM error HOLDOUT_SECONDS ahead (held-out blocks)
     incumbent_com_error: float = math.nan
+    # today's held-out data says the config predicts better than the published model (and
+    # this candidate does not beat the config): publish the config again
+    revert: bool = False
 
     @property
     def improvement(self) -> float:
@@ -159,7 +162,7 @@ class OnlineIdentification:
         Only if their loss on the held-out blocks is finite and lower by more than
         ``GATE_SIGNIFICANCE`` standard errors of the per-block difference, and their CoM error
         at the end of the blocks no larger, than both the published model's and the
-        config's; not before there are
+        config's (``revert``: the config now beats the published model); not before there are
         held-out tuples (an early fit to a few seconds would become the incumbent every
         later model is judged against), unless the gate is off (``holdout_every`` < 2)."""
         if self.holdout_every < 2:
@@ -174,13 +177,16 @@ class OnlineIdentification:
         cand, cand_com, inc, inc_com = (_mean(a) for a in candidate + reference)
         if not math.isfinite(cand):
             return HeldOutVerdict(False, "unstable", math.inf, inc, self.heldout_len, math.inf, inc_com)
-        reason = _compare(candidate, reference)
-        if (reason == "better" and incumbent is not config
-                and _compare(candidate, self._reference_score(data, config)) != "better"):
-            # a chain of models, each better than the last on the data of its day, can end
-            # worse than the config on today's: never publish one that does
+        # a chain of models, each better than the last on the data of its day, can end worse
+        # than the config on today's: never publish one that does, nor keep one that is
+        configured = None if incumbent is config else self._reference_score(data, config)
+        revert = configured is not None and _compare(configured, reference) == "better"
+        reason = _compare(candidate, configured if revert else reference)
+        if (reason == "better" and configured is not None and not revert
+                and _compare(candidate, configured) != "better"):
             reason = "worse_than_config"
-        return HeldOutVerdict(reason == "better", reason, cand, inc, self.heldout_len, cand_com, inc_com)
+        return HeldOutVerdict(reason == "better", reason, cand, inc, self.heldout_len, cand_com, inc_com,
+                              revert=revert and reason != "better")
 
     def _reference_score(self, data, values: dict) -> tuple[np.ndarray, np.ndarray]:
         """Held-out (loss, CoM error) per block of a model the gate compares with;
