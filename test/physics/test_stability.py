@@ -50,14 +50,17 @@ def test_a_model_past_the_step_runs_true_at_the_substeps_it_is_given(superball):
     bound), the step `stable_substeps` chooses (0.5 ms) agrees with a 1/8 ms reference up to
     the floor's chaos, and the config's own values keep the 1 ms step."""
     from tensegrity_engine.control.excitation import ExcitationPolicy
-    from tensegrity_engine.physics.stability import STEP_MARGIN, stable_substeps
+    from tensegrity_engine.physics.stability import STEP_MARGIN, modal_step_limit, stable_substeps
 
     robot = superball
     topology = TensegrityEngine(robot, floor=True).topology
     assert stable_substeps(topology, PhysicalParameters(robot).values(), robot.dt, floor=True) == 1
     damped = PhysicalParameters(robot, {"cable_damping": 1.4 * robot.cable_damping.mean()})
     k = stable_substeps(topology, damped.values(), robot.dt, floor=True)
-    assert k == 2 and robot.dt / explicit_step_limit(topology, damped.values(), floor=True) > STEP_MARGIN
+    assert k == 2 and robot.dt / modal_step_limit(topology, damped.values(), floor=True) > STEP_MARGIN
+    # contact damping acts against the ground on the whole end mass: 10x the config's keeps 1 ms
+    sticky = PhysicalParameters(robot, {"contact_damping": 10.0 * robot.contact.damping})
+    assert stable_substeps(topology, sticky.values(), robot.dt, floor=True) == 1
     s0, a0 = envs.rest_pose(robot)
     cmd = ExcitationPolicy(robot, seed=0, kind="multisine", amplitude=0.8, control_dt=0.1).command_at(
         np.arange(5) * 0.1)

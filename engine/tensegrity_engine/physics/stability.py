@@ -20,15 +20,15 @@ import numpy as np
 
 from tensegrity_engine.physics.topology import Topology
 
-__all__ = ["explicit_step_limit", "contact_upper_bounds", "stable_substeps", "STEP_MARGIN"]
+__all__ = ["explicit_step_limit", "contact_upper_bounds", "modal_step_limit", "stable_substeps", "STEP_MARGIN"]
 
-# How far past `explicit_step_limit` a step still runs true: the bound halves the end mass
-# (relative two-node modes) and sums a node's worst cables, so it is about 2x strict.
-# Measured on SUPERball on the floor (multisine commands, 3 s; cable damping, stiffness or
-# rod mass scaled; 1 ms against 1/8 ms): up to 1.96x the bound the two differ by the
-# floor's chaos alone (12-14 mm at 0.5 s, as the nominal model at 1.80x); at 2.12x and
-# beyond the 1 ms rollout runs away (340-650 mm at 0.5 s).
-STEP_MARGIN = 1.9
+# How far past `modal_step_limit` a 1 ms step still runs true. Measured on SUPERball on the
+# floor (multisine commands, 3 s, 1 ms against 1/8 ms; cable damping, stiffness, rod mass
+# or contact damping scaled): up to 1.80x the limit the two differ by the floor's chaos
+# alone (12-18 mm at 0.5 s; the nominal model is at 1.60x, 1.1x its cable damping at 1.76x,
+# 10x its contact damping at 1.80x); from 1.92x on (1.2x the cable damping, 0.8x the rod
+# mass) the 1 ms rollout runs away (340-650 mm at 0.5 s).
+STEP_MARGIN = 1.8
 
 
 def _values(values: Mapping[str, object], name: str, size: int) -> np.ndarray:
@@ -80,10 +80,25 @@ def contact_upper_bounds(topology: Topology, values: Mapping[str, object], step:
     return out
 
 
+def modal_step_limit(topology: Topology, values: Mapping[str, object], *, floor: bool) -> float:
+    """`explicit_step_limit` per mode: the cables' relative two-node modes see half the end
+    mass, a node against the ground (cables and contact) the whole of it. Contact damping
+    then counts as much as it matters (10x the nominal still runs true at 1 ms, where the
+    lumped bound says 3.6x past it)."""
+    m_half, k_node, c_node = _node_terms(topology, values)
+    limit = min(2.0 / math.sqrt(max(k_node, 1e-12) / m_half), 2.0 * m_half / max(c_node, 1e-12))
+    if floor:
+        m_end = 2.0 * m_half
+        k = k_node + float(np.max(_values(values, "contact_stiffness", 1)))
+        c = c_node + float(np.max(_values(values, "contact_damping", 1)))
+        limit = min(limit, 2.0 / math.sqrt(k / m_end), 2.0 * m_end / c)
+    return limit
+
+
 def stable_substeps(topology: Topology, values: Mapping[str, object], step: float, *, floor: bool,
                     margin: float = STEP_MARGIN) -> int:
     """Sub-steps of ``step`` a semi-implicit rollout of these values needs to run true:
-    the smallest n with step / n within ``margin`` times `explicit_step_limit` (1 for a
-    model the step suits; more for a stiffer, more damped or lighter one)."""
-    limit = explicit_step_limit(topology, values, floor=floor)
+    the smallest n with step / n within ``margin`` times `modal_step_limit` (1 for a model
+    the step suits; more for a stiffer, more damped or lighter one)."""
+    limit = modal_step_limit(topology, values, floor=floor)
     return max(1, math.ceil(step / (margin * limit) - 1e-9))
