@@ -267,11 +267,11 @@ class IdentifierNode(Node):
         if wide:      # no word the controller takes for "done": it keeps exciting
             stage = (f"fitted to the data so far; {', '.join(wide)} not yet within "
                      f"{100 * self.converged_sigma:g} % (1 sigma): keep exciting")
-        if passes_gate(self, values):
-            g = self.last_gate
+        accepted = passes_gate(self, values)
+        g = self.last_gate
+        if accepted:
             held, com = g.candidate_loss, (g.candidate_com_error, g.incumbent_com_error)
         else:                                   # the end state is said with the model in use
-            g = self.last_gate
             if g.revert:
                 revert_to_config(self, m, stage + "; ")
                 return self._save_checkpoint()
