@@ -37,10 +37,11 @@ setup(
             "tensegrity-identify = tensegrity_engine.cli.identify:main",
             "tensegrity-control = tensegrity_engine.cli.control:main",
             # ROS 2 nodes and the launch-free runner (tensegrity_ros/)
-            "mujoco_bridge = tensegrity_ros.mujoco_bridge:main",
-            "identifier = tensegrity_ros.identifier_node:main",
-            "mppi_controller = tensegrity_ros.mppi_controller:main",
-            "recorder = tensegrity_ros.recorder:main",
+            # (through entry.py: signal handlers before the heavy imports)
+            "mujoco_bridge = tensegrity_ros.entry:mujoco_bridge",
+            "identifier = tensegrity_ros.entry:identifier",
+            "mppi_controller = tensegrity_ros.entry:mppi_controller",
+            "recorder = tensegrity_ros.entry:recorder",
             "tensegrity-sim2sim = tensegrity_ros.sim2sim:main",
             "tensegrity-fuzz = tensegrity_ros.fuzz:main",
             "tensegrity-soak = tensegrity_ros.soak:main",

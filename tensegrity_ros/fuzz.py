@@ -29,6 +29,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from .common import TOPIC_COMMAND, TOPIC_GOAL, TOPIC_IMU, TOPIC_PARAMS, TOPIC_POSES, goal_qos, latched_qos, stream_qos
+from .common import reserve_domain_id
 from .fuzz_messages import HostileStream, Item
 
 SUBSCRIBED = {"identifier": ("poses", "imu", "commands"),
@@ -266,7 +267,6 @@ def main(argv=None) -> int:
     import argparse
     import json
     import os
-    import random
     import subprocess
     import sys
     import tempfile
@@ -289,7 +289,7 @@ def main(argv=None) -> int:
 
     robot = load_robot(args.robot)
     log_dir = Path(tempfile.mkdtemp(prefix="tensegrity_fuzz_"))
-    env = ros_env(random.randint(1, 200), str(log_dir))
+    env = ros_env(reserve_domain_id(), str(log_dir))
     os.environ.update({k: env[k] for k in ("ROS_DOMAIN_ID", "ROS_AUTOMATIC_DISCOVERY_RANGE",
                                            "RMW_IMPLEMENTATION", "ROS_LOG_DIR")})
     procs = {}

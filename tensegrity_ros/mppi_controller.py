@@ -10,6 +10,14 @@ Before a model is identified (``excite_until``: the first parameters, or paramet
 test or its budget; and at most ``max_excitation_time`` s) it sends
 the documented excitation: `tensegrity_engine.control.ExcitationPolicy` smooth random
 multi-sines within each cable's command range.
+
+Safety (`tensegrity_engine.control.safety`): every command is clipped to the robot YAML's
+ranges and rate (`actuator.max_command_rate`, or the tighter ``max_command_rate``). The
+controller *holds* -- publishes ``hold_command`` (the last command sent, or the config's
+neutral rest lengths) every period and plans nothing -- when poses are older than
+``pose_timeout`` (node clock: sim time in a simulation), when an identified model is
+rejected (``hold_on_rejected_model``), when planning fails, or on ``~/hold``
+(std_srvs/Trigger); only ``~/resume`` ends a hold, and only with fresh poses.
 """
 from __future__ import annotations
 
@@ -20,8 +28,11 @@ from diagnostic_msgs.msg import DiagnosticStatus
 from geometry_msgs.msg import PoseArray, Vector3Stamped
 from rclpy.node import Node
 from sensor_msgs.msg import Imu
+from std_srvs.srv import Trigger
 from tensegrity_ros_interfaces.msg import CableCommand, IdentifiedParameters
 
+from tensegrity_engine.control.safety import (MODEL_REJECTED, NS, OPERATOR, PLANNING_FAILED, CommandLimits,
+                                              HoldLatch)
 from tensegrity_engine.groundtruth.mujoco_twin import nominal_commands
 from tensegrity_engine.identification.measurements import StampOrder, imu_problem, pose_problem
 from tensegrity_engine.identification.streaming import StateEstimator, StreamConfig, actuator_estimate
@@ -32,8 +43,6 @@ from .common import (TOPIC_COMMAND, TOPIC_GOAL, TOPIC_IMU, TOPIC_PARAMS, TOPIC_P
                      latched_qos, resolve_device, run_node, stream_qos)
 from .diagnostics import Diagnostics
 from .params import declare, load_robot
-
-NS = conv.NS
 
 
 class MppiControllerNode(Node):
@@ -73,6 +82,7 @@ class MppiControllerNode(Node):
         threads = d("torch_threads", 0, "torch intra-op threads (0 = torch default)", range=(0, 256))
         backend = d("backend", "auto", "planning rollouts: the native C kernel (CPU, semi-implicit), "
                     "torch, or auto (native where it applies)", choices=("auto", "native", "torch"))
+        safety = declare_safety(d)
 
         import torch
 
@@ -89,6 +99,10 @@ class MppiControllerNode(Node):
                                   backend=None if backend == "auto" else backend)
         self.mpc.cost.target_velocity = np.array([vx, vy])
         self.mpc.cost.speed = float(np.hypot(vx, vy))
+        self.limits = CommandLimits.for_robot(self.robot, safety["max_command_rate"] or None)
+        self.latch = HoldLatch(int(safety["pose_timeout"] * NS))
+        self.hold_command = safety["hold_command"]
+        self.hold_on_rejected_model = safety["hold_on_rejected_model"]
         self.excitation = ExcitationPolicy(self.robot, seed=seed, kind=kind, amplitude=amp,
                                            freq_range=(fmin, fmax), control_dt=self.period)
         self.tau = float(self.robot.actuator.time_constant)
@@ -104,6 +118,7 @@ class MppiControllerNode(Node):
         self.excite_start_ns = None
         self._pending_params = None
         self._lock = threading.Lock()
+        self._send_lock = threading.Lock()     # worker and watchdog both publish
         self._new_pose = threading.Event()
         self._stop = threading.Event()
         self.pose_count = 0
@@ -114,6 +129,9 @@ class MppiControllerNode(Node):
         self.create_subscription(Imu, TOPIC_IMU, self._on_imu, stream_qos(100))
         self.create_subscription(IdentifiedParameters, TOPIC_PARAMS, self._on_params, latched_qos())
         self.create_subscription(Vector3Stamped, TOPIC_GOAL, self._on_goal, goal_qos())
+        self.create_service(Trigger, "~/hold", self._on_hold)
+        self.create_service(Trigger, "~/resume", self._on_resume)
+        self.create_timer(self.period, self._watchdog)
         self.diag = Diagnostics(self, extra=self._diag_values)
         self._worker = threading.Thread(target=self._run, name="mppi_worker", daemon=True)
         self._worker.start()
@@ -145,6 +163,7 @@ class MppiControllerNode(Node):
             self.order.accept("pose", stamp)
             self.estimator.add_pose(stamp, arr)
             self.pose_count += 1
+            self.latch.pose_received(self.get_clock().now().nanoseconds)
         self.diag.accept("poses")
         self._new_pose.set()
 
@@ -174,8 +193,10 @@ class MppiControllerNode(Node):
         try:
             params = conv.msg_to_params(msg, self.robot)
         except ParameterError as exc:
+            self._model_rejected(str(exc))
             return self.diag.reject(f"parameters_{exc.reason}", str(exc), topic="parameters")
         except Exception as exc:  # noqa: BLE001 - bad message: keep the current model
+            self._model_rejected(repr(exc))
             return self.diag.reject("parameters_invalid", repr(exc), topic="parameters")
         with self._lock:
             self._pending_params = (params, msg.stage)
@@ -202,11 +223,10 @@ class MppiControllerNode(Node):
             self._new_pose.clear()
             try:
                 self._step()
-            except Exception as exc:  # noqa: BLE001 - keep controlling; report
+            except Exception as exc:  # noqa: BLE001 - keep the node alive; hold the robot
                 if not self.context.ok():
                     break
-                self.diag.set_status(DiagnosticStatus.ERROR, f"planning failed: {exc!r}")
-                self.diag.warn_throttled("plan", f"planning failed: {exc!r}")
+                self._trip(PLANNING_FAILED, f"planning failed: {exc!r}")
 
     def _swap_model(self) -> None:
         with self._lock:
@@ -214,7 +234,11 @@ class MppiControllerNode(Node):
         if pending is None:
             return
         params, stage = pending
-        self.mpc.set_params(params)
+        try:
+            self.mpc.set_params(params)
+        except Exception as exc:  # noqa: BLE001 - the planner refused it: keep the current model
+            self.diag.count("models_refused_by_planner")
+            return self._model_rejected(f"planner refused the model: {exc!r}")
         self.tau = float(params.value("actuator_time_constant").detach().cpu()[0])
         self.max_speed = float(params.value("actuator_max_speed").detach().cpu()[0])
         self.model_stage = stage or "identified"
@@ -228,6 +252,8 @@ class MppiControllerNode(Node):
 
     def _step(self) -> None:
         self._swap_model()
+        if self.latch.holding:
+            return                       # the watchdog timer sends the hold command
         with self._lock:
             stamp = self.estimator.stamp
             state = self.estimator.state()
@@ -253,18 +279,73 @@ class MppiControllerNode(Node):
         else:
             u = self.mpc.plan(state, self.act)
             self.plans += 1
-        u = np.clip(np.asarray(u, dtype=np.float64), self.robot.command_low, self.robot.command_high)
-        if not np.isfinite(u).all():
+        if not np.isfinite(np.asarray(u, dtype=np.float64)).all():
             self.diag.count("nonfinite_plan")
-            u = self.last_command
-        if self.last_command_ns is not None and t_cmd <= self.last_command_ns:
-            t_cmd = self.last_command_ns + 1
-        self.pub.publish(conv.make_cable_command(u, t_cmd))
-        self.last_command, self.last_command_ns = u, t_cmd
-        self.diag.count("commands_sent")
+            return self._trip(PLANNING_FAILED, "the plan has non-finite commands")
+        self._send(u, t_cmd)
+
+    def _send(self, u, t_cmd: int, holding: bool = False) -> None:
+        """Publish ``u`` within the command limits, stamped ``t_cmd`` (after the last one)."""
+        with self._send_lock:
+            if self.latch.holding and not holding:
+                return                   # a hold started while this plan was computed
+            dt = 0.0 if self.last_command_ns is None else (t_cmd - self.last_command_ns) / NS
+            u, limited = self.limits.apply(u, self.last_command, dt)
+            if limited:
+                self.diag.count("commands_limited")
+            if self.last_command_ns is not None and t_cmd <= self.last_command_ns:
+                t_cmd = self.last_command_ns + 1
+            self.pub.publish(conv.make_cable_command(u, t_cmd))
+            self.last_command, self.last_command_ns = u, t_cmd
+            self.diag.count("hold_commands_sent" if holding else "commands_sent")
+
+    # ------------------------------------------------------------------ safety
+    def _trip(self, reason: str, detail: str) -> None:
+        now = self.get_clock().now().nanoseconds
+        if self.latch.trip(reason, detail, now):
+            self.diag.count(f"hold_{reason}")
+            self.get_logger().error(f"holding ({reason}): {detail}; call ~/resume to continue")
+            self._send_hold(now)
+
+    def _model_rejected(self, detail: str) -> None:
+        if self.hold_on_rejected_model:
+            self._trip(MODEL_REJECTED, detail)
+
+    def _send_hold(self, now_ns: int) -> None:
+        u = nominal_commands(self.robot) if self.hold_command == "neutral" else self.last_command
+        self._send(u, now_ns, holding=True)
+
+    def _watchdog(self) -> None:
+        now = self.get_clock().now().nanoseconds
+        if self.latch.check(now):
+            self.diag.count("hold_stale_poses")
+            self.get_logger().error(f"holding (stale_poses): {self.latch.detail}; call ~/resume to continue")
+        if self.latch.holding:
+            self._send_hold(now)
+
+    def _on_hold(self, request, response):
+        self._trip(OPERATOR, "hold requested")
+        response.success, response.message = True, f"holding ({self.latch.reason})"
+        return response
+
+    def _on_resume(self, request, response):
+        with self._send_lock:
+            was_holding = self.latch.holding
+            ok, why = self.latch.resume(self.get_clock().now().nanoseconds)
+        if ok and was_holding:
+            self.mpc.reset()             # the warm start predates the hold
+            self.diag.count("resumed")
+            self.get_logger().info(why)
+        response.success, response.message = ok, why
+        return response
 
     def _diag_values(self) -> dict:
-        return {"mode": self.mode, "model": self.model_stage, "poses": self.pose_count,
+        if self.latch.holding:
+            self.diag.set_status(DiagnosticStatus.ERROR, f"holding ({self.latch.reason}): {self.latch.detail}")
+        else:
+            self.diag.set_status(DiagnosticStatus.OK, self.mode)
+        return {"mode": "hold" if self.latch.holding else self.mode, "hold_reason": self.latch.reason or "",
+                "model": self.model_stage, "poses": self.pose_count,
                 "plans": self.plans, "last_plan_time_s": round(float(self.mpc.last_plan_time), 4)
                 if self.plans else "n/a",
                 "goal": str(self.mpc.cost.target_velocity.tolist())}
@@ -272,6 +353,20 @@ class MppiControllerNode(Node):
     def close(self) -> None:
         self._stop.set()
         self._worker.join(timeout=30.0)
+
+
+def declare_safety(d) -> dict:
+    """The controller's safety settings (node parameters)."""
+    return {
+        "pose_timeout": d("pose_timeout", 1.0, "hold when the newest pose is older than this (s, node "
+                          "clock; 0 = no watchdog)", range=(0.0, 3600.0)),
+        "hold_command": d("hold_command", "last", "what a hold sends: the last command or the config's "
+                          "neutral rest lengths", choices=("last", "neutral")),
+        "hold_on_rejected_model": d("hold_on_rejected_model", True, "hold when an identified model is "
+                                    "rejected (malformed, out of bounds, refused by the planner)"),
+        "max_command_rate": d("max_command_rate", 0.0, "fastest change of a commanded rest length (m/s); "
+                              "0 = the robot YAML's actuator.max_command_rate", range=(0.0, 1e3)),
+    }
 
 
 def main(args=None) -> int:

@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor
+from rclpy.exceptions import ParameterException
+
+from .common import ConfigurationError
 
 
 def declare(node, name: str, default: Any, description: str, *,
@@ -29,16 +33,28 @@ def declare(node, name: str, default: Any, description: str, *,
     if isinstance(default, float):
         # accept `-p name:=20` (an INTEGER) for a float parameter
         desc.dynamic_typing = True
-    value = node.declare_parameter(name, default, desc).value
+    try:
+        value = node.declare_parameter(name, default, desc).value
+    except ParameterException as exc:       # rclpy's range / type / read-only checks
+        raise ConfigurationError(_parameter_problem(name, exc, range)) from None
     if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
         if range is not None and not (range[0] <= value <= range[1]):
-            raise ValueError(f"parameter {name}={value}: outside [{range[0]}, {range[1]}]")
+            raise ConfigurationError(f"parameter {name}={value}: outside [{range[0]}, {range[1]}]")
     if isinstance(default, float) and not isinstance(value, float):
-        raise ValueError(f"parameter {name}: expected a number, got {value!r}")
+        raise ConfigurationError(f"parameter {name}: expected a number, got {value!r}")
     if choices and value not in choices:
-        raise ValueError(f"parameter {name}={value!r}: must be one of {list(choices)}")
+        raise ConfigurationError(f"parameter {name}={value!r}: must be one of {list(choices)}")
     return value
+
+
+def _parameter_problem(name: str, exc: Exception, range) -> str:
+    """One line for rclpy's refusal of ``name``: 'parameter lr0=100.0 is outside [1e-06, 10.0]'."""
+    text = " ".join(str(exc).split())
+    value = re.match(r"Invalid parameter value \((.*)\) for parameter", text)
+    if value and range is not None and "out of range" in text:
+        return f"parameter {name}={value.group(1)} is outside [{range[0]}, {range[1]}]"
+    return f"parameter {name}: {text.split('Reason:', 1)[-1].strip()}"
 
 
 def share_dir() -> Optional[Path]:
@@ -75,10 +91,15 @@ def resolve_config(name_or_path: str, suffix: str = ".yaml") -> Path:
         for cand in (d / str(name_or_path), d / f"{name_or_path}{suffix}"):
             if cand.exists():
                 return cand
-    raise FileNotFoundError(f"config {name_or_path!r} not found (looked in {[str(d) for d in config_dirs()]})")
+    raise ConfigurationError(f"config {name_or_path!r} not found (looked in {[str(d) for d in config_dirs()]})")
 
 
 def load_robot(name_or_path: str):
+    """The robot config; a missing or malformed file is a `ConfigurationError`."""
     from tensegrity_engine.physics.config import load_robot as _load
 
-    return _load(resolve_config(name_or_path))
+    path = resolve_config(name_or_path)
+    try:
+        return _load(path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigurationError(f"robot config {str(path)!r}: {exc}") from None

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import shutil
 import signal
 import subprocess
@@ -28,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 import yaml
+
+from .common import reserve_domain_id
 
 NODES = (("mujoco_bridge", "tensegrity_ros.mujoco_bridge"),
          ("identifier", "tensegrity_ros.identifier_node"),
@@ -372,7 +373,7 @@ def main(argv=None) -> int:
     robot = load_robot(bridge.get("robot", "superball"))
     robot_truth = str(bridge.get("robot_truth", "twin"))
     learn = data.get("identifier", {}).get("ros__parameters", {}).get("learn")
-    domain = args.domain_id if args.domain_id is not None else random.randint(1, 200)
+    domain = args.domain_id if args.domain_id is not None else reserve_domain_id()
     log_root = Path(tempfile.mkdtemp(prefix="sim2sim_ros_log_"))
     env = ros_env(domain, str(log_root))
     os.environ.update({k: env[k] for k in ("ROS_DOMAIN_ID", "ROS_AUTOMATIC_DISCOVERY_RANGE",

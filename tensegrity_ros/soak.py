@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import shutil
 import signal
 import tempfile
@@ -31,6 +30,7 @@ import threading
 import time
 from pathlib import Path
 
+from .common import reserve_domain_id
 from .sim2sim import NODES, clean_dds_shm, ros_env, start_node, stop_processes
 
 SOAK_OVERRIDES = {
@@ -157,7 +157,7 @@ def main(argv=None) -> int:
     work = Path(tempfile.mkdtemp(prefix="tensegrity_soak_"))
     ckpt = work / "checkpoints"
     ckpt.mkdir()
-    env = ros_env(random.randint(1, 200), str(work / "ros_log"))
+    env = ros_env(reserve_domain_id(), str(work / "ros_log"))
     os.environ.update({k: env[k] for k in ("ROS_DOMAIN_ID", "ROS_AUTOMATIC_DISCOVERY_RANGE",
                                            "RMW_IMPLEMENTATION", "ROS_LOG_DIR")})
     overrides = {k: list(v) for k, v in SOAK_OVERRIDES.items()}

@@ -8,7 +8,6 @@ The static checks and the parameter-file check run without launch.
 import ast
 import importlib.util
 import os
-import random
 import re
 from pathlib import Path
 
@@ -38,8 +37,11 @@ def test_launch_file_static():
     assert sorted(ast.literal_eval(k["executable"]) for k in kw) == sorted(NODES)
     assert all(ast.literal_eval(k["package"]) == "tensegrity_ros" for k in kw)
     eps = _entry_points()
-    for name, (exe, module, _) in NODES.items():
-        assert eps[exe] == f"{module}:main"
+    entry = (ROOT / "tensegrity_ros" / "entry.py").read_text()
+    for name, (exe, module, cls) in NODES.items():
+        # console scripts go through entry.py (signal handlers before the heavy imports)
+        assert eps[exe] == f"tensegrity_ros.entry:{exe}"
+        assert f'return _node("{module.split(".")[-1]}", "{cls}")' in entry
     assert "get_package_share_directory" in LAUNCH.read_text()
 
 
@@ -62,7 +64,9 @@ def test_yaml_keys_are_declared_parameters():
     os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
     data = yaml.safe_load(CONFIG.read_text())
     ctx = rclpy.Context()
-    rclpy.init(context=ctx, domain_id=random.randint(1, 200))
+    from tensegrity_ros.common import reserve_domain_id
+
+    rclpy.init(context=ctx, domain_id=reserve_domain_id())
     try:
         for name, (_, module, cls_name) in NODES.items():
             cls = getattr(importlib.import_module(module), cls_name)

@@ -8,7 +8,6 @@ processes leave in /dev/shm are cleaned afterwards.
 """
 import math
 import os
-import random
 import shutil
 import signal
 import subprocess
@@ -37,7 +36,7 @@ from tensegrity_engine.physics.config import load_robot  # noqa: E402
 from tensegrity_engine.groundtruth.mujoco_twin import MujocoTwin, nominal_commands  # noqa: E402
 from tensegrity_engine.physics.state import center_of_mass  # noqa: E402
 from tensegrity_ros import conversions as conv  # noqa: E402
-from tensegrity_ros.common import (TOPIC_COMMAND, TOPIC_GOAL, TOPIC_IMU, TOPIC_PARAMS,  # noqa: E402
+from tensegrity_ros.common import (TOPIC_COMMAND, reserve_domain_id, TOPIC_GOAL, TOPIC_IMU, TOPIC_PARAMS,  # noqa: E402
                                    TOPIC_POSES, Spinner, goal_qos, latched_qos, stream_qos)
 from tensegrity_ros.sim2sim import clean_dds_shm  # noqa: E402
 
@@ -62,7 +61,7 @@ class Ros:
     """A context on a private domain + nodes spun by their own executors."""
 
     def __init__(self):
-        self.domain = random.randint(1, 200)
+        self.domain = reserve_domain_id()
         self.context = rclpy.Context()
         rclpy.init(context=self.context, domain_id=self.domain)
         self.nodes, self.spinners = [], []

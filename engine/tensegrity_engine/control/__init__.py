@@ -20,11 +20,14 @@ Pieces (all ROS-free, float32 and gradient-free by default, any torch device):
   command [A]``, ``set_params``) for the ROS node and the closed-loop runs, and
   `ExcitationPolicy` (smooth random multi-sine commands, same interface) to collect
   informative identification data before a model exists.
+* **Safety** (``safety``) -- `CommandLimits` (range and rate per the robot YAML) and
+  `HoldLatch` (a latched hold on stale poses, a rejected model or an operator's request,
+  cleared only by an explicit resume), for controllers on hardware.
 * `run_closed_loop` executes a policy on the MuJoCo twin (replanning every
   ``control_dt`` from MuJoCo's measured state) and `summarize` computes the task metrics.
 
 Modules: ``interfaces`` (the dynamics and cost contracts), ``dynamics``, ``costs``,
-``planners``, ``controller``, ``excitation``, ``execution``. Imports physics and
+``planners``, ``controller``, ``excitation``, ``execution``, ``safety``. Imports physics and
 groundtruth (rest poses for the task start), never identification or cli.
 """
 from tensegrity_engine.control.controller import MPPIController
@@ -35,10 +38,11 @@ from tensegrity_engine.control.execution import planning_data_points, run_closed
 from tensegrity_engine.control.interfaces import BAD_COST
 from tensegrity_engine.control.planners import (CEM, MPPI, PLANNERS, PlannerConfig, RandomShooting,
                                                 SamplingPlanner, make_planner)
+from tensegrity_engine.control.safety import CommandLimits, HoldLatch
 
 __all__ = [
     "PlannerConfig", "EngineDynamics", "MujocoDynamics", "LocomotionCost",
     "SamplingPlanner", "RandomShooting", "CEM", "MPPI", "PLANNERS", "make_planner",
     "MPPIController", "ExcitationPolicy", "run_closed_loop", "summarize", "task_start",
-    "com_xy", "planning_data_points", "BAD_COST",
+    "com_xy", "planning_data_points", "BAD_COST", "CommandLimits", "HoldLatch",
 ]

@@ -50,6 +50,9 @@ class ActuatorConfig:
     # s a command takes to act, as the pose stamps see it: motor dead time plus the mocap's
     # latency (negative: a pose clock ahead of the command clock).
     delay: float = 0.0
+    # Fastest change of the *commanded* target a controller may send (m/s in command
+    # units); a safety limit for hardware, not a model of it (that is max_speed).
+    max_command_rate: float = math.inf
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,6 +287,8 @@ def robot_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> RobotCon
             offset=_number(act.get("offset", 0.0), "actuator.offset"),
             max_speed=_number(act.get("max_speed", DEFAULT_MAX_SPEED), "actuator.max_speed", positive=True),
             delay=_number(act.get("delay", 0.0), "actuator.delay"),
+            max_command_rate=(_number(act["max_command_rate"], "actuator.max_command_rate", positive=True)
+                              if act.get("max_command_rate") is not None else math.inf),
         )
         con = _require(data, "contact", "config")
         fr = _require(con, "friction", "contact")
@@ -358,7 +363,8 @@ def robot_to_dict(robot: RobotConfig) -> dict:
         "rods": rods, "cables": cables,
         "actuator": {"time_constant": a.time_constant, "gain": a.gain, "offset": a.offset}
         | ({} if a.max_speed == DEFAULT_MAX_SPEED else {"max_speed": a.max_speed})
-        | ({"delay": a.delay} if a.delay else {}),
+        | ({"delay": a.delay} if a.delay else {})
+        | ({"max_command_rate": a.max_command_rate} if math.isfinite(a.max_command_rate) else {}),
         "contact": {"ground_height": con.ground_height, "rod_rod": con.rod_rod,
                     "stiffness": con.stiffness, "damping": con.damping,
                     "friction": {"sliding": con.friction.sliding,
