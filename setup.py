@@ -42,9 +42,11 @@ setup(
             "identifier = tensegrity_ros.entry:identifier",
             "mppi_controller = tensegrity_ros.entry:mppi_controller",
             "recorder = tensegrity_ros.entry:recorder",
+            "example_driver = tensegrity_ros.entry:example_driver",
             "tensegrity-sim2sim = tensegrity_ros.sim2sim:main",
             "tensegrity-fuzz = tensegrity_ros.fuzz:main",
             "tensegrity-soak = tensegrity_ros.soak:main",
+            "tensegrity-check-driver = tensegrity_ros.check_driver:main",
         ],
     },
 )

@@ -26,6 +26,10 @@ def mppi_controller() -> int:
     return _node("mppi_controller", "MppiControllerNode")
 
 
+def example_driver() -> int:
+    return _node("example_driver", "ExampleDriver")
+
+
 def recorder() -> int:
     ShutdownRequest.install()
     from .recorder import main

@@ -89,9 +89,13 @@ class ExampleDriver(Node):
             self.diag.count("poses_sent")
             self.index += 1
         if self.index >= self.traj.num_samples and self.loop:
-            self.index = self.next_command = 0
-            self.start_ns = now + int(0.1 * NS)       # the next replay starts one pose period later
-            self.replays += 1
+            self.restart()
+
+    def restart(self) -> None:
+        """Replay the file again from its start, one pose period from now."""
+        self.index = self.next_command = 0
+        self.start_ns = self.get_clock().now().nanoseconds + int(0.1 * NS)
+        self.replays += 1
 
     def _on_command(self, msg: CableCommand) -> None:
         """What a motor driver does with a command: validate, saturate, hold from its stamp."""

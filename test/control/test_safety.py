@@ -6,7 +6,7 @@ import pytest
 
 from tensegrity_engine.control.safety import (MODEL_REJECTED, NS, OPERATOR, STALE_POSES, CommandLimits,
                                               HoldLatch)
-from tensegrity_engine.physics.config import ConfigError, robot_to_dict, load_robot, robot_from_dict
+from tensegrity_engine.physics.config import ConfigError, robot_from_dict, robot_to_dict
 
 
 def test_limits_clip_range_rate_and_replace_nonfinite():

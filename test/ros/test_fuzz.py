@@ -16,18 +16,18 @@ except ImportError as exc:  # pragma: no cover
 from tensegrity_ros.fuzz import FuzzHarness, node_parameters, remap_args  # noqa: E402
 from tensegrity_ros.fuzz_messages import HostileStream  # noqa: E402
 
-from test_ros_nodes import ros, wait_for  # noqa: E402,F401 - the fixture is shared
+from ros_harness import wait_for  # noqa: E402
 
 MESSAGES = int(os.environ.get("TENSEGRITY_FUZZ_MESSAGES", "10000"))
 
 
-def _node(ros, cls, name, params):  # noqa: F811 - the shared fixture
+def _node(ros, cls, name, params):
     node = cls(context=ros.context, cli_args=remap_args(name),
                parameter_overrides=[Parameter(k, value=v) for k, v in params.items()])
     return ros.add(node)
 
 
-def test_fuzzed_nodes_account_for_every_message(ros):  # noqa: F811 - the shared fixture
+def test_fuzzed_nodes_account_for_every_message(ros):
     from tensegrity_engine.groundtruth.environments import rest_pose
     from tensegrity_ros.identifier_node import IdentifierNode
     from tensegrity_ros.mppi_controller import MppiControllerNode

@@ -8,19 +8,16 @@ processes leave in /dev/shm are cleaned afterwards.
 """
 import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 
 import numpy as np
 import pytest
 
 try:
-    import rclpy
+    import rclpy  # noqa: F401
     from rclpy.parameter import Parameter
     from tensegrity_ros_interfaces.msg import CableCommand, IdentifiedParameters  # noqa: F401
 except ImportError as exc:  # pragma: no cover - the non-ROS suite still runs
@@ -28,130 +25,16 @@ except ImportError as exc:  # pragma: no cover - the non-ROS suite still runs
                 "(tools/ros/requirements.txt) and run tools/ros/build_interfaces.sh", allow_module_level=True)
 
 from geometry_msgs.msg import Pose, PoseArray, Vector3Stamped  # noqa: E402
-from diagnostic_msgs.msg import DiagnosticArray  # noqa: E402
-from rosgraph_msgs.msg import Clock  # noqa: E402
 from sensor_msgs.msg import Imu  # noqa: E402
 
-from tensegrity_engine.physics.config import load_robot  # noqa: E402
 from tensegrity_engine.groundtruth.mujoco_twin import MujocoTwin, nominal_commands  # noqa: E402
-from tensegrity_engine.physics.state import center_of_mass  # noqa: E402
+from tensegrity_engine.physics.config import load_robot  # noqa: E402
 from tensegrity_ros import conversions as conv  # noqa: E402
-from tensegrity_ros.common import (TOPIC_COMMAND, reserve_domain_id, TOPIC_GOAL, TOPIC_IMU, TOPIC_PARAMS,  # noqa: E402
-                                   TOPIC_POSES, Spinner, goal_qos, latched_qos, stream_qos)
+from tensegrity_ros.common import (TOPIC_COMMAND, TOPIC_GOAL, TOPIC_IMU, TOPIC_PARAMS,  # noqa: E402
+                                   TOPIC_POSES, goal_qos, latched_qos, stream_qos)
 from tensegrity_ros.sim2sim import clean_dds_shm  # noqa: E402
 
-NS = 1_000_000_000
-_LOG_DIR = tempfile.mkdtemp(prefix="tensegrity_test_ros_log_")
-os.environ.setdefault("ROS_LOG_DIR", _LOG_DIR)
-os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
-os.environ.pop("ROS_LOCALHOST_ONLY", None)
-os.environ.setdefault("RMW_IMPLEMENTATION", "rmw_fastrtps_cpp")
-
-
-def wait_for(pred, timeout, step=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(step)
-    return pred()
-
-
-class Ros:
-    """A context on a private domain + nodes spun by their own executors."""
-
-    def __init__(self):
-        self.domain = reserve_domain_id()
-        self.context = rclpy.Context()
-        rclpy.init(context=self.context, domain_id=self.domain)
-        self.nodes, self.spinners = [], []
-
-    def add(self, node):
-        self.nodes.append(node)
-        self.spinners.append(Spinner(node, self.context))
-        return node
-
-    def node(self, cls, overrides=None):
-        params = [Parameter(k, value=v) for k, v in (overrides or {}).items()]
-        return self.add(cls(context=self.context, parameter_overrides=params))
-
-    def plain(self, name):
-        return self.add(rclpy.create_node(name, context=self.context))
-
-    def close(self):
-        for n in self.nodes:
-            if hasattr(n, "close"):
-                try:
-                    n.close()
-                except Exception:  # noqa: BLE001
-                    pass
-        for s in self.spinners:
-            s.stop()
-        for n in self.nodes:
-            n.destroy_node()
-        rclpy.try_shutdown(context=self.context)
-
-
-@pytest.fixture
-def ros():
-    r = Ros()
-    try:
-        yield r
-    finally:
-        r.close()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _clean_shm():
-    yield
-    clean_dds_shm()
-    shutil.rmtree(_LOG_DIR, ignore_errors=True)
-
-
-class Recorder:
-    """Subscribes to the product topics and keeps what arrives."""
-
-    def __init__(self, node):
-        self.lock = threading.Lock()
-        self.poses, self.pose_wall, self.imu, self.clock, self.params, self.diag = [], [], [], [], [], {}
-        self.commands = []
-        node.create_subscription(PoseArray, TOPIC_POSES, self._pose, stream_qos())
-        node.create_subscription(Imu, TOPIC_IMU, lambda m: self._add(self.imu, m), stream_qos(100))
-        node.create_subscription(Clock, "/clock", lambda m: self._add(self.clock, m), 10)
-        node.create_subscription(IdentifiedParameters, TOPIC_PARAMS, lambda m: self._add(self.params, m),
-                                 latched_qos())
-        node.create_subscription(CableCommand, TOPIC_COMMAND, lambda m: self._add(self.commands, m), stream_qos())
-        node.create_subscription(DiagnosticArray, "/diagnostics", self._diag, 50)
-
-    def _add(self, lst, m):
-        with self.lock:
-            lst.append(m)
-
-    def _pose(self, m):
-        with self.lock:
-            self.poses.append(m)
-            self.pose_wall.append(time.monotonic())
-
-    def _diag(self, m):
-        with self.lock:
-            for st in m.status:
-                self.diag[st.name] = {kv.key: kv.value for kv in st.values}
-
-    def value(self, node, key, default=0):
-        with self.lock:
-            v = self.diag.get(node, {}).get(key, default)
-        try:
-            return float(v)
-        except (TypeError, ValueError):
-            return v
-
-    def com(self, robot):
-        with self.lock:
-            arr = [conv.pose_array_to_array(m) for m in self.poses]
-            t = [conv.stamp_ns(m.header.stamp) / NS for m in self.poses]
-        if not arr:
-            return np.zeros(0), np.zeros((0, 3))
-        return np.array(t), np.array([center_of_mass(conv.array_to_rod_state(a), robot.rod_mass) for a in arr])
+from ros_harness import NS, Recorder, wait_for  # noqa: E402
 
 
 ROBOT = load_robot("superball")
