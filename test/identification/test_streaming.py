@@ -213,14 +213,18 @@ def test_imu_angular_velocity_and_unknown_rod():
     assert al.add_imu(0, 0, [0, 0, float("nan")]) == (False, "nonfinite")
     assert al.add_imu(0, 0, [0, 0]) == (False, "wrong_length")
     feed(al, 0, 2)
-    # body-frame gyro of rod 1 at t = 0.2 (body z = world z here): 2 rad/s
-    al.add_imu(2 * T_NS, 1, [0.0, 0.0, 2.0])
+    # body-frame gyro of rod 1 at t = 0.2, about the rod's body x: the tuple holds it in
+    # the world frame, body x turned by the pose's yaw (a test about body z would pass
+    # without the rotation)
+    al.add_imu(2 * T_NS, 1, [2.0, 0.0, 0.0])
     feed(al, 2, 4)
     al.flush()
     b = al.pop_tuples()
     i = int(torch.nonzero(b.t0 == 2 * T_NS)[0, 0])
     assert bool(b.omega_measured0[i, 1]) and not bool(b.omega_measured0[i, 0])
-    np.testing.assert_allclose(b.x0[i, 1, 10:13].numpy(), [0, 0, 2.0], atol=1e-9)
+    yaw = W * 0.2 + 0.3 * 1
+    np.testing.assert_allclose(b.x0[i, 1, 10:13].numpy(), [2.0 * math.cos(yaw), 2.0 * math.sin(yaw), 0.0],
+                               atol=1e-9)
     np.testing.assert_allclose(b.x0[i, 0, 10:13].numpy(), [0, 0, W], atol=1e-9)
 
 
