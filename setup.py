@@ -47,6 +47,7 @@ setup(
             "tensegrity-fuzz = tensegrity_ros.fuzz:main",
             "tensegrity-soak = tensegrity_ros.soak:main",
             "tensegrity-check-driver = tensegrity_ros.check_driver:main",
+            "tensegrity-play-bag = tensegrity_ros.bag_player:main",
         ],
     },
 )

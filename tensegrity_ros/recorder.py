@@ -28,6 +28,7 @@ TOPICS = {
     "/tensegrity/identified_parameters": "tensegrity_ros_interfaces/msg/IdentifiedParameters",
     "/tensegrity/goal": "geometry_msgs/msg/Vector3Stamped",
 }
+NS = 1_000_000_000
 _PRIMITIVES = {"bool", "byte", "char", "float32", "float64", "int8", "uint8", "int16", "uint16", "int32",
                "uint32", "int64", "uint64", "string", "wstring"}
 
@@ -161,6 +162,36 @@ def _node_class():
             self.bag.close()
 
     return Recorder
+
+
+def trajectory_to_bag(traj, path, *, imu: bool = True) -> int:
+    """Write a trajectory file's poses (+ IMU when it has velocities) and commands as the
+    recorder would have recorded them from a driver (header stamps = the file's times,
+    log time = stamp): a bag from any mocap data set. Returns the message count."""
+    from rclpy.serialization import serialize_message
+
+    from . import conversions as conv
+
+    events = [(int(round(t * NS)), 0, k) for k, t in enumerate(traj.command_time)]
+    events += [(int(round(t * NS)), 1, k) for k, t in enumerate(traj.t)]
+    states = traj.states()
+    bag = BagWriter(path)
+    for topic in ("/tensegrity/rod_poses", "/tensegrity/cable_command") + (("/tensegrity/imu",) if imu else ()):
+        bag.channel(topic, TOPICS[topic])
+    try:
+        for stamp, kind, k in sorted(events):
+            if kind == 0:
+                bag.write("/tensegrity/cable_command",
+                          serialize_message(conv.make_cable_command(traj.command[k], stamp)), stamp)
+                continue
+            bag.write("/tensegrity/rod_poses", serialize_message(conv.rod_state_to_pose_array(states[k], stamp)),
+                      stamp)
+            if imu and traj.has_velocity:
+                for m in conv.rod_imu_messages(states[k], stamp):
+                    bag.write("/tensegrity/imu", serialize_message(m), stamp)
+        return bag.count
+    finally:
+        bag.close()
 
 
 # ----------------------------------------------------------------------------- read back

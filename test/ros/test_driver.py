@@ -125,3 +125,38 @@ def test_a_crashing_callback_is_reported():
         assert isinstance(ros.errors()[0][1], ZeroDivisionError)
     finally:
         ros.close()
+
+
+def test_a_played_bag_gives_the_identifier_the_offline_tuples(ros, recording, three_bar, tmp_path):
+    """tensegrity-play-bag into a running identifier makes the same tuples (states on the
+    pose grid, commands held at 1 ms) as the offline path from the same bag."""
+    from tensegrity_engine.identification.dataset import load_trajectory, to_tuples
+    from tensegrity_ros.bag_player import play, read_bag
+    from tensegrity_ros.identifier_node import IdentifierNode
+    from tensegrity_ros.recorder import bag_to_trajectory, trajectory_to_bag
+
+    bag = tmp_path / "run.mcap"
+    trajectory_to_bag(load_trajectory(recording, three_bar), bag)
+    # no training (min_tuples beyond the bag), no hold-out: every tuple stays in the window
+    ident = ros.node(IdentifierNode, {"robot": "three_bar", "device": "cpu", "min_tuples": 10**6,
+                                      "max_tuples": 10**6, "holdout_every": 0, "torch_threads": 1})
+    messages = read_bag(bag, start=0.0)
+    assert {m.topic for m in messages} == {"/tensegrity/rod_poses", "/tensegrity/cable_command", "/tensegrity/imu"}
+    counts = play(messages, rate=4.0, wait_subscribers=1, domain_id=ros.domain, log=lambda _: None)
+    offline = to_tuples(bag_to_trajectory(bag, three_bar), period=0.1)
+
+    def window():                    # the identifier's worker moves new tuples into its window
+        return ident.session.window_len
+
+    assert wait_for(lambda: window() >= len(offline) - 1, 30), (window(), len(offline), counts)
+    online = ident.session.window_batch()
+    n = len(online)
+    assert n in (len(offline) - 1, len(offline))     # the newest may wait for its next command
+    np.testing.assert_allclose(online.x0[:, :, :7].numpy(), offline.x0[:n, :, :7], atol=1e-9)
+    np.testing.assert_allclose(online.x1[:, :, :7].numpy(), offline.x1[:n, :, :7], atol=1e-9)
+    np.testing.assert_allclose(online.commands.numpy(), offline.commands[:n], atol=1e-12)
+
+    # a window of the bag: only messages within [2 s, 4 s] of its start
+    part = read_bag(bag, start=2.0, end=4.0)
+    assert part and part[-1].offset_ns <= 2 * NS
+    assert len([m for m in part if m.topic == "/tensegrity/rod_poses"]) in (20, 21)
