@@ -10,6 +10,7 @@ import os
 from ament_index_python.packages import get_package_share_directory
 from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument
+from launch.conditions import IfCondition
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
@@ -25,6 +26,7 @@ def generate_launch_description():
         DeclareLaunchArgument("device", default_value="auto", description="auto|cpu|cuda"),
         DeclareLaunchArgument("checkpoint_dir", default_value="",
                               description="identifier checkpoint directory ('' = none)"),
+        DeclareLaunchArgument("rviz", default_value="false", description="start RViz2 with rviz/tensegrity.rviz"),
         Node(package="tensegrity_ros", executable="mujoco_bridge", name="mujoco_bridge",
              output="screen", parameters=[params]),
         Node(package="tensegrity_ros", executable="identifier", name="identifier",
@@ -32,4 +34,8 @@ def generate_launch_description():
              parameters=[params, {"device": device, "checkpoint_dir": checkpoint_dir}]),
         Node(package="tensegrity_ros", executable="mppi_controller", name="mppi_controller",
              output="screen", parameters=[params, {"device": device}]),
+        Node(package="rviz2", executable="rviz2", name="rviz2", output="screen",
+             condition=IfCondition(LaunchConfiguration("rviz")),
+             arguments=["-d", os.path.join(get_package_share_directory("tensegrity_ros"), "rviz",
+                                           "tensegrity.rviz")]),
     ])

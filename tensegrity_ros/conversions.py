@@ -259,9 +259,62 @@ def msg_to_params(msg, robot):
 
 
 # ----------------------------------------------------------------------------- markers
+def tension_colors(tensions, full_scale: Optional[float] = None) -> np.ndarray:
+    """[C, 4] RGBA per cable: slack grey, taut from blue (low) to red (``full_scale``,
+    default the largest tension)."""
+    t = np.asarray(tensions, dtype=np.float64)
+    scale = float(full_scale) if full_scale else max(float(t.max(initial=0.0)), 1e-9)
+    x = np.clip(t / scale, 0.0, 1.0)[:, None]
+    taut = (1.0 - x) * np.array([0.1, 0.3, 1.0, 1.0]) + x * np.array([1.0, 0.1, 0.1, 1.0])
+    return np.where(t[:, None] > 0.0, taut, np.array([0.6, 0.6, 0.6, 0.6]))
+
+
+def path_marker(points, stamp_ns_: int, ns: str, rgba, *, frame_id: str = "world", marker_id: int = 0,
+                width: float = 0.02):
+    """LINE_STRIP through ``points`` [K, 3] (e.g. a planned centre-of-mass path)."""
+    from geometry_msgs.msg import Point
+    from visualization_msgs.msg import Marker
+
+    m = Marker()
+    m.header.frame_id = frame_id
+    ns_to_stamp(stamp_ns_, m.header.stamp)
+    m.ns, m.id, m.type, m.action = ns, marker_id, Marker.LINE_STRIP, Marker.ADD
+    m.pose.orientation.w = 1.0
+    m.scale.x = width
+    m.color.r, m.color.g, m.color.b, m.color.a = (float(c) for c in rgba)
+    pts = []
+    for q in np.asarray(points, dtype=np.float64):
+        pt = Point()
+        pt.x, pt.y, pt.z = (float(v) for v in q)
+        pts.append(pt)
+    m.points = pts
+    return m
+
+
+def arrow_marker(start, vector, stamp_ns_: int, ns: str, rgba, *, frame_id: str = "world", marker_id: int = 0):
+    """ARROW from ``start`` along ``vector`` (e.g. the goal velocity x 1 s)."""
+    from geometry_msgs.msg import Point
+    from visualization_msgs.msg import Marker
+
+    m = Marker()
+    m.header.frame_id = frame_id
+    ns_to_stamp(stamp_ns_, m.header.stamp)
+    m.ns, m.id, m.type, m.action = ns, marker_id, Marker.ARROW, Marker.ADD
+    m.pose.orientation.w = 1.0
+    m.scale.x, m.scale.y, m.scale.z = 0.04, 0.08, 0.1        # shaft, head diameter, head length
+    m.color.r, m.color.g, m.color.b, m.color.a = (float(c) for c in rgba)
+    a, b = Point(), Point()
+    a.x, a.y, a.z = (float(v) for v in start)
+    b.x, b.y, b.z = (float(v) for v in np.asarray(start) + np.asarray(vector))
+    m.points = [a, b]
+    return m
+
+
 def rod_cable_markers(robot, rod_state: np.ndarray, stamp_ns_: int, ns: str, rgba, *,
-                      frame_id: str = "world", id_offset: int = 0, lifetime_s: float = 0.0):
-    """visualization_msgs/Marker list: one LINE_LIST for the rods, one for the cables."""
+                      frame_id: str = "world", id_offset: int = 0, lifetime_s: float = 0.0,
+                      cable_colors: Optional[np.ndarray] = None):
+    """visualization_msgs/Marker list: one LINE_LIST for the rods, one for the cables
+    (coloured per cable by ``cable_colors`` [C, 4], e.g. `tension_colors`)."""
     from geometry_msgs.msg import Point
     from visualization_msgs.msg import Marker
 
@@ -289,5 +342,13 @@ def rod_cable_markers(robot, rod_state: np.ndarray, stamp_ns_: int, ns: str, rgb
                 p.x, p.y, p.z = (float(v) for v in flat[idx])
                 pts.append(p)
         m.points = pts
+        if kind == "cables" and cable_colors is not None:
+            from std_msgs.msg import ColorRGBA
+
+            colors = []
+            for c in np.asarray(cable_colors, dtype=np.float64):
+                col = ColorRGBA(r=float(c[0]), g=float(c[1]), b=float(c[2]), a=float(c[3]))
+                colors += [col, col]                     # both ends of the segment
+            m.colors = colors
         out.append(m)
     return out

@@ -22,6 +22,7 @@ rejected (``hold_on_rejected_model``), when planning fails, or on ``~/hold``
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 from diagnostic_msgs.msg import DiagnosticStatus
@@ -29,6 +30,7 @@ from geometry_msgs.msg import PoseArray, Vector3Stamped
 from rclpy.node import Node
 from sensor_msgs.msg import Imu
 from std_srvs.srv import Trigger
+from visualization_msgs.msg import MarkerArray
 from tensegrity_ros_interfaces.msg import CableCommand, IdentifiedParameters
 
 from tensegrity_engine.control.safety import (MODEL_REJECTED, NS, OPERATOR, PLANNING_FAILED, CommandLimits,
@@ -39,8 +41,8 @@ from tensegrity_engine.identification.streaming import StateEstimator, StreamCon
 from tensegrity_engine.physics.params import ParameterError
 
 from . import conversions as conv
-from .common import (TOPIC_COMMAND, TOPIC_GOAL, TOPIC_IMU, TOPIC_PARAMS, TOPIC_POSES, goal_qos,
-                     latched_qos, resolve_device, run_node, stream_qos)
+from .common import (TOPIC_COMMAND, TOPIC_GOAL, TOPIC_IMU, TOPIC_MARKERS, TOPIC_PARAMS, TOPIC_POSES,
+                     goal_qos, latched_qos, resolve_device, run_node, stream_qos)
 from .diagnostics import Diagnostics
 from .params import declare, load_robot
 
@@ -83,6 +85,9 @@ class MppiControllerNode(Node):
         backend = d("backend", "auto", "planning rollouts: the native C kernel (CPU, semi-implicit), "
                     "torch, or auto (native where it applies)", choices=("auto", "native", "torch"))
         safety = declare_safety(d)
+        self.marker_period = d("marker_period", 0.5, "seconds (wall) between the planned-model markers: the "
+                               "state estimate with the model's cable tensions, the goal, the planned CoM "
+                               "path (0 = none)", range=(0.0, 3600.0))
 
         import torch
 
@@ -129,6 +134,8 @@ class MppiControllerNode(Node):
         self.create_subscription(Imu, TOPIC_IMU, self._on_imu, stream_qos(100))
         self.create_subscription(IdentifiedParameters, TOPIC_PARAMS, self._on_params, latched_qos())
         self.create_subscription(Vector3Stamped, TOPIC_GOAL, self._on_goal, goal_qos())
+        self.pub_markers = self.create_publisher(MarkerArray, TOPIC_MARKERS, 5)
+        self._last_markers = 0.0
         self.create_service(Trigger, "~/hold", self._on_hold)
         self.create_service(Trigger, "~/resume", self._on_resume)
         self.create_timer(self.period, self._watchdog)
@@ -279,6 +286,7 @@ class MppiControllerNode(Node):
         else:
             u = self.mpc.plan(state, self.act)
             self.plans += 1
+            publish_planned_markers(self, state, t_cmd)
         if not np.isfinite(np.asarray(u, dtype=np.float64)).all():
             self.diag.count("nonfinite_plan")
             return self._trip(PLANNING_FAILED, "the plan has non-finite commands")
@@ -353,6 +361,26 @@ class MppiControllerNode(Node):
     def close(self) -> None:
         self._stop.set()
         self._worker.join(timeout=30.0)
+
+
+def publish_planned_markers(node: MppiControllerNode, state, t_ns: int) -> None:
+    """What the planner believes (every ``marker_period`` s): the estimated state with the
+    model's cable tensions, the goal velocity (1 s long) from the CoM, and the CoM path
+    the newest plan predicts."""
+    now = time.monotonic()
+    if node.marker_period <= 0 or now - node._last_markers < node.marker_period:
+        return
+    node._last_markers = now
+    tensions = node.mpc.model_tensions(state, node.act)
+    path = node.mpc.planned_path(state, node.act)
+    arr = MarkerArray()
+    arr.markers = conv.rod_cable_markers(node.robot, state, t_ns, "planned", (0.2, 0.8, 0.2, 0.5),
+                                         cable_colors=None if tensions is None else conv.tension_colors(tensions))
+    if path is not None:
+        arr.markers.append(conv.path_marker(path, t_ns, "planned/com_path", (1.0, 0.8, 0.0, 1.0)))
+        goal = np.array([*node.mpc.cost.target_velocity, 0.0])
+        arr.markers.append(conv.arrow_marker(path[0], goal, t_ns, "planned/goal", (1.0, 0.2, 0.8, 1.0)))
+    node.pub_markers.publish(arr)
 
 
 def declare_safety(d) -> dict:

@@ -264,9 +264,11 @@ class MujocoBridge(Node):
                 self._cv.wait(min(left, 0.1))
 
     def _publish_markers(self, t_ns: int) -> None:
-        rs, _ = self.twin.get_state()
+        rs, act = self.twin.get_state()
         arr = MarkerArray()
-        arr.markers = conv.rod_cable_markers(self.robot, rs, t_ns, "measured", (0.1, 0.4, 1.0, 1.0))
+        colors = conv.tension_colors(self.twin.cable_tensions(rs, act))     # the played robot's own tensions
+        arr.markers = conv.rod_cable_markers(self.robot, rs, t_ns, "measured", (0.1, 0.4, 1.0, 1.0),
+                                             cable_colors=colors)
         self.pub_markers.publish(arr)
 
     def _diag_values(self) -> dict:

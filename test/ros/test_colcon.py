@@ -35,6 +35,7 @@ def test_colcon_build_installs_everything(tmp_path, mode):
     assert (share / "package.xml").exists()
     assert {p.name for p in (share / "launch").iterdir()} == {p.name for p in (ROOT / "launch").glob("*.py")}
     assert {p.name for p in (share / "config").iterdir()} == {p.name for p in (ROOT / "config").glob("*.yaml")}
+    assert (share / "rviz" / "tensegrity.rviz").exists()
     assert {p.name for p in (prefix / "lib" / "tensegrity_ros").iterdir()} == console_scripts()
 
     # a node from the install, in the install's environment, outside the checkout

@@ -8,6 +8,7 @@ import pytest
 try:
     import rclpy  # noqa: F401
     from std_srvs.srv import Trigger
+    from visualization_msgs.msg import MarkerArray
     from tensegrity_ros_interfaces.msg import CableCommand  # noqa: F401
 except ImportError as exc:  # pragma: no cover
     pytest.skip(f"ROS 2 not importable ({exc})", allow_module_level=True)
@@ -35,7 +36,7 @@ def _call(node, client, timeout=10.0):
     return future.result()
 
 
-def test_driver_identifier_controller_flow_and_watchdog(ros, recording):
+def test_driver_identifier_controller_flow_and_watchdog(ros, recording, three_bar):
     from tensegrity_ros.example_driver import ExampleDriver
     from tensegrity_ros.identifier_node import IdentifierNode
     from tensegrity_ros.mppi_controller import MppiControllerNode
@@ -48,6 +49,8 @@ def test_driver_identifier_controller_flow_and_watchdog(ros, recording):
                                          "excite_until": "never", "horizon": 3, "iterations": 1,
                                          "num_samples": 8})
     caller = ros.plain("operator")
+    markers = []
+    caller.create_subscription(MarkerArray, "/tensegrity/markers", markers.append, 5)
     resume = caller.create_client(Trigger, "/mppi_controller/resume")
     hold = caller.create_client(Trigger, "/mppi_controller/hold")
     assert wait_for(lambda: caller.count_subscribers("/tensegrity/rod_poses") >= 3, 20)
@@ -64,6 +67,12 @@ def test_driver_identifier_controller_flow_and_watchdog(ros, recording):
     assert wait_for(lambda: ctrl.diag.counters["parameters_accepted"] >= 1, 20)
     assert driver.diag.counters["commands_rejected"] == 0
     assert not ctrl.latch.holding
+    # what the planner believes, for RViz: cables coloured by the model's tension, the goal, the CoM path
+    assert wait_for(lambda: any(m.ns == "planned/com_path" for a in markers for m in a.markers), 20)
+    planned = {m.ns: m for a in markers for m in a.markers if m.ns.startswith("planned/")}
+    assert set(planned) == {"planned/rods", "planned/cables", "planned/com_path", "planned/goal"}
+    assert len(planned["planned/cables"].colors) == len(planned["planned/cables"].points) == 2 * three_bar.num_cables
+    assert len(planned["planned/com_path"].points) == 3 + 1                 # horizon 3 knots + the start
 
     # the recording ends: the watchdog holds within its timeout (node clock, exact)
     assert wait_for(lambda: driver.index >= driver.traj.num_samples, 30)

@@ -1,4 +1,4 @@
-"""launch/sim2sim.launch.py and config/sim2sim.yaml.
+"""launch/*.launch.py, config/sim2sim.yaml and config/robot.yaml.
 
 The launch file is parsed and its description checked where ROS 2 `launch` /
 `launch_ros` are importable (a ROS 2 install), and skipped with the reason otherwise
@@ -17,7 +17,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCH = ROOT / "launch" / "sim2sim.launch.py"
+ROBOT_LAUNCH = ROOT / "launch" / "robot.launch.py"
 CONFIG = ROOT / "config" / "sim2sim.yaml"
+ROBOT_CONFIG = ROOT / "config" / "robot.yaml"
 NODES = {"mujoco_bridge": ("mujoco_bridge", "tensegrity_ros.mujoco_bridge", "MujocoBridge"),
          "identifier": ("identifier", "tensegrity_ros.identifier_node", "IdentifierNode"),
          "mppi_controller": ("mppi_controller", "tensegrity_ros.mppi_controller", "MppiControllerNode")}
@@ -28,14 +30,41 @@ def _entry_points():
     return dict(re.findall(r'"([\w-]+) = ([\w.]+:\w+)"', text))
 
 
-def test_launch_file_static():
-    tree = ast.parse(LAUNCH.read_text())
+def _launched(path):
+    """(package, executable) of every Node in a launch file."""
+    tree = ast.parse(path.read_text())
     funcs = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
     assert "generate_launch_description" in funcs
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "Node"]
     kw = [{k.arg: k.value for k in c.keywords} for c in calls]
-    assert sorted(ast.literal_eval(k["executable"]) for k in kw) == sorted(NODES)
-    assert all(ast.literal_eval(k["package"]) == "tensegrity_ros" for k in kw)
+    return [(ast.literal_eval(k["package"]), ast.literal_eval(k["executable"])) for k in kw]
+
+
+def test_robot_launch_starts_the_nodes_a_robot_needs():
+    launched = _launched(ROBOT_LAUNCH)
+    ours = sorted(exe for pkg, exe in launched if pkg == "tensegrity_ros")
+    assert ours == ["identifier", "mppi_controller", "recorder"]            # no simulator
+    assert ("rviz2", "rviz2") in launched
+    eps = _entry_points()
+    assert all(eps[exe] == f"tensegrity_ros.entry:{exe}" for exe in ours)
+    text = ROBOT_LAUNCH.read_text()
+    for arg in ("robot", "params_file", "device", "poses_topic", "command_topic", "identifier", "controller"):
+        assert f'"{arg}"' in text, arg
+    assert (ROOT / "rviz" / "tensegrity.rviz").exists()
+
+
+def test_robot_yaml_has_the_sim2sim_layout_on_the_robot_clock():
+    data, sim = yaml.safe_load(ROBOT_CONFIG.read_text()), yaml.safe_load(CONFIG.read_text())
+    for name in ("identifier", "mppi_controller"):
+        assert data[name]["ros__parameters"]["use_sim_time"] is False
+        assert set(data[name]["ros__parameters"]) - set(sim[name]["ros__parameters"]) <= {
+            "pose_timeout", "hold_command", "hold_on_rejected_model", "max_command_rate", "holdout_every"}
+
+
+def test_launch_file_static():
+    launched = _launched(LAUNCH)
+    assert sorted(exe for pkg, exe in launched if pkg == "tensegrity_ros") == sorted(NODES)
+    assert {pkg for pkg, _ in launched} <= {"tensegrity_ros", "rviz2"}
     eps = _entry_points()
     entry = (ROOT / "tensegrity_ros" / "entry.py").read_text()
     for name, (exe, module, cls) in NODES.items():
@@ -62,15 +91,16 @@ def test_yaml_keys_are_declared_parameters():
 
     os.environ.setdefault("ROS_LOG_DIR", "/tmp/tensegrity_test_ros_log")
     os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
-    data = yaml.safe_load(CONFIG.read_text())
     ctx = rclpy.Context()
     from tensegrity_ros.common import reserve_domain_id
 
     rclpy.init(context=ctx, domain_id=reserve_domain_id())
+    files = [(CONFIG, name) for name in NODES] + [(ROBOT_CONFIG, "identifier"), (ROBOT_CONFIG, "mppi_controller")]
     try:
-        for name, (_, module, cls_name) in NODES.items():
+        for path, name in files:
+            _, module, cls_name = NODES[name]
             cls = getattr(importlib.import_module(module), cls_name)
-            params = data[name]["ros__parameters"]
+            params = yaml.safe_load(path.read_text())[name]["ros__parameters"]
             over = [Parameter(k, value=v) for k, v in params.items() if k != "use_sim_time"]
             node = cls(context=ctx, parameter_overrides=over)
             try:

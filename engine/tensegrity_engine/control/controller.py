@@ -50,6 +50,7 @@ class MPPIController:
                                     robot.command_high, self.config, device=device, dtype=dtype)
         self.last_plan_time = float("nan")
         self.plan_times: list[float] = []
+        self.last_planned: Optional[torch.Tensor] = None     # [H, A] the newest plan, before its shift
         self._prev = None
 
     @property
@@ -80,6 +81,7 @@ class MPPIController:
         if hasattr(self.dynamics, "in_force"):        # what a model's dead time keeps running
             self.dynamics.in_force = None if self._prev is None else self._prev
         plan = self.planner.plan(rod_state, act, prev)
+        self.last_planned = plan.detach().clone()
         command = plan[0].detach().cpu().double().numpy()
         self.planner.shift()
         self._prev = command
@@ -88,3 +90,28 @@ class MPPIController:
         return command
 
     __call__ = plan
+
+    @torch.no_grad()
+    def planned_path(self, rod_state, act) -> Optional[np.ndarray]:
+        """[H + 1, 3] the centre of mass along the newest plan from (rod_state, act), as the
+        planning model predicts it (None before the first plan); for display."""
+        if self.last_planned is None:
+            return None
+        from tensegrity_engine.physics.state import center_of_mass
+
+        states = self.dynamics(rod_state, act, self.last_planned[None])[0].detach().cpu().double().numpy()
+        path = np.concatenate([np.asarray(rod_state, dtype=np.float64)[None], states])
+        return np.stack([center_of_mass(s, self.robot.rod_mass) for s in path])
+
+    @torch.no_grad()
+    def model_tensions(self, rod_state, act) -> Optional[np.ndarray]:
+        """[C] cable tensions (N) the planning model gives the state (None: no engine model)."""
+        engine = getattr(self.dynamics, "engine", None)
+        params = getattr(self.dynamics, "_p", None)
+        if engine is None or params is None:
+            return None
+        device = self.dynamics.device
+        p = {k: v.to(torch.float64) for k, v in params.items()}
+        s = torch.as_tensor(np.asarray(rod_state, dtype=np.float64), device=device)[None]
+        a = torch.as_tensor(np.asarray(act, dtype=np.float64), device=device)[None]
+        return engine.cable_tensions(s, a, p)[0].cpu().numpy()
