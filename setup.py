@@ -49,6 +49,7 @@ setup(
             "tensegrity-soak = tensegrity_ros.soak:main",
             "tensegrity-check-driver = tensegrity_ros.check_driver:main",
             "tensegrity-play-bag = tensegrity_ros.bag_player:main",
+            "tensegrity-identify-bag = tensegrity_ros.bag_identify:main",
         ],
     },
 )

@@ -52,21 +52,8 @@ class IdentifierNode(Node):
         robot_name = d("robot", "superball", "robot config: shipped name or YAML path", read_only=True)
         self.device = resolve_device(d("device", "auto", "torch device for identification",
                                        choices=("auto", "cpu", "cuda")))
-        period = d("interval", 0.1, "T: time between X_t and X_t+T (s); the pose period", range=(0.001, 10.0))
-        tol = d("stamp_tolerance", 0.002, "poses within T +- this count as on the grid (s)", range=(0.0, 1.0))
-        jump = d("clock_jump", 5.0, "a stamp step larger than this restarts the stream (s)", range=(0.01, 1e6))
-        min_tuples = d("min_tuples", 20, "tuples needed before training starts", range=(1, 10**7))
-        max_tuples = d("max_tuples", 2000, "training window: newest tuples kept", range=(1, 10**7))
-        holdout_every = d("holdout_every", 5, "every n-th block of 1 s of tuples is held out: a model is "
-                          "published only if it predicts them better than the one it replaces, never before "
-                          "the first block (0 = no gate)", range=(0, 1000))
-        max_holdout = d("max_holdout", 200, "held-out tuples kept (newest)", range=(1, 10**6))
-        self.pose_frame = d("pose_frame", "world", "frame the rod poses are given in; poses in any "
-                            "other frame are refused")
-        floor = d("floor", True, "the data has a floor (contact environment)")
-        fixed = d("fixed_rods", [-1], "rods welded to the world ([-1] = none)")
-        reopen = d("reopen_tuples", 50, "schedule 'online': new tuples after convergence that resume it "
-                   "(0 = never)", range=(0, 10**6))
+        setting = declare_identification(d)
+        self.pose_frame = setting["pose_frame"]
         self.ckpt_dir = d("checkpoint_dir", "", "directory for checkpoints ('' = none)")
         self.ckpt_period = d("checkpoint_period", 10.0, "seconds (wall) between checkpoints", range=(0.1, 1e6))
         self.resume = d("resume", True, "resume from the checkpoint in checkpoint_dir if present")
@@ -83,20 +70,15 @@ class IdentifierNode(Node):
             torch.set_num_threads(threads)
 
         self.robot = load_robot(robot_name)
-        fixed_rods = tuple(int(r) for r in fixed if int(r) >= 0)
-        self.id_config = declare_solver(d, period)
-        self.stream_cfg = StreamConfig.for_robot(self.robot, interval=period, stamp_tolerance=tol,
-                                                 clock_jump=jump)
+        self.id_config = setting["config"]
+        self.stream_cfg = stream_config(self.robot, setting)
         self.aligner = StreamAligner(self.stream_cfg)
         self.cable_names = [self.robot.cable_names[i] for i in self.robot.actuated_indices]
         self._lock = threading.Lock()        # aligner (callbacks <-> worker)
         self._stop = threading.Event()
         # trainer_factory is looked up per call: tests replace it on the instance
-        self.session = OnlineIdentification(
-            self.robot, self.id_config, device=self.device, min_tuples=min_tuples, max_tuples=max_tuples,
-            holdout_every=holdout_every, max_holdout=max_holdout, reopen_tuples=reopen,
-            floor=floor, fixed_rods=fixed_rods, log=lambda m: self.get_logger().info(m),
-            trainer_factory=lambda *a: self.trainer_factory(*a))
+        self.session = make_session(self.robot, setting, self.device, log=lambda m: self.get_logger().info(m),
+                                    trainer_factory=lambda *a: self.trainer_factory(*a))
         self.published = 0
         self._last_ckpt = time.monotonic()
         self._last_publish = -math.inf
@@ -116,7 +98,8 @@ class IdentifierNode(Node):
             self._load_checkpoint()
         self._worker = threading.Thread(target=self._run, name="identification", daemon=True)
         self._worker.start()
-        self.get_logger().info(f"identifier on {self.device}: T={period}s, window {max_tuples} tuples, "
+        self.get_logger().info(f"identifier on {self.device}: T={setting['interval']}s, window "
+                               f"{setting['max_tuples']} tuples, "
                                f"schedule {self.id_config.schedule}")
 
     # ------------------------------------------------------------------ callbacks
@@ -140,34 +123,22 @@ class IdentifierNode(Node):
             self.diag.reject(reason, topic=topic)
         self._sync_events()
 
-    def _on_pose(self, msg: PoseArray) -> None:
-        self.diag.received("poses")
-        problem = conv.header_problem(msg.header, self.pose_frame)
-        if problem:
-            return self.diag.reject(*problem, topic="poses")
-        arr = conv.pose_array_to_array(msg)
+    def _on_message(self, topic: str, msg) -> None:
+        self.diag.received(topic)
         with self._lock:
-            self._account("poses", self.aligner.add_pose(conv.stamp_ns(msg.header.stamp), arr))
+            ok, reason, detail = feed_aligner(self.aligner, topic, msg, self.pose_frame, self.cable_names)
+            if ok or not detail:
+                return self._account(topic, (ok, reason))
+        self.diag.reject(reason, detail, topic=topic)
+
+    def _on_pose(self, msg: PoseArray) -> None:
+        self._on_message("poses", msg)
 
     def _on_imu(self, msg: Imu) -> None:
-        self.diag.received("imu")
-        problem = conv.header_problem(msg.header)
-        if problem:
-            return self.diag.reject(*problem, topic="imu")
-        rod, w, q = conv.imu_to_arrays(msg)
-        with self._lock:
-            self._account("imu", self.aligner.add_imu(conv.stamp_ns(msg.header.stamp), rod, w, q))
+        self._on_message("imu", msg)
 
     def _on_command(self, msg: CableCommand) -> None:
-        self.diag.received("commands")
-        problem = conv.header_problem(msg.header)
-        if problem:
-            return self.diag.reject(*problem, topic="commands")
-        u = conv.cable_command_to_array(msg, self.cable_names)
-        if u is None:
-            return self.diag.reject("wrong_length", "cable names do not match the robot's", topic="commands")
-        with self._lock:
-            self._account("commands", self.aligner.add_command(conv.stamp_ns(msg.header.stamp), u))
+        self._on_message("commands", msg)
 
     # ------------------------------------------------------------------ the session
     trainer = property(lambda self: self.session.trainer)
@@ -361,6 +332,66 @@ class IdentifierNode(Node):
             self._save_checkpoint()
         except Exception:  # noqa: BLE001
             pass
+
+
+def feed_aligner(aligner: StreamAligner, topic: str, msg, pose_frame: str, cable_names
+                 ) -> tuple[bool, str, str]:
+    """One message (topic "poses", "imu" or "commands") into the aligner, as the node and
+    the offline bag tool both do: (accepted, reason, detail); a detail is set when the
+    message was refused before the aligner saw it."""
+    problem = conv.header_problem(msg.header, pose_frame if topic == "poses" else None)
+    if problem:
+        return False, problem[0], problem[1]
+    stamp = conv.stamp_ns(msg.header.stamp)
+    if topic == "poses":
+        return (*aligner.add_pose(stamp, conv.pose_array_to_array(msg)), "")
+    if topic == "imu":
+        return (*aligner.add_imu(stamp, *conv.imu_to_arrays(msg)), "")
+    u = conv.cable_command_to_array(msg, cable_names)
+    if u is None:
+        return False, "wrong_length", "cable names do not match the robot's"
+    return (*aligner.add_command(stamp, u), "")
+
+
+def declare_identification(d) -> dict:
+    """What is identified from which data, and how: the node parameters that the offline
+    bag tool (`bag_identify`) reads from the same parameter file."""
+    out = {
+        "interval": d("interval", 0.1, "T: time between X_t and X_t+T (s); the pose period", range=(0.001, 10.0)),
+        "stamp_tolerance": d("stamp_tolerance", 0.002, "poses within T +- this count as on the grid (s)",
+                             range=(0.0, 1.0)),
+        "clock_jump": d("clock_jump", 5.0, "a stamp step larger than this restarts the stream (s)",
+                        range=(0.01, 1e6)),
+        "min_tuples": d("min_tuples", 20, "tuples needed before training starts", range=(1, 10**7)),
+        "max_tuples": d("max_tuples", 2000, "training window: newest tuples kept", range=(1, 10**7)),
+        "holdout_every": d("holdout_every", 5, "every n-th block of 1 s of tuples is held out: a model is "
+                           "published only if it predicts them better than the one it replaces, never "
+                           "before the first block (0 = no gate)", range=(0, 1000)),
+        "max_holdout": d("max_holdout", 200, "held-out tuples kept (newest)", range=(1, 10**6)),
+        "pose_frame": d("pose_frame", "world", "frame the rod poses are given in; poses in any other frame "
+                        "are refused"),
+        "floor": d("floor", True, "the data has a floor (contact environment)"),
+        "fixed_rods": d("fixed_rods", [-1], "rods welded to the world ([-1] = none)"),
+        "reopen_tuples": d("reopen_tuples", 50, "schedule 'online': new tuples after convergence that resume "
+                           "it (0 = never)", range=(0, 10**6)),
+    }
+    out["config"] = declare_solver(d, out["interval"])
+    return out
+
+
+def stream_config(robot, setting: dict) -> StreamConfig:
+    return StreamConfig.for_robot(robot, interval=setting["interval"], stamp_tolerance=setting["stamp_tolerance"],
+                                  clock_jump=setting["clock_jump"])
+
+
+def make_session(robot, setting: dict, device, *, log, trainer_factory=default_trainer_factory
+                 ) -> OnlineIdentification:
+    return OnlineIdentification(
+        robot, setting["config"], device=device, min_tuples=setting["min_tuples"],
+        max_tuples=setting["max_tuples"], holdout_every=setting["holdout_every"],
+        max_holdout=setting["max_holdout"], reopen_tuples=setting["reopen_tuples"], floor=setting["floor"],
+        fixed_rods=tuple(int(r) for r in setting["fixed_rods"] if int(r) >= 0), log=log,
+        trainer_factory=trainer_factory)
 
 
 def declare_solver(d, period: float):

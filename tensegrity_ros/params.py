@@ -37,15 +37,49 @@ def declare(node, name: str, default: Any, description: str, *,
         value = node.declare_parameter(name, default, desc).value
     except ParameterException as exc:       # rclpy's range / type / read-only checks
         raise ConfigurationError(_parameter_problem(name, exc, range)) from None
-    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-        if range is not None and not (range[0] <= value <= range[1]):
-            raise ConfigurationError(f"parameter {name}={value}: outside [{range[0]}, {range[1]}]")
-    if isinstance(default, float) and not isinstance(value, float):
+    return check_parameter(name, value, default, range=range, choices=choices)
+
+
+def check_parameter(name: str, value: Any, default: Any, *, range: Optional[Sequence[float]] = None,
+                    choices: Optional[Sequence[str]] = None):
+    """``value`` of parameter ``name`` checked as its declaration would (type of the
+    default, range, choices); an int is accepted for a float. `ConfigurationError` if not."""
+    numeric = isinstance(default, (int, float)) and not isinstance(default, bool)
+    if isinstance(default, bool) and not isinstance(value, bool):
+        raise ConfigurationError(f"parameter {name}: expected true/false, got {value!r}")
+    if numeric and (isinstance(value, bool) or not isinstance(value, (int, float))):
         raise ConfigurationError(f"parameter {name}: expected a number, got {value!r}")
+    if isinstance(default, int) and numeric and not isinstance(value, int):
+        raise ConfigurationError(f"parameter {name}: expected an integer, got {value!r}")
+    if isinstance(default, float):
+        value = float(value)
+    if numeric and range is not None and not (range[0] <= value <= range[1]):
+        raise ConfigurationError(f"parameter {name}={value} is outside [{range[0]}, {range[1]}]")
+    if isinstance(default, str) and not isinstance(value, str):
+        raise ConfigurationError(f"parameter {name}: expected a string, got {value!r}")
+    if isinstance(default, list) and not isinstance(value, list):
+        raise ConfigurationError(f"parameter {name}: expected a list, got {value!r}")
     if choices and value not in choices:
         raise ConfigurationError(f"parameter {name}={value!r}: must be one of {list(choices)}")
     return value
+
+
+def file_declarer(values: dict, where: str = "parameter file"):
+    """A ``declare``-shaped callable over a node's ``ros__parameters`` dict (no node): the
+    same defaults and checks, for tools that run a node's logic offline. Keys the
+    declarations never ask for are an error (a typo would otherwise be ignored)."""
+    asked: set = set()
+
+    def d(name, default, description="", *, range=None, read_only=False, choices=None):
+        asked.add(name)
+        return check_parameter(name, values.get(name, default), default, range=range, choices=choices)
+
+    def unused() -> list:
+        return sorted(set(values) - asked - {"use_sim_time"})
+
+    d.unused = unused
+    d.where = where
+    return d
 
 
 def _parameter_problem(name: str, exc: Exception, range) -> str:
