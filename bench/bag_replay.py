@@ -71,6 +71,10 @@ def live(bag, params_file, robot_name, rate, log_dir, timeout) -> tuple[dict, st
     context = rclpy.Context()
     rclpy.init(context=context, domain_id=domain)
     node = rclpy.create_node("bench_observer", context=context)
+    from rclpy.executors import SingleThreadedExecutor
+
+    executor = SingleThreadedExecutor(context=context)
+    executor.add_node(node)
     got = []
     node.create_subscription(IdentifiedParameters, TOPIC_PARAMS, got.append, latched_qos())
     try:
@@ -80,7 +84,7 @@ def live(bag, params_file, robot_name, rate, log_dir, timeout) -> tuple[dict, st
         quiet_since = time.monotonic()
         n = 0
         while time.monotonic() < deadline and proc.poll() is None:
-            rclpy.spin_once(node, timeout_sec=0.5)
+            executor.spin_once(timeout_sec=0.5)
             if len(got) != n:
                 n, quiet_since = len(got), time.monotonic()
             text = (Path(log_dir) / "identifier.log").read_text()

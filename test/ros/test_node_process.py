@@ -21,6 +21,9 @@ READY = {"identifier": "identifier on", "mppi_controller": "MPPI controller on",
          "mujoco_bridge": "MuJoCo bridge:"}
 
 
+SPAWNED: list = []
+
+
 @pytest.fixture
 def node_env():
     domain = reserve_domain_id()
@@ -31,6 +34,11 @@ def node_env():
     try:
         yield env
     finally:
+        while SPAWNED:                 # a failed test must not leave its node running
+            proc = SPAWNED.pop()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
         release_domain_id(domain)
         clean_dds_shm()
 
@@ -46,6 +54,7 @@ def spawn(entry: str, env: dict, *ros_args: str) -> subprocess.Popen:
                             stderr=err, start_new_session=True)
     proc.err_path = err.name
     err.close()
+    SPAWNED.append(proc)
     return proc
 
 

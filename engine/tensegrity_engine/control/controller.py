@@ -2,6 +2,7 @@
 closed-loop runs use."""
 from __future__ import annotations
 
+import math
 import time
 from typing import Optional
 
@@ -75,12 +76,14 @@ class MPPIController:
     def current_plan(self) -> np.ndarray:
         return self.planner.mean.detach().cpu().double().numpy()
 
-    def plan(self, rod_state, act) -> np.ndarray:
+    def plan(self, rod_state, act, budget: float = math.inf) -> np.ndarray:
+        """The command for now from (rod_state, act). Anytime: iterations stop once
+        ``budget`` s have passed (the first always completes)."""
         t0 = time.perf_counter()
         prev = act if self._prev is None else self._prev
         if hasattr(self.dynamics, "in_force"):        # what a model's dead time keeps running
             self.dynamics.in_force = None if self._prev is None else self._prev
-        plan = self.planner.plan(rod_state, act, prev)
+        plan = self.planner.plan(rod_state, act, prev, deadline=t0 + budget)
         self.last_planned = plan.detach().clone()
         command = plan[0].detach().cpu().double().numpy()
         self.planner.shift()

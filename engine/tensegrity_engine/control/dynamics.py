@@ -147,6 +147,22 @@ class EngineDynamics:
         return self._params
 
     @torch.no_grad()
+    def advance(self, state0, act0, commands) -> tuple[np.ndarray, np.ndarray]:
+        """One trajectory through ``commands`` [S, A] (a row per step ``dt``, as they act:
+        the caller applies any dead time): the final (rod_state [R, 13], act [A]) as float64
+        numpy, e.g. the state when a command being planned takes effect."""
+        c = as_tensor(commands, self.dtype, self.device)
+        S = int(c.shape[0])
+        s = as_tensor(state0, self.dtype, self.device).reshape(1, -1, 13).contiguous()
+        a = as_tensor(act0, self.dtype, self.device).reshape(1, -1).contiguous()
+        if self.backend == "native":
+            states, acts = self._native.rollout(s, a, c[None].contiguous(), self.dt, record_every=S, params=self._p)
+        else:
+            states, acts = self.engine.rollout(s, a, c[None].contiguous(), self.dt, integrator=self.integrator,
+                                               record_every=S, params=self._p)
+        return (states[0, -1].double().cpu().numpy(), acts[0, -1].double().cpu().numpy())
+
+    @torch.no_grad()
     def __call__(self, state0, act0, plans) -> torch.Tensor:
         """A model with an ``actuator_delay`` keeps running ``in_force`` (the command the
         robot runs now, set by the controller before it plans; None: the plans' first knot)

@@ -20,6 +20,8 @@ in (m/s)^2 averaged over the horizon, so lambda ~ 0.01-0.1.
 from __future__ import annotations
 
 import dataclasses
+import math
+import time
 from typing import Optional
 
 import torch
@@ -104,14 +106,25 @@ class SamplingPlanner:
 
     # ------------------------------------------------------------------ API
     @torch.no_grad()
-    def plan(self, state0, act0, prev_command=None) -> torch.Tensor:
+    def plan(self, state0, act0, prev_command=None, deadline: float = math.inf) -> torch.Tensor:
         """Optimise the plan from (state0 [R, 13], act0 [A]); returns the plan [H, A]
-        (its first knot is the command to apply). Does not shift: see `MPPIController`."""
+        (its first knot is the command to apply). Does not shift: see `MPPIController`.
+        Anytime: no iteration starts after ``deadline`` (``time.perf_counter()`` seconds)
+        except the first; ``last_info["iterations"]`` says how many ran."""
         state0 = as_tensor(state0, self.dtype, self.device)
         act0 = as_tensor(act0, self.dtype, self.device)
         prev = act0 if prev_command is None else as_tensor(prev_command, self.dtype, self.device)
+        self._deadline = float(deadline)
         self.mean = self._optimize(state0, act0, prev)
         return self.mean.clone()
+
+    def _iterations(self):
+        """Iteration indices, stopping at the deadline (the first always runs)."""
+        for it in range(self.config.iterations):
+            if it > 0 and time.perf_counter() >= getattr(self, "_deadline", math.inf):
+                break
+            self.iterations_run = it + 1
+            yield it
 
     def _optimize(self, state0, act0, prev) -> torch.Tensor:
         raise NotImplementedError
@@ -127,7 +140,7 @@ class RandomShooting(SamplingPlanner):
         c = self.config
         H, A = self.mean.shape
         best, best_cost = self.mean, None
-        for it in range(c.iterations):
+        for it in self._iterations():
             u = torch.rand(c.num_samples, H, A, generator=self.generator, dtype=self.dtype,
                            device=self.device)
             plans = self.low + u * self.width
@@ -138,6 +151,7 @@ class RandomShooting(SamplingPlanner):
             if best_cost is None or costs[i] < best_cost:
                 best, best_cost = plans[i].clone(), costs[i]
         self.last_cost = float(best_cost)
+        self.last_info = {"iterations": self.iterations_run}
         return best
 
 
@@ -154,7 +168,7 @@ class CEM(SamplingPlanner):
         std = (c.noise_scale * self.width).expand(H, A).clone()
         n_elite = max(2, int(round(c.elite_fraction * c.num_samples)))
         best_cost = None
-        for _ in range(c.iterations):
+        for _ in self._iterations():
             plans = self._clip(mean + std * self._randn(c.num_samples, H, A))
             plans[0] = mean
             costs = self._evaluate(state0, act0, plans, prev)
@@ -169,7 +183,7 @@ class CEM(SamplingPlanner):
         self.last_cost = float(best_cost)
         # The refitted mean is the plan (it is the distribution CEM converged to); the best
         # single sample is kept in info for diagnostics.
-        self.last_info = {"best_sample_cost": float(best_cost)}
+        self.last_info = {"best_sample_cost": float(best_cost), "iterations": self.iterations_run}
         return self._clip(mean)
 
 
@@ -185,7 +199,7 @@ class MPPI(SamplingPlanner):
         sigma = (c.noise_scale * self.width).expand(H, A)
         lam = float(c.temperature)
         ess = []
-        for it in range(c.iterations):
+        for it in self._iterations():
             scale = sigma * (c.noise_decay ** it)
             eps = scale * self._randn(c.num_samples, H, A)
             eps[0] = 0.0
@@ -200,7 +214,7 @@ class MPPI(SamplingPlanner):
             U = U + (w[:, None, None] * eps).sum(0)
             ess.append(float(1.0 / (w * w).sum()))
             self.last_cost = float(beta)
-        self.last_info = {"effective_samples": ess}
+        self.last_info = {"effective_samples": ess, "iterations": self.iterations_run}
         return self._clip(U)
 
 
