@@ -1,9 +1,13 @@
 """mppi_controller: MPPI over the identified engine, exploratory commands before that.
 
 Subscribes to rod poses (+ IMU), identified parameters (latched; swaps the planning
-model whenever new ones arrive) and the goal (desired CoM velocity, world XY); publishes
-a cable command every ``control_period`` (sim or wall time, per use_sim_time), planned
-on a worker thread from the newest pose so that callbacks never block.
+model whenever new ones arrive) and the goal (desired CoM velocity, world XY). On its own
+clock (sim or wall time, per use_sim_time), at every multiple of ``control_period``, a
+worker thread plans one command (`tensegrity_engine.control.realtime.RealTimePlanner`):
+it takes effect ``plan_budget + command_latency`` after the tick and is stamped so, it is
+planned from the state the model predicts for that moment (the newest pose rolled through
+the commands already sent), and planning stops at the budget (anytime), so the period
+holds on a loaded CPU. Callbacks never block.
 
 Before a model is identified (``excite_until``: the first parameters, or parameters whose
 ``stage`` contains "converged"/"done"/"final": the identifier finished, by a convergence
@@ -33,11 +37,12 @@ from std_srvs.srv import Trigger
 from visualization_msgs.msg import MarkerArray
 from tensegrity_ros_interfaces.msg import CableCommand, IdentifiedParameters
 
+from tensegrity_engine.control.realtime import TickSchedule
 from tensegrity_engine.control.safety import (MODEL_REJECTED, NS, OPERATOR, PLANNING_FAILED, CommandLimits,
                                               HoldLatch)
 from tensegrity_engine.groundtruth.mujoco_twin import nominal_commands
 from tensegrity_engine.identification.measurements import StampOrder, imu_problem, pose_problem
-from tensegrity_engine.identification.streaming import StateEstimator, StreamConfig, actuator_estimate
+from tensegrity_engine.identification.streaming import StateEstimator, StreamConfig
 from tensegrity_engine.physics.params import ParameterError
 
 from . import conversions as conv
@@ -85,6 +90,7 @@ class MppiControllerNode(Node):
         backend = d("backend", "auto", "planning rollouts: the native C kernel (CPU, semi-implicit), "
                     "torch, or auto (native where it applies)", choices=("auto", "native", "torch"))
         safety = declare_safety(d)
+        timing = declare_timing(d, self.period)
         self.marker_period = d("marker_period", 0.5, "seconds (wall) between the planned-model markers: the "
                                "state estimate with the model's cable tensions, the goal, the planned CoM "
                                "path (0 = none)", range=(0.0, 3600.0))
@@ -92,6 +98,7 @@ class MppiControllerNode(Node):
         import torch
 
         from tensegrity_engine.control import ExcitationPolicy, MPPIController, PlannerConfig
+        from tensegrity_engine.control.realtime import RealTimePlanner
 
         if threads > 0:
             torch.set_num_threads(threads)
@@ -108,26 +115,29 @@ class MppiControllerNode(Node):
         self.latch = HoldLatch(int(safety["pose_timeout"] * NS))
         self.hold_command = safety["hold_command"]
         self.hold_on_rejected_model = safety["hold_on_rejected_model"]
-        self.excitation = ExcitationPolicy(self.robot, seed=seed, kind=kind, amplitude=amp,
-                                           freq_range=(fmin, fmax), control_dt=self.period)
-        self.tau = float(self.robot.actuator.time_constant)
-        self.max_speed = float(self.robot.actuator.max_speed)
+        excitation = ExcitationPolicy(self.robot, seed=seed, kind=kind, amplitude=amp,
+                                      freq_range=(fmin, fmax), control_dt=self.period)
+        self.rt = RealTimePlanner(self.robot, self.mpc, excitation, nominal_commands(self.robot),
+                                  period=self.period, plan_budget=timing["plan_budget"],
+                                  command_latency=timing["command_latency"], compensate=timing["compensate_latency"])
+        self.pose_wait = timing["pose_wait"]
         self.estimator = StateEstimator(self.R)
         self.checks = StreamConfig.for_robot(self.robot)    # the identifier's measurement limits
         self.order = StampOrder(int(5 * NS))
-        self.act = nominal_commands(self.robot).copy()   # estimated filtered commands
-        self.last_command = self.act.copy()
+        self.last_command = nominal_commands(self.robot).copy()
         self.last_command_ns = None
+        self.last_tick = None                              # TickResult of the newest command
         self.mode = "excitation" if self.excite_until != "never" else "mppi"
         self.model_stage = "nominal"
         self.excite_start_ns = None
         self._pending_params = None
         self._lock = threading.Lock()
-        self._send_lock = threading.Lock()     # worker and watchdog both publish
+        self._send_lock = threading.Lock()     # the worker and the hold service both publish
         self._new_pose = threading.Event()
         self._stop = threading.Event()
         self.pose_count = 0
         self.plans = 0
+        self.ticks_missed = 0
 
         self.pub = self.create_publisher(CableCommand, TOPIC_COMMAND, stream_qos())
         self.create_subscription(PoseArray, TOPIC_POSES, self._on_pose, stream_qos())
@@ -138,7 +148,6 @@ class MppiControllerNode(Node):
         self._last_markers = 0.0
         self.create_service(Trigger, "~/hold", self._on_hold)
         self.create_service(Trigger, "~/resume", self._on_resume)
-        self.create_timer(self.period, self._watchdog)
         self.diag = Diagnostics(self, extra=self._diag_values)
         self._worker = threading.Thread(target=self._run, name="mppi_worker", daemon=True)
         self._worker.start()
@@ -224,12 +233,19 @@ class MppiControllerNode(Node):
 
     # ------------------------------------------------------------------ worker
     def _run(self) -> None:
+        """Ticks at the multiples of the period on the node clock (sim time: the bridge's
+        clock, so a paused simulation pauses the ticks)."""
+        clock, schedule = self.get_clock(), TickSchedule(self.period)
         while not self._stop.is_set() and self.context.ok():
-            if not self._new_pose.wait(0.1):
+            now = clock.now().nanoseconds
+            tick = schedule.due(now)
+            if tick is None:
+                self._stop.wait(min(0.002, schedule.wait_s(now)))
                 continue
-            self._new_pose.clear()
+            self.ticks_missed = schedule.missed
             try:
-                self._step()
+                if not self._watchdog(now):
+                    self._step(tick)
             except Exception as exc:  # noqa: BLE001 - keep the node alive; hold the robot
                 if not self.context.ok():
                     break
@@ -246,8 +262,7 @@ class MppiControllerNode(Node):
         except Exception as exc:  # noqa: BLE001 - the planner refused it: keep the current model
             self.diag.count("models_refused_by_planner")
             return self._model_rejected(f"planner refused the model: {exc!r}")
-        self.tau = float(params.value("actuator_time_constant").detach().cpu()[0])
-        self.max_speed = float(params.value("actuator_max_speed").detach().cpu()[0])
+        self.rt.set_model(params)
         self.model_stage = stage or "identified"
         self.diag.count("models_swapped")
         converged = any(k in (stage or "").lower() for k in ("converged", "done", "final"))
@@ -257,40 +272,37 @@ class MppiControllerNode(Node):
             self.mpc.reset()
             self.get_logger().info(f"identified model ({stage}) received: switching to MPPI")
 
-    def _step(self) -> None:
+    def _step(self, tick_ns: int) -> None:
         self._swap_model()
         if self.latch.holding:
-            return                       # the watchdog timer sends the hold command
+            return
+        if self.estimator.stamp is not None and self.estimator.stamp < tick_ns and self.pose_wait > 0:
+            self._new_pose.clear()                   # the tick's own pose may be on its way
+            self._new_pose.wait(self.pose_wait)
         with self._lock:
             stamp = self.estimator.stamp
             state = self.estimator.state()
         if state is None:
             return
-        if self.last_command_ns is not None and stamp - self.last_command_ns < int(0.5 * self.period * NS):
-            return   # poses faster than the control period: keep the held command
-        now = self.get_clock().now().nanoseconds
-        t_cmd = max(now, stamp)
-        if self.last_command_ns is not None:
-            self.act = actuator_estimate(self.act, self.last_command, self.tau,
-                                         (t_cmd - self.last_command_ns) / NS, self.max_speed)
-        if self.excite_start_ns is None:
-            self.excite_start_ns = t_cmd
-        if (self.mode == "excitation" and self.max_excitation > 0
-                and t_cmd - self.excite_start_ns > self.max_excitation * NS):
+        start = self.rt.excite_start_ns
+        if (self.mode == "excitation" and self.max_excitation > 0 and start is not None
+                and tick_ns - start > self.max_excitation * NS):
             self.mode = "mppi"
             self.mpc.reset()
             self.get_logger().info("max_excitation_time reached: switching to MPPI with the "
                                    f"{self.model_stage} model")
-        if self.mode == "excitation":
-            u = self.excitation.command_at((t_cmd - self.excite_start_ns) / NS)
-        else:
-            u = self.mpc.plan(state, self.act)
+        res = self.rt.tick(tick_ns, stamp, state, self.mode)
+        self.last_tick = res
+        if res.planned:
             self.plans += 1
-            publish_planned_markers(self, state, t_cmd)
-        if not np.isfinite(np.asarray(u, dtype=np.float64)).all():
+            publish_planned_markers(self, res.state, res.act, res.valid_ns)
+        if not np.isfinite(res.command).all():
             self.diag.count("nonfinite_plan")
             return self._trip(PLANNING_FAILED, "the plan has non-finite commands")
-        self._send(u, t_cmd)
+        now = self.get_clock().now().nanoseconds
+        if now > res.valid_ns:                       # planning overran: say when it really acts
+            self.diag.count("commands_late")
+        self._send(res.command, max(res.valid_ns, now))
 
     def _send(self, u, t_cmd: int, holding: bool = False) -> None:
         """Publish ``u`` within the command limits, stamped ``t_cmd`` (after the last one)."""
@@ -304,6 +316,7 @@ class MppiControllerNode(Node):
             if self.last_command_ns is not None and t_cmd <= self.last_command_ns:
                 t_cmd = self.last_command_ns + 1
             self.pub.publish(conv.make_cable_command(u, t_cmd))
+            self.rt.sent(t_cmd, u)
             self.last_command, self.last_command_ns = u, t_cmd
             self.diag.count("hold_commands_sent" if holding else "commands_sent")
 
@@ -323,13 +336,14 @@ class MppiControllerNode(Node):
         u = nominal_commands(self.robot) if self.hold_command == "neutral" else self.last_command
         self._send(u, now_ns, holding=True)
 
-    def _watchdog(self) -> None:
-        now = self.get_clock().now().nanoseconds
+    def _watchdog(self, now: int) -> bool:
+        """Stale poses start a hold; while holding, the hold command goes out every tick."""
         if self.latch.check(now):
             self.diag.count("hold_stale_poses")
             self.get_logger().error(f"holding (stale_poses): {self.latch.detail}; call ~/resume to continue")
         if self.latch.holding:
             self._send_hold(now)
+        return self.latch.holding
 
     def _on_hold(self, request, response):
         self._trip(OPERATOR, "hold requested")
@@ -352,10 +366,13 @@ class MppiControllerNode(Node):
             self.diag.set_status(DiagnosticStatus.ERROR, f"holding ({self.latch.reason}): {self.latch.detail}")
         else:
             self.diag.set_status(DiagnosticStatus.OK, self.mode)
+        r = self.last_tick
         return {"mode": "hold" if self.latch.holding else self.mode, "hold_reason": self.latch.reason or "",
-                "model": self.model_stage, "poses": self.pose_count,
-                "plans": self.plans, "last_plan_time_s": round(float(self.mpc.last_plan_time), 4)
-                if self.plans else "n/a",
+                "model": self.model_stage, "poses": self.pose_count, "plans": self.plans,
+                "last_plan_time_s": round(r.plan_s, 4) if r else "n/a",
+                "last_iterations": r.iterations if r else "n/a",
+                "last_predicted_ahead_s": round(r.predicted_s, 4) if r else "n/a",
+                "ticks_missed": self.ticks_missed,
                 "goal": str(self.mpc.cost.target_velocity.tolist())}
 
     def close(self) -> None:
@@ -363,7 +380,7 @@ class MppiControllerNode(Node):
         self._worker.join(timeout=30.0)
 
 
-def publish_planned_markers(node: MppiControllerNode, state, t_ns: int) -> None:
+def publish_planned_markers(node: MppiControllerNode, state, act, t_ns: int) -> None:
     """What the planner believes (every ``marker_period`` s): the estimated state with the
     model's cable tensions, the goal velocity (1 s long) from the CoM, and the CoM path
     the newest plan predicts."""
@@ -371,8 +388,8 @@ def publish_planned_markers(node: MppiControllerNode, state, t_ns: int) -> None:
     if node.marker_period <= 0 or now - node._last_markers < node.marker_period:
         return
     node._last_markers = now
-    tensions = node.mpc.model_tensions(state, node.act)
-    path = node.mpc.planned_path(state, node.act)
+    tensions = node.mpc.model_tensions(state, act)
+    path = node.mpc.planned_path(state, act)
     arr = MarkerArray()
     arr.markers = conv.rod_cable_markers(node.robot, state, t_ns, "planned", (0.2, 0.8, 0.2, 0.5),
                                          cable_colors=None if tensions is None else conv.tension_colors(tensions))
@@ -381,6 +398,21 @@ def publish_planned_markers(node: MppiControllerNode, state, t_ns: int) -> None:
         goal = np.array([*node.mpc.cost.target_velocity, 0.0])
         arr.markers.append(conv.arrow_marker(path[0], goal, t_ns, "planned/goal", (1.0, 0.2, 0.8, 1.0)))
     node.pub_markers.publish(arr)
+
+
+def declare_timing(d, period: float) -> dict:
+    """When commands take effect and how long planning may take (node parameters)."""
+    return {
+        "plan_budget": d("plan_budget", 0.6 * period, "wall seconds planning may take per command "
+                         "(anytime: iterations stop there); part of the lead", range=(1e-4, 10.0)),
+        "command_latency": d("command_latency", 0.01, "expected transport delay of a command to the robot "
+                             "(s); a command is stamped tick + plan_budget + command_latency",
+                             range=(0.0, 1.0)),
+        "compensate_latency": d("compensate_latency", True, "plan from the state the model predicts for "
+                                "the command's stamp (else from the newest measurement)"),
+        "pose_wait": d("pose_wait", 0.005, "wall seconds a tick waits for its own pose when the newest is "
+                       "older than the tick", range=(0.0, 1.0)),
+    }
 
 
 def declare_safety(d) -> dict:

@@ -62,3 +62,40 @@ def test_prediction_to_the_command_time_beats_planning_from_the_measurement(supe
     same, _ = predict_at(dyn, measured, act_pose, history, 300_000_000, 300_000_000)
     np.testing.assert_array_equal(same, measured)
     assert NS == 1_000_000_000
+
+
+def test_ticks_fall_on_multiples_of_the_period_and_missed_ones_are_counted():
+    from tensegrity_engine.control.realtime import TickSchedule
+
+    s = TickSchedule(0.1)
+    assert s.due(0) is None                                   # a sim clock that has not started
+    assert s.due(230_000_000) is None                         # the first tick is at 0.3 s
+    assert s.due(300_000_000) == 300_000_000
+    assert s.due(350_000_000) is None
+    assert s.due(620_000_000) == 600_000_000 and s.missed == 2   # 0.4 and 0.5 s skipped
+    assert s.due(100_000_000) == 100_000_000                  # the clock went back: start over
+    assert s.wait_s(150_000_000) == pytest.approx(0.05)
+
+
+def test_a_tick_plans_from_the_prediction_within_its_budget_and_stamps_the_valid_time(superball):
+    import torch
+
+    from tensegrity_engine.control import ExcitationPolicy, MPPIController, PlannerConfig, task_start
+    from tensegrity_engine.control.realtime import RealTimePlanner
+
+    s0, a0 = task_start(superball)
+    mpc = MPPIController(superball, config=PlannerConfig(iterations=50, num_samples=16, horizon=5),
+                         dtype=torch.float64)
+    rt = RealTimePlanner(superball, mpc, ExcitationPolicy(superball, seed=1), a0, plan_budget=0.02,
+                         command_latency=0.01)
+    res = rt.tick(1_000_000_000, 950_000_000, s0, "mppi")
+    assert res.valid_ns == 1_030_000_000 and res.planned
+    assert res.predicted_s == pytest.approx(0.08)              # pose at 0.95 s, command at 1.03 s
+    assert 1 <= res.iterations < 50                           # the budget, not the count, ended it
+    assert (res.command >= superball.command_low).all() and (res.command <= superball.command_high).all()
+    rt.sent(res.valid_ns, res.command)
+    ex = rt.tick(1_100_000_000, 1_050_000_000, s0, "excitation")
+    assert not ex.planned and ex.valid_ns == 1_130_000_000
+    np.testing.assert_allclose(ex.command, rt.excitation.command_at((ex.valid_ns - rt.excite_start_ns) / NS))
+    off = RealTimePlanner(superball, mpc, ExcitationPolicy(superball), a0, compensate=False)
+    assert off.tick(1_000_000_000, 950_000_000, s0, "excitation").predicted_s == 0.0

@@ -1,0 +1,137 @@
+"""A controller on its own clock, for a robot that does not wait (ROS-free; the
+mppi_controller node drives it).
+
+Every ``period`` a tick asks for the next command. It takes effect at
+``t_valid = tick + plan_budget + command_latency`` -- when planning is over and the
+message has reached the robot -- and is stamped so. It is planned from the state the
+model *predicts* for t_valid: the newest measured state rolled through the commands
+already sent (`latency.predict_at`); a late or missing pose only makes that roll longer.
+Planning is anytime: it stops iterating once the budget is spent. Before a model is
+trusted, the excitation signal is sampled at t_valid instead.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Optional
+
+import numpy as np
+
+from tensegrity_engine.control.latency import NS, CommandHistory, predict_at
+
+
+class TickSchedule:
+    """Ticks at the multiples of ``period`` on a clock that may pause (sim time), jump
+    ahead (a slow tick) or go back (a restarted clock)."""
+
+    def __init__(self, period: float):
+        self.period = int(round(period * NS))
+        self.next: Optional[int] = None
+        self.missed = 0
+
+    def due(self, now_ns: int) -> Optional[int]:
+        """The tick due at ``now_ns`` (the newest one passed; ticks skipped since the last
+        are counted in ``missed``), or None before the next."""
+        if now_ns <= 0:
+            return None                            # a sim clock that has not started
+        if self.next is None or now_ns < self.next - 2 * self.period:
+            self.next = -(-now_ns // self.period) * self.period
+        if now_ns < self.next:
+            return None
+        skipped = (now_ns - self.next) // self.period
+        self.missed += int(skipped)
+        tick = self.next + skipped * self.period
+        self.next = tick + self.period
+        return tick
+
+    def wait_s(self, now_ns: int) -> float:
+        """How long until the next tick (a short poll when unknown)."""
+        return 0.005 if self.next is None or now_ns <= 0 else max(0.0, (self.next - now_ns) / NS)
+
+
+@dataclasses.dataclass
+class TickResult:
+    command: np.ndarray
+    valid_ns: int            # stamp: when the command takes effect
+    planned: bool            # MPPI (else excitation)
+    state: np.ndarray        # the state planned from (predicted for valid_ns)
+    act: np.ndarray
+    predicted_s: float       # how far the measurement was rolled ahead (s)
+    plan_s: float            # wall time spent planning
+    iterations: int
+
+
+class RealTimePlanner:
+    """Commands for ticks of a fixed period, planned from the predicted state.
+
+    ``mpc``: an `MPPIController` (its dynamics predict when they have ``advance``);
+    ``excitation``: an `ExcitationPolicy` (``command_at(t)``); ``initial`` [A]: the command
+    in force before the first one (the actuators settled at it)."""
+
+    def __init__(self, robot, mpc, excitation, initial, *, period: float = 0.1, plan_budget: float = 0.06,
+                 command_latency: float = 0.01, compensate: bool = True):
+        if not 0 < plan_budget < period:
+            raise ValueError(f"plan_budget must be in (0, period={period}), got {plan_budget}")
+        self.robot, self.mpc, self.excitation = robot, mpc, excitation
+        self.period, self.plan_budget = float(period), float(plan_budget)
+        self.command_latency, self.compensate = float(command_latency), bool(compensate)
+        self.history = CommandHistory(initial)
+        self.tau = float(robot.actuator.time_constant)
+        self.max_speed: Optional[float] = float(robot.actuator.max_speed)
+        self.delay = float(robot.actuator.delay)
+        self._act_ref: Optional[tuple[int, np.ndarray]] = None    # (t, actuator state) anchor
+        self.excite_start_ns: Optional[int] = None
+
+    @property
+    def lead_ns(self) -> int:
+        """From a tick to the moment its command takes effect."""
+        return int(round((self.plan_budget + self.command_latency) * NS))
+
+    def set_model(self, params) -> None:
+        """The actuator values the estimate follows (the planner's model is swapped by the caller)."""
+        def scalar(name):
+            return float(np.asarray(params.value(name).detach().cpu()).reshape(-1)[0])
+        self.tau, self.max_speed = scalar("actuator_time_constant"), scalar("actuator_max_speed")
+        self.delay = scalar("actuator_delay")
+
+    def sent(self, stamp_ns: int, command) -> None:
+        """Record a command that went out (after the caller's limits): it is in force from its stamp."""
+        self.history.add(stamp_ns, command)
+
+    def actuator_at(self, t_ns: int) -> np.ndarray:
+        """The estimated actuator state at ``t_ns`` (first call: settled at the initial command)."""
+        if self._act_ref is None:
+            self._act_ref = (int(t_ns), self.history.initial.copy())
+        t0, a0 = self._act_ref
+        if t_ns < t0:
+            return a0.copy()
+        act = self.history.actuator_at(a0, t0, int(t_ns), self.tau, self.max_speed, self.delay)
+        self._act_ref = (int(t_ns), act)
+        return act
+
+    def tick(self, tick_ns: int, pose_ns: int, state, mode: str) -> TickResult:
+        """The command for the tick at ``tick_ns`` from the state measured at ``pose_ns``;
+        ``mode`` "mppi" or "excitation"."""
+        t0 = time.perf_counter()
+        valid = int(tick_ns) + self.lead_ns
+        act = self.actuator_at(pose_ns)
+        state = np.asarray(state, dtype=np.float64)
+        predicted = 0.0
+        if self.compensate and hasattr(self.mpc.dynamics, "advance") and valid > pose_ns:
+            state, act = predict_at(self.mpc.dynamics, state, act, self.history, int(pose_ns), valid)
+            predicted = (valid - pose_ns) / NS
+        if self.excite_start_ns is None:
+            self.excite_start_ns = valid
+        if mode == "excitation":
+            u = np.asarray(self.excitation.command_at((valid - self.excite_start_ns) / NS), dtype=np.float64)
+            return TickResult(u, valid, False, state, act, predicted, time.perf_counter() - t0, 0)
+        left = self.plan_budget - (time.perf_counter() - t0)
+        u = self.mpc.plan(state, act, budget=max(left, 0.0))
+        info = self.mpc.planner.last_info
+        return TickResult(np.asarray(u, dtype=np.float64), valid, True, state, act, predicted,
+                          time.perf_counter() - t0, int(info.get("iterations", 0)))
+
+    def late_by(self, valid_ns: int, now_ns: int) -> float:
+        """Seconds by which a command stamped ``valid_ns`` is late at ``now_ns`` (<= 0: on time)."""
+        return (now_ns + self.command_latency * NS - valid_ns) / NS if math.isfinite(self.command_latency) else 0.0
