@@ -20,6 +20,7 @@ repeat as a duplicate).
 from __future__ import annotations
 
 import bisect
+import collections
 import threading
 import time
 
@@ -112,6 +113,7 @@ class MujocoBridge(Node):
         self._seq = 0
         self._last_cmd_stamp = None
         self._latest_cmd_stamp = -1
+        self._leads = collections.deque(maxlen=1000)   # ms each command arrived before its stamp (sim time)
         self.step_count = 0
         self.poses_published = 0
         self.lockstep_timeouts = 0
@@ -145,6 +147,10 @@ class MujocoBridge(Node):
                 reason = "duplicate" if stamp == self._last_cmd_stamp else "out_of_order"
                 return self.diag.reject(reason, "command stamp not increasing", topic="commands")
             self._last_cmd_stamp = stamp
+            lead_ms = (stamp - now) / 1e6             # > 0: arrived before it was due
+            self._leads.append(lead_ms)
+            if lead_ms < 0:
+                self.diag.count("commands_arrived_late")
             # the actuators saturate: a command beyond the range is applied at its limit
             clipped = np.clip(u, self.low, self.high)
             if np.any(clipped != u):
@@ -277,6 +283,8 @@ class MujocoBridge(Node):
                 "poses_published": self.poses_published,
                 "real_time_factor_achieved": round(self.twin.time / wall, 3) if wall > 0 else 0.0,
                 "lockstep_timeouts": self.lockstep_timeouts,
+                **({"command_lead_ms_median": round(float(np.median(self._leads)), 2),
+                    "command_lead_ms_min": round(float(np.min(self._leads)), 2)} if self._leads else {}),
                 "command": np.array2string(self.command, precision=3, max_line_width=10**6)}
 
     def close(self) -> None:

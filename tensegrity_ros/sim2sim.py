@@ -135,7 +135,7 @@ class Monitor:
         rclpy.init(context=self.context)
         self.node = rclpy.create_node("sim2sim_monitor", context=self.context)
         self.lock = threading.Lock()
-        self.pose_t, self.com = [], []
+        self.pose_t, self.com, self.lowest = [], [], []     # lowest: the lowest capsule point (m)
         self.params = []            # (t_sim, stage, {name: values}, val_loss, {name: 1-sigma},
         #                             (held-out CoM error 1 s ahead, the replaced model's))
         self.commands = []          # (t, [A])
@@ -161,9 +161,11 @@ class Monitor:
             return
         t = self.conv.stamp_ns(msg.header.stamp) / 1e9
         w = self.robot.rod_mass / self.robot.rod_mass.sum()
+        low = lowest_point(self.robot, arr)
         with self.lock:
             self.pose_t.append(t)
             self.com.append((arr[:, :3] * w[:, None]).sum(0))
+            self.lowest.append(low)
             self.last_pose_t = t
 
     def _on_params(self, msg):
@@ -204,6 +206,43 @@ class Monitor:
         rclpy.try_shutdown(context=self.context)
 
 
+def lowest_point(robot, poses) -> float:
+    """z of the lowest capsule surface point above the floor (m) for poses [R, 7]."""
+    from tensegrity_engine.physics.state import quat_rotate
+
+    axis_z = quat_rotate(poses[:, 3:7] / np.linalg.norm(poses[:, 3:7], axis=-1, keepdims=True),
+                         np.array([0.0, 0.0, 1.0]))[:, 2]
+    ends = poses[:, 2] - 0.5 * robot.rod_length * np.abs(axis_z) - robot.rod_radius
+    return float(ends.min() - robot.contact.ground_height)
+
+
+def realtime_figures(mon, rolling_start, period: float) -> dict:
+    """What a robot that cannot pause would feel: command period jitter (stamps), commands
+    the identifier refused as late, ticks the controller missed, late plans, how early
+    commands reached the robot, and how much of the rolling the robot was airborne."""
+    out = {}
+    stamps = np.array([c[0] for c in mon.commands])
+    if rolling_start is not None:
+        stamps = stamps[stamps >= rolling_start]
+    if len(stamps) > 2:
+        jitter = np.abs(np.diff(stamps) - period)
+        out["command_period_jitter_p99_ms"] = float(np.percentile(jitter, 99) * 1e3)
+    ident, ctrl, bridge = (mon.diag.get(n, {}) for n in ("identifier", "mppi_controller", "mujoco_bridge"))
+    num = lambda d, k: float(d.get(k, 0) or 0)
+    out["late_command_rejections"] = num(ident, "rejected_late_command")
+    out["controller_ticks_missed"] = num(ctrl, "ticks_missed")
+    out["controller_commands_late"] = num(ctrl, "commands_late")
+    for key in ("command_lead_ms_median", "command_lead_ms_min", "commands_arrived_late"):
+        if key in bridge:
+            out[key] = num(bridge, key)
+    t, low = np.array(mon.pose_t), np.array(mon.lowest)
+    if rolling_start is not None and len(t):
+        sel = t >= rolling_start
+        if sel.any():
+            out["airborne_fraction"] = float((low[sel] > 0.01).mean())
+    return out
+
+
 def true_values(robot, robot_truth: str = "twin") -> dict:
     """The values of the robot the bridge plays (``robot_truth``: twin, zoo/<name> or a YAML)."""
     from tensegrity_engine.groundtruth.zoo import ground_truth
@@ -216,7 +255,7 @@ def true_values(robot, robot_truth: str = "twin") -> dict:
 
 
 def summarize(robot, mon: Monitor, rolling_start, out_dir: Path, wall_s: float, learn,
-              robot_truth: str = "twin") -> dict:
+              robot_truth: str = "twin", period: float = 0.1) -> dict:
     t = np.array(mon.pose_t)
     com = np.array(mon.com) if mon.com else np.zeros((0, 3))
     truth = true_values(robot, robot_truth)
@@ -260,6 +299,7 @@ def summarize(robot, mon: Monitor, rolling_start, out_dir: Path, wall_s: float, 
         summary["excitation_drift_m"] = float(np.linalg.norm(
             com[(t < rolling_start) if rolling_start else slice(None)][-1, :2] - com[0, :2])) \
             if (rolling_start is None or (t < rolling_start).any()) else 0.0
+    summary.update(realtime_figures(mon, rolling_start, period))
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     np.savez(out_dir / "trajectory.npz", t=t, com=com)
@@ -343,6 +383,15 @@ def print_summary(s: dict) -> None:
               f"vx={s['achieved_vx']:+.3f} m/s, vy={s['achieved_vy']:+.3f} m/s (goal +1.0 m/s along x)")
     else:
         print("MPPI phase not reached (see the node logs)")
+    rt = [f"{label} {s[key]:.{prec}f}{unit}" for key, label, prec, unit in (
+        ("command_period_jitter_p99_ms", "command period jitter p99", 1, " ms"),
+        ("late_command_rejections", "late-command rejections", 0, ""),
+        ("controller_ticks_missed", "ticks missed", 0, ""),
+        ("controller_commands_late", "plans over budget", 0, ""),
+        ("command_lead_ms_min", "commands reached the robot >=", 1, " ms early"),
+        ("airborne_fraction", "airborne", 3, " of the rolling time")) if key in s]
+    if rt:
+        print("real time: " + ", ".join(rt))
     if "plots" in s:
         print(f"plots: {s['plots']}")
 
@@ -433,7 +482,9 @@ def main(argv=None) -> int:
         stop_processes(procs)
         summary = None
         if mon is not None:
-            summary = summarize(robot, mon, rolling_start, out_dir, time.monotonic() - wall0, learn, robot_truth)
+            period = float(data.get("mppi_controller", {}).get("ros__parameters", {}).get("control_period", 0.1))
+            summary = summarize(robot, mon, rolling_start, out_dir, time.monotonic() - wall0, learn, robot_truth,
+                                period)
             mon.close()
         clean_dds_shm()
         shutil.rmtree(log_root, ignore_errors=True)
