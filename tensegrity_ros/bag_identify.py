@@ -43,8 +43,11 @@ def load_settings(params_file: Optional[str], robot_name: Optional[str]) -> tupl
 
 
 def identify_bag(path, robot, values: dict, *, start: float = 0.0, end: Optional[float] = None,
-                 device: str = "cpu", max_seconds: float = math.inf, log=print) -> dict:
-    """Run the identifier's session over the bag; a summary dict (values, sigma, gate)."""
+                 device: str = "cpu", max_seconds: float = math.inf, score: Optional[dict] = None,
+                 log=print) -> dict:
+    """Run the identifier's session over the bag; a summary dict (values, sigma, gate).
+    ``score`` {label: values}: other models judged on the same held-out tuples
+    (summary["scored"][label]: their held-out loss and CoM error 1 s ahead)."""
     from rclpy.serialization import deserialize_message
 
     from .bag_player import _message_type, read_bag
@@ -86,6 +89,10 @@ def identify_bag(path, robot, values: dict, *, start: float = 0.0, end: Optional
                         "heldout_loss": verdict.candidate_loss, "config_loss": verdict.incumbent_loss,
                         "heldout_com_error": verdict.candidate_com_error,
                         "config_com_error": verdict.incumbent_com_error}}
+    summary["scored"] = {}
+    for label, other in (score or {}).items():
+        v = session.gate({k: np.asarray(x, dtype=float) for k, x in other.items()})
+        summary["scored"][label] = {"heldout_loss": v.candidate_loss, "heldout_com_error": v.candidate_com_error}
     log(f"{len(tuples)} tuples ({counts['refused']} messages refused), {session.epochs} epochs, "
         f"{session.status}; hold-out gate: {verdict.reason}")
     return summary

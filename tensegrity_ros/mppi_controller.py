@@ -109,6 +109,7 @@ class MppiControllerNode(Node):
         self.mpc = MPPIController(self.robot, planner=planner, config=cfg,
                                   engine_dt=(engine_dt or None), integrator=integrator, device=self.device,
                                   backend=None if backend == "auto" else backend)
+        self.mpc.cost.w_airborne = timing["airborne_weight"]
         self.mpc.cost.target_velocity = np.array([vx, vy])
         self.mpc.cost.speed = float(np.hypot(vx, vy))
         self.limits = CommandLimits.for_robot(self.robot, safety["max_command_rate"] or None)
@@ -401,7 +402,8 @@ def publish_planned_markers(node: MppiControllerNode, state, act, t_ns: int) -> 
 
 
 def declare_timing(d, period: float) -> dict:
-    """When commands take effect and how long planning may take (node parameters)."""
+    """When commands take effect, how long planning may take, how gently the robot may
+    move (node parameters)."""
     return {
         "plan_budget": d("plan_budget", 0.6 * period, "wall seconds planning may take per command "
                          "(anytime: iterations stop there); part of the lead", range=(1e-4, 10.0)),
@@ -410,6 +412,9 @@ def declare_timing(d, period: float) -> dict:
                              range=(0.0, 1.0)),
         "compensate_latency": d("compensate_latency", True, "plan from the state the model predicts for "
                                 "the command's stamp (else from the newest measurement)"),
+        "airborne_weight": d("airborne_weight", 0.0, "cost per metre the robot's lowest point is above "
+                             "1 cm (a robot in the air lands on its motors; 0 = the paper's cost)",
+                             range=(0.0, 1e4)),
         "pose_wait": d("pose_wait", 0.005, "wall seconds a tick waits for its own pose when the newest is "
                        "older than the tick", range=(0.0, 1.0)),
     }

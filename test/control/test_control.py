@@ -303,3 +303,16 @@ def test_the_planner_steps_a_stiff_model_as_identification_does(superball):
     assert torch.isfinite(states).all() and states[..., 7:10].norm(dim=-1).max() < 5.0
     dyn.set_params(PhysicalParameters(superball))
     assert dyn.dt == superball.dt and dyn.substeps == 100
+
+
+def test_the_airborne_term_charges_a_robot_off_the_floor_and_only_then(superball):
+    s0, a0 = mpc.task_start(superball)
+    states = torch.as_tensor(s0)[None, None].repeat(2, 4, 1, 1).clone()
+    states[1, 1:, :, 2] += 0.1                       # knots 1..3 with the robot 10 cm up
+    plans = torch.as_tensor(a0)[None, None].repeat(2, 4, 1)
+    plain = mpc.LocomotionCost(superball, target_velocity=(0.0, 0.0))(states, plans, s0, a0)
+    gentle = mpc.LocomotionCost(superball, target_velocity=(0.0, 0.0), w_airborne=10.0)(states, plans, s0, a0)
+    assert gentle[0] == pytest.approx(float(plain[0]))            # on the floor: no charge
+    lowest = mpc.LocomotionCost(superball).lowest_point(states[1])
+    assert float(lowest[0]) == pytest.approx(0.0, abs=1e-3) and float(lowest[1]) == pytest.approx(0.1, abs=1e-3)
+    assert float(gentle[1] - plain[1]) == pytest.approx(10.0 * 3 / 4 * (0.1 - 0.01), rel=0.02)

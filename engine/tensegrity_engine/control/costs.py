@@ -27,14 +27,19 @@ class LocomotionCost:
     Cost per rollout, averaged over knots::
 
         |v_xy - v_des|^2 + w_height (z_k - z_0)^2 + w_smooth |u_k - u_{k-1}|^2 / width^2
+            + w_airborne max(0, lowest_k - clearance)
 
-    with ``u_{-1}`` the command being applied. NaN rollouts cost `BAD_COST`.
+    with ``u_{-1}`` the command being applied and ``lowest_k`` the lowest capsule point
+    above the floor at the end of knot k: a robot in the air lands on its motors, so
+    ``w_airborne`` (per metre, default 0: the paper's cost) trades speed for staying down.
+    NaN rollouts cost `BAD_COST`.
     """
 
     def __init__(self, robot: RobotConfig, *, target_velocity: Sequence[float] = (1.0, 0.0),
                  goal: Optional[Sequence[float]] = None, speed: Optional[float] = None,
                  control_dt: float = 0.1, w_height: float = 0.1, w_smooth: float = 0.002,
-                 terminal_weight: float = 1.0, approach_time: Optional[float] = None):
+                 terminal_weight: float = 1.0, approach_time: Optional[float] = None,
+                 w_airborne: float = 0.0, clearance: float = 0.01):
         self.robot = robot
         self.target_velocity = np.asarray(target_velocity, dtype=np.float64)[:2]
         self.goal = None if goal is None else np.asarray(goal, dtype=np.float64)[:2]
@@ -48,7 +53,10 @@ class LocomotionCost:
         self.w_height = float(w_height)
         self.w_smooth = float(w_smooth)
         self.terminal_weight = float(terminal_weight)
+        self.w_airborne, self.clearance = float(w_airborne), float(clearance)
         self._mass = torch.as_tensor(robot.rod_mass)
+        self._half = torch.as_tensor(0.5 * robot.rod_length)
+        self._radius = torch.as_tensor(robot.rod_radius)
         self._width = torch.as_tensor(robot.command_high - robot.command_low)
 
     def set_goal(self, velocity=None, *, goal=None) -> None:
@@ -58,6 +66,17 @@ class LocomotionCost:
             self.target_velocity = np.asarray(velocity, dtype=np.float64)[:2]
             self.speed = float(np.linalg.norm(self.target_velocity))
         self.goal = None if goal is None else np.asarray(goal, dtype=np.float64)[:2]
+
+    def lowest_point(self, states: torch.Tensor) -> torch.Tensor:
+        """[...] height of the lowest capsule point above the floor for states [..., R, 13]."""
+        from tensegrity_engine.physics.state import QUAT, quat_rotate
+
+        dtype, device = states.dtype, states.device
+        up = torch.tensor([0.0, 0.0, 1.0], dtype=dtype, device=device)
+        axis_z = quat_rotate(states[..., QUAT], up.expand(states.shape[:-1] + (3,)))[..., 2]
+        lowest = (states[..., 2] - self._half.to(dtype=dtype, device=device) * axis_z.abs()
+                  - self._radius.to(dtype=dtype, device=device))
+        return lowest.min(-1).values - self.robot.contact.ground_height
 
     def desired_velocity(self, com: torch.Tensor) -> torch.Tensor:
         """[..., 2] desired CoM velocity at CoM positions com [..., >=2]."""
@@ -88,4 +107,6 @@ class LocomotionCost:
         du = torch.diff(torch.cat([u_prev, plans], 1), dim=1) / width
         smooth = (du ** 2).sum(-1).mean(-1)
         cost = track + self.w_height * height + self.w_smooth * smooth
+        if self.w_airborne:
+            cost = cost + self.w_airborne * torch.relu(self.lowest_point(states) - self.clearance).mean(-1)
         return torch.where(torch.isfinite(cost), cost, torch.full_like(cost, BAD_COST))
