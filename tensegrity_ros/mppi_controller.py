@@ -239,6 +239,8 @@ class MppiControllerNode(Node):
         clock, schedule = self.get_clock(), TickSchedule(self.period)
         while not self._stop.is_set() and self.context.ok():
             now = clock.now().nanoseconds
+            if now <= 0 and self.estimator.stamp is not None:
+                now = self.estimator.stamp            # a sim clock held at 0 waits for our first command
             tick = schedule.due(now)
             if tick is None:
                 self._stop.wait(min(0.002, schedule.wait_s(now)))

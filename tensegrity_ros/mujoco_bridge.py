@@ -216,12 +216,14 @@ class MujocoBridge(Node):
                 else:
                     self._publish_clock(t)
                     self._publish_measurement(*meas)
-                    self._wait_lockstep(t, meas[1])
+                    if self._wait_lockstep(t, meas[1]):
+                        wall0, sim0 = time.monotonic(), t      # paced from here: no catching up
             while delayed and delayed[0][0] <= t:
                 _, tm, meas, truth = delayed.pop(0)
                 self._publish_clock(t)
                 self._publish_measurement(tm, meas, truth)
-                self._wait_lockstep(tm, meas)
+                if self._wait_lockstep(tm, meas):
+                    wall0, sim0 = time.monotonic(), t
             if marker_ns and t >= next_marker:
                 self._publish_markers(t)
                 next_marker += marker_ns
@@ -248,11 +250,14 @@ class MujocoBridge(Node):
                 if ahead > 0:
                     self._stop.wait(ahead)
 
-    def _wait_lockstep(self, t_meas: int, meas: np.ndarray) -> None:
+    def _wait_lockstep(self, t_meas: int, meas: np.ndarray) -> bool:
+        """Lockstep: wait until a command stamped at or after the pose arrived. True if it
+        waited (the real-time pacing restarts from here instead of catching up)."""
         if not self.lockstep or self.count_subscribers(TOPIC_POSES) == 0:
-            return
+            return False
         if self.count_publishers(TOPIC_COMMAND) == 0:
-            return
+            return False
+        waited = False
         deadline = time.monotonic() + self.lockstep_timeout
         resend_at = time.monotonic() + FIRST_POSE_REPEAT
         with self._cv:
@@ -266,8 +271,10 @@ class MujocoBridge(Node):
                     self.lockstep_timeouts += 1
                     self.diag.warn_throttled("lockstep", f"no command for t={t_meas / NS:.3f}s within "
                                              f"{self.lockstep_timeout}s; continuing")
-                    return
+                    return True
                 self._cv.wait(min(left, 0.1))
+                waited = True
+        return waited
 
     def _publish_markers(self, t_ns: int) -> None:
         rs, act = self.twin.get_state()

@@ -33,9 +33,9 @@ class TickSchedule:
     def due(self, now_ns: int) -> Optional[int]:
         """The tick due at ``now_ns`` (the newest one passed; ticks skipped since the last
         are counted in ``missed``), or None before the next."""
-        if now_ns <= 0:
-            return None                            # a sim clock that has not started
-        if self.next is None or now_ns < self.next - 2 * self.period:
+        if now_ns < 0:
+            return None
+        if self.next is None or now_ns < self.next - 2 * self.period:     # start, or the clock went back
             self.next = -(-now_ns // self.period) * self.period
         if now_ns < self.next:
             return None
@@ -47,7 +47,7 @@ class TickSchedule:
 
     def wait_s(self, now_ns: int) -> float:
         """How long until the next tick (a short poll when unknown)."""
-        return 0.005 if self.next is None or now_ns <= 0 else max(0.0, (self.next - now_ns) / NS)
+        return 0.005 if self.next is None or now_ns < 0 else max(0.0, (self.next - now_ns) / NS)
 
 
 @dataclasses.dataclass
