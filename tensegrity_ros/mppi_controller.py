@@ -149,7 +149,7 @@ class MppiControllerNode(Node):
         self._last_markers = 0.0
         self.create_service(Trigger, "~/hold", self._on_hold)
         self.create_service(Trigger, "~/resume", self._on_resume)
-        self.diag = Diagnostics(self, extra=self._diag_values)
+        self.diag = Diagnostics(self, extra=lambda: diag_values(self))
         self._worker = threading.Thread(target=self._run, name="mppi_worker", daemon=True)
         self._worker.start()
         self.get_logger().info(f"MPPI controller on {self.device}: {planner}, H={horizon}, N={samples}, "
@@ -247,8 +247,9 @@ class MppiControllerNode(Node):
                 continue
             self.ticks_missed = schedule.missed
             try:
-                if not self._watchdog(now):
-                    self._step(tick)
+                if not self._watchdog(now) and not self._step(tick):
+                    schedule.next = None               # no pose yet: the first tick is the next due
+                    self._stop.wait(0.005)
             except Exception as exc:  # noqa: BLE001 - keep the node alive; hold the robot
                 if not self.context.ok():
                     break
@@ -275,10 +276,11 @@ class MppiControllerNode(Node):
             self.mpc.reset()
             self.get_logger().info(f"identified model ({stage}) received: switching to MPPI")
 
-    def _step(self, tick_ns: int) -> None:
+    def _step(self, tick_ns: int) -> bool:
+        """The tick's command; False when there is no measured state to plan from yet."""
         self._swap_model()
         if self.latch.holding:
-            return
+            return True
         if self.estimator.stamp is not None and self.estimator.stamp < tick_ns and self.pose_wait > 0:
             self._new_pose.clear()                   # the tick's own pose may be on its way
             self._new_pose.wait(self.pose_wait)
@@ -286,7 +288,7 @@ class MppiControllerNode(Node):
             stamp = self.estimator.stamp
             state = self.estimator.state()
         if state is None:
-            return
+            return False
         start = self.rt.excite_start_ns
         if (self.mode == "excitation" and self.max_excitation > 0 and start is not None
                 and tick_ns - start > self.max_excitation * NS):
@@ -301,11 +303,13 @@ class MppiControllerNode(Node):
             publish_planned_markers(self, res.state, res.act, res.valid_ns)
         if not np.isfinite(res.command).all():
             self.diag.count("nonfinite_plan")
-            return self._trip(PLANNING_FAILED, "the plan has non-finite commands")
+            self._trip(PLANNING_FAILED, "the plan has non-finite commands")
+            return True
         now = self.get_clock().now().nanoseconds
         if now > res.valid_ns:                       # planning overran: say when it really acts
             self.diag.count("commands_late")
         self._send(res.command, max(res.valid_ns, now))
+        return True
 
     def _send(self, u, t_cmd: int, holding: bool = False) -> None:
         """Publish ``u`` within the command limits, stamped ``t_cmd`` (after the last one)."""
@@ -364,23 +368,25 @@ class MppiControllerNode(Node):
         response.success, response.message = ok, why
         return response
 
-    def _diag_values(self) -> dict:
-        if self.latch.holding:
-            self.diag.set_status(DiagnosticStatus.ERROR, f"holding ({self.latch.reason}): {self.latch.detail}")
-        else:
-            self.diag.set_status(DiagnosticStatus.OK, self.mode)
-        r = self.last_tick
-        return {"mode": "hold" if self.latch.holding else self.mode, "hold_reason": self.latch.reason or "",
-                "model": self.model_stage, "poses": self.pose_count, "plans": self.plans,
-                "last_plan_time_s": round(r.plan_s, 4) if r else "n/a",
-                "last_iterations": r.iterations if r else "n/a",
-                "last_predicted_ahead_s": round(r.predicted_s, 4) if r else "n/a",
-                "ticks_missed": self.ticks_missed,
-                "goal": str(self.mpc.cost.target_velocity.tolist())}
-
     def close(self) -> None:
         self._stop.set()
         self._worker.join(timeout=30.0)
+
+
+def diag_values(node: MppiControllerNode) -> dict:
+    """The controller's state for /diagnostics (and its ERROR status while holding)."""
+    if node.latch.holding:
+        node.diag.set_status(DiagnosticStatus.ERROR, f"holding ({node.latch.reason}): {node.latch.detail}")
+    else:
+        node.diag.set_status(DiagnosticStatus.OK, node.mode)
+    r = node.last_tick
+    return {"mode": "hold" if node.latch.holding else node.mode, "hold_reason": node.latch.reason or "",
+            "model": node.model_stage, "poses": node.pose_count, "plans": node.plans,
+            "last_plan_time_s": round(r.plan_s, 4) if r else "n/a",
+            "last_iterations": r.iterations if r else "n/a",
+            "last_predicted_ahead_s": round(r.predicted_s, 4) if r else "n/a",
+            "ticks_missed": node.ticks_missed,
+            "goal": str(node.mpc.cost.target_velocity.tolist())}
 
 
 def publish_planned_markers(node: MppiControllerNode, state, act, t_ns: int) -> None:
