@@ -413,7 +413,7 @@ def declare_timing(d, period: float) -> dict:
     """When commands take effect, how long planning may take, how gently the robot may
     move (node parameters)."""
     return {
-        "plan_budget": d("plan_budget", 0.6 * period, "wall seconds planning may take per command "
+        "plan_budget": d("plan_budget", 0.8 * period, "wall seconds planning may take per command "
                          "(anytime: iterations stop there); part of the lead", range=(1e-4, 10.0)),
         "command_latency": d("command_latency", 0.01, "expected transport delay of a command to the robot "
                              "(s); a command is stamped tick + plan_budget + command_latency",

@@ -119,10 +119,17 @@ class SamplingPlanner:
         return self.mean.clone()
 
     def _iterations(self):
-        """Iteration indices, stopping at the deadline (the first always runs)."""
+        """Iteration indices, stopping before an iteration that would end after the deadline
+        (judged by the slowest one so far; the first always runs)."""
+        deadline = getattr(self, "_deadline", math.inf)
+        slowest, start = 0.0, time.perf_counter()
         for it in range(self.config.iterations):
-            if it > 0 and time.perf_counter() >= getattr(self, "_deadline", math.inf):
-                break
+            now = time.perf_counter()
+            if it > 0:
+                slowest = max(slowest, now - start)
+                if now + slowest > deadline:
+                    break
+            start = now
             self.iterations_run = it + 1
             yield it
 
