@@ -23,7 +23,7 @@ import numpy as np
 
 from .common import ConfigurationError, ShutdownRequest
 
-TOPIC_KIND = {"/tensegrity/rod_poses": "poses", "/tensegrity/imu": "imu", "/tensegrity/cable_command": "commands"}
+TOPIC_KIND = {"/tensegrity/rod_poses": "poses", "/tensegrity/imu": "imu"}
 
 
 def load_settings(params_file: Optional[str], robot_name: Optional[str]) -> tuple[dict, str]:
@@ -57,6 +57,7 @@ def identify_bag(path, robot, values: dict, *, start: float = 0.0, end: Optional
 
     d = file_declarer(values)
     setting = declare_identification(d)
+    topics = dict(TOPIC_KIND, **{d("command_topic", "/tensegrity/cable_command"): "commands"})
     ignored = [k for k in d.unused() if k not in NODE_ONLY]
     if ignored:
         raise ConfigurationError(f"identifier parameters {ignored} are not identification settings")
@@ -64,8 +65,8 @@ def identify_bag(path, robot, values: dict, *, start: float = 0.0, end: Optional
     cable_names = [robot.cable_names[i] for i in robot.actuated_indices]
     counts = {"accepted": 0, "refused": 0}
     types: dict = {}
-    for m in read_bag(path, list(TOPIC_KIND), start, end):
-        kind = TOPIC_KIND[m.topic]
+    for m in read_bag(path, list(topics), start, end):
+        kind = topics[m.topic]
         msg = deserialize_message(m.data, types.setdefault(m.datatype, _message_type(m.datatype)))
         ok, _, _ = feed_aligner(aligner, kind, msg, setting["pose_frame"], cable_names)
         counts["accepted" if ok else "refused"] += 1

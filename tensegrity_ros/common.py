@@ -8,6 +8,7 @@ import threading
 TOPIC_POSES = "/tensegrity/rod_poses"
 TOPIC_IMU = "/tensegrity/imu"
 TOPIC_COMMAND = "/tensegrity/cable_command"
+TOPIC_APPLIED = "/tensegrity/applied_command"      # optional driver echo: stamp = when it took effect
 TOPIC_PARAMS = "/tensegrity/identified_parameters"
 TOPIC_GOAL = "/tensegrity/goal"
 TOPIC_MARKERS = "/tensegrity/markers"

@@ -31,7 +31,7 @@ from tensegrity_engine.identification.streaming import StreamAligner, StreamConf
 from tensegrity_engine.physics.params import PhysicalParameters, checked_parameters
 
 from . import conversions as conv
-from .common import (TOPIC_COMMAND, TOPIC_IMU, TOPIC_MARKERS, TOPIC_PARAMS, TOPIC_POSES,
+from .common import (TOPIC_APPLIED, TOPIC_COMMAND, TOPIC_IMU, TOPIC_MARKERS, TOPIC_PARAMS, TOPIC_POSES,
                      latched_qos, resolve_device, run_node, stream_qos)
 from .diagnostics import Diagnostics
 from .params import declare, load_robot
@@ -91,7 +91,10 @@ class IdentifierNode(Node):
         self.pub_markers = self.create_publisher(MarkerArray, TOPIC_MARKERS, 5)
         self.create_subscription(PoseArray, TOPIC_POSES, self._on_pose, stream_qos())
         self.create_subscription(Imu, TOPIC_IMU, self._on_imu, stream_qos(100))
-        self.create_subscription(CableCommand, TOPIC_COMMAND, self._on_command, stream_qos())
+        command_topic = d("command_topic", TOPIC_COMMAND, "the commands to align with the poses: the "
+                          "controller's (valid-from stamps) or a driver's echo of what it applied "
+                          f"({TOPIC_APPLIED}: stamped when each took effect)", read_only=True)
+        self.create_subscription(CableCommand, command_topic, self._on_command, stream_qos())
         self.diag = Diagnostics(self, extra=self._diag_values)
         self._counted = collections.Counter()
         if self.ckpt_dir and self.resume:

@@ -42,7 +42,7 @@ from tensegrity_engine.identification.measurements import command_problem
 from tensegrity_engine.physics.state import center_of_mass
 
 from . import conversions as conv
-from .common import (TOPIC_COMMAND, TOPIC_IMU, TOPIC_MARKERS, TOPIC_POSES, run_node,
+from .common import (TOPIC_APPLIED, TOPIC_COMMAND, TOPIC_IMU, TOPIC_MARKERS, TOPIC_POSES, run_node,
                      stream_qos)
 from .diagnostics import Diagnostics
 from .params import declare, load_robot
@@ -104,6 +104,7 @@ class MujocoBridge(Node):
 
         self.pub_pose = self.create_publisher(PoseArray, TOPIC_POSES, stream_qos())
         self.pub_imu = self.create_publisher(Imu, TOPIC_IMU, stream_qos(100))
+        self.pub_applied = self.create_publisher(CableCommand, TOPIC_APPLIED, stream_qos())
         self.pub_markers = self.create_publisher(MarkerArray, TOPIC_MARKERS, 5)
         self.pub_clock = self.create_publisher(Clock, "/clock", 10)
         self.create_subscription(CableCommand, TOPIC_COMMAND, self._on_command, stream_qos())
@@ -113,6 +114,7 @@ class MujocoBridge(Node):
         self._seq = 0
         self._last_cmd_stamp = None
         self._latest_cmd_stamp = -1
+        self._applied_ns = -1
         self._leads = collections.deque(maxlen=1000)   # ms each command arrived before its stamp (sim time)
         self.step_count = 0
         self.poses_published = 0
@@ -229,9 +231,14 @@ class MujocoBridge(Node):
                 next_marker += marker_ns
             # commands due now
             with self._cv:
+                applied = False
                 while self._queue and self._queue[0][0] <= t + dt_ns // 2:
                     self.command = self._queue.pop(0)[2]
                     self.diag.count("commands_applied")
+                    applied = True
+                if applied:                    # the echo a driver can give: when it really took effect
+                    self.pub_applied.publish(conv.make_cable_command(self.command, max(t, self._applied_ns + 1)))
+                    self._applied_ns = max(t, self._applied_ns + 1)
                 next_cmd = self._queue[0][0] if self._queue else None
             # step to the next event
             events = [next_pose, next_clock] + ([next_marker] if marker_ns else [])

@@ -25,6 +25,7 @@ TOPICS = {
     "/tensegrity/rod_poses": "geometry_msgs/msg/PoseArray",
     "/tensegrity/imu": "sensor_msgs/msg/Imu",
     "/tensegrity/cable_command": "tensegrity_ros_interfaces/msg/CableCommand",
+    "/tensegrity/applied_command": "tensegrity_ros_interfaces/msg/CableCommand",
     "/tensegrity/identified_parameters": "tensegrity_ros_interfaces/msg/IdentifiedParameters",
     "/tensegrity/goal": "geometry_msgs/msg/Vector3Stamped",
 }
