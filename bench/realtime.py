@@ -7,7 +7,8 @@ Each case is one `tensegrity-sim2sim` run (nodes as processes, identification ru
 with MPPI from the first pose on the config's model (``excite_until: never``), so the
 cases differ in timing only:
 
-* ``lockstep``: the bridge pauses MuJoCo until each command arrives (the old default);
+* ``lockstep``: the bridge pauses MuJoCo until each command arrives (a debugging option,
+  the reference: the planner gets all the time it needs);
 * ``realtime``: the bridge runs in real time (no lockstep), the controller ticks on its
   clock and plans from the predicted state;
 * ``lat30`` / ``lat100``: real time with 30 / 100 ms of pose latency;
@@ -31,13 +32,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from zoo import machine  # noqa: E402
 
-CASES = {
-    "lockstep": [],
-    "realtime": ["mujoco_bridge:lockstep:=false"],
-    "nocomp": ["mujoco_bridge:lockstep:=false", "mppi_controller:compensate_latency:=false"],
-    "lat30": ["mujoco_bridge:lockstep:=false", "mujoco_bridge:latency:=0.03"],
-    "lat100": ["mujoco_bridge:lockstep:=false", "mujoco_bridge:latency:=0.1"],
-    "busy": ["mujoco_bridge:lockstep:=false"],
+CASES = {          # config/sim2sim.yaml's bridge runs in real time; lockstep is the reference
+    "lockstep": ["mujoco_bridge:lockstep:=true"],
+    "realtime": [],
+    "nocomp": ["mppi_controller:compensate_latency:=false"],
+    "lat30": ["mujoco_bridge:latency:=0.03"],
+    "lat100": ["mujoco_bridge:latency:=0.1"],
+    "busy": [],
 }
 BASE = ["mppi_controller:excite_until:=never"]
 
