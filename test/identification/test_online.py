@@ -180,10 +180,16 @@ def test_held_out_tuples_never_train_and_gate_every_publication(three_bar):
     trained = made[0].calls[0][1]
     assert all(t not in trained for t in held)
     assert len(trained) == 21 and 1_900_000_000 in trained and 3_000_000_000 in trained
+    one = s.gate({"cable_stiffness": [2500.0]})                       # one block: chance, not evidence
+    assert not one.accepted and one.reason == "no_heldout_yet"
+    s.add(_batch(three_bar, 31, 60))                          # blocks 50-59 and 80-89 held out too
+    assert s.heldout_len == 30 and s.window_len == 61
+    held += list(range(5_000_000_000, 6_000_000_000, 100_000_000)) + list(range(8_000_000_000, 9_000_000_000,
+                                                                                100_000_000))
     # nothing published yet: the incumbent is the config (K 2000 on the 3-bar: 1000 from 3000)
     assert PhysicalParameters(three_bar).as_dict()["cable_stiffness"][0] == pytest.approx(2000.0)
     v = s.gate({"cable_stiffness": [2500.0]})
-    assert v.accepted and v.reason == "better" and v.improvement == pytest.approx(2.0) and v.tuples == 10
+    assert v.accepted and v.reason == "better" and v.improvement == pytest.approx(2.0) and v.tuples == 30
     assert (v.candidate_com_error, v.incumbent_com_error) == pytest.approx((0.05, 0.1))
     assert made[0].calls[-1] == ("heldout", held)
     s.best_values = {**PhysicalParameters(three_bar).as_dict(), "cable_stiffness": [2500.0]}
@@ -194,12 +200,12 @@ def test_held_out_tuples_never_train_and_gate_every_publication(three_bar):
     calls = len(made[0].calls)
     assert s.gate({"cable_stiffness": [float("nan")]}).reason == "unstable"
     assert len(made[0].calls) == calls + 1            # the incumbent's score is reused
-    s.add(_batch(three_bar, 31, 29))                          # the count goes on: 50-59 held out
-    assert s.heldout_len == 20 and s.window_len == 40
+    s.add(_batch(three_bar, 91, 29))                          # the count goes on: 110-119 held out
+    assert s.heldout_len == 40 and s.window_len == 80
     data = s.checkpoint()
     r, _ = _session(three_bar, [1.0], min_tuples=2, holdout_every=3)
     r.restore(data)
-    assert (r.heldout_len, r.seen) == (20, 60)
+    assert (r.heldout_len, r.seen) == (40, 120)
 
 
 def test_the_gate_never_publishes_a_model_worse_than_the_config_on_todays_data(three_bar):
