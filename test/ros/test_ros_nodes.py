@@ -424,7 +424,9 @@ def test_recorder_bag_reads_back_for_offline_identification(ros, tmp_path):
     watcher = Recorder(ros.plain("watcher"))
     ros.node(MujocoBridge, {"real_time_factor": 4.0, "lockstep": True, "marker_rate": 0.0})
     ros.node(MppiControllerNode, {"use_sim_time": True, "device": "cpu", "torch_threads": 1})  # excitation
-    assert wait_for(lambda: len(watcher.poses) >= 25 and len(watcher.commands) >= 20, 60)
+    # commands are valid from 90 ms after their tick: poses before the first one are not
+    # usable (no command known), so record a few more than the assertions need
+    assert wait_for(lambda: len(watcher.poses) >= 30 and len(watcher.commands) >= 25, 60)
     rec_node.close()
     assert rec_node.bag.count > 40
     traj = bag_to_trajectory(bag, ROBOT)
