@@ -23,11 +23,16 @@ Pieces (all ROS-free, float32 and gradient-free by default, any torch device):
 * **Safety** (``safety``) -- `CommandLimits` (range and rate per the robot YAML) and
   `HoldLatch` (a latched hold on stale poses, a rejected model or an operator's request,
   cleared only by an explicit resume), for controllers on hardware.
+* **Real time** (``latency``, ``realtime``) -- `CommandHistory` (the commands sent, as
+  they act), `predict_at` (the model's state when a new command takes effect),
+  `RealTimePlanner` (one command per tick, stamped valid-from, planned from that
+  prediction within an anytime budget) and `TickSchedule`, for a robot that does not wait.
 * `run_closed_loop` executes a policy on the MuJoCo twin (replanning every
   ``control_dt`` from MuJoCo's measured state) and `summarize` computes the task metrics.
 
 Modules: ``interfaces`` (the dynamics and cost contracts), ``dynamics``, ``costs``,
-``planners``, ``controller``, ``excitation``, ``execution``, ``safety``. Imports physics and
+``planners``, ``controller``, ``excitation``, ``execution``, ``safety``, ``latency``,
+``realtime``. Imports physics and
 groundtruth (rest poses for the task start), never identification or cli.
 """
 from tensegrity_engine.control.controller import MPPIController

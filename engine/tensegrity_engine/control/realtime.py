@@ -12,7 +12,6 @@ trusted, the excitation signal is sampled at t_valid instead.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from typing import Optional
 
@@ -131,7 +130,3 @@ class RealTimePlanner:
         info = self.mpc.planner.last_info
         return TickResult(np.asarray(u, dtype=np.float64), valid, True, state, act, predicted,
                           time.perf_counter() - t0, int(info.get("iterations", 0)))
-
-    def late_by(self, valid_ns: int, now_ns: int) -> float:
-        """Seconds by which a command stamped ``valid_ns`` is late at ``now_ns`` (<= 0: on time)."""
-        return (now_ns + self.command_latency * NS - valid_ns) / NS if math.isfinite(self.command_latency) else 0.0
