@@ -122,6 +122,7 @@ class MppiControllerNode(Node):
                                   period=self.period, plan_budget=timing["plan_budget"],
                                   command_latency=timing["command_latency"], compensate=timing["compensate_latency"])
         self.pose_wait = timing["pose_wait"]
+        warm = self.rt.warm_up()                 # the first real tick must not be the slow one
         self.estimator = StateEstimator(self.R)
         self.checks = StreamConfig.for_robot(self.robot)    # the identifier's measurement limits
         self.order = StampOrder(int(5 * NS))
@@ -153,7 +154,8 @@ class MppiControllerNode(Node):
         self._worker = threading.Thread(target=self._run, name="mppi_worker", daemon=True)
         self._worker.start()
         self.get_logger().info(f"MPPI controller on {self.device}: {planner}, H={horizon}, N={samples}, "
-                               f"iters={iterations}, {self.mpc.dynamics.backend} rollouts; starting in {self.mode}")
+                               f"iters={iterations}, {self.mpc.dynamics.backend} rollouts (warmed up in {warm:.2f} s); "
+                               f"starting in {self.mode}")
 
     # ------------------------------------------------------------------ callbacks
     def _on_pose(self, msg: PoseArray) -> None:

@@ -99,3 +99,17 @@ def test_a_tick_plans_from_the_prediction_within_its_budget_and_stamps_the_valid
     np.testing.assert_allclose(ex.command, rt.excitation.command_at((ex.valid_ns - rt.excite_start_ns) / NS))
     off = RealTimePlanner(superball, mpc, ExcitationPolicy(superball), a0, compensate=False)
     assert off.tick(1_000_000_000, 950_000_000, s0, "excitation").predicted_s == 0.0
+
+
+def test_warm_up_leaves_the_planner_as_new(superball):
+    import torch
+
+    from tensegrity_engine.control import ExcitationPolicy, MPPIController, PlannerConfig
+    from tensegrity_engine.control.realtime import RealTimePlanner
+
+    mpc = MPPIController(superball, config=PlannerConfig(iterations=1, num_samples=8, horizon=3))
+    fresh = mpc.planner.mean.clone()
+    rt = RealTimePlanner(superball, mpc, ExcitationPolicy(superball), superball.command_low + 0.5 * (
+        superball.command_high - superball.command_low))
+    assert rt.warm_up() > 0.0
+    assert mpc.planner.rollouts_evaluated == 0 and torch.equal(mpc.planner.mean, fresh)

@@ -82,6 +82,21 @@ class RealTimePlanner:
         self._act_ref: Optional[tuple[int, np.ndarray]] = None    # (t, actuator state) anchor
         self.excite_start_ns: Optional[int] = None
 
+    def warm_up(self, state=None) -> float:
+        """Run one plan and one prediction so the first real tick is not the slow one (a
+        planner's first call allocates, the native kernel loads): seconds it took. The
+        planner's warm start and random stream are reset afterwards."""
+        from tensegrity_engine.groundtruth.environments import face_down_pose
+
+        t0 = time.perf_counter()
+        s = face_down_pose(self.robot) if state is None else np.asarray(state, dtype=np.float64)
+        act = self.history.initial
+        self.mpc.plan(s, act)
+        if hasattr(self.mpc.dynamics, "advance"):
+            self.mpc.dynamics.advance(s, act, np.repeat(act[None], 10, 0))
+        self.mpc.reset()
+        return time.perf_counter() - t0
+
     @property
     def lead_ns(self) -> int:
         """From a tick to the moment its command takes effect."""
