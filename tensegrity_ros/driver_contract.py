@@ -16,7 +16,9 @@ import numpy as np
 from tensegrity_engine.identification.measurements import imu_problem, pose_problem
 from tensegrity_engine.identification.streaming import StreamConfig
 from tensegrity_engine.physics.config import RobotConfig
-from tensegrity_engine.physics.state import quat_rotate
+
+from .conversions import array_to_rod_state
+from tensegrity_engine.groundtruth.environments import lowest_point
 
 NS = 1_000_000_000
 VIOLATION, WARNING, INFO = "violation", "warning", "info"
@@ -133,12 +135,8 @@ class DriverContractCheck:
 
     def _floor_findings(self) -> list[Finding]:
         """Rod ends below the floor mean a frame with another up axis or origin."""
-        arr = np.stack(self.poses)                                  # [N, R, 7]
-        axis = quat_rotate(arr[..., 3:], np.array([0.0, 0.0, 1.0]))
-        half = 0.5 * self.robot.rod_length[None, :, None] * axis
-        ends_z = np.stack([arr[..., :3] + half, arr[..., :3] - half], -2)[..., 2]
-        depth = self.robot.contact.ground_height - self.robot.rod_radius[None, :, None] - ends_z
-        worst = float(depth.max())
+        lowest = min(lowest_point(self.robot, array_to_rod_state(p)) for p in self.poses)
+        worst = self.robot.contact.ground_height - lowest           # depth below the floor
         if worst > 0.02:
             return [Finding(VIOLATION, "pose_floor", f"a rod end is {worst * 100:.1f} cm below the floor: is the "
                             "frame z-up with the floor at contact.ground_height, and the rod axis the pose's z?")]

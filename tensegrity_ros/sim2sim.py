@@ -129,7 +129,10 @@ class Monitor:
         from .common import (TOPIC_COMMAND, TOPIC_GOAL, TOPIC_PARAMS, TOPIC_POSES, Spinner,
                              goal_qos, latched_qos, stream_qos)
 
+        from tensegrity_engine.groundtruth.environments import lowest_point
+
         self.conv = conv
+        self.lowest_point = lowest_point
         self.robot = robot
         self.context = rclpy.Context()
         rclpy.init(context=self.context)
@@ -161,7 +164,7 @@ class Monitor:
             return
         t = self.conv.stamp_ns(msg.header.stamp) / 1e9
         w = self.robot.rod_mass / self.robot.rod_mass.sum()
-        low = lowest_point(self.robot, arr)
+        low = self.lowest_point(self.robot, self.conv.array_to_rod_state(arr)) - self.robot.contact.ground_height
         with self.lock:
             self.pose_t.append(t)
             self.com.append((arr[:, :3] * w[:, None]).sum(0))
@@ -204,16 +207,6 @@ class Monitor:
         self.spinner.stop()
         self.node.destroy_node()
         rclpy.try_shutdown(context=self.context)
-
-
-def lowest_point(robot, poses) -> float:
-    """z of the lowest capsule surface point above the floor (m) for poses [R, 7]."""
-    from tensegrity_engine.physics.state import quat_rotate
-
-    axis_z = quat_rotate(poses[:, 3:7] / np.linalg.norm(poses[:, 3:7], axis=-1, keepdims=True),
-                         np.array([0.0, 0.0, 1.0]))[:, 2]
-    ends = poses[:, 2] - 0.5 * robot.rod_length * np.abs(axis_z) - robot.rod_radius
-    return float(ends.min() - robot.contact.ground_height)
 
 
 def realtime_figures(mon, rolling_start, period: float) -> dict:
