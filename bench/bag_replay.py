@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -55,55 +54,45 @@ def write_bag(events, robot, path) -> int:
 def live(bag, params_file, robot_name, rate, log_dir, timeout) -> tuple[dict, str]:
     """(values of the newest published model, its stage) after the identifier has seen the
     whole bag and finished."""
-    import rclpy
+    from rclpy.executors import SingleThreadedExecutor
     from tensegrity_ros_interfaces.msg import IdentifiedParameters
 
     from tensegrity_ros import conversions as conv
     from tensegrity_ros.bag_player import play, read_bag
-    from tensegrity_ros.common import TOPIC_PARAMS, latched_qos, reserve_domain_id
+    from tensegrity_ros.common import TOPIC_PARAMS, latched_qos, reserve_domain_id, standalone_node
+    from tensegrity_ros.sim2sim import stop_processes
 
     domain = reserve_domain_id()
     env = dict(os.environ, ROS_DOMAIN_ID=str(domain), ROS_AUTOMATIC_DISCOVERY_RANGE="LOCALHOST",
                ROS_LOG_DIR=str(log_dir), PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "tensegrity_ros.identifier_node", "--ros-args", "--params-file", str(params_file),
            "-p", f"robot:={robot_name}", "-p", "device:=cpu"]
-    log = open(Path(log_dir) / "identifier.log", "w")
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    context = rclpy.Context()
-    rclpy.init(context=context, domain_id=domain)
-    node = rclpy.create_node("bench_observer", context=context)
-    from rclpy.executors import SingleThreadedExecutor
-
-    executor = SingleThreadedExecutor(context=context)
-    executor.add_node(node)
-    got = []
-    node.create_subscription(IdentifiedParameters, TOPIC_PARAMS, got.append, latched_qos())
-    try:
-        played = play(read_bag(bag), rate=rate, wait_subscribers=1, domain_id=domain, wait_timeout=120)
-        print(f"live: played {sum(played.values())} messages; waiting for the identifier to finish", flush=True)
-        deadline = time.monotonic() + timeout
-        quiet_since = time.monotonic()
-        n = 0
-        while time.monotonic() < deadline and proc.poll() is None:
-            executor.spin_once(timeout_sec=0.5)
-            if len(got) != n:
-                n, quiet_since = len(got), time.monotonic()
-            text = (Path(log_dir) / "identifier.log").read_text()
-            done = "identification converged" in text or "identification final" in text
-            if done and time.monotonic() - quiet_since > 10.0:
-                break
-        if not got:
-            return {}, "none published"
-        return conv.msg_to_param_values(got[-1]), got[-1].stage
-    finally:
-        node.destroy_node()
-        rclpy.try_shutdown(context=context)
-        proc.send_signal(signal.SIGINT)
+    log_path = Path(log_dir) / "identifier.log"
+    with open(log_path, "w") as log, standalone_node("bench_observer", domain) as node:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        executor = SingleThreadedExecutor(context=node.context)
+        executor.add_node(node)
+        got = []
+        node.create_subscription(IdentifiedParameters, TOPIC_PARAMS, got.append, latched_qos())
         try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+            played = play(read_bag(bag), rate=rate, wait_subscribers=1, domain_id=domain, wait_timeout=120)
+            print(f"live: played {sum(played.values())} messages; waiting for the identifier to finish", flush=True)
+            deadline = time.monotonic() + timeout
+            quiet_since = time.monotonic()
+            n = 0
+            while time.monotonic() < deadline and proc.poll() is None:
+                executor.spin_once(timeout_sec=0.5)
+                if len(got) != n:
+                    n, quiet_since = len(got), time.monotonic()
+                text = log_path.read_text()
+                done = "identification converged" in text or "identification final" in text
+                if done and time.monotonic() - quiet_since > 10.0:
+                    break
+        finally:
+            stop_processes([proc], timeout=60.0)
+    if not got:
+        return {}, "none published"
+    return conv.msg_to_param_values(got[-1]), got[-1].stage
 
 
 def main(argv=None) -> int:

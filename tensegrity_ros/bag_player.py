@@ -74,16 +74,10 @@ def play(messages: list[BagMessage], *, rate: float = 1.0, clock: bool = False, 
     """Publish ``messages`` paced by their offsets / ``rate`` (0 = as fast as possible);
     per-topic counts. Waits (at most ``wait_timeout`` s) until every topic has
     ``wait_subscribers`` subscribers first."""
-    import rclpy
-    from rclpy.signals import SignalHandlerOptions
+    from .common import latched_qos, standalone_node, stream_qos
 
-    from .common import latched_qos, stream_qos
-
-    context = rclpy.Context()
-    rclpy.init(context=context, domain_id=domain_id, signal_handler_options=SignalHandlerOptions.NO)
-    node = rclpy.create_node("bag_player", context=context)
     counts: dict = {}
-    try:
+    with standalone_node("bag_player", domain_id) as node:
         pubs = {}
         for m in messages:
             if m.topic not in pubs:
@@ -117,9 +111,6 @@ def play(messages: list[BagMessage], *, rate: float = 1.0, clock: bool = False, 
         log(f"played {sum(counts.values())} messages in {time.monotonic() - start:.1f} s: "
             + ", ".join(f"{t} {n}" for t, n in sorted(counts.items())))
         return counts
-    finally:
-        node.destroy_node()
-        rclpy.try_shutdown(context=context)
 
 
 def main(argv=None) -> int:

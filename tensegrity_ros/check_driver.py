@@ -19,24 +19,17 @@ OWN_NODES = {"identifier", "mppi_controller", "recorder", "driver_check"}
 
 def listen(robot, args):
     """Subscribe for ``args.duration`` s; the filled `DriverContractCheck` and graph facts."""
-    import rclpy
     from geometry_msgs.msg import PoseArray
     from rclpy.executors import SingleThreadedExecutor
-    from rclpy.qos import ReliabilityPolicy
-    from rclpy.signals import SignalHandlerOptions
+    from rclpy.qos import QoSProfile, ReliabilityPolicy
     from sensor_msgs.msg import Imu
 
-    from rclpy.qos import QoSProfile
-
     from . import conversions as conv
+    from .common import standalone_node
     from .driver_contract import DriverContractCheck
 
     check = DriverContractCheck(robot, rate=args.rate, frame=args.frame)
-    context = rclpy.Context()
-    rclpy.init(context=context, domain_id=getattr(args, "domain_id", None),
-               signal_handler_options=SignalHandlerOptions.NO)
-    node = rclpy.create_node("driver_check", context=context)
-    try:
+    with standalone_node("driver_check", getattr(args, "domain_id", None)) as node:
         clock = node.get_clock()
 
         def on_pose(msg):
@@ -51,7 +44,7 @@ def listen(robot, args):
         hear_all = QoSProfile(depth=100, reliability=ReliabilityPolicy.BEST_EFFORT)
         node.create_subscription(PoseArray, args.poses_topic, on_pose, hear_all)
         node.create_subscription(Imu, args.imu_topic, on_imu, hear_all)
-        executor = SingleThreadedExecutor(context=context)
+        executor = SingleThreadedExecutor(context=node.context)
         executor.add_node(node)
         deadline = time.monotonic() + args.duration
         while time.monotonic() < deadline and not ShutdownRequest.event.is_set():
@@ -61,9 +54,6 @@ def listen(robot, args):
         consumers = [s.node_name for s in node.get_subscriptions_info_by_topic(args.command_topic)
                      if s.node_name not in OWN_NODES]
         return check, reliable, consumers
-    finally:
-        node.destroy_node()
-        rclpy.try_shutdown(context=context)
 
 
 def main(argv=None) -> int:

@@ -1,6 +1,7 @@
 """Shared node plumbing: QoS profiles, topic names, running a node from main()."""
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -184,6 +185,23 @@ def run_node(node_cls, args=None) -> int:
             import rclpy
 
             rclpy.try_shutdown(context=context)
+
+
+@contextlib.contextmanager
+def standalone_node(name: str, domain_id=None):
+    """A node on a context of its own for a tool or a bench (rclpy's signal handlers off:
+    `ShutdownRequest` keeps SIGINT), destroyed and shut down on leaving."""
+    import rclpy
+    from rclpy.signals import SignalHandlerOptions
+
+    context = rclpy.Context()
+    rclpy.init(context=context, domain_id=domain_id, signal_handler_options=SignalHandlerOptions.NO)
+    node = rclpy.create_node(name, context=context)
+    try:
+        yield node
+    finally:
+        node.destroy_node()
+        rclpy.try_shutdown(context=context)
 
 
 def _program() -> str:
