@@ -300,9 +300,6 @@ class MppiControllerNode(Node):
                                    f"{self.model_stage} model")
         res = self.rt.tick(tick_ns, stamp, state, self.mode)
         self.last_tick = res
-        if res.planned:
-            self.plans += 1
-            publish_planned_markers(self, res.state, res.act, res.valid_ns)
         if not np.isfinite(res.command).all():
             self.diag.count("nonfinite_plan")
             self._trip(PLANNING_FAILED, "the plan has non-finite commands")
@@ -311,6 +308,9 @@ class MppiControllerNode(Node):
         if now > res.valid_ns:                       # planning overran: say when it really acts
             self.diag.count("commands_late")
         self._send(res.command, max(res.valid_ns, now))
+        if res.planned:                              # after the command: display never delays it
+            self.plans += 1
+            publish_planned_markers(self, res.state, res.act, res.valid_ns)
         return True
 
     def _send(self, u, t_cmd: int, holding: bool = False) -> None:
