@@ -1,5 +1,6 @@
 """Recurrent identification: exact loss at the truth, actuator reconstruction, rollback,
 resume, CLI, and parameter recovery on a small (CI-sized) problem."""
+import mujoco
 import numpy as np
 import pytest
 import torch
@@ -213,14 +214,25 @@ def test_cli_generate_identify_evaluate(tmp_path):
     ident = out / "id"
     assert cli_main(["identify", "--data", str(out / "noncontact"), "--out", str(ident), "--period", "0.02",
                      "--max-epochs", "2", "--quiet", "--learn", "cable_stiffness"]) == 0
-    for f in ("identified.yaml", "checkpoint.safetensors", "history.json", "loss.png", "params.png"):
+    for f in ("identified.yaml", "identified.xml", "checkpoint.safetensors", "history.json", "loss.png",
+              "params.png"):
         assert (ident / f).exists(), f
     assert cli_main(["identify", "--data", str(out / "noncontact"), "--out", str(ident), "--period", "0.02",
                      "--max-epochs", "3", "--quiet", "--learn", "cable_stiffness", "--resume"]) == 0
     assert cli_main(["evaluate", "--robot", str(ident / "identified.yaml"), "--data", str(out / "noncontact"),
                      "--out", str(ident)]) == 0
     assert (ident / "com_error.png").exists()
+    xml = tmp_path / "exported.xml"
+    assert cli_main(["export", "--params", str(ident / "identified.yaml"), "--mjcf", str(xml), "--no-floor",
+                     "--fixed-rods", "0"]) == 0
+    model = mujoco.MjModel.from_xml_path(str(xml))
+    stiffness = load_robot(str(ident / "identified.yaml")).cable_stiffness
+    assert model.actuator_biasprm[0, 1] == pytest.approx(-stiffness[0])   # the identified K, not the config's
+    assert model.body("rod0").jntnum == 0 and model.ngeom == 3            # welded, hanging: no floor
     assert cli_main(["identify", "--data", str(tmp_path / "nothing"), "--out", str(ident)]) == 2
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("cable_stiffness: -5\n")
+    assert cli_main(["export", "--params", str(bad), "--robot", "three_bar", "--mjcf", str(xml)]) == 2
 
 
 def test_force_scale_search_recovers_the_mass_scale_from_known_pushes(superball, data):

@@ -6,10 +6,13 @@
         --initial runs/ident/noncontact_id/identified.yaml                    # paper order
     tensegrity-identify evaluate --robot runs/ident/contact_id/identified.yaml \
         --data runs/ident/contact --out runs/ident/contact_id
+    tensegrity-identify export --params runs/ident/contact_id/identified.yaml --mjcf identified.xml
 
-``identify`` writes identified.yaml (a robot config), checkpoint.safetensors (``--resume`` continues
+``identify`` writes identified.yaml (a robot config), identified.xml (its MJCF), checkpoint.safetensors (``--resume`` continues
 from it), history.json and PNG plots (loss per stage, parameters against the data's config);
 ``evaluate`` writes com_error.png and evaluation.json. Nothing is written outside ``--out``.
+``export --mjcf`` writes a calibrated MuJoCo model of identified values (`tensegrity_engine.export`)
+and prints what MJCF could not represent.
 """
 from __future__ import annotations
 
@@ -165,6 +168,9 @@ def cmd_identify(args) -> int:
     trainer.save_checkpoint(ckpt)
     export_yaml(trainer.parameters, out / "identified.yaml",
                 comment=f"data: {args.data} ({args.kind}); learned: {', '.join(trainer.learn)}")
+    from tensegrity_engine.export import write_mjcf
+    mjcf = write_mjcf(trainer.parameters, out / "identified.xml", floor=trainer.engine.floor,
+                      fixed_rods=trainer.engine.fixed_rods, source=f"{args.data} ({args.kind})")
     (out / "history.json").write_text(json.dumps(
         {"history": trainer.history, "stages": trainer.stage_log, "learn": trainer.learn,
          "wall_seconds": wall, "data_points": ts.data_points}, indent=1, default=float))
@@ -173,6 +179,8 @@ def cmd_identify(args) -> int:
     print(f"identified in {wall:.1f} s, {trainer.epoch} epochs, {np.mean(secs):.2f} s/epoch "
           f"(paper: 126 s/epoch on GPU); wrote {out / 'identified.yaml'}, {ckpt}, "
           + ", ".join(str(p) for p in plots))
+    print(f"wrote {out / 'identified.xml'} (a calibrated MuJoCo model)"
+          + "".join(f"\n  not represented: {n}" for n in mjcf.notes))
     return 0
 
 
@@ -192,6 +200,21 @@ def cmd_evaluate(args) -> int:
     plot_com_error({Path(args.robot).stem: r}, out / "com_error.png")
     (out / "evaluation.json").write_text(json.dumps({k: np.asarray(v).tolist() for k, v in r.items()}))
     print(_summary(r))
+    return 0
+
+
+def cmd_export(args) -> int:
+    from tensegrity_engine.export import write_mjcf
+    from tensegrity_engine.physics.parameter_files import params_from_file
+    from tensegrity_engine.physics.params import PhysicalParameters
+
+    robot = _robot(args.robot or args.params)
+    params = params_from_file(robot, args.params) if args.robot else PhysicalParameters(robot)
+    export = write_mjcf(params, args.mjcf, floor=not args.no_floor, fixed_rods=tuple(args.fixed_rods),
+                        source=str(args.params))
+    print(f"wrote {args.mjcf} (timestep {export.timestep:g} s)")
+    for note in export.notes:
+        print(f"not represented: {note}")
     return 0
 
 
@@ -256,6 +279,14 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--device", default="cpu")
     e.add_argument("--threads", type=int, default=2)
     e.set_defaults(func=cmd_evaluate)
+
+    x = sub.add_parser("export", help="write a calibrated MuJoCo model (MJCF) of identified values")
+    x.add_argument("--params", required=True, help="identified.yaml (a robot config) or a parameter mapping")
+    x.add_argument("--robot", help="the robot config a parameter mapping belongs to")
+    x.add_argument("--mjcf", required=True, help="output .xml")
+    x.add_argument("--no-floor", action="store_true", help="leave the floor out (a hanging robot)")
+    x.add_argument("--fixed-rods", type=int, nargs="*", default=[], help="rods welded to the world")
+    x.set_defaults(func=cmd_export)
     return ap
 
 
@@ -263,9 +294,10 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from tensegrity_engine.physics.config import ConfigError
     from tensegrity_engine.identification.dataset import DatasetError
+    from tensegrity_engine.physics.params import ParameterError
     try:
         return args.func(args)
-    except (DatasetError, ConfigError) as err:
+    except (DatasetError, ConfigError, ParameterError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 
