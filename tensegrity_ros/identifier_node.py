@@ -21,9 +21,11 @@ from diagnostic_msgs.msg import DiagnosticStatus
 from geometry_msgs.msg import PoseArray
 from rclpy.node import Node
 from sensor_msgs.msg import Imu
+from std_srvs.srv import Trigger
 from tensegrity_ros_interfaces.msg import CableCommand, IdentifiedParameters
 from visualization_msgs.msg import MarkerArray
 
+from tensegrity_engine.export import write_mjcf
 from tensegrity_engine.identification.checkpoint import load_checkpoint, save_checkpoint
 from tensegrity_engine.identification.config import INITS
 from tensegrity_engine.identification.online import OnlineIdentification, default_trainer_factory
@@ -57,6 +59,8 @@ class IdentifierNode(Node):
         self.ckpt_dir = d("checkpoint_dir", "", "directory for checkpoints ('' = none)")
         self.ckpt_period = d("checkpoint_period", 10.0, "seconds (wall) between checkpoints", range=(0.1, 1e6))
         self.resume = d("resume", True, "resume from the checkpoint in checkpoint_dir if present")
+        self.export_path = d("export_mjcf_path", "", "where ~/export_mjcf writes the published model as MJCF "
+                             "('' = identified.xml in checkpoint_dir, else in the working directory)")
         self.publish_interval = d("min_publish_interval", 1.0,
                                   "improvements are published at most this often (wall s)", range=(0.0, 3600.0))
         self.publish_markers = d("publish_markers", True, "publish the identified model's prediction as markers")
@@ -95,6 +99,7 @@ class IdentifierNode(Node):
                           "controller's (valid-from stamps) or a driver's echo of what it applied "
                           f"({TOPIC_APPLIED}: stamped when each took effect)", read_only=True)
         self.create_subscription(CableCommand, command_topic, self._on_command, stream_qos())
+        self.create_service(Trigger, "~/export_mjcf", lambda _req, res: export_mjcf(self, res))
         self.diag = Diagnostics(self, extra=self._diag_values)
         self._counted = collections.Counter()
         if self.ckpt_dir and self.resume:
@@ -422,6 +427,28 @@ def declare_solver(d, period: float):
         period=period, learn=None if list(learn) == ["default"] else tuple(learn), schedule=schedule,
         lr0=lr0, lr_min=lr_min, patience=patience, batch_size=batch, epoch_tuples=epoch_tuples or None,
         max_epochs=max_epochs, max_seconds=max_seconds or None, init=init, seed=seed, lm_windows=lm_windows)
+
+
+def export_mjcf(node, response):
+    """~/export_mjcf: the published model (the one that passed the hold-out gate; never an
+    unvetted candidate) as a calibrated MuJoCo model file."""
+    values = node.session.best_values
+    if values is None:
+        response.success, response.message = False, "no identified model published yet: nothing to export"
+        return response
+    path = Path(node.export_path) if node.export_path else Path(node.ckpt_dir or ".") / "identified.xml"
+    try:
+        export = write_mjcf(PhysicalParameters(node.robot, values), path, floor=node.session.floor,
+                            fixed_rods=node.session.fixed_rods, source=f"identifier node, {node.published} "
+                            "parameter messages published")
+    except (OSError, ValueError) as err:
+        response.success, response.message = False, f"cannot write {path}: {err}"
+        node.get_logger().error(response.message)
+        return response
+    response.success = True
+    response.message = f"wrote {path}" + "".join(f"; not represented: {n}" for n in export.notes)
+    node.get_logger().info(response.message)
+    return response
 
 
 def passes_gate(node, values: dict) -> bool:

@@ -24,7 +24,9 @@ except ImportError as exc:  # pragma: no cover - the non-ROS suite still runs
     pytest.skip(f"rclpy / tensegrity_ros_interfaces not importable ({exc}); install the ROS 2 wheels "
                 "(tools/ros/requirements.txt) and run tools/ros/build_interfaces.sh", allow_module_level=True)
 
+import mujoco  # noqa: E402
 from geometry_msgs.msg import Pose, PoseArray, Vector3Stamped  # noqa: E402
+from std_srvs.srv import Trigger  # noqa: E402
 from sensor_msgs.msg import Imu  # noqa: E402
 
 from tensegrity_engine.groundtruth.mujoco_twin import MujocoTwin, nominal_commands  # noqa: E402
@@ -62,9 +64,13 @@ def test_bridge_identifier_controller(ros, tmp_path):
                               "robot": str(tmp_path / "believed.yaml"),
                               "init": "given", "schedule": "implicit_only", "epoch_tuples": 32,
                               "max_tuples": 64,      # bounded validation work: epochs keep pace on a slow machine
-                              "torch_threads": 1, "device": "cpu", "publish_markers": True})
+                              "torch_threads": 1, "device": "cpu", "publish_markers": True,
+                              "export_mjcf_path": str(tmp_path / "exported.xml")})
     ros.node(MppiControllerNode, {"use_sim_time": True, "excite_until": "never", "device": "cpu",
                                   "torch_threads": 1, "excitation_amplitude": 0.8})
+    export = ros.plain("exporter").create_client(Trigger, "/identifier/export_mjcf")
+    early = _call(export)
+    assert not early.success and "no identified model" in early.message
     # the controller is in MPPI mode with the config model from the start (excite_until
     # never); switch it to excitation for the identification phase
     ctrl = ros.nodes[3]
@@ -100,6 +106,21 @@ def test_bridge_identifier_controller(ros, tmp_path):
     assert rec.value("identifier", "stream_tuples_made") > 10
     assert rec.value("mujoco_bridge", "commands_applied") > 10
     assert rec.value("mppi_controller", "commands_sent") > 10
+    # on request, the published model as a calibrated MuJoCo model (not the believed config)
+    done = _call(export)
+    assert done.success, done.message
+    model = mujoco.MjModel.from_xml_path(str(tmp_path / "exported.xml"))
+    exported = -model.actuator_biasprm[:ROBOT.num_actuated, 1]
+    published = [np.broadcast_to(conv.msg_to_param_values(m)["cable_stiffness"], exported.shape)
+                 for m in rec.params]                       # one may have gone out since the call
+    assert any(np.allclose(exported, k, rtol=1e-9) for k in published), (exported[0], k)
+
+
+def _call(client, timeout=10.0):
+    assert client.wait_for_service(timeout_sec=timeout), client.srv_name
+    future = client.call_async(Trigger.Request())
+    assert wait_for(future.done, timeout)
+    return future.result()
 
 
 def test_controller_moves_robot_toward_goal(ros):
