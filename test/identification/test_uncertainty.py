@@ -97,6 +97,26 @@ def test_two_parameters_only_their_sum_matters_are_both_undetermined(superball):
     assert u.sigma["rod_mass"][0] == pytest.approx(raw_sigma * slope, rel=1e-9)
 
 
+def test_correlation_of_the_estimate_follows_the_columns(superball):
+    """Two nearly parallel Jacobian columns trade off: their estimates are strongly
+    negatively correlated (covariance ~ (J'J)^-1); an orthogonal third is uncorrelated."""
+    params = PhysicalParameters(superball)
+    rng = np.random.default_rng(1)
+    a, noise = rng.standard_normal((300, 1)), rng.standard_normal((300, 1))
+    b = rng.standard_normal((300, 1))
+    J = np.hstack([a, a + 0.1 * noise, b])
+    J[:, 2] -= J[:, :2] @ np.linalg.lstsq(J[:, :2], J[:, 2], rcond=None)[0]   # orthogonal to both
+    u = gauss_newton_uncertainty(params, ("cable_stiffness", "cable_damping", "rod_mass"), torch.as_tensor(J),
+                                 torch.as_tensor(0.01 * rng.standard_normal(300)))
+    assert u.labels == ("cable_stiffness", "cable_damping", "rod_mass")
+    inv = np.linalg.inv(J.T @ J)
+    expected = inv[0, 1] / np.sqrt(inv[0, 0] * inv[1, 1])
+    assert expected < -0.9
+    assert u.correlation[0, 1] == pytest.approx(expected, abs=1e-9)
+    np.testing.assert_allclose(np.diag(u.correlation), 1.0)
+    assert abs(u.correlation[0, 2]) < 1e-9 and abs(u.correlation[1, 2]) < 1e-9
+
+
 def test_windows_cut_every_chain_into_non_overlapping_pieces():
     from tensegrity_engine.identification.solvers.windows import chain_windows
 

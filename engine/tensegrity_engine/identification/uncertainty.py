@@ -37,6 +37,10 @@ class ParameterUncertainty:
     undetermined: tuple    # learnt names the data cannot determine yet
     residual_sigma: float  # s, the residual scale behind sigma
     dof: int               # n - P
+    # [P, P] correlation of the learnt elements (order of `labels`, e.g. "cable_stiffness[3]");
+    # NaN rows for undetermined elements
+    correlation: Optional[np.ndarray] = None
+    labels: tuple = ()
 
     def flat(self, params: PhysicalParameters) -> list[float]:
         """1-sigma aligned with ``params.flat()`` names; NaN for parameters not identified."""
@@ -93,6 +97,7 @@ def normal_matrix_uncertainty(params: PhysicalParameters, names, H: torch.Tensor
     scale = H.diagonal().clamp(min=0).sqrt()
     alive = scale > 0
     var = torch.full((P,), math.inf, dtype=torch.float64)
+    corr = torch.full((P, P), math.nan, dtype=torch.float64)
     if bool(alive.any()):
         d = scale[alive]
         Hs = H[alive][:, alive] / (d[:, None] * d[None, :])
@@ -108,15 +113,26 @@ def normal_matrix_uncertainty(params: PhysicalParameters, names, H: torch.Tensor
             robust = (inv @ meat @ inv).diagonal() / d ** 2
             strong_var = torch.maximum(strong_var, robust)
         var[alive] = torch.where(share > UNDETERMINED_SHARE, torch.full_like(strong_var, math.inf), strong_var)
+        # correlation of the estimate in the constrained subspace (scales cancel; the
+        # reparameterisation's slopes are positive, so raw and value correlations agree)
+        cov = (Vs / ls) @ Vs.T
+        sd = cov.diagonal().clamp(min=1e-300).sqrt()
+        block = cov / (sd[:, None] * sd[None, :])
+        idx = alive.nonzero().reshape(-1)
+        corr[idx[:, None], idx[None, :]] = block
+        corr[var == math.inf] = math.nan
+        corr[:, var == math.inf] = math.nan
     sigma_value = var.sqrt() * value_slopes(params, names).abs().cpu()
-    sigma, flagged, i = {}, [], 0
+    sigma, flagged, labels, i = {}, [], [], 0
     for name in names:
         k = getattr(params, name).numel()
         sigma[name] = sigma_value[i:i + k].numpy().copy()
+        labels += [name] if k == 1 else [f"{name}[{j}]" for j in range(k)]
         if bool((var[i:i + k] == math.inf).any()):
             flagged.append(name)
         i += k
-    return ParameterUncertainty(sigma=sigma, undetermined=tuple(flagged), residual_sigma=math.sqrt(s2), dof=dof)
+    return ParameterUncertainty(sigma=sigma, undetermined=tuple(flagged), residual_sigma=math.sqrt(s2), dof=dof,
+                                correlation=corr.numpy(), labels=tuple(labels))
 
 
 @torch.no_grad()
