@@ -8,8 +8,10 @@
         --data runs/ident/contact --out runs/ident/contact_id
     tensegrity-identify export --params runs/ident/contact_id/identified.yaml --mjcf identified.xml
 
-``identify`` writes identified.yaml (a robot config), identified.xml (its MJCF), checkpoint.safetensors (``--resume`` continues
-from it), history.json and PNG plots (loss per stage, parameters against the data's config);
+``identify`` writes identified.yaml (a robot config), identified.xml (its MJCF), report.md (data
+coverage, values with 1-sigma and correlations, held-out prediction beside the nominal model),
+checkpoint.safetensors (``--resume`` continues from it), history.json and PNG plots (loss per
+stage, parameters against the data's config);
 ``evaluate`` writes com_error.png and evaluation.json. Nothing is written outside ``--out``.
 ``export --mjcf`` writes a calibrated MuJoCo model of identified values (`tensegrity_engine.export`)
 and prints what MJCF could not represent.
@@ -181,7 +183,50 @@ def cmd_identify(args) -> int:
           + ", ".join(str(p) for p in plots))
     print(f"wrote {out / 'identified.xml'} (a calibrated MuJoCo model)"
           + "".join(f"\n  not represented: {n}" for n in mjcf.notes))
+    report = _report(args, trainer, robot, train, out, wall, mjcf.notes)
+    print(f"wrote {report} (the identification report)")
     return 0
+
+
+def _truth(args, robot, train):
+    """The robot's true values when they are known: ``--truth``, else what generated data
+    says it was recorded from (the twin or a zoo robot); None for recorded data."""
+    from tensegrity_engine.groundtruth.zoo import ground_truth, zoo_names
+
+    spec = args.truth
+    if spec is None:
+        names = {t.meta.get("ground_truth") for t in train}
+        if len(names) != 1 or None in names:
+            return None
+        name = names.pop()
+        spec = "twin" if name == "twin" else (f"zoo/{name}" if name in zoo_names() else None)
+    return None if spec is None else ground_truth(spec, robot).truth
+
+
+def _report(args, trainer, robot, train, out: Path, wall: float, notes) -> Path:
+    from tensegrity_engine.export.report import write_report
+    from tensegrity_engine.identification.dataset import DatasetError, load_split
+    from tensegrity_engine.identification.uncertainty import trainer_uncertainty
+    from tensegrity_engine.physics.params import PhysicalParameters
+
+    heldout, label = None, "test"
+    for split in ("test", "val"):
+        try:
+            heldout, label = load_split(args.data, split, args.kind, robot), split
+            break
+        except DatasetError:
+            continue
+    if args.pose_only:
+        heldout = [t.without_velocity() for t in heldout]
+    try:
+        uncertainty = trainer_uncertainty(trainer, max_tuples=128)
+    except RuntimeError as err:
+        print(f"no uncertainty estimate: {err}")
+        uncertainty = None
+    return write_report(out, params=trainer.parameters, nominal=PhysicalParameters(robot), learn=trainer.learn,
+                        train=train, heldout=heldout, heldout_label=f"{label}-split", uncertainty=uncertainty,
+                        truth=_truth(args, robot, train), notes=[f"MJCF export: {n}" for n in notes],
+                        title=f"{robot.name} from {args.data}", wall_seconds=wall)
 
 
 def cmd_evaluate(args) -> int:
@@ -265,6 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--device", default="cpu")
     i.add_argument("--dtype", default="float64", choices=["float64", "float32"])
     i.add_argument("--threads", type=int, default=2)
+    i.add_argument("--truth", help="the robot's true values for the report, when known: twin, zoo/<name> or a "
+                                   "robot YAML (default: what generated data says it came from)")
     i.add_argument("--quiet", action="store_true")
     i.set_defaults(func=cmd_identify)
 
