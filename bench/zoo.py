@@ -16,6 +16,12 @@ held-out data of the same robot:
   loop; for rolling, next to the chaos floor: the robot itself restarted with every
   velocity 1 % off.
 
+``--peer`` also fits the robot's MuJoCo model with ``mujoco.sysid`` on the same data, as a
+careful user would (`bench/peer_sysid.py`: 1 s windows from recorded states, rod-end
+residuals, known pushes, each integrator in turn), and prints it beside this package:
+identified vs true, held-out error, wall time on the same cores (issue 18's targets). It
+needs ``pip install -r bench/requirements-peer.txt`` and stops with that message without it.
+
 ``--pose-only`` identifies a second time from the robot's mocap recording (noise, latency,
 jitter, dropped frames, no velocities) and evaluates it on the same clean held-out data.
 Targets (issue 10; printed, never asserted): median error of K, c, m, tau <= 5 % with
@@ -32,6 +38,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import peer_sysid  # noqa: E402
 
 from tensegrity_engine import identification as idf
 from tensegrity_engine.groundtruth import environments as envs
@@ -189,22 +198,79 @@ def run_robot(name, base, args, out: Path) -> dict:
         _line(f"     published: {picked} (" + "; ".join(
             f"{name}: " + ", ".join(f"{r} {v.reason}" for r, v in vs.items()) for name, vs in verdicts.items()) + ")")
         identified[label], walls[label] = model, w1 + w2
+    peer = run_peer(z, hang["clean"], roll["clean"], args) if args.peer else {}
     for label, params in identified.items():      # for bench/zoo_control.py
         export_yaml(params, root / "models" / f"{label.replace(' ', '_')}.yaml",
                     comment=f"zoo robot {name}, {label}, {args.budget:g} s per stage")
-    rows = params_rows(z, identified)
-    _line("    parameter                     true    nominal " + "".join(f"{k:>12s}  err" for k in identified)
+    fitted = {**identified, **{f"sysid {i}": peer_sysid.as_parameters(z.nominal, r["values"])
+                               for i, r in peer.items()}}
+    rows = params_rows(z, fitted)
+    _line("    parameter                     true    nominal " + "".join(f"{k:>12s}  err" for k in fitted)
           + f"   ({', '.join(SHARES)}: error in points of share)")
     for n, r in rows.items():
         _line(f"    {n:24s} {r['true']:10.4g} {r['nominal']:10.4g} "
-              + "".join(f"{r[k]:12.4g} {100 * r[k + '_err']:4.0f}%" for k in identified))
+              + "".join(f"{r[k]:12.4g} {100 * r[k + '_err']:4.0f}%" for k in fitted))
     models = {"nominal": PhysicalParameters(z.nominal), **identified, "true values": true_model(z)}
     res_hang = predictions(models, hang["clean"]["test"], HANG_HORIZONS)
-    print_predictions("hanging (held out)", res_hang, HANG_HORIZONS)
     res_roll = predictions(models, roll["clean"]["test"], ROLL_HORIZONS)
+    for integrator, r in peer.items():
+        res_hang[f"sysid {integrator}"] = peer_predictions(r["hanging_model"], r["values"], hang["clean"]["test"],
+                                                           HANG_HORIZONS, res_hang["nominal"]["path"])
+        res_roll[f"sysid {integrator}"] = peer_predictions(r["rolling_model"], r["values"], roll["clean"]["test"],
+                                                           ROLL_HORIZONS, res_roll["nominal"]["path"])
+    print_predictions("hanging (held out)", res_hang, HANG_HORIZONS)
     floor = chaos_floor(z, roll["clean"]["test"], ROLL_HORIZONS + (5.0,))
     print_predictions("rolling (held out)", res_roll, ROLL_HORIZONS, floor)
-    return {"rows": rows, "hanging": res_hang, "rolling": res_roll, "floor": floor, "walls": walls}
+    walls.update({f"sysid {i}": r["wall"] for i, r in peer.items()})
+    _line("    wall time (s, same cores): " + ", ".join(f"{k} {v:.0f}" for k, v in walls.items()))
+    return {"rows": rows, "hanging": res_hang, "rolling": res_roll, "floor": floor, "walls": walls,
+            "peer": {i: {"values": r["values"], "wall": r["wall"]} for i, r in peer.items()}}
+
+
+def run_peer(z, hang: dict, roll: dict, args) -> dict:
+    """mujoco.sysid on the same clean data: hanging values, then contact values from them,
+    per integrator (the user's choice; all are reported)."""
+    out = {}
+    hanging = peer_sysid.peer_models(z.nominal, "noncontact", (envs.NONCONTACT_FIXED_ROD,))
+    rolling = peer_sysid.peer_models(z.nominal, "contact", ())
+    stage1 = peer_sysid.fit_robot(hanging, hang, "noncontact", {}, max_iters=args.peer_iters,
+                                  threads=args.peer_threads, log=_line)
+    stage2 = peer_sysid.fit_robot(rolling, roll, "contact", {i: stage1[i]["values"] for i in hanging},
+                                  max_iters=args.peer_iters, threads=args.peer_threads, log=_line)
+    for i in hanging:
+        out[i] = {"values": stage2[i]["values"], "wall": stage1[i]["wall"] + stage2[i]["wall"],
+                  "hanging_model": hanging[i], "rolling_model": rolling[i]}
+    return out
+
+
+def peer_predictions(model, values, test, horizons, path) -> dict:
+    ahead = peer_sysid.horizon_errors(model, values, test, horizons)
+    return {**ahead, 5.0: peer_sysid.open_loop_error(model, values, test), "path": path}
+
+
+def peer_summary(results: dict):
+    """Issue 18's targets against the best mujoco.sysid configuration per robot and environment."""
+    core = ("cable_stiffness", "cable_damping", "rod_mass", "actuator_time_constant")
+    _line("\n== beside mujoco.sysid (best integrator per robot and environment, on held-out data)")
+    for env, horizons in (("hanging", HANG_HORIZONS), ("rolling", ROLL_HORIZONS)):
+        for h in (0.1, 1.0):
+            ratios = []
+            for r in results.values():
+                best = min(v[h] for k, v in r[env].items() if k.startswith("sysid"))
+                ratios.append(r[env]["identified"][h] / best)
+            worst = max(ratios)
+            _line(f"   {env} {h:g} s ahead: package / best sysid per robot " + ", ".join(f"{x:.2f}" for x in ratios)
+                  + f"  TARGET every robot <= 0.8: {'MET' if worst <= 0.8 else 'NOT MET'}")
+    for n in core:
+        ours = np.median([r["rows"][n]["identified_err"] for r in results.values()])
+        theirs = min(np.median([r["rows"][n][f"{k}_err"] for r in results.values()])
+                     for k in results[next(iter(results))]["rows"][n] if k.startswith("sysid") and not k.endswith("err"))
+        _line(f"   {n}: median error package {100 * ours:.1f} %, best sysid {100 * theirs:.1f} %  "
+              f"TARGET no worse: {'MET' if ours <= theirs + 1e-12 else 'NOT MET'}")
+    wall = [r["walls"]["identified"] / min(v for k, v in r["walls"].items() if k.startswith("sysid"))
+            for r in results.values()]
+    _line("   wall time package / fastest sysid per robot: " + ", ".join(f"{x:.2f}" for x in wall)
+          + f"  TARGET <= 0.5: {'MET' if max(wall) <= 0.5 else 'NOT MET'}")
 
 
 def summary(results: dict, pose_only: bool):
@@ -230,6 +296,9 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=float, default=120.0, help="seconds per identification (hanging, rolling)")
     ap.add_argument("--epoch-tuples", type=int, default=128)
     ap.add_argument("--pose-only", action="store_true")
+    ap.add_argument("--peer", action="store_true", help="also fit with mujoco.sysid (needs bench/requirements-peer.txt)")
+    ap.add_argument("--peer-iters", type=int, default=30, help="mujoco.sysid Levenberg-Marquardt iterations")
+    ap.add_argument("--peer-threads", type=int, default=2, help="mujoco.sysid rollout threads")
     ap.add_argument("--start", default="config", choices=["config", "random"],
                     help="config: Levenberg-Marquardt from the robot config's values (what a user has); "
                          "random: the paper's progressive schedule from random starts")
@@ -238,6 +307,11 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.peer:
+        sysid, why = peer_sysid.sysid_module()
+        if sysid is None:
+            print(f"--peer: {why}", file=sys.stderr)
+            return 2
     base = load_robot(args.robot)
     names = zoo_names() if args.zoo == "all" else args.zoo.split(",")
     _line(f"machine: {machine()}")
@@ -248,6 +322,8 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     results = {n: run_robot(n, base, args, out) for n in names}
     summary(results, args.pose_only)
+    if args.peer:
+        peer_summary(results)
     _line(f"\nTOTAL wall time {time.perf_counter() - t0:.0f} s")
     out.mkdir(parents=True, exist_ok=True)
     (out / "zoo_summary.json").write_text(json.dumps(results, indent=1, default=str))
