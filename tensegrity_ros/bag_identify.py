@@ -4,7 +4,10 @@ message checks and tuple alignment, the same online session and hold-out gate, r
 the end of the data and to convergence instead of at the robot's pace.
 
     tensegrity-identify-bag run.mcap --robot superball [--params-file config/robot.yaml]
-                            [--out identified.yaml] [--start 0] [--end 120]
+                            [--out summary.json] [--mjcf identified.xml] [--start 0] [--end 120]
+
+``--mjcf`` writes the identified model as a calibrated MuJoCo model, only when it passed the
+hold-out gate (a model that predicts worse than the config is not handed on).
 
 Playing the bag into a running identifier (`tensegrity-play-bag`) gives the same tuples;
 this tool is what to use when nothing needs to run live.
@@ -115,6 +118,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--max-seconds", type=float, default=math.inf, help="training time limit (wall s)")
     ap.add_argument("--out", default=None, help="write the summary (values, sigma, gate) as JSON")
+    ap.add_argument("--mjcf", default=None, help="write the identified model as MJCF (if it passed the gate)")
     args = ap.parse_args(argv)
     from .params import load_robot
 
@@ -136,6 +140,19 @@ def main(argv=None) -> int:
           f"config {g['config_com_error'] * 1e3:.1f} mm ({g['reason']})")
     if args.out:
         Path(args.out).write_text(json.dumps(summary, indent=1, default=float))
+    if args.mjcf:
+        if not g["accepted"]:
+            print(f"tensegrity-identify-bag: no MJCF written: the identified model did not pass the hold-out "
+                  f"gate ({g['reason']})", file=sys.stderr)
+            return 1
+        from tensegrity_engine.export import write_mjcf
+        from tensegrity_engine.physics.params import PhysicalParameters
+
+        setting_floor = bool(values.get("floor", True))
+        fixed = tuple(int(r) for r in values.get("fixed_rods", [-1]) if int(r) >= 0)
+        export = write_mjcf(PhysicalParameters(robot, summary["values"]), args.mjcf, floor=setting_floor,
+                            fixed_rods=fixed, source=str(args.bag))
+        print(f"wrote {args.mjcf}" + "".join(f"\n  not represented: {n}" for n in export.notes))
     return 0
 
 

@@ -169,3 +169,20 @@ def test_a_played_bag_gives_the_identifier_the_offline_tuples(ros, recording, th
     part = read_bag(bag, start=2.0, end=4.0)
     assert part and part[-1].offset_ns <= 2 * NS
     assert len([m for m in part if m.topic == "/tensegrity/rod_poses"]) in (20, 21)
+
+
+def test_identify_bag_hands_on_no_mjcf_that_failed_the_gate(recording, three_bar, tmp_path, capsys):
+    """6 s of data is one held-out block: the gate publishes nothing before three, so the
+    tool refuses to write a calibrated model from it (exit 1, no file) and says why."""
+    from tensegrity_engine.identification.dataset import load_trajectory
+    from tensegrity_ros import bag_identify
+    from tensegrity_ros.recorder import trajectory_to_bag
+
+    bag = tmp_path / "run.mcap"
+    trajectory_to_bag(load_trajectory(recording, three_bar), bag)
+    xml = tmp_path / "identified.xml"
+    rc = bag_identify.main([str(bag), "--robot", "three_bar", "--max-seconds", "5", "--mjcf", str(xml),
+                            "--out", str(tmp_path / "summary.json")])
+    assert rc == 1 and not xml.exists()
+    assert "did not pass the hold-out gate" in capsys.readouterr().err
+    assert (tmp_path / "summary.json").exists()
