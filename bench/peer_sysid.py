@@ -68,7 +68,8 @@ def sysid_module():
 @dataclass
 class Window:
     state: np.ndarray             # [nstate] MuJoCo FULLPHYSICS
-    control: np.ndarray           # [S + 1, nu] per 1 ms step (the last is not applied)
+    control: np.ndarray           # [S + 2, nu] per 1 ms step (S + 1 steps: sensors lag a step; the last
+                                  # row only closes mujoco.sysid's control series)
     times: np.ndarray             # [K] measurement times inside the window (s from its start)
     ends: np.ndarray              # [K, 6R] recorded rod end positions
     com: np.ndarray               # [K, 3] recorded CoM
@@ -152,10 +153,13 @@ class PeerModel:
         return spec.compile()
 
     # -------------------------------------------------------------- data
-    def windows(self, trajs, length: float, stride: float) -> list[Window]:
+    def windows(self, trajs, length: float, stride: float, tau: Optional[float] = None) -> list[Window]:
+        """Windows of ``length`` s every ``stride`` s from the recorded states; the initial
+        activation is the motor filter with time constant ``tau`` (default nominal) run over
+        the recorded commands."""
         robot, dt = self.robot, self.robot.dt
         S = int(round(length / dt))
-        nominal = PhysicalParameters(robot)
+        nominal = PhysicalParameters(robot, None if tau is None else {"actuator_time_constant": tau})
         w = robot.rod_mass / robot.rod_mass.sum()
         order = np.concatenate([robot.actuated_indices, np.flatnonzero(~robot.cable_actuated)])
         act_col = {int(c): i for i, c in enumerate(robot.actuated_indices)}
@@ -170,14 +174,14 @@ class PeerModel:
                     continue
                 s0 = int(round((t.t[i0] - t.t[0]) / dt))
                 inside = (t.t > t.t[i0] + 1e-9) & (t.t <= t.t[i0] + length + 1e-9)
-                cmd = t.command_grid(t.t[i0], S + 1, dt)
-                control = np.zeros((S + 1, len(order) + 3 * len(self.free)))
+                cmd = t.command_grid(t.t[i0], S + 2, dt)
+                control = np.zeros((S + 2, len(order) + 3 * len(self.free)))
                 for j, c in enumerate(order):
                     if int(c) in act_col:
                         control[:, j] = cmd[:, act_col[int(c)]]
-                wr = t.wrench_grid(t.t[i0], S + 1, dt)
+                wr = t.wrench_grid(t.t[i0], S + 2, dt)
                 if wr is not None:
-                    control[:, len(order):] = wr[:, self.free, :3].reshape(S + 1, -1)
+                    control[:, len(order):] = wr[:, self.free, :3].reshape(S + 2, -1)
                 state = self.twin.mj_state_from(states[i0], acts[s0])[0]
                 out.append(Window(state, control, t.t[inside] - t.t[i0],
                                   ends[inside][:, self.free].reshape(int(inside.sum()), -1),
@@ -188,21 +192,19 @@ class PeerModel:
         """The model's CoM at each window's measurement times, from its recorded start."""
         if not windows:
             return []
-        S = windows[0].control.shape[0] - 1
+        steps = windows[0].control.shape[0] - 1                # S + 1
         state0 = np.stack([w.state for w in windows])
-        control = np.stack([w.control[:S] for w in windows])
+        control = np.stack([w.control[:steps] for w in windows])
         datas = [mujoco.MjData(model) for _ in range(max(1, nthread))]
+        # rollout's sensor row j is computed before step j integrates: the state at time j dt
         _, sensordata = mujoco.rollout.rollout(model, datas, state0, control)
         R = self.robot.num_rods
-        centres = np.broadcast_to(self.twin._pose0[:, 0:3], (len(windows), S, R, 3)).copy()   # welded rods
-        centres[:, :, self.free] = sensordata.reshape(len(windows), S, len(self.free), 2, 3).mean(-2)
+        centres = np.broadcast_to(self.twin._pose0[:, 0:3], (len(windows), steps, R, 3)).copy()   # welded rods
+        centres[:, :, self.free] = sensordata.reshape(len(windows), steps, len(self.free), 2, 3).mean(-2)
         w = self.robot.rod_mass / self.robot.rod_mass.sum()
-        com = (centres * w[:, None]).sum(-2)                                  # [B, S, 3]
-        out = []
-        for b, win in enumerate(windows):
-            k = np.rint(win.times / self.robot.dt).astype(int) - 1
-            out.append(com[b, np.clip(k, 0, S - 1)])
-        return out
+        com = (centres * w[:, None]).sum(-2)                                  # [B, S + 1, 3]
+        return [com[b, np.clip(np.rint(win.times / self.robot.dt).astype(int), 0, steps - 1)]
+                for b, win in enumerate(windows)]
 
 
 def fit(sysid, peer: PeerModel, windows: Sequence[Window], names: Sequence[str], start: dict, *,
@@ -214,9 +216,11 @@ def fit(sysid, peer: PeerModel, windows: Sequence[Window], names: Sequence[str],
     dt = peer.robot.dt
     states, controls, sensors = [], [], []
     for w in windows:
-        S = w.control.shape[0] - 1
-        controls.append(sysid.TimeSeries(dt * np.arange(S + 1), w.control, ctrl_map))
-        sensors.append(sysid.TimeSeries.from_names(w.times, w.ends, model0))
+        rows = w.control.shape[0]
+        controls.append(sysid.TimeSeries(dt * np.arange(rows), w.control, ctrl_map))
+        # mujoco.sysid stamps a step's sensors (computed before it integrates) with the time
+        # after it: a measurement at t is declared at t + dt so that like meets like
+        sensors.append(sysid.TimeSeries.from_names(w.times + dt, w.ends, model0))
         states.append(w.state)
     spec = peer.spec.copy()
     for name, value in start.items():
@@ -252,7 +256,7 @@ def horizon_errors(peer: PeerModel, values: dict, trajs, horizons, stride: float
     """Mean CoM error h s ahead, restarted from the recorded state every ``stride`` s, the
     package's `identification.evaluation.horizon_errors` protocol on the MuJoCo model."""
     model = peer.compile(values)
-    wins = peer.windows(trajs, max(horizons), stride)
+    wins = peer.windows(trajs, max(horizons), stride, values.get("actuator_time_constant"))
     pred = peer.predict_com(model, wins)
     out = {}
     for h in horizons:
@@ -267,14 +271,13 @@ def horizon_errors(peer: PeerModel, values: dict, trajs, horizons, stride: float
 def open_loop_error(peer: PeerModel, values: dict, trajs) -> float:
     """Mean CoM error at the end of each whole trajectory, from its first state and act."""
     model = peer.compile(values)
-    wins = []
-    for t in trajs:
+    errors = []
+    for t in trajs:                       # one rollout each: recorded trajectories differ in length
         length = float(t.t[-1] - t.t[0])
-        wins += [w for w in peer.windows([t], length, length + 1.0)]
-    # windows() starts the activation from the nominal filter: at a trajectory's start that
-    # is the recorded initial activation itself
-    pred = peer.predict_com(model, wins)
-    return float(np.mean([np.linalg.norm(p[-1] - w.com[-1]) for w, p in zip(wins, pred)])) if wins else math.nan
+        # at a trajectory's start the filter has not run: the activation is the recorded one
+        wins = peer.windows([t], length, length + 1.0)
+        errors += [np.linalg.norm(p[-1] - w.com[-1]) for w, p in zip(wins, peer.predict_com(model, wins))]
+    return float(np.mean(errors)) if errors else math.nan
 
 
 def as_parameters(robot, values: dict) -> PhysicalParameters:
@@ -293,7 +296,8 @@ def fit_robot(peer_models: dict, data: dict, env: str, start: dict, *, max_iters
         raise RuntimeError(why)
     out: dict = {}
     for integrator, peer in peer_models.items():
-        wins = peer.windows(data["train"], WINDOW, WINDOW)
+        tau = start.get(integrator, {}).get("actuator_time_constant")
+        wins = peer.windows(data["train"], WINDOW, WINDOW, tau)
         values, wall = fit(sysid, peer, wins, FIT[env], start.get(integrator, {}), max_iters=max_iters,
                            threads=threads)
         val = horizon_errors(peer, values, data["val"], (WINDOW,))[WINDOW]

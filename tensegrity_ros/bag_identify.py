@@ -103,7 +103,7 @@ def identify_bag(path, robot, values: dict, *, start: float = 0.0, end: Optional
 
 
 # parameters of the node that have nothing to do with what is identified
-NODE_ONLY = {"device", "checkpoint_dir", "checkpoint_period", "resume", "min_publish_interval",
+NODE_ONLY = {"device", "checkpoint_dir", "export_mjcf_path", "checkpoint_period", "resume", "min_publish_interval",
              "publish_markers", "uncertainty_tuples", "converged_sigma", "torch_threads", "diagnostics_period"}
 
 
@@ -150,8 +150,12 @@ def main(argv=None) -> int:
 
         setting_floor = bool(values.get("floor", True))
         fixed = tuple(int(r) for r in values.get("fixed_rods", [-1]) if int(r) >= 0)
-        export = write_mjcf(PhysicalParameters(robot, summary["values"]), args.mjcf, floor=setting_floor,
-                            fixed_rods=fixed, source=str(args.bag))
+        try:
+            export = write_mjcf(PhysicalParameters.keeping_elements(robot, summary["values"]), args.mjcf,
+                                floor=setting_floor, fixed_rods=fixed, source=str(args.bag))
+        except (OSError, ValueError) as exc:
+            print(f"tensegrity-identify-bag: cannot write {args.mjcf}: {exc}", file=sys.stderr)
+            return 2
         print(f"wrote {args.mjcf}" + "".join(f"\n  not represented: {n}" for n in export.notes))
     return 0
 

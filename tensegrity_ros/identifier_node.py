@@ -434,11 +434,14 @@ def export_mjcf(node, response):
     unvetted candidate) as a calibrated MuJoCo model file."""
     values = node.session.best_values
     if values is None:
-        response.success, response.message = False, "no identified model published yet: nothing to export"
+        response.success = False
+        response.message = ("no identified model is published (none yet, or the config's values were "
+                            "published again): nothing to export; the robot YAML is that model")
         return response
-    path = Path(node.export_path) if node.export_path else Path(node.ckpt_dir or ".") / "identified.xml"
+    path = (Path(node.export_path) if node.export_path else Path(node.ckpt_dir or ".") / "identified.xml").expanduser()
     try:
-        export = write_mjcf(PhysicalParameters(node.robot, values), path, floor=node.session.floor,
+        params = PhysicalParameters.keeping_elements(node.robot, values)
+        export = write_mjcf(params, path, floor=node.session.floor,
                             fixed_rods=node.session.fixed_rods, source=f"identifier node, {node.published} "
                             "parameter messages published")
     except (OSError, ValueError) as err:

@@ -30,7 +30,7 @@ def _identified(robot, rng, delay: float) -> PhysicalParameters:
         "actuator_time_constant": 0.08, "actuator_gain": 1.04, "actuator_offset": 0.01,
         "actuator_delay": delay,
     }
-    return PhysicalParameters(robot, values)
+    return PhysicalParameters.keeping_elements(robot, values)
 
 
 def _episode(robot, steps: int, seed: int):
@@ -124,3 +124,23 @@ def test_a_stiff_identified_model_gets_a_step_it_is_stable_at():
     export = calibrated_mjcf(stiff, floor=False, fixed_rods=FIXED)
     assert export.timestep < robot.dt / 2
     assert mujoco.MjModel.from_xml_string(export.xml).opt.timestep == pytest.approx(export.timestep)
+
+
+def test_per_cable_values_survive_every_export_path(tmp_path):
+    """A model whose cables differ (a file, a published message) is exported cable by cable,
+    never averaged: through `keeping_elements` and through the CLI's parameter file."""
+    from tensegrity_engine.cli.identify import main as cli_main
+    from tensegrity_engine.physics.config import robot_to_yaml
+
+    robot = load_robot("three_bar")
+    spread = robot.cable_stiffness * np.linspace(0.7, 1.3, robot.num_cables)
+    params = PhysicalParameters.keeping_elements(robot, {"cable_stiffness": spread})
+    assert "cable_stiffness" in params.per_element and "cable_damping" not in params.per_element
+    np.testing.assert_allclose(params.as_dict()["cable_stiffness"], spread, rtol=1e-9)
+    path = tmp_path / "spread.yaml"
+    path.write_text(robot_to_yaml(robot.replace(cable_stiffness=spread)))
+    assert cli_main(["export", "--params", str(path), "--mjcf", str(tmp_path / "spread.xml")]) == 0
+    model = mujoco.MjModel.from_xml_path(str(tmp_path / "spread.xml"))
+    order = np.concatenate([robot.actuated_indices, np.flatnonzero(~robot.cable_actuated)])
+    np.testing.assert_allclose(-model.actuator_biasprm[:, 1], spread[order], rtol=1e-9)
+    assert cli_main(["export", "--params", str(path), "--mjcf", str(tmp_path / "x.xml"), "--fixed-rods", "9"]) == 2

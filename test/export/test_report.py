@@ -41,16 +41,19 @@ def test_coverage_flags_a_cable_held_still_and_cables_never_taut(three_bar, hang
 def test_report_puts_nominal_identified_and_true_side_by_side(tmp_path, three_bar, hanging):
     train, test = hanging
     truth = three_bar.replace(cable_stiffness=1.5 * three_bar.cable_stiffness)
-    identified = PhysicalParameters(three_bar, {"cable_stiffness": 1.4 * three_bar.cable_stiffness.mean()})
+    identified = PhysicalParameters(three_bar, {"cable_stiffness": 1.4 * three_bar.cable_stiffness.mean(),
+                                                "actuator_offset": 0.01})
     path = write_report(tmp_path, params=identified, nominal=PhysicalParameters(three_bar),
-                        learn=("cable_stiffness",), train=train, heldout=test, truth=truth,
+                        learn=("cable_stiffness", "actuator_offset"), train=train, heldout=test, truth=truth,
                         notes=["MJCF export: something"], title="unit")
     text = path.read_text()
     row = next(line for line in text.splitlines() if line.startswith("| cable_stiffness"))
     assert "+40.0 %" in row and "-6.7 %" in row                          # vs nominal, vs true
+    offset = next(line for line in text.splitlines() if line.startswith("| actuator_offset"))
+    assert "| +0.01 m |" in offset                                       # from a nominal of 0: absolute
     models = [line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| ")
               and line.split("|")[1].strip() in ("nominal", "identified", "true values")]
     assert models == ["nominal", "identified", "true values"]
-    assert "undetermined by these data: none (no uncertainty estimate was made)" in text
+    assert "undetermined by these data: unknown (no uncertainty estimate was made)" in text
     assert "MJCF export: something" in text
     assert (tmp_path / "report_heldout.png").stat().st_size > 1000

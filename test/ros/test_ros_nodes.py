@@ -113,7 +113,7 @@ def test_bridge_identifier_controller(ros, tmp_path):
     exported = -model.actuator_biasprm[:ROBOT.num_actuated, 1]
     published = [np.broadcast_to(conv.msg_to_param_values(m)["cable_stiffness"], exported.shape)
                  for m in rec.params]                       # one may have gone out since the call
-    assert any(np.allclose(exported, k, rtol=1e-9) for k in published), (exported[0], k)
+    assert any(np.allclose(exported, k, rtol=1e-9) for k in published), (exported[0], [k[0] for k in published])
 
 
 def _call(client, timeout=10.0):

@@ -135,7 +135,8 @@ def cmd_identify(args) -> int:
     torch.set_num_threads(args.threads)
     train = load_split(args.data, "train", args.kind)
     val = load_split(args.data, "val", args.kind)
-    robot = _robot(args.robot) if args.robot else train[0].robot
+    data_robot = train[0].robot              # what the files say they were recorded with
+    robot = _robot(args.robot) if args.robot else data_robot
     if args.robot:
         train = load_split(args.data, "train", args.kind, robot)
         val = load_split(args.data, "val", args.kind, robot)
@@ -183,14 +184,15 @@ def cmd_identify(args) -> int:
           + ", ".join(str(p) for p in plots))
     print(f"wrote {out / 'identified.xml'} (a calibrated MuJoCo model)"
           + "".join(f"\n  not represented: {n}" for n in mjcf.notes))
-    report = _report(args, trainer, robot, train, out, wall, mjcf.notes)
+    report = _report(args, trainer, robot, data_robot, train, out, wall, mjcf.notes)
     print(f"wrote {report} (the identification report)")
     return 0
 
 
-def _truth(args, robot, train):
+def _truth(args, data_robot, train):
     """The robot's true values when they are known: ``--truth``, else what generated data
-    says it was recorded from (the twin or a zoo robot); None for recorded data."""
+    says it was recorded from (the twin or a zoo robot of the files' own config, whatever
+    ``--robot`` the user believes in); None for recorded data."""
     from tensegrity_engine.groundtruth.zoo import ground_truth, zoo_names
 
     spec = args.truth
@@ -200,10 +202,10 @@ def _truth(args, robot, train):
             return None
         name = names.pop()
         spec = "twin" if name == "twin" else (f"zoo/{name}" if name in zoo_names() else None)
-    return None if spec is None else ground_truth(spec, robot).truth
+    return None if spec is None else ground_truth(spec, data_robot).truth
 
 
-def _report(args, trainer, robot, train, out: Path, wall: float, notes) -> Path:
+def _report(args, trainer, robot, data_robot, train, out: Path, wall: float, notes) -> Path:
     from tensegrity_engine.export.report import write_report
     from tensegrity_engine.identification.dataset import DatasetError, load_split
     from tensegrity_engine.identification.uncertainty import trainer_uncertainty
@@ -223,9 +225,12 @@ def _report(args, trainer, robot, train, out: Path, wall: float, notes) -> Path:
     except RuntimeError as err:
         print(f"no uncertainty estimate: {err}")
         uncertainty = None
-    return write_report(out, params=trainer.parameters, nominal=PhysicalParameters(robot), learn=trainer.learn,
-                        train=train, heldout=heldout, heldout_label=f"{label}-split", uncertainty=uncertainty,
-                        truth=_truth(args, robot, train), notes=[f"MJCF export: {n}" for n in notes],
+    notes = [f"MJCF export: {n}" for n in notes]
+    if args.initial:
+        notes.append(f"values not learnt come from {args.initial}")
+    return write_report(out, params=trainer.parameters, nominal=PhysicalParameters.keeping_elements(robot),
+                        learn=trainer.learn, train=train, heldout=heldout, heldout_label=f"{label}-split",
+                        uncertainty=uncertainty, truth=_truth(args, data_robot, train), notes=notes,
                         title=f"{robot.name} from {args.data}", wall_seconds=wall)
 
 
@@ -251,12 +256,15 @@ def cmd_evaluate(args) -> int:
 def cmd_export(args) -> int:
     from tensegrity_engine.export import write_mjcf
     from tensegrity_engine.physics.parameter_files import params_from_file
-    from tensegrity_engine.physics.params import PhysicalParameters
 
     robot = _robot(args.robot or args.params)
-    params = params_from_file(robot, args.params) if args.robot else PhysicalParameters(robot)
-    export = write_mjcf(params, args.mjcf, floor=not args.no_floor, fixed_rods=tuple(args.fixed_rods),
-                        source=str(args.params))
+    params = params_from_file(robot, args.params)          # per-cable / per-rod values stay so
+    try:
+        export = write_mjcf(params, args.mjcf, floor=not args.no_floor, fixed_rods=tuple(args.fixed_rods),
+                            source=str(args.params))
+    except (OSError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     print(f"wrote {args.mjcf} (timestep {export.timestep:g} s)")
     for note in export.notes:
         print(f"not represented: {note}")

@@ -25,7 +25,7 @@ import numpy as np
 from tensegrity_engine.identification.dataset import Trajectory
 from tensegrity_engine.identification.evaluation import evaluate, horizon_errors
 from tensegrity_engine.physics.config import RobotConfig
-from tensegrity_engine.physics.params import SPEC_BY_NAME, PhysicalParameters
+from tensegrity_engine.physics.params import SPEC_BY_NAME, PhysicalParameters, nominal_values
 from tensegrity_engine.physics.state import end_nodes
 
 __all__ = ["write_report", "cable_coverage", "STRONG_CORRELATION"]
@@ -70,22 +70,32 @@ def _fmt(x) -> str:
     return f"{one(x.mean())} (per element {one(x.min())} … {one(x.max())})"
 
 
+def _relative(got: np.ndarray, ref: np.ndarray, unit: str) -> str:
+    """The largest change over the elements, signed; absolute where the reference is 0."""
+    diff = got - ref
+    if np.max(np.abs(ref)) < 1e-12:
+        i = int(np.argmax(np.abs(diff)))
+        return f"{diff[i]:+.4g} {unit}"
+    rel = diff / np.maximum(np.abs(ref), 1e-12)
+    return f"{100 * rel[int(np.argmax(np.abs(rel)))]:+.1f} %"
+
+
 def _parameter_rows(params, nominal, learn, uncertainty, truth) -> list[str]:
     got, nom = params.as_dict(), nominal.as_dict()
-    true = PhysicalParameters(truth).as_dict() if truth is not None else None
+    true = nominal_values(truth) if truth is not None else None        # the config's own numbers
     head = "| parameter | unit | nominal | identified | 1-sigma | change vs nominal |"
     head += " true | error vs true |" if true else ""
     rows = [head, "|" + "---|" * (8 if true else 6)]
     for name in learn:
-        g, n = np.asarray(got[name]), np.broadcast_to(nom[name], np.shape(got[name]))
+        unit = SPEC_BY_NAME[name].unit
+        size = max(np.size(got[name]), np.size(nom[name]), np.size(true[name]) if true else 1)
+        g, n = (np.broadcast_to(np.asarray(x[name], dtype=np.float64), (size,)) for x in (got, nom))
         sigma = uncertainty.sigma.get(name) if uncertainty is not None else None
-        change = np.max(np.abs(g - n) / np.maximum(np.abs(n), 1e-12)) * np.sign(np.mean(g - n))
-        row = (f"| {name} | {SPEC_BY_NAME[name].unit} | {_fmt(n)} | {_fmt(g)} | "
-               f"{_fmt(sigma) if sigma is not None else '—'} | {100 * change:+.1f} % |")
+        row = (f"| {name} | {unit} | {_fmt(n)} | {_fmt(g)} | "
+               f"{_fmt(sigma) if sigma is not None else '—'} | {_relative(g, n, unit)} |")
         if true:
-            t = np.broadcast_to(true[name], g.shape)
-            err = np.max(np.abs(g - t) / np.maximum(np.abs(t), 1e-12)) * np.sign(np.mean(g - t))
-            row += f" {_fmt(t)} | {100 * err:+.1f} % |"
+            t = np.broadcast_to(np.asarray(true[name], dtype=np.float64), (size,))
+            row += f" {_fmt(t)} | {_relative(g, t, unit)} |"
         rows.append(row)
     return rows
 
@@ -146,14 +156,19 @@ def _prediction_rows(models: dict, heldout: Sequence[Trajectory]) -> list[str]:
     rows = ["| model | " + " | ".join(f"{h:g} s ahead (mm)" for h in HORIZONS)
             + " | open loop at the end (mm) | relative to the path |", "|---" * (len(HORIZONS) + 3) + "|"]
     with_velocity = all(t.has_velocity for t in heldout)
+    missing = False
     for label, (params, r) in models.items():
         try:
             ahead = horizon_errors(params, heldout, HORIZONS) if with_velocity else None
         except ValueError:                   # trajectories shorter than the longest horizon
             ahead = None
+        missing = missing or ahead is None
         cells = [f"{1e3 * np.mean(ahead[h]):.3g}" if ahead else "—" for h in HORIZONS]
         rows.append(f"| {label} | " + " | ".join(cells)
                     + f" | {1e3 * np.mean(r['final_error']):.3g} | {100 * np.mean(r['relative']):.3g} % |")
+    if missing:
+        rows += ["", "—: " + ("the held-out data has no velocities to restart from" if not with_velocity
+                              else f"the held-out trajectories are shorter than {max(HORIZONS):g} s")]
     return rows
 
 
@@ -172,7 +187,7 @@ def write_report(out_dir, *, params: PhysicalParameters, nominal: PhysicalParame
     first = train[0]
     lines += ["## Data", "",
               f"- {len(train)} training trajectories ({duration:.1f} s, poses every {1e3 * period:.0f} ms), "
-              f"{len(heldout)} {heldout_label} trajectories for the figures below (never trained on)",
+              f"{len(heldout)} {heldout_label} trajectories for the figures below (not trained on)",
               f"- measured: poses{', velocities' if first.has_velocity else ' only (no velocities)'}"
               f"{', known external pushes' if first.wrench is not None else ''}; "
               f"{'floor' if first.floor else 'no floor'}, rods welded to the world: {list(first.fixed_rods) or 'none'}",
@@ -196,7 +211,10 @@ def write_report(out_dir, *, params: PhysicalParameters, nominal: PhysicalParame
                   + ("; ".join(strong) if strong else "none"), ""]
     models = {"nominal": nominal, "identified": params}
     if truth is not None:
-        models["true values"] = PhysicalParameters(truth)
+        try:
+            models["true values"] = PhysicalParameters.keeping_elements(truth)
+        except ValueError as err:             # a truth outside the engine's parameter bounds
+            notes = [*notes, f"no 'true values' model: {err}"]
     runs = {label: (p, evaluate(p, heldout)) for label, p in models.items()}
     lines += [f"## Prediction on {heldout_label} data", "",
               "CoM error k seconds ahead, restarted from the measured state every 0.5 s (needs "
@@ -205,10 +223,10 @@ def write_report(out_dir, *, params: PhysicalParameters, nominal: PhysicalParame
     lines += ["", f"![held-out residuals]({_plot_heldout({k: r for k, (_, r) in runs.items()}, out / 'report_heldout.png').name})", ""]
     lines += ["## What the data could not determine", ""]
     undetermined = tuple(uncertainty.undetermined) if uncertainty is not None else ()
-    lines.append(f"- undetermined by these data: {', '.join(undetermined) or 'none'}"
-                 + ("" if uncertainty is not None else " (no uncertainty estimate was made)"))
+    lines.append("- undetermined by these data: " + (", ".join(undetermined) or "none" if uncertainty is not None
+                                                     else "unknown (no uncertainty estimate was made)"))
     fixed = [n for n in SPEC_BY_NAME if n not in learn]
-    lines.append(f"- not identified (kept at the nominal values): {', '.join(fixed)}")
+    lines.append(f"- not identified (kept at the values it started from): {', '.join(fixed)}")
     idle = [robot.cable_names[c] for c in range(robot.num_cables)
             if cover["taut"][c] < 0.05 or (not math.isnan(cover["span"][c]) and cover["span"][c] < 0.05)]
     if idle:

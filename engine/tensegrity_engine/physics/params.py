@@ -182,6 +182,17 @@ class PhysicalParameters(nn.Module):
             raw = self._to_raw(spec, torch.as_tensor(value, dtype=dtype))
             self.register_parameter(name, nn.Parameter(raw, requires_grad=name in learnable))
 
+    @classmethod
+    def keeping_elements(cls, robot: RobotConfig, values: Mapping[str, object] | None = None,
+                         **kwargs) -> "PhysicalParameters":
+        """Like the constructor, but every name whose values differ between cables / rods (in
+        ``values`` or, for names not given, in the robot's config) stays per element instead
+        of being averaged: the exact model of a config or of a published parameter set."""
+        merged = nominal_values(robot)
+        merged.update({k: np.atleast_1d(np.asarray(v, dtype=np.float64)) for k, v in (values or {}).items()})
+        varying = [k for k, v in merged.items() if np.size(v) > 1 and np.ptp(v) > 0]
+        return cls(robot, values, per_element=set(kwargs.pop("per_element", ())) | set(varying), **kwargs)
+
     # ------------------------------------------------------------------ shapes
     def _full_size(self, name: str) -> int:
         group = self.specs[name].group
