@@ -378,3 +378,36 @@ def test_rejects_what_it_cannot_run(three_bar):
         runner.rollout(state, act, commands, 1e-3, params=bad)
     with pytest.raises(ValueError, match="ground_contact_fn"):
         native.NativeRollout(TensegrityEngine(three_bar, ground_contact_fn=lambda nodes, radius: 0))
+
+
+def _cpu_has(flag: str) -> bool:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            return any(line.startswith("flags") and flag in line.split() for line in fh)
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _cpu_has("avx2"), reason="needs a CPU with AVX2")
+def test_an_avx2_build_runs_the_same_steps(superball, monkeypatch, tmp_path):
+    """TENSEGRITY_NATIVE_MARCH=x86-64-v3 builds the kernel an AVX2-only CPU runs (on any
+    newer one too, so its speed can be measured here): rolling contacts as the native build,
+    to rounding of the vectorised libm calls."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    engine = TensegrityEngine(superball)
+    rest, act0 = environments.rest_pose(superball)
+    rng = np.random.default_rng(4)
+    state = torch.tensor(np.stack([launched(superball, rest, np.r_[rng.uniform(-1.5, 1.5, 2), 0.0],
+                                            np.r_[0.0, 0.0, rng.uniform(-2, 2)]) for _ in range(9)]))
+    commands = torch.tensor(rng.uniform(superball.command_low, superball.command_high, (9, 200, 24)))
+    act = torch.tensor(act0).expand(9, -1)
+    runner = native.NativeRollout(engine)
+    reference = runner.rollout(state, act, commands, 1e-3)
+    monkeypatch.setenv(native.MARCH_ENV, "x86-64-v3")
+    assert native.kernel_isa() == "AVX2" and "-march=x86-64-v3" in native.compile_flags(torch.float64)
+    avx2 = runner.rollout(state, act, commands, 1e-3)
+    assert len(list((tmp_path / "tensegrity_ros" / "native").glob("*.so"))) == 2      # two builds, both kept
+    assert_states_close(avx2[0], reference[0], 1e-9)
+    monkeypatch.setenv(native.MARCH_ENV, "native; rm -rf /")
+    with pytest.raises(native.NativeBuildError, match="not a -march value"):
+        runner.rollout(state, act, commands, 1e-3)

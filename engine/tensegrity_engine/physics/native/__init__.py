@@ -18,6 +18,7 @@ import hashlib
 import importlib.resources
 import math
 import os
+import re
 import shlex
 import subprocess
 import tempfile
@@ -27,7 +28,7 @@ from typing import Optional
 
 import torch
 
-__all__ = ["NativeBuildError", "NativeRollout", "compile_flags", "load_library"]
+__all__ = ["NativeBuildError", "NativeRollout", "compile_flags", "kernel_isa", "load_library", "target_arch"]
 
 SOURCE = "semi_implicit.c"
 
@@ -36,8 +37,11 @@ SOURCE = "semi_implicit.c"
 # matmuls); the equality tests rely on it. No -ffast-math: reassociation and reciprocal
 # divisions would change results, and here it (or -ffp-contract=fast) gains < 10%.
 # -fopenmp: the `omp simd` lane loops and threads over chunks of samples.
-BASE_FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off", "-fopenmp",
-              "-shared", "-fPIC")
+BASE_FLAGS = ("-O3", "-fno-math-errno", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
+# The instruction set: this CPU's (AVX-512 where present, else AVX2, ...), or the one
+# TENSEGRITY_NATIVE_MARCH names (e.g. x86-64-v3 = AVX2 + FMA: the code an AVX2-only CPU
+# runs, measurable on a newer one; or a common target for a cache shared between machines).
+MARCH_ENV = "TENSEGRITY_NATIVE_MARCH"
 # Samples per chunk: one 512-bit vector (two 256-bit ones) of float64, or of float32.
 LANES = {torch.float64: 8, torch.float32: 16}
 _REAL = {torch.float32: ctypes.c_float, torch.float64: ctypes.c_double}
@@ -47,10 +51,28 @@ class NativeBuildError(RuntimeError):
     """The native kernel could not be compiled or loaded (no C compiler, compile error)."""
 
 
+def target_arch() -> str:
+    march = os.environ.get(MARCH_ENV) or "native"
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]*", march):
+        raise NativeBuildError(f"{MARCH_ENV}={march!r} is not a -march value (e.g. native, x86-64-v3)")
+    return march
+
+
+def kernel_isa() -> str:
+    """The widest vector instruction set the kernel is compiled for ("AVX-512", "AVX2",
+    "SSE2" or "other"), from the compiler's predefined macros for the target."""
+    macros = _run([*_compiler(), f"-march={target_arch()}", "-dM", "-E", "-x", "c", os.devnull]).stdout
+    for macro, name in (("__AVX512F__", "AVX-512"), ("__AVX2__", "AVX2"), ("__SSE2__", "SSE2")):
+        if macro in macros:
+            return name
+    return "other"
+
+
 def compile_flags(dtype: torch.dtype) -> list[str]:
     if dtype not in LANES:
         raise TypeError(f"native rollouts support float32 and float64, got {dtype}")
-    return [*BASE_FLAGS, f"-DLANES={LANES[dtype]}"] + (["-DTG_FLOAT"] if dtype == torch.float32 else [])
+    return [*BASE_FLAGS, f"-march={target_arch()}", f"-DLANES={LANES[dtype]}"] + (
+        ["-DTG_FLOAT"] if dtype == torch.float32 else [])
 
 
 def _compiler() -> list[str]:
@@ -79,7 +101,7 @@ _LOCK = threading.Lock()
 
 def load_library(dtype: torch.dtype) -> ctypes.CDLL:
     """The compiled kernel for ``dtype`` (compiled into the cache on first use)."""
-    key = (dtype, os.environ.get("CC"), os.environ.get("XDG_CACHE_HOME"))
+    key = (dtype, os.environ.get("CC"), os.environ.get("XDG_CACHE_HOME"), target_arch())
     with _LOCK:
         if key not in _LIBRARIES:
             _LIBRARIES[key] = _build(dtype)
@@ -94,9 +116,9 @@ def _build(dtype: torch.dtype) -> ctypes.CDLL:
     if version.returncode:
         raise NativeBuildError(f"`{shlex.join([*compiler, '--version'])}` failed: {version.stderr.strip()}. "
                                f"{_FIX}")
-    # -march=native code is only valid on this CPU: key the cache on what the compiler sees
+    # -march code is only valid on CPUs that have it: key the cache on what the compiler sees
     # (its predefined macros), so a home directory shared between machines stays safe.
-    target = _run([*compiler, "-march=native", "-dM", "-E", "-x", "c", os.devnull]).stdout
+    target = _run([*compiler, f"-march={target_arch()}", "-dM", "-E", "-x", "c", os.devnull]).stdout
     digest = hashlib.sha256(b"\0".join([source, shlex.join(compiler + flags).encode(),
                                         version.stdout.encode(), target.encode()])).hexdigest()[:24]
     cache = _cache_dir()
