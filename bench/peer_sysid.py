@@ -37,7 +37,6 @@ import numpy as np
 
 from tensegrity_engine.groundtruth.mujoco_twin import MujocoTwin, build_mjcf
 from tensegrity_engine.groundtruth.realisation import Realisation
-from tensegrity_engine.identification.evaluation import _filtered_commands
 from tensegrity_engine.physics.params import SPEC_BY_NAME, PhysicalParameters
 from tensegrity_engine.physics.state import end_nodes
 
@@ -73,6 +72,19 @@ class Window:
     times: np.ndarray             # [K] measurement times inside the window (s from its start)
     ends: np.ndarray              # [K, 6R] recorded rod end positions
     com: np.ndarray               # [K, 3] recorded CoM
+
+
+def filtered_commands(robot, tau: float, traj, steps: int) -> np.ndarray:
+    """[steps + 1, A] MuJoCo's ``filterexact`` activation at every step from the
+    trajectory's start, run over its recorded (clamped) commands (any tau > 0: a fit may
+    end on its bound)."""
+    decay = math.exp(-robot.dt / tau)
+    cmd = np.clip(traj.command_grid(traj.t[0], steps, robot.dt), robot.command_low, robot.command_high)
+    out = np.empty((steps + 1, robot.num_actuated))
+    out[0] = traj.initial_act()
+    for k in range(steps):
+        out[k + 1] = cmd[k] + (out[k] - cmd[k]) * decay
+    return out
 
 
 class PeerModel:
@@ -159,14 +171,14 @@ class PeerModel:
         the recorded commands."""
         robot, dt = self.robot, self.robot.dt
         S = int(round(length / dt))
-        nominal = PhysicalParameters(robot, None if tau is None else {"actuator_time_constant": tau})
+        tau = float(robot.actuator.time_constant if tau is None else tau)
         w = robot.rod_mass / robot.rod_mass.sum()
         order = np.concatenate([robot.actuated_indices, np.flatnonzero(~robot.cable_actuated)])
         act_col = {int(c): i for i, c in enumerate(robot.actuated_indices)}
         out = []
         for t in trajs:
             total = int(math.floor((t.t[-1] - t.t[0]) / dt + 1e-9))
-            acts = _filtered_commands(nominal, t, total)
+            acts = filtered_commands(robot, tau, t, total)
             states, ends = t.states(), end_nodes(t.states(), 0.5 * robot.rod_length)
             for start in np.arange(t.t[0], t.t[-1] - length + 1e-9, stride):
                 i0 = int(np.argmin(np.abs(t.t - start)))
