@@ -156,7 +156,8 @@ class PeerModel:
         if name == "contact_timeconst":
             return CONTACT_TIMECONST[:2]
         spec = SPEC_BY_NAME[name]
-        return spec.lower, spec.upper
+        # the package's bounds are open; a fit may end on its bound: keep it representable
+        return spec.lower * (1 + 1e-6), spec.upper * (1 - 1e-6)
 
     def compile(self, values: dict) -> mujoco.MjModel:
         spec = self.spec.copy()
