@@ -63,7 +63,7 @@ def test_fuzzed_nodes_account_for_every_message(ros):
     report = harness.accounting()
     problems = harness.failures(report)
     assert not problems, (problems, report)
-    assert harness.identifier_parameters >= 1                     # the identifier published
+    assert wait_for(lambda: harness.identifier_parameters >= 1, 60)   # the identifier published
     assert report["mppi_controller"]["topics"]["parameters"]["accepted"] >= 1
     assert harness.value("mppi_controller", "models_swapped") <= harness.valid["parameters"]
     assert harness.commands_seen > 0                              # the controller kept commanding
