@@ -37,6 +37,7 @@ import numpy as np
 
 from tensegrity_engine.groundtruth.mujoco_twin import MujocoTwin, build_mjcf
 from tensegrity_engine.groundtruth.realisation import Realisation
+from tensegrity_engine.identification.evaluation import filtered_commands
 from tensegrity_engine.physics.params import SPEC_BY_NAME, PhysicalParameters
 from tensegrity_engine.physics.state import end_nodes
 
@@ -72,19 +73,6 @@ class Window:
     times: np.ndarray             # [K] measurement times inside the window (s from its start)
     ends: np.ndarray              # [K, 6R] recorded rod end positions
     com: np.ndarray               # [K, 3] recorded CoM
-
-
-def filtered_commands(robot, tau: float, traj, steps: int) -> np.ndarray:
-    """[steps + 1, A] MuJoCo's ``filterexact`` activation at every step from the
-    trajectory's start, run over its recorded (clamped) commands (any tau > 0: a fit may
-    end on its bound)."""
-    decay = math.exp(-robot.dt / tau)
-    cmd = np.clip(traj.command_grid(traj.t[0], steps, robot.dt), robot.command_low, robot.command_high)
-    out = np.empty((steps + 1, robot.num_actuated))
-    out[0] = traj.initial_act()
-    for k in range(steps):
-        out[k + 1] = cmd[k] + (out[k] - cmd[k]) * decay
-    return out
 
 
 class PeerModel:

@@ -86,8 +86,12 @@ def parameter_errors(params: PhysicalParameters, reference: RobotConfig, names: 
 def _filtered_commands(params: PhysicalParameters, traj: Trajectory, steps: int) -> np.ndarray:
     """[steps + 1, A] the model's filtered commands (act) at every engine step from the
     trajectory's start: its first-order filter run over the recorded (clamped) commands."""
-    robot = params.robot
-    tau = float(np.mean(params.as_dict()["actuator_time_constant"]))
+    return filtered_commands(params.robot, float(np.mean(params.as_dict()["actuator_time_constant"])), traj, steps)
+
+
+def filtered_commands(robot: RobotConfig, tau: float, traj: Trajectory, steps: int) -> np.ndarray:
+    """As `_filtered_commands` for a time constant ``tau`` > 0 given directly (e.g. a MuJoCo
+    model's ``filterexact`` activation, which integrates the same way)."""
     decay = math.exp(-robot.dt / tau)
     cmd = np.clip(traj.command_grid(traj.t[0], steps, robot.dt), robot.command_low, robot.command_high)
     out = np.empty((steps + 1, robot.num_actuated))
