@@ -37,7 +37,8 @@ class ParameterUncertainty:
     undetermined: tuple    # learnt names the data cannot determine yet
     residual_sigma: float  # s, the residual scale behind sigma
     dof: int               # n - P
-    # [P, P] correlation of the learnt elements (order of `labels`, e.g. "cable_stiffness[3]");
+    # [P, P] correlation of the learnt elements (order of `labels`, e.g. "cable_stiffness[3]")
+    # from the normal matrix (s^2 H^-1; not the cluster-robust sandwich that may widen sigma);
     # NaN rows for undetermined elements
     correlation: Optional[np.ndarray] = None
     labels: tuple = ()
