@@ -39,7 +39,7 @@ from tensegrity_engine.groundtruth.mujoco_twin import MujocoTwin, build_mjcf
 from tensegrity_engine.groundtruth.realisation import Realisation
 from tensegrity_engine.identification.evaluation import filtered_commands
 from tensegrity_engine.physics.params import SPEC_BY_NAME, PhysicalParameters
-from tensegrity_engine.physics.state import end_nodes
+from tensegrity_engine.physics.state import end_nodes, initial_rod_state
 
 REQUIREMENTS = "bench/requirements-peer.txt"
 WINDOW = 1.0                      # s, fitting windows, each from the recorded state
@@ -200,7 +200,7 @@ class PeerModel:
         # rollout's sensor row j is computed before step j integrates: the state at time j dt
         _, sensordata = mujoco.rollout.rollout(model, datas, state0, control)
         R = self.robot.num_rods
-        centres = np.broadcast_to(self.twin._pose0[:, 0:3], (len(windows), steps, R, 3)).copy()   # welded rods
+        centres = np.broadcast_to(initial_rod_state(self.robot)[:, 0:3], (len(windows), steps, R, 3)).copy()  # welded
         centres[:, :, self.free] = sensordata.reshape(len(windows), steps, len(self.free), 2, 3).mean(-2)
         w = self.robot.rod_mass / self.robot.rod_mass.sum()
         com = (centres * w[:, None]).sum(-2)                                  # [B, S + 1, 3]
@@ -209,9 +209,10 @@ class PeerModel:
 
 
 def fit(sysid, peer: PeerModel, windows: Sequence[Window], names: Sequence[str], start: dict, *,
-        max_iters: int = 30, threads: int = 2) -> tuple[dict, float]:
+        max_iters: int = 30, threads: int = 2) -> tuple[dict, float, str]:
     """Fit ``names`` (log ratio to the nominal value, in the package's bounds) on the
-    windows with mujoco.sysid's Levenberg-Marquardt; returns (values, wall seconds)."""
+    windows with mujoco.sysid's Levenberg-Marquardt; returns (values, wall seconds, how the
+    optimiser stopped)."""
     model0 = peer.compile(start)
     ctrl_map = sysid.TimeSeries.compute_all_control_mapping(model0)
     dt = peer.robot.dt
@@ -246,11 +247,11 @@ def fit(sysid, peer: PeerModel, windows: Sequence[Window], names: Sequence[str],
         fitted, _ = sysid.optimize(params, residual, optimizer="mujoco", verbose=False, max_iters=max_iters)
     wall = time.perf_counter() - t0
     ends = [line for line in printed.getvalue().splitlines() if line.startswith("Terminated")]
-    fit.last_stop = ends[-1] if ends else "?"
+
     values = dict(start)
     for name in names:
         values[name] = peer.nominal_value(name) * math.exp(float(fitted[name].value[0]))
-    return values, wall
+    return values, wall, (ends[-1] if ends else "?")
 
 
 def horizon_errors(peer: PeerModel, values: dict, trajs, horizons, stride: float = 0.5) -> dict:
@@ -299,13 +300,13 @@ def fit_robot(peer_models: dict, data: dict, env: str, start: dict, *, max_iters
     for integrator, peer in peer_models.items():
         tau = start.get(integrator, {}).get("actuator_time_constant")
         wins = peer.windows(data["train"], WINDOW, WINDOW, tau)
-        values, wall = fit(sysid, peer, wins, FIT[env], start.get(integrator, {}), max_iters=max_iters,
+        values, wall, stop = fit(sysid, peer, wins, FIT[env], start.get(integrator, {}), max_iters=max_iters,
                            threads=threads)
         val = horizon_errors(peer, values, data["val"], (WINDOW,))[WINDOW]
         out[integrator] = {"values": values, "wall": wall, "val_1s": val}
         log(f"     mujoco.sysid ({integrator}, {len(wins)} windows of {WINDOW:g} s): {wall:.0f} s, "
             + ", ".join(f"{k} {v:.4g}" for k, v in values.items()) + f"; validation 1 s ahead {1e3 * val:.1f} mm"
-            + f" ({fit.last_stop})")
+            + f" ({stop})")
     out["best"] = min((k for k in out), key=lambda k: out[k]["val_1s"])
     return out
 

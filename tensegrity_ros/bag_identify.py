@@ -86,6 +86,7 @@ def identify_bag(path, robot, values: dict, *, start: float = 0.0, end: Optional
     verdict = session.gate(values_out)
     sigma = session.uncertainty(at=values_out)
     summary = {"bag": str(path), "tuples": len(tuples), "messages": counts, "epochs": session.epochs,
+               "floor": session.floor, "fixed_rods": list(session.fixed_rods),
                "status": session.status, "seconds": round(time.monotonic() - t0, 1),
                "values": {k: np.asarray(v, dtype=float).tolist() for k, v in values_out.items()},
                "sigma": {} if sigma is None else {k: np.asarray(v).tolist() for k, v in sigma.sigma.items()},
@@ -148,11 +149,9 @@ def main(argv=None) -> int:
         from tensegrity_engine.export import write_mjcf
         from tensegrity_engine.physics.params import PhysicalParameters
 
-        setting_floor = bool(values.get("floor", True))
-        fixed = tuple(int(r) for r in values.get("fixed_rods", [-1]) if int(r) >= 0)
         try:
             export = write_mjcf(PhysicalParameters.keeping_elements(robot, summary["values"]), args.mjcf,
-                                floor=setting_floor, fixed_rods=fixed, source=str(args.bag))
+                                floor=summary["floor"], fixed_rods=summary["fixed_rods"], source=str(args.bag))
         except (OSError, ValueError) as exc:
             print(f"tensegrity-identify-bag: cannot write {args.mjcf}: {exc}", file=sys.stderr)
             return 2

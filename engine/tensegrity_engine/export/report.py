@@ -233,5 +233,5 @@ def write_report(out_dir, *, params: PhysicalParameters, nominal: PhysicalParame
         lines.append(f"- cables the data barely excited (taut < 5 % or < 5 % of the range visited): {', '.join(idle)}")
     lines += [f"- {n}" for n in notes]
     path = out / "report.md"
-    path.write_text("\n".join(line for line in lines if line is not None) + "\n")
+    path.write_text("\n".join(lines) + "\n")
     return path

@@ -58,10 +58,15 @@ def target_arch() -> str:
     return march
 
 
+def _target_macros(compiler: list[str]) -> str:
+    """The compiler's predefined macros for the target instruction set."""
+    return _run([*compiler, f"-march={target_arch()}", "-dM", "-E", "-x", "c", os.devnull]).stdout
+
+
 def kernel_isa() -> str:
     """The widest vector instruction set the kernel is compiled for ("AVX-512", "AVX2",
     "SSE2" or "other"), from the compiler's predefined macros for the target."""
-    macros = _run([*_compiler(), f"-march={target_arch()}", "-dM", "-E", "-x", "c", os.devnull]).stdout
+    macros = _target_macros(_compiler())
     for macro, name in (("__AVX512F__", "AVX-512"), ("__AVX2__", "AVX2"), ("__SSE2__", "SSE2")):
         if macro in macros:
             return name
@@ -118,7 +123,7 @@ def _build(dtype: torch.dtype) -> ctypes.CDLL:
                                f"{_FIX}")
     # -march code is only valid on CPUs that have it: key the cache on what the compiler sees
     # (its predefined macros), so a home directory shared between machines stays safe.
-    target = _run([*compiler, f"-march={target_arch()}", "-dM", "-E", "-x", "c", os.devnull]).stdout
+    target = _target_macros(compiler)
     digest = hashlib.sha256(b"\0".join([source, shlex.join(compiler + flags).encode(),
                                         version.stdout.encode(), target.encode()])).hexdigest()[:24]
     cache = _cache_dir()
