@@ -22,6 +22,13 @@ residuals, known pushes, each integrator in turn), and prints it beside this pac
 identified vs true, held-out error, wall time on the same cores (issue 18's targets). It
 needs ``pip install -r bench/requirements-peer.txt`` and stops with that message without it.
 
+``--structure`` also selects the model's structure from the hanging data
+(`identification.structure.select_structure`: integrator, slack damping, end-heavy
+inertia, winch speed, per-cable and per-rod values, each kept only if it predicts the
+validation trajectories better beyond noise), fits contact on top of it, and prints it as
+"structure" beside "identified" (every non-contact value learnt, semi-implicit), with the
+structure each robot revealed next to its true realisation (issue 19).
+
 ``--pose-only`` identifies a second time from the robot's mocap recording (noise, latency,
 jitter, dropped frames, no velocities) and evaluates it on the same clean held-out data.
 Targets (issue 10; printed, never asserted): median error of K, c, m, tau <= 5 % with
@@ -48,6 +55,7 @@ from tensegrity_engine.groundtruth.zoo import zoo_names, zoo_robot
 from tensegrity_engine.identification import dataset as ds
 from tensegrity_engine.identification.acceptance import judge, select
 from tensegrity_engine.identification.evaluation import evaluate, horizon_errors
+from tensegrity_engine.identification.structure import select_structure
 from tensegrity_engine.physics.config import load_robot
 from tensegrity_engine.physics.parameter_files import export_yaml
 from tensegrity_engine.physics.params import PhysicalParameters
@@ -198,6 +206,7 @@ def run_robot(name, base, args, out: Path) -> dict:
         _line(f"     published: {picked} (" + "; ".join(
             f"{name}: " + ", ".join(f"{r} {v.reason}" for r, v in vs.items()) for name, vs in verdicts.items()) + ")")
         identified[label], walls[label] = model, w1 + w2
+    structure = run_structure(z, hang["clean"], roll["clean"], cfg, identified) if args.structure else None
     peer = run_peer(z, hang["clean"], roll["clean"], args) if args.peer else {}
     for label, params in identified.items():      # for bench/zoo_control.py
         export_yaml(params, root / "models" / f"{label.replace(' ', '_')}.yaml",
@@ -224,7 +233,27 @@ def run_robot(name, base, args, out: Path) -> dict:
     walls.update({f"sysid {i}": r["wall"] for i, r in peer.items()})
     _line("    wall time (s, same cores): " + ", ".join(f"{k} {v:.0f}" for k, v in walls.items()))
     return {"rows": rows, "hanging": res_hang, "rolling": res_roll, "floor": floor, "walls": walls,
-            "peer": {i: {"values": r["values"], "wall": r["wall"]} for i, r in peer.items()}}
+            "peer": {i: {"values": r["values"], "wall": r["wall"]} for i, r in peer.items()},
+            "structure": structure, "realisation": z.realisation.to_dict()}
+
+
+def run_structure(z, hang: dict, roll: dict, cfg: dict, identified: dict) -> str:
+    """Select the structure on the hanging data, fit contact on top of it, gate both stages
+    against the nominal model; adds "structure" to ``identified``; returns what was chosen."""
+    t0 = time.perf_counter()
+    sel = select_structure(z.nominal, hang["train"], hang["val"], idf.IdentificationConfig(**cfg))
+    for line in sel.lines():
+        _line("   " + line)
+    chosen = sel.params
+    roll_cfg = idf.IdentificationConfig(**{**cfg, "fine_integrator": chosen.robot.integrator,
+                                           "per_element": tuple(chosen.per_element)})
+    c, _, verdict = identify(chosen.robot, roll, roll_cfg, initial=chosen)
+    nominal = PhysicalParameters(z.nominal)
+    picked, model, _ = select([("structure, both stages", c), ("structure, hanging stage only", chosen)], nominal,
+                              {"hanging": hang["val"], "rolling": roll["val"]})
+    _line(f"   structure: rolling stage {verdict}; published {picked}; {time.perf_counter() - t0:.0f} s in all")
+    identified["structure"] = model
+    return sel.chosen.label if model is not nominal else "nominal"
 
 
 def run_peer(z, hang: dict, roll: dict, args) -> dict:
@@ -289,6 +318,29 @@ def summary(results: dict, pose_only: bool):
               + (f"  TARGET 5 s <= 0.5: {'MET' if np.median(ratios) <= 0.5 else 'NOT MET'}" if env == "hanging" else ""))
 
 
+def structure_summary(results: dict):
+    """What each robot revealed, and the structure's prediction beside the all-values fit and
+    the chaos floor (issue 19's targets)."""
+    _line("\n== model structure (chosen on validation data; errors on held-out test data)")
+    for name, r in results.items():
+        real = r["realisation"]
+        _line(f"   {name:14s} chosen {r['structure']:45s} truth: integrator {real['integrator']}, slack damping "
+              f"{real['slack_damping']}, end mass {real['end_mass_fraction']}, actuation {real['actuation']['kind']}")
+    for env, horizons in (("hanging", HANG_HORIZONS), ("rolling", ROLL_HORIZONS)):
+        for h in horizons:
+            cells = [f"{n} {1e3 * r[env]['nominal'][h]:.1f}/{1e3 * r[env]['identified'][h]:.1f}/"
+                     f"{1e3 * r[env]['structure'][h]:.1f}" + (f"/{1e3 * r['floor'][h]:.1f}" if env == "rolling" else "")
+                     for n, r in results.items()]
+            _line(f"   {env} {h:g} s ahead, nominal/identified/structure" + ("/chaos floor" if env == "rolling" else "")
+                  + " (mm): " + "; ".join(cells))
+    contact = [r["rolling"]["structure"][1.0] / r["floor"][1.0] for r in results.values()]
+    free = [r["hanging"]["structure"][1.0] / r["hanging"]["nominal"][1.0] for r in results.values()]
+    _line("   rolling 1 s: structure / chaos floor per robot " + ", ".join(f"{x:.2f}" for x in contact)
+          + f"  TARGET <= 2: {'MET' if max(contact) <= 2 else 'NOT MET'}")
+    _line("   hanging 1 s: structure / nominal per robot " + ", ".join(f"{x:.2f}" for x in free)
+          + f"  TARGET <= 0.5: {'MET' if max(free) <= 0.5 else 'NOT MET'}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--robot", default="three_bar")
@@ -296,6 +348,7 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=float, default=120.0, help="seconds per identification (hanging, rolling)")
     ap.add_argument("--epoch-tuples", type=int, default=128)
     ap.add_argument("--pose-only", action="store_true")
+    ap.add_argument("--structure", action="store_true", help="also select the model structure (issue 19)")
     ap.add_argument("--peer", action="store_true", help="also fit with mujoco.sysid (needs bench/requirements-peer.txt)")
     ap.add_argument("--peer-iters", type=int, default=30, help="mujoco.sysid Levenberg-Marquardt iterations")
     ap.add_argument("--peer-threads", type=int, default=2, help="mujoco.sysid rollout threads")
@@ -322,6 +375,8 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     results = {n: run_robot(n, base, args, out) for n in names}
     summary(results, args.pose_only)
+    if args.structure:
+        structure_summary(results)
     if args.peer:
         peer_summary(results)
     _line(f"\nTOTAL wall time {time.perf_counter() - t0:.0f} s")

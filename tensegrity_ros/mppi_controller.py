@@ -68,8 +68,8 @@ class MppiControllerNode(Node):
         noise = d("noise_scale", 0.25, "sampling std / command range width", range=(0.0, 1.0))
         temperature = d("temperature", 0.05, "MPPI temperature lambda (cost units)", range=(1e-6, 1e3))
         engine_dt = d("engine_dt", 0.0, "planning step (s); 0 = the robot's step", range=(0.0, 0.1))
-        integrator = d("integrator", "semi_implicit", "engine integrator",
-                       choices=("semi_implicit", "implicit", "ani"))
+        integrator = d("integrator", "model", "engine integrator; model = the robot config's "
+                       "(engine.integrator)", choices=("model", "semi_implicit", "implicitfast", "implicit", "ani"))
         vx = d("goal_vx", 1.0, "initial desired CoM velocity x (m/s) until a goal arrives", range=(-10.0, 10.0))
         vy = d("goal_vy", 0.0, "initial desired CoM velocity y (m/s)", range=(-10.0, 10.0))
         self.pose_frame = d("pose_frame", "world", "frame the rod poses and goals are given in; "
@@ -107,7 +107,8 @@ class MppiControllerNode(Node):
         cfg = PlannerConfig(horizon=horizon, control_dt=self.period, num_samples=samples,
                             iterations=iterations, noise_scale=noise, temperature=temperature, seed=seed)
         self.mpc = MPPIController(self.robot, planner=planner, config=cfg,
-                                  engine_dt=(engine_dt or None), integrator=integrator, device=self.device,
+                                  engine_dt=(engine_dt or None),
+                                  integrator=None if integrator == "model" else integrator, device=self.device,
                                   backend=None if backend == "auto" else backend)
         self.mpc.cost.w_airborne = timing["airborne_weight"]
         self.mpc.cost.target_velocity = np.array([vx, vy])

@@ -212,7 +212,8 @@ def add_planner_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--goal", type=float, nargs=2, default=(5.0, 0.0), help="target CoM xy (m)")
     p.add_argument("--engine-dt", type=float, default=None,
                    help="engine planning step (s; default the robot's step, 1 ms)")
-    p.add_argument("--integrator", default="semi_implicit", choices=("semi_implicit", "implicit", "ani"))
+    p.add_argument("--integrator", default=None, choices=("semi_implicit", "implicitfast", "implicit", "ani"),
+                   help="default: the robot config's engine.integrator")
     p.add_argument("--device", default="cpu")
     p.add_argument("--backend", choices=("native", "torch"), default=None,
                    help="engine rollouts in the fused C kernel (native: semi-implicit on CPU, needs a C "
@@ -268,7 +269,7 @@ def main(argv: Optional[list] = None) -> int:
     print(f"{label}: {args.planner.upper()} planning on {what}; {args.iterations} it x {args.samples} "
           f"samples, horizon {args.horizon} x {args.control_dt} s"
           + ("" if args.model == "mujoco" else
-             f", engine {args.integrator} dt {args.engine_dt or robot.dt} s"), flush=True)
+             f", engine {args.integrator or robot.integrator} dt {args.engine_dt or robot.dt} s"), flush=True)
     try:
         policy = build_policy(robot, args, params=params, label=label)
     except NativeBuildError as err:

@@ -34,7 +34,7 @@ class MPPIController:
     def __init__(self, robot: RobotConfig, *, params: Optional[PhysicalParameters] = None,
                  dynamics: Optional[Dynamics] = None, cost: Optional[Cost] = None,
                  planner: str = "mppi", config: Optional[PlannerConfig] = None,
-                 engine_dt: Optional[float] = None, integrator: str = "semi_implicit",
+                 engine_dt: Optional[float] = None, integrator: Optional[str] = None,
                  device="cpu", dtype: torch.dtype = torch.float32, compile: Optional[bool] = None,
                  backend: Optional[str] = None, threads: int = 1):
         self.robot = robot

@@ -102,7 +102,7 @@ def build_mjcf(robot: RobotConfig, *, fixed_rods: Sequence[int] = (), floor: boo
     (default: the config pose); for rods in ``fixed_rods`` that pose is welded to the world.
     ``realisation`` (default: the twin) chooses the integrator, contacts, slack damping,
     actuation and rod inertia (`realisation.py`)."""
-    real = Realisation() if realisation is None else realisation
+    real = Realisation.twin_of(robot) if realisation is None else realisation
     R = robot.num_rods
     fixed = {int(i) for i in fixed_rods}
     if any(not 0 <= i < R for i in fixed):
@@ -233,7 +233,7 @@ class MujocoTwin:
         self.robot = robot
         self.fixed_rods = tuple(sorted({int(i) for i in fixed_rods}))
         self.floor = floor
-        self.realisation = Realisation() if realisation is None else realisation
+        self.realisation = Realisation.twin_of(robot) if realisation is None else realisation
         # Stepped actuations need Python between steps: no mujoco.rollout for them.
         self.driver = RestLengthDriver(robot, self.realisation) if driven(robot, self.realisation) else None
         self.xml = build_mjcf(robot, fixed_rods=self.fixed_rods, floor=floor, realisation=self.realisation)

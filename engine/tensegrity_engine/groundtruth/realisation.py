@@ -1,6 +1,7 @@
 """How a MuJoCo ground-truth robot realises physics the engine models its own way.
 
-The default `Realisation()` is the engine's twin: MuJoCo's semi-implicit Euler, the cable
+The default `Realisation()` is the engine's twin (`Realisation.twin_of` a robot model stepped
+with ``implicitfast``: the same with MuJoCo's implicitfast): MuJoCo's semi-implicit Euler, the cable
 force realised by a tension-only actuator whose rest length follows a first-order filter,
 uniform solid-cylinder rods. Every other option makes a robot that is *not* the engine's
 equations, as a robot someone built is not:
@@ -102,7 +103,14 @@ class Realisation:
 
     @property
     def is_twin(self) -> bool:
+        """The twin of a semi-implicit robot model (see `twin_of` for any model)."""
         return self == Realisation()
+
+    @staticmethod
+    def twin_of(robot) -> "Realisation":
+        """The engine's twin of ``robot``: its equations, stepped as the robot model says
+        (``engine.integrator``: semi_implicit is MuJoCo's Euler, implicitfast its own)."""
+        return Realisation(integrator="implicitfast" if robot.integrator == "implicitfast" else "Euler")
 
     @staticmethod
     def from_dict(data: dict) -> "Realisation":

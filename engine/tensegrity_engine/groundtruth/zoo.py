@@ -165,4 +165,4 @@ def ground_truth(spec: str, base: RobotConfig) -> ZooRobot:
     if truth.dt != base.dt:
         raise ConfigError(f"ground truth {spec!r} steps at {truth.dt} s, {base.name!r} at {base.dt} s")
     return ZooRobot(name=spec or "twin", description="the engine's twin", nominal=base, truth=truth,
-                    realisation=Realisation(), sensing=SensorModel())
+                    realisation=Realisation.twin_of(truth), sensing=SensorModel())

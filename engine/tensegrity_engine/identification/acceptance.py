@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -110,7 +110,7 @@ def with_estimated_velocity(traj: Trajectory) -> Trajectory:
 
 
 def judge(candidate: PhysicalParameters, incumbent: PhysicalParameters, trajs: Sequence[Trajectory], *,
-          horizon: float = 1.0, stride: float = 0.5, integrator: str = "semi_implicit") -> Verdict:
+          horizon: float = 1.0, stride: float = 0.5, integrator: Optional[str] = None) -> Verdict:
     if not trajs:
         raise ValueError("judge needs held-out trajectories")
     trajs = [with_estimated_velocity(t) for t in trajs]

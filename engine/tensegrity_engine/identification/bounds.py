@@ -12,7 +12,7 @@ def bound_for_stability(run, ts) -> None:
     coarse phase settles on plastic contacts (damping ~5e4 N s/m) that fit 100 ms
     tuples and diverge within a second of semi-implicit rollout."""
     learnt = [n for n in ("contact_stiffness", "contact_damping") if n in run.learn]
-    if not (ts.floor and learnt and run.config.fine_integrator == "semi_implicit"):
+    if not (ts.floor and learnt and run.config.fine_integrator in ("semi_implicit", "implicitfast")):
         return
     limits = contact_upper_bounds(Topology(run.robot, ts.fixed_rods), run.params.values(), run.robot.dt)
     for name in learnt:

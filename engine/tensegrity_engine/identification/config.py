@@ -28,7 +28,9 @@ class IdentificationConfig:
     lr0: float = 0.1
     lr_min: float = 1e-4
     coarse_integrator: str = "implicit"
-    fine_integrator: str = "semi_implicit"   # or "ani"
+    fine_integrator: Optional[str] = None    # None: the robot model's (engine.integrator);
+                                        # semi_implicit / implicitfast: fit a model stepped so
+                                        # (the structure, `structure.py`); "ani"
     patience: int = 2                   # non-improving epochs before a stage change
     min_rel_improvement: float = 1e-3   # val loss must fall by this fraction to count
     max_stage_epochs: Optional[int] = None
@@ -69,6 +71,9 @@ class IdentificationConfig:
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.fine_integrator not in (None, "semi_implicit", "implicitfast", "ani"):
+            raise ValueError(f"fine_integrator must be None, 'semi_implicit', 'implicitfast' or 'ani', "
+                             f"got {self.fine_integrator!r}")
         if self.fine_optimizer not in ("lm", "adam"):
             raise ValueError(f"fine_optimizer must be 'lm' or 'adam', got {self.fine_optimizer!r}")
         if self.collision not in ("differentiable", "mujoco"):

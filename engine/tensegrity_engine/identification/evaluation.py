@@ -15,7 +15,7 @@ from tensegrity_engine.physics.state import POS
 
 
 def evaluate(params: PhysicalParameters, trajs: Sequence[Trajectory], *,
-             integrator: str = "semi_implicit", dt: Optional[float] = None,
+             integrator: Optional[str] = None, dt: Optional[float] = None,
              device="cpu", dtype: torch.dtype = torch.float64, batch_size: int = 16) -> dict:
     """Roll the engine out for each whole trajectory from its first state under the
     recorded commands (and wrenches); CoM error at every sample on the dt grid.
@@ -102,7 +102,7 @@ def filtered_commands(robot: RobotConfig, tau: float, traj: Trajectory, steps: i
 
 
 def horizon_errors(params: PhysicalParameters, trajs: Sequence[Trajectory], horizons=(0.1, 0.5, 1.0), *,
-                   stride: float = 0.5, integrator: str = "semi_implicit", device="cpu",
+                   stride: float = 0.5, integrator: Optional[str] = None, device="cpu",
                    dtype: torch.dtype = torch.float64, batch_size: int = 64) -> dict:
     """k-step-ahead prediction: restart the model from the recorded state every ``stride``
     s (the data's state, its own filtered commands) and roll it ``h`` s ahead under the

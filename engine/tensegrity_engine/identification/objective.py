@@ -115,7 +115,9 @@ class RecurrentObjective:
         """Set (and return) the sub-steps the semi-implicit rollouts of ``p`` need; ``log``
         hears of a change."""
         before = self.substeps
-        self.substeps = stable_substeps(self.engine.topology, p, self.robot.dt, floor=self.engine.floor)
+        stepped = self.config.fine_integrator if self.config.fine_integrator == "implicitfast" else "semi_implicit"
+        self.substeps = stable_substeps(self.engine.topology, p, self.robot.dt, floor=self.engine.floor,
+                                        integrator=stepped)
         if log is not None and self.substeps != before:
             log(f"engine step {1e3 * self.robot.dt / before:.3g} -> {1e3 * self.robot.dt / self.substeps:.3g} ms "
                 f"({self.substeps} sub-steps): the values' stiffness, damping and masses need it")
@@ -133,7 +135,7 @@ class RecurrentObjective:
 
     def rollout(self, x0, act, cmd, dt: float, integrator: str, wrenches, record_every: int, p: dict):
         """The engine's rollout; in the native kernel when no gradient is wanted."""
-        k = self.substeps if integrator == "semi_implicit" else 1
+        k = self.substeps if integrator in ("semi_implicit", "implicitfast") else 1
         if k > 1:                 # each command (and push) held over its step's k sub-steps
             cmd = cmd.repeat_interleave(k, dim=1)
             wrenches = None if wrenches is None else wrenches.repeat_interleave(k, dim=1)

@@ -51,12 +51,22 @@ from tensegrity_engine.identification.scale import scale_search, speed_limit_sea
 from tensegrity_engine.identification.schedule import ProgressiveSchedule
 from tensegrity_engine.identification.solvers import (AdamSolver, TupleLevenbergMarquardt,
                                                       WindowLevenbergMarquardt)
-from tensegrity_engine.physics.config import RobotConfig
+from tensegrity_engine.physics.config import MODEL_INTEGRATORS, RobotConfig
 from tensegrity_engine.physics.engine import TensegrityEngine
 from tensegrity_engine.physics.params import PhysicalParameters
 
 
 LM_FREE_LAMBDA = 1.0     # Levenberg-Marquardt damping above which a short step is not convergence
+
+
+def model_structure(robot: RobotConfig, config: IdentificationConfig) -> tuple[RobotConfig, IdentificationConfig]:
+    """The fine stage fits a model stepped with ``fine_integrator``, the model's structure:
+    None means the robot's own; a model integrator other than the robot's is the model's."""
+    if config.fine_integrator is None:
+        return robot, dataclasses.replace(config, fine_integrator=robot.integrator)
+    if config.fine_integrator in MODEL_INTEGRATORS and config.fine_integrator != robot.integrator:
+        return robot.replace(integrator=config.fine_integrator), config
+    return robot, config
 
 
 class ProgressiveTrainer:
@@ -65,13 +75,12 @@ class ProgressiveTrainer:
     def __init__(self, robot: RobotConfig, config: Optional[IdentificationConfig] = None, *,
                  device="cpu", dtype: torch.dtype = torch.float64, initial=None,
                  log: Optional[Callable[[str], None]] = None):
-        self.robot = robot
-        self.config = config or IdentificationConfig()
+        self.robot, self.config = model_structure(robot, config or IdentificationConfig())
         self.device = torch.device(device)
         self.dtype = dtype
         self.log = log or (lambda msg: None)
         values = initial.as_dict() if isinstance(initial, PhysicalParameters) else initial
-        self.params = PhysicalParameters(robot, values, per_element=self.config.per_element,
+        self.params = PhysicalParameters(self.robot, values, per_element=self.config.per_element,
                                          bounds=self.config.bounds)
         self.engine: Optional[TensegrityEngine] = None
         self.objective: Optional[RecurrentObjective] = None

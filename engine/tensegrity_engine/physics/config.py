@@ -39,6 +39,11 @@ class ContactConfig:
     friction: Friction
 
 
+# The integrators a robot model may be stepped with (`physics.integrators`): explicit cable
+# damping, or damping and gyroscopic terms implicit per rod (MuJoCo's ``implicitfast``).
+MODEL_INTEGRATORS = ("semi_implicit", "implicitfast")
+
+
 @dataclasses.dataclass(frozen=True)
 class ActuatorConfig:
     time_constant: float
@@ -85,8 +90,12 @@ class RobotConfig:
     # acts while it pulls. Zero is not representable by the bounded parameter, so "none"
     # is its default, 1e-3. None: that default.
     cable_slack_damping: Optional[np.ndarray] = None
+    # How the model steps (a structure, chosen like a parameter, see `MODEL_INTEGRATORS`).
+    integrator: str = "semi_implicit"
 
     def __post_init__(self):
+        if self.integrator not in MODEL_INTEGRATORS:
+            raise ConfigError(f"engine.integrator must be one of {MODEL_INTEGRATORS}, got {self.integrator!r}")
         for name, count, default in (("rod_inertia_factor", len(self.rod_names), 1.0),
                                      ("cable_slack_damping", len(self.cable_names), DEFAULT_SLACK_DAMPING)):
             value = getattr(self, name)
@@ -277,6 +286,9 @@ def robot_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> RobotCon
         gravity = _vector(data.get("gravity", [0.0, 0.0, -9.81]), 3, "config.gravity")
         engine = data.get("engine", {}) or {}
         dt = _number(engine.get("dt", 0.001), "engine.dt", positive=True)
+        integrator = engine.get("integrator", "semi_implicit")
+        if integrator not in MODEL_INTEGRATORS:
+            raise ConfigError(f"engine.integrator must be one of {MODEL_INTEGRATORS}, got {integrator!r}")
         rod_names, rod_ends, mass, radius, length, inertia = _parse_rods(data)
         cable = _parse_cables(data, len(rod_names))
         act = _require(data, "actuator", "config")
@@ -315,7 +327,7 @@ def robot_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> RobotCon
         cable_names=cable[0], cable_ends=cable[1], cable_rest_length=cable[2],
         cable_stiffness=cable[3], cable_damping=cable[4], cable_actuated=cable[5],
         cable_command_range=cable[6], actuator=actuator, contact=contact, source=source,
-        rod_inertia_factor=inertia, cable_slack_damping=cable[7],
+        rod_inertia_factor=inertia, cable_slack_damping=cable[7], integrator=integrator,
     )
 
 
@@ -359,7 +371,8 @@ def robot_to_dict(robot: RobotConfig) -> dict:
         cables.append(cab)
     a, con = robot.actuator, robot.contact
     return {
-        "name": robot.name, "gravity": robot.gravity.tolist(), "engine": {"dt": float(robot.dt)},
+        "name": robot.name, "gravity": robot.gravity.tolist(), "engine": {"dt": float(robot.dt)}
+        | ({"integrator": robot.integrator} if robot.integrator != "semi_implicit" else {}),
         "rods": rods, "cables": cables,
         "actuator": {"time_constant": a.time_constant, "gain": a.gain, "offset": a.offset}
         | ({} if a.max_speed == DEFAULT_MAX_SPEED else {"max_speed": a.max_speed})

@@ -7,11 +7,13 @@ Pipeline of one step, all batched over any leading dimensions of the state:
   DCC + CRG         capsule/ground and capsule/capsule contacts, penalty normal force,
                     smooth Coulomb friction (sliding, torsional, rolling)
   RAG               Newton-Euler accelerations of the rigid rods (gyroscopic term included)
-  integrator        semi-implicit Euler, linearised backward Euler ("implicit"), or ANI
+  integrator        semi-implicit Euler, linearised backward Euler ("implicit"), ANI, or
+                    "implicitfast" (implicit per rod in cable damping and gyroscopic terms);
+                    a robot model says which of semi-implicit / implicitfast it steps with
 
 Where each stage lives: `actuators` (cable actuator), `forces` (CFG, DCC + CRG, with the
 force conventions) and `jacobians` (their linearisation), `rigid_body` (RAG),
-`integrators` (the three integrators, described there), all on the constant matrices of
+`integrators` (the integrators, described there), all on the constant matrices of
 `topology`; `rollouts` holds the rollout loops (gradient checkpointing included).
 `TensegrityEngine` composes them behind one API (steps, rollouts, diagnostics).
 """
@@ -167,16 +169,19 @@ class TensegrityEngine(nn.Module):
     def _step_soa(self, S, act, command, dt, integrator, wrench, p):
         return self.integrators[integrator].step(S, act, self.clamp_command(command), dt, wrench, p)
 
-    @staticmethod
-    def _check_integrator(integrator: str) -> None:
+    def _check_integrator(self, integrator: Optional[str]) -> str:
+        """The integrator asked for, or the robot model's own (``engine.integrator``)."""
+        integrator = self.robot.integrator if integrator is None else integrator
         if integrator not in INTEGRATORS:
             raise ValueError(f"integrator must be one of {INTEGRATORS}, got {integrator!r}")
+        return integrator
 
     def step(self, state: torch.Tensor, act: torch.Tensor, command: torch.Tensor, dt: float, *,
-             integrator: str = "semi_implicit", wrench: Optional[torch.Tensor] = None,
+             integrator: Optional[str] = None, wrench: Optional[torch.Tensor] = None,
              params: Optional[dict] = None):
-        """Advance (state [..., R, 13], act [..., A]) by dt under a command held over the step."""
-        self._check_integrator(integrator)
+        """Advance (state [..., R, 13], act [..., A]) by dt under a command held over the step
+        (``integrator`` None: the robot model's)."""
+        integrator = self._check_integrator(integrator)
         p = params if params is not None else self.param_values(state.dtype, state.device)
         S, act = self._step_soa(state.transpose(-1, -2), act, command, dt, integrator,
                                 None if wrench is None else wrench.transpose(-1, -2), p)
@@ -200,10 +205,11 @@ class TensegrityEngine(nn.Module):
         return self._compiled_steps[integrator]
 
     def rollout(self, state: torch.Tensor, act: torch.Tensor, commands: torch.Tensor, dt: float, *,
-                integrator: str = "semi_implicit", wrenches: Optional[torch.Tensor] = None,
+                integrator: Optional[str] = None, wrenches: Optional[torch.Tensor] = None,
                 record_every: int = 1, params: Optional[dict] = None, compile: bool = False,
                 checkpoint_every: int = 0):
-        """Run commands [..., S, A] (one per step of length dt).
+        """Run commands [..., S, A] (one per step of length dt) with ``integrator`` (None: the
+        robot model's, ``engine.integrator``).
 
         Returns (states [..., S // record_every, R, 13], acts [..., S // record_every, A]),
         the state after steps record_every, 2 record_every, ...
@@ -212,7 +218,7 @@ class TensegrityEngine(nn.Module):
         steps in between (BPTT memory O(S/k + k) instead of O(S)); it needs
         record_every to divide k.
         """
-        self._check_integrator(integrator)
+        integrator = self._check_integrator(integrator)
         if record_every < 1:
             raise ValueError("record_every must be >= 1")
         if compile and torch.is_grad_enabled() and (state.requires_grad or any(

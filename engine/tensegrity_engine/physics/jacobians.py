@@ -101,3 +101,26 @@ def force_jacobians(topology: Topology, state: torch.Tensor, out: dict, p: dict)
         Kmat = Kmat + _pair_blocks(Hp, Ga, Gb, k["pair_a"], k["pair_b"], R, batch, dtype, device)
         Dmat = Dmat + _pair_blocks(Dp, Ga, Gb, k["pair_a"], k["pair_b"], R, batch, dtype, device)
     return Kmat, Dmat
+
+
+def own_cable_damping_blocks(topology: Topology, S: torch.Tensor, out: dict, p: dict) -> torch.Tensor:
+    """Each rod's own 6x6 block of the cable damping Jacobian D [..., R, 6, 6] (components-first
+    S [..., 13, R], ``out`` a `ForceModel` result with ``keep=True``): sum over the rod's cable
+    ends of c_eff G^T u u^T G, where c_eff is the slack share s c always plus (1 - s) c while
+    the clamped part pulls (K (l - l0) + (1 - s) c dl/dt > 0). These are the rows MuJoCo's
+    ``implicitfast`` keeps for a free body: its tendon damping always, an actuator's velocity
+    bias only while its force is inside the force range, and nothing across bodies."""
+    k = topology.constants(S.dtype, S.device)
+    R = topology.num_rods
+    T = lambda x: x.transpose(-1, -2)
+    axis, u = T(out["axis"]), T(out["u"])                            # [..., R, 3], [..., C, 3]
+    rod_a, rod_b = k["cable_rod_a"], k["cable_rod_b"]
+    Ga = _point_jacobian(axis.index_select(-2, rod_a) * k["cable_lever_a"].unsqueeze(-1))
+    Gb = _point_jacobian(axis.index_select(-2, rod_b) * k["cable_lever_b"].unsqueeze(-1))
+    c, s = p["cable_damping"], p["cable_slack_damping"]
+    pulls = (out["stretch"] > 0).to(S.dtype)
+    c_eff = (pulls * (1.0 - s) * c + s * c)[..., None, None]
+    H = c_eff * outer(u, u)                                          # [..., C, 3, 3]
+    blocks = torch.cat([Ga.transpose(-1, -2) @ H @ Ga, Gb.transpose(-1, -2) @ H @ Gb], -3)
+    out_blocks = torch.zeros(*blocks.shape[:-3], R, 6, 6, dtype=S.dtype, device=S.device)
+    return out_blocks.index_add(-3, torch.cat([rod_a, rod_b]), blocks)

@@ -26,7 +26,8 @@ def params_from_file(robot: RobotConfig, path) -> PhysicalParameters:
     """`PhysicalParameters` of ``robot`` from a YAML file: either a robot config (the
     identification's export; its physical values are taken, topology must match) or a
     mapping ``{name: value or [values]}`` (``PhysicalParameters.as_dict()``), optionally
-    under a ``parameters:`` key."""
+    under a ``parameters:`` key. A robot config's ``engine.integrator`` (the model's
+    structure) comes with its values."""
     with open(path) as fh:
         data = yaml.safe_load(fh)
     if isinstance(data, dict) and "rods" in data and "cables" in data:
@@ -34,6 +35,8 @@ def params_from_file(robot: RobotConfig, path) -> PhysicalParameters:
         if (other.num_rods, other.num_cables) != (robot.num_rods, robot.num_cables):
             raise ValueError(f"{path}: robot topology differs from {robot.name}")
         values = nominal_values(other)
+        if other.integrator != robot.integrator:
+            robot = robot.replace(integrator=other.integrator)
     else:
         values = data.get("parameters", data) if isinstance(data, dict) else None
         if not isinstance(values, dict):

@@ -206,6 +206,9 @@ class NativeRollout:
         if engine.ground_contact_fn is not None:
             raise ValueError("NativeRollout does not support an external ground_contact_fn; use the "
                              "torch engine")
+        if engine.robot.integrator != "semi_implicit":
+            raise ValueError(f"the native kernel steps semi_implicit; this robot model steps "
+                             f"{engine.robot.integrator}: use the torch engine")
         self.engine = engine
         self.threads = int(threads)
         robot = engine.robot

@@ -1,0 +1,199 @@
+"""Model-structure selection: which of the engine's structural options the robot's data asks for.
+
+Fitting values into the wrong structure biases them (a robot whose winches are rate-limited
+gets a slow time constant and extra damping; one simulated with implicit damping gets too
+little damping) and predicts worse than the structure could. Each option below adds a way
+for the model to be *built*, not a new value of the same model:
+
+================  =====================================================================
+option            what it adds
+================  =====================================================================
+implicitfast      the step: cable damping and gyroscopic terms implicit per rod
+                  (MuJoCo's ``implicitfast``), instead of the semi-implicit step
+slack_damping     a share of the cable damping that also acts on slack cables (a tendon
+                  damper): learns ``cable_slack_damping``
+end_heavy         rod inertia other than a uniform rod's: ``rod_inertia_factor``
+winch_speed       a top winch speed: ``actuator_max_speed``
+per_cable         stiffness and damping per cable instead of one value
+per_rod_mass      a mass per rod (a payload) instead of one value
+================  =====================================================================
+
+`select_structure` runs forward selection on held-out data: starting from the base model
+(the robot's own structure, core values fitted), every round fits each remaining option on
+top of the current structure, warm-started from it, and keeps the one that predicts the
+held-out trajectories best ``horizon`` ahead, if it beats the current structure by at least
+``min_gain`` (relative) *and* by more than ``sigmas`` standard errors of the paired
+per-window difference; it stops when no option does. More parameters must pay for
+themselves on data they were not fitted on; an unstable candidate (any window diverging)
+never wins.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from tensegrity_engine.identification.config import IdentificationConfig
+from tensegrity_engine.identification.dataset import Trajectory, tuples_from
+from tensegrity_engine.identification.evaluation import horizon_errors
+from tensegrity_engine.identification.trainer import ProgressiveTrainer
+from tensegrity_engine.physics.config import RobotConfig
+from tensegrity_engine.physics.params import PhysicalParameters
+
+__all__ = ["StructureOption", "OPTIONS", "BASE_LEARN", "Candidate", "StructureSelection", "select_structure",
+           "structure_options"]
+
+# Values every structure fits (the robot's core physics without contact).
+BASE_LEARN = ("cable_stiffness", "cable_damping", "rod_mass", "actuator_time_constant", "actuator_gain",
+              "actuator_offset")
+
+
+@dataclasses.dataclass(frozen=True)
+class StructureOption:
+    learn: tuple = ()            # parameters the option adds
+    per_element: tuple = ()      # parameters it splits per cable / rod
+    integrator: Optional[str] = None
+
+    def extra_parameters(self, robot: RobotConfig) -> int:
+        n = len(self.learn)
+        for name in self.per_element:
+            n += (robot.num_cables if name.startswith("cable") else robot.num_rods) - 1
+        return n
+
+
+OPTIONS = {
+    "implicitfast": StructureOption(integrator="implicitfast"),
+    "slack_damping": StructureOption(learn=("cable_slack_damping",)),
+    "end_heavy": StructureOption(learn=("rod_inertia_factor",)),
+    "winch_speed": StructureOption(learn=("actuator_max_speed",)),
+    "per_cable": StructureOption(per_element=("cable_stiffness", "cable_damping")),
+    "per_rod_mass": StructureOption(per_element=("rod_mass",)),
+}
+
+
+def structure_options(robot: RobotConfig, fixed_rods: Sequence[int] = ()) -> tuple[str, ...]:
+    """The options that can change this robot model: not the integrator it already has, no
+    per-rod mass with a single free rod, no per-cable values with one cable."""
+    free_rods = robot.num_rods - len(set(fixed_rods))
+    names = []
+    for name, option in OPTIONS.items():
+        if option.integrator is not None and option.integrator == robot.integrator:
+            continue
+        if "rod_mass" in option.per_element and free_rods < 2:
+            continue
+        if option.per_element and option.per_element[0].startswith("cable") and robot.num_cables < 2:
+            continue
+        names.append(name)
+    return tuple(names)
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    options: tuple[str, ...]          # the structure: the base plus these options
+    params: PhysicalParameters
+    errors: np.ndarray                # held-out CoM error per window at the horizon (m)
+    wall: float                       # s, the fit
+
+    @property
+    def error(self) -> float:
+        return float(np.mean(self.errors))
+
+    @property
+    def label(self) -> str:
+        return "+".join(self.options) or "base"
+
+
+@dataclasses.dataclass
+class StructureSelection:
+    chosen: Candidate
+    base: Candidate
+    tried: list                       # [(round, Candidate, verdict str)]
+    horizon: float
+
+    @property
+    def params(self) -> PhysicalParameters:
+        return self.chosen.params
+
+    def lines(self) -> list[str]:
+        out = [f"structure selection on held-out data, CoM error {self.horizon:g} s ahead:",
+               f"  base ({self.base.params.robot.integrator}): {1e3 * self.base.error:.2f} mm"]
+        for rnd, cand, verdict in self.tried:
+            out.append(f"  round {rnd}: {cand.label:40s} {1e3 * cand.error:8.2f} mm  {verdict}  ({cand.wall:.0f} s)")
+        out.append(f"  chosen: {self.chosen.label} ({1e3 * self.chosen.error:.2f} mm)")
+        return out
+
+
+def _combine(names: Sequence[str], robot: RobotConfig) -> tuple[tuple, tuple, str]:
+    learn, per_element, integrator = list(BASE_LEARN), [], robot.integrator
+    for name in names:
+        option = OPTIONS[name]
+        learn += [n for n in option.learn if n not in learn]
+        per_element += [n for n in option.per_element if n not in per_element]
+        integrator = option.integrator or integrator
+    return tuple(learn), tuple(per_element), integrator
+
+
+def _paired_verdict(cand: np.ndarray, best: np.ndarray, min_gain: float, sigmas: float) -> tuple[bool, str]:
+    if not np.all(np.isfinite(cand)):
+        return False, "unstable"
+    diff = best - cand                                        # > 0: the candidate is better
+    gain = float(diff.mean() / max(best.mean(), 1e-12))
+    se = float(diff.std(ddof=1) / math.sqrt(len(diff))) if len(diff) > 1 else math.inf
+    if gain < min_gain:
+        return False, f"gain {100 * gain:+.1f} % < {100 * min_gain:.0f} %"
+    if diff.mean() <= sigmas * se:
+        return False, f"gain {100 * gain:+.1f} % within {sigmas:g} standard errors"
+    return True, f"gain {100 * gain:+.1f} % ({diff.mean() / max(se, 1e-15):.1f} standard errors)"
+
+
+def select_structure(robot: RobotConfig, train: Sequence[Trajectory], heldout: Sequence[Trajectory],
+                     config: IdentificationConfig, *, options: Optional[Sequence[str]] = None,
+                     horizon: float = 1.0, stride: float = 0.5, min_gain: float = 0.05, sigmas: float = 2.0,
+                     max_rounds: Optional[int] = None, initial: Optional[PhysicalParameters] = None,
+                     log: Callable[[str], None] = lambda m: None) -> StructureSelection:
+    """Forward structure selection (module docstring) from ``train`` trajectories, judged on
+    ``heldout`` ones (never fitted). ``config`` sets the budget and solver of every fit (its
+    ``learn``, ``per_element`` and ``fine_integrator`` are the structure's and replaced);
+    ``initial`` is where the base fit starts (default: the robot's values)."""
+    unknown = set(options or ()) - set(OPTIONS)
+    if unknown:
+        raise ValueError(f"unknown structure options {sorted(unknown)}; known: {sorted(OPTIONS)}")
+    if not train or not heldout:
+        raise ValueError("select_structure needs training and held-out trajectories")
+    names = tuple(options) if options is not None else structure_options(robot, heldout[0].fixed_rods)
+    train_tuples = tuples_from(list(train))
+
+    def fit(chosen: tuple, start: PhysicalParameters) -> Candidate:
+        learn, per_element, integrator = _combine(chosen, robot)
+        cfg = dataclasses.replace(config, learn=learn, per_element=per_element, fine_integrator=integrator,
+                                  init="given")
+        t0 = time.perf_counter()
+        trainer = ProgressiveTrainer(robot, cfg, initial=start)
+        trainer.set_data(train_tuples)
+        trainer.run()
+        params = trainer.parameters
+        errors = horizon_errors(params, heldout, (horizon,), stride=stride)[horizon]
+        return Candidate(tuple(chosen), params, np.asarray(errors, dtype=np.float64), time.perf_counter() - t0)
+
+    best = base = fit((), initial if initial is not None else PhysicalParameters(robot))
+    log(f"structure base ({robot.integrator}): {1e3 * base.error:.2f} mm {horizon:g} s ahead")
+    tried, remaining, rnd = [], list(names), 0
+    while remaining and (max_rounds is None or rnd < max_rounds):
+        rnd += 1
+        round_best, round_verdict = None, ""
+        for name in remaining:
+            cand = fit(best.options + (name,), best.params)
+            ok, verdict = _paired_verdict(cand.errors, best.errors, min_gain, sigmas)
+            tried.append((rnd, cand, verdict))
+            log(f"structure round {rnd}: {cand.label}: {1e3 * cand.error:.2f} mm ({verdict})")
+            if ok and (round_best is None or cand.error < round_best.error):
+                round_best, round_verdict = cand, verdict
+        if round_best is None:
+            break
+        best = round_best
+        remaining.remove(best.options[-1])
+        log(f"structure round {rnd}: keeps {best.options[-1]} ({round_verdict})")
+    return StructureSelection(chosen=best, base=base, tried=tried, horizon=horizon)
