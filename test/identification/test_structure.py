@@ -55,3 +55,25 @@ def test_options_depend_on_the_model():
     assert "implicitfast" not in structure_options(robot.replace(integrator="implicitfast"))
     with pytest.raises(ValueError, match="unknown structure options"):
         select_structure(robot, [object()], [object()], IdentificationConfig(), options=("rk4",))
+
+
+def test_cli_identify_with_structure(tmp_path):
+    """`tensegrity-identify identify --structure` selects, writes what it tried, and exports
+    the chosen structure (its integrator in the robot YAML and the MJCF)."""
+    import yaml
+
+    from tensegrity_engine.cli.identify import main as cli_main
+
+    out = tmp_path / "runs"
+    assert cli_main(["generate", "--robot", "three_bar", "--out", str(out), "--env", "noncontact",
+                     "--counts", "2,2,1", "--duration", "1.0", "--no-dense"]) == 0
+    ident = out / "id"
+    assert cli_main(["identify", "--data", str(out / "noncontact"), "--out", str(ident), "--max-epochs", "2",
+                     "--quiet", "--learn", "cable_stiffness", "--structure"]) == 0
+    text = (ident / "structure.txt").read_text()
+    assert "base (semi_implicit)" in text and "implicitfast" in text and "chosen:" in text
+    chosen = text.strip().splitlines()[-1]
+    exported = yaml.safe_load((ident / "identified.yaml").read_text())
+    integrator = exported["engine"].get("integrator", "semi_implicit")
+    assert (integrator == "implicitfast") == ("implicitfast" in chosen)
+    assert f'integrator="{"Euler" if integrator == "semi_implicit" else integrator}"' in (ident / "identified.xml").read_text()

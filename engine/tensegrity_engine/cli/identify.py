@@ -155,6 +155,8 @@ def cmd_identify(args) -> int:
     dtype = {"float64": torch.float64, "float32": torch.float32}[args.dtype]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.structure:
+        robot, cfg, initial = _select_structure(args, robot, cfg, initial, train, val, out)
     trainer = ProgressiveTrainer(robot, cfg, device=args.device, dtype=dtype, initial=initial,
                                  log=lambda m: print(m, flush=True))
     ts, vs = tuples_from(train, cfg.period), tuples_from(val, cfg.period)
@@ -187,6 +189,25 @@ def cmd_identify(args) -> int:
     report = _report(args, trainer, robot, data_robot, train, out, wall, mjcf.notes)
     print(f"wrote {report} (the identification report)")
     return 0
+
+
+def _select_structure(args, robot, cfg, initial, train, val, out: Path):
+    """--structure: choose the model's structure on the validation split, then identify it
+    (warm-started from the selection's fit). Returns (robot, config, initial)."""
+    import dataclasses
+
+    from tensegrity_engine.identification.structure import BASE_LEARN, select_structure, structure_config
+
+    if train[0].floor and not args.learn:
+        raise SystemExit("--structure selects the robot's structure from hanging (no-floor) data; for floor "
+                         "data name the values to learn with --learn")
+    sel = select_structure(robot, train, val, cfg, log=lambda m: print(m, flush=True))
+    lines = sel.lines()
+    print("\n".join(lines))
+    (out / "structure.txt").write_text("\n".join(lines) + "\n")
+    learn, per_element, integrator = structure_config(sel.chosen.options, robot, cfg.learn or BASE_LEARN)
+    cfg = dataclasses.replace(cfg, learn=learn, per_element=per_element, fine_integrator=integrator, init="given")
+    return sel.params.robot, cfg, sel.params
 
 
 def _truth(args, data_robot, train):
@@ -297,7 +318,11 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--learn", nargs="+")
     i.add_argument("--per-element", nargs="+")
     i.add_argument("--schedule", default="progressive", choices=["progressive", "implicit_only", "feedforward"])
-    i.add_argument("--fine-integrator", default="semi_implicit", choices=["semi_implicit", "ani"])
+    i.add_argument("--fine-integrator", default=None, choices=["semi_implicit", "implicitfast", "ani"],
+                   help="default: the robot config's engine.integrator")
+    i.add_argument("--structure", action="store_true",
+                   help="first choose the model structure (integrator, slack damping, end-heavy inertia, winch "
+                        "speed, per-cable / per-rod values) on the val split (identification.structure)")
     i.add_argument("--patience", type=int, default=2)
     i.add_argument("--max-stage-epochs", type=int)
     i.add_argument("--max-epochs", type=int, default=10_000)
@@ -329,7 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--split", default="test")
     e.add_argument("--kind", default="sparse", choices=["sparse", "dense"])
     e.add_argument("--out", default="runs/ident/evaluation")
-    e.add_argument("--integrator", default="semi_implicit", choices=["semi_implicit", "implicit", "ani"])
+    e.add_argument("--integrator", default=None, choices=["semi_implicit", "implicitfast", "implicit", "ani"],
+                   help="default: the model's engine.integrator")
     e.add_argument("--dt", type=float)
     e.add_argument("--device", default="cpu")
     e.add_argument("--threads", type=int, default=2)

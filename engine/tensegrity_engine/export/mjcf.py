@@ -5,7 +5,8 @@ stiffness, damping and its slack share, rod masses and inertia factors, the moto
 (time constant, gain, offset), the command dead time, friction -- as MJCF that
 ``mujoco.MjModel.from_xml_path`` loads and ``mujoco.rollout``, MuJoCo MPC or
 ``mujoco.sysid`` use directly. Without contact the model takes the engine's own steps
-(MuJoCo's semi-implicit Euler is the engine's ``semi_implicit`` integrator), so it
+(MuJoCo's semi-implicit Euler is the engine's ``semi_implicit`` integrator, its
+``implicitfast`` the engine's ``implicitfast``: the model's ``engine.integrator``), so it
 reproduces the identified engine to round-off, up to the dead time (MuJoCo's actuator
 history, linear interpolation, the engine's law).
 
@@ -47,7 +48,7 @@ __all__ = ["MjcfExport", "calibrated_mjcf", "write_mjcf", "init_command_history"
 @dataclasses.dataclass(frozen=True)
 class MjcfExport:
     xml: str
-    timestep: float               # s: the identified model's stable semi-implicit step
+    timestep: float               # s: the identified model's stable step with its integrator
     notes: tuple[str, ...]        # what the MJCF does not represent
 
 
@@ -56,7 +57,7 @@ def _stable_timestep(params: PhysicalParameters, floor: bool, fixed_rods: Sequen
     planning sub-step the config step when a stiff, damped or light model needs it)."""
     robot = params.robot
     values = {k: v.detach() for k, v in params.values().items()}
-    k = stable_substeps(Topology(robot, fixed_rods), values, robot.dt, floor=floor)
+    k = stable_substeps(Topology(robot, fixed_rods), values, robot.dt, floor=floor, integrator=robot.integrator)
     return robot.dt / k
 
 
@@ -94,7 +95,9 @@ def calibrated_mjcf(params: PhysicalParameters, *, floor: bool = True, fixed_rod
     values = params.as_dict()
     lines = [f"Calibrated MuJoCo model of {robot.name}, written by tensegrity_engine.export"
              + (f" from {source}" if source else ""),
-             f"timestep {timestep:g} s (semi-implicit Euler, the engine's step for these values)"]
+             f"timestep {timestep:g} s, integrator "
+             + ("implicitfast (the model's)" if robot.integrator == "implicitfast" else "Euler (semi-implicit, the model's)")
+             + ": the engine's step for these values"]
     lines += [f"{name} = {np.round(np.atleast_1d(v), 6).tolist()}" for name, v in values.items()]
     lines += [f"NOTE: {n}" for n in notes]
     if delay > 0:

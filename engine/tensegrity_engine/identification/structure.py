@@ -36,6 +36,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from tensegrity_engine.identification.acceptance import with_estimated_velocity
 from tensegrity_engine.identification.config import IdentificationConfig
 from tensegrity_engine.identification.dataset import Trajectory, tuples_from
 from tensegrity_engine.identification.evaluation import horizon_errors
@@ -44,7 +45,7 @@ from tensegrity_engine.physics.config import RobotConfig
 from tensegrity_engine.physics.params import PhysicalParameters
 
 __all__ = ["StructureOption", "OPTIONS", "BASE_LEARN", "Candidate", "StructureSelection", "select_structure",
-           "structure_options"]
+           "structure_options", "structure_config"]
 
 # Values every structure fits (the robot's core physics without contact).
 BASE_LEARN = ("cable_stiffness", "cable_damping", "rod_mass", "actuator_time_constant", "actuator_gain",
@@ -126,8 +127,10 @@ class StructureSelection:
         return out
 
 
-def _combine(names: Sequence[str], robot: RobotConfig) -> tuple[tuple, tuple, str]:
-    learn, per_element, integrator = list(BASE_LEARN), [], robot.integrator
+def structure_config(names: Sequence[str], robot: RobotConfig, base_learn: Sequence[str] = BASE_LEARN
+                     ) -> tuple[tuple, tuple, str]:
+    """(learn, per_element, integrator) of the structure ``base_learn`` plus options ``names``."""
+    learn, per_element, integrator = list(base_learn), [], robot.integrator
     for name in names:
         option = OPTIONS[name]
         learn += [n for n in option.learn if n not in learn]
@@ -157,17 +160,21 @@ def select_structure(robot: RobotConfig, train: Sequence[Trajectory], heldout: S
     """Forward structure selection (module docstring) from ``train`` trajectories, judged on
     ``heldout`` ones (never fitted). ``config`` sets the budget and solver of every fit (its
     ``learn``, ``per_element`` and ``fine_integrator`` are the structure's and replaced);
-    ``initial`` is where the base fit starts (default: the robot's values)."""
+    ``initial`` is where the base fit starts (default: the robot's values). The base fits
+    ``config.learn`` when given, else `BASE_LEARN`. Held-out trajectories without
+    velocities get them from their poses (`acceptance.with_estimated_velocity`)."""
     unknown = set(options or ()) - set(OPTIONS)
     if unknown:
         raise ValueError(f"unknown structure options {sorted(unknown)}; known: {sorted(OPTIONS)}")
     if not train or not heldout:
         raise ValueError("select_structure needs training and held-out trajectories")
     names = tuple(options) if options is not None else structure_options(robot, heldout[0].fixed_rods)
-    train_tuples = tuples_from(list(train))
+    train_tuples = tuples_from(list(train), config.period)
+    heldout = [with_estimated_velocity(t) for t in heldout]
+    base_learn = tuple(config.learn) if config.learn else BASE_LEARN
 
     def fit(chosen: tuple, start: PhysicalParameters) -> Candidate:
-        learn, per_element, integrator = _combine(chosen, robot)
+        learn, per_element, integrator = structure_config(chosen, robot, base_learn)
         cfg = dataclasses.replace(config, learn=learn, per_element=per_element, fine_integrator=integrator,
                                   init="given")
         t0 = time.perf_counter()
