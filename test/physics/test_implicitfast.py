@@ -126,11 +126,3 @@ def test_integrator_is_part_of_the_robot_model(tmp_path):
     data["engine"]["integrator"] = "RK4"
     with pytest.raises(ConfigError, match="engine.integrator"):
         robot_from_dict(data)
-
-
-def test_native_kernel_refuses_an_implicitfast_model():
-    from tensegrity_engine.physics import native
-
-    engine = TensegrityEngine(_damped("three_bar", 1.0), floor=True)
-    with pytest.raises(ValueError, match="implicitfast"):
-        native.NativeRollout(engine)

@@ -115,6 +115,41 @@ def test_floor_contacts_sliding_rolling_spinning(superball):
     assert roll[loaded].max() > 10 * engine.angular_smoothing          # rolling friction
 
 
+@pytest.mark.parametrize("floor", [False, True])
+def test_implicitfast_steps(superball, floor):
+    """A model stepped with implicitfast (8x the config's cable damping, 30 % of it on slack
+    cables, spinning rods): native follows torch, hanging with pushes and rolling on the
+    floor; the semi-implicit kernel on the same values runs away, so the implicit step is
+    what the comparison exercises."""
+    robot = superball.replace(cable_damping=superball.cable_damping * 8,
+                              cable_slack_damping=np.full(superball.num_cables, 0.3), integrator="implicitfast")
+    if floor:
+        rest, act0 = environments.rest_pose(robot)
+        rng = np.random.default_rng(2)
+        state = torch.tensor(np.stack([launched(robot, rest, np.r_[rng.uniform(-1.5, 1.5, 2), 0.0],
+                                                np.r_[rng.uniform(-0.5, 0.5, 2), rng.uniform(-2.0, 2.0)])
+                                       for _ in range(3)]))
+        commands = torch.tensor(np.stack([environments.random_commands(robot, rng, 300, hold_range=(0.05, 0.1))
+                                          for _ in range(3)]))
+        act, wrenches = torch.tensor(act0).expand(3, -1), None
+        engine = TensegrityEngine(robot)
+    else:
+        episodes = [environments.sample_noncontact_episode(robot, np.random.default_rng(s), 400) for s in (0, 1)]
+        state, act, commands, wrenches = (torch.tensor(np.stack(x)) for x in zip(*episodes, strict=True))
+        state[..., 1:, 10:13] += 3.0
+        engine = TensegrityEngine(robot, floor=False, fixed_rods=(environments.NONCONTACT_FIXED_ROD,))
+    with torch.no_grad():
+        ref = engine.rollout(state, act, commands, 1e-3, wrenches=wrenches)          # the model's: implicitfast
+        runner = native.NativeRollout(engine)
+        assert runner.integrator == "implicitfast"
+        out = runner.rollout(state, act, commands, 1e-3, wrenches=wrenches)
+        semi = native.NativeRollout(engine, integrator="semi_implicit").rollout(state, act, commands, 1e-3,
+                                                                                 wrenches=wrenches)
+    assert_states_close(out[0], ref[0], 1e-9)
+    gap = (semi[0][..., :3] - ref[0][..., :3]).abs()
+    assert not torch.isfinite(gap).all() or gap.max() > 1e-2
+
+
 @pytest.mark.parametrize("gap,floor", [(0.095, False), (0.2, True)])
 def test_rod_rod_contact(gap, floor):
     """Two crossing capsules pushed into each other: overlapping from the start, or
@@ -378,6 +413,8 @@ def test_rejects_what_it_cannot_run(three_bar):
         runner.rollout(state, act, commands, 1e-3, params=bad)
     with pytest.raises(ValueError, match="ground_contact_fn"):
         native.NativeRollout(TensegrityEngine(three_bar, ground_contact_fn=lambda nodes, radius: 0))
+    with pytest.raises(ValueError, match="semi_implicit or implicitfast"):
+        native.NativeRollout(engine, integrator="ani")
 
 
 def _cpu_has(flag: str) -> bool:

@@ -93,7 +93,7 @@ class EngineDynamics:
         self.device = torch.device(device)
         self.dtype = dtype
         if backend is None:
-            backend = ("native" if integrator == "semi_implicit" and self.device.type == "cpu"
+            backend = ("native" if integrator in ("semi_implicit", "implicitfast") and self.device.type == "cpu"
                        and compile is None else "torch")
         if backend not in ("torch", "native"):
             raise ValueError(f"backend must be 'torch' or 'native', got {backend!r}")
@@ -101,16 +101,16 @@ class EngineDynamics:
         self.threads = int(threads)
         self.engine = _shared_engine(robot, floor, actuator_timing, self.device)
         if backend == "native":
-            if integrator != "semi_implicit":
-                raise ValueError(f"the native backend runs the 'semi_implicit' integrator, not {integrator!r}; "
-                                 f"use backend='torch'")
+            if integrator not in ("semi_implicit", "implicitfast"):
+                raise ValueError(f"the native backend runs the 'semi_implicit' and 'implicitfast' integrators, "
+                                 f"not {integrator!r}; use backend='torch'")
             if self.device.type != "cpu":
                 raise ValueError("the native backend runs on the CPU; use backend='torch' on other devices")
             if compile:
                 raise ValueError("compile=True applies to the torch backend, not the native one")
             from tensegrity_engine.physics import native
             native.load_library(dtype)              # compile now: a missing compiler fails here, clearly
-            self._native = native.NativeRollout(self.engine, threads=self.threads)
+            self._native = native.NativeRollout(self.engine, threads=self.threads, integrator=integrator)
             self.compile = False
         else:
             self.compile = (integrator != "ani") if compile is None else bool(compile)

@@ -99,7 +99,7 @@ class RecurrentObjective:
         backend = config.forward_backend
         if backend is None:
             applies = (torch.device(device).type == "cpu" and engine.ground_contact_fn is None
-                       and config.fine_integrator == "semi_implicit")
+                       and config.fine_integrator in ("semi_implicit", "implicitfast"))
             backend = "native" if applies else "torch"
         if backend == "torch":
             return None
@@ -109,7 +109,8 @@ class RecurrentObjective:
             raise ValueError("forward_backend='native' runs on the CPU with the engine's own ground "
                              "collision; use forward_backend='torch'")
         native.load_library(torch.float64)
-        return native.NativeRollout(engine)
+        stepped = config.fine_integrator if config.fine_integrator == "implicitfast" else "semi_implicit"
+        return native.NativeRollout(engine, integrator=stepped)
 
     def step_for(self, p: dict, log: Optional[Callable[[str], None]] = None) -> int:
         """Set (and return) the sub-steps the semi-implicit rollouts of ``p`` need; ``log``
@@ -140,7 +141,7 @@ class RecurrentObjective:
             cmd = cmd.repeat_interleave(k, dim=1)
             wrenches = None if wrenches is None else wrenches.repeat_interleave(k, dim=1)
             dt, record_every = dt / k, record_every * k
-        if (self.native is not None and integrator == "semi_implicit" and not torch.is_grad_enabled()
+        if (self.native is not None and integrator == self.native.integrator and not torch.is_grad_enabled()
                 and x0.dtype in (torch.float32, torch.float64)):
             return self.native.rollout(x0, act, cmd, dt, record_every=record_every, params=p, wrenches=wrenches)
         return self.engine.rollout(x0, act, cmd, dt, integrator=integrator, wrenches=wrenches,

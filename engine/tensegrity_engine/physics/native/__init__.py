@@ -172,7 +172,8 @@ def _structs(real):
                     + [("pair_a", pi32), ("pair_b", pi32), ("pair_radius_a", preal), ("pair_radius_b", preal)]
                     + [(n, real) for n in ("h", "half_h", "ground_height", "contact_stiffness",
                                            "contact_damping", "mu", "mu_torsional", "mu_rolling",
-                                           "angular_eps2", "friction_eps2")])
+                                           "angular_eps2", "friction_eps2")]
+                    + [("inertia_t", preal), ("inertia_a", preal), ("implicitfast", i32)])
 
     class IO(ctypes.Structure):
         _fields_ = ([(n, i64) for n in ("batch", "steps", "hold", "record_every")]
@@ -195,20 +196,22 @@ def _ptr(t: torch.Tensor, ctype):
 
 # ----------------------------------------------------------------------------- rollouts
 class NativeRollout:
-    """Semi-implicit rollouts of ``engine`` (a `TensegrityEngine`) in native code.
+    """Semi-implicit or implicitfast (``integrator``, default the robot model's) rollouts of
+    ``engine`` (a `TensegrityEngine`) in native code.
 
     Uses the engine's topology, floor, fixed rods, actuator timing and smoothing settings;
     ``ground_contact_fn`` is not supported. Parameters may be shared or per cable / per rod
     (anything `PhysicalParameters` produces); they are broadcast to one value per element.
     """
 
-    def __init__(self, engine, *, threads: int = 1):
+    def __init__(self, engine, *, threads: int = 1, integrator: Optional[str] = None):
         if engine.ground_contact_fn is not None:
             raise ValueError("NativeRollout does not support an external ground_contact_fn; use the "
                              "torch engine")
-        if engine.robot.integrator != "semi_implicit":
-            raise ValueError(f"the native kernel steps semi_implicit; this robot model steps "
-                             f"{engine.robot.integrator}: use the torch engine")
+        self.integrator = engine.robot.integrator if integrator is None else integrator
+        if self.integrator not in ("semi_implicit", "implicitfast"):
+            raise ValueError(f"the native kernel steps semi_implicit or implicitfast, not {self.integrator!r}; "
+                             f"use the torch engine")
         self.engine = engine
         self.threads = int(threads)
         robot = engine.robot
@@ -222,7 +225,7 @@ class NativeRollout:
     def rollout(self, state: torch.Tensor, act: torch.Tensor, commands: torch.Tensor, dt: float, *,
                 record_every: int = 1, params: Optional[dict] = None,
                 wrenches: Optional[torch.Tensor] = None, threads: Optional[int] = None):
-        """As ``engine.rollout(state, act, commands, dt, integrator="semi_implicit", ...)``:
+        """As ``engine.rollout(state, act, commands, dt, integrator=self.integrator, ...)``:
         states [..., S // record_every, R, 13] and acts [..., S // record_every, A]."""
         return self.rollout_held(state, act, commands, dt, hold=1, record_every=record_every, params=params,
                                  wrenches=wrenches, threads=threads)
@@ -345,6 +348,7 @@ class NativeRollout:
                 "node_inv_mass": (k["node_compliance_axial"] + k["node_compliance_transverse"]    # as ForceModel
                                   / inertia_factor.repeat_interleave(2)) / mass.repeat_interleave(2),  # .ground_friction
                 "pair_radius_a": k["pair_radius_a"], "pair_radius_b": k["pair_radius_b"],
+                "inertia_t": it, "inertia_a": ia,
             }
             arrays = {name: v.to(dtype).contiguous() for name, v in arrays.items()}
             ints = {"cable_lo": self._cable_lo, "cable_hi": self._cable_hi, "cable_act": self._cable_act,
@@ -359,6 +363,7 @@ class NativeRollout:
                 mu_rolling=scalar("friction_rolling"),
                 angular_eps2=engine.angular_smoothing * engine.angular_smoothing,
                 friction_eps2=engine.friction_smoothing * engine.friction_smoothing,
+                implicitfast=int(self.integrator == "implicitfast"),
                 **{name: _ptr(v, real) for name, v in arrays.items()},
                 **{name: _ptr(v, ctypes.c_int32) for name, v in ints.items()})
         return model, (arrays, ints)

@@ -1,4 +1,6 @@
-/* Fused forward-only rollout of TensegrityEngine's semi-implicit step (physics/integrators.py).
+/* Fused forward-only rollout of TensegrityEngine's semi-implicit step (physics/integrators.py),
+ * or of its implicitfast step (`implicitfast`: the velocity update implicit per rod in the
+ * rod's own cable damping and gyroscopic torque, a 6x6 solve per rod).
  *
  * One call runs `steps` steps of `_step_soa(..., integrator="semi_implicit")` for a batch
  * of samples: actuator filter, cables, ground contacts (normal, rolling and torsional
@@ -72,6 +74,8 @@ typedef struct {
     real h, half_h, ground_height;
     real contact_stiffness, contact_damping, mu, mu_torsional, mu_rolling;
     real angular_eps2, friction_eps2;
+    const real *inertia_t, *inertia_a;   /* [R]: transverse and axial inertia (implicitfast) */
+    int32_t implicitfast;          /* step implicit per rod in its cable damping and gyroscopic torque */
 } tg_model;
 
 /* Strided views of the caller's tensors, in elements (a stride may be 0: broadcast). */
@@ -97,6 +101,7 @@ typedef struct {
     real *point_a, *point_b, *pnormal, *depth;  /* [3][P], [3][P], [3][P], [P] */
     real *pair_force, *pair_torque_a, *pair_torque_b;  /* [3][R] */
     real *wrench;                /* [6][R] */
+    real *damp;                  /* [21][R]: implicitfast, each rod's own cable damping block (upper) */
     int *pair_touch;             /* [P]: some lane of the pair in contact */
     idx_t sample[LANES];         /* batch index of each lane (padding lanes repeat the last) */
     void *block;                 /* the allocation holding all of the above */
@@ -107,12 +112,12 @@ static int work_alloc(tg_work *w, const tg_model *m)
     const size_t R = m->rods, C = m->cables, A = m->actuated, P = m->pairs;
     const size_t rows[] = {13 * R, A, A, A, A, C, 3 * R, 3 * R, 3 * R, 3 * R, 3 * R, 3 * R, 3 * R,
                            3 * R, 6 * R, 6 * R, 2 * R, 2 * R, 2 * R, 6 * R, 3 * P, 3 * P, 3 * P, P,
-                           3 * R, 3 * R, 3 * R, 6 * R};
+                           3 * R, 3 * R, 3 * R, 6 * R, 21 * R};
     real **ptr[] = {&w->st, &w->act, &w->cmd, &w->act_end, &w->act_used, &w->rest, &w->axis,
                     &w->axis_rate, &w->gen_pos, &w->gen_axis, &w->force, &w->torque, &w->acc,
                     &w->alpha, &w->node, &w->node_rate, &w->normal, &w->slip_x, &w->slip_y,
                     &w->lever, &w->point_a, &w->point_b, &w->pnormal, &w->depth, &w->pair_force,
-                    &w->pair_torque_a, &w->pair_torque_b, &w->wrench};
+                    &w->pair_torque_a, &w->pair_torque_b, &w->wrench, &w->damp};
     const size_t n = sizeof(rows) / sizeof(rows[0]);
     size_t total = 0;
     for (size_t i = 0; i < n; ++i) total += rows[i] + 1;   /* + 1: no zero-size arrays */
@@ -154,11 +159,23 @@ static void kinematics(const tg_model *m, tg_work *w)
 
 /* Tension-only spring-dampers plus tendon damping (acting slack too); accumulates
  * W^T (tension u) in the engine's column order. */
+/* implicitfast: c j j^T into rod `rod`'s upper-triangular damping block, j = (u, r x u) for a
+ * cable end at lever r (G^T u u^T G with G = [I, -[r]x], as jacobians.own_cable_damping_blocks). */
+static inline void add_damping(real *damp, int R, int rod, int l, real c, real u0, real u1, real u2,
+                               real r0, real r1, real r2)
+{
+    const real j[6] = {u0, u1, u2, r1 * u2 - r2 * u1, r2 * u0 - r0 * u2, r0 * u1 - r1 * u0};
+    int t = 0;
+    for (int i = 0; i < 6; ++i)
+        for (int k = i; k < 6; ++k, ++t) ROW(damp, t * R + rod)[l] += c * j[i] * j[k];
+}
+
 static void cables(const tg_model *m, tg_work *w)
 {
     const int R = m->rods, C = m->cables;
     memset(w->gen_pos, 0, sizeof(real) * 3 * R * LANES);
     memset(w->gen_axis, 0, sizeof(real) * 3 * R * LANES);
+    if (m->implicitfast) memset(w->damp, 0, sizeof(real) * 21 * R * LANES);
     for (int c = 0; c < C; ++c) {
         const int lo = m->cable_lo[c], hi = m->cable_hi[c];
         const real wp_lo = m->cable_wpos_lo[c], wp_hi = m->cable_wpos_hi[c];
@@ -198,6 +215,25 @@ static void cables(const tg_model *m, tg_work *w)
             ga_lo2[l] = FMA(t2, wa_lo, ga_lo2[l]);
             ga_hi0[l] = FMA(t0, wa_hi, ga_hi0[l]); ga_hi1[l] = FMA(t1, wa_hi, ga_hi1[l]);
             ga_hi2[l] = FMA(t2, wa_hi, ga_hi2[l]);
+        }
+        if (m->implicitfast) {
+            /* the end on rod lo sits at lever (wa_lo / wp_lo) a_lo, likewise on rod hi; the
+             * clamped part damps only while it pulls (MuJoCo skips a clamped actuator) */
+            const real s_lo = wa_lo / wp_lo, s_hi = wa_hi / wp_hi;
+            for (int l = 0; l < LANES; ++l) {
+                const real d0 = FMA(wa_hi, b0[l], FMA(wa_lo, a0[l], wp_lo * p0[l] + wp_hi * q0[l]));
+                const real d1 = FMA(wa_hi, b1[l], FMA(wa_lo, a1[l], wp_lo * p1[l] + wp_hi * q1[l]));
+                const real d2 = FMA(wa_hi, b2[l], FMA(wa_lo, a2[l], wp_lo * p2[l] + wp_hi * q2[l]));
+                const real e0 = FMA(wa_hi, rb0[l], FMA(wa_lo, ra0[l], wp_lo * v0[l] + wp_hi * u0[l]));
+                const real e1 = FMA(wa_hi, rb1[l], FMA(wa_lo, ra1[l], wp_lo * v1[l] + wp_hi * u1[l]));
+                const real e2 = FMA(wa_hi, rb2[l], FMA(wa_lo, ra2[l], wp_lo * v2[l] + wp_hi * u2[l]));
+                const real length = SQRT(d0 * d0 + d1 * d1 + d2 * d2);
+                const real n0 = d0 / length, n1 = d1 / length, n2 = d2 / length;
+                const real stretch = K * (length - rest[l]) + D * (e0 * n0 + e1 * n1 + e2 * n2);
+                const real c = (stretch > 0 ? D : (real)0) + Ds;
+                add_damping(w->damp, R, lo, l, c, n0, n1, n2, s_lo * a0[l], s_lo * a1[l], s_lo * a2[l]);
+                add_damping(w->damp, R, hi, l, c, n0, n1, n2, s_hi * b0[l], s_hi * b1[l], s_hi * b2[l]);
+            }
         }
     }
     /* force = -(W^T tu) on the centres, torque = axis x -(W^T tu) on the axes */
@@ -489,6 +525,74 @@ static void accelerations(const tg_model *m, tg_work *w)
     }
 }
 
+/* Solve the 6x6 system a x = b in place (Gaussian elimination, partial pivoting). */
+static void solve6(real a[6][6], real b[6])
+{
+    for (int c = 0; c < 6; ++c) {
+        int p = c;
+        for (int r = c + 1; r < 6; ++r)
+            if ((a[r][c] < 0 ? -a[r][c] : a[r][c]) > (a[p][c] < 0 ? -a[p][c] : a[p][c])) p = r;
+        if (p != c) {
+            for (int k = 0; k < 6; ++k) { const real t = a[c][k]; a[c][k] = a[p][k]; a[p][k] = t; }
+            const real t = b[c]; b[c] = b[p]; b[p] = t;
+        }
+        for (int r = c + 1; r < 6; ++r) {
+            const real f = a[r][c] / a[c][c];
+            for (int k = c; k < 6; ++k) a[r][k] -= f * a[c][k];
+            b[r] -= f * b[c];
+        }
+    }
+    for (int c = 5; c >= 0; --c) {
+        real v = b[c];
+        for (int k = c + 1; k < 6; ++k) v -= a[c][k] * b[k];
+        b[c] = v / a[c][c];
+    }
+}
+
+/* implicitfast (integrators.ImplicitFast): per rod (M + h D_rr + h d(w x I w)/dw) (a, alpha)
+ * = (f, tau - w x I w). */
+static void accelerations_implicit(const tg_model *m, tg_work *w)
+{
+    const int R = m->rods;
+    const real h = m->h;
+    for (int r = 0; r < R; ++r) {
+        const real m_r = m->mass[r], it = m->inertia_t[r], ia = m->inertia_a[r], d_i = m->ia_minus_it[r];
+        const real fr = m->free[r];
+        for (int l = 0; l < LANES; ++l) {
+            const real ax[3] = {ROW(w->axis, r)[l], ROW(w->axis, R + r)[l], ROW(w->axis, 2 * R + r)[l]};
+            const real om[3] = {ROW(w->st, 10 * R + r)[l], ROW(w->st, 11 * R + r)[l], ROW(w->st, 12 * R + r)[l]};
+            const real rate[3] = {ROW(w->axis_rate, r)[l], ROW(w->axis_rate, R + r)[l],
+                                  ROW(w->axis_rate, 2 * R + r)[l]};
+            real a[6][6], b[6], iw[3][3], s[3];
+            int t = 0;
+            for (int i = 0; i < 6; ++i)
+                for (int k = i; k < 6; ++k, ++t) a[i][k] = a[k][i] = h * ROW(w->damp, t * R + r)[l];
+            for (int i = 0; i < 3; ++i) {
+                a[i][i] += m_r;
+                for (int k = 0; k < 3; ++k) iw[i][k] = (i == k ? it : (real)0) + (ia - it) * ax[i] * ax[k];
+            }
+            for (int i = 0; i < 3; ++i) s[i] = iw[i][0] * om[0] + iw[i][1] * om[1] + iw[i][2] * om[2];
+            for (int k = 0; k < 3; ++k) {         /* + I_w + h ([w]x I_w - [I_w w]x), column k */
+                const real c0 = iw[0][k], c1 = iw[1][k], c2 = iw[2][k];
+                const real wxc[3] = {om[1] * c2 - om[2] * c1, om[2] * c0 - om[0] * c2, om[0] * c1 - om[1] * c0};
+                const real sx[3] = {k == 0 ? 0 : (k == 1 ? -s[2] : s[1]), k == 0 ? s[2] : (k == 1 ? 0 : -s[0]),
+                                    k == 0 ? -s[1] : (k == 1 ? s[0] : 0)};
+                for (int i = 0; i < 3; ++i) a[3 + i][3 + k] += iw[i][k] + h * (wxc[i] - sx[i]);
+            }
+            const real gyro = d_i * (ax[0] * om[0] + ax[1] * om[1] + ax[2] * om[2]);
+            for (int i = 0; i < 3; ++i) {
+                b[i] = ROW(w->force, i * R + r)[l];
+                b[3 + i] = ROW(w->torque, i * R + r)[l] - gyro * rate[i];
+            }
+            solve6(a, b);
+            for (int i = 0; i < 3; ++i) {
+                ROW(w->acc, i * R + r)[l] = m->has_fixed ? b[i] * fr : b[i];
+                ROW(w->alpha, i * R + r)[l] = m->has_fixed ? b[3 + i] * fr : b[3 + i];
+            }
+        }
+    }
+}
+
 /* Velocity-implicit smooth Coulomb sliding friction at the ground contacts
  * (ForceModel.ground_friction with a step h), added to force and torque. */
 static void ground_friction(const tg_model *m, tg_work *w)
@@ -697,10 +801,10 @@ static void run_chunk(const tg_model *m, const tg_io *io, tg_work *w, idx_t firs
         if (m->pairs && pair_geometry(m, w)) pair_response(m, w);
         if (io->wrenches) load_wrench(m, io, w, step);
         external(m, w, io->wrenches != NULL);
-        accelerations(m, w);
+        if (m->implicitfast) accelerations_implicit(m, w); else accelerations(m, w);
         if (m->floor) {
             ground_friction(m, w);
-            accelerations(m, w);
+            if (m->implicitfast) accelerations_implicit(m, w); else accelerations(m, w);
         }
         advance(m, w);
         real *swap = w->act; w->act = w->act_end; w->act_end = swap;
