@@ -20,7 +20,10 @@ per_rod_mass      a mass per rod (a payload) instead of one value
 
 `select_structure` runs forward selection on held-out data: starting from the base model
 (the robot's own structure, core values fitted), every round fits each remaining option on
-top of the current structure, warm-started from it, and keeps the one that predicts the
+top of the current structure, each fit from the same start (the config's values: a fit
+warm-started from the current structure inherits its compensations, e.g. a slow time
+constant standing in for a winch speed limit, and Levenberg-Marquardt does not leave
+them), and keeps the one that predicts the
 held-out trajectories best ``horizon`` ahead, if it beats the current structure by at least
 ``min_gain`` (relative), by at least ``min_base_share`` of the base model's error
 (absolute), *and* by more than ``sigmas`` standard errors of the paired per-window
@@ -194,14 +197,15 @@ def select_structure(robot: RobotConfig, train: Sequence[Trajectory], heldout: S
         errors = horizon_errors(params, heldout, (horizon,), stride=stride)[horizon]
         return Candidate(tuple(chosen), params, np.asarray(errors, dtype=np.float64), time.perf_counter() - t0)
 
-    best = base = fit((), initial if initial is not None else PhysicalParameters(robot))
+    start = initial if initial is not None else PhysicalParameters(robot)
+    best = base = fit((), start)
     log(f"structure base ({robot.integrator}): {1e3 * base.error:.2f} mm {horizon:g} s ahead")
     tried, remaining, rnd = [], list(names), 0
     while remaining and (max_rounds is None or rnd < max_rounds):
         rnd += 1
         round_best, round_verdict = None, ""
         for name in remaining:
-            cand = fit(best.options + (name,), best.params)
+            cand = fit(best.options + (name,), start)
             ok, verdict = _paired_verdict(cand.errors, best.errors, min_gain, sigmas, min_base_share * base.error)
             tried.append((rnd, cand, verdict))
             log(f"structure round {rnd}: {cand.label}: {1e3 * cand.error:.2f} mm ({verdict})")
