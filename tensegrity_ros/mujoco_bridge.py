@@ -116,6 +116,7 @@ class MujocoBridge(Node):
         self._latest_cmd_stamp = -1
         self._applied_ns = -1
         self._leads = collections.deque(maxlen=1000)   # ms each command arrived before its stamp (sim time)
+        self._late = collections.deque(maxlen=8)       # (sim time s, ms late) of the latest late arrivals
         self.step_count = 0
         self.poses_published = 0
         self.lockstep_timeouts = 0
@@ -153,6 +154,7 @@ class MujocoBridge(Node):
             self._leads.append(lead_ms)
             if lead_ms < 0:
                 self.diag.count("commands_arrived_late")
+                self._late.append((now / NS, -lead_ms))
             # the actuators saturate: a command beyond the range is applied at its limit
             clipped = np.clip(u, self.low, self.high)
             if np.any(clipped != u):
@@ -299,6 +301,9 @@ class MujocoBridge(Node):
                 "lockstep_timeouts": self.lockstep_timeouts,
                 **({"command_lead_ms_median": round(float(np.median(self._leads)), 2),
                     "command_lead_ms_min": round(float(np.min(self._leads)), 2)} if self._leads else {}),
+                # when in the run commands came late (start-up or steady state), and by how much
+                **({"commands_late_at": " ".join(f"{t:.2f}s/{ms:.0f}ms" for t, ms in self._late)}
+                   if self._late else {}),
                 "command": np.array2string(self.command, precision=3, max_line_width=10**6)}
 
     def close(self) -> None:

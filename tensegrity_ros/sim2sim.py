@@ -228,6 +228,8 @@ def realtime_figures(mon, rolling_start, period: float) -> dict:
     for key in ("command_lead_ms_median", "command_lead_ms_min", "commands_arrived_late"):
         if key in bridge:
             out[key] = num(bridge, key)
+    if bridge.get("commands_late_at"):
+        out["commands_late_at"] = str(bridge["commands_late_at"])
     t, low = np.array(mon.pose_t), np.array(mon.lowest)
     if rolling_start is not None and len(t):
         sel = t >= rolling_start
@@ -385,6 +387,8 @@ def print_summary(s: dict) -> None:
         ("airborne_fraction", "airborne", 3, " of the rolling time")) if key in s]
     if rt:
         print("real time: " + ", ".join(rt))
+    if s.get("commands_late_at"):
+        print(f"commands that reached the robot late (sim time / how late): {s['commands_late_at']}")
     if "plots" in s:
         print(f"plots: {s['plots']}")
 
