@@ -102,6 +102,7 @@ typedef struct {
     real *pair_force, *pair_torque_a, *pair_torque_b;  /* [3][R] */
     real *wrench;                /* [6][R] */
     real *damp;                  /* [21][R]: implicitfast, each rod's own cable damping block (upper) */
+    real *cable_dir;             /* [4][C]: implicitfast, each cable's unit vector and clamped force */
     int *pair_touch;             /* [P]: some lane of the pair in contact */
     idx_t sample[LANES];         /* batch index of each lane (padding lanes repeat the last) */
     void *block;                 /* the allocation holding all of the above */
@@ -112,12 +113,12 @@ static int work_alloc(tg_work *w, const tg_model *m)
     const size_t R = m->rods, C = m->cables, A = m->actuated, P = m->pairs;
     const size_t rows[] = {13 * R, A, A, A, A, C, 3 * R, 3 * R, 3 * R, 3 * R, 3 * R, 3 * R, 3 * R,
                            3 * R, 6 * R, 6 * R, 2 * R, 2 * R, 2 * R, 6 * R, 3 * P, 3 * P, 3 * P, P,
-                           3 * R, 3 * R, 3 * R, 6 * R, 21 * R};
+                           3 * R, 3 * R, 3 * R, 6 * R, 21 * R, 4 * C};
     real **ptr[] = {&w->st, &w->act, &w->cmd, &w->act_end, &w->act_used, &w->rest, &w->axis,
                     &w->axis_rate, &w->gen_pos, &w->gen_axis, &w->force, &w->torque, &w->acc,
                     &w->alpha, &w->node, &w->node_rate, &w->normal, &w->slip_x, &w->slip_y,
                     &w->lever, &w->point_a, &w->point_b, &w->pnormal, &w->depth, &w->pair_force,
-                    &w->pair_torque_a, &w->pair_torque_b, &w->wrench, &w->damp};
+                    &w->pair_torque_a, &w->pair_torque_b, &w->wrench, &w->damp, &w->cable_dir};
     const size_t n = sizeof(rows) / sizeof(rows[0]);
     size_t total = 0;
     for (size_t i = 0; i < n; ++i) total += rows[i] + 1;   /* + 1: no zero-size arrays */
@@ -208,6 +209,8 @@ static void cables(const tg_model *m, tg_work *w)
             const real rate = e0 * n0 + e1 * n1 + e2 * n2;
             const real stretch = K * (length - rest[l]) + D * rate;
             const real tension = (stretch < 0 ? (real)0 : stretch) + Ds * rate;
+            ROW(w->cable_dir, c)[l] = n0; ROW(w->cable_dir, C + c)[l] = n1;
+            ROW(w->cable_dir, 2 * C + c)[l] = n2; ROW(w->cable_dir, 3 * C + c)[l] = stretch;
             const real t0 = tension * n0, t1 = tension * n1, t2 = tension * n2;
             gp_lo0[l] += t0 * wp_lo; gp_lo1[l] += t1 * wp_lo; gp_lo2[l] += t2 * wp_lo;
             gp_hi0[l] += t0 * wp_hi; gp_hi1[l] += t1 * wp_hi; gp_hi2[l] += t2 * wp_hi;
@@ -221,18 +224,11 @@ static void cables(const tg_model *m, tg_work *w)
              * clamped part damps only while it pulls (MuJoCo skips a clamped actuator) */
             const real s_lo = wa_lo / wp_lo, s_hi = wa_hi / wp_hi;
             for (int l = 0; l < LANES; ++l) {
-                const real d0 = FMA(wa_hi, b0[l], FMA(wa_lo, a0[l], wp_lo * p0[l] + wp_hi * q0[l]));
-                const real d1 = FMA(wa_hi, b1[l], FMA(wa_lo, a1[l], wp_lo * p1[l] + wp_hi * q1[l]));
-                const real d2 = FMA(wa_hi, b2[l], FMA(wa_lo, a2[l], wp_lo * p2[l] + wp_hi * q2[l]));
-                const real e0 = FMA(wa_hi, rb0[l], FMA(wa_lo, ra0[l], wp_lo * v0[l] + wp_hi * u0[l]));
-                const real e1 = FMA(wa_hi, rb1[l], FMA(wa_lo, ra1[l], wp_lo * v1[l] + wp_hi * u1[l]));
-                const real e2 = FMA(wa_hi, rb2[l], FMA(wa_lo, ra2[l], wp_lo * v2[l] + wp_hi * u2[l]));
-                const real length = SQRT(d0 * d0 + d1 * d1 + d2 * d2);
-                const real n0 = d0 / length, n1 = d1 / length, n2 = d2 / length;
-                const real stretch = K * (length - rest[l]) + D * (e0 * n0 + e1 * n1 + e2 * n2);
-                const real c = (stretch > 0 ? D : (real)0) + Ds;
-                add_damping(w->damp, R, lo, l, c, n0, n1, n2, s_lo * a0[l], s_lo * a1[l], s_lo * a2[l]);
-                add_damping(w->damp, R, hi, l, c, n0, n1, n2, s_hi * b0[l], s_hi * b1[l], s_hi * b2[l]);
+                const real n0 = ROW(w->cable_dir, c)[l], n1 = ROW(w->cable_dir, C + c)[l];
+                const real n2 = ROW(w->cable_dir, 2 * C + c)[l];
+                const real damping = (ROW(w->cable_dir, 3 * C + c)[l] > 0 ? D : (real)0) + Ds;
+                add_damping(w->damp, R, lo, l, damping, n0, n1, n2, s_lo * a0[l], s_lo * a1[l], s_lo * a2[l]);
+                add_damping(w->damp, R, hi, l, damping, n0, n1, n2, s_hi * b0[l], s_hi * b1[l], s_hi * b2[l]);
             }
         }
     }
