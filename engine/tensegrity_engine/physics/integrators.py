@@ -36,7 +36,7 @@ import torch
 
 from tensegrity_engine.physics.actuators import CableActuators
 from tensegrity_engine.physics.forces import ForceModel
-from tensegrity_engine.physics.jacobians import _skew, block_diag, force_jacobians, own_cable_damping_blocks
+from tensegrity_engine.physics.jacobians import skew, block_diag, force_jacobians, own_cable_damping_blocks
 from tensegrity_engine.physics.rigid_body import RigidRods
 from tensegrity_engine.physics.stability import explicit_step_limit
 from tensegrity_engine.physics.state import ANG_VEL, LIN_VEL
@@ -140,7 +140,7 @@ class ImplicitFast:
         I_w_w = (I_world @ w_r.unsqueeze(-1)).squeeze(-1)
         A = h * own_cable_damping_blocks(topology, S, out, p)
         lin = mass[:, None, None] * eye3
-        rot = I_world + h * (_skew(w_r) @ I_world - _skew(I_w_w))               # + h d(w x I w)/dw
+        rot = I_world + h * (skew(w_r) @ I_world - skew(I_w_w))               # + h d(w x I w)/dw
         A = A + torch.cat([torch.cat([lin.expand_as(rot), torch.zeros_like(rot)], -1),
                            torch.cat([torch.zeros_like(rot), rot], -1)], -2)
         torque = out["torque"] - gyro

@@ -14,7 +14,7 @@ from tensegrity_engine.physics.topology import Topology
 from tensegrity_engine.physics.vectors import outer
 
 
-def _skew(v: torch.Tensor) -> torch.Tensor:
+def skew(v: torch.Tensor) -> torch.Tensor:
     x, y, z = v.unbind(-1)
     o = torch.zeros_like(x)
     return torch.stack([torch.stack([o, -z, y], -1), torch.stack([z, o, -x], -1),
@@ -24,7 +24,7 @@ def _skew(v: torch.Tensor) -> torch.Tensor:
 def _point_jacobian(r: torch.Tensor) -> torch.Tensor:
     """G = [I, -[r]x]: velocity of a point at lever arm r from (v, w). [..., 3, 6]"""
     eye = torch.eye(3, dtype=r.dtype, device=r.device).expand(*r.shape[:-1], 3, 3)
-    return torch.cat([eye, -_skew(r)], -1)
+    return torch.cat([eye, -skew(r)], -1)
 
 
 def block_diag(blocks: torch.Tensor) -> torch.Tensor:
