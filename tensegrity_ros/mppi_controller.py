@@ -89,6 +89,8 @@ class MppiControllerNode(Node):
         threads = d("torch_threads", 0, "torch intra-op threads (0 = torch default)", range=(0, 256))
         backend = d("backend", "auto", "planning rollouts: the native C kernel (CPU, semi-implicit), "
                     "torch, or auto (native where it applies)", choices=("auto", "native", "torch"))
+        residual_file = d("residual_file", "", "a learned residual (tensegrity_engine.physics.residual, "
+                          "safetensors) planned with on top of the physics; empty: physics alone", read_only=True)
         safety = declare_safety(d)
         timing = declare_timing(d, self.period)
         self.marker_period = d("marker_period", 0.5, "seconds (wall) between the planned-model markers: the "
@@ -110,6 +112,9 @@ class MppiControllerNode(Node):
                                   engine_dt=(engine_dt or None),
                                   integrator=None if integrator == "model" else integrator, device=self.device,
                                   backend=None if backend == "auto" else backend)
+        if residual_file:       # a file for another robot, or not a residual, fails here and says why
+            from tensegrity_engine.physics.residual import load_residual
+            self.mpc.dynamics.set_residual(load_residual(self.robot, residual_file))
         self.mpc.cost.w_airborne = timing["airborne_weight"]
         self.mpc.cost.target_velocity = np.array([vx, vy])
         self.mpc.cost.speed = float(np.hypot(vx, vy))

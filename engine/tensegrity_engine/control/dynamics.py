@@ -117,6 +117,7 @@ class EngineDynamics:
             if self.compile and integrator == "ani":
                 raise ValueError("compile=True supports the 'semi_implicit' and 'implicit' integrators")
         self.in_force = None        # [A] the command the robot runs now (see __call__)
+        self.residual = None        # a `physics.residual.ResidualModel` applied after every control step
         self.set_params(params if params is not None else PhysicalParameters(robot))
 
     def set_params(self, params: PhysicalParameters) -> None:
@@ -148,6 +149,34 @@ class EngineDynamics:
     def params(self) -> PhysicalParameters:
         return self._params
 
+    def set_residual(self, model) -> None:
+        """Plan with physics + a learned residual (`physics.residual.ResidualModel`, trained
+        for one control period): every control step is a physics segment followed by the
+        correction. None: physics alone."""
+        if model is not None:
+            model = model.to(dtype=self.dtype, device=self.device).eval()
+        self.residual = model
+
+    def _with_residual(self, s, a, fine) -> torch.Tensor:
+        """Rollouts [N, H, R, 13] of engine-step commands ``fine`` [N, H * substeps, A], the
+        residual applied after each control step."""
+        out, k = [], self.substeps
+        for h in range(fine.shape[1] // k):
+            seg = fine[:, h * k:(h + 1) * k].contiguous()
+            if self.backend == "native":
+                states, acts = self._native.rollout(s, a, seg, self.dt, record_every=k, params=self._p)
+            else:
+                states, acts = self.engine.rollout(s, a, seg, self.dt, integrator=self.integrator, record_every=k,
+                                                   params=self._p)
+            x_hat = states[:, -1]
+            if not self.residual.use_physics:
+                raise ValueError("a purely learned model has no physics to plan with")
+            rest, tension = self.engine.rest_lengths(a, self._p), self.engine.cable_tensions(s, a, self._p)
+            s = self.residual(s, x_hat, rest, tension, self.control_dt).contiguous()
+            a = acts[:, -1].contiguous()
+            out.append(s)
+        return torch.stack(out, 1)
+
     @torch.no_grad()
     def advance(self, state0, act0, commands) -> tuple[np.ndarray, np.ndarray]:
         """One trajectory through ``commands`` [S, A] (a row per step ``dt``, as they act:
@@ -171,6 +200,11 @@ class EngineDynamics:
         for that long."""
         plans = as_tensor(plans, self.dtype, self.device)
         N, H, A = plans.shape
+        if self.residual is not None:
+            s = as_tensor(state0, self.dtype, self.device).expand(N, -1, -1).contiguous()
+            a = as_tensor(act0, self.dtype, self.device).expand(N, A).contiguous()
+            fine = self._timed(plans, self.in_force) if self.delay else plans.repeat_interleave(self.substeps, dim=1)
+            return self._with_residual(s, a, fine)
         if self.delay:
             s = as_tensor(state0, self.dtype, self.device).expand(N, -1, -1).contiguous()
             a = as_tensor(act0, self.dtype, self.device).expand(N, A).contiguous()
