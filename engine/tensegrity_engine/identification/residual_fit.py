@@ -322,11 +322,14 @@ def residual_horizon_errors(params: PhysicalParameters, model: Optional[Residual
 
 
 def judge_residual(params: PhysicalParameters, model: ResidualModel, heldout: Sequence[Trajectory], *,
-                   horizons=(0.1, 0.5, 1.0), sigmas: float = 2.0, period: float = 0.1) -> tuple[bool, str]:
+                   horizons=(0.1, 0.5, 1.0), sigmas: float = 3.0, period: float = 0.1) -> tuple[bool, str]:
     """Keep a residual only if, on held-out trajectories, it predicts better than the physics
     alone at *every* horizon, and at the longest by more than ``sigmas`` standard errors of
     the paired per-window difference (rolling is chaotic: a correction that wins 0.1 s
-    ahead can lose 1 s ahead, and small held-out sets give lucky wins)."""
+    ahead can lose 1 s ahead, and small held-out sets give lucky wins). Three, not the two
+    a structure option needs: a network has thousands of weights, and on the zoo the one
+    residual that passed at 2.2 standard errors (payload, hanging: 3.4 -> 1.5 mm on two
+    validation trajectories) was worse on the test ones (4.3 -> 8.8 mm)."""
     with_ = residual_horizon_errors(params, model, heldout, horizons, period=period)
     without = residual_horizon_errors(params, None, heldout, horizons, period=period)
     worse = [h for h in horizons if not np.mean(with_[h]) < np.mean(without[h])]
