@@ -11,9 +11,10 @@ from tensegrity_engine.groundtruth.sensors import SensorModel
 from tensegrity_engine.groundtruth.zoo import ZooRobot
 from tensegrity_engine.identification import dataset as ds
 from tensegrity_engine.identification.evaluation import horizon_errors
-from tensegrity_engine.identification.residual_fit import fit_residual, residual_horizon_errors
+from tensegrity_engine.identification.residual_fit import fit_residual, judge_residual, residual_horizon_errors
 from tensegrity_engine.physics.config import load_robot
 from tensegrity_engine.physics.params import PhysicalParameters
+from tensegrity_engine.physics.residual import ResidualModel
 
 torch.set_num_threads(2)
 H = (0.1, 0.5, 1.0)
@@ -47,3 +48,6 @@ def test_residual_learns_what_the_physics_misses(end_heavy):
     assert np.mean(learned[1.0]) > np.mean(corrected[1.0])
     # the physical values are untouched by the residual: it is trained on top of them
     assert PhysicalParameters(base).as_dict() == nominal.as_dict()
+    # the gate keeps nothing that is not better: an untrained residual is the physics
+    kept, why = judge_residual(nominal, ResidualModel(base, fixed_rods=split["val"][0].fixed_rods), split["val"])
+    assert not kept and "worse" in why
