@@ -54,7 +54,7 @@ def _ns(**kw):
 def planner_args(a, *, model, planner, horizon, samples, iterations):
     return _ns(horizon=horizon, control_dt=0.1, samples=samples, iterations=iterations, noise=a.noise,
                temperature=a.temperature, seed=a.seed, speed=1.0, goal=(5.0, 0.0), model=model,
-               mj_threads=2, planner=planner, engine_dt=None, integrator="semi_implicit", device="cpu",
+               mj_threads=2, planner=planner, engine_dt=None, integrator=None, device="cpu",
                backend=a.engine_backend)
 
 

@@ -77,3 +77,12 @@ def test_cli_identify_with_structure(tmp_path):
     integrator = exported["engine"].get("integrator", "semi_implicit")
     assert (integrator == "implicitfast") == ("implicitfast" in chosen)
     assert f'integrator="{"Euler" if integrator == "semi_implicit" else integrator}"' in (ident / "identified.xml").read_text()
+
+
+def test_a_stable_option_beats_a_diverging_structure():
+    from tensegrity_engine.identification.structure import _paired_verdict
+
+    ok, why = _paired_verdict(np.array([0.01, 0.02]), np.array([0.01, np.inf]), 0.05, 2.0, 0.0)
+    assert ok and "diverges" in why
+    ok, why = _paired_verdict(np.array([0.01, np.inf]), np.array([0.01, 0.02]), 0.05, 2.0, 0.0)
+    assert not ok and why == "unstable"

@@ -126,3 +126,26 @@ def test_integrator_is_part_of_the_robot_model(tmp_path):
     data["engine"]["integrator"] = "RK4"
     with pytest.raises(ConfigError, match="engine.integrator"):
         robot_from_dict(data)
+
+
+def test_an_identified_implicitfast_model_is_planned_with_it(tmp_path):
+    """The planner steps the model it is given the way that model steps: an implicitfast
+    model loaded from its YAML onto the semi-implicit config (`params_from_file`), also when
+    it is swapped in later; an integrator given explicitly stays."""
+    from tensegrity_engine.control.dynamics import EngineDynamics
+    from tensegrity_engine.physics.parameter_files import export_yaml, params_from_file
+
+    config = load_robot("three_bar")
+    identified = PhysicalParameters(_damped("three_bar", 2.0))
+    export_yaml(identified, tmp_path / "identified.yaml")
+    params = params_from_file(config, tmp_path / "identified.yaml")
+    assert params.robot.integrator == "implicitfast"
+    dyn = EngineDynamics(config, params, dtype=torch.float64)
+    assert dyn.integrator == "implicitfast" and dyn._native.integrator == "implicitfast"
+    swapped = EngineDynamics(config, dtype=torch.float64)
+    assert swapped.integrator == "semi_implicit"
+    swapped.set_params(params)
+    assert swapped.integrator == "implicitfast" and swapped._native.integrator == "implicitfast"
+    pinned = EngineDynamics(config, integrator="semi_implicit", dtype=torch.float64)
+    pinned.set_params(params)
+    assert pinned.integrator == "semi_implicit"

@@ -201,7 +201,10 @@ def _select_structure(args, robot, cfg, initial, train, val, out: Path):
     if train[0].floor and not args.learn:
         raise SystemExit("--structure selects the robot's structure from hanging (no-floor) data; for floor "
                          "data name the values to learn with --learn")
-    sel = select_structure(robot, train, val, cfg, log=lambda m: print(m, flush=True))
+    if args.fine_integrator:
+        print(f"--structure chooses the integrator; --fine-integrator {args.fine_integrator} is the base's")
+        robot = robot.replace(integrator=args.fine_integrator) if args.fine_integrator != "ani" else robot
+    sel = select_structure(robot, train, val, cfg, initial=initial, log=lambda m: print(m, flush=True))
     lines = sel.lines()
     print("\n".join(lines))
     (out / "structure.txt").write_text("\n".join(lines) + "\n")

@@ -5,6 +5,8 @@ default the semi-implicit step in the fused C kernel of `tensegrity_engine.physi
 Both have the signature of `interfaces.Dynamics`."""
 from __future__ import annotations
 
+import copy
+
 import math
 from typing import Optional
 
@@ -88,7 +90,9 @@ class EngineDynamics:
             raise ValueError(f"planning dt {self.dt} must divide control_dt {self.control_dt}")
         if actuator_timing is None:
             actuator_timing = "start" if self.dt <= robot.dt * (1 + 1e-9) else "mean"
-        integrator = robot.integrator if integrator is None else integrator   # the model's own
+        # None: the model's own (an identified model's, else the config's), followed on swaps
+        self._follow_model = integrator is None
+        integrator = (params.robot if params is not None else robot).integrator if integrator is None else integrator
         self.integrator = integrator
         self.device = torch.device(device)
         self.dtype = dtype
@@ -121,7 +125,13 @@ class EngineDynamics:
         self.set_params(params if params is not None else PhysicalParameters(robot))
 
     def set_params(self, params: PhysicalParameters) -> None:
-        """Swap the model's physical parameters (e.g. after identification)."""
+        """Swap the model's physical parameters (e.g. after identification); a model stepped
+        with another integrator (its ``engine.integrator``) is planned with it, unless the
+        integrator was given explicitly."""
+        if self._follow_model and params.robot.integrator != self.integrator:
+            self.integrator = params.robot.integrator
+            if self.backend == "native":
+                self._native = type(self._native)(self.engine, threads=self.threads, integrator=self.integrator)
         self._params = params
         with torch.no_grad():
             self._p = {k: v.detach().to(dtype=self.dtype, device=self.device)
@@ -154,7 +164,10 @@ class EngineDynamics:
         for one control period): every control step is a physics segment followed by the
         correction. None: physics alone."""
         if model is not None:
-            model = model.to(dtype=self.dtype, device=self.device).eval()
+            if abs(model.period - self.control_dt) > 1e-9:
+                raise ValueError(f"the residual corrects {model.period} s periods; this planner steps "
+                                 f"{self.control_dt} s")
+            model = copy.deepcopy(model).to(dtype=self.dtype, device=self.device).eval()   # the caller's stays
         self.residual = model
 
     def _with_residual(self, s, a, fine) -> torch.Tensor:

@@ -14,7 +14,8 @@ def bound_for_stability(run, ts) -> None:
     learnt = [n for n in ("contact_stiffness", "contact_damping") if n in run.learn]
     if not (ts.floor and learnt and run.config.fine_integrator in ("semi_implicit", "implicitfast")):
         return
-    limits = contact_upper_bounds(Topology(run.robot, ts.fixed_rods), run.params.values(), run.robot.dt)
+    limits = contact_upper_bounds(Topology(run.robot, ts.fixed_rods), run.params.values(), run.robot.dt,
+                                  integrator=run.config.fine_integrator)
     for name in learnt:
         lower = run.params.bounds_of(name)[0]
         if limits.get(name, 0.0) <= lower * 1.01:

@@ -20,6 +20,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
+from tensegrity_engine.identification.acceptance import with_estimated_velocity
 from tensegrity_engine.identification.dataset import Trajectory
 from tensegrity_engine.identification.evaluation import filtered_commands
 from tensegrity_engine.physics.engine import TensegrityEngine
@@ -189,7 +190,7 @@ def fit_residual(params: PhysicalParameters, train: Sequence[Trajectory], val: S
     free = torch.ones(params.robot.num_rods, dtype=torch.bool)
     free[list(fixed)] = False
     model = ResidualModel(params.robot, hidden=hidden, use_physics=use_physics, fixed_rods=fixed,
-                          ground_height=params.robot.contact.ground_height)
+                          ground_height=params.robot.contact.ground_height, period=period)
     # Robust scales (90th percentile of the absolute errors): the errors are heavy-tailed (a
     # rod-rod contact the physics models differently), and a standard deviation would be set
     # by the tail, a median by the many samples the physics already gets right.
@@ -287,8 +288,10 @@ def residual_horizon_errors(params: PhysicalParameters, model: Optional[Residual
                             horizons=(0.1, 0.5, 1.0), *, stride: float = 0.5, period: float = 0.1,
                             backend: str = "native") -> dict:
     """`evaluation.horizon_errors` for physics + residual (periods of ``period``): CoM error
-    k seconds ahead, restarted from the recorded state every ``stride`` s. {h: errors}."""
+    k seconds ahead, restarted from the recorded state every ``stride`` s. {h: errors}.
+    Pose-only trajectories get velocities from their poses (`with_estimated_velocity`)."""
     robot = params.robot
+    trajs = [with_estimated_velocity(t) for t in trajs]
     physics = _Physics(params, trajs[0].fixed_rods, trajs[0].floor, backend)
     S, H = int(round(period / robot.dt)), max(horizons)
     K = int(round(H / period))
@@ -302,8 +305,9 @@ def residual_horizon_errors(params: PhysicalParameters, model: Optional[Residual
         for start in np.arange(t.t[0], t.t[-1] - H + 1e-9, stride):
             i0 = int(np.argmin(np.abs(t.t - start)))
             targets = [int(np.argmin(np.abs(t.t - (t.t[i0] + h)))) for h in horizons]
-            if any(abs(t.t[j] - t.t[i0] - h) > 1e-6 for j, h in zip(targets, horizons)):
-                continue
+            if abs(t.t[i0] - start) > 1e-6 or any(abs(t.t[j] - t.t[i0] - h) > 1e-6
+                                                   for j, h in zip(targets, horizons)):
+                continue        # a dropped sample: no window there (as evaluation.horizon_errors)
             s0 = int(round((t.t[i0] - t.t[0]) / robot.dt))
             x0.append(states[i0])
             a0.append(acts[s0])

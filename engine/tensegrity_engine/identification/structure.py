@@ -154,6 +154,8 @@ def _paired_verdict(cand: np.ndarray, best: np.ndarray, min_gain: float, sigmas:
                     min_abs: float = 0.0) -> tuple[bool, str]:
     if not np.all(np.isfinite(cand)):
         return False, "unstable"
+    if not np.all(np.isfinite(best)):
+        return True, "stable where the current structure diverges"
     diff = best - cand                                        # > 0: the candidate is better
     gain = float(diff.mean() / max(best.mean(), 1e-12))
     se = float(diff.std(ddof=1) / math.sqrt(len(diff))) if len(diff) > 1 else math.inf
@@ -205,7 +207,7 @@ def select_structure(robot: RobotConfig, train: Sequence[Trajectory], heldout: S
     # how far the robot moves in ``horizon``: a gain below a thousandth of it is no reason to
     # give the model more structure
     path = float(np.mean([t.path_length() / max(t.t[-1] - t.t[0], 1e-9) for t in heldout])) * horizon
-    floor = max(min_base_share * base.error, min_path_share * path)
+    floor = max(min_base_share * base.error if np.isfinite(base.error) else 0.0, min_path_share * path)
     log(f"structure base ({robot.integrator}): {1e3 * base.error:.2f} mm {horizon:g} s ahead")
     tried, remaining, rnd = [], list(names), 0
     while remaining and (max_rounds is None or rnd < max_rounds):

@@ -56,11 +56,17 @@ def _rotvec_quat(r: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.cos(half), r * 0.5 * torch.sinc(half / math.pi)], -1)
 
 
-def _heading(axis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cos, sin) [...] of the yaw of the rod axis' horizontal part (x axis for a vertical rod)."""
-    hx, hy = axis[..., 0], axis[..., 1]
-    norm = torch.sqrt(hx * hx + hy * hy + 1e-12)
-    return hx / norm, hy / norm
+def _heading(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) [...] of the yaw of a rod's axis' horizontal part; for a rod within 1e-6
+    rad of vertical, where that yaw is undefined, of its body x axis (which turns with the
+    robot, so the correction stays the same for a robot turned about the vertical)."""
+    axis = _quat_axis(q)
+    w, x, y, z = q.unbind(-1)
+    body_x = torch.stack([1 - 2 * (y * y + z * z), 2 * (x * y + w * z)], -1)
+    n2 = axis[..., 0] ** 2 + axis[..., 1] ** 2
+    h = torch.where((n2 < 1e-12)[..., None], body_x, axis[..., :2])
+    norm = torch.sqrt((h * h).sum(-1)).clamp_min(1e-300)
+    return h[..., 0] / norm, h[..., 1] / norm
 
 
 def _to_frame(v: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
@@ -80,9 +86,10 @@ class ResidualModel(nn.Module):
     network works on O(1) numbers."""
 
     def __init__(self, robot: RobotConfig, *, hidden: int = 32, use_physics: bool = True,
-                 fixed_rods: tuple = (), ground_height: float = 0.0):
+                 fixed_rods: tuple = (), ground_height: float = 0.0, period: float = 0.1):
         super().__init__()
         self.use_physics = bool(use_physics)
+        self.period = float(period)        # s: the control period it corrects, and only that
         self.hidden = int(hidden)
         R = robot.num_rods
         ends = torch.as_tensor(robot.cable_ends, dtype=torch.long)          # [C, 2, 2] (rod, end)
@@ -106,7 +113,7 @@ class ResidualModel(nn.Module):
         self.double()
 
     def config(self) -> dict:
-        return {"hidden": self.hidden, "use_physics": self.use_physics}
+        return {"hidden": self.hidden, "use_physics": self.use_physics, "period": self.period}
 
     # ------------------------------------------------------------------ features
     def _ends(self, x: torch.Tensor) -> torch.Tensor:
@@ -120,7 +127,7 @@ class ResidualModel(nn.Module):
                  period: float):
         """(rod features [..., R, F], edge features [..., 2C, E], heading (c, s) [..., R])."""
         axis = _quat_axis(x0[..., QUAT])
-        c, s = _heading(axis)
+        c, s = _heading(x0[..., QUAT])
         v0, w0 = x0[..., LIN_VEL], x0[..., ANG_VEL]
         ends0 = self._ends(x0)
         if self.use_physics:
@@ -205,7 +212,8 @@ def load_residual(robot: RobotConfig, path, fixed_rods: tuple = (), *, any_topol
             raise ValueError(f"{path}: trained on another topology than {robot.name}")
         config = json.loads(meta["config"])
         model = ResidualModel(robot, hidden=int(config["hidden"]), use_physics=bool(config["use_physics"]),
-                              fixed_rods=fixed_rods, ground_height=float(meta.get("ground_height", "0.0")))
+                              fixed_rods=fixed_rods, ground_height=float(meta.get("ground_height", "0.0")),
+                              period=float(config["period"]))
         state = {k: f.get_tensor(k) for k in f.keys()}
     missing = set(model.state_dict()) - set(state) - {"cable_rod", "cable_end", "other", "half_length", "free"}
     if missing:
