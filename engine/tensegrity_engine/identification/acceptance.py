@@ -5,7 +5,9 @@ second (e.g. contact damping far past the explicit integrator's stability limit 
 for 100 ms and diverges over 1 s), or fit the training robot's quirks and predict held-out
 motion worse than the model it replaces. `judge` rolls both models out ``horizon`` ahead
 from the recorded states of held-out trajectories, every ``stride`` seconds, in the
-integrator the model will be used with, and accepts the candidate only if every rollout is
+integrator the model will be used with and sub-stepped as it will be
+(`evaluation.model_substeps`: a damped model its planner sub-steps is judged so, not at an
+engine step it would never be run at), and accepts the candidate only if every rollout is
 finite and its mean CoM error is at most the incumbent's.
 
 Pose-only data gets central finite-difference velocities (`with_estimated_velocity`):

@@ -11,7 +11,27 @@ from tensegrity_engine.identification.dataset import Trajectory
 from tensegrity_engine.physics.config import RobotConfig
 from tensegrity_engine.physics.engine import TensegrityEngine
 from tensegrity_engine.physics.params import PhysicalParameters
+from tensegrity_engine.physics.stability import stable_substeps
 from tensegrity_engine.physics.state import POS
+
+
+def model_substeps(engine: TensegrityEngine, p: dict, integrator: Optional[str], dt: float) -> int:
+    """Sub-steps of ``dt`` the model ``p`` needs to run true with its integrator (as its
+    identification and its planner step it, `stability.stable_substeps`): a model is judged
+    the way it is used. 1 for the explicit "implicit" and "ani" solvers."""
+    integrator = engine.robot.integrator if integrator is None else integrator
+    if integrator not in ("semi_implicit", "implicitfast"):
+        return 1
+    return stable_substeps(engine.topology, p, dt, floor=engine.floor, integrator=integrator)
+
+
+def _stepped_rollout(engine, x0, act0, cmd, dt, integrator, wr, p, k: int, record_every: int = 1):
+    """engine.rollout with every step split into ``k`` sub-steps (commands and pushes held)."""
+    if k > 1:
+        cmd = cmd.repeat_interleave(k, dim=1)
+        wr = None if wr is None else wr.repeat_interleave(k, dim=1)
+    return engine.rollout(x0, act0, cmd, dt / k, integrator=integrator, wrenches=wr, params=p,
+                          record_every=record_every * k)
 
 
 def evaluate(params: PhysicalParameters, trajs: Sequence[Trajectory], *,
@@ -52,7 +72,8 @@ def evaluate(params: PhysicalParameters, trajs: Sequence[Trajectory], *,
             if chunk[0].wrench is not None:
                 wr = f([t.wrench_grid(t.t[0], steps * fine, robot.dt) for t in chunk])
                 wr = wr.reshape(len(chunk), steps, fine, *wr.shape[2:]).mean(2)
-            pred, _ = engine.rollout(x0, act0, cmd, dt, integrator=integrator, wrenches=wr, params=p)
+            k = model_substeps(engine, p, integrator, robot.dt) if fine == 1 else 1
+            pred, _ = _stepped_rollout(engine, x0, act0, cmd, dt, integrator, wr, p, k)
             com_pred = (pred[..., POS].cpu().double().numpy() * w[:, None]).sum(-2)   # [B, steps, 3]
             for i, t in enumerate(chunk):
                 rel = t.t - t.t[0]
@@ -109,7 +130,8 @@ def horizon_errors(params: PhysicalParameters, trajs: Sequence[Trajectory], hori
     recorded commands; CoM error at each horizon. The test for models of chaotic motion
     (rolling), where open-loop error over seconds measures the chaos more than the model.
 
-    Needs velocities in the data. Returns {h: errors [windows]} plus "windows".
+    Needs velocities in the data. The model runs sub-stepped as it is used
+    (`model_substeps`). Returns {h: errors [windows]} plus "windows".
     A model that diverges gives inf at the horizons it cannot reach."""
     if not trajs or not all(t.has_velocity for t in trajs):
         raise ValueError("horizon_errors needs trajectories with velocities")
@@ -137,13 +159,13 @@ def horizon_errors(params: PhysicalParameters, trajs: Sequence[Trajectory], hori
     errs = []
     with torch.no_grad():
         p = engine.param_values(dtype, device)
+        k = model_substeps(engine, p, integrator, robot.dt)
         f = lambda a: torch.as_tensor(np.stack(a), dtype=dtype, device=device)
         for b0 in range(0, len(windows), batch_size):
             chunk = windows[b0:b0 + batch_size]
             wr = None if chunk[0][3] is None else f([c[3] for c in chunk])
-            pred, _ = engine.rollout(f([c[0] for c in chunk]), f([c[1] for c in chunk]),
-                                     f([c[2] for c in chunk]), robot.dt, integrator=integrator,
-                                     wrenches=wr, params=p)
+            pred, _ = _stepped_rollout(engine, f([c[0] for c in chunk]), f([c[1] for c in chunk]),
+                                       f([c[2] for c in chunk]), robot.dt, integrator, wr, p, k)
             com = (pred[:, [n - 1 for n in n_steps], :, 0:3].cpu().double().numpy() * w[:, None]).sum(-2)
             e = np.linalg.norm(com - np.stack([c[4] for c in chunk]), axis=-1)
             errs.append(np.where(np.isfinite(e), e, np.inf))

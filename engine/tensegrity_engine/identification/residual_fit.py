@@ -22,7 +22,7 @@ import torch
 
 from tensegrity_engine.identification.acceptance import with_estimated_velocity
 from tensegrity_engine.identification.dataset import Trajectory
-from tensegrity_engine.identification.evaluation import filtered_commands
+from tensegrity_engine.identification.evaluation import filtered_commands, model_substeps
 from tensegrity_engine.physics.engine import TensegrityEngine
 from tensegrity_engine.physics.params import PhysicalParameters
 from tensegrity_engine.physics.residual import ResidualModel, constant_velocity
@@ -88,6 +88,7 @@ class _Physics:
     def __init__(self, params: PhysicalParameters, fixed_rods, floor: bool, backend: str = "native"):
         self.engine = TensegrityEngine(params.robot, params, fixed_rods=fixed_rods, floor=floor)
         self.p = {k: v.detach() for k, v in self.engine.param_values(torch.float64, "cpu").items()}
+        self.substeps = model_substeps(self.engine, self.p, None, params.robot.dt)   # as it is used
         self.native = None
         if backend == "native":
             from tensegrity_engine.physics import native
@@ -99,8 +100,12 @@ class _Physics:
     def period(self, x0, act0, cmds, wrs):
         """(state, act) after the commands [N, S, A] (held one engine step each)."""
         run = self.native.rollout if self.native is not None else self.engine.rollout
+        k = self.substeps
+        if k > 1:
+            cmds = cmds.repeat_interleave(k, dim=-2)
+            wrs = None if wrs is None else wrs.repeat_interleave(k, dim=-3)
         with torch.no_grad():
-            states, acts = run(x0.detach(), act0.detach(), cmds, self.engine.robot.dt, params=self.p,
+            states, acts = run(x0.detach(), act0.detach(), cmds, self.engine.robot.dt / k, params=self.p,
                                wrenches=wrs, record_every=cmds.shape[-2])
         return states[..., -1, :, :], acts[..., -1, :]
 
