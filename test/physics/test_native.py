@@ -299,8 +299,11 @@ def test_fast_spin_takes_the_exact_exponential(three_bar):
     assert_states_close(out[0], ref[0], 1e-9)
 
 
-def test_float32_agrees_like_torch_float32(superball):
-    robot = superball
+@pytest.mark.parametrize("integrator", ["semi_implicit", "implicitfast"])
+def test_float32_agrees_like_torch_float32(superball, integrator):
+    """float32 (the planner's default) native rollouts stay as close to float64 as torch's
+    float32 does, for either model integrator."""
+    robot = superball.replace(integrator=integrator)
     engine = TensegrityEngine(robot)
     rest, act0 = environments.rest_pose(robot)
     rng = np.random.default_rng(8)
