@@ -40,6 +40,12 @@ def _line(*a):
     print(*a, flush=True)
 
 
+def _mm(metres: float) -> str:
+    """A column of millimetres that stays a column for a model that ran away."""
+    v = 1e3 * metres
+    return f"{v:10.1f}" if abs(v) < 1e6 else f"{v:10.2e}"
+
+
 def run(name: str, base, root: Path, args) -> dict:
     z = zoo_robot(name, base)
     models = {"nominal": PhysicalParameters(base)}
@@ -71,7 +77,7 @@ def run(name: str, base, root: Path, args) -> dict:
         _line(f"   {regime}: residual one-period val loss {fit.val_start:.3g} -> {fit.val_loss:.3g}; on val "
               f"{why}: {'kept' if kept else 'refused by the gate'}; both networks trained in {wall:.0f} s")
         for label, r in res.items():
-            _line(f"     {label:22s} " + "".join(f"{1e3 * r[h]:9.1f}" for h in H))
+            _line(f"     {label:22s} " + "".join(_mm(r[h]) for h in H))
         out[regime] = res | {"kept": kept}
     return out
 
