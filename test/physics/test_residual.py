@@ -75,8 +75,8 @@ def test_turning_the_robot_about_the_vertical_turns_the_correction():
     qz = torch.tensor([math.cos(angle / 2), 0.0, 0.0, math.sin(angle / 2)], dtype=torch.float64)
 
     def turn(x):
-        from tensegrity_engine.physics.residual import _quat_mul
-        return torch.cat([x[..., 0:3] @ Rz.T, _quat_mul(qz.expand(x.shape[:-1] + (4,)), x[..., 3:7]),
+        from tensegrity_engine.physics.state import quat_multiply
+        return torch.cat([x[..., 0:3] @ Rz.T, quat_multiply(qz.expand(x.shape[:-1] + (4,)), x[..., 3:7]),
                           x[..., 7:10] @ Rz.T, x[..., 10:13] @ Rz.T], -1)
 
     d = model.delta(x0, x_hat, rest, tension, 0.1)

@@ -212,18 +212,41 @@ def fit_residual(params: PhysicalParameters, train: Sequence[Trajectory], val: S
         return _huber(((d - y[idx]) / model.scale)[:, free])
 
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-    with torch.no_grad():
-        val_start, train_start = float(loss(va, base_va, y_va)), float(loss(tr, base_tr, y_tr))
-    best, best_state, since, epoch = val_start, {k: v.clone() for k, v in model.state_dict().items()}, 0, 0
     gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        train_start = float(loss(tr, base_tr, y_tr))
+    val_start, first, epoch = _train_stage(
+        model, opt, torch.arange(len(tr)), lambda idx: loss(tr, base_tr, y_tr, idx),
+        lambda: loss(va, base_va, y_va), epochs, patience, batch_size, gen)
+    best = first
+    if unroll > 1 and unroll_epochs:
+        chains, val_chains = _chain_starts(tr, unroll), _chain_starts(va, unroll)
+        if len(chains) and len(val_chains):
+            _, best, _ = _train_stage(
+                model, opt, chains, lambda idx: _unrolled_loss(model, physics, tr, idx, unroll, period, free),
+                lambda: _unrolled_loss(model, physics, va, val_chains, unroll, period, free),
+                unroll_epochs, max(4, patience // 4), batch_size, gen)
+    model.eval()
+    log(f"residual ({'physics' if use_physics else 'pure'}): one-period val loss {val_start:.3g} -> {first:.3g} "
+        f"(train start {train_start:.3g}) in {epoch} epochs; {unroll}-period unrolled val loss {best:.3g}")
+    return ResidualFit(model, train_start, val_start, first, epoch, time.perf_counter() - t0)
+
+
+def _train_stage(model, opt, items: torch.Tensor, batch_loss, val_loss, epochs: int, patience: int,
+                 batch_size: int, gen) -> tuple[float, float, int]:
+    """Minibatch epochs over ``items`` until the validation loss stops improving for
+    ``patience`` epochs; the model ends in its best state. (start loss, best loss, epochs)."""
+    with torch.no_grad():
+        start = float(val_loss())
+    best, best_state, since, epoch = start, {k: v.clone() for k, v in model.state_dict().items()}, 0, 0
     for epoch in range(1, epochs + 1):
-        order = torch.randperm(len(tr), generator=gen)
-        for b in range(0, len(tr), batch_size):
+        order = items[torch.randperm(len(items), generator=gen)]
+        for b in range(0, len(order), batch_size):
             opt.zero_grad()
-            loss(tr, base_tr, y_tr, order[b:b + batch_size]).backward()
+            batch_loss(order[b:b + batch_size]).backward()
             opt.step()
         with torch.no_grad():
-            v = float(loss(va, base_va, y_va))
+            v = float(val_loss())
         if v < best * (1 - 1e-4):
             best, best_state, since = v, {k: t.clone() for k, t in model.state_dict().items()}, 0
         else:
@@ -231,33 +254,7 @@ def fit_residual(params: PhysicalParameters, train: Sequence[Trajectory], val: S
             if since >= patience:
                 break
     model.load_state_dict(best_state)
-    first = best
-    if unroll > 1 and unroll_epochs:
-        chains = _chain_starts(tr, unroll)
-        val_chains = _chain_starts(va, unroll)
-        if len(chains) and len(val_chains):
-            with torch.no_grad():
-                best = float(_unrolled_loss(model, physics, va, val_chains, unroll, period, free))
-            since = 0
-            for _ in range(unroll_epochs):
-                order = chains[torch.randperm(len(chains), generator=gen)]
-                for b in range(0, len(order), batch_size):
-                    opt.zero_grad()
-                    _unrolled_loss(model, physics, tr, order[b:b + batch_size], unroll, period, free).backward()
-                    opt.step()
-                with torch.no_grad():
-                    v = float(_unrolled_loss(model, physics, va, val_chains, unroll, period, free))
-                if v < best * (1 - 1e-4):
-                    best, best_state, since = v, {k: t.clone() for k, t in model.state_dict().items()}, 0
-                else:
-                    since += 1
-                    if since >= max(4, patience // 4):
-                        break
-            model.load_state_dict(best_state)
-    model.eval()
-    log(f"residual ({'physics' if use_physics else 'pure'}): one-period val loss {val_start:.3g} -> {first:.3g} "
-        f"(train start {train_start:.3g}) in {epoch} epochs; {unroll}-period unrolled val loss {best:.3g}")
-    return ResidualFit(model, train_start, val_start, first, epoch, time.perf_counter() - t0)
+    return start, best, epoch
 
 
 def _chain_starts(data: PeriodSamples, periods: int) -> torch.Tensor:

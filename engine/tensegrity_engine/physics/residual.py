@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from tensegrity_engine.physics.config import RobotConfig
-from tensegrity_engine.physics.state import ANG_VEL, LIN_VEL, POS, QUAT
+from tensegrity_engine.physics.state import ANG_VEL, LIN_VEL, POS, QUAT, end_nodes, quat_axis, quat_multiply
 
 __all__ = ["ResidualModel", "ROD_FEATURES", "EDGE_FEATURES", "constant_velocity", "save_residual", "load_residual"]
 
@@ -39,28 +39,16 @@ ROD_FEATURES = 21
 EDGE_FEATURES = 6
 
 
-def _quat_axis(q: torch.Tensor) -> torch.Tensor:
-    """Body z axis [..., 3] of unit quaternions (w, x, y, z) [..., 4]."""
-    w, x, y, z = q.unbind(-1)
-    return torch.stack([2 * (x * z + w * y), 2 * (y * z - w * x), w * w - x * x - y * y + z * z], -1)
-
-
-def _quat_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    aw, av = a[..., :1], a[..., 1:]
-    bw, bv = b[..., :1], b[..., 1:]
-    return torch.cat([aw * bw - (av * bv).sum(-1, keepdim=True), aw * bv + bw * av + torch.linalg.cross(av, bv)], -1)
-
-
 def _rotvec_quat(r: torch.Tensor) -> torch.Tensor:
     half = 0.5 * torch.sqrt((r * r).sum(-1, keepdim=True) + 1e-30)
     return torch.cat([torch.cos(half), r * 0.5 * torch.sinc(half / math.pi)], -1)
 
 
-def _heading(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _heading(q: torch.Tensor, axis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(cos, sin) [...] of the yaw of a rod's axis' horizontal part; for a rod within 1e-6
     rad of vertical, where that yaw is undefined, of its body x axis (which turns with the
-    robot, so the correction stays the same for a robot turned about the vertical)."""
-    axis = _quat_axis(q)
+    robot, so the correction stays the same for a robot turned about the vertical). ``axis``
+    is `quat_axis(q)`."""
     w, x, y, z = q.unbind(-1)
     body_x = torch.stack([1 - 2 * (y * y + z * z), 2 * (x * y + w * z)], -1)
     n2 = axis[..., 0] ** 2 + axis[..., 1] ** 2
@@ -116,24 +104,17 @@ class ResidualModel(nn.Module):
         return {"hidden": self.hidden, "use_physics": self.use_physics, "period": self.period}
 
     # ------------------------------------------------------------------ features
-    def _ends(self, x: torch.Tensor) -> torch.Tensor:
-        """End nodes [..., R, 2, 3] of rod states [..., R, 13]."""
-        axis = _quat_axis(x[..., QUAT])
-        lever = self.half_length.to(x.dtype)[:, None, None] * torch.tensor([-1.0, 1.0], dtype=x.dtype,
-                                                                    device=x.device)[:, None]
-        return x[..., None, POS] + lever * axis[..., None, :]
-
     def features(self, x0: torch.Tensor, x_hat: torch.Tensor, rest: torch.Tensor, tension: torch.Tensor,
                  period: float):
         """(rod features [..., R, F], edge features [..., 2C, E], heading (c, s) [..., R])."""
-        axis = _quat_axis(x0[..., QUAT])
-        c, s = _heading(x0[..., QUAT])
+        axis = quat_axis(x0[..., QUAT])
+        c, s = _heading(x0[..., QUAT], axis)
         v0, w0 = x0[..., LIN_VEL], x0[..., ANG_VEL]
-        ends0 = self._ends(x0)
+        ends0 = end_nodes(x0, self.half_length.to(x0.dtype))
         if self.use_physics:
             dv, dw = x_hat[..., LIN_VEL] - v0, x_hat[..., ANG_VEL] - w0
             dp = x_hat[..., POS] - x0[..., POS] - period * v0
-            z_hat = self._ends(x_hat)[..., 2] - self.ground_height
+            z_hat = end_nodes(x_hat, self.half_length.to(x_hat.dtype))[..., 2] - self.ground_height
         else:
             dv = dw = dp = torch.zeros_like(v0)
             z_hat = ends0[..., 2] - self.ground_height
@@ -166,7 +147,7 @@ class ResidualModel(nn.Module):
     def forward(self, x0, x_hat, rest, tension, period: float) -> torch.Tensor:
         """The corrected state [..., R, 13]."""
         d = self.delta(x0, x_hat, rest, tension, period)
-        q = _quat_mul(_rotvec_quat(d[..., 9:12]), x_hat[..., QUAT])
+        q = quat_multiply(_rotvec_quat(d[..., 9:12]), x_hat[..., QUAT])
         q = q / q.norm(dim=-1, keepdim=True)
         return torch.cat([x_hat[..., POS] + d[..., 0:3], q, x_hat[..., LIN_VEL] + d[..., 3:6],
                           x_hat[..., ANG_VEL] + d[..., 6:9]], -1)
@@ -174,7 +155,7 @@ class ResidualModel(nn.Module):
 
 def constant_velocity(x0: torch.Tensor, period: float) -> torch.Tensor:
     """The purely learned model's base: every rod keeps its velocity and spin for a period."""
-    q = _quat_mul(_rotvec_quat(period * x0[..., ANG_VEL]), x0[..., QUAT])
+    q = quat_multiply(_rotvec_quat(period * x0[..., ANG_VEL]), x0[..., QUAT])
     return torch.cat([x0[..., POS] + period * x0[..., LIN_VEL], q, x0[..., 7:13]], -1)
 
 
