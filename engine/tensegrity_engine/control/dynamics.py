@@ -15,7 +15,7 @@ import torch
 
 from tensegrity_engine.control.interfaces import as_tensor
 from tensegrity_engine.physics.actuators import delayed_commands
-from tensegrity_engine.physics.config import RobotConfig
+from tensegrity_engine.physics.config import MODEL_INTEGRATORS, RobotConfig
 from tensegrity_engine.physics.engine import TensegrityEngine
 from tensegrity_engine.physics.params import PhysicalParameters
 from tensegrity_engine.physics.stability import stable_substeps
@@ -97,7 +97,7 @@ class EngineDynamics:
         self.device = torch.device(device)
         self.dtype = dtype
         if backend is None:
-            backend = ("native" if integrator in ("semi_implicit", "implicitfast") and self.device.type == "cpu"
+            backend = ("native" if integrator in MODEL_INTEGRATORS and self.device.type == "cpu"
                        and compile is None else "torch")
         if backend not in ("torch", "native"):
             raise ValueError(f"backend must be 'torch' or 'native', got {backend!r}")
@@ -105,7 +105,7 @@ class EngineDynamics:
         self.threads = int(threads)
         self.engine = _shared_engine(robot, floor, actuator_timing, self.device)
         if backend == "native":
-            if integrator not in ("semi_implicit", "implicitfast"):
+            if integrator not in MODEL_INTEGRATORS:
                 raise ValueError(f"the native backend runs the 'semi_implicit' and 'implicitfast' integrators, "
                                  f"not {integrator!r}; use backend='torch'")
             if self.device.type != "cpu":
@@ -141,7 +141,7 @@ class EngineDynamics:
         # rolls it out the same way): dt = planning_dt / k
         k = (stable_substeps(self.engine.topology, self._p, self.planning_dt, floor=self.engine.floor,
                              integrator=self.integrator)
-             if self.integrator in ("semi_implicit", "implicitfast") else 1)
+             if self.integrator in MODEL_INTEGRATORS else 1)
         self.dt = self.planning_dt / k
         self.substeps = int(round(self.control_dt / self.dt))
 
@@ -164,6 +164,8 @@ class EngineDynamics:
         for one control period): every control step is a physics segment followed by the
         correction. None: physics alone."""
         if model is not None:
+            if not model.use_physics:
+                raise ValueError("a purely learned model has no physics to plan with")
             if abs(model.period - self.control_dt) > 1e-9:
                 raise ValueError(f"the residual corrects {model.period} s periods; this planner steps "
                                  f"{self.control_dt} s")
@@ -182,8 +184,6 @@ class EngineDynamics:
                 states, acts = self.engine.rollout(s, a, seg, self.dt, integrator=self.integrator, record_every=k,
                                                    params=self._p)
             x_hat = states[:, -1]
-            if not self.residual.use_physics:
-                raise ValueError("a purely learned model has no physics to plan with")
             rest, tension = self.engine.rest_lengths(a, self._p), self.engine.cable_tensions(s, a, self._p)
             s = self.residual(s, x_hat, rest, tension, self.control_dt).contiguous()
             a = acts[:, -1].contiguous()

@@ -1,6 +1,7 @@
 """Bounds a run narrows before it learns: where its fine-stage integrator stays stable."""
 from __future__ import annotations
 
+from tensegrity_engine.physics.config import MODEL_INTEGRATORS
 from tensegrity_engine.physics.stability import contact_upper_bounds
 from tensegrity_engine.physics.topology import Topology
 
@@ -12,7 +13,7 @@ def bound_for_stability(run, ts) -> None:
     coarse phase settles on plastic contacts (damping ~5e4 N s/m) that fit 100 ms
     tuples and diverge within a second of semi-implicit rollout."""
     learnt = [n for n in ("contact_stiffness", "contact_damping") if n in run.learn]
-    if not (ts.floor and learnt and run.config.fine_integrator in ("semi_implicit", "implicitfast")):
+    if not (ts.floor and learnt and run.config.fine_integrator in MODEL_INTEGRATORS):
         return
     limits = contact_upper_bounds(Topology(run.robot, ts.fixed_rods), run.params.values(), run.robot.dt,
                                   integrator=run.config.fine_integrator)

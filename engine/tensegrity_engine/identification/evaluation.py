@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from tensegrity_engine.identification.dataset import Trajectory
-from tensegrity_engine.physics.config import RobotConfig
+from tensegrity_engine.physics.config import MODEL_INTEGRATORS, RobotConfig
 from tensegrity_engine.physics.engine import TensegrityEngine
 from tensegrity_engine.physics.params import PhysicalParameters
 from tensegrity_engine.physics.stability import stable_substeps
@@ -20,7 +20,7 @@ def model_substeps(engine: TensegrityEngine, p: dict, integrator: Optional[str],
     identification and its planner step it, `stability.stable_substeps`): a model is judged
     the way it is used. 1 for the explicit "implicit" and "ani" solvers."""
     integrator = engine.robot.integrator if integrator is None else integrator
-    if integrator not in ("semi_implicit", "implicitfast"):
+    if integrator not in MODEL_INTEGRATORS:
         return 1
     return stable_substeps(engine.topology, p, dt, floor=engine.floor, integrator=integrator)
 

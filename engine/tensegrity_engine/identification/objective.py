@@ -43,7 +43,7 @@ import torch
 from tensegrity_engine.identification.config import IdentificationConfig
 from tensegrity_engine.identification.data import TrainingData
 from tensegrity_engine.physics.actuators import actuator_update, delayed_commands, speed_limit_binds
-from tensegrity_engine.physics.config import RobotConfig
+from tensegrity_engine.physics.config import MODEL_INTEGRATORS, RobotConfig
 from tensegrity_engine.physics.engine import TensegrityEngine
 from tensegrity_engine.physics.stability import stable_substeps
 from tensegrity_engine.physics.state import ANG_VEL, LIN_VEL, POS, QUAT, quat_axis
@@ -69,6 +69,11 @@ def node_state(state: torch.Tensor, half_length: torch.Tensor):
     vel = state[..., None, LIN_VEL] + torch.linalg.cross(
         state[..., None, ANG_VEL].expand_as(lever), lever, dim=-1)
     return pos, vel
+
+
+def _stepped(config: IdentificationConfig) -> str:
+    """The model integrator the fine stage's rollouts step with ("ani" sub-steps semi_implicit)."""
+    return config.fine_integrator if config.fine_integrator in MODEL_INTEGRATORS else "semi_implicit"
 
 
 class RecurrentObjective:
@@ -99,7 +104,7 @@ class RecurrentObjective:
         backend = config.forward_backend
         if backend is None:
             applies = (torch.device(device).type == "cpu" and engine.ground_contact_fn is None
-                       and config.fine_integrator in ("semi_implicit", "implicitfast"))
+                       and config.fine_integrator in MODEL_INTEGRATORS)
             backend = "native" if applies else "torch"
         if backend == "torch":
             return None
@@ -109,16 +114,14 @@ class RecurrentObjective:
             raise ValueError("forward_backend='native' runs on the CPU with the engine's own ground "
                              "collision; use forward_backend='torch'")
         native.load_library(torch.float64)
-        stepped = config.fine_integrator if config.fine_integrator == "implicitfast" else "semi_implicit"
-        return native.NativeRollout(engine, integrator=stepped)
+        return native.NativeRollout(engine, integrator=_stepped(config))
 
     def step_for(self, p: dict, log: Optional[Callable[[str], None]] = None) -> int:
         """Set (and return) the sub-steps the semi-implicit rollouts of ``p`` need; ``log``
         hears of a change."""
         before = self.substeps
-        stepped = self.config.fine_integrator if self.config.fine_integrator == "implicitfast" else "semi_implicit"
         self.substeps = stable_substeps(self.engine.topology, p, self.robot.dt, floor=self.engine.floor,
-                                        integrator=stepped)
+                                        integrator=_stepped(self.config))
         if log is not None and self.substeps != before:
             log(f"engine step {1e3 * self.robot.dt / before:.3g} -> {1e3 * self.robot.dt / self.substeps:.3g} ms "
                 f"({self.substeps} sub-steps): the values' stiffness, damping and masses need it")
@@ -136,7 +139,7 @@ class RecurrentObjective:
 
     def rollout(self, x0, act, cmd, dt: float, integrator: str, wrenches, record_every: int, p: dict):
         """The engine's rollout; in the native kernel when no gradient is wanted."""
-        k = self.substeps if integrator in ("semi_implicit", "implicitfast") else 1
+        k = self.substeps if integrator in MODEL_INTEGRATORS else 1
         if k > 1:                 # each command (and push) held over its step's k sub-steps
             cmd = cmd.repeat_interleave(k, dim=1)
             wrenches = None if wrenches is None else wrenches.repeat_interleave(k, dim=1)

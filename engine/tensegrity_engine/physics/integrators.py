@@ -40,7 +40,6 @@ from tensegrity_engine.physics.jacobians import skew, block_diag, force_jacobian
 from tensegrity_engine.physics.rigid_body import RigidRods
 from tensegrity_engine.physics.stability import explicit_step_limit
 from tensegrity_engine.physics.state import ANG_VEL, LIN_VEL
-from tensegrity_engine.physics.vectors import dot, outer
 
 INTEGRATORS = ("semi_implicit", "implicit", "ani", "implicitfast")
 
@@ -81,15 +80,11 @@ class LinearizedBackwardEuler:
         out = self.forces(S, rest, p, wrench, keep=True)
         Kmat, Dmat = force_jacobians(topology, state, out, p)
         mass = out["mass"]
-        axis = out["axis"].transpose(-1, -2)
         batch = state.shape[:-2]
         dtype = state.dtype
         w = state[..., ANG_VEL]
-        it, ia = mass * k["it"] * out["inertia_factor"], mass * k["ia"]
-        aa = outer(axis, axis)
         eye3 = torch.eye(3, dtype=dtype, device=state.device)
-        I_world = it[:, None, None] * (eye3 - aa) + ia[:, None, None] * aa
-        gyro = ((ia - it) * dot(out["axis"], S[..., 10:13, :])).unsqueeze(-2) * out["axis_rate"]
+        I_world, gyro = self.rods.world_inertia(S, out)
         Q = torch.cat([out["force"], out["torque"] - gyro], -2).transpose(-1, -2)   # [..., R, 6]
         M_blocks = torch.zeros(*batch, R, 6, 6, dtype=dtype, device=state.device)
         M_blocks[..., :3, :3] = mass[:, None, None] * eye3
@@ -130,12 +125,9 @@ class ImplicitFast:
         topology = self.forces.topology
         k = topology.constants(S.dtype, S.device)
         out = self.forces(S, rest, p, wrench, keep=True, defer_friction=True)
-        mass, axis = out["mass"], out["axis"].transpose(-1, -2)                 # [R], [..., R, 3]
-        w = S[..., 10:13, :]
-        it, ia = mass * k["it"] * out["inertia_factor"], mass * k["ia"]
+        mass, w = out["mass"], S[..., 10:13, :]
         eye3 = torch.eye(3, dtype=S.dtype, device=S.device)
-        I_world = it[:, None, None] * (eye3 - outer(axis, axis)) + ia[:, None, None] * outer(axis, axis)
-        gyro = ((ia - it) * dot(out["axis"], w)).unsqueeze(-2) * out["axis_rate"]   # w x I w
+        I_world, gyro = self.rods.world_inertia(S, out)                           # gyro = w x I w
         w_r = w.transpose(-1, -2)
         I_w_w = (I_world @ w_r.unsqueeze(-1)).squeeze(-1)
         A = h * own_cable_damping_blocks(topology, S, out, p)

@@ -10,7 +10,7 @@ import math
 import torch
 
 from tensegrity_engine.physics.topology import Topology
-from tensegrity_engine.physics.vectors import cross, dot
+from tensegrity_engine.physics.vectors import cross, dot, outer
 
 
 class RigidRods:
@@ -37,6 +37,18 @@ class RigidRods:
         if self.topology.fixed_rods:
             acc, alpha = acc * k["free"], alpha * k["free"]
         return acc, alpha
+
+    def world_inertia(self, S, out):
+        """(I_w [..., R, 3, 3] the world-frame inertia, w x I_w w [..., 3, R]) for the
+        implicit integrators, which need the matrix, not only its inverse."""
+        k = self.topology.constants(S.dtype, S.device)
+        mass, axis = out["mass"], out["axis"].transpose(-1, -2)
+        it, ia = mass * k["it"] * out["inertia_factor"], mass * k["ia"]
+        aa = outer(axis, axis)
+        eye3 = torch.eye(3, dtype=S.dtype, device=S.device)
+        I_world = it[:, None, None] * (eye3 - aa) + ia[:, None, None] * aa
+        gyro = ((ia - it) * dot(out["axis"], S[..., 10:13, :])).unsqueeze(-2) * out["axis_rate"]
+        return I_world, gyro
 
     def advance(self, S, v_new, w_new, h):
         """Positions with the new velocity, orientation by the exact exponential of w h."""

@@ -28,6 +28,8 @@ from typing import Optional
 
 import torch
 
+from tensegrity_engine.physics.config import MODEL_INTEGRATORS
+
 __all__ = ["NativeBuildError", "NativeRollout", "compile_flags", "kernel_isa", "load_library", "target_arch"]
 
 SOURCE = "semi_implicit.c"
@@ -209,7 +211,7 @@ class NativeRollout:
             raise ValueError("NativeRollout does not support an external ground_contact_fn; use the "
                              "torch engine")
         self.integrator = engine.robot.integrator if integrator is None else integrator
-        if self.integrator not in ("semi_implicit", "implicitfast"):
+        if self.integrator not in MODEL_INTEGRATORS:
             raise ValueError(f"the native kernel steps semi_implicit or implicitfast, not {self.integrator!r}; "
                              f"use the torch engine")
         self.engine = engine
