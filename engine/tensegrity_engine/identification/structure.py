@@ -69,12 +69,6 @@ class StructureOption:
     per_element: tuple = ()      # parameters it splits per cable / rod
     integrator: Optional[str] = None
 
-    def extra_parameters(self, robot: RobotConfig) -> int:
-        n = len(self.learn)
-        for name in self.per_element:
-            n += (robot.num_cables if name.startswith("cable") else robot.num_rods) - 1
-        return n
-
 
 OPTIONS = {
     "implicitfast": StructureOption(integrator="implicitfast"),
@@ -190,7 +184,9 @@ def select_structure(robot: RobotConfig, train: Sequence[Trajectory], heldout: S
     heldout = [with_estimated_velocity(t) for t in heldout]
     base_learn = tuple(config.learn) if config.learn else BASE_LEARN
 
-    def fit(chosen: tuple, start: PhysicalParameters) -> Candidate:
+    start = initial if initial is not None else PhysicalParameters(robot)
+
+    def fit(chosen: tuple) -> Candidate:
         learn, per_element, integrator = structure_config(chosen, robot, base_learn)
         cfg = dataclasses.replace(config, learn=learn, per_element=per_element, fine_integrator=integrator,
                                   init="given")
@@ -202,8 +198,7 @@ def select_structure(robot: RobotConfig, train: Sequence[Trajectory], heldout: S
         errors = horizon_errors(params, heldout, (horizon,), stride=stride)[horizon]
         return Candidate(tuple(chosen), params, np.asarray(errors, dtype=np.float64), time.perf_counter() - t0)
 
-    start = initial if initial is not None else PhysicalParameters(robot)
-    best = base = fit((), start)
+    best = base = fit(())
     # how far the robot moves in ``horizon``: a gain below a thousandth of it is no reason to
     # give the model more structure
     path = float(np.mean([t.path_length() / max(t.t[-1] - t.t[0], 1e-9) for t in heldout])) * horizon
@@ -214,7 +209,7 @@ def select_structure(robot: RobotConfig, train: Sequence[Trajectory], heldout: S
         rnd += 1
         round_best, round_verdict = None, ""
         for name in remaining:
-            cand = fit(best.options + (name,), start)
+            cand = fit(best.options + (name,))
             ok, verdict = _paired_verdict(cand.errors, best.errors, min_gain, sigmas, floor)
             tried.append((rnd, cand, verdict))
             log(f"structure round {rnd}: {cand.label}: {1e3 * cand.error:.2f} mm ({verdict})")
