@@ -463,6 +463,18 @@ ENVIRONMENTS = ("noncontact", "contact")
 SPLITS = {"train": 10, "val": 2, "test": 10}
 
 
+def _check_passive(twin, states, act0, commands, wrenches, label: str) -> None:
+    """Refuse a ground truth that gains energy (`groundtruth.passivity`) on the episodes
+    where that is decidable: no external force, commands constant and already reached."""
+    from tensegrity_engine.groundtruth.passivity import check_passive
+
+    if wrenches is not None:
+        return
+    for b in range(len(states)):
+        if np.all(commands[b] == commands[b, :1]) and np.allclose(act0[b], commands[b, 0], atol=1e-6):
+            check_passive(twin, states[b], act0[b], label=f"{label}, episode {b}")
+
+
 def generate_dataset(robot: RobotConfig, env: str, root: str | os.PathLike, *,
                      counts: Optional[dict] = None, duration: float = 5.0, period: float = 0.1,
                      seed: int = 0, dense: bool = True, progress: bool = False,
@@ -511,6 +523,7 @@ def generate_dataset(robot: RobotConfig, env: str, root: str | os.PathLike, *,
             wr = None if eps[0][3] is None else np.stack([e[3] for e in eps])
             states, _ = twin.rollout(s0, a0, cmd, wr, record_every=1)
             states = np.concatenate([s0[:, None], states], axis=1)       # [B, S+1, R, 13]
+            _check_passive(twin, states[:, ::every], a0, cmd, wr, f" ({env}/{split})")
             times = dt * np.arange(S + 1)
             paths = []
             for b in range(n):
