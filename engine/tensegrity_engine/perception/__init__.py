@@ -1,0 +1,1 @@
+"""Perception: rod poses from depth images (differentiable capsule rendering, tracking)."""
