@@ -117,30 +117,39 @@ class CapsuleRenderer:
             hit = torch.minimum(hit, torch.where((ds > 0) & (ts > 0), ts, inf))
         return hit, t_close, delta
 
+    def rod_layers(self, ends: torch.Tensor, radius: torch.Tensor, floor_margin: Optional[float] = None):
+        """Each rod on its own: (hard hit depth, inf where missed; depth of its nearest
+        approach where missed; coverage alpha), each [B, R, P]. A rod's layers depend on
+        its own end nodes only. ``floor_margin``: see `render`."""
+        radius = torch.as_tensor(radius, dtype=self.dtype, device=ends.device)
+        hit, t_close, delta = self._rod_terms(ends, radius)
+        hit_z = hit * self.zf
+        proxy_z = torch.where(torch.isfinite(hit), hit, t_close) * self.zf
+        footprint = self.edge * proxy_z.clamp_min(1e-3)
+        alpha = torch.sigmoid((radius.view(1, -1, 1) - delta) / footprint)
+        if floor_margin is not None:
+            alpha = alpha * torch.sigmoid((self.floor_depth() - floor_margin - proxy_z) / (0.25 * floor_margin))
+        return hit_z, proxy_z, alpha
+
     def render(self, ends: torch.Tensor, radius: torch.Tensor, floor_margin: Optional[float] = None) -> Rendering:
         """``ends`` [B, R, 2, 3] (or [R, 2, 3]) world end nodes; ``radius`` [R].
         ``floor_margin`` (m): the silhouette counts a rod only where it is nearer than the
-        floor by about this much (softly), the rule a depth image's robot mask is made by."""
+        floor by about this much (softly), the rule a depth image's robot mask is made by;
+        the soft depth uses the ungated coverage."""
         squeeze = ends.dim() == 3
         if squeeze:
             ends = ends.unsqueeze(0)
         ends = ends.to(self.dtype)
-        radius = torch.as_tensor(radius, dtype=self.dtype, device=ends.device)
-        hit, t_close, delta = self._rod_terms(ends, radius)
-        zf = self.zf
-        hit_z = hit * zf
-        proxy_z = torch.where(torch.isfinite(hit), hit, t_close) * zf                 # [B, R, P]
-        footprint = self.edge * proxy_z.clamp_min(1e-3)
-        alpha = torch.sigmoid((radius.view(1, -1, 1) - delta) / footprint)
+        hit_z, proxy_z, alpha = self.rod_layers(ends, radius)
         floor_z = self.floor_depth().expand(ends.shape[0], 1, -1)                     # [B, 1, P]
-        z = torch.cat([proxy_z, floor_z.expand(-1, 1, -1)], 1)
+        z = torch.cat([proxy_z, floor_z], 1)
         cover = torch.cat([alpha, torch.ones_like(floor_z)], 1)
         # front-to-back "over" compositing: each candidate shows through what is nearer
         order = torch.argsort(z.detach(), dim=1)
         z, cover = z.gather(1, order), cover.gather(1, order)
         through = torch.cumprod(torch.cat([torch.ones_like(cover[:, :1]), 1.0 - cover[:, :-1]], 1), 1)
         depth = (cover * through * z).sum(1)
-        if floor_margin:
+        if floor_margin is not None:
             alpha = alpha * torch.sigmoid((floor_z - floor_margin - proxy_z) / (0.25 * floor_margin))
         silhouette = 1.0 - torch.prod(1.0 - alpha, dim=1)
         hard = torch.minimum(hit_z.min(1).values, floor_z[:, 0])

@@ -4,14 +4,16 @@ Unknowns: per rod its centre (3) and axis (2, a tangent step about the prior axi
 length is the robot's), R x 5 in all; the spin about the axis is invisible to a depth
 camera and is carried over from the prior. Residuals, per camera:
 
-* depth: rendered (soft, `render.CapsuleRenderer`) minus observed depth on every pixel
-  with a return, over sigma_depth, Huber-weighted (occluders, multipath);
-* silhouette: rendered rod coverage minus the observed one (a return nearer than the
-  floor by ``floor_margin``), over sigma_silhouette: it pulls an edge that is off by more
-  than a rod's width;
+* depth: the exact ray cast (`render.CapsuleRenderer`, hard z-buffer: a depth image
+  samples each ray at one point) minus the observed depth on every pixel with a return,
+  over the pixel's sigma (the sensor's noise at that depth), bounded at ``robust`` sigmas;
+* silhouette: rendered soft rod coverage minus the observed robot mask (returns nearer
+  than the floor by ``floor_margin`` or 3 sigma; the rendering applies the same rule),
+  over sigma_silhouette: it moves the edges;
 * points: each observed robot pixel, back-projected, lies on the nearest rod's surface
-  (distance to its axis minus its radius, over sigma_depth): model-to-data, it attracts a
-  rod from farther than the image terms can see (DART's signed-distance term);
+  (distance to its axis minus its radius, over the pixel's sigma, Cauchy-robust):
+  model-to-data, it attracts a rod from farther than the image terms can see (DART's
+  signed-distance term);
 * prior: the prediction (previous estimate, or the identified engine's prediction of this
   frame), per coordinate over its sigma: it keeps what the images cannot see (an occluded
   rod) where the motion model puts it.
@@ -39,10 +41,11 @@ __all__ = ["TrackerConfig", "RodPoseEstimate", "RodTracker", "tangent_basis"]
 class TrackerConfig:
     sigma_depth: float = 0.01          # m
     sigma_silhouette: float = 0.5
-    huber: float = 3.0                 # in sigmas
+    robust: float = 3.0                # sigmas: the depth term bounds at it, the point term (Cauchy) scales by it
     prior_position: float = 0.05       # m, sigma of the prior's centres
     prior_axis: float = 0.1            # rad, sigma of the prior's axes
     floor_margin: float = 0.02         # m: a return this much nearer than the floor is the robot
+    noise_at_1m: float = 0.0           # m, the sensor's depth sigma at 1 m (grows with z^2)
     max_points: int = 1500             # back-projected robot pixels used by the point term
     iterations: int = 8
     stride: int = 1                    # render every stride-th pixel
@@ -59,11 +62,15 @@ class RodPoseEstimate:
     iterations: int
 
 
-def _huber(x: torch.Tensor, k: float) -> torch.Tensor:
-    """Residuals whose squares are the Huber cost 2 rho(x): x inside k, sqrt(2 k |x| - k^2) out."""
-    big = x.abs() > k
-    safe = torch.where(big, x.abs(), torch.full_like(x, k))
-    return torch.where(big, torch.sign(x) * torch.sqrt(2.0 * k * safe - k * k), x)
+def _cauchy(x: torch.Tensor, c: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Residuals whose squares are the Cauchy cost c^2 log(1 + (x/c)^2), and their slope.
+    It redescends: a far outlier (a noisy floor pixel taken for the robot, a flying pixel
+    at an edge) pulls with a vanishing force, where Huber would pull with a constant one."""
+    u = x / c
+    root = torch.sqrt(torch.log1p(u * u))
+    r = c * torch.sign(x) * root
+    slope = u / ((1.0 + u * u) * root.clamp_min(1e-12))
+    return r, torch.where(u.abs() < 1e-6, torch.ones_like(x), slope)
 
 
 def tangent_basis(axis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,22 +94,28 @@ class _View:
             camera.height, camera.width).numpy()
         self.camera, self.cfg, self.dtype = camera, cfg, dtype
 
-    def observe(self, depth: np.ndarray, rng: np.random.Generator):
-        s = self.cfg.stride
-        z = torch.as_tensor(np.asarray(depth, dtype=np.float64)[::s, ::s].reshape(-1), dtype=self.dtype)
-        valid = torch.isfinite(z)
-        self.all_observed = torch.where(valid, z, torch.zeros_like(z))
-        self.all_valid = valid.to(self.dtype)
-        self.all_robot = (valid & (self.all_observed < self.floor_z - self.cfg.floor_margin)).to(self.dtype)
-        full = np.asarray(depth, dtype=np.float64)
-        with np.errstate(invalid="ignore"):
-            near = np.isfinite(full) & (full < self.full_floor - self.cfg.floor_margin)
-        pts = self.camera.backproject(full)
-        pts = pts[near]
-        if len(pts) > self.cfg.max_points:
-            pts = pts[rng.choice(len(pts), self.cfg.max_points, replace=False)]
-        self.points = torch.as_tensor(pts, dtype=self.dtype)
+    def sigma(self, z):
+        """The sensor's depth sigma at depth z (never below the config's floor on it)."""
+        return np.maximum(self.cfg.sigma_depth, self.cfg.noise_at_1m * z * z)
 
+    def observe(self, depth: np.ndarray, rng: np.random.Generator):
+        """Take a depth image: its returns, per-pixel sigmas, the robot mask (nearer than
+        the floor by the margin or 3 sigma, whichever is more) and robot points."""
+        s, cfg = self.cfg.stride, self.cfg
+        full = np.asarray(depth, dtype=np.float64)
+        valid = np.isfinite(full)
+        obs = np.where(valid, full, 0.0)
+        margin = np.maximum(cfg.floor_margin, 3.0 * self.sigma(obs))
+        robot = valid & (obs < self.full_floor - margin)
+        t = lambda a: torch.as_tensor(np.ascontiguousarray(a[::s, ::s]).reshape(-1), dtype=self.dtype)
+        self.all_observed, self.all_valid, self.all_robot = t(obs), t(valid), t(robot)
+        self.all_sigma, self.all_margin = t(self.sigma(obs)), t(margin)
+        pts, z = self.camera.backproject(full)[robot], obs[robot]
+        if len(pts) > cfg.max_points:
+            pick = rng.choice(len(pts), cfg.max_points, replace=False)
+            pts, z = pts[pick], z[pick]
+        self.points = torch.as_tensor(pts, dtype=self.dtype)
+        self.point_sigma = torch.as_tensor(self.sigma(z), dtype=self.dtype)
 
     def focus(self, ends: torch.Tensor, radius: torch.Tensor, margin: int = 2) -> None:
         """Restrict the image terms to the pixels the robot covers, observed or predicted
@@ -114,7 +127,8 @@ class _View:
         index = torch.nonzero(grown.reshape(-1) > 0).squeeze(-1)
         self.roi = self.renderer.with_pixels(index)
         self.observed, self.valid = self.all_observed[index], self.all_valid[index]
-        self.robot_mask = self.all_robot[index]
+        self.robot_mask, self.floor_z_roi = self.all_robot[index], self.floor_z[index]
+        self.pixel_sigma, self.margin = self.all_sigma[index], self.all_margin[index]
 
 
 class RodTracker:
@@ -142,33 +156,79 @@ class RodTracker:
         h = self.half.unsqueeze(-1)
         return torch.stack([centre - h * axis, centre + h * axis], -2)           # [R, 2, 3]
 
-    def _point_residual(self, ends, points):
-        if len(points) == 0:
-            return points.new_zeros(0)
+    def _gaps(self, ends, points):
+        """[N, R] distance of every point to every rod's surface."""
         e0, e1 = ends[:, 0], ends[:, 1]                                           # [R, 3]
         seg = e1 - e0
         rel = points[:, None, :] - e0[None]                                       # [N, R, 3]
         s = ((rel * seg).sum(-1) / (seg * seg).sum(-1)).clamp(0.0, 1.0)
-        gap = torch.linalg.norm(rel - s[..., None] * seg, dim=-1) - self.radius
-        return gap.min(-1).values
+        return torch.linalg.norm(rel - s[..., None] * seg, dim=-1) - self.radius
 
-    def _residuals(self, theta, frame):
-        ends = self._ends(theta, *frame)
-        cfg = self.config
-        bound = cfg.huber
-        parts = []
+    def _layers(self, theta, frame, shift):
+        """Per view: each rod's hard depth and coverage [R, P] and point gaps [N, R], with
+        every rod moved by the same local ``shift`` [5]: a rod's layers depend on its own
+        pose only, so forward-mode AD along the 5 shared directions yields all R blocks
+        of the Jacobian at once (5 passes, not 5R)."""
+        ends = self._ends(theta.reshape(self.num_rods, 5) + shift, *frame)
+        out = []
         for view in self.views:
-            out = view.roi.render(ends, self.radius, cfg.floor_margin)
-            # The depth image samples each ray at a point: compare it with the exact ray cast
-            # (hard z-buffer), bounded: a pixel that shows a rod where the model shows floor
-            # says "wrong", not how far; the silhouette and point terms move the edges.
-            x = (out.hit_depth - view.observed) / cfg.sigma_depth
-            parts.append(view.valid * bound * torch.tanh(x / bound))
-            parts.append(view.valid * (out.silhouette - view.robot_mask) / cfg.sigma_silhouette)
-            parts.append(_huber(self._point_residual(ends, view.points) / cfg.sigma_depth, bound))
-        th = theta.reshape(self.num_rods, 5)
-        parts.append((th / self.prior_sigma).reshape(-1))
-        return torch.cat(parts)
+            hit_z, _, alpha = view.roi.rod_layers(ends.unsqueeze(0), self.radius, view.margin)
+            out += [hit_z[0], alpha[0], self._gaps(ends, view.points)]
+        return tuple(out)
+
+    def _linearise(self, theta, frame, jacobian: bool = True):
+        """Residual vector r and, with ``jacobian``, dr/dtheta [len(r), 5R]."""
+        cfg, R = self.config, self.num_rods
+        b = cfg.robust
+        shift = theta.new_zeros(5)
+        if jacobian:
+            grads, vals = torch.func.jacfwd(lambda x: (self._layers(theta, frame, x),) * 2, has_aux=True)(shift)
+            grads = [torch.nan_to_num(g, nan=0.0, posinf=0.0, neginf=0.0) for g in grads]
+        else:
+            vals = self._layers(theta, frame, shift)
+        res, jac = [], []
+        for i, view in enumerate(self.views):
+            hit_z, alpha, gaps = vals[3 * i: 3 * i + 3]
+            # depth: the exact ray cast (a depth image samples each ray at one point), bounded:
+            # a pixel showing a rod where the model shows floor says "wrong", not how far
+            cand = torch.cat([hit_z, view.floor_z_roi.unsqueeze(0)], 0)
+            front = cand.argmin(0)                                                # R = the floor
+            sd = view.pixel_sigma
+            x = (cand.gather(0, front.unsqueeze(0))[0] - view.observed) / sd
+            res.append(view.valid * b * torch.tanh(x / b))
+            # silhouette (the observation's rule: nearer than the floor by the margin)
+            keep = 1.0 - alpha
+            sil = 1.0 - keep.prod(0)
+            res.append(view.valid * (sil - view.robot_mask) / cfg.sigma_silhouette)
+            # points: each observed robot point on its nearest rod's surface (Huber)
+            near = gaps.argmin(1) if len(gaps) else gaps.new_zeros(0, dtype=torch.long)
+            g = gaps.gather(1, near.unsqueeze(1))[:, 0] / view.point_sigma if len(gaps) else gaps.new_zeros(0)
+            r_pt, slope = _cauchy(g, b)
+            res.append(r_pt)
+            if not jacobian:
+                continue
+            j_hit, j_alpha, j_gap = grads[3 * i: 3 * i + 3]
+            P = len(view.observed)
+            jd = torch.zeros(P, R + 1, 5, dtype=theta.dtype)
+            scale = view.valid / torch.cosh(x / b) ** 2 / sd
+            rows = torch.arange(P)
+            on_rod = front < R
+            jd[rows[on_rod], front[on_rod]] = scale[on_rod, None] * j_hit[front[on_rod], rows[on_rod]]
+            jac.append(jd[:, :R].reshape(P, 5 * R))
+            others = torch.stack([torch.cat([keep[:k], keep[k + 1:]]).prod(0) for k in range(R)])   # [R, P]
+            js = (view.valid / cfg.sigma_silhouette * others).unsqueeze(-1) * j_alpha          # [R, P, 5]
+            jac.append(js.permute(1, 0, 2).reshape(P, 5 * R))
+            N = len(g)
+            jp = torch.zeros(N, R, 5, dtype=theta.dtype)
+            if N:
+                jp[torch.arange(N), near] = (slope / view.point_sigma).unsqueeze(-1) * j_gap[torch.arange(N), near]
+            jac.append(jp.reshape(N, 5 * R))
+        res.append(theta / self.prior_sigma.reshape(-1))
+        r = torch.cat(res)
+        if not jacobian:
+            return r, None
+        jac.append(torch.diag(1.0 / self.prior_sigma.reshape(-1)))
+        return r, torch.cat(jac)
 
     # ------------------------------------------------------------------ solve
     def track(self, depths: Sequence[np.ndarray], prior_ends: np.ndarray,
@@ -184,6 +244,8 @@ class RodTracker:
                                  f"{(view.camera.height, view.camera.width)}")
             view.observe(depth, self.rng)
         prior = torch.as_tensor(np.asarray(prior_ends, dtype=np.float64), dtype=self.dtype)
+        if prior.shape != (self.num_rods, 2, 3) or not torch.isfinite(prior).all():
+            raise ValueError(f"prior_ends must be finite [{self.num_rods}, 2, 3]")
         centre0 = prior.mean(1)
         axis0 = prior[:, 1] - prior[:, 0]
         axis0 = axis0 / torch.linalg.norm(axis0, dim=-1, keepdim=True)
@@ -193,38 +255,37 @@ class RodTracker:
         sig = np.tile([cfg.prior_position] * 3 + [cfg.prior_axis] * 2, (self.num_rods, 1))
         self.prior_sigma = torch.as_tensor(sig if prior_std is None else prior_std, dtype=self.dtype)
         theta = torch.zeros(5 * self.num_rods, dtype=self.dtype)
-        lam, it = 1e-3, 0
         for view in self.views:
             view.focus(self._ends(theta, *frame), self.radius)
-        f = lambda th: self._residuals(th, frame)
-        r = f(theta)
+        lam, it = 1e-3, 0
+        r, J = self._linearise(theta, frame)
         cost = float(r @ r)
         for it in range(1, cfg.iterations + 1):
-            J = torch.func.jacfwd(f)(theta)
             A, g = J.T @ J, J.T @ r
             improved = False
             for _ in range(6):
                 step = torch.linalg.solve(A + lam * torch.diag(A.diagonal().clamp_min(1e-9)), -g)
-                trial = theta + step
-                r_new = f(trial)
+                r_new, _ = self._linearise(theta + step, frame, jacobian=False)
                 c_new = float(r_new @ r_new)
                 if np.isfinite(c_new) and c_new < cost:
-                    theta, r, cost, lam, improved = trial, r_new, c_new, max(lam / 3.0, 1e-7), True
+                    theta, cost, lam, improved = theta + step, c_new, max(lam / 3.0, 1e-7), True
                     break
                 lam *= 10.0
-            if not improved or float(step.abs().max()) < 1e-6:
+            if not improved:
                 break
-        J = torch.func.jacfwd(f)(theta)
+            r, J = self._linearise(theta, frame)
+            if float(step.abs().max()) < 1e-5:
+                break
         cov = torch.linalg.pinv(J.T @ J)
         ends = self._ends(theta, *frame).detach()
+        iou = self._iou(ends)
         return RodPoseEstimate(ends=ends.numpy(), std=np.sqrt(np.clip(np.diag(cov.numpy()), 0, None)).reshape(-1, 5),
-                               iou=self._iou(ends), rms=self._rms(ends), lost=self._iou(ends) < cfg.lost_iou,
-                               iterations=it)
+                               iou=iou, rms=self._rms(ends), lost=iou < cfg.lost_iou, iterations=it)
 
     def _iou(self, ends) -> float:
         vals = []
         for view in self.views:
-            sil = view.renderer.render(ends, self.radius, self.config.floor_margin).silhouette > 0.5
+            sil = view.renderer.render(ends, self.radius, view.all_margin).silhouette > 0.5
             obs = view.all_robot > 0.5
             union = (sil | obs).sum()
             vals.append(float((sil & obs).sum()) / float(union) if union else 1.0)
@@ -234,6 +295,7 @@ class RodTracker:
         res = []
         for view in self.views:
             d = (view.renderer.render(ends, self.radius).hit_depth - view.all_observed)[view.all_valid > 0]
-            res.append(d.clamp(-self.config.huber * self.config.sigma_depth, self.config.huber * self.config.sigma_depth))
+            bound = self.config.robust * view.all_sigma[view.all_valid > 0]
+            res.append(torch.maximum(torch.minimum(d, bound), -bound))
         r = torch.cat(res)
         return float(torch.sqrt((r * r).mean())) if len(r) else float("nan")
