@@ -37,10 +37,6 @@ class Rendering:
     hit_depth: torch.Tensor     # [B, P] hard z-buffer depth (rods and floor), no soft blend
 
 
-def _dot(a, b):
-    return (a * b).sum(-1)
-
-
 class CapsuleRenderer:
     """Renders rods (end nodes [B, R, 2, 3], radii [R]) seen by ``camera``.
 
@@ -77,41 +73,39 @@ class CapsuleRenderer:
 
     def _rod_terms(self, ends: torch.Tensor, radius: torch.Tensor):
         """Per pixel and rod: (hit distance along the ray or inf [B, R, P], closest-approach
-        distance along the ray [B, R, P], ray-segment distance [B, R, P])."""
-        d = self.dirs                                          # [P, 3]
-        e0, e1 = ends[..., 0, :], ends[..., 1, :]              # [B, R, 3]
-        axis = e1 - e0
-        length = torch.linalg.norm(axis, dim=-1, keepdim=True)
-        u = axis / length                                      # [B, R, 3]
-        w0 = (self.origin - e0).unsqueeze(-2)                  # [B, R, 1, 3]
-        u_ = u.unsqueeze(-2)
-        r = radius.view(*([1] * (ends.dim() - 3)), -1, 1)      # [.., R, 1]
-        b = _dot(d, u_)                                        # [B, R, P]  d.u
-        dd = _dot(w0, d)                                       # w0.d
-        e = _dot(w0, u_).expand_as(b)                          # w0.u
-        L = length
+        distance along the ray [B, R, P], ray-segment distance [B, R, P]).
+
+        Written with the scalar products only (unit ray d, unit axis u, w0 = origin - e0):
+        every quantity below is a polynomial in d.u, w0.d, w0.u and |w0|^2, so the per-pixel
+        work is a few elementwise ops on [B, R, P], not reductions over xyz."""
+        dx, dy, dz = self.dirs[:, 0], self.dirs[:, 1], self.dirs[:, 2]          # [P]
+        e0 = ends[..., 0, :]
+        axis = ends[..., 1, :] - e0                                               # [B, R, 3]
+        L = torch.linalg.norm(axis, dim=-1, keepdim=True)                         # [B, R, 1]
+        u = axis / L
+        w0 = self.origin - e0
+        b = dx * u[..., 0:1] + dy * u[..., 1:2] + dz * u[..., 2:3]                # d.u   [B, R, P]
+        dd = dx * w0[..., 0:1] + dy * w0[..., 1:2] + dz * w0[..., 2:3]            # w0.d
+        e = (w0 * u).sum(-1, keepdim=True)                                        # w0.u  [B, R, 1]
+        ww = (w0 * w0).sum(-1, keepdim=True)                                      # |w0|^2
+        r2 = (radius * radius).view(*([1] * (ends.dim() - 3)), -1, 1)
         # closest approach of the ray to the segment (segment parameter clamped to [0, L])
-        denom = (1.0 - b * b).clamp_min(1e-12)
-        t_line = (b * e - dd) / denom
+        one_minus_b2 = (1.0 - b * b).clamp_min(1e-12)
+        t_line = (b * e - dd) / one_minus_b2
         s = (e + t_line * b).clamp(torch.zeros_like(L), L)
         t_close = (s * b - dd).clamp_min(0.0)
-        gap = w0 + t_close.unsqueeze(-1) * d - s.unsqueeze(-1) * u_
-        delta = torch.linalg.norm(gap, dim=-1)
+        gap2 = ww + t_close * t_close + s * s + 2.0 * (t_close * dd - s * e - t_close * s * b)
+        delta = torch.sqrt(gap2.clamp_min(1e-18))
         inf = torch.full_like(b, float("inf"))
         # cylinder wall: |w_perp + t d_perp|^2 = r^2
-        d_perp = d - b.unsqueeze(-1) * u_
-        w_perp = w0 - e.unsqueeze(-1) * u_
-        A = _dot(d_perp, d_perp).clamp_min(1e-12)
-        Bh = _dot(w_perp, d_perp)
-        C = _dot(w_perp, w_perp) - r * r
-        disc = Bh * Bh - A * C
-        t_cyl = (-Bh - torch.sqrt(disc.clamp_min(1e-18))) / A
+        Bh = dd - e * b
+        C = ww - e * e - r2
+        disc = Bh * Bh - one_minus_b2 * C
+        t_cyl = (-Bh - torch.sqrt(disc.clamp_min(1e-18))) / one_minus_b2
         axial = e + t_cyl * b
         hit = torch.where((disc > 0) & (axial >= 0) & (axial <= L) & (t_cyl > 0), t_cyl, inf)
-        for end_offset in (0.0, 1.0):                          # the two end spheres
-            w = w0 - end_offset * L.unsqueeze(-1) * u_
-            bs = _dot(w, d)
-            cs = _dot(w, w) - r * r
+        # the two end spheres: w = w0 - k L u for k = 0, 1
+        for bs, cs in ((dd, ww - r2), (dd - L * b, ww - 2.0 * L * e + L * L - r2)):
             ds = bs * bs - cs
             ts = -bs - torch.sqrt(ds.clamp_min(1e-18))
             hit = torch.minimum(hit, torch.where((ds > 0) & (ts > 0), ts, inf))

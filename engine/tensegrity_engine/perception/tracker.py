@@ -18,8 +18,9 @@ camera and is carried over from the prior. Residuals, per camera:
   frame), per coordinate over its sigma: it keeps what the images cannot see (an occluded
   rod) where the motion model puts it.
 
-Jacobians by forward-mode AD (`torch.func.jacfwd`, one batched pass over the 5R
-directions); the covariance of the result is (J^T W J)^-1. Rod identity and end order
+Jacobians: each rod's image layers depend on its own pose only, so one batched
+evaluation along 5 shared directions gives all R blocks (`_layer_jacobians`); the
+covariance of the result is (J^T J)^-1 of the whitened residuals. Rod identity and end order
 come from the prior: the axis is never flipped. The track is reported lost when the
 rendered and observed silhouettes overlap less than ``lost_iou`` (intersection over union).
 """
@@ -164,28 +165,48 @@ class RodTracker:
         s = ((rel * seg).sum(-1) / (seg * seg).sum(-1)).clamp(0.0, 1.0)
         return torch.linalg.norm(rel - s[..., None] * seg, dim=-1) - self.radius
 
-    def _layers(self, theta, frame, shift):
-        """Per view: each rod's hard depth and coverage [R, P] and point gaps [N, R], with
-        every rod moved by the same local ``shift`` [5]: a rod's layers depend on its own
-        pose only, so forward-mode AD along the 5 shared directions yields all R blocks
-        of the Jacobian at once (5 passes, not 5R)."""
-        ends = self._ends(theta.reshape(self.num_rods, 5) + shift, *frame)
+    def _layers(self, theta, frame, shifts):
+        """Per view: each rod's hard depth and coverage [K, R, P] and point gaps [K, N, R],
+        with every rod moved by the same local shift, one per row of ``shifts`` [K, 5]."""
+        base = theta.reshape(self.num_rods, 5)
+        ends = torch.stack([self._ends(base + sh, *frame) for sh in shifts])      # [K, R, 2, 3]
         out = []
         for view in self.views:
-            hit_z, _, alpha = view.roi.rod_layers(ends.unsqueeze(0), self.radius, view.margin)
-            out += [hit_z[0], alpha[0], self._gaps(ends, view.points)]
-        return tuple(out)
+            hit_z, _, alpha = view.roi.rod_layers(ends, self.radius, view.margin)
+            gaps = torch.stack([self._gaps(e, view.points) for e in ends])
+            out += [hit_z, alpha, gaps]
+        return out
+
+    def _layer_jacobians(self, theta, frame):
+        """Values of `_layers` at ``theta`` and their derivatives [.., 5] along the five local
+        directions. A rod's layers depend on its own pose only, so moving every rod at once
+        along a direction yields all R Jacobian blocks together (5 directions, not 5R).
+        Central differences of one batched evaluation: torch.func's forward mode costs 17x
+        the evaluation here (dispatch over many small ops), this costs 11x less. A pixel
+        whose ray starts or stops hitting a rod between the two sides has no derivative
+        (the hit depth jumps): it is given none, as forward mode would."""
+        h = 1e-6
+        eye = torch.eye(5, dtype=theta.dtype)
+        shifts = torch.cat([torch.zeros(1, 5, dtype=theta.dtype), h * eye, -h * eye])
+        vals = self._layers(theta, frame, shifts)
+        centre, grads = [], []
+        for i, v in enumerate(vals):
+            plus, minus = v[1:6], v[6:11]
+            g = (plus - minus) / (2.0 * h)
+            if i % 3 == 0:                                         # hit depth: jumps at silhouettes
+                g = torch.where(torch.isfinite(plus) & torch.isfinite(minus), g, torch.zeros_like(g))
+            centre.append(v[0])
+            grads.append(torch.movedim(g, 0, -1))
+        return centre, grads
 
     def _linearise(self, theta, frame, jacobian: bool = True):
         """Residual vector r and, with ``jacobian``, dr/dtheta [len(r), 5R]."""
         cfg, R = self.config, self.num_rods
         b = cfg.robust
-        shift = theta.new_zeros(5)
         if jacobian:
-            grads, vals = torch.func.jacfwd(lambda x: (self._layers(theta, frame, x),) * 2, has_aux=True)(shift)
-            grads = [torch.nan_to_num(g, nan=0.0, posinf=0.0, neginf=0.0) for g in grads]
+            vals, grads = self._layer_jacobians(theta, frame)
         else:
-            vals = self._layers(theta, frame, shift)
+            vals = [v[0] for v in self._layers(theta, frame, theta.new_zeros(1, 5))]
         res, jac = [], []
         for i, view in enumerate(self.views):
             hit_z, alpha, gaps = vals[3 * i: 3 * i + 3]
