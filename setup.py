@@ -42,6 +42,7 @@ setup(
             "mujoco_bridge = tensegrity_ros.entry:mujoco_bridge",
             "identifier = tensegrity_ros.entry:identifier",
             "mppi_controller = tensegrity_ros.entry:mppi_controller",
+            "camera_tracker = tensegrity_ros.entry:camera_tracker",
             "recorder = tensegrity_ros.entry:recorder",
             "example_driver = tensegrity_ros.entry:example_driver",
             "tensegrity-sim2sim = tensegrity_ros.sim2sim:main",

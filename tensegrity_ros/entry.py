@@ -26,6 +26,10 @@ def mppi_controller() -> int:
     return _node("mppi_controller", "MppiControllerNode")
 
 
+def camera_tracker() -> int:
+    return _node("camera_tracker", "CameraTrackerNode")
+
+
 def example_driver() -> int:
     return _node("example_driver", "ExampleDriver")
 

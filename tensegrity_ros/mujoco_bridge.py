@@ -9,9 +9,10 @@ Steps `tensegrity_engine.groundtruth.mujoco_twin.MujocoTwin` at the robot's step
 simulation thread, real time or faster (``real_time_factor``; 0 = as fast as possible),
 applies every received cable command from its stamp on (zero-order hold), and publishes
 rod poses at a low rate (optional noise and latency), per-rod IMU, RViz markers,
-/diagnostics and /clock (sim time). ``lockstep`` makes the simulation wait (wall clock,
-up to ``lockstep_timeout``) after each pose for the controller's command stamped at or
-after that pose, so that a slow planner sees the same closed loop as a fast one. Until
+/diagnostics and /clock (sim time); with ``depth_camera`` also a depth camera's images
+(`depth_publisher`), and with ``publish_poses`` off no poses (a camera tracker's job).
+``lockstep`` makes the simulation wait (wall clock, up to ``lockstep_timeout``) after
+each pose for the controller's command stamped at or after that pose, so that a slow planner sees the same closed loop as a fast one. Until
 the first command arrives, the waiting pose is re-sent every ``FIRST_POSE_REPEAT`` s: the
 graph can show the controller before DDS has matched its subscription, and a first pose
 lost then would stall the loop for the whole timeout (receivers that did get it count the
@@ -44,6 +45,7 @@ from tensegrity_engine.physics.state import center_of_mass
 from . import conversions as conv
 from .common import (TOPIC_APPLIED, TOPIC_COMMAND, TOPIC_IMU, TOPIC_MARKERS, TOPIC_POSES, run_node,
                      stream_qos)
+from .depth_publisher import DepthCameraOutput
 from .diagnostics import Diagnostics
 from .params import declare, load_robot
 
@@ -97,6 +99,9 @@ class MujocoBridge(Node):
         com = center_of_mass(rs, self.truth.truth.rod_mass)
         rs[:, 0:2] += np.array([self.start_x, self.start_y]) - com[:2]
         self.twin.reset(rs, act)
+        self.publish_poses = d("publish_poses", True,
+                               "publish rod poses (off when a camera tracker publishes them instead)")
+        self.depth = DepthCameraOutput(self, self.robot, center_of_mass(rs, self.truth.truth.rod_mass))
         self.command = nominal_commands(self.robot).copy()
         self.A = self.robot.num_actuated
         self.cable_names = [self.robot.cable_names[i] for i in self.robot.actuated_indices]
@@ -171,8 +176,9 @@ class MujocoBridge(Node):
         return t_ns, noisy_rod_poses(rs, self.rng, pos_noise=self.pos_noise, rot_noise=self.rot_noise), rs
 
     def _publish_measurement(self, t_ns: int, meas: np.ndarray, truth: np.ndarray) -> None:
-        self.pub_pose.publish(conv.rod_state_to_pose_array(meas, t_ns))
-        self.poses_published += 1
+        if self.publish_poses:
+            self.pub_pose.publish(conv.rod_state_to_pose_array(meas, t_ns))
+            self.poses_published += 1
         if self.imu_enabled:
             for m in conv.rod_imu_messages(truth, t_ns, noise_std=self.imu_noise, rng=self.rng):
                 self.pub_imu.publish(m)
@@ -189,6 +195,8 @@ class MujocoBridge(Node):
         except Exception as exc:  # noqa: BLE001 - report, do not kill the process silently
             self.get_logger().error(f"simulation thread stopped: {exc!r}")
             self.diag.set_status(DiagnosticStatus.ERROR, f"simulation stopped: {exc!r}")
+        finally:
+            self.depth.close()              # in this thread: it owns the renderer's GL context
 
     def _loop(self) -> None:
         dt_ns = int(round(self.robot.dt * NS))
@@ -199,6 +207,10 @@ class MujocoBridge(Node):
         t = int(round(self.twin.time * NS))
         next_pose, next_clock = t, t
         next_marker = t if marker_ns else None
+        depth_ns = self.depth.period_ns if self.depth.enabled else None
+        next_depth = t if depth_ns else None
+        if depth_ns:
+            self.depth.announce(t, self.twin.get_state()[0])
         delayed: list = []               # [(publish_at, t_meas, meas, truth)]
         wall0, sim0 = time.monotonic(), t
         end_ns = int(self.max_duration * NS) if self.max_duration > 0 else None
@@ -231,6 +243,10 @@ class MujocoBridge(Node):
             if marker_ns and t >= next_marker:
                 self._publish_markers(t)
                 next_marker += marker_ns
+            if depth_ns and t >= next_depth:
+                self.depth.publish(self.twin, t, self.twin.get_state()[0], self.rng)
+                next_depth += depth_ns
+                depth_ns = self.depth.period_ns if self.depth.enabled else None
             # commands due now
             with self._cv:
                 applied = False
@@ -243,7 +259,7 @@ class MujocoBridge(Node):
                     self._applied_ns = max(t, self._applied_ns + 1)
                 next_cmd = self._queue[0][0] if self._queue else None
             # step to the next event
-            events = [next_pose, next_clock] + ([next_marker] if marker_ns else [])
+            events = [next_pose, next_clock] + ([next_marker] if marker_ns else []) + ([next_depth] if depth_ns else [])
             if delayed:
                 events.append(delayed[0][0])
             if next_cmd is not None:
@@ -297,6 +313,7 @@ class MujocoBridge(Node):
         wall = time.monotonic() - self._wall0
         return {"sim_time": round(self.twin.time, 3), "steps": self.step_count,
                 "poses_published": self.poses_published,
+                **({"depth_images_published": self.depth.images} if self.depth.enabled else {}),
                 "real_time_factor_achieved": round(self.twin.time / wall, 3) if wall > 0 else 0.0,
                 "lockstep_timeouts": self.lockstep_timeouts,
                 **({"command_lead_ms_median": round(float(np.median(self._leads)), 2),

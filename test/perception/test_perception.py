@@ -124,6 +124,23 @@ def test_constant_velocity_prior():
     guess, sigma = prior.predict()
     np.testing.assert_allclose(guess.mean(1), [[0.7, 0.0, 0.0]])       # moving on at 1 m/s
     assert np.all(sigma[:, :3] > 0.01 * 0.99) and np.all(sigma < 0.05)
-    guess2, sigma2 = prior.predict(frames=2)
+    guess2, sigma2 = prior.predict(0.3)                                 # a frame dropped: bridged
     np.testing.assert_allclose(guess2.mean(1), [[0.8, 0.0, 0.0]])
     assert np.all(sigma2 > sigma)
+
+
+def test_rod_poses_keep_the_spin_the_camera_cannot_see():
+    from tensegrity_engine.perception.motion import rod_poses_from_ends
+    from tensegrity_engine.physics.state import quat_from_z_to, quat_multiply
+
+    spin = np.array([np.cos(0.3), 0.0, 0.0, np.sin(0.3)])                  # 0.6 rad about body z
+    q0 = quat_multiply(quat_from_z_to(np.array([[1.0, 0.0, 0.0]])), spin[None])
+    ends = np.array([[[0.0, 0.0, 1.0], [0.0, 1.0, 1.0]]])                   # the axis turned to +y
+    state = rod_poses_from_ends(ends, q0)
+    np.testing.assert_allclose(state[0, 0:3], [0.0, 0.5, 1.0])
+    np.testing.assert_allclose(end_nodes(state, np.array([0.5])), ends, atol=1e-12)
+    # the same spin about the axis: the body x axis stays as far from the world z as before
+    from tensegrity_engine.physics.state import quat_rotate
+    before = quat_rotate(q0, np.array([[1.0, 0.0, 0.0]]))
+    after = quat_rotate(state[:, 3:7], np.array([[1.0, 0.0, 0.0]]))
+    assert abs(before[0, 2] - after[0, 2]) < 1e-9

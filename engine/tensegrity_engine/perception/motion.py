@@ -14,7 +14,7 @@ from typing import Optional
 
 import numpy as np
 
-__all__ = ["ConstantVelocityPrior"]
+__all__ = ["ConstantVelocityPrior", "rod_poses_from_ends"]
 
 
 def _unit(v: np.ndarray) -> np.ndarray:
@@ -22,36 +22,67 @@ def _unit(v: np.ndarray) -> np.ndarray:
 
 
 class ConstantVelocityPrior:
+    """Estimates go in with their time (`update`); `predict` extrapolates to any time."""
+
     def __init__(self, period: float, *, acceleration: float = 5.0, angular_acceleration: float = 5.0,
                  first_sigma: tuple[float, float] = (0.05, 0.1)):
         if not (period > 0 and acceleration > 0 and angular_acceleration > 0):
             raise ValueError("period and accelerations must be positive")
         self.period = float(period)
-        self.process = np.array([acceleration] * 3 + [angular_acceleration] * 2) * self.period ** 2
+        self.acceleration = np.array([acceleration] * 3 + [angular_acceleration] * 2)
         self.first_sigma = np.array([first_sigma[0]] * 3 + [first_sigma[1]] * 2)
-        self.history: list[tuple[np.ndarray, np.ndarray]] = []
+        self.history: list[tuple[float, np.ndarray, np.ndarray]] = []
 
-    def reset(self, ends: np.ndarray, std: Optional[np.ndarray] = None) -> None:
-        """Start again from a known pose ``ends`` [R, 2, 3] (e.g. the robot's announced one)."""
+    def reset(self, ends: np.ndarray, t: float = 0.0, std: Optional[np.ndarray] = None) -> None:
+        """Start again from a known pose ``ends`` [R, 2, 3] at time ``t`` (s)."""
         ends = np.asarray(ends, dtype=np.float64)
-        self.history = [(ends, np.zeros((len(ends), 5)) if std is None else np.asarray(std))]
+        self.history = [(float(t), ends, np.zeros((len(ends), 5)) if std is None else np.asarray(std))]
 
-    def update(self, ends: np.ndarray, std: np.ndarray) -> None:
-        self.history = (self.history + [(np.asarray(ends, dtype=np.float64), np.asarray(std))])[-2:]
+    def update(self, ends: np.ndarray, std: np.ndarray, t: Optional[float] = None) -> None:
+        """An estimate at time ``t`` (default: one period after the last)."""
+        if not self.history:
+            raise RuntimeError("reset the prior with a first pose before updating it")
+        t = self.history[-1][0] + self.period if t is None else float(t)
+        if t <= self.history[-1][0]:
+            raise ValueError("estimates must come in time order")
+        self.history = (self.history + [(t, np.asarray(ends, dtype=np.float64), np.asarray(std))])[-2:]
 
-    def predict(self, frames: int = 1) -> tuple[np.ndarray, np.ndarray]:
-        """(ends [R, 2, 3], sigma [R, 5]) ``frames`` periods after the last estimate (a frame
-        that was dropped is bridged by predicting two ahead)."""
+    def predict(self, t: Optional[float] = None) -> tuple[np.ndarray, np.ndarray]:
+        """(ends [R, 2, 3], sigma [R, 5]) at time ``t`` (default: one period after the last
+        estimate; a dropped frame is bridged by predicting further)."""
         if not self.history:
             raise RuntimeError("reset the prior with a first pose before predicting")
-        last, s_last = self.history[-1]
+        t_last, last, s_last = self.history[-1]
+        t = t_last + self.period if t is None else float(t)
         if len(self.history) < 2:
             return last, np.maximum(self.first_sigma, s_last)
-        before, s_before = self.history[-2]
-        k = float(frames)
+        t_before, before, s_before = self.history[-2]
+        k = (t - t_last) / (t_last - t_before)
         centre = (1.0 + k) * last.mean(1) - k * before.mean(1)
         axis_now, axis_then = _unit(last[:, 1] - last[:, 0]), _unit(before[:, 1] - before[:, 0])
         axis = _unit((1.0 + k) * axis_now - k * axis_then)
         half = 0.5 * np.linalg.norm(last[:, 1] - last[:, 0], axis=-1, keepdims=True)
-        sigma = np.sqrt((1.0 + k) ** 2 * s_last ** 2 + k ** 2 * s_before ** 2 + (k * k * self.process) ** 2)
+        drift = self.acceleration * (t - t_last) ** 2
+        sigma = np.sqrt((1.0 + k) ** 2 * s_last ** 2 + k ** 2 * s_before ** 2 + drift ** 2)
         return np.stack([centre - half * axis, centre + half * axis], 1), sigma
+
+
+def rod_poses_from_ends(ends: np.ndarray, previous_quat: np.ndarray) -> np.ndarray:
+    """Rod states [R, 13] (zero velocities) at end nodes ``ends`` [R, 2, 3]. A depth image
+    cannot see a rod spin about its own axis: each quaternion is the previous one
+    ``previous_quat`` [R, 4] (w, x, y, z) turned by the smallest rotation that takes its
+    axis onto the new one."""
+    from tensegrity_engine.physics.state import POS, QUAT, STATE_DIM, canonical_quat, quat_axis, quat_multiply
+
+    ends = np.asarray(ends, dtype=np.float64)
+    old = quat_axis(np.asarray(previous_quat, dtype=np.float64))
+    new = _unit(ends[:, 1] - ends[:, 0])
+    cross = np.cross(old, new)
+    turn = np.concatenate([1.0 + np.sum(old * new, -1, keepdims=True), cross], -1)
+    flipped = turn[:, 0] < 1e-9                  # antiparallel: the tracker never flips an axis
+    turn[flipped] = np.array([0.0, 1.0, 0.0, 0.0])
+    turn /= np.linalg.norm(turn, axis=-1, keepdims=True)
+    state = np.zeros((len(ends), STATE_DIM))
+    state[:, POS] = ends.mean(1)
+    state[:, QUAT] = canonical_quat(quat_multiply(turn, previous_quat))
+    return state

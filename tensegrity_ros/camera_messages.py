@@ -1,0 +1,107 @@
+"""Depth camera messages: sensor_msgs/Image (32FC1, metres; 16UC1, millimetres),
+sensor_msgs/CameraInfo, and the optical frame's world pose (geometry_msgs/PoseStamped).
+
+No tf2 wheel exists for this ROS install, so the camera's pose is a message of its own
+(latched, like a static transform) or a parameter: `camera_from_messages` builds the
+engine's `PinholeCamera` from CameraInfo + pose. Every decoder returns (value, None) or
+(None, (reason, detail)) for the node to count and reject.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import transforms3d
+
+from tensegrity_engine.perception.camera import PinholeCamera
+
+from .conversions import ns_to_stamp
+
+TOPIC_DEPTH = "/tensegrity/camera/depth"
+TOPIC_CAMERA_INFO = "/tensegrity/camera/camera_info"
+TOPIC_CAMERA_POSE = "/tensegrity/camera/pose"
+TOPIC_INITIAL_POSES = "/tensegrity/initial_rod_poses"
+OPTICAL_FRAME = "tensegrity_camera_optical"
+MAX_PIXELS = 4096 * 4096
+
+
+def depth_image_msg(depth: np.ndarray, stamp_ns_: int, frame_id: str = OPTICAL_FRAME):
+    from sensor_msgs.msg import Image
+
+    d = np.ascontiguousarray(depth, dtype="<f4")
+    msg = Image()
+    ns_to_stamp(stamp_ns_, msg.header.stamp)
+    msg.header.frame_id = frame_id
+    msg.height, msg.width = int(d.shape[0]), int(d.shape[1])
+    msg.encoding, msg.is_bigendian, msg.step = "32FC1", 0, 4 * msg.width
+    msg.data = d.tobytes()
+    return msg
+
+
+def depth_from_msg(msg) -> tuple[Optional[np.ndarray], Optional[tuple[str, str]]]:
+    """Image -> depth [H, W] float64 metres (NaN = no return)."""
+    h, w = int(msg.height), int(msg.width)
+    if h < 1 or w < 1 or h * w > MAX_PIXELS:
+        return None, ("bad_image_size", f"{w}x{h}")
+    kinds = {"32FC1": ("f4", 4, 1.0), "16UC1": ("u2", 2, 1e-3)}
+    if msg.encoding not in kinds:
+        return None, ("bad_encoding", f"depth encoding {msg.encoding!r} (32FC1 or 16UC1)")
+    code, size, scale = kinds[msg.encoding]
+    if int(msg.step) < w * size or len(msg.data) < int(msg.step) * h:
+        return None, ("bad_image_size", f"step {msg.step}, {len(msg.data)} bytes for {w}x{h} {msg.encoding}")
+    order = ">" if msg.is_bigendian else "<"
+    rows = np.frombuffer(bytes(msg.data), dtype=np.uint8)[: int(msg.step) * h].reshape(h, int(msg.step))
+    depth = rows[:, : w * size].copy().view(order + code).reshape(h, w).astype(np.float64) * scale
+    if msg.encoding == "16UC1":
+        depth[depth == 0] = np.nan                       # 0 mm means no return
+    depth[~np.isfinite(depth) | (depth <= 0)] = np.nan
+    return depth, None
+
+
+def camera_info_msg(camera: PinholeCamera, stamp_ns_: int, frame_id: str = OPTICAL_FRAME):
+    from sensor_msgs.msg import CameraInfo
+
+    msg = CameraInfo()
+    ns_to_stamp(stamp_ns_, msg.header.stamp)
+    msg.header.frame_id = frame_id
+    msg.height, msg.width = camera.height, camera.width
+    msg.distortion_model = "plumb_bob"
+    msg.d = [0.0] * 5
+    msg.k = [float(v) for v in camera.k.ravel()]
+    msg.r = [1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0]
+    msg.p = [camera.fx, 0.0, camera.cx, 0.0, 0.0, camera.fy, camera.cy, 0.0, 0.0, 0.0, 1.0, 0.0]
+    return msg
+
+
+def camera_pose_msg(camera: PinholeCamera, stamp_ns_: int, frame_id: str = "world"):
+    from geometry_msgs.msg import PoseStamped
+
+    msg = PoseStamped()
+    ns_to_stamp(stamp_ns_, msg.header.stamp)
+    msg.header.frame_id = frame_id
+    p, q = camera.position, transforms3d.quaternions.mat2quat(camera.rotation)
+    msg.pose.position.x, msg.pose.position.y, msg.pose.position.z = (float(v) for v in p)
+    msg.pose.orientation.w, msg.pose.orientation.x, msg.pose.orientation.y, msg.pose.orientation.z = \
+        (float(v) for v in q)
+    return msg
+
+
+def camera_from_messages(info, pose) -> tuple[Optional[PinholeCamera], Optional[tuple[str, str]]]:
+    """CameraInfo (rectified: its distortion is ignored only if it is zero) + the optical
+    frame's world pose -> PinholeCamera."""
+    k = np.asarray(info.k, dtype=np.float64)
+    if k.shape != (9,) or not np.isfinite(k).all() or k[0] <= 0 or k[4] <= 0:
+        return None, ("bad_camera_info", "K must hold positive, finite focal lengths")
+    if len(info.d) and np.any(np.abs(np.asarray(info.d, dtype=np.float64)) > 1e-9):
+        return None, ("distorted_camera", "depth images must be rectified (distortion d = 0)")
+    o, t = pose.pose.orientation, pose.pose.position
+    q = np.array([o.w, o.x, o.y, o.z], dtype=np.float64)
+    if not np.isfinite(q).all() or abs(np.linalg.norm(q) - 1.0) > 1e-3:
+        return None, ("bad_camera_pose", "camera orientation must be a unit quaternion")
+    try:
+        cam = PinholeCamera.from_camera_info(k, int(info.width), int(info.height),
+                                             transforms3d.quaternions.quat2mat(q / np.linalg.norm(q)),
+                                             np.array([t.x, t.y, t.z], dtype=np.float64))
+    except ValueError as exc:
+        return None, ("bad_camera_info", str(exc))
+    return cam, None

@@ -1,0 +1,177 @@
+"""camera_tracker: rod poses from a depth camera, published as if motion capture made them.
+
+Subscribes to a depth image (``/tensegrity/camera/depth``, 32FC1 metres or 16UC1 mm), its
+CameraInfo, the optical frame's world pose (``/tensegrity/camera/pose``, latched: the
+static transform of the camera's calibration) and, latched, the robot's announced first
+rod poses (``/tensegrity/initial_rod_poses``): a depth camera cannot tell which rod is
+which, so the track starts from a known pose and keeps rod identity by continuity.
+
+Each image is fitted by `tensegrity_engine.perception.tracker.RodTracker` (within
+``time_budget``), starting from `ConstantVelocityPrior`'s prediction for the image's
+stamp; the result goes out on ``/tensegrity/rod_poses`` with the image's stamp, so the
+identifier and the controller run unchanged. A frame whose fit is lost (the rendered
+silhouette overlaps the observed one less than the tracker's threshold) is not published
+(counted); the prior keeps predicting from the last good estimate, and after
+``max_lost_frames`` lost in a row the track waits for a new announced pose. Bad images,
+camera info or poses are counted and rejected, never used.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from geometry_msgs.msg import PoseArray, PoseStamped
+from rclpy.node import Node
+from sensor_msgs.msg import CameraInfo, Image
+
+from tensegrity_engine.perception.motion import ConstantVelocityPrior, rod_poses_from_ends
+from tensegrity_engine.perception.tracker import RodTracker, TrackerConfig
+from tensegrity_engine.physics.state import end_nodes
+
+from . import camera_messages as cm
+from . import conversions as conv
+from .common import TOPIC_POSES, latched_qos, run_node, stream_qos
+from .diagnostics import Diagnostics
+from .params import declare, load_robot
+
+NS = conv.NS
+
+
+class CameraTrackerNode(Node):
+    def __init__(self, **kwargs):
+        super().__init__("camera_tracker", **kwargs)
+        d = lambda *a, **k: declare(self, *a, **k)
+        self.robot = load_robot(d("robot", "superball", "robot config: shipped name or YAML path", read_only=True))
+        self.config = TrackerConfig(
+            noise_at_1m=d("depth_noise", 0.001, "the sensor's depth sigma at 1 m (m; grows with z^2)",
+                          range=(0.0, 0.1)),
+            time_budget=d("time_budget", 0.08, "fitting time per image (s)", range=(0.005, 10.0)),
+            floor_margin=d("floor_margin", 0.02, "a return this much nearer than the floor is the robot (m)",
+                           range=(0.001, 1.0)))
+        self.acceleration = d("prior_acceleration", 5.0, "unmodelled acceleration of the motion prior (m/s^2)",
+                              range=(0.01, 1000.0))
+        self.max_lost = d("max_lost_frames", 10, "lost frames in a row before waiting for a new first pose",
+                          range=(1, 100000))
+        self.max_age = d("max_image_age", 1.0, "images older than the newest published pose + this are late (s)",
+                         range=(0.0, 60.0))
+        self.pub = self.create_publisher(PoseArray, TOPIC_POSES, stream_qos())
+        self.create_subscription(Image, cm.TOPIC_DEPTH, self._on_depth, stream_qos(5))
+        self.create_subscription(CameraInfo, cm.TOPIC_CAMERA_INFO, self._on_info, stream_qos(2))
+        self.create_subscription(PoseStamped, cm.TOPIC_CAMERA_POSE, self._on_camera_pose, latched_qos())
+        self.create_subscription(PoseArray, cm.TOPIC_INITIAL_POSES, self._on_initial, latched_qos())
+        self.info = self.camera_pose = None
+        self.camera = self.tracker = None
+        self.prior = None               # None: waiting for an announced first pose
+        self.quat = None                # [R, 4] the spin the camera cannot see, carried on
+        self.last_ns = None
+        self.lost_in_row = 0
+        self.walls: list[float] = []
+        self.ious: list[float] = []
+        self.diag = Diagnostics(self, extra=self._diag_values)
+        self.get_logger().info(f"camera tracker for {self.robot.name}: waiting for camera info, camera pose "
+                               "and the robot's first pose")
+
+    # ------------------------------------------------------------------ inputs
+    def _on_info(self, msg: CameraInfo) -> None:
+        self.diag.received("camera_info")
+        if (problem := conv.header_problem(msg.header)):
+            return self.diag.reject(*problem, topic="camera_info")
+        self.info = msg
+        self._maybe_make_tracker()
+        self.diag.accept("camera_info")
+
+    def _on_camera_pose(self, msg: PoseStamped) -> None:
+        self.diag.received("camera_pose")
+        self.camera_pose = msg
+        self.camera = None                 # rebuilt with the new pose
+        self._maybe_make_tracker()
+        self.diag.accept("camera_pose")
+
+    def _maybe_make_tracker(self) -> None:
+        if self.info is None or self.camera_pose is None:
+            return
+        cam, problem = cm.camera_from_messages(self.info, self.camera_pose)
+        if problem:
+            self.diag.reject(*problem, topic="camera_info")
+            return
+        same = self.camera is not None and (cam.width, cam.height) == (self.camera.width, self.camera.height) \
+            and np.allclose(cam.k, self.camera.k) and np.allclose(cam.rotation, self.camera.rotation) \
+            and np.allclose(cam.position, self.camera.position)
+        if not same:
+            self.camera = cam
+            self.tracker = RodTracker(self.robot, [cam], self.config)
+
+    def _on_initial(self, msg: PoseArray) -> None:
+        self.diag.received("initial_poses")
+        arr = conv.pose_array_to_array(msg)
+        if len(arr) != self.robot.num_rods or not np.isfinite(arr).all():
+            return self.diag.reject("bad_initial_poses", f"{len(arr)} poses for {self.robot.num_rods} rods",
+                                    topic="initial_poses")
+        state = conv.array_to_rod_state(arr)
+        self._start(state, conv.stamp_ns(msg.header.stamp))
+        self.diag.accept("initial_poses")
+
+    def _start(self, state: np.ndarray, stamp: int) -> None:
+        self.prior = ConstantVelocityPrior(0.1, acceleration=self.acceleration,
+                                           angular_acceleration=self.acceleration)
+        self.prior.reset(end_nodes(state, self.robot.rod_length / 2), stamp / NS)
+        self.quat, self.last_ns, self.lost_in_row = state[:, 3:7].copy(), stamp, 0
+        self.get_logger().info("track (re)started from the announced first pose")
+
+    # ------------------------------------------------------------------ tracking
+    def _on_depth(self, msg: Image) -> None:
+        self.diag.received("depth")
+        if (problem := conv.header_problem(msg.header)):
+            return self.diag.reject(*problem, topic="depth")
+        depth, problem = cm.depth_from_msg(msg)
+        if problem:
+            return self.diag.reject(*problem, topic="depth")
+        if self.tracker is None:
+            return self.diag.reject("no_camera", "no camera info / camera pose yet", topic="depth")
+        if self.prior is None:
+            return self.diag.reject("no_first_pose", "waiting for the robot's first pose", topic="depth")
+        if depth.shape != (self.camera.height, self.camera.width):
+            return self.diag.reject("bad_image_size", f"{depth.shape} is not the camera's "
+                                    f"{(self.camera.height, self.camera.width)}", topic="depth")
+        stamp = conv.stamp_ns(msg.header.stamp)
+        if stamp < self.last_ns:
+            return self.diag.reject("out_of_order", "image older than the last pose", topic="depth")
+        guess, sigma = self.prior.predict(stamp / NS)
+        t0 = time.perf_counter()
+        est = self.tracker.track([depth], guess, sigma)
+        self.walls.append(time.perf_counter() - t0)
+        self.ious.append(est.iou)
+        self.walls, self.ious = self.walls[-200:], self.ious[-200:]
+        if est.lost:
+            self.lost_in_row += 1
+            self.diag.count("frames_lost")
+            if self.lost_in_row >= self.max_lost:
+                self.prior = None
+                self.diag.warn_throttled("lost", f"track lost for {self.lost_in_row} frames: waiting for a new "
+                                         "first pose")
+            return self.diag.accept("depth")
+        self.lost_in_row = 0
+        if stamp == self.last_ns:           # an image of the announced pose's instant refines it
+            self.prior.reset(est.ends, stamp / NS, est.std)
+        else:
+            self.prior.update(est.ends, est.std, stamp / NS)
+        state = rod_poses_from_ends(est.ends, self.quat)
+        self.quat, self.last_ns = state[:, 3:7], stamp
+        self.pub.publish(conv.rod_state_to_pose_array(state, stamp))
+        self.diag.count("poses_published")
+        self.diag.accept("depth")
+
+    def _diag_values(self) -> dict:
+        out = {"tracking": self.prior is not None, "lost_in_row": self.lost_in_row}
+        if self.walls:
+            out.update(track_ms_median=round(1e3 * float(np.median(self.walls)), 1),
+                       iou_median=round(float(np.median(self.ious)), 3))
+        return out
+
+
+def main(args=None) -> int:
+    return run_node(CameraTrackerNode, args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

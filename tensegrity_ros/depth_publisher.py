@@ -1,0 +1,87 @@
+"""The MuJoCo bridge's depth camera: what an RGB-D sensor on a tripod would publish.
+
+MuJoCo renders the played robot (`groundtruth.depth_camera.MujocoDepthCamera`: its own
+capsules and floor, range-dependent noise, dropped pixels) at ``depth_rate`` in the
+simulation thread, which owns the OpenGL context. Published: the depth image (32FC1,
+metres, NaN = no return) and CameraInfo stamped at capture, the optical frame's world pose
+(latched, the static transform a calibration gives), and, latched, the robot's first rod
+poses: how a robot whose poses come from a camera announces where it starts.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from geometry_msgs.msg import PoseArray, PoseStamped
+from sensor_msgs.msg import CameraInfo, Image
+
+from tensegrity_engine.groundtruth.depth_camera import DepthNoise, DepthRenderingUnavailable, MujocoDepthCamera
+from tensegrity_engine.perception.camera import look_at
+
+from . import camera_messages as cm
+from . import conversions as conv
+from .common import ConfigurationError, latched_qos, stream_qos
+from .params import declare
+
+
+class DepthCameraOutput:
+    def __init__(self, node, robot, start_com: np.ndarray):
+        d = lambda *a, **k: declare(node, *a, **k)
+        self.enabled = d("depth_camera", False, "render and publish a depth camera (sensor_msgs/Image 32FC1)",
+                         read_only=True)
+        self.rate = d("depth_rate", 10.0, "depth image rate (Hz, sim time)", range=(0.1, 100.0))
+        width = d("depth_width", 160, "depth image width (pixels)", range=(8, 4096), read_only=True)
+        height = d("depth_height", 120, "depth image height (pixels)", range=(8, 4096), read_only=True)
+        fov = d("depth_fov", 70.0, "vertical field of view (deg)", range=(5.0, 150.0), read_only=True)
+        noise = d("depth_noise", 0.001, "depth noise sigma at 1 m (m; grows with z^2)", range=(0.0, 0.1))
+        dropout = d("depth_dropout", 0.02, "share of pixels with no return", range=(0.0, 0.9))
+        eye = d("depth_camera_eye", [1.8, -1.8, 1.4],
+                "camera position from the robot's start, in rod lengths (x, y, z)", read_only=True)
+        aim = d("depth_camera_aim_height", 0.3, "the camera looks at the start this many rod lengths up",
+                range=(0.0, 10.0), read_only=True)
+        if not self.enabled:
+            return
+        if len(eye) != 3 or not all(math.isfinite(float(v)) for v in eye):
+            raise ConfigurationError("parameter depth_camera_eye: expected 3 finite numbers")
+        size = float(np.max(robot.rod_length))
+        self.camera = look_at(start_com + size * np.asarray(eye, dtype=np.float64),
+                              start_com + np.array([0.0, 0.0, aim * size]),
+                              width=width, height=height, fov_y=math.radians(fov))
+        self.noise = DepthNoise(noise, dropout)
+        self.node = node
+        self.sensor = None                  # made in the simulation thread: it owns the GL context
+        self.pub_depth = node.create_publisher(Image, cm.TOPIC_DEPTH, stream_qos(5))
+        self.pub_info = node.create_publisher(CameraInfo, cm.TOPIC_CAMERA_INFO, stream_qos(5))
+        self.pub_pose = node.create_publisher(PoseStamped, cm.TOPIC_CAMERA_POSE, latched_qos())
+        self.pub_initial = node.create_publisher(PoseArray, cm.TOPIC_INITIAL_POSES, latched_qos())
+        self.images = 0
+
+    @property
+    def period_ns(self) -> int:
+        return int(round(1e9 / self.rate))
+
+    def announce(self, t_ns: int, rod_state: np.ndarray) -> None:
+        """Latched: the camera's pose and the robot's first rod poses."""
+        self.pub_pose.publish(cm.camera_pose_msg(self.camera, t_ns))
+        self.pub_initial.publish(conv.rod_state_to_pose_array(rod_state, t_ns))
+
+    def publish(self, twin, t_ns: int, rod_state: np.ndarray, rng: np.random.Generator) -> None:
+        if self.sensor is None:
+            try:
+                self.sensor = MujocoDepthCamera(twin, self.camera, noise=self.noise, rng=rng)
+            except DepthRenderingUnavailable as exc:
+                self.enabled = False
+                self.node.get_logger().error(f"depth camera off: {exc}")
+                self.node.diag.count("depth_camera_unavailable")
+                return
+        depth = self.sensor.render(rod_state)
+        self.pub_info.publish(cm.camera_info_msg(self.camera, t_ns))      # first: a tracker needs it
+        self.pub_depth.publish(cm.depth_image_msg(depth, t_ns))
+        self.images += 1
+
+    def close(self) -> None:
+        """Free the renderer: call it from the thread that rendered (it owns the context)."""
+        if getattr(self, "sensor", None) is not None:
+            self.sensor.close()
+            self.sensor = None
+
