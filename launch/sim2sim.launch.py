@@ -1,6 +1,7 @@
 """sim2sim: MuJoCo bridge (the robot) + identifier + MPPI controller, config/sim2sim.yaml.
 
     ros2 launch tensegrity_ros sim2sim.launch.py [params_file:=/path/to.yaml] [device:=cpu]
+                                                 [pose_source:=camera]
 
 Without a ROS 2 launch install, `tensegrity-sim2sim` runs the same three nodes with the
 same file and prints a summary.
@@ -10,8 +11,8 @@ import os
 from ament_index_python.packages import get_package_share_directory
 from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument
-from launch.conditions import IfCondition
-from launch.substitutions import LaunchConfiguration
+from launch.conditions import IfCondition, LaunchConfigurationEquals
+from launch.substitutions import LaunchConfiguration, PythonExpression
 from launch_ros.actions import Node
 
 
@@ -20,6 +21,7 @@ def generate_launch_description():
     params = LaunchConfiguration("params_file")
     device = LaunchConfiguration("device")
     checkpoint_dir = LaunchConfiguration("checkpoint_dir")
+    camera = PythonExpression(["'", LaunchConfiguration("pose_source"), "' == 'camera'"])
     return LaunchDescription([
         DeclareLaunchArgument("params_file", default_value=default_params,
                               description="ROS parameter file of the three nodes"),
@@ -27,8 +29,14 @@ def generate_launch_description():
         DeclareLaunchArgument("checkpoint_dir", default_value="",
                               description="identifier checkpoint directory ('' = none)"),
         DeclareLaunchArgument("rviz", default_value="false", description="start RViz2 with rviz/tensegrity.rviz"),
+        DeclareLaunchArgument("pose_source", default_value="mocap", choices=["mocap", "camera"],
+                              description="rod poses from the bridge (mocap) or its depth camera + camera_tracker"),
         Node(package="tensegrity_ros", executable="mujoco_bridge", name="mujoco_bridge",
-             output="screen", parameters=[params]),
+             output="screen",
+             parameters=[params, {"depth_camera": camera, "publish_poses": PythonExpression(["not ", camera])}]),
+        Node(package="tensegrity_ros", executable="camera_tracker", name="camera_tracker",
+             output="screen", parameters=[params],
+             condition=LaunchConfigurationEquals("pose_source", "camera")),
         Node(package="tensegrity_ros", executable="identifier", name="identifier",
              output="screen",
              parameters=[params, {"device": device, "checkpoint_dir": checkpoint_dir}]),

@@ -161,6 +161,9 @@ class CameraTrackerNode(Node):
         self.diag.count("poses_published")
         self.diag.accept("depth")
 
+    def close(self) -> None:
+        """Nothing runs outside the executor: images are fitted in their callback."""
+
     def _diag_values(self) -> dict:
         out = {"tracking": self.prior is not None, "lost_in_row": self.lost_in_row}
         if self.walls:

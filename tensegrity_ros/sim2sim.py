@@ -402,6 +402,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default=None, choices=("auto", "cpu", "cuda"))
     ap.add_argument("--checkpoint-dir", default=None)
     ap.add_argument("--domain-id", type=int, default=None)
+    ap.add_argument("--pose-source", default=None, choices=("mocap", "camera"),
+                    help="rod poses from the bridge (mocap) or from its depth camera through camera_tracker")
     ap.add_argument("-p", "--param", action="append", default=[],
                     help="node:name:=value override, e.g. identifier:max_seconds:=30")
     args = ap.parse_args(argv)
@@ -426,7 +428,15 @@ def main(argv=None) -> int:
                                            "RMW_IMPLEMENTATION", "ROS_LOG_DIR")})
     os.environ.pop("ROS_LOCALHOST_ONLY", None)
     out_dir.mkdir(parents=True, exist_ok=True)
+    nodes = list(NODES)
     overrides = {name: [] for name, _ in NODES}
+    pose_source = args.pose_source or str(run.get("pose_source", "mocap"))
+    if pose_source not in ("mocap", "camera"):
+        raise SystemExit(f"pose_source must be mocap or camera, got {pose_source!r}")
+    if pose_source == "camera":
+        nodes.append(("camera_tracker", "tensegrity_ros.camera_tracker"))
+        overrides["camera_tracker"] = []
+        overrides["mujoco_bridge"] += [("depth_camera", "true"), ("publish_poses", "false")]
     if args.device:
         overrides["identifier"].append(("device", args.device))
         overrides["mppi_controller"].append(("device", args.device))
@@ -439,14 +449,15 @@ def main(argv=None) -> int:
         if (node, key) == ("mujoco_bridge", "robot_truth"):
             robot_truth = value
     true_values(robot, robot_truth)          # a bad robot_truth fails here, before any node starts
-    print(f"sim2sim: {cfg_path} on ROS_DOMAIN_ID={domain}; logs in {out_dir}/*.log", flush=True)
+    print(f"sim2sim: {cfg_path} on ROS_DOMAIN_ID={domain}, poses from {pose_source}; logs in {out_dir}/*.log",
+          flush=True)
     wall0 = time.monotonic()
     procs = []
     mon = None
     rolling_start = None
     try:
         mon = Monitor(robot, goal)
-        for name, module in NODES:
+        for name, module in nodes:
             procs.append(start_node(module, str(cfg_path), env, out_dir / f"{name}.log", overrides.get(name, ())))
         last_print = 0.0
         while True:

@@ -22,7 +22,8 @@ CONFIG = ROOT / "config" / "sim2sim.yaml"
 ROBOT_CONFIG = ROOT / "config" / "robot.yaml"
 NODES = {"mujoco_bridge": ("mujoco_bridge", "tensegrity_ros.mujoco_bridge", "MujocoBridge"),
          "identifier": ("identifier", "tensegrity_ros.identifier_node", "IdentifierNode"),
-         "mppi_controller": ("mppi_controller", "tensegrity_ros.mppi_controller", "MppiControllerNode")}
+         "mppi_controller": ("mppi_controller", "tensegrity_ros.mppi_controller", "MppiControllerNode"),
+         "camera_tracker": ("camera_tracker", "tensegrity_ros.camera_tracker", "CameraTrackerNode")}
 
 
 def _entry_points():
@@ -80,6 +81,7 @@ def test_sim2sim_yaml_is_a_ros_parameter_file():
         assert "ros__parameters" in data[name], name
     assert data["identifier"]["ros__parameters"]["use_sim_time"] is True
     assert data["mppi_controller"]["ros__parameters"]["use_sim_time"] is True
+    assert data["camera_tracker"]["ros__parameters"]["use_sim_time"] is True
     assert "use_sim_time" not in data["mujoco_bridge"]["ros__parameters"]   # the clock source
 
 
