@@ -28,15 +28,16 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from zoo import machine  # noqa: E402
+from zoo import machine, true_model  # noqa: E402
 
 from tensegrity_engine.groundtruth import environments as envs
 from tensegrity_engine.groundtruth.depth_camera import DepthNoise, MujocoDepthCamera
 from tensegrity_engine.groundtruth.zoo import zoo_names, zoo_robot
 from tensegrity_engine.perception.camera import look_at
-from tensegrity_engine.perception.motion import ConstantVelocityPrior
+from tensegrity_engine.perception.motion import ConstantVelocityPrior, EnginePrior
 from tensegrity_engine.perception.tracker import RodTracker, TrackerConfig
 from tensegrity_engine.physics.config import load_robot
+from tensegrity_engine.physics.params import PhysicalParameters
 from tensegrity_engine.physics.state import end_nodes
 
 
@@ -75,16 +76,26 @@ def run_robot(name: str, base, args) -> dict:
     tracker = RodTracker(z.nominal, [camera], TrackerConfig(noise_at_1m=args.noise, time_budget=args.budget))
     half = z.nominal.rod_length / 2
     truth = end_nodes(states, half)                                    # [F, R, 2, 3]
-    prior = ConstantVelocityPrior(0.1, acceleration=args.acceleration, angular_acceleration=args.acceleration)
-    prior.reset(truth[0])
+    period = 0.1 * args.every
+    commands = lambda times: cmd[np.clip(np.floor(times / robot.dt + 1e-9).astype(int), 0, len(cmd) - 1)]
+    if args.prior == "engine":
+        model = true_model(z) if args.model == "true" else PhysicalParameters(z.nominal)
+        prior = EnginePrior(model)
+        prior.reset(s0, a0)                    # the announced first pose; the motors' state is known
+    else:
+        prior = ConstantVelocityPrior(period, acceleration=args.acceleration, angular_acceleration=args.acceleration)
+        prior.reset(truth[0])
     centre_err, along_err, axis_err, lost, walls = [], [], [], 0, []
-    for f in range(1, len(states)):
+    for f in range(args.every, len(states), args.every):
         depth = sensor.render(states[f])
-        t0 = time.perf_counter()
-        guess, sigma = prior.predict()
-        est = tracker.track([depth], guess, sigma if args.prior == "velocity" else None)
+        t, t0 = 0.1 * f, time.perf_counter()
+        guess, sigma = prior.predict(t, commands) if args.prior == "engine" else prior.predict(t)
+        est = tracker.track([depth], guess, None if args.prior == "fixed" else sigma)
         walls.append(time.perf_counter() - t0)
-        prior.update(est.ends, est.std)
+        if args.prior == "engine":
+            prior.update(est.ends, est.std, t, commands)
+        else:
+            prior.update(est.ends, est.std, t)
         c, along, a = pose_errors(est.ends, truth[f])
         centre_err.append(c)
         along_err.append(along)
@@ -97,7 +108,7 @@ def run_robot(name: str, base, args) -> dict:
     res = {"centre_median": float(np.median(c)), "centre_p90": float(np.percentile(c, 90)),
            "along_median": float(np.median(np.concatenate(along_err))),
            "axis_median": float(np.median(a)), "axis_p90": float(np.percentile(a, 90)),
-           "lost": lost, "frames": len(states) - 1, "hz": 1.0 / float(np.median(walls)), "path": path}
+           "lost": lost, "frames": len(centre_err), "hz": 1.0 / float(np.median(walls)), "path": path}
     _line(f"  {name:14s} centre {1e3 * res['centre_median']:6.1f} mm (p90 {1e3 * res['centre_p90']:6.1f})   "
           f"(along the axis {1e3 * res['along_median']:5.1f})   axis {res['axis_median']:5.2f} deg (p90 {res['axis_p90']:5.2f})   lost {lost}/{res['frames']}   "
           f"{res['hz']:5.1f} Hz   rolled {path:.2f} m")
@@ -112,9 +123,15 @@ def main(argv=None) -> int:
     ap.add_argument("--noise", type=float, default=0.001, help="depth sigma at 1 m (m), grows with z^2")
     ap.add_argument("--dropout", type=float, default=0.02, help="share of pixels with no return")
     ap.add_argument("--fov", type=float, default=70.0, help="vertical field of view (deg)")
-    ap.add_argument("--prior", default="velocity", choices=["velocity", "fixed"],
-                    help="velocity: the constant-velocity prior with its own sigmas; fixed: the same mean, "
+    ap.add_argument("--prior", default="velocity", choices=["velocity", "engine", "fixed"],
+                    help="velocity: the constant-velocity prior with its own sigmas; engine: the engine rolled "
+                         "from the last estimates under the commands (--model); fixed: constant velocity with "
                          "the tracker's default sigmas")
+    ap.add_argument("--model", default="nominal", choices=["nominal", "true"],
+                    help="the engine prior's values: the config's, or the robot's true ones (what identification "
+                         "would reach)")
+    ap.add_argument("--every", type=int, default=1,
+                    help="track every n-th 10 Hz frame (frames lost in between: the prior bridges the gap)")
     ap.add_argument("--acceleration", type=float, default=5.0,
                     help="unmodelled acceleration of the constant-velocity prior (m/s^2, rad/s^2)")
     ap.add_argument("--budget", type=float, default=0.08, help="tracking time per frame (s)")
@@ -125,8 +142,9 @@ def main(argv=None) -> int:
     base = load_robot(args.robot)
     names = zoo_names() if args.zoo == "all" else args.zoo.split(",")
     _line(f"machine: {machine()}")
-    _line(f"robot {args.robot}; 160x120 depth at 10 Hz, noise {args.noise} m at 1 m (x z^2), "
-          f"dropout {args.dropout}; prior {args.prior}; LM within {args.budget} s per frame")
+    _line(f"robot {args.robot}; 160x120 depth at {10 / args.every:g} Hz, noise {args.noise} m at 1 m (x z^2), "
+          f"dropout {args.dropout}; prior {args.prior}" + (f" ({args.model} values)" if args.prior == "engine" else "")
+          + f"; LM within {args.budget} s per frame")
     results = {n: run_robot(n, base, args) for n in names}
     c = np.median([r["centre_median"] for r in results.values()])
     a = np.median([r["axis_median"] for r in results.values()])

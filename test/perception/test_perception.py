@@ -144,3 +144,32 @@ def test_rod_poses_keep_the_spin_the_camera_cannot_see():
     before = quat_rotate(q0, np.array([[1.0, 0.0, 0.0]]))
     after = quat_rotate(state[:, 3:7], np.array([[1.0, 0.0, 0.0]]))
     assert abs(before[0, 2] - after[0, 2]) < 1e-9
+
+
+def test_engine_prior_bridges_a_gap_a_constant_velocity_cannot(superball_at_rest):
+    """Across half a second of rolling, the engine (the config's values, the twin's truth)
+    rolled from the last two estimates predicts the rods far better than moving them on
+    at their last velocity: gravity and the floor act in between."""
+    from tensegrity_engine.perception.motion import EnginePrior
+    from tensegrity_engine.physics.params import PhysicalParameters
+
+    robot, _ = superball_at_rest
+    rng = np.random.default_rng(4)
+    s0, a0, cmd = envs.sample_contact_episode(robot, rng, 1000)
+    with MujocoTwin(robot, nthread=1) as twin:
+        states, _ = twin.rollout(s0, a0, cmd, record_every=100)
+    states = np.concatenate([s0[None], states[0]])                      # 10 Hz, 0 ... 1 s
+    ends = end_nodes(states, robot.rod_length / 2)
+    commands = lambda times: cmd[np.clip(np.floor(times / robot.dt + 1e-9).astype(int), 0, len(cmd) - 1)]
+    engine = EnginePrior(PhysicalParameters(robot))
+    engine.reset(s0, a0)
+    cv = ConstantVelocityPrior(0.1)
+    cv.reset(ends[0])
+    for f in (1, 2):                                                    # two frames seen ...
+        engine.update(ends[f], np.full((robot.num_rods, 5), 1e-3), 0.1 * f, commands)
+        cv.update(ends[f], np.full((robot.num_rods, 5), 1e-3), 0.1 * f)
+    target = ends[7]                                                    # ... then 0.5 s unseen
+    err = lambda e: np.linalg.norm(e - target, axis=-1).mean()
+    by_engine = err(engine.predict(0.7, commands)[0])
+    by_velocity = err(cv.predict(0.7)[0])
+    assert by_engine < 0.5 * by_velocity, (by_engine, by_velocity)

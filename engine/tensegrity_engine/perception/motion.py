@@ -14,7 +14,7 @@ from typing import Optional
 
 import numpy as np
 
-__all__ = ["ConstantVelocityPrior", "rod_poses_from_ends"]
+__all__ = ["ConstantVelocityPrior", "EnginePrior", "rod_poses_from_ends"]
 
 
 def _unit(v: np.ndarray) -> np.ndarray:
@@ -86,3 +86,94 @@ def rod_poses_from_ends(ends: np.ndarray, previous_quat: np.ndarray) -> np.ndarr
     state[:, POS] = ends.mean(1)
     state[:, QUAT] = canonical_quat(quat_multiply(turn, previous_quat))
     return state
+
+
+class EnginePrior:
+    """The engine (an identified model, or the config's) as the tracker's motion prior.
+
+    Each estimate becomes a rod state: poses from the end nodes (the spin carried over),
+    velocities from the last two estimates (backward differences: the mean over the last
+    interval). `predict` rolls the engine from the newest state to the image's time under
+    the commands the robot was sent, carrying the model's own actuator state, so gravity,
+    cables, contacts and friction move the rods across a gap that a constant velocity
+    would overshoot. Its sigma is the estimates' extrapolation sigma plus ``acceleration``
+    (the model's unexplained acceleration) over the time ahead, as `ConstantVelocityPrior`.
+    """
+
+    def __init__(self, params, *, acceleration: float = 2.0, angular_acceleration: float = 2.0,
+                 first_sigma: tuple[float, float] = (0.05, 0.1), native: bool = True):
+        import torch
+
+        from tensegrity_engine.physics.engine import TensegrityEngine
+
+        self.robot = params.robot
+        self.engine = TensegrityEngine(self.robot, params, floor=True)
+        if native:             # the C kernel: a 0.1 s prediction in well under a millisecond
+            from tensegrity_engine.physics.native import NativeRollout
+
+            self.rollout = NativeRollout(self.engine).rollout
+        else:
+            self.rollout = self.engine.rollout
+        self.torch = torch
+        self.acceleration = np.array([acceleration] * 3 + [angular_acceleration] * 2)
+        self.first_sigma = np.array([first_sigma[0]] * 3 + [first_sigma[1]] * 2)
+        self.history: list = []       # (t, rod state [R, 13], act [A], sigma [R, 5])
+
+    def reset(self, rod_state: np.ndarray, act: np.ndarray, t: float = 0.0) -> None:
+        """Start from a known rod state [R, 13] (velocities as known, often zero) and
+        actuator state ``act`` [A] (the filtered commands) at time ``t``."""
+        self.history = [(float(t), np.asarray(rod_state, dtype=np.float64).copy(),
+                         np.asarray(act, dtype=np.float64).copy(), np.zeros((self.robot.num_rods, 5)))]
+
+    def _roll(self, t: float, commands):
+        """(rod states [S, R, 13], acts [S, A]) from the newest state to ``t`` under
+        ``commands`` (fn: times [S] -> commands [S, A], the held command at each step)."""
+        t0, state, act, _ = self.history[-1]
+        dt = self.robot.dt
+        steps = max(1, int(round((t - t0) / dt)))
+        cmd = np.asarray(commands(t0 + dt * np.arange(steps)), dtype=np.float64)
+        f = lambda a: self.torch.as_tensor(a, dtype=self.torch.float64)
+        with self.torch.no_grad():
+            states, acts = self.rollout(f(state)[None], f(act)[None], f(cmd)[None], dt)
+        return states[0].numpy(), acts[0].numpy()
+
+    def predict(self, t: float, commands) -> tuple[np.ndarray, np.ndarray]:
+        """(end nodes [R, 2, 3], sigma [R, 5]) at time ``t``."""
+        from tensegrity_engine.physics.state import end_nodes
+
+        if not self.history:
+            raise RuntimeError("reset the prior with a first state before predicting")
+        states, _ = self._roll(t, commands)
+        ends = end_nodes(states[-1], self.robot.rod_length / 2)
+        t_last, _, _, s_last = self.history[-1]
+        if len(self.history) < 2:
+            return ends, np.maximum(self.first_sigma, s_last)
+        t_before, _, _, s_before = self.history[-2]
+        k = (t - t_last) / (t_last - t_before)
+        drift = self.acceleration * (t - t_last) ** 2
+        return ends, np.sqrt((1.0 + k) ** 2 * s_last ** 2 + k ** 2 * s_before ** 2 + drift ** 2)
+
+    def update(self, ends: np.ndarray, std: np.ndarray, t: float, commands) -> None:
+        """An estimate (end nodes [R, 2, 3], its sigma [R, 5]) at time ``t``."""
+        from tensegrity_engine.physics.state import LIN_VEL, ANG_VEL
+
+        t_last, last, _, _ = self.history[-1]
+        if t <= t_last:
+            raise ValueError("estimates must come in time order")
+        _, acts = self._roll(t, commands)                  # the model's actuators, carried on
+        state = rod_poses_from_ends(ends, last[:, 3:7])
+        span = t - t_last
+        state[:, LIN_VEL] = (state[:, 0:3] - last[:, 0:3]) / span
+        state[:, ANG_VEL] = _rotation_rate(last[:, 3:7], state[:, 3:7], span)
+        self.history = (self.history + [(float(t), state, acts[-1], np.asarray(std))])[-2:]
+
+
+def _rotation_rate(qa: np.ndarray, qb: np.ndarray, span: float) -> np.ndarray:
+    """World angular velocity [R, 3] turning quaternions qa into qb over ``span`` s."""
+    from tensegrity_engine.physics.state import quat_conjugate, quat_multiply
+
+    dq = quat_multiply(qb, quat_conjugate(qa))
+    dq = dq * np.where(dq[:, :1] >= 0, 1.0, -1.0)
+    norm = np.linalg.norm(dq[:, 1:], axis=-1, keepdims=True)
+    angle = 2.0 * np.arctan2(norm, dq[:, :1])
+    return dq[:, 1:] / np.maximum(norm, 1e-12) * angle / span
