@@ -114,6 +114,13 @@ class EnginePrior:
             self.rollout = NativeRollout(self.engine).rollout
         else:
             self.rollout = self.engine.rollout
+        from tensegrity_engine.physics.stability import stable_substeps
+
+        # stiff, damped values need sub-steps to run true (as the planner steps them)
+        with torch.no_grad():
+            values = self.engine.param_values(torch.float64, "cpu")
+        self.substeps = stable_substeps(self.engine.topology, values, self.robot.dt, floor=True,
+                                        integrator=self.robot.integrator)
         self.torch = torch
         self.acceleration = np.array([acceleration] * 3 + [angular_acceleration] * 2)
         self.first_sigma = np.array([first_sigma[0]] * 3 + [first_sigma[1]] * 2)
@@ -129,13 +136,16 @@ class EnginePrior:
         """(rod states [S, R, 13], acts [S, A]) from the newest state to ``t`` under
         ``commands`` (fn: times [S] -> commands [S, A], the held command at each step)."""
         t0, state, act, _ = self.history[-1]
-        dt = self.robot.dt
+        dt = self.robot.dt / self.substeps
         steps = max(1, int(round((t - t0) / dt)))
         cmd = np.asarray(commands(t0 + dt * np.arange(steps)), dtype=np.float64)
         f = lambda a: self.torch.as_tensor(a, dtype=self.torch.float64)
         with self.torch.no_grad():
             states, acts = self.rollout(f(state)[None], f(act)[None], f(cmd)[None], dt)
-        return states[0].numpy(), acts[0].numpy()
+        states, acts = states[0].numpy(), acts[0].numpy()
+        if not np.isfinite(states[-1]).all():
+            raise FloatingPointError("the engine prior's model diverged: its values are not stable at this step")
+        return states, acts
 
     def predict(self, t: float, commands) -> tuple[np.ndarray, np.ndarray]:
         """(end nodes [R, 2, 3], sigma [R, 5]) at time ``t``."""
