@@ -7,8 +7,11 @@ rod poses (``/tensegrity/initial_rod_poses``): a depth camera cannot tell which 
 which, so the track starts from a known pose and keeps rod identity by continuity.
 
 Each image is fitted by `tensegrity_engine.perception.tracker.RodTracker` (within
-``time_budget``), starting from `ConstantVelocityPrior`'s prediction for the image's
-stamp; the result goes out on ``/tensegrity/rod_poses`` with the image's stamp, so the
+``time_budget``), starting from the motion prior's prediction for the image's stamp: by
+default the engine with the identified parameters (``/tensegrity/identified_parameters``,
+checked as the controller checks them; the config's values until then) rolled from the
+last estimates under the commands sent (``/tensegrity/cable_command``), else a constant
+velocity; the result goes out on ``/tensegrity/rod_poses`` with the image's stamp, so the
 identifier and the controller run unchanged. A frame whose fit is lost (the rendered
 silhouette overlaps the observed one less than the tracker's threshold) is not published
 (counted); the prior keeps predicting from the last good estimate, and after
@@ -23,14 +26,19 @@ import numpy as np
 from geometry_msgs.msg import PoseArray, PoseStamped
 from rclpy.node import Node
 from sensor_msgs.msg import CameraInfo, Image
+from tensegrity_ros_interfaces.msg import CableCommand, IdentifiedParameters
 
-from tensegrity_engine.perception.motion import ConstantVelocityPrior, rod_poses_from_ends
+from tensegrity_engine.control.latency import CommandHistory
+from tensegrity_engine.groundtruth.mujoco_twin import nominal_commands
+from tensegrity_engine.identification.measurements import command_problem
+from tensegrity_engine.perception.motion import ConstantVelocityPrior, EnginePrior, rod_poses_from_ends
+from tensegrity_engine.physics.params import ParameterError, PhysicalParameters
 from tensegrity_engine.perception.tracker import RodTracker, TrackerConfig
 from tensegrity_engine.physics.state import end_nodes
 
 from . import camera_messages as cm
 from . import conversions as conv
-from .common import TOPIC_POSES, latched_qos, run_node, stream_qos
+from .common import TOPIC_COMMAND, TOPIC_PARAMS, TOPIC_POSES, latched_qos, run_node, stream_qos
 from .diagnostics import Diagnostics
 from .params import declare, load_robot
 
@@ -48,8 +56,12 @@ class CameraTrackerNode(Node):
             time_budget=d("time_budget", 0.08, "fitting time per image (s)", range=(0.005, 10.0)),
             floor_margin=d("floor_margin", 0.02, "a return this much nearer than the floor is the robot (m)",
                            range=(0.001, 1.0)))
-        self.acceleration = d("prior_acceleration", 5.0, "unmodelled acceleration of the motion prior (m/s^2)",
-                              range=(0.01, 1000.0))
+        self.motion_prior = d("motion_prior", "engine", "engine: the identified model (else the config's) rolled "
+                              "under the commands sent; velocity: constant velocity", choices=("engine", "velocity"))
+        self.acceleration = d("prior_acceleration", 0.0, "unmodelled acceleration of the motion prior (m/s^2; "
+                              "0 = 2 for the engine, 5 for constant velocity)", range=(0.0, 1000.0))
+        if self.acceleration == 0.0:
+            self.acceleration = 2.0 if self.motion_prior == "engine" else 5.0
         self.max_lost = d("max_lost_frames", 10, "lost frames in a row before waiting for a new first pose",
                           range=(1, 100000))
         self.max_age = d("max_image_age", 1.0, "images older than the newest published pose + this are late (s)",
@@ -59,6 +71,10 @@ class CameraTrackerNode(Node):
         self.create_subscription(CameraInfo, cm.TOPIC_CAMERA_INFO, self._on_info, stream_qos(2))
         self.create_subscription(PoseStamped, cm.TOPIC_CAMERA_POSE, self._on_camera_pose, latched_qos())
         self.create_subscription(PoseArray, cm.TOPIC_INITIAL_POSES, self._on_initial, latched_qos())
+        self.create_subscription(IdentifiedParameters, TOPIC_PARAMS, self._on_params, latched_qos())
+        self.create_subscription(CableCommand, TOPIC_COMMAND, self._on_command, stream_qos())
+        self.model = PhysicalParameters(self.robot)           # the config's, until one is identified
+        self.commands = CommandHistory(nominal_commands(self.robot), maxlen=1024)
         self.info = self.camera_pose = None
         self.camera = self.tracker = None
         self.prior = None               # None: waiting for an announced first pose
@@ -111,10 +127,50 @@ class CameraTrackerNode(Node):
         self._start(state, conv.stamp_ns(msg.header.stamp))
         self.diag.accept("initial_poses")
 
+    def _on_params(self, msg: IdentifiedParameters) -> None:
+        """The identified model becomes the motion prior, after every check; a bad message
+        is counted and the current model stays."""
+        self.diag.received("parameters")
+        try:
+            params = conv.msg_to_params(msg, self.robot)
+        except ParameterError as exc:
+            return self.diag.reject(f"parameters_{exc.reason}", str(exc), topic="parameters")
+        except Exception as exc:  # noqa: BLE001 - a bad message: keep the current model
+            return self.diag.reject("parameters_invalid", repr(exc), topic="parameters")
+        self.model = params
+        if isinstance(self.prior, EnginePrior):
+            self.prior = self.prior.with_params(params)
+        self.diag.accept("parameters")
+
+    def _on_command(self, msg: CableCommand) -> None:
+        self.diag.received("commands")
+        if (problem := conv.header_problem(msg.header)):
+            return self.diag.reject(*problem, topic="commands")
+        cable_names = [self.robot.cable_names[i] for i in self.robot.actuated_indices]
+        u = conv.cable_command_to_array(msg, cable_names)
+        problem = "wrong_length" if u is None else command_problem(u, self.robot.num_actuated)
+        if problem:
+            return self.diag.reject(problem, "cable command", topic="commands")
+        stamp = conv.stamp_ns(msg.header.stamp)
+        last = self.commands.last
+        if last is not None and stamp <= last[0]:
+            return self.diag.reject("out_of_order", "command stamp not increasing", topic="commands")
+        self.commands.add(stamp, np.clip(u, self.robot.command_low, self.robot.command_high))
+        self.diag.accept("commands")
+
+    def _held(self, times: np.ndarray) -> np.ndarray:
+        """[S, A] the command in force at each time (s): the engine prior's input."""
+        return np.stack([self.commands.at(int(round(t * NS))) for t in times])
+
     def _start(self, state: np.ndarray, stamp: int) -> None:
-        self.prior = ConstantVelocityPrior(0.1, acceleration=self.acceleration,
-                                           angular_acceleration=self.acceleration)
-        self.prior.reset(end_nodes(state, self.robot.rod_length / 2), stamp / NS)
+        if self.motion_prior == "engine":
+            self.prior = EnginePrior(self.model, acceleration=self.acceleration,
+                                     angular_acceleration=self.acceleration)
+            self.prior.reset(state, self.commands.at(stamp), stamp / NS)
+        else:
+            self.prior = ConstantVelocityPrior(0.1, acceleration=self.acceleration,
+                                               angular_acceleration=self.acceleration)
+            self.prior.reset(end_nodes(state, self.robot.rod_length / 2), stamp / NS)
         self.quat, self.last_ns, self.lost_in_row = state[:, 3:7].copy(), stamp, 0
         self.get_logger().info("track (re)started from the announced first pose")
 
@@ -136,7 +192,12 @@ class CameraTrackerNode(Node):
         stamp = conv.stamp_ns(msg.header.stamp)
         if stamp < self.last_ns:
             return self.diag.reject("out_of_order", "image older than the last pose", topic="depth")
-        guess, sigma = self.prior.predict(stamp / NS)
+        engine = isinstance(self.prior, EnginePrior)
+        try:
+            guess, sigma = self.prior.predict(stamp / NS, self._held) if engine else self.prior.predict(stamp / NS)
+        except FloatingPointError as exc:        # the model diverged: back to the announced pose
+            self.prior = None
+            return self.diag.reject("prior_diverged", str(exc), topic="depth")
         t0 = time.perf_counter()
         est = self.tracker.track([depth], guess, sigma)
         self.walls.append(time.perf_counter() - t0)
@@ -151,8 +212,10 @@ class CameraTrackerNode(Node):
                                          "first pose")
             return self.diag.accept("depth")
         self.lost_in_row = 0
-        if stamp == self.last_ns:           # an image of the announced pose's instant refines it
-            self.prior.reset(est.ends, stamp / NS, est.std)
+        if stamp == self.last_ns:           # an image of the announced pose's instant: kept as announced
+            pass
+        elif engine:
+            self.prior.update(est.ends, est.std, stamp / NS, self._held)
         else:
             self.prior.update(est.ends, est.std, stamp / NS)
         state = rod_poses_from_ends(est.ends, self.quat)

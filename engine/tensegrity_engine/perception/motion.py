@@ -108,6 +108,7 @@ class EnginePrior:
 
         self.robot = params.robot
         self.engine = TensegrityEngine(self.robot, params, floor=True)
+        self.native = native
         if native:             # the C kernel: a 0.1 s prediction in well under a millisecond
             from tensegrity_engine.physics.native import NativeRollout
 
@@ -125,6 +126,16 @@ class EnginePrior:
         self.acceleration = np.array([acceleration] * 3 + [angular_acceleration] * 2)
         self.first_sigma = np.array([first_sigma[0]] * 3 + [first_sigma[1]] * 2)
         self.history: list = []       # (t, rod state [R, 13], act [A], sigma [R, 5])
+
+    def with_params(self, params) -> "EnginePrior":
+        """The same track (estimates and actuator state) predicted by another model, e.g.
+        newly identified values."""
+        other = EnginePrior(params, acceleration=float(self.acceleration[0]),
+                            angular_acceleration=float(self.acceleration[3]),
+                            first_sigma=(float(self.first_sigma[0]), float(self.first_sigma[3])),
+                            native=self.native)
+        other.history = list(self.history)
+        return other
 
     def reset(self, rod_state: np.ndarray, act: np.ndarray, t: float = 0.0) -> None:
         """Start from a known rod state [R, 13] (velocities as known, often zero) and
