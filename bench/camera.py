@@ -30,6 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from zoo import machine, true_model  # noqa: E402
 
+from tensegrity_engine.control.excitation import ExcitationPolicy
 from tensegrity_engine.groundtruth import environments as envs
 from tensegrity_engine.groundtruth.depth_camera import DepthNoise, MujocoDepthCamera
 from tensegrity_engine.groundtruth.mujoco_twin import GroundTruthDiverged
@@ -63,8 +64,12 @@ def run_robot(name: str, base, args) -> dict:
     rng = np.random.default_rng(args.seed)
     steps = int(round(args.seconds / robot.dt))
     every = int(round(0.1 / robot.dt))
-    s0, a0, cmd = envs.sample_contact_episode(robot, rng, steps, randomize_commands=True,
-                                              realisation=z.realisation)
+    if args.commands == "excitation":       # what the controller sends before a model exists
+        s0, a0 = envs.rest_pose(robot, realisation=z.realisation)
+        cmd = ExcitationPolicy(z.nominal, seed=args.seed).commands(steps, robot.dt)
+    else:
+        s0, a0, cmd = envs.sample_contact_episode(robot, rng, steps, randomize_commands=True,
+                                                  realisation=z.realisation)
     twin = envs.contact_twin(robot, realisation=z.realisation, nthread=1)
     states, _ = twin.rollout(s0, a0, cmd, record_every=every)
     states = np.concatenate([s0[None], states[0]])                     # [F, R, 13] at 10 Hz
@@ -74,7 +79,8 @@ def run_robot(name: str, base, args) -> dict:
     camera = look_at(eye, start + np.array([0.0, 0.0, 0.3 * size]), width=160, height=120,
                      fov_y=np.radians(args.fov))
     sensor = MujocoDepthCamera(twin, camera, noise=DepthNoise(args.noise, args.dropout), rng=rng)
-    tracker = RodTracker(z.nominal, [camera], TrackerConfig(noise_at_1m=args.noise, time_budget=args.budget))
+    tracker = RodTracker(z.nominal, [camera], TrackerConfig(noise_at_1m=args.noise, time_budget=args.budget,
+                                                                stride=args.stride))
     half = z.nominal.rod_length / 2
     truth = end_nodes(states, half)                                    # [F, R, 2, 3]
     period = 0.1 * args.every
@@ -131,11 +137,15 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="nominal", choices=["nominal", "true"],
                     help="the engine prior's values: the config's, or the robot's true ones (what identification "
                          "would reach)")
+    ap.add_argument("--commands", default="rolling", choices=["rolling", "excitation"],
+                    help="rolling: launched at 0.5-2 m/s under random commands; excitation: from rest under "
+                         "the controller's identification excitation (smooth multisines)")
     ap.add_argument("--every", type=int, default=1,
                     help="track every n-th 10 Hz frame (frames lost in between: the prior bridges the gap)")
     ap.add_argument("--acceleration", type=float, default=5.0,
                     help="unmodelled acceleration of the constant-velocity prior (m/s^2, rad/s^2)")
     ap.add_argument("--budget", type=float, default=0.08, help="tracking time per frame (s)")
+    ap.add_argument("--stride", type=int, default=1, help="the tracker renders every n-th row and column")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)

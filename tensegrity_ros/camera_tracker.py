@@ -206,6 +206,9 @@ class CameraTrackerNode(Node):
         if est.lost:
             self.lost_in_row += 1
             self.diag.count("frames_lost")
+            self.diag.warn_throttled("frame_lost", f"frame lost at t={stamp / NS:.2f} s: silhouette overlap "
+                                     f"{est.iou:.2f}, {(stamp - self.last_ns) / NS:.2f} s after the last good pose, "
+                                     f"fitted in {1e3 * self.walls[-1]:.0f} ms")
             if self.lost_in_row >= self.max_lost:
                 self.prior = None
                 self.diag.warn_throttled("lost", f"track lost for {self.lost_in_row} frames: waiting for a new "
