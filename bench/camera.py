@@ -1,7 +1,8 @@
 """Camera bench (issue 15): rod poses from one depth camera instead of motion capture.
 
     python bench/camera.py [--robot superball] [--zoo soft_slow,end_heavy | all] [--seconds 5]
-                           [--noise 0.001] [--dropout 0.02] [--prior velocity|previous]
+                           [--noise 0.001] [--dropout 0.02] [--prior velocity|engine|fixed]
+                           [--model nominal|true] [--every n] [--commands rolling|excitation]
 
 For every zoo robot (config/zoo.yaml applied to --robot; MuJoCo plays it): a rolling
 episode (launched at 0.5-2 m/s, random piecewise-constant commands), seen at 10 Hz by a
@@ -98,11 +99,11 @@ def run_robot(name: str, base, args) -> dict:
         t, t0 = 0.1 * f, time.perf_counter()
         guess, sigma = prior.predict(t, commands) if args.prior == "engine" else prior.predict(t)
         est = tracker.track([depth], guess, None if args.prior == "fixed" else sigma)
-        walls.append(time.perf_counter() - t0)
         if args.prior == "engine":
             prior.update(est.ends, est.std, t, commands)
         else:
             prior.update(est.ends, est.std, t)
+        walls.append(time.perf_counter() - t0)          # prediction, fit and update: a frame's work
         c, along, a = pose_errors(est.ends, truth[f])
         centre_err.append(c)
         along_err.append(along)

@@ -3,8 +3,9 @@
     ros2 launch tensegrity_ros sim2sim.launch.py [params_file:=/path/to.yaml] [device:=cpu]
                                                  [pose_source:=camera]
 
-Without a ROS 2 launch install, `tensegrity-sim2sim` runs the same three nodes with the
-same file and prints a summary.
+With ``pose_source:=camera`` the bridge renders a depth camera instead of publishing poses
+and ``camera_tracker`` publishes them. Without a ROS 2 launch install, `tensegrity-sim2sim`
+runs the same nodes with the same file and prints a summary.
 """
 import os
 
@@ -24,7 +25,7 @@ def generate_launch_description():
     camera = PythonExpression(["'", LaunchConfiguration("pose_source"), "' == 'camera'"])
     return LaunchDescription([
         DeclareLaunchArgument("params_file", default_value=default_params,
-                              description="ROS parameter file of the three nodes"),
+                              description="ROS parameter file of the nodes"),
         DeclareLaunchArgument("device", default_value="auto", description="auto|cpu|cuda"),
         DeclareLaunchArgument("checkpoint_dir", default_value="",
                               description="identifier checkpoint directory ('' = none)"),

@@ -52,9 +52,7 @@ def depth_from_msg(msg) -> tuple[Optional[np.ndarray], Optional[tuple[str, str]]
     order = ">" if msg.is_bigendian else "<"
     rows = np.frombuffer(bytes(msg.data), dtype=np.uint8)[: int(msg.step) * h].reshape(h, int(msg.step))
     depth = rows[:, : w * size].copy().view(order + code).reshape(h, w).astype(np.float64) * scale
-    if msg.encoding == "16UC1":
-        depth[depth == 0] = np.nan                       # 0 mm means no return
-    depth[~np.isfinite(depth) | (depth <= 0)] = np.nan
+    depth[~np.isfinite(depth) | (depth <= 0)] = np.nan    # 0 mm (16UC1) means no return too
     return depth, None
 
 
@@ -89,6 +87,8 @@ def camera_pose_msg(camera: PinholeCamera, stamp_ns_: int, frame_id: str = "worl
 def camera_from_messages(info, pose) -> tuple[Optional[PinholeCamera], Optional[tuple[str, str]]]:
     """CameraInfo (rectified: its distortion is ignored only if it is zero) + the optical
     frame's world pose -> PinholeCamera."""
+    if not (1 <= int(info.width) and 1 <= int(info.height) and int(info.width) * int(info.height) <= MAX_PIXELS):
+        return None, ("bad_camera_info", f"image size {info.width}x{info.height}")
     k = np.asarray(info.k, dtype=np.float64)
     if k.shape != (9,) or not np.isfinite(k).all() or k[0] <= 0 or k[4] <= 0:
         return None, ("bad_camera_info", "K must hold positive, finite focal lengths")

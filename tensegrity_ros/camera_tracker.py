@@ -16,7 +16,7 @@ identifier and the controller run unchanged. A frame whose fit is lost (the rend
 silhouette overlaps the observed one less than the tracker's threshold) is not published
 (counted); the prior keeps predicting from the last good estimate, and after
 ``max_lost_frames`` lost in a row the track waits for a new announced pose. Bad images,
-camera info or poses are counted and rejected, never used.
+camera info, camera poses or first poses are counted and rejected, never used.
 """
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ from tensegrity_ros_interfaces.msg import CableCommand, IdentifiedParameters
 
 from tensegrity_engine.control.latency import CommandHistory
 from tensegrity_engine.groundtruth.mujoco_twin import nominal_commands
-from tensegrity_engine.identification.measurements import command_problem
+from tensegrity_engine.identification.measurements import command_problem, pose_problem
+from tensegrity_engine.identification.streaming import StreamConfig
 from tensegrity_engine.perception.motion import ConstantVelocityPrior, EnginePrior, rod_poses_from_ends
 from tensegrity_engine.physics.params import ParameterError, PhysicalParameters
 from tensegrity_engine.perception.tracker import RodTracker, TrackerConfig
@@ -64,8 +65,8 @@ class CameraTrackerNode(Node):
             self.acceleration = 2.0 if self.motion_prior == "engine" else 5.0
         self.max_lost = d("max_lost_frames", 10, "lost frames in a row before waiting for a new first pose",
                           range=(1, 100000))
-        self.max_age = d("max_image_age", 1.0, "images older than the newest published pose + this are late (s)",
-                         range=(0.0, 60.0))
+        self.max_age = d("max_image_age", 1.0, "longest gap the motion prior bridges (s); an image after a "
+                         "longer one ends the track until a new first pose", range=(0.01, 60.0))
         self.pub = self.create_publisher(PoseArray, TOPIC_POSES, stream_qos())
         self.create_subscription(Image, cm.TOPIC_DEPTH, self._on_depth, stream_qos(5))
         self.create_subscription(CameraInfo, cm.TOPIC_CAMERA_INFO, self._on_info, stream_qos(2))
@@ -80,6 +81,7 @@ class CameraTrackerNode(Node):
         self.prior = None               # None: waiting for an announced first pose
         self.quat = None                # [R, 4] the spin the camera cannot see, carried on
         self.last_ns = None
+        self.fresh = False
         self.lost_in_row = 0
         self.walls: list[float] = []
         self.ious: list[float] = []
@@ -88,41 +90,53 @@ class CameraTrackerNode(Node):
                                "and the robot's first pose")
 
     # ------------------------------------------------------------------ inputs
+    def _on_camera_pose(self, msg: PoseStamped) -> None:
+        self.diag.received("camera_pose")
+        if (problem := conv.header_problem(msg.header)):
+            return self.diag.reject(*problem, topic="camera_pose")
+        if self.info is not None:
+            _, problem = cm.camera_from_messages(self.info, msg)
+            if problem:
+                return self.diag.reject(*problem, topic="camera_pose")
+        self.camera_pose = msg
+        self._maybe_make_tracker()
+        self.diag.accept("camera_pose")
+
     def _on_info(self, msg: CameraInfo) -> None:
         self.diag.received("camera_info")
         if (problem := conv.header_problem(msg.header)):
             return self.diag.reject(*problem, topic="camera_info")
+        if self.camera_pose is not None:
+            _, problem = cm.camera_from_messages(msg, self.camera_pose)
+            if problem:
+                return self.diag.reject(*problem, topic="camera_info")
         self.info = msg
         self._maybe_make_tracker()
         self.diag.accept("camera_info")
 
-    def _on_camera_pose(self, msg: PoseStamped) -> None:
-        self.diag.received("camera_pose")
-        self.camera_pose = msg
-        self.camera = None                 # rebuilt with the new pose
-        self._maybe_make_tracker()
-        self.diag.accept("camera_pose")
-
     def _maybe_make_tracker(self) -> None:
+        """(Re)build the tracker when camera info and pose, both checked, describe another
+        camera than the current one."""
         if self.info is None or self.camera_pose is None:
             return
         cam, problem = cm.camera_from_messages(self.info, self.camera_pose)
-        if problem:
-            self.diag.reject(*problem, topic="camera_info")
+        if problem:                          # each was checked against the other on arrival
             return
         same = self.camera is not None and (cam.width, cam.height) == (self.camera.width, self.camera.height) \
             and np.allclose(cam.k, self.camera.k) and np.allclose(cam.rotation, self.camera.rotation) \
             and np.allclose(cam.position, self.camera.position)
         if not same:
-            self.camera = cam
-            self.tracker = RodTracker(self.robot, [cam], self.config)
+            self.camera, self.tracker = cam, RodTracker(self.robot, [cam], self.config)
 
     def _on_initial(self, msg: PoseArray) -> None:
         self.diag.received("initial_poses")
+        if (problem := conv.header_problem(msg.header, "world")):
+            return self.diag.reject(*problem, topic="initial_poses")
         arr = conv.pose_array_to_array(msg)
-        if len(arr) != self.robot.num_rods or not np.isfinite(arr).all():
-            return self.diag.reject("bad_initial_poses", f"{len(arr)} poses for {self.robot.num_rods} rods",
-                                    topic="initial_poses")
+        checks = StreamConfig(self.robot.num_rods, self.robot.num_actuated)
+        if (problem := pose_problem(arr, self.robot.num_rods, max_abs_position=checks.max_abs_position,
+                                    quat_tolerance=checks.quat_tolerance)):
+            return self.diag.reject(problem, "initial rod poses", topic="initial_poses")
         state = conv.array_to_rod_state(arr)
         self._start(state, conv.stamp_ns(msg.header.stamp))
         self.diag.accept("initial_poses")
@@ -159,8 +173,9 @@ class CameraTrackerNode(Node):
         self.diag.accept("commands")
 
     def _held(self, times: np.ndarray) -> np.ndarray:
-        """[S, A] the command in force at each time (s): the engine prior's input."""
-        return np.stack([self.commands.at(int(round(t * NS))) for t in times])
+        """[S, A] the command in force at each (evenly spaced) time (s): the prior's input."""
+        step = float(times[1] - times[0]) if len(times) > 1 else self.robot.dt
+        return self.commands.grid(int(round(times[0] * NS)), len(times), step)
 
     def _start(self, state: np.ndarray, stamp: int) -> None:
         if self.motion_prior == "engine":
@@ -172,6 +187,7 @@ class CameraTrackerNode(Node):
                                                angular_acceleration=self.acceleration)
             self.prior.reset(end_nodes(state, self.robot.rod_length / 2), stamp / NS)
         self.quat, self.last_ns, self.lost_in_row = state[:, 3:7].copy(), stamp, 0
+        self.fresh = True              # one image at the announced instant is still welcome
         self.get_logger().info("track (re)started from the announced first pose")
 
     # ------------------------------------------------------------------ tracking
@@ -190,8 +206,12 @@ class CameraTrackerNode(Node):
             return self.diag.reject("bad_image_size", f"{depth.shape} is not the camera's "
                                     f"{(self.camera.height, self.camera.width)}", topic="depth")
         stamp = conv.stamp_ns(msg.header.stamp)
-        if stamp < self.last_ns:
-            return self.diag.reject("out_of_order", "image older than the last pose", topic="depth")
+        if stamp < self.last_ns or (stamp == self.last_ns and not self.fresh):
+            return self.diag.reject("out_of_order", "image not newer than the last pose", topic="depth")
+        if (stamp - self.last_ns) / NS > self.max_age:     # nothing can be predicted that far
+            self.prior = None
+            return self.diag.reject("gap", f"{(stamp - self.last_ns) / NS:.2f} s since the last pose (over "
+                                    f"max_image_age): waiting for a new first pose", topic="depth")
         engine = isinstance(self.prior, EnginePrior)
         try:
             guess, sigma = self.prior.predict(stamp / NS, self._held) if engine else self.prior.predict(stamp / NS)
@@ -215,6 +235,7 @@ class CameraTrackerNode(Node):
                                          "first pose")
             return self.diag.accept("depth")
         self.lost_in_row = 0
+        self.fresh = False
         if stamp == self.last_ns:           # an image of the announced pose's instant: kept as announced
             pass
         elif engine:

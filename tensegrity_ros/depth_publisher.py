@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from diagnostic_msgs.msg import DiagnosticStatus
 from geometry_msgs.msg import PoseArray, PoseStamped
 from sensor_msgs.msg import CameraInfo, Image
 
@@ -73,6 +74,9 @@ class DepthCameraOutput:
                 self.enabled = False
                 self.node.get_logger().error(f"depth camera off: {exc}")
                 self.node.diag.count("depth_camera_unavailable")
+                # with the camera as the only pose source nothing can track the robot now
+                level = DiagnosticStatus.WARN if self.node.publish_poses else DiagnosticStatus.ERROR
+                self.node.diag.set_status(level, f"depth camera unavailable: {exc}")
                 return
         depth = self.sensor.render(rod_state)
         self.pub_info.publish(cm.camera_info_msg(self.camera, t_ns))      # first: a tracker needs it

@@ -43,8 +43,8 @@ from tensegrity_engine.identification.measurements import command_problem
 from tensegrity_engine.physics.state import center_of_mass
 
 from . import conversions as conv
-from .common import (TOPIC_APPLIED, TOPIC_COMMAND, TOPIC_IMU, TOPIC_MARKERS, TOPIC_POSES, run_node,
-                     stream_qos)
+from .common import (TOPIC_APPLIED, TOPIC_COMMAND, TOPIC_IMU, TOPIC_MARKERS, TOPIC_POSES, ConfigurationError,
+                     run_node, stream_qos)
 from .depth_publisher import DepthCameraOutput
 from .diagnostics import Diagnostics
 from .params import declare, load_robot
@@ -101,6 +101,9 @@ class MujocoBridge(Node):
         self.twin.reset(rs, act)
         self.publish_poses = d("publish_poses", True,
                                "publish rod poses (off when a camera tracker publishes them instead)")
+        if self.lockstep and not self.publish_poses:
+            raise ConfigurationError("lockstep waits for a command after each pose the bridge publishes: it "
+                                     "needs publish_poses")
         self.depth = DepthCameraOutput(self, self.robot, center_of_mass(rs, self.truth.truth.rod_mass))
         self.command = nominal_commands(self.robot).copy()
         self.A = self.robot.num_actuated

@@ -173,3 +173,15 @@ def test_engine_prior_bridges_a_gap_a_constant_velocity_cannot(superball_at_rest
     by_engine = err(engine.predict(0.7, commands)[0])
     by_velocity = err(cv.predict(0.7)[0])
     assert by_engine < 0.5 * by_velocity, (by_engine, by_velocity)
+
+
+def test_cauchy_residual_slope_matches_its_derivative():
+    from tensegrity_engine.perception.tracker import _cauchy
+
+    x = torch.tensor([-20.0, -3.0, -1.0, -0.2, 0.3, 1.0, 4.0, 25.0], dtype=torch.float64)
+    r, slope = _cauchy(x, 3.0)
+    h = 1e-6
+    numeric = (_cauchy(x + h, 3.0)[0] - _cauchy(x - h, 3.0)[0]) / (2 * h)
+    torch.testing.assert_close(slope, numeric, rtol=1e-6, atol=1e-8)
+    torch.testing.assert_close(r * r, 9.0 * torch.log1p((x / 3.0) ** 2))
+    assert slope[0] < slope[3] and slope[-1] < slope[4]          # far outliers pull less (redescending)

@@ -1,8 +1,9 @@
 """A depth camera in the MuJoCo ground truth: what an RGB-D sensor would see of the robot.
 
 MuJoCo renders the scene (its own capsules and floor, not this package's renderer) through
-an offscreen OpenGL context: EGL, else OSMesa, opened here whatever ``MUJOCO_GL`` chose at
-import (its default, GLFW, needs a display). Without either library the camera raises
+an offscreen OpenGL context opened here whatever ``MUJOCO_GL`` chose at import (its
+default, GLFW, needs a display): EGL when its library is present, else OSMesa
+(``PYOPENGL_PLATFORM`` overrides). Without either library the camera raises
 `DepthRenderingUnavailable` saying what to install. The sensor model adds what a real one
 has: depth noise growing with range (sigma = noise_at_1m * z^2, structured-light style),
 pixels that return nothing (NaN) at random and beyond ``max_range``.
@@ -42,22 +43,38 @@ class DepthNoise:
             raise ValueError(f"bad depth noise model {self}")
 
 
-def _gl_context(width: int, height: int):
-    errors = []
-    for backend in ("egl", "osmesa"):
-        try:
-            if backend == "egl":
-                from mujoco.egl import GLContext
-            else:
-                from mujoco.osmesa import GLContext
-            ctx = GLContext(width, height)
-            ctx.make_current()
-            return ctx
-        except Exception as exc:          # noqa: BLE001 - each backend fails in its own way
-            errors.append(f"{backend}: {type(exc).__name__}: {exc}")
+def _gl_backend() -> str:
+    """egl or osmesa: the one whose library is here. Only one may be tried per process:
+    importing either makes PyOpenGL's platform choice (PYOPENGL_PLATFORM) for good."""
+    import ctypes.util
+    import os
+
+    chosen = os.environ.get("PYOPENGL_PLATFORM", "").lower()
+    if chosen in ("egl", "osmesa"):
+        return chosen
+    if ctypes.util.find_library("EGL"):
+        return "egl"
+    if ctypes.util.find_library("OSMesa"):
+        return "osmesa"
     raise DepthRenderingUnavailable(
-        "offscreen rendering needs EGL or OSMesa (Debian: apt-get install libegl1 libegl-mesa0, or "
-        "libosmesa6); tried " + "; ".join(errors))
+        "offscreen rendering needs EGL or OSMesa: Debian `apt-get install libegl1 libegl-mesa0` (or "
+        "`libosmesa6` and PYOPENGL_PLATFORM=osmesa)")
+
+
+def _gl_context(width: int, height: int):
+    backend = _gl_backend()
+    try:
+        if backend == "egl":
+            from mujoco.egl import GLContext
+        else:
+            from mujoco.osmesa import GLContext
+        ctx = GLContext(width, height)
+        ctx.make_current()
+        return ctx
+    except Exception as exc:          # noqa: BLE001 - each backend fails in its own way
+        raise DepthRenderingUnavailable(
+            f"offscreen rendering through {backend} failed ({type(exc).__name__}: {exc}); Debian: `apt-get "
+            "install libegl1 libegl-mesa0`, or `libosmesa6` with PYOPENGL_PLATFORM=osmesa") from exc
 
 
 class MujocoDepthCamera:

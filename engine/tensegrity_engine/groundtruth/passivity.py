@@ -44,6 +44,7 @@ def mechanical_energy(twin: MujocoTwin, rod_states: np.ndarray, act: np.ndarray)
     a = np.broadcast_to(np.asarray(act, dtype=np.float64), lead + (twin.num_actuated,)).reshape(len(flat), -1)
     robot = twin.robot
     m, d = twin.model, mujoco.MjData(twin.model)
+    saved_flags, saved_springs = int(m.opt.enableflags), m.tendon_lengthspring.copy()   # the twin's, restored
     m.opt.enableflags |= int(mujoco.mjtEnableBit.mjENBL_ENERGY)
     spring_length = twin.realisation.actuation.kind == "spring_length"
     stiffness = np.zeros(robot.num_cables) if spring_length else robot.cable_stiffness
@@ -60,22 +61,27 @@ def mechanical_energy(twin: MujocoTwin, rod_states: np.ndarray, act: np.ndarray)
         rest[actuated] = g * a[i] + off
         stretch = np.maximum(d.ten_length[:robot.num_cables] - rest, 0.0)
         out[i] = d.energy[0] + d.energy[1] + 0.5 * float(np.sum(stiffness * stretch * stretch))
+    m.opt.enableflags = saved_flags
+    m.tendon_lengthspring[:] = saved_springs
     return out.reshape(lead)
 
 
-def energy_gain(energy: np.ndarray) -> float:
+def energy_gain(energy: np.ndarray, floor: float = 1e-9) -> float:
     """Largest rise of ``energy`` [T] above its running minimum, as a share of how far the
-    run's energy lies above its lowest value at the start (0: never rose)."""
+    run's energy lies above its lowest value at the start, or of ``floor`` (J) if more (a
+    run that starts at rest would otherwise judge round-off)."""
     e = np.asarray(energy, dtype=np.float64)
     rise = float(np.max(e - np.minimum.accumulate(e)))
-    scale = max(float(e[0] - e.min()), 1e-9)
+    scale = max(float(e[0] - e.min()), floor)
     return rise / scale
 
 
 def check_passive(twin: MujocoTwin, rod_states: np.ndarray, act: np.ndarray, *, label: str = "") -> None:
     """`GroundTruthNotPassive` when a run at constant commands, with no external force,
     (rod states [T, R, 13], activations held at ``act`` [A]) gained energy."""
-    gain = energy_gain(mechanical_energy(twin, rod_states, act))
+    # floor: the energy of lifting the whole robot by 5 mm
+    floor = 0.005 * float(np.sum(twin.robot.rod_mass)) * float(np.linalg.norm(twin.robot.gravity))
+    gain = energy_gain(mechanical_energy(twin, rod_states, act), floor)
     if gain > GAIN_TOLERANCE:
         real = twin.realisation
         raise GroundTruthNotPassive(

@@ -126,6 +126,7 @@ class EnginePrior:
         self.acceleration = np.array([acceleration] * 3 + [angular_acceleration] * 2)
         self.first_sigma = np.array([first_sigma[0]] * 3 + [first_sigma[1]] * 2)
         self.history: list = []       # (t, rod state [R, 13], act [A], sigma [R, 5])
+        self._last_roll = None
 
     def with_params(self, params) -> "EnginePrior":
         """The same track (estimates and actuator state) predicted by another model, e.g.
@@ -134,7 +135,7 @@ class EnginePrior:
                             angular_acceleration=float(self.acceleration[3]),
                             first_sigma=(float(self.first_sigma[0]), float(self.first_sigma[3])),
                             native=self.native)
-        other.history = list(self.history)
+        other.history = list(self.history)       # the cached roll was the old model's: not carried
         return other
 
     def reset(self, rod_state: np.ndarray, act: np.ndarray, t: float = 0.0) -> None:
@@ -144,19 +145,23 @@ class EnginePrior:
                          np.asarray(act, dtype=np.float64).copy(), np.zeros((self.robot.num_rods, 5)))]
 
     def _roll(self, t: float, commands):
-        """(rod states [S, R, 13], acts [S, A]) from the newest state to ``t`` under
-        ``commands`` (fn: times [S] -> commands [S, A], the held command at each step)."""
+        """(rod state [R, 13], act [A]) at ``t``, rolled from the newest state under
+        ``commands`` (fn: evenly spaced times [S] -> the commands held then [S, A]). The
+        roll to the time `predict` was last asked for is kept for `update`."""
         t0, state, act, _ = self.history[-1]
+        if self._last_roll is not None and self._last_roll[:2] == (t0, t):
+            return self._last_roll[2]
         dt = self.robot.dt / self.substeps
         steps = max(1, int(round((t - t0) / dt)))
         cmd = np.asarray(commands(t0 + dt * np.arange(steps)), dtype=np.float64)
         f = lambda a: self.torch.as_tensor(a, dtype=self.torch.float64)
         with self.torch.no_grad():
-            states, acts = self.rollout(f(state)[None], f(act)[None], f(cmd)[None], dt)
-        states, acts = states[0].numpy(), acts[0].numpy()
-        if not np.isfinite(states[-1]).all():
+            states, acts = self.rollout(f(state)[None], f(act)[None], f(cmd)[None], dt, record_every=steps)
+        out = (states[0, -1].numpy(), acts[0, -1].numpy())
+        if not np.isfinite(out[0]).all():
             raise FloatingPointError("the engine prior's model diverged: its values are not stable at this step")
-        return states, acts
+        self._last_roll = (t0, t, out)
+        return out
 
     def predict(self, t: float, commands) -> tuple[np.ndarray, np.ndarray]:
         """(end nodes [R, 2, 3], sigma [R, 5]) at time ``t``."""
@@ -164,8 +169,8 @@ class EnginePrior:
 
         if not self.history:
             raise RuntimeError("reset the prior with a first state before predicting")
-        states, _ = self._roll(t, commands)
-        ends = end_nodes(states[-1], self.robot.rod_length / 2)
+        state, _ = self._roll(t, commands)
+        ends = end_nodes(state, self.robot.rod_length / 2)
         t_last, _, _, s_last = self.history[-1]
         if len(self.history) < 2:
             return ends, np.maximum(self.first_sigma, s_last)
@@ -181,12 +186,12 @@ class EnginePrior:
         t_last, last, _, _ = self.history[-1]
         if t <= t_last:
             raise ValueError("estimates must come in time order")
-        _, acts = self._roll(t, commands)                  # the model's actuators, carried on
+        _, act = self._roll(t, commands)                   # the model's actuators, carried on
         state = rod_poses_from_ends(ends, last[:, 3:7])
         span = t - t_last
         state[:, LIN_VEL] = (state[:, 0:3] - last[:, 0:3]) / span
         state[:, ANG_VEL] = _rotation_rate(last[:, 3:7], state[:, 3:7], span)
-        self.history = (self.history + [(float(t), state, acts[-1], np.asarray(std))])[-2:]
+        self.history = (self.history + [(float(t), state, act, np.asarray(std))])[-2:]
 
 
 def _rotation_rate(qa: np.ndarray, qb: np.ndarray, span: float) -> np.ndarray:

@@ -73,7 +73,7 @@ def _cauchy(x: torch.Tensor, c: float) -> tuple[torch.Tensor, torch.Tensor]:
     u = x / c
     root = torch.sqrt(torch.log1p(u * u))
     r = c * torch.sign(x) * root
-    slope = u / ((1.0 + u * u) * root.clamp_min(1e-12))
+    slope = u.abs() / ((1.0 + u * u) * root.clamp_min(1e-12))
     return r, torch.where(u.abs() < 1e-6, torch.ones_like(x), slope)
 
 
@@ -222,7 +222,7 @@ class RodTracker:
             keep = 1.0 - alpha
             sil = 1.0 - keep.prod(0)
             res.append(view.valid * (sil - view.robot_mask) / cfg.sigma_silhouette)
-            # points: each observed robot point on its nearest rod's surface (Huber)
+            # points: each observed robot point on its nearest rod's surface (Cauchy)
             near = gaps.argmin(1) if len(gaps) else gaps.new_zeros(0, dtype=torch.long)
             g = gaps.gather(1, near.unsqueeze(1))[:, 0] / view.point_sigma if len(gaps) else gaps.new_zeros(0)
             r_pt, slope = _cauchy(g, b)
@@ -311,7 +311,7 @@ class RodTracker:
             sil = view.renderer.render(ends, self.radius, view.all_margin).silhouette > 0.5
             obs = view.all_robot > 0.5
             union = (sil | obs).sum()
-            vals.append(float((sil & obs).sum()) / float(union) if union else 1.0)
+            vals.append(float((sil & obs).sum()) / float(union) if union else 0.0)   # nothing seen: no fit
         return float(np.mean(vals))
 
     def _rms(self, ends) -> float:
