@@ -81,7 +81,8 @@ def run_robot(name: str, base, args) -> dict:
                      fov_y=np.radians(args.fov))
     sensor = MujocoDepthCamera(twin, camera, noise=DepthNoise(args.noise, args.dropout), rng=rng)
     tracker = RodTracker(z.nominal, [camera], TrackerConfig(noise_at_1m=args.noise, time_budget=args.budget,
-                                                                stride=args.stride))
+                                                                stride=args.stride, max_pixels=args.max_pixels,
+                                                                max_points=args.max_points))
     half = z.nominal.rod_length / 2
     truth = end_nodes(states, half)                                    # [F, R, 2, 3]
     period = 0.1 * args.every
@@ -147,6 +148,8 @@ def main(argv=None) -> int:
                     help="unmodelled acceleration of the constant-velocity prior (m/s^2, rad/s^2)")
     ap.add_argument("--budget", type=float, default=0.08, help="tracking time per frame (s)")
     ap.add_argument("--stride", type=int, default=1, help="the tracker renders every n-th row and column")
+    ap.add_argument("--max-pixels", type=int, default=100000, help="pixels of the region of interest used")
+    ap.add_argument("--max-points", type=int, default=1500, help="robot points used by the point term")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)

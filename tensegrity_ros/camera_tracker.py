@@ -65,7 +65,7 @@ class CameraTrackerNode(Node):
             self.acceleration = 2.0 if self.motion_prior == "engine" else 5.0
         self.max_lost = d("max_lost_frames", 10, "lost frames in a row before waiting for a new first pose",
                           range=(1, 100000))
-        self.max_age = d("max_image_age", 1.0, "longest gap the motion prior bridges (s); an image after a "
+        self.max_age = d("max_image_age", 5.0, "longest gap the motion prior bridges (s); an image after a "
                          "longer one ends the track until a new first pose", range=(0.01, 60.0))
         self.pub = self.create_publisher(PoseArray, TOPIC_POSES, stream_qos())
         self.create_subscription(Image, cm.TOPIC_DEPTH, self._on_depth, stream_qos(5))

@@ -49,6 +49,7 @@ class TrackerConfig:
     floor_margin: float = 0.02         # m: a return this much nearer than the floor is the robot
     noise_at_1m: float = 0.0           # m, the sensor's depth sigma at 1 m (grows with z^2)
     max_points: int = 1500             # back-projected robot pixels used by the point term
+    max_pixels: int = 100000           # pixels of the region of interest the image terms use
     iterations: int = 30               # at most, per frame
     time_budget: float = 0.08          # s per frame: stop iterating (anytime) past it
     tolerance: float = 1e-4            # m / rad: converged when no step moves more
@@ -103,6 +104,7 @@ class _View:
         return np.maximum(self.cfg.sigma_depth, self.cfg.noise_at_1m * z * z)
 
     def observe(self, depth: np.ndarray, rng: np.random.Generator):
+        self.rng = rng
         """Take a depth image: its returns, per-pixel sigmas, the robot mask (nearer than
         the floor by the margin or 3 sigma, whichever is more) and robot points."""
         s, cfg = self.cfg.stride, self.cfg
@@ -129,6 +131,9 @@ class _View:
         near = (predicted | (self.all_robot > 0)).reshape(self.renderer.shape).to(self.dtype)
         grown = torch.nn.functional.max_pool2d(near[None, None], 2 * margin + 1, stride=1, padding=margin)[0, 0]
         index = torch.nonzero(grown.reshape(-1) > 0).squeeze(-1)
+        if len(index) > self.cfg.max_pixels:      # a random share of the region: cost bounded, edges kept
+            pick = torch.as_tensor(self.rng.choice(len(index), self.cfg.max_pixels, replace=False))
+            index = index[torch.sort(pick).values]
         self.roi = self.renderer.with_pixels(index)
         self.observed, self.valid = self.all_observed[index], self.all_valid[index]
         self.robot_mask, self.floor_z_roi = self.all_robot[index], self.floor_z[index]
