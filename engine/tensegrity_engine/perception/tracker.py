@@ -144,7 +144,9 @@ class RodTracker:
     """Tracks a robot's rods (lengths and radii from its config) in depth images."""
 
     def __init__(self, robot, cameras: Sequence[PinholeCamera], config: TrackerConfig = TrackerConfig(),
-                 *, dtype=torch.float64, seed: int = 0):
+                 *, floor: Optional[float] | str = "robot", dtype=torch.float64, seed: int = 0):
+        """``floor``: the ground plane's height behind the robot, "robot" (its config's
+        ground height) or None (no floor: every return is the robot, e.g. hanging)."""
         if not cameras:
             raise ValueError("the tracker needs at least one camera")
         self.config = config
@@ -152,7 +154,7 @@ class RodTracker:
         self.half = torch.as_tensor(0.5 * np.asarray(robot.rod_length, dtype=np.float64), dtype=dtype)
         self.radius = torch.as_tensor(np.asarray(robot.rod_radius, dtype=np.float64), dtype=dtype)
         self.num_rods = len(self.half)
-        floor = robot.contact.ground_height
+        floor = robot.contact.ground_height if floor == "robot" else floor
         self.views = [_View(c, floor, config, dtype) for c in cameras]
         self.rng = np.random.default_rng(seed)
 
