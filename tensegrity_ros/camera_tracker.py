@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import torch
 from geometry_msgs.msg import PoseArray, PoseStamped
 from rclpy.node import Node
 from sensor_msgs.msg import CameraInfo, Image
@@ -63,6 +64,10 @@ class CameraTrackerNode(Node):
                               "0 = 2 for the engine, 5 for constant velocity)", range=(0.0, 1000.0))
         if self.acceleration == 0.0:
             self.acceleration = 2.0 if self.motion_prior == "engine" else 5.0
+        threads = d("torch_threads", 1, "torch intra-op threads: 1 keeps a fit from fighting the other nodes "
+                    "for the cores (0 = torch default)", range=(0, 256))
+        if threads:
+            torch.set_num_threads(threads)
         self.max_lost = d("max_lost_frames", 10, "lost frames in a row before waiting for a new first pose",
                           range=(1, 100000))
         self.max_age = d("max_image_age", 5.0, "longest gap the motion prior bridges (s); an image after a "
