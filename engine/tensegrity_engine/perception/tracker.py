@@ -261,10 +261,12 @@ class RodTracker:
 
     # ------------------------------------------------------------------ solve
     def track(self, depths: Sequence[np.ndarray], prior_ends: np.ndarray,
-              prior_std: Optional[np.ndarray] = None) -> RodPoseEstimate:
+              prior_std: Optional[np.ndarray] = None, *, rigid: bool = False) -> RodPoseEstimate:
         """Fit the rods to one depth image per camera, starting from ``prior_ends`` [R, 2, 3]
         (the prediction; its rod and end order is kept). ``prior_std`` [R, 5] overrides the
-        config's prior sigmas (e.g. the motion model's own uncertainty)."""
+        config's prior sigmas (e.g. the motion model's own uncertainty). ``rigid``: move the
+        prior's shape as one body instead (6 unknowns: far wider convergence, no change of
+        shape; `reacquire`)."""
         if len(depths) != len(self.views):
             raise ValueError(f"{len(self.views)} camera(s), {len(depths)} depth image(s)")
         for view, depth in zip(self.views, depths):
@@ -286,31 +288,83 @@ class RodTracker:
         theta = torch.zeros(5 * self.num_rods, dtype=self.dtype)
         for view in self.views:
             view.focus(self._ends(theta, *frame), self.radius)
+        to_theta = self._rigid_map(frame) if rigid else (lambda q: q)
+
+        def linearise(q, jacobian=True):
+            r_, J_ = self._linearise(to_theta(q), frame, jacobian)
+            if jacobian and rigid:                          # chain rule through the rigid motion
+                eye = torch.eye(6, dtype=self.dtype)
+                D = torch.stack([(to_theta(q + 1e-7 * eye[i]) - to_theta(q)) / 1e-7 for i in range(6)], -1)
+                J_ = J_ @ D
+            return r_, J_
+
+        q = torch.zeros(6 if rigid else 5 * self.num_rods, dtype=self.dtype)
         lam, it = 1e-3, 0
         deadline = time.perf_counter() + cfg.time_budget
-        r, J = self._linearise(theta, frame)
+        r, J = linearise(q)
         cost = float(r @ r)
         for it in range(1, cfg.iterations + 1):
             A, g = J.T @ J, J.T @ r
             improved = False
             for _ in range(6):
                 step = torch.linalg.solve(A + lam * torch.diag(A.diagonal().clamp_min(1e-9)), -g)
-                r_new, _ = self._linearise(theta + step, frame, jacobian=False)
+                r_new, _ = linearise(q + step, jacobian=False)
                 c_new = float(r_new @ r_new)
                 if np.isfinite(c_new) and c_new < cost:
-                    theta, cost, lam, improved = theta + step, c_new, max(lam / 3.0, 1e-7), True
+                    q, cost, lam, improved = q + step, c_new, max(lam / 3.0, 1e-7), True
                     break
                 lam *= 10.0
             if not improved:
                 break
-            r, J = self._linearise(theta, frame)
+            r, J = linearise(q)
             if float(step.abs().max()) < cfg.tolerance or time.perf_counter() > deadline:
                 break
+        theta = to_theta(q)
+        if rigid:
+            r, J = self._linearise(theta, frame)
         cov = torch.linalg.pinv(J.T @ J)
         ends = self._ends(theta, *frame).detach()
         iou = self._iou(ends)
         return RodPoseEstimate(ends=ends.numpy(), std=np.sqrt(np.clip(np.diag(cov.numpy()), 0, None)).reshape(-1, 5),
                                iou=iou, rms=self._rms(ends), lost=iou < cfg.lost_iou, iterations=it)
+
+    def _rigid_map(self, frame):
+        """q [6] (translation, rotation vector about the rods' centroid) -> theta [5R]."""
+        centre0, axis0, t1, t2 = frame
+        c = centre0.mean(0)
+
+        def to_theta(q):
+            w = q[3:]
+            angle = torch.sqrt((w * w).sum() + 1e-30)
+            k = w / angle
+            zero = 0.0 * k[0]
+            K = torch.stack([torch.stack([zero, -k[2], k[1]]), torch.stack([k[2], zero, -k[0]]),
+                             torch.stack([-k[1], k[0], zero])])
+            rot = torch.eye(3, dtype=q.dtype) + torch.sin(angle) * K + (1.0 - torch.cos(angle)) * (K @ K)
+            centre = (centre0 - c) @ rot.T + c + q[:3]
+            axis = axis0 @ rot.T
+            along = (axis * axis0).sum(-1, keepdim=True)          # _ends normalises axis0 + a t1 + b t2
+            return torch.cat([centre - centre0, (axis * t1).sum(-1, keepdim=True) / along,
+                              (axis * t2).sum(-1, keepdim=True) / along], -1).reshape(-1)
+        return to_theta
+
+    def reacquire(self, depths: Sequence[np.ndarray], last_ends: np.ndarray) -> RodPoseEstimate:
+        """After a lost track: the last good shape ``last_ends`` [R, 2, 3] moved as one body
+        onto the robot the images show (from where it was and from the observed points'
+        median, the better kept), then fitted rod by rod. Rod identity is the last
+        estimate's: a robot that turned past its symmetry meanwhile comes back with rods
+        swapped, which no depth image can tell."""
+        for view, depth in zip(self.views, depths):
+            view.observe(depth, self.rng)
+        points = torch.cat([v.points for v in self.views])
+        if len(points) < 10:
+            raise ValueError(f"{len(points)} robot points: too few to find the robot")
+        last = np.asarray(last_ends, dtype=np.float64)
+        shift = points.median(0).values.numpy() - last.reshape(-1, 3).mean(0)
+        wide = np.tile([1.0] * 3 + [1.0] * 2, (self.num_rods, 1))
+        rigid = [self.track(depths, start, wide, rigid=True) for start in (last, last + shift)]
+        best = max(rigid, key=lambda e: e.iou)
+        return self.track(depths, best.ends, np.tile([0.03] * 3 + [0.1] * 2, (self.num_rods, 1)))
 
     def _iou(self, ends) -> float:
         vals = []
