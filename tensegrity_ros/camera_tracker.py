@@ -13,9 +13,11 @@ checked as the controller checks them; the config's values until then) rolled fr
 last estimates under the commands sent (``/tensegrity/cable_command``), else a constant
 velocity; the result goes out on ``/tensegrity/rod_poses`` with the image's stamp, so the
 identifier and the controller run unchanged. A frame whose fit is lost (the rendered
-silhouette overlaps the observed one less than the tracker's threshold) is not published
-(counted); the prior keeps predicting from the last good estimate, and after
-``max_lost_frames`` lost in a row the track waits for a new announced pose. Bad images,
+silhouette overlaps the observed one less than the tracker's threshold) is fitted again
+by moving the last good shape as one body onto the image (`RodTracker.reacquire`,
+counted as ``reacquired``); if that fails too it is not published (counted); the prior
+keeps predicting from the last good estimate, and after ``max_lost_frames`` lost in a row
+the track waits for a new announced pose. Bad images,
 camera info, camera poses or first poses are counted and rejected, never used.
 """
 from __future__ import annotations
@@ -86,6 +88,7 @@ class CameraTrackerNode(Node):
         self.prior = None               # None: waiting for an announced first pose
         self.quat = None                # [R, 4] the spin the camera cannot see, carried on
         self.last_ns = None
+        self.last_ends = None           # the last good estimate: the shape a lost track is re-found with
         self.fresh = False
         self.lost_in_row = 0
         self.walls: list[float] = []
@@ -182,6 +185,15 @@ class CameraTrackerNode(Node):
         step = float(times[1] - times[0]) if len(times) > 1 else self.robot.dt
         return self.commands.grid(int(round(times[0] * NS)), len(times), step)
 
+    def _restart(self, ends: np.ndarray, stamp: int) -> None:
+        """The motion prior starts again at a re-found pose, at rest (its velocity unknown)."""
+        state = rod_poses_from_ends(ends, self.quat)
+        if isinstance(self.prior, EnginePrior):
+            self.prior.reset(state, self.commands.at(stamp), stamp / NS)
+        else:
+            self.prior.reset(ends, stamp / NS)
+        self.last_ns = stamp
+
     def _start(self, state: np.ndarray, stamp: int) -> None:
         if self.motion_prior == "engine":
             self.prior = EnginePrior(self.model, acceleration=self.acceleration,
@@ -192,6 +204,7 @@ class CameraTrackerNode(Node):
                                                angular_acceleration=self.acceleration)
             self.prior.reset(end_nodes(state, self.robot.rod_length / 2), stamp / NS)
         self.quat, self.last_ns, self.lost_in_row = state[:, 3:7].copy(), stamp, 0
+        self.last_ends = end_nodes(state, self.robot.rod_length / 2)
         self.fresh = True              # one image at the announced instant is still welcome
         self.get_logger().info("track (re)started from the announced first pose")
 
@@ -228,6 +241,15 @@ class CameraTrackerNode(Node):
         self.walls.append(time.perf_counter() - t0)
         self.ious.append(est.iou)
         self.walls, self.ious = self.walls[-200:], self.ious[-200:]
+        if est.lost and self.last_ends is not None:
+            try:                            # the last good shape, moved as one body
+                found = self.tracker.reacquire([depth], self.last_ends)
+            except ValueError:              # too few robot pixels: nothing to find it in
+                found = est
+            if not found.lost:
+                self.diag.count("reacquired")
+                est = found
+                self._restart(est.ends, stamp)
         if est.lost:
             self.lost_in_row += 1
             self.diag.count("frames_lost")
@@ -241,7 +263,8 @@ class CameraTrackerNode(Node):
             return self.diag.accept("depth")
         self.lost_in_row = 0
         self.fresh = False
-        if stamp == self.last_ns:           # an image of the announced pose's instant: kept as announced
+        self.last_ends = est.ends
+        if stamp == self.last_ns:           # an image of the announced pose's instant, or a re-found robot
             pass
         elif engine:
             self.prior.update(est.ends, est.std, stamp / NS, self._held)
