@@ -40,14 +40,19 @@ class DepthCameraOutput:
                 "camera position from the robot's start, in rod lengths (x, y, z)", read_only=True)
         aim = d("depth_camera_aim_height", 0.3, "the camera looks at the start this many rod lengths up",
                 range=(0.0, 10.0), read_only=True)
+        self.follow = d("depth_camera_follow", 0.0, "when the robot is this far (m, horizontally) from where the "
+                        "camera looks, the camera is carried along by as much (0 = a fixed tripod)",
+                        range=(0.0, 1e3), read_only=True)
         if not self.enabled:
             return
         if len(eye) != 3 or not all(math.isfinite(float(v)) for v in eye):
             raise ConfigurationError("parameter depth_camera_eye: expected 3 finite numbers")
         size = float(np.max(robot.rod_length))
-        self.camera = look_at(start_com + size * np.asarray(eye, dtype=np.float64),
-                              start_com + np.array([0.0, 0.0, aim * size]),
+        self.target = start_com + np.array([0.0, 0.0, aim * size])
+        self.offset = size * np.asarray(eye, dtype=np.float64)
+        self.camera = look_at(self.target + self.offset - np.array([0.0, 0.0, aim * size]), self.target,
                               width=width, height=height, fov_y=math.radians(fov))
+        self.robot_mass = robot.rod_mass
         self.noise = DepthNoise(noise, dropout)
         self.node = node
         self.sensor = None                  # made in the simulation thread: it owns the GL context
@@ -56,6 +61,7 @@ class DepthCameraOutput:
         self.pub_pose = node.create_publisher(PoseStamped, cm.TOPIC_CAMERA_POSE, latched_qos())
         self.pub_initial = node.create_publisher(PoseArray, cm.TOPIC_INITIAL_POSES, latched_qos())
         self.images = 0
+        self.moves = 0
 
     @property
     def period_ns(self) -> int:
@@ -78,6 +84,16 @@ class DepthCameraOutput:
                 level = DiagnosticStatus.WARN if self.node.publish_poses else DiagnosticStatus.ERROR
                 self.node.diag.set_status(level, f"depth camera unavailable: {exc}")
                 return
+        com = (rod_state[:, 0:3] * self.robot_mass[:, None]).sum(0) / self.robot_mass.sum()
+        away = com[:2] - self.target[:2]
+        if self.follow > 0 and np.linalg.norm(away) > self.follow:   # carry the tripod along
+            self.target[:2] += away
+            self.camera = look_at(self.camera.position + np.array([away[0], away[1], 0.0]), self.target,
+                                  width=self.camera.width, height=self.camera.height,
+                                  fov_y=2.0 * math.atan(0.5 * self.camera.height / self.camera.fy))
+            self.sensor.move(self.camera)
+            self.pub_pose.publish(cm.camera_pose_msg(self.camera, t_ns))   # before the image it applies to
+            self.moves += 1
         depth = self.sensor.render(rod_state)
         self.pub_info.publish(cm.camera_info_msg(self.camera, t_ns))      # first: a tracker needs it
         self.pub_depth.publish(cm.depth_image_msg(depth, t_ns))

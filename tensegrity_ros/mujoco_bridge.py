@@ -316,7 +316,8 @@ class MujocoBridge(Node):
         wall = time.monotonic() - self._wall0
         return {"sim_time": round(self.twin.time, 3), "steps": self.step_count,
                 "poses_published": self.poses_published,
-                **({"depth_images_published": self.depth.images} if self.depth.enabled else {}),
+                **({"depth_images_published": self.depth.images, "depth_camera_moves": self.depth.moves}
+                   if self.depth.enabled else {}),
                 "real_time_factor_achieved": round(self.twin.time / wall, 3) if wall > 0 else 0.0,
                 "lockstep_timeouts": self.lockstep_timeouts,
                 **({"command_lead_ms_median": round(float(np.median(self._leads)), 2),

@@ -204,3 +204,21 @@ def test_reacquire_finds_a_robot_the_rod_by_rod_fit_has_lost(superball_at_rest, 
     found = tracker.reacquire([depth], last)
     err = np.linalg.norm(found.ends - truth, axis=-1)
     assert err.max() < 0.01 and not found.lost, np.round(err, 3)
+
+
+def test_moved_mujoco_camera_renders_as_a_new_one(superball_at_rest, camera):
+    robot, state = superball_at_rest
+    moved = look_at(camera.position + [0.7, 0.4, 0.0], [0.7, 0.4, 0.5], width=160, height=120)
+    twin = MujocoTwin(robot, nthread=1)
+    try:
+        with MujocoDepthCamera(twin, camera) as sensor:
+            before = sensor.exact(state)
+            sensor.move(moved)
+            after = sensor.exact(state)
+        with MujocoDepthCamera(twin, moved) as fresh:
+            reference = fresh.exact(state)
+    finally:
+        twin.close()
+    seen = np.isfinite(reference)
+    assert np.nanmax(np.abs(after - before)) > 0.1                      # it did move
+    np.testing.assert_allclose(after[seen], reference[seen], atol=1e-5)

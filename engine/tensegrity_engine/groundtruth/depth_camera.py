@@ -117,6 +117,17 @@ class MujocoDepthCamera:
         self._option.flags[mujoco.mjtVisFlag.mjVIS_TENDON] = False      # cables: 5 mm, unseen at this range
         self._option.sitegroup[:] = 0                                    # end-node markers are not matter
 
+    def move(self, camera) -> None:
+        """Put the camera at another pose (same intrinsics): a tripod carried along."""
+        R = np.asarray(camera.rotation, dtype=np.float64)
+        mj = np.stack([R[:, 0], -R[:, 1], -R[:, 2]], -1)          # MuJoCo's camera: x, y up, looking along -z
+        cid = self.model.camera("depth").id
+        self.model.cam_pos[cid] = np.asarray(camera.position, dtype=np.float64)
+        quat = np.empty(4)
+        mujoco.mju_mat2Quat(quat, mj.ravel())
+        self.model.cam_quat[cid] = quat
+        self.camera = camera
+
     def exact(self, rod_state: np.ndarray) -> np.ndarray:
         """Noise-free depth [H, W] (float64, metres; NaN beyond range) of rod states [R, 13]."""
         mujoco.mj_setState(self.model, self.data, self.twin.mj_state_from(rod_state, np.zeros(self.twin.num_actuated))[0],
