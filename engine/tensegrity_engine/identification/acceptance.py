@@ -26,8 +26,8 @@ from tensegrity_engine.identification.data import as_tuple_set
 from tensegrity_engine.identification.dataset import Trajectory
 from tensegrity_engine.identification.evaluation import horizon_errors
 from tensegrity_engine.identification.solvers.windows import chain_windows, fit_start_velocities
-from tensegrity_engine.identification.streaming import _quat_log_world
 from tensegrity_engine.physics.params import PhysicalParameters
+from tensegrity_engine.physics.state import quat_log_world
 
 __all__ = ["Verdict", "judge", "select", "with_estimated_velocity", "heldout_scores"]
 
@@ -107,7 +107,7 @@ def with_estimated_velocity(traj: Trajectory) -> Trajectory:
     hi = np.clip(np.arange(n) + 1, 0, n - 1)
     span = (t[hi] - t[lo])[:, None, None]
     lin = (p[hi] - p[lo]) / span
-    ang = np.stack([_quat_log_world(q[a], q[b]) for a, b in zip(lo, hi)]) / span
+    ang = np.stack([quat_log_world(q[a], q[b]) for a, b in zip(lo, hi)]) / span
     return dataclasses.replace(traj, linear_velocity=lin, angular_velocity=ang)
 
 

@@ -63,7 +63,8 @@ import torch
 from tensegrity_engine.identification.measurements import (StampOrder, command_problem, imu_problem,
                                                            pose_problem)
 from tensegrity_engine.physics.actuators import held_command_update
-from tensegrity_engine.physics.state import ANG_VEL, LIN_VEL, POS, QUAT, STATE_DIM, canonical_quat, quat_rotate
+from tensegrity_engine.physics.state import (ANG_VEL, LIN_VEL, POS, QUAT, STATE_DIM, canonical_quat, quat_log_world,
+                                             quat_rotate)
 
 __all__ = ["StreamConfig", "TupleBatch", "StreamAligner", "StateEstimator", "REASONS", "NS",
            "actuator_estimate"]
@@ -150,21 +151,6 @@ class TupleBatch:
 
 
 # ------------------------------------------------------------------------- helpers
-def _quat_log_world(q_from: np.ndarray, q_to: np.ndarray) -> np.ndarray:
-    """World-frame rotation vector [R, 3] of q_to * conj(q_from) (shortest way)."""
-    w1, v1 = q_from[:, 0], q_from[:, 1:]
-    w2, v2 = q_to[:, 0], q_to[:, 1:]
-    # d = q_to * conj(q_from)
-    dw = w2 * w1 + (v2 * v1).sum(-1)
-    dv = -w2[:, None] * v1 + w1[:, None] * v2 - np.cross(v2, v1)
-    sign = np.where(dw < 0, -1.0, 1.0)
-    dw, dv = dw * sign, dv * sign[:, None]
-    n = np.linalg.norm(dv, axis=-1)
-    angle = 2.0 * np.arctan2(n, dw)
-    scale = np.where(n > 1e-12, angle / np.maximum(n, 1e-300), 2.0)
-    return dv * scale[:, None]
-
-
 @dataclasses.dataclass
 class _Pose:
     stamp: int
@@ -383,7 +369,7 @@ class StreamAligner:
         span = (b.stamp - a.stamp) / NS
         if span > 0:
             s[:, LIN_VEL] = (b.pos - a.pos) / span
-            s[:, ANG_VEL] = _quat_log_world(a.quat, b.quat) / span
+            s[:, ANG_VEL] = quat_log_world(a.quat, b.quat) / span
         imu = np.isfinite(pose.omega_imu).all(-1)
         s[imu, ANG_VEL] = pose.omega_imu[imu]
         return s, before is not None and after is not None
@@ -507,7 +493,7 @@ class StateEstimator:
         if b is not None and 0 < p.stamp - b.stamp <= self.max_age_ns:
             span = (p.stamp - b.stamp) / NS
             s[:, LIN_VEL] = (p.pos - b.pos) / span
-            s[:, ANG_VEL] = _quat_log_world(b.quat, p.quat) / span
+            s[:, ANG_VEL] = quat_log_world(b.quat, p.quat) / span
         imu = np.isfinite(p.omega_imu).all(-1)
         s[imu, ANG_VEL] = p.omega_imu[imu]
         return s

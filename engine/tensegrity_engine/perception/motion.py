@@ -181,7 +181,7 @@ class EnginePrior:
 
     def update(self, ends: np.ndarray, std: np.ndarray, t: float, commands) -> None:
         """An estimate (end nodes [R, 2, 3], its sigma [R, 5]) at time ``t``."""
-        from tensegrity_engine.physics.state import LIN_VEL, ANG_VEL
+        from tensegrity_engine.physics.state import ANG_VEL, LIN_VEL, quat_log_world
 
         t_last, last, _, _ = self.history[-1]
         if t <= t_last:
@@ -190,16 +190,6 @@ class EnginePrior:
         state = rod_poses_from_ends(ends, last[:, 3:7])
         span = t - t_last
         state[:, LIN_VEL] = (state[:, 0:3] - last[:, 0:3]) / span
-        state[:, ANG_VEL] = _rotation_rate(last[:, 3:7], state[:, 3:7], span)
+        state[:, ANG_VEL] = quat_log_world(last[:, 3:7], state[:, 3:7]) / span
         self.history = (self.history + [(float(t), state, act, np.asarray(std))])[-2:]
 
-
-def _rotation_rate(qa: np.ndarray, qb: np.ndarray, span: float) -> np.ndarray:
-    """World angular velocity [R, 3] turning quaternions qa into qb over ``span`` s."""
-    from tensegrity_engine.physics.state import quat_conjugate, quat_multiply
-
-    dq = quat_multiply(qb, quat_conjugate(qa))
-    dq = dq * np.where(dq[:, :1] >= 0, 1.0, -1.0)
-    norm = np.linalg.norm(dq[:, 1:], axis=-1, keepdims=True)
-    angle = 2.0 * np.arctan2(norm, dq[:, :1])
-    return dq[:, 1:] / np.maximum(norm, 1e-12) * angle / span

@@ -35,6 +35,7 @@ import torch
 
 from tensegrity_engine.perception.camera import PinholeCamera
 from tensegrity_engine.perception.render import CapsuleRenderer
+from tensegrity_engine.physics.state import quat_from_rotvec, quat_to_matrix
 
 __all__ = ["TrackerConfig", "RodPoseEstimate", "RodTracker", "tangent_basis"]
 
@@ -334,13 +335,7 @@ class RodTracker:
         c = centre0.mean(0)
 
         def to_theta(q):
-            w = q[3:]
-            angle = torch.sqrt((w * w).sum() + 1e-30)
-            k = w / angle
-            zero = 0.0 * k[0]
-            K = torch.stack([torch.stack([zero, -k[2], k[1]]), torch.stack([k[2], zero, -k[0]]),
-                             torch.stack([-k[1], k[0], zero])])
-            rot = torch.eye(3, dtype=q.dtype) + torch.sin(angle) * K + (1.0 - torch.cos(angle)) * (K @ K)
+            rot = quat_to_matrix(quat_from_rotvec(q[3:]))
             centre = (centre0 - c) @ rot.T + c + q[:3]
             axis = axis0 @ rot.T
             along = (axis * axis0).sum(-1, keepdim=True)          # _ends normalises axis0 + a t1 + b t2

@@ -25,23 +25,18 @@ Outputs per rod: position, linear and angular velocity corrections and a small r
 """
 from __future__ import annotations
 
-import math
 
 import torch
 from torch import nn
 
 from tensegrity_engine.physics.config import RobotConfig
-from tensegrity_engine.physics.state import ANG_VEL, LIN_VEL, POS, QUAT, end_nodes, quat_axis, quat_multiply
+from tensegrity_engine.physics.state import (ANG_VEL, LIN_VEL, POS, QUAT, end_nodes, quat_axis, quat_from_rotvec,
+                                             quat_multiply)
 
 __all__ = ["ResidualModel", "ROD_FEATURES", "EDGE_FEATURES", "constant_velocity", "save_residual", "load_residual"]
 
 ROD_FEATURES = 21
 EDGE_FEATURES = 6
-
-
-def _rotvec_quat(r: torch.Tensor) -> torch.Tensor:
-    half = 0.5 * torch.sqrt((r * r).sum(-1, keepdim=True) + 1e-30)
-    return torch.cat([torch.cos(half), r * 0.5 * torch.sinc(half / math.pi)], -1)
 
 
 def _heading(q: torch.Tensor, axis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -147,7 +142,7 @@ class ResidualModel(nn.Module):
     def forward(self, x0, x_hat, rest, tension, period: float) -> torch.Tensor:
         """The corrected state [..., R, 13]."""
         d = self.delta(x0, x_hat, rest, tension, period)
-        q = quat_multiply(_rotvec_quat(d[..., 9:12]), x_hat[..., QUAT])
+        q = quat_multiply(quat_from_rotvec(d[..., 9:12]), x_hat[..., QUAT])
         q = q / q.norm(dim=-1, keepdim=True)
         return torch.cat([x_hat[..., POS] + d[..., 0:3], q, x_hat[..., LIN_VEL] + d[..., 3:6],
                           x_hat[..., ANG_VEL] + d[..., 6:9]], -1)
@@ -155,7 +150,7 @@ class ResidualModel(nn.Module):
 
 def constant_velocity(x0: torch.Tensor, period: float) -> torch.Tensor:
     """The purely learned model's base: every rod keeps its velocity and spin for a period."""
-    q = quat_multiply(_rotvec_quat(period * x0[..., ANG_VEL]), x0[..., QUAT])
+    q = quat_multiply(quat_from_rotvec(period * x0[..., ANG_VEL]), x0[..., QUAT])
     return torch.cat([x0[..., POS] + period * x0[..., LIN_VEL], q, x0[..., 7:13]], -1)
 
 

@@ -81,6 +81,28 @@ def quat_conjugate(q):
     return _cat([q[..., 0:1], -q[..., 1:4]], -1)
 
 
+def quat_from_rotvec(r: torch.Tensor) -> torch.Tensor:
+    """Unit quaternion [..., 4] (w, x, y, z) of rotation vectors r [..., 3] (torch, smooth at 0)."""
+    half = 0.5 * torch.sqrt((r * r).sum(-1, keepdim=True) + 1e-30)
+    return torch.cat([torch.cos(half), r * 0.5 * torch.sinc(half / np.pi)], -1)
+
+
+def quat_log_world(q_from: np.ndarray, q_to: np.ndarray) -> np.ndarray:
+    """World-frame rotation vector [R, 3] of q_to * conj(q_from), the shorter way round
+    (numpy): divided by the time between them, the angular velocity that turns one into
+    the other."""
+    w1, v1 = q_from[:, 0], q_from[:, 1:]
+    w2, v2 = q_to[:, 0], q_to[:, 1:]
+    dw = w2 * w1 + (v2 * v1).sum(-1)
+    dv = -w2[:, None] * v1 + w1[:, None] * v2 - np.cross(v2, v1)
+    sign = np.where(dw < 0, -1.0, 1.0)
+    dw, dv = dw * sign, dv * sign[:, None]
+    n = np.linalg.norm(dv, axis=-1)
+    angle = 2.0 * np.arctan2(n, dw)
+    scale = np.where(n > 1e-12, angle / np.maximum(n, 1e-300), 2.0)
+    return dv * scale[:, None]
+
+
 def quat_from_z_to(axis: np.ndarray) -> np.ndarray:
     """Minimal rotation (numpy) taking the body z axis onto unit vectors ``axis`` [..., 3]."""
     axis = np.asarray(axis, dtype=np.float64)
