@@ -325,9 +325,9 @@ class RodTracker:
             r, J = self._linearise(theta, frame)
         cov = torch.linalg.pinv(J.T @ J)
         ends = self._ends(theta, *frame).detach()
-        iou = self._iou(ends)
+        iou, rms = self._quality(ends)
         return RodPoseEstimate(ends=ends.numpy(), std=np.sqrt(np.clip(np.diag(cov.numpy()), 0, None)).reshape(-1, 5),
-                               iou=iou, rms=self._rms(ends), lost=iou < cfg.lost_iou, iterations=it)
+                               iou=iou, rms=rms, lost=iou < cfg.lost_iou, iterations=it)
 
     def _rigid_map(self, frame):
         """q [6] (translation, rotation vector about the rods' centroid) -> theta [5R]."""
@@ -361,20 +361,18 @@ class RodTracker:
         best = max(rigid, key=lambda e: e.iou)
         return self.track(depths, best.ends, np.tile([0.03] * 3 + [0.1] * 2, (self.num_rods, 1)))
 
-    def _iou(self, ends) -> float:
-        vals = []
+    def _quality(self, ends) -> tuple[float, float]:
+        """(silhouette overlap with the observed robot, mean over cameras; robust rms (m) of
+        the depth residual over every return), from one rendering per camera."""
+        overlaps, res = [], []
         for view in self.views:
-            sil = view.renderer.render(ends, self.radius, view.all_margin).silhouette > 0.5
-            obs = view.all_robot > 0.5
+            out = view.renderer.render(ends, self.radius, view.all_margin)
+            sil, obs = out.silhouette > 0.5, view.all_robot > 0.5
             union = (sil | obs).sum()
-            vals.append(float((sil & obs).sum()) / float(union) if union else 0.0)   # nothing seen: no fit
-        return float(np.mean(vals))
-
-    def _rms(self, ends) -> float:
-        res = []
-        for view in self.views:
-            d = (view.renderer.render(ends, self.radius).hit_depth - view.all_observed)[view.all_valid > 0]
-            bound = self.config.robust * view.all_sigma[view.all_valid > 0]
+            overlaps.append(float((sil & obs).sum()) / float(union) if union else 0.0)   # nothing seen: no fit
+            valid = view.all_valid > 0
+            bound = self.config.robust * view.all_sigma[valid]
+            d = (out.hit_depth - view.all_observed)[valid]
             res.append(torch.maximum(torch.minimum(d, bound), -bound))
         r = torch.cat(res)
-        return float(torch.sqrt((r * r).mean())) if len(r) else float("nan")
+        return float(np.mean(overlaps)), float(torch.sqrt((r * r).mean())) if len(r) else float("nan")
