@@ -26,20 +26,18 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from zoo import machine, true_model  # noqa: E402
+from zoo import true_model, zoo_selection  # noqa: E402
 
 from tensegrity_engine.control.excitation import ExcitationPolicy
 from tensegrity_engine.groundtruth import environments as envs
 from tensegrity_engine.groundtruth.depth_camera import DepthNoise, MujocoDepthCamera
 from tensegrity_engine.groundtruth.mujoco_twin import GroundTruthDiverged
-from tensegrity_engine.groundtruth.zoo import zoo_names, zoo_robot
+from tensegrity_engine.groundtruth.zoo import zoo_robot
 from tensegrity_engine.perception.camera import look_at
 from tensegrity_engine.perception.motion import ConstantVelocityPrior, EnginePrior
 from tensegrity_engine.perception.tracker import RodTracker, TrackerConfig
-from tensegrity_engine.physics.config import load_robot
 from tensegrity_engine.physics.params import PhysicalParameters
 from tensegrity_engine.physics.state import end_nodes
 
@@ -153,10 +151,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    base = load_robot(args.robot)
-    names = zoo_names() if args.zoo == "all" else args.zoo.split(",")
-    _line(f"machine: {machine()}")
+    base, names = zoo_selection(args.robot, args.zoo, args.threads)
     _line(f"robot {args.robot}; 160x120 depth at {10 / args.every:g} Hz, noise {args.noise} m at 1 m (x z^2), "
           f"dropout {args.dropout}; prior {args.prior}" + (f" ({args.model} values)" if args.prior == "engine" else "")
           + f"; LM within {args.budget} s per frame")

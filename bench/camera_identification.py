@@ -25,19 +25,17 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from camera import pose_errors  # noqa: E402
-from zoo import COUNTS, identify, machine, params_rows, record  # noqa: E402
+from zoo import COUNTS, identify, params_rows, record, zoo_selection  # noqa: E402
 
 from tensegrity_engine import identification as idf
 from tensegrity_engine.groundtruth.depth_camera import DepthNoise, MujocoDepthCamera
-from tensegrity_engine.groundtruth.zoo import zoo_names, zoo_robot
+from tensegrity_engine.groundtruth.zoo import zoo_robot
 from tensegrity_engine.perception.camera import look_at
 from tensegrity_engine.perception.motion import ConstantVelocityPrior, rod_poses_from_ends
 from tensegrity_engine.perception.tracker import RodTracker, TrackerConfig
-from tensegrity_engine.physics.config import load_robot
 from tensegrity_engine.physics.state import end_nodes
 
 CORE = ("cable_stiffness", "cable_damping", "rod_mass", "actuator_time_constant")
@@ -123,10 +121,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="runs/bench_camera_identification")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    torch.set_num_threads(1)
-    base = load_robot(args.robot)
-    names = zoo_names() if args.zoo == "all" else args.zoo.split(",")
-    _line(f"machine: {machine()}")
+    base, names = zoo_selection(args.robot, args.zoo, 1)
     _line(f"robot {args.robot}; hanging data {COUNTS['train']}+{COUNTS['val']} x 5 s at 10 Hz; camera 160x120, "
           f"noise {args.noise} m at 1 m (x z^2); identification {args.budget:g} s")
     results = {n: run_robot(n, base, args, Path(args.out)) for n in names}

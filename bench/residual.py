@@ -21,15 +21,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from zoo import chaos_floor, machine  # noqa: E402
+from zoo import chaos_floor, zoo_selection  # noqa: E402
 
-from tensegrity_engine.groundtruth.zoo import zoo_names, zoo_robot
+from tensegrity_engine.groundtruth.zoo import zoo_robot
 from tensegrity_engine.identification import dataset as ds
 from tensegrity_engine.identification.residual_fit import fit_residual, judge_residual, residual_horizon_errors
-from tensegrity_engine.physics.config import load_robot
 from tensegrity_engine.physics.parameter_files import params_from_file
 from tensegrity_engine.physics.params import PhysicalParameters
 
@@ -91,10 +89,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    base = load_robot(args.robot)
-    names = zoo_names() if args.zoo == "all" else args.zoo.split(",")
-    _line(f"machine: {machine()}")
+    base, names = zoo_selection(args.robot, args.zoo, args.threads)
     _line(f"robot {base.name}; data and models from {args.source}; CoM error (mm) 0.1 / 0.5 / 1 s ahead, held-out")
     results = {}
     for name in names:

@@ -88,6 +88,16 @@ def machine() -> str:
     return f"{cpu}, {isa}, {torch.get_num_threads()} torch thread(s), {gpu}"
 
 
+def zoo_selection(robot: str, zoo: str, threads: int = 1):
+    """(base robot config, zoo names) of a bench's --robot / --zoo ("all" or a comma list),
+    torch on ``threads`` threads; prints the machine the figures are measured on."""
+    torch.set_num_threads(threads)
+    base = load_robot(robot)
+    names = zoo_names() if zoo == "all" else zoo.split(",")
+    _line(f"machine: {machine()}")
+    return base, names
+
+
 def record(z, env: str, root: Path, seed: int, pose_only: bool) -> dict:
     """Clean data (with velocities) for every split, and the mocap's train/val recording."""
     out = {}
@@ -359,15 +369,12 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
     if args.peer:
         sysid, why = peer_sysid.sysid_module()
         if sysid is None:
             print(f"--peer: {why}", file=sys.stderr)
             return 2
-    base = load_robot(args.robot)
-    names = zoo_names() if args.zoo == "all" else args.zoo.split(",")
-    _line(f"machine: {machine()}")
+    base, names = zoo_selection(args.robot, args.zoo, args.threads)
     _line(f"robot {base.name}; zoo {names}; budget {args.budget} s per identification; start: "
           + ("the config's values, Levenberg-Marquardt" if args.start == "config"
              else "random (multi-start), Algorithm 1's progressive schedule"))

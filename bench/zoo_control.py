@@ -35,17 +35,15 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from zoo import machine, true_model  # noqa: E402  (bench/zoo.py: the same true-values model)
+from zoo import true_model, zoo_selection  # noqa: E402  (bench/zoo.py: the same true-values model)
 
 from tensegrity_engine import control as mpc  # noqa: E402
 from tensegrity_engine.groundtruth.mujoco_twin import GroundTruthDiverged  # noqa: E402
-from tensegrity_engine.groundtruth.zoo import zoo_names, zoo_robot  # noqa: E402
-from tensegrity_engine.physics.config import load_robot  # noqa: E402
+from tensegrity_engine.groundtruth.zoo import zoo_robot  # noqa: E402
 from tensegrity_engine.physics.parameter_files import params_from_file  # noqa: E402
 from tensegrity_engine.physics.params import PhysicalParameters  # noqa: E402
 from tensegrity_engine.physics.state import center_of_mass  # noqa: E402
@@ -145,11 +143,8 @@ def main(argv=None) -> int:
     ap.add_argument("--wait", type=float, default=0.0,
                     help="seconds to wait for each identified model (bench/zoo.py running alongside)")
     args = ap.parse_args(argv)
-    torch.set_num_threads(1)
-    base = load_robot(args.robot)
-    names = zoo_names() if args.zoo == "all" else args.zoo.split(",")
+    base, names = zoo_selection(args.robot, args.zoo, 1)
     tasks = args.tasks.split(",")
-    print(f"machine: {machine()}", flush=True)
     print(f"robot {base.name}; MPPI {mpc.PlannerConfig()}", flush=True)
     results, t0 = {}, time.perf_counter()
     for name in names:
