@@ -22,6 +22,7 @@ camera info, camera poses or first poses are counted and rejected, never used.
 """
 from __future__ import annotations
 
+import collections
 import time
 
 import numpy as np
@@ -33,7 +34,7 @@ from tensegrity_ros_interfaces.msg import CableCommand, IdentifiedParameters
 
 from tensegrity_engine.control.latency import CommandHistory
 from tensegrity_engine.groundtruth.mujoco_twin import nominal_commands
-from tensegrity_engine.identification.measurements import command_problem, pose_problem
+from tensegrity_engine.identification.measurements import pose_problem
 from tensegrity_engine.identification.streaming import StreamConfig
 from tensegrity_engine.perception.motion import ConstantVelocityPrior, EnginePrior, rod_poses_from_ends
 from tensegrity_engine.physics.params import ParameterError, PhysicalParameters
@@ -83,6 +84,7 @@ class CameraTrackerNode(Node):
         self.create_subscription(CableCommand, TOPIC_COMMAND, self._on_command, stream_qos())
         self.model = PhysicalParameters(self.robot)           # the config's, until one is identified
         self.commands = CommandHistory(nominal_commands(self.robot), maxlen=1024)
+        self.cable_names = [self.robot.cable_names[i] for i in self.robot.actuated_indices]
         self.info = self.camera_pose = None
         self.camera = self.tracker = None
         self.prior = None               # None: waiting for an announced first pose
@@ -91,8 +93,8 @@ class CameraTrackerNode(Node):
         self.last_ends = None           # the last good estimate: the shape a lost track is re-found with
         self.fresh = False
         self.lost_in_row = 0
-        self.walls: list[float] = []
-        self.ious: list[float] = []
+        self.walls: collections.deque = collections.deque(maxlen=200)    # fit times (s) and overlaps, recent
+        self.ious: collections.deque = collections.deque(maxlen=200)
         self.diag = Diagnostics(self, extra=self._diag_values)
         self.get_logger().info(f"camera tracker for {self.robot.name}: waiting for camera info, camera pose "
                                "and the robot's first pose")
@@ -168,9 +170,7 @@ class CameraTrackerNode(Node):
         self.diag.received("commands")
         if (problem := conv.header_problem(msg.header)):
             return self.diag.reject(*problem, topic="commands")
-        cable_names = [self.robot.cable_names[i] for i in self.robot.actuated_indices]
-        u = conv.cable_command_to_array(msg, cable_names)
-        problem = "wrong_length" if u is None else command_problem(u, self.robot.num_actuated)
+        u, problem = conv.checked_command(msg, self.cable_names)
         if problem:
             return self.diag.reject(problem, "cable command", topic="commands")
         stamp = conv.stamp_ns(msg.header.stamp)
@@ -240,7 +240,6 @@ class CameraTrackerNode(Node):
         est = self.tracker.track([depth], guess, sigma)
         self.walls.append(time.perf_counter() - t0)
         self.ious.append(est.iou)
-        self.walls, self.ious = self.walls[-200:], self.ious[-200:]
         if est.lost and self.last_ends is not None:
             try:                            # the last good shape, moved as one body
                 found = self.tracker.reacquire([depth], self.last_ends)

@@ -143,6 +143,15 @@ def cable_command_to_array(msg, cable_names: Sequence[str]) -> Optional[np.ndarr
     return out
 
 
+def checked_command(msg, cable_names: Sequence[str]) -> tuple[Optional[np.ndarray], Optional[str]]:
+    """CableCommand -> (targets [A] in config order, None), or (None or the values, the
+    reason to reject it: ``wrong_length`` or `command_problem`'s)."""
+    from tensegrity_engine.identification.measurements import command_problem
+
+    u = cable_command_to_array(msg, cable_names)
+    return u, ("wrong_length" if u is None else command_problem(u, len(cable_names)))
+
+
 def make_cable_command(values: np.ndarray, stamp_ns_: int, cable_names: Sequence[str] = (),
                        frame_id: str = ""):
     from tensegrity_ros_interfaces.msg import CableCommand

@@ -23,7 +23,7 @@ from sensor_msgs.msg import Imu
 from tensegrity_ros_interfaces.msg import CableCommand
 
 from tensegrity_engine.identification.dataset import DatasetError, load_trajectory
-from tensegrity_engine.identification.measurements import StampOrder, command_problem
+from tensegrity_engine.identification.measurements import StampOrder
 
 from . import conversions as conv
 from .common import TOPIC_COMMAND, TOPIC_IMU, TOPIC_POSES, ConfigurationError, run_node, stream_qos
@@ -103,8 +103,7 @@ class ExampleDriver(Node):
         problem = conv.header_problem(msg.header)
         if problem:
             return self.diag.reject(*problem, topic="commands")
-        u = conv.cable_command_to_array(msg, self.cable_names)
-        problem = "wrong_length" if u is None else command_problem(u, len(self.cable_names))
+        u, problem = conv.checked_command(msg, self.cable_names)
         if problem:
             return self.diag.reject(problem, "cable command", topic="commands")
         verdict = self.order.verdict("command", conv.stamp_ns(msg.header.stamp))

@@ -39,7 +39,6 @@ from tensegrity_engine.groundtruth.mujoco_twin import nominal_commands
 from tensegrity_engine.groundtruth.zoo import ground_truth
 from tensegrity_engine.physics.config import ConfigError
 from tensegrity_engine.groundtruth.sensors import noisy_rod_poses
-from tensegrity_engine.identification.measurements import command_problem
 from tensegrity_engine.physics.state import center_of_mass
 
 from . import conversions as conv
@@ -144,8 +143,7 @@ class MujocoBridge(Node):
         if problem:
             return self.diag.reject(*problem, topic="commands")
         stamp = conv.stamp_ns(msg.header.stamp)
-        u = conv.cable_command_to_array(msg, self.cable_names)
-        problem = "wrong_length" if u is None else command_problem(u, self.A)
+        u, problem = conv.checked_command(msg, self.cable_names)
         if problem:
             return self.diag.reject(problem, f"cable command ({len(msg.target_rest_lengths)} values, "
                                     f"expected {self.A} finite)", topic="commands")
