@@ -17,6 +17,21 @@ import numpy as np
 __all__ = ["ConstantVelocityPrior", "EnginePrior", "rod_poses_from_ends"]
 
 
+def _prior_sigma(t: float, last: tuple, before: Optional[tuple], acceleration: np.ndarray,
+                 first_sigma: np.ndarray) -> np.ndarray:
+    """[R, 5] sigma at ``t`` of the extrapolation from estimates ``last`` and ``before``
+    (each (time, sigma [R, 5])): the estimates' own, carried as (1+k) x_t - k x_(t-1) is,
+    plus ``acceleration`` * dt^2; with no ``before`` (no velocity yet), the first-frame
+    sigmas."""
+    t_last, s_last = last
+    if before is None:
+        return np.maximum(first_sigma, s_last)
+    t_before, s_before = before
+    k = (t - t_last) / (t_last - t_before)
+    drift = acceleration * (t - t_last) ** 2
+    return np.sqrt((1.0 + k) ** 2 * s_last ** 2 + k ** 2 * s_before ** 2 + drift ** 2)
+
+
 def _unit(v: np.ndarray) -> np.ndarray:
     return v / np.linalg.norm(v, axis=-1, keepdims=True)
 
@@ -55,15 +70,14 @@ class ConstantVelocityPrior:
         t_last, last, s_last = self.history[-1]
         t = t_last + self.period if t is None else float(t)
         if len(self.history) < 2:
-            return last, np.maximum(self.first_sigma, s_last)
+            return last, _prior_sigma(t, (t_last, s_last), None, self.acceleration, self.first_sigma)
         t_before, before, s_before = self.history[-2]
         k = (t - t_last) / (t_last - t_before)
         centre = (1.0 + k) * last.mean(1) - k * before.mean(1)
         axis_now, axis_then = _unit(last[:, 1] - last[:, 0]), _unit(before[:, 1] - before[:, 0])
         axis = _unit((1.0 + k) * axis_now - k * axis_then)
         half = 0.5 * np.linalg.norm(last[:, 1] - last[:, 0], axis=-1, keepdims=True)
-        drift = self.acceleration * (t - t_last) ** 2
-        sigma = np.sqrt((1.0 + k) ** 2 * s_last ** 2 + k ** 2 * s_before ** 2 + drift ** 2)
+        sigma = _prior_sigma(t, (t_last, s_last), (t_before, s_before), self.acceleration, self.first_sigma)
         return np.stack([centre - half * axis, centre + half * axis], 1), sigma
 
 
@@ -172,12 +186,8 @@ class EnginePrior:
         state, _ = self._roll(t, commands)
         ends = end_nodes(state, self.robot.rod_length / 2)
         t_last, _, _, s_last = self.history[-1]
-        if len(self.history) < 2:
-            return ends, np.maximum(self.first_sigma, s_last)
-        t_before, _, _, s_before = self.history[-2]
-        k = (t - t_last) / (t_last - t_before)
-        drift = self.acceleration * (t - t_last) ** 2
-        return ends, np.sqrt((1.0 + k) ** 2 * s_last ** 2 + k ** 2 * s_before ** 2 + drift ** 2)
+        before = (self.history[-2][0], self.history[-2][3]) if len(self.history) > 1 else None
+        return ends, _prior_sigma(t, (t_last, s_last), before, self.acceleration, self.first_sigma)
 
     def update(self, ends: np.ndarray, std: np.ndarray, t: float, commands) -> None:
         """An estimate (end nodes [R, 2, 3], its sigma [R, 5]) at time ``t``."""
