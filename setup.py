@@ -37,6 +37,7 @@ setup(
             "tensegrity-demo = tensegrity_engine.cli.demo:main",
             "tensegrity-identify = tensegrity_engine.cli.identify:main",
             "tensegrity-control = tensegrity_engine.cli.control:main",
+            "tensegrity-track = tensegrity_engine.cli.track:main",
             # ROS 2 nodes and the launch-free runner (tensegrity_ros/)
             # (through entry.py: signal handlers before the heavy imports)
             "mujoco_bridge = tensegrity_ros.entry:mujoco_bridge",

@@ -6,7 +6,8 @@ static transform of the camera's calibration) and, latched, the robot's announce
 rod poses (``/tensegrity/initial_rod_poses``): a depth camera cannot tell which rod is
 which, so the track starts from a known pose and keeps rod identity by continuity.
 
-Each image is fitted by `tensegrity_engine.perception.tracker.RodTracker` (within
+Each image goes to `tensegrity_engine.perception.session.TrackingSession` (what the offline
+`tensegrity-track` runs too) and is fitted by its `RodTracker` (within
 ``time_budget``), starting from the motion prior's prediction for the image's stamp: by
 default the engine with the identified parameters (``/tensegrity/identified_parameters``,
 checked as the controller checks them; the config's values until then) rolled from the
@@ -36,10 +37,9 @@ from tensegrity_engine.control.latency import CommandHistory
 from tensegrity_engine.groundtruth.mujoco_twin import nominal_commands
 from tensegrity_engine.identification.measurements import pose_problem
 from tensegrity_engine.identification.streaming import StreamConfig
-from tensegrity_engine.perception.motion import ConstantVelocityPrior, EnginePrior, rod_poses_from_ends
+from tensegrity_engine.perception.session import MOTION_PRIORS, TrackingSession
+from tensegrity_engine.perception.tracker import TrackerConfig
 from tensegrity_engine.physics.params import ParameterError, PhysicalParameters
-from tensegrity_engine.perception.tracker import RodTracker, TrackerConfig
-from tensegrity_engine.physics.state import end_nodes
 
 from . import camera_messages as cm
 from . import conversions as conv
@@ -62,11 +62,9 @@ class CameraTrackerNode(Node):
             floor_margin=d("floor_margin", 0.02, "a return this much nearer than the floor is the robot (m)",
                            range=(0.001, 1.0)))
         self.motion_prior = d("motion_prior", "engine", "engine: the identified model (else the config's) rolled "
-                              "under the commands sent; velocity: constant velocity", choices=("engine", "velocity"))
+                              "under the commands sent; velocity: constant velocity", choices=MOTION_PRIORS)
         self.acceleration = d("prior_acceleration", 0.0, "unmodelled acceleration of the motion prior (m/s^2; "
                               "0 = 2 for the engine, 5 for constant velocity)", range=(0.0, 1000.0))
-        if self.acceleration == 0.0:
-            self.acceleration = 2.0 if self.motion_prior == "engine" else 5.0
         threads = d("torch_threads", 1, "torch intra-op threads: 1 keeps a fit from fighting the other nodes "
                     "for the cores (0 = torch default)", range=(0, 256))
         if threads:
@@ -86,13 +84,9 @@ class CameraTrackerNode(Node):
         self.commands = CommandHistory(nominal_commands(self.robot), maxlen=1024)
         self.cable_names = [self.robot.cable_names[i] for i in self.robot.actuated_indices]
         self.info = self.camera_pose = None
-        self.camera = self.tracker = None
-        self.prior = None               # None: waiting for an announced first pose
-        self.quat = None                # [R, 4] the spin the camera cannot see, carried on
-        self.last_ns = None
-        self.last_ends = None           # the last good estimate: the shape a lost track is re-found with
-        self.fresh = False
-        self.lost_in_row = 0
+        self.camera = None
+        self.session = None             # made when the camera is known (perception.session)
+        self.pending_start = None       # an announced pose that came before the camera
         self.walls: collections.deque = collections.deque(maxlen=200)    # fit times (s) and overlaps, recent
         self.ious: collections.deque = collections.deque(maxlen=200)
         self.diag = Diagnostics(self, extra=self._diag_values)
@@ -135,8 +129,17 @@ class CameraTrackerNode(Node):
         same = self.camera is not None and (cam.width, cam.height) == (self.camera.width, self.camera.height) \
             and np.allclose(cam.k, self.camera.k) and np.allclose(cam.rotation, self.camera.rotation) \
             and np.allclose(cam.position, self.camera.position)
-        if not same:
-            self.camera, self.tracker = cam, RodTracker(self.robot, [cam], self.config)
+        if same:
+            return
+        self.camera = cam
+        if self.session is None:
+            self.session = TrackingSession(self.robot, [cam], self.config, motion_prior=self.motion_prior,
+                                           model=self.model, acceleration=self.acceleration or None,
+                                           max_lost=self.max_lost, max_gap=self.max_age)
+            if self.pending_start is not None:      # the first pose came before the camera
+                self._start(*self.pending_start)
+        else:
+            self.session.set_cameras([cam])
 
     def _on_initial(self, msg: PoseArray) -> None:
         self.diag.received("initial_poses")
@@ -147,8 +150,7 @@ class CameraTrackerNode(Node):
         if (problem := pose_problem(arr, self.robot.num_rods, max_abs_position=checks.max_abs_position,
                                     quat_tolerance=checks.quat_tolerance)):
             return self.diag.reject(problem, "initial rod poses", topic="initial_poses")
-        state = conv.array_to_rod_state(arr)
-        self._start(state, conv.stamp_ns(msg.header.stamp))
+        self._start(conv.array_to_rod_state(arr), conv.stamp_ns(msg.header.stamp))
         self.diag.accept("initial_poses")
 
     def _on_params(self, msg: IdentifiedParameters) -> None:
@@ -162,8 +164,8 @@ class CameraTrackerNode(Node):
         except Exception as exc:  # noqa: BLE001 - a bad message: keep the current model
             return self.diag.reject("parameters_invalid", repr(exc), topic="parameters")
         self.model = params
-        if isinstance(self.prior, EnginePrior):
-            self.prior = self.prior.with_params(params)
+        if self.session is not None:
+            self.session.set_model(params)
         self.diag.accept("parameters")
 
     def _on_command(self, msg: CableCommand) -> None:
@@ -185,27 +187,12 @@ class CameraTrackerNode(Node):
         step = float(times[1] - times[0]) if len(times) > 1 else self.robot.dt
         return self.commands.grid(int(round(times[0] * NS)), len(times), step)
 
-    def _restart(self, ends: np.ndarray, stamp: int) -> None:
-        """The motion prior starts again at a re-found pose, at rest (its velocity unknown)."""
-        state = rod_poses_from_ends(ends, self.quat)
-        if isinstance(self.prior, EnginePrior):
-            self.prior.reset(state, self.commands.at(stamp), stamp / NS)
-        else:
-            self.prior.reset(ends, stamp / NS)
-        self.last_ns = stamp
-
     def _start(self, state: np.ndarray, stamp: int) -> None:
-        if self.motion_prior == "engine":
-            self.prior = EnginePrior(self.model, acceleration=self.acceleration,
-                                     angular_acceleration=self.acceleration)
-            self.prior.reset(state, self.commands.at(stamp), stamp / NS)
-        else:
-            self.prior = ConstantVelocityPrior(0.1, acceleration=self.acceleration,
-                                               angular_acceleration=self.acceleration)
-            self.prior.reset(end_nodes(state, self.robot.rod_length / 2), stamp / NS)
-        self.quat, self.last_ns, self.lost_in_row = state[:, 3:7].copy(), stamp, 0
-        self.last_ends = end_nodes(state, self.robot.rod_length / 2)
-        self.fresh = True              # one image at the announced instant is still welcome
+        if self.session is None:             # tracked once the camera is known
+            self.pending_start = (state, stamp)
+            return
+        self.pending_start = None
+        self.session.start(state, stamp / NS, self._held)
         self.get_logger().info("track (re)started from the announced first pose")
 
     # ------------------------------------------------------------------ tracking
@@ -216,62 +203,32 @@ class CameraTrackerNode(Node):
         depth, problem = cm.depth_from_msg(msg)
         if problem:
             return self.diag.reject(*problem, topic="depth")
-        if self.tracker is None:
+        if self.session is None:
             return self.diag.reject("no_camera", "no camera info / camera pose yet", topic="depth")
-        if self.prior is None:
+        if not self.session.tracking:
             return self.diag.reject("no_first_pose", "waiting for the robot's first pose", topic="depth")
         if depth.shape != (self.camera.height, self.camera.width):
             return self.diag.reject("bad_image_size", f"{depth.shape} is not the camera's "
                                     f"{(self.camera.height, self.camera.width)}", topic="depth")
         stamp = conv.stamp_ns(msg.header.stamp)
-        if stamp < self.last_ns or (stamp == self.last_ns and not self.fresh):
-            return self.diag.reject("out_of_order", "image not newer than the last pose", topic="depth")
-        if (stamp - self.last_ns) / NS > self.max_age:     # nothing can be predicted that far
-            self.prior = None
-            return self.diag.reject("gap", f"{(stamp - self.last_ns) / NS:.2f} s since the last pose (over "
-                                    f"max_image_age): waiting for a new first pose", topic="depth")
-        engine = isinstance(self.prior, EnginePrior)
-        try:
-            guess, sigma = self.prior.predict(stamp / NS, self._held) if engine else self.prior.predict(stamp / NS)
-        except FloatingPointError as exc:        # the model diverged: back to the announced pose
-            self.prior = None
-            return self.diag.reject("prior_diverged", str(exc), topic="depth")
         t0 = time.perf_counter()
-        est = self.tracker.track([depth], guess, sigma)
+        out = self.session.frame(stamp / NS, [depth], self._held)
+        if out.status == "rejected":
+            if out.track_ended:
+                self.diag.warn_throttled("lost", f"track ended: {out.detail}")
+            return self.diag.reject(out.reason, out.detail, topic="depth")
         self.walls.append(time.perf_counter() - t0)
-        self.ious.append(est.iou)
-        if est.lost and self.last_ends is not None:
-            try:                            # the last good shape, moved as one body
-                found = self.tracker.reacquire([depth], self.last_ends)
-            except ValueError:              # too few robot pixels: nothing to find it in
-                found = est
-            if not found.lost:
-                self.diag.count("reacquired")
-                est = found
-                self._restart(est.ends, stamp)
-        if est.lost:
-            self.lost_in_row += 1
+        self.ious.append(out.estimate.iou)
+        if out.status == "reacquired":
+            self.diag.count("reacquired")
+        if out.status == "lost":
             self.diag.count("frames_lost")
-            self.diag.warn_throttled("frame_lost", f"frame lost at t={stamp / NS:.2f} s: silhouette overlap "
-                                     f"{est.iou:.2f}, {(stamp - self.last_ns) / NS:.2f} s after the last good pose, "
-                                     f"fitted in {1e3 * self.walls[-1]:.0f} ms")
-            if self.lost_in_row >= self.max_lost:
-                self.prior = None
-                self.diag.warn_throttled("lost", f"track lost for {self.lost_in_row} frames: waiting for a new "
-                                         "first pose")
+            self.diag.warn_throttled("frame_lost", f"frame lost at t={stamp / NS:.2f} s: {out.detail}, fitted in "
+                                     f"{1e3 * self.walls[-1]:.0f} ms")
+            if out.track_ended:
+                self.diag.warn_throttled("lost", "track lost: waiting for a new first pose")
             return self.diag.accept("depth")
-        self.lost_in_row = 0
-        self.fresh = False
-        self.last_ends = est.ends
-        if stamp == self.last_ns:           # an image of the announced pose's instant, or a re-found robot
-            pass
-        elif engine:
-            self.prior.update(est.ends, est.std, stamp / NS, self._held)
-        else:
-            self.prior.update(est.ends, est.std, stamp / NS)
-        state = rod_poses_from_ends(est.ends, self.quat)
-        self.quat, self.last_ns = state[:, 3:7], stamp
-        self.pub.publish(conv.rod_state_to_pose_array(state, stamp))
+        self.pub.publish(conv.rod_state_to_pose_array(out.state, stamp))
         self.diag.count("poses_published")
         self.diag.accept("depth")
 
@@ -279,7 +236,8 @@ class CameraTrackerNode(Node):
         """Nothing runs outside the executor: images are fitted in their callback."""
 
     def _diag_values(self) -> dict:
-        out = {"tracking": self.prior is not None, "lost_in_row": self.lost_in_row}
+        tracking = self.session is not None and self.session.tracking
+        out = {"tracking": tracking, "lost_in_row": self.session.lost_in_row if self.session else 0}
         if self.walls:
             out.update(track_ms_median=round(1e3 * float(np.median(self.walls)), 1),
                        iou_median=round(float(np.median(self.ious)), 3))

@@ -94,7 +94,7 @@ def test_camera_tracker_rejects_bad_images(ros):
     images = probe.create_publisher(Image, cm.TOPIC_DEPTH, stream_qos())
     assert wait_for(lambda: tracker.count_publishers(cm.TOPIC_DEPTH) > 0 and images.get_subscription_count() > 0, 10)
     info.publish(cm.camera_info_msg(cam, 1))
-    assert wait_for(lambda: tracker.tracker is not None, 10)
+    assert wait_for(lambda: tracker.session is not None, 10)
     bad = cm.depth_image_msg(np.ones((24, 32)), 2_000_000_000)
     bad.encoding = "rgb8"
     short = cm.depth_image_msg(np.ones((24, 32)), 2_100_000_000)
@@ -117,6 +117,6 @@ def test_camera_tracker_rejects_bad_images(ros):
     first.poses[1].orientation.w = 0.0
     probe.create_publisher(PoseArray, cm.TOPIC_INITIAL_POSES, latched_qos()).publish(first)
     assert wait_for(lambda: c["camera_pose_rejected"] == 1 and c["initial_poses_rejected"] == 1, 10), c
-    assert tracker.camera is camera_before and tracker.prior is None
+    assert tracker.camera is camera_before and not tracker.session.tracking
     images.publish(cm.depth_image_msg(np.ones((24, 32)), 2_300_000_000))
     assert wait_for(lambda: c["rejected_no_first_pose"] == 2, 10), c
