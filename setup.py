@@ -52,6 +52,7 @@ setup(
             "tensegrity-check-driver = tensegrity_ros.check_driver:main",
             "tensegrity-play-bag = tensegrity_ros.bag_player:main",
             "tensegrity-identify-bag = tensegrity_ros.bag_identify:main",
+            "tensegrity-track-bag = tensegrity_ros.bag_track:main",
         ],
     },
 )

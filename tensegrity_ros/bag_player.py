@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Optional
 
 from .common import ShutdownRequest
+from .recorder import LATCHED_TOPICS as LATCHED
 
 NS = 1_000_000_000
-LATCHED = ("/tensegrity/identified_parameters", "/tensegrity/goal")
 
 
 @dataclasses.dataclass(frozen=True)

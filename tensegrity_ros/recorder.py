@@ -28,7 +28,14 @@ TOPICS = {
     "/tensegrity/applied_command": "tensegrity_ros_interfaces/msg/CableCommand",
     "/tensegrity/identified_parameters": "tensegrity_ros_interfaces/msg/IdentifiedParameters",
     "/tensegrity/goal": "geometry_msgs/msg/Vector3Stamped",
+    # the depth camera (for `tensegrity-track-bag`; nothing is recorded where none publishes)
+    "/tensegrity/camera/depth": "sensor_msgs/msg/Image",
+    "/tensegrity/camera/camera_info": "sensor_msgs/msg/CameraInfo",
+    "/tensegrity/camera/pose": "geometry_msgs/msg/PoseStamped",
+    "/tensegrity/initial_rod_poses": "geometry_msgs/msg/PoseArray",
 }
+LATCHED_TOPICS = ("/tensegrity/identified_parameters", "/tensegrity/goal", "/tensegrity/camera/pose",
+                  "/tensegrity/initial_rod_poses")
 NS = 1_000_000_000
 _PRIMITIVES = {"bool", "byte", "char", "float32", "float64", "int8", "uint8", "int16", "uint16", "int32",
                "uint32", "int64", "uint64", "string", "wstring"}
@@ -152,8 +159,7 @@ def _node_class():
                     self.get_logger().warning(f"unknown topic {topic} (known: {list(TOPICS)}): skipped")
                     continue
                 self.bag.channel(topic, datatype)
-                qos = latched_qos() if topic.endswith("identified_parameters") or topic.endswith("goal") \
-                    else stream_qos(100)
+                qos = latched_qos() if topic in LATCHED_TOPICS else stream_qos(100)
                 self.create_subscription(get_message(datatype), topic,
                                          lambda data, t=topic: self.bag.write(t, data, self.get_clock().now().nanoseconds),
                                          qos, raw=True)

@@ -144,15 +144,6 @@ def load_commands(path: Path, robot) -> tuple[np.ndarray, np.ndarray]:
     return table[:, 0], np.clip(table[:, 1:], robot.command_low, robot.command_high)
 
 
-def held_commands(command_time: np.ndarray, command: np.ndarray, before: np.ndarray):
-    """Zero-order hold: times [S] -> [S, A], ``before`` in force before the first."""
-    table = np.concatenate([before[None], command])
-
-    def commands(times):
-        return table[np.searchsorted(command_time, np.asarray(times), side="right")]
-    return commands
-
-
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="tensegrity-track", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -188,7 +179,7 @@ def main(argv=None) -> int:
 def _run(args) -> int:
     import torch
 
-    from tensegrity_engine.perception.offline import DepthFrame, track_frames
+    from tensegrity_engine.perception.offline import DepthFrame, held_commands, track_frames
     from tensegrity_engine.perception.session import TrackingSession
     from tensegrity_engine.perception.tracker import TrackerConfig
     from tensegrity_engine.physics.config import load_robot
@@ -222,28 +213,32 @@ def _run(args) -> int:
     session = TrackingSession(robot, [c[0] for c in cams], config, motion_prior=prior, model=model,
                               period=period, floor=None if args.no_floor else "robot")
     frames = (DepthFrame(float(times[i]), [read_depth(c[2][i], c[1]) for c in cams]) for i in range(count))
-    draw = _overlay_writer(args, robot, cams[0][0], session) if args.overlay else None
+    draw = overlay_writer(args.overlay, args.overlay_every, robot, session) if args.overlay else None
     wall = time.perf_counter()
     log = track_frames(session, frames, first_state=first, first_time=float(times[0]), commands=commands,
                        on_frame=draw)
-    wall = time.perf_counter() - wall
     out = Path(args.out) if args.out else folders[0] / "tracked.npz"
-    log.save(out)
-    counts, good = log.counts(), log.good
-    iou = np.array(log.iou)[good]
-    print(f"{len(log)} frames from {len(cams)} camera(s), {prior} prior: " +
-          ", ".join(f"{k} {v}" for k, v in counts.items()) +
-          (f"; overlap median {np.median(iou):.2f}, min {iou.min():.2f}" if len(iou) else "") +
-          f"; {wall / max(len(log), 1) * 1e3:.0f} ms per frame -> {out}")
+    report(log, out, time.perf_counter() - wall, f"{len(cams)} camera(s), {prior} prior")
     if args.trajectory:
         if commands is None:
             raise RecordingError("--trajectory needs the commands (commands.csv)")
-        _write_trajectory(args.trajectory, robot, log, command_time, command, prior, folders,
-                          floor=not args.no_floor)
-    return 0 if good.any() else 1
+        write_trajectory(args.trajectory, robot, log, command_time, command, floor=not args.no_floor,
+                         meta={"prior": prior, "cameras": [str(f) for f in folders]})
+    return 0 if log.good.any() else 1
 
 
-def _overlay_writer(args, robot, camera, session):
+def report(log, out: Path, wall: float, what: str) -> None:
+    """Save the per-frame log and say how it went."""
+    log.save(out)
+    iou = np.array(log.iou)[log.good]
+    print(f"{len(log)} frames from {what}: " + ", ".join(f"{k} {v}" for k, v in log.counts().items()) +
+          (f"; overlap median {np.median(iou):.2f}, min {iou.min():.2f}" if len(iou) else "") +
+          f"; {wall / max(len(log), 1) * 1e3:.0f} ms per frame -> {out}")
+
+
+def overlay_writer(folder, every: int, robot, session):
+    """on_frame for `track_frames`: every ``every``-th frame (and every one not good) as a
+    PNG of the rods over the first camera's depth image."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -251,14 +246,14 @@ def _overlay_writer(args, robot, camera, session):
 
     from tensegrity_engine.perception.overlay import overlay_image
 
-    folder = Path(args.overlay)
+    folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     count = [0]
 
     def draw(frame, out):
         i = count[0]
         count[0] += 1
-        if out.estimate is None or (i % max(args.overlay_every, 1) and out.good):
+        if out.estimate is None or (i % max(every, 1) and out.good):
             return
         view = session.tracker.views[0]
         mask = view.all_robot.numpy().reshape(view.renderer.shape) > 0 if view.renderer.stride == 1 else None
@@ -269,7 +264,8 @@ def _overlay_writer(args, robot, camera, session):
     return draw
 
 
-def _write_trajectory(path, robot, log, command_time, command, prior, folders, *, floor: bool) -> None:
+def write_trajectory(path, robot, log, command_time, command, *, floor: bool, meta: dict) -> None:
+    """The log's good frames under known commands as a trajectory file (pose-only)."""
     from tensegrity_engine.identification.dataset import Trajectory
 
     a, good = log.arrays(), log.good
@@ -280,7 +276,7 @@ def _write_trajectory(path, robot, log, command_time, command, prior, folders, *
     traj = Trajectory(robot=robot, t=t[keep], position=a["position"][good][keep],
                       quaternion=a["quaternion"][good][keep], command_time=command_time, command=command,
                       environment={"name": "camera", "floor": floor, "fixed_rods": []},
-                      meta={"source": "tensegrity-track", "prior": prior, "cameras": [str(f) for f in folders]},
+                      meta={"source": "tensegrity-track", **meta},
                       source=str(path))
     traj.save(path)
     print(f"{path}: {traj.num_samples} poses from the camera, {len(command_time)} commands")

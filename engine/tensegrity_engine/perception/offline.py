@@ -17,7 +17,7 @@ import numpy as np
 from tensegrity_engine.perception.camera import PinholeCamera
 from tensegrity_engine.perception.session import Commands, TrackedFrame, TrackingSession
 
-__all__ = ["DepthFrame", "TrackingLog", "track_frames", "STATUSES"]
+__all__ = ["DepthFrame", "TrackingLog", "track_frames", "held_commands", "STATUSES"]
 
 STATUSES = ("tracked", "reacquired", "lost", "rejected")
 
@@ -99,3 +99,14 @@ def track_frames(session: TrackingSession, frames: Iterable[DepthFrame], *, firs
         if on_frame is not None:
             on_frame(frame, out)
     return log
+
+
+def held_commands(command_time: np.ndarray, command: np.ndarray, before: np.ndarray) -> Commands:
+    """A command table as the prior's input: times [S] -> [S, A], each command held from its
+    time (zero-order hold), ``before`` [A] in force before the first."""
+    command_time = np.asarray(command_time, dtype=np.float64)
+    table = np.concatenate([np.asarray(before, dtype=np.float64)[None], np.asarray(command, dtype=np.float64)])
+
+    def commands(times):
+        return table[np.searchsorted(command_time, np.asarray(times), side="right")]
+    return commands
