@@ -74,13 +74,17 @@ def run_robot(name: str, base, args) -> dict:
     states = np.concatenate([s0[None], states[0]])                     # [F, R, 13] at 10 Hz
     size = float(np.max(robot.rod_length))
     start = states[0, :, 0:3].mean(0)
-    eye = start + size * np.array([1.8, -1.8, 1.4])
-    camera = look_at(eye, start + np.array([0.0, 0.0, 0.3 * size]), width=160, height=120,
-                     fov_y=np.radians(args.fov))
-    sensor = MujocoDepthCamera(twin, camera, noise=DepthNoise(args.noise, args.dropout), rng=rng)
-    tracker = RodTracker(z.nominal, [camera], TrackerConfig(noise_at_1m=args.noise, time_budget=args.budget,
-                                                                stride=args.stride, max_pixels=args.max_pixels,
-                                                                max_points=args.max_points))
+    offset = size * np.array([1.8, -1.8, 1.4])
+    cameras, sensors = [], []
+    for k in range(args.cameras):            # tripods spread evenly around the start, the first as always
+        a = 2.0 * np.pi * k / args.cameras
+        turn = np.array([[np.cos(a), -np.sin(a), 0.0], [np.sin(a), np.cos(a), 0.0], [0.0, 0.0, 1.0]])
+        cameras.append(look_at(start + turn @ offset, start + np.array([0.0, 0.0, 0.3 * size]), width=160,
+                               height=120, fov_y=np.radians(args.fov)))
+        sensors.append(MujocoDepthCamera(twin, cameras[-1], noise=DepthNoise(args.noise, args.dropout), rng=rng))
+    tracker = RodTracker(z.nominal, cameras, TrackerConfig(noise_at_1m=args.noise, time_budget=args.budget,
+                                                             stride=args.stride, max_pixels=args.max_pixels,
+                                                             max_points=args.max_points, lost_iou=args.lost_iou))
     half = z.nominal.rod_length / 2
     truth = end_nodes(states, half)                                    # [F, R, 2, 3]
     period = 0.1 * args.every
@@ -94,10 +98,10 @@ def run_robot(name: str, base, args) -> dict:
         prior.reset(truth[0])
     centre_err, along_err, axis_err, lost, walls = [], [], [], 0, []
     for f in range(args.every, len(states), args.every):
-        depth = sensor.render(states[f])
+        depths = [sensor.render(states[f]) for sensor in sensors]
         t, t0 = 0.1 * f, time.perf_counter()
         guess, sigma = prior.predict(t, commands) if args.prior == "engine" else prior.predict(t)
-        est = tracker.track([depth], guess, None if args.prior == "fixed" else sigma)
+        est = tracker.track(depths, guess, None if args.prior == "fixed" else sigma)
         if args.prior == "engine":
             prior.update(est.ends, est.std, t, commands)
         else:
@@ -108,7 +112,8 @@ def run_robot(name: str, base, args) -> dict:
         along_err.append(along)
         axis_err.append(a)
         lost += int(est.lost)
-    sensor.close()
+    for sensor in sensors:
+        sensor.close()
     twin.close()
     c, a = np.concatenate(centre_err), np.concatenate(axis_err)
     path = float(np.linalg.norm(np.diff(states[:, :, 0:3].mean(1), axis=0), axis=-1).sum())
@@ -148,11 +153,14 @@ def main(argv=None) -> int:
     ap.add_argument("--stride", type=int, default=1, help="the tracker renders every n-th row and column")
     ap.add_argument("--max-pixels", type=int, default=100000, help="pixels of the region of interest used")
     ap.add_argument("--max-points", type=int, default=1500, help="robot points used by the point term")
+    ap.add_argument("--cameras", type=int, default=1, help="depth cameras on tripods spread evenly around the start")
+    ap.add_argument("--lost-iou", type=float, default=TrackerConfig.lost_iou,
+                    help="a frame whose silhouette overlap is below this is reported lost")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     base, names = zoo_selection(args.robot, args.zoo, args.threads)
-    _line(f"robot {args.robot}; 160x120 depth at {10 / args.every:g} Hz, noise {args.noise} m at 1 m (x z^2), "
+    _line(f"robot {args.robot}; {args.cameras} x 160x120 depth at {10 / args.every:g} Hz, noise {args.noise} m at 1 m (x z^2), "
           f"dropout {args.dropout}; prior {args.prior}" + (f" ({args.model} values)" if args.prior == "engine" else "")
           + f"; LM within {args.budget} s per frame")
     results = {}

@@ -1,7 +1,7 @@
 """sim2sim: MuJoCo bridge (the robot) + identifier + MPPI controller, config/sim2sim.yaml.
 
     ros2 launch tensegrity_ros sim2sim.launch.py [params_file:=/path/to.yaml] [device:=cpu]
-                                                 [pose_source:=camera]
+                                                 [pose_source:=camera [cameras:=2]]
 
 With ``pose_source:=camera`` the bridge renders a depth camera instead of publishing poses
 and ``camera_tracker`` publishes them. Without a ROS 2 launch install, `tensegrity-sim2sim`
@@ -23,6 +23,9 @@ def generate_launch_description():
     device = LaunchConfiguration("device")
     checkpoint_dir = LaunchConfiguration("checkpoint_dir")
     camera = PythonExpression(["'", LaunchConfiguration("pose_source"), "' == 'camera'"])
+    # the tracker's camera namespaces for the bridge's depth_cameras: /tensegrity/camera, /tensegrity/camera_1, ...
+    namespaces = PythonExpression(["str(['/tensegrity/camera'] + ['/tensegrity/camera_%d' % k for k in range(1, int(",
+                                   LaunchConfiguration("cameras"), "))])"])
     return LaunchDescription([
         DeclareLaunchArgument("params_file", default_value=default_params,
                               description="ROS parameter file of the nodes"),
@@ -32,11 +35,14 @@ def generate_launch_description():
         DeclareLaunchArgument("rviz", default_value="false", description="start RViz2 with rviz/tensegrity.rviz"),
         DeclareLaunchArgument("pose_source", default_value="mocap", choices=["mocap", "camera"],
                               description="rod poses from the bridge (mocap) or its depth camera + camera_tracker"),
+        DeclareLaunchArgument("cameras", default_value="1",
+                              description="with pose_source:=camera, depth cameras around the robot (1-8)"),
         Node(package="tensegrity_ros", executable="mujoco_bridge", name="mujoco_bridge",
              output="screen",
-             parameters=[params, {"depth_camera": camera, "publish_poses": PythonExpression(["not ", camera])}]),
+             parameters=[params, {"depth_camera": camera, "publish_poses": PythonExpression(["not ", camera]),
+                                  "depth_cameras": LaunchConfiguration("cameras")}]),
         Node(package="tensegrity_ros", executable="camera_tracker", name="camera_tracker",
-             output="screen", parameters=[params],
+             output="screen", parameters=[params, {"cameras": namespaces}],
              condition=LaunchConfigurationEquals("pose_source", "camera")),
         Node(package="tensegrity_ros", executable="identifier", name="identifier",
              output="screen",

@@ -6,7 +6,8 @@ with the camera tracker's own code (`tensegrity_engine.perception.session`).
 
 Reads what `camera_tracker` subscribes to (``recorder`` records these topics): depth
 images, CameraInfo, the camera's pose (each image is fitted with the camera pose and info
-last received before it: a tripod carried along is followed), the announced first rod
+last received before it: a tripod carried along is followed), per camera (``--cameras``
+namespaces; images within ``--sync-tolerance`` are one frame), the announced first rod
 poses (the track starts at the first announcement) and the cable commands (the engine
 motion prior's input; the applied-command echo when the bag has it). Every message goes
 through the node's decoders and checks; refused ones are counted. Writes the per-frame
@@ -31,21 +32,29 @@ TOPIC_APPLIED = "/tensegrity/applied_command"
 NS = conv.NS
 
 
-def read_camera_bag(path, robot, *, start: float = 0.0, end=None):
+def read_camera_bag(path, robot, *, start: float = 0.0, end=None, namespaces=(cm.CAMERA_NAMESPACE,),
+                    sync_tolerance: float = 0.005):
     """(frames [DepthFrame], first rod state [R, 13], its time (s), command times [C],
-    commands [C, A], counts of refused messages by reason)."""
+    commands [C, A], counts of refused messages by reason). Several cameras (topic
+    ``namespaces``): images within ``sync_tolerance`` s of each other are one frame."""
     from rclpy.serialization import deserialize_message
 
     from tensegrity_engine.perception.offline import DepthFrame
 
     from .bag_player import _message_type, read_bag
 
-    topics = [cm.TOPIC_DEPTH, cm.TOPIC_CAMERA_INFO, cm.TOPIC_CAMERA_POSE, cm.TOPIC_INITIAL_POSES, TOPIC_COMMAND,
-              TOPIC_APPLIED]
+    role = {}
+    for k, ns in enumerate(namespaces):
+        depth_topic, info_topic, pose_topic = cm.camera_topics(ns)
+        role.update({depth_topic: ("depth", k), info_topic: ("info", k), pose_topic: ("pose", k)})
+    topics = list(role) + [cm.TOPIC_INITIAL_POSES, TOPIC_COMMAND, TOPIC_APPLIED]
     cable_names = [robot.cable_names[i] for i in robot.actuated_indices]
     types: dict = {}
     refused: dict = {}
-    info = pose = camera = first = None
+    n = len(namespaces)
+    info, pose, used = [None] * n, [None] * n, [None] * n
+    first = None
+    sync = cm.FrameSync(n, int(round(sync_tolerance * NS)))
     frames, commands = [], {TOPIC_COMMAND: [], TOPIC_APPLIED: []}
 
     def refuse(reason):
@@ -57,10 +66,11 @@ def read_camera_bag(path, robot, *, start: float = 0.0, end=None):
             refuse(problem[0])
             continue
         stamp = conv.stamp_ns(msg.header.stamp)
-        if m.topic == cm.TOPIC_CAMERA_INFO:
-            info = msg
-        elif m.topic == cm.TOPIC_CAMERA_POSE:
-            pose = msg
+        kind, k = role.get(m.topic, (None, None))
+        if kind == "info":
+            info[k] = msg
+        elif kind == "pose":
+            pose[k] = msg
         elif m.topic == cm.TOPIC_INITIAL_POSES:
             if first is None:
                 arr = conv.pose_array_to_array(msg)
@@ -77,10 +87,10 @@ def read_camera_bag(path, robot, *, start: float = 0.0, end=None):
             else:
                 series.append((stamp, np.clip(u, robot.command_low, robot.command_high)))
         else:
-            if info is None or pose is None:
+            if info[k] is None or pose[k] is None:
                 refuse("image_before_camera")
                 continue
-            new, problem = cm.camera_from_messages(info, pose)
+            new, problem = cm.camera_from_messages(info[k], pose[k])
             depth, bad = cm.depth_from_msg(msg)
             if problem or bad:
                 refuse((problem or bad)[0])
@@ -88,11 +98,14 @@ def read_camera_bag(path, robot, *, start: float = 0.0, end=None):
             if depth.shape != (new.height, new.width):
                 refuse("bad_image_size")
                 continue
-            changed = camera is None or not (np.allclose(new.k, camera.k) and np.allclose(new.rotation, camera.rotation)
-                                             and np.allclose(new.position, camera.position)
-                                             and (new.width, new.height) == (camera.width, camera.height))
-            camera = new if changed else camera
-            frames.append(DepthFrame(stamp / NS, [depth], [camera] if changed else None))
+            done, dropped = sync.add(k, stamp, (depth, new))
+            for _ in dropped:
+                refuse("unmatched")
+            for t_ns, items in done:
+                cams = [c for _, c in items]
+                changed = any(old is None or not _same(old, c) for old, c in zip(used, cams))
+                used = cams if changed else used
+                frames.append(DepthFrame(t_ns / NS, [d for d, _ in items], cams if changed else None))
     if first is None:
         raise ValueError(f"{path}: no announced first rod poses on {cm.TOPIC_INITIAL_POSES}: a camera track "
                          "cannot start (a depth camera cannot tell rods apart)")
@@ -105,6 +118,11 @@ def read_camera_bag(path, robot, *, start: float = 0.0, end=None):
     return frames, first[0], first[1], ct, cmd, refused
 
 
+def _same(a, b) -> bool:
+    return (a.width, a.height) == (b.width, b.height) and np.allclose(a.k, b.k) \
+        and np.allclose(a.rotation, b.rotation) and np.allclose(a.position, b.position)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="tensegrity-track-bag", description=__doc__.split("\n\n")[0])
     ap.add_argument("bag")
@@ -114,6 +132,9 @@ def main(argv=None) -> int:
                     help="auto: the engine when the bag has commands, else constant velocity")
     ap.add_argument("--noise", type=float, default=0.001, help="the sensor's depth sigma at 1 m (m; grows with z^2)")
     ap.add_argument("--budget", type=float, default=1.0, help="fitting time per frame (s)")
+    ap.add_argument("--cameras", nargs="+", default=[cm.CAMERA_NAMESPACE],
+                    help="topic namespaces of the depth cameras fitted together")
+    ap.add_argument("--sync-tolerance", type=float, default=0.005, help="images within this (s) are one frame")
     ap.add_argument("--no-floor", action="store_true", help="no ground plane behind the robot (e.g. hanging)")
     ap.add_argument("--start", type=float, default=0.0, help="s after the bag's first message")
     ap.add_argument("--end", type=float, default=None)
@@ -137,7 +158,9 @@ def main(argv=None) -> int:
     torch.set_num_threads(max(1, args.threads))
     try:
         robot = load_robot(args.robot)
-        frames, first, first_t, ct, cmd, refused = read_camera_bag(args.bag, robot, start=args.start, end=args.end)
+        frames, first, first_t, ct, cmd, refused = read_camera_bag(args.bag, robot, start=args.start, end=args.end,
+                                                                    namespaces=args.cameras,
+                                                                    sync_tolerance=args.sync_tolerance)
         commands = held_commands(ct, cmd, nominal_commands(robot)) if len(ct) else None
         prior = args.prior if args.prior != "auto" else ("engine" if commands is not None else "velocity")
         if prior == "engine" and commands is None:

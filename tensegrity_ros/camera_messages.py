@@ -8,6 +8,7 @@ engine's `PinholeCamera` from CameraInfo + pose. Every decoder returns (value, N
 """
 from __future__ import annotations
 
+import collections
 from typing import Optional
 
 import numpy as np
@@ -17,12 +18,29 @@ from tensegrity_engine.perception.camera import PinholeCamera
 
 from .conversions import ns_to_stamp
 
-TOPIC_DEPTH = "/tensegrity/camera/depth"
-TOPIC_CAMERA_INFO = "/tensegrity/camera/camera_info"
-TOPIC_CAMERA_POSE = "/tensegrity/camera/pose"
+CAMERA_NAMESPACE = "/tensegrity/camera"          # the first camera's; others /tensegrity/camera_1, ...
 TOPIC_INITIAL_POSES = "/tensegrity/initial_rod_poses"
-OPTICAL_FRAME = "tensegrity_camera_optical"
 MAX_PIXELS = 4096 * 4096
+
+
+def camera_namespace(index: int) -> str:
+    """The topic namespace of the ``index``-th camera of a rig (0: /tensegrity/camera)."""
+    return CAMERA_NAMESPACE if index == 0 else f"{CAMERA_NAMESPACE}_{index}"
+
+
+def camera_topics(namespace: str) -> tuple[str, str, str]:
+    """(depth image, camera info, optical frame pose) topics of a camera namespace."""
+    namespace = namespace.rstrip("/")
+    return f"{namespace}/depth", f"{namespace}/camera_info", f"{namespace}/pose"
+
+
+def optical_frame(namespace: str) -> str:
+    """The frame id of a camera namespace's images: tensegrity_camera_optical, ..."""
+    return namespace.strip("/").replace("/", "_") + "_optical"
+
+
+TOPIC_DEPTH, TOPIC_CAMERA_INFO, TOPIC_CAMERA_POSE = camera_topics(CAMERA_NAMESPACE)
+OPTICAL_FRAME = optical_frame(CAMERA_NAMESPACE)
 
 
 def depth_image_msg(depth: np.ndarray, stamp_ns_: int, frame_id: str = OPTICAL_FRAME):
@@ -105,3 +123,37 @@ def camera_from_messages(info, pose) -> tuple[Optional[PinholeCamera], Optional[
     except ValueError as exc:
         return None, ("bad_camera_info", str(exc))
     return cam, None
+
+
+class FrameSync:
+    """Images of several cameras matched into frames by their stamps.
+
+    `add` takes camera ``index``'s image at ``stamp`` (ns) and returns (frames completed:
+    [(stamp of camera 0's image, [item per camera])], items dropped). A frame is complete
+    when every camera has an image within ``tolerance_ns`` of the others; an image that can
+    no longer be matched (an older one than another camera's oldest by more than the
+    tolerance) or that overflows ``depth`` waiting images is dropped, for the caller to
+    count. One camera: every image is a frame at once."""
+
+    def __init__(self, cameras: int, tolerance_ns: int, depth: int = 5):
+        if cameras < 1 or tolerance_ns < 0 or depth < 1:
+            raise ValueError("at least one camera, a tolerance >= 0, depth >= 1")
+        self.tolerance = int(tolerance_ns)
+        self.depth = int(depth)
+        self.pending = [collections.deque() for _ in range(cameras)]
+
+    def add(self, index: int, stamp: int, item) -> tuple[list, list]:
+        dropped = []
+        queue = self.pending[index]
+        queue.append((int(stamp), item))
+        while len(queue) > self.depth:
+            dropped.append(queue.popleft()[1])
+        frames = []
+        while all(self.pending):
+            heads = [q[0][0] for q in self.pending]
+            if max(heads) - min(heads) <= self.tolerance:
+                items = [q.popleft()[1] for q in self.pending]
+                frames.append((heads[0], items))
+            else:                               # the oldest head has no partner any more
+                dropped.append(self.pending[int(min(range(len(heads)), key=heads.__getitem__))].popleft()[1])
+        return frames, dropped

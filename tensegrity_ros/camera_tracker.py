@@ -1,10 +1,14 @@
 """camera_tracker: rod poses from a depth camera, published as if motion capture made them.
 
-Subscribes to a depth image (``/tensegrity/camera/depth``, 32FC1 metres or 16UC1 mm), its
-CameraInfo, the optical frame's world pose (``/tensegrity/camera/pose``, latched: the
-static transform of the camera's calibration) and, latched, the robot's announced first
+Subscribes, per camera (``cameras``: topic namespaces, ``/tensegrity/camera`` by default),
+to a depth image (``<ns>/depth``, 32FC1 metres or 16UC1 mm), its CameraInfo
+(``<ns>/camera_info``), the optical frame's world pose (``<ns>/pose``, latched: the static
+transform of the camera's calibration) and, latched, the robot's announced first
 rod poses (``/tensegrity/initial_rod_poses``): a depth camera cannot tell which rod is
-which, so the track starts from a known pose and keeps rod identity by continuity.
+which, so the track starts from a known pose and keeps rod identity by continuity. With
+several cameras, images whose stamps lie within ``sync_tolerance`` of each other are one
+frame, fitted together at the first camera's stamp; an image left without partners is
+counted (``rejected_unmatched``) and dropped.
 
 Each image goes to `tensegrity_engine.perception.session.TrackingSession` (what the offline
 `tensegrity-track` runs too) and is fitted by its `RodTracker` (within
@@ -43,7 +47,8 @@ from tensegrity_engine.physics.params import ParameterError, PhysicalParameters
 
 from . import camera_messages as cm
 from . import conversions as conv
-from .common import TOPIC_COMMAND, TOPIC_PARAMS, TOPIC_POSES, latched_qos, run_node, stream_qos
+from .common import TOPIC_COMMAND, TOPIC_PARAMS, TOPIC_POSES, ConfigurationError, latched_qos, run_node, \
+    stream_qos
 from .diagnostics import Diagnostics
 from .params import declare, load_robot
 
@@ -73,20 +78,32 @@ class CameraTrackerNode(Node):
                           range=(1, 100000))
         self.max_age = d("max_image_age", 5.0, "longest gap the motion prior bridges (s); an image after a "
                          "longer one ends the track until a new first pose", range=(0.01, 60.0))
+        namespaces = d("cameras", [cm.CAMERA_NAMESPACE], "topic namespaces of the depth cameras fitted together "
+                       "(each: depth, camera_info, pose)", read_only=True)
+        tolerance = d("sync_tolerance", 0.005, "images of several cameras within this of each other (s) are "
+                      "one frame", range=(0.0, 1.0))
+        if not namespaces or len(set(namespaces)) != len(namespaces):
+            raise ConfigurationError("parameter cameras: one or more distinct topic namespaces")
+        self.namespaces = list(namespaces)
+        self.sync = cm.FrameSync(len(namespaces), int(round(tolerance * NS)))
+        self.infos = [None] * len(namespaces)
+        self.camera_poses = [None] * len(namespaces)
+        self.cameras = [None] * len(namespaces)
         self.pub = self.create_publisher(PoseArray, TOPIC_POSES, stream_qos())
-        self.create_subscription(Image, cm.TOPIC_DEPTH, self._on_depth, stream_qos(5))
-        self.create_subscription(CameraInfo, cm.TOPIC_CAMERA_INFO, self._on_info, stream_qos(2))
-        self.create_subscription(PoseStamped, cm.TOPIC_CAMERA_POSE, self._on_camera_pose, latched_qos())
+        for k, ns in enumerate(namespaces):
+            depth_topic, info_topic, pose_topic = cm.camera_topics(ns)
+            self.create_subscription(Image, depth_topic, lambda m, k=k: self._on_depth(k, m), stream_qos(5))
+            self.create_subscription(CameraInfo, info_topic, lambda m, k=k: self._on_info(k, m), stream_qos(2))
+            self.create_subscription(PoseStamped, pose_topic, lambda m, k=k: self._on_camera_pose(k, m),
+                                     latched_qos())
         self.create_subscription(PoseArray, cm.TOPIC_INITIAL_POSES, self._on_initial, latched_qos())
         self.create_subscription(IdentifiedParameters, TOPIC_PARAMS, self._on_params, latched_qos())
         self.create_subscription(CableCommand, TOPIC_COMMAND, self._on_command, stream_qos())
         self.model = PhysicalParameters(self.robot)           # the config's, until one is identified
         self.commands = CommandHistory(nominal_commands(self.robot), maxlen=1024)
         self.cable_names = [self.robot.cable_names[i] for i in self.robot.actuated_indices]
-        self.info = self.camera_pose = None
-        self.camera = None
-        self.session = None             # made when the camera is known (perception.session)
-        self.pending_start = None       # an announced pose that came before the camera
+        self.session = None             # made when every camera is known (perception.session)
+        self.pending_start = None       # an announced pose that came before the cameras
         self.walls: collections.deque = collections.deque(maxlen=200)    # fit times (s) and overlaps, recent
         self.ious: collections.deque = collections.deque(maxlen=200)
         self.diag = Diagnostics(self, extra=self._diag_values)
@@ -94,52 +111,54 @@ class CameraTrackerNode(Node):
                                "and the robot's first pose")
 
     # ------------------------------------------------------------------ inputs
-    def _on_camera_pose(self, msg: PoseStamped) -> None:
+    def _on_camera_pose(self, k: int, msg: PoseStamped) -> None:
         self.diag.received("camera_pose")
         if (problem := conv.header_problem(msg.header)):
             return self.diag.reject(*problem, topic="camera_pose")
-        if self.info is not None:
-            _, problem = cm.camera_from_messages(self.info, msg)
+        if self.infos[k] is not None:
+            _, problem = cm.camera_from_messages(self.infos[k], msg)
             if problem:
                 return self.diag.reject(*problem, topic="camera_pose")
-        self.camera_pose = msg
-        self._maybe_make_tracker()
+        self.camera_poses[k] = msg
+        self._maybe_make_tracker(k)
         self.diag.accept("camera_pose")
 
-    def _on_info(self, msg: CameraInfo) -> None:
+    def _on_info(self, k: int, msg: CameraInfo) -> None:
         self.diag.received("camera_info")
         if (problem := conv.header_problem(msg.header)):
             return self.diag.reject(*problem, topic="camera_info")
-        if self.camera_pose is not None:
-            _, problem = cm.camera_from_messages(msg, self.camera_pose)
+        if self.camera_poses[k] is not None:
+            _, problem = cm.camera_from_messages(msg, self.camera_poses[k])
             if problem:
                 return self.diag.reject(*problem, topic="camera_info")
-        self.info = msg
-        self._maybe_make_tracker()
+        self.infos[k] = msg
+        self._maybe_make_tracker(k)
         self.diag.accept("camera_info")
 
-    def _maybe_make_tracker(self) -> None:
-        """(Re)build the tracker when camera info and pose, both checked, describe another
-        camera than the current one."""
-        if self.info is None or self.camera_pose is None:
+    def _maybe_make_tracker(self, k: int) -> None:
+        """(Re)build the tracker when camera ``k``'s info and pose, both checked, describe
+        another camera than its current one, once every camera is known."""
+        if self.infos[k] is None or self.camera_poses[k] is None:
             return
-        cam, problem = cm.camera_from_messages(self.info, self.camera_pose)
+        cam, problem = cm.camera_from_messages(self.infos[k], self.camera_poses[k])
         if problem:                          # each was checked against the other on arrival
             return
-        same = self.camera is not None and (cam.width, cam.height) == (self.camera.width, self.camera.height) \
-            and np.allclose(cam.k, self.camera.k) and np.allclose(cam.rotation, self.camera.rotation) \
-            and np.allclose(cam.position, self.camera.position)
-        if same:
+        old = self.cameras[k]
+        if old is not None and (cam.width, cam.height) == (old.width, old.height) and np.allclose(cam.k, old.k) \
+                and np.allclose(cam.rotation, old.rotation) and np.allclose(cam.position, old.position):
             return
-        self.camera = cam
+        self.cameras[k] = cam
+        if any(c is None for c in self.cameras):
+            return
         if self.session is None:
-            self.session = TrackingSession(self.robot, [cam], self.config, motion_prior=self.motion_prior,
-                                           model=self.model, acceleration=self.acceleration or None,
-                                           max_lost=self.max_lost, max_gap=self.max_age)
-            if self.pending_start is not None:      # the first pose came before the camera
+            self.session = TrackingSession(self.robot, list(self.cameras), self.config,
+                                           motion_prior=self.motion_prior, model=self.model,
+                                           acceleration=self.acceleration or None, max_lost=self.max_lost,
+                                           max_gap=self.max_age)
+            if self.pending_start is not None:      # the first pose came before the cameras
                 self._start(*self.pending_start)
         else:
-            self.session.set_cameras([cam])
+            self.session.set_cameras(list(self.cameras))
 
     def _on_initial(self, msg: PoseArray) -> None:
         self.diag.received("initial_poses")
@@ -196,7 +215,7 @@ class CameraTrackerNode(Node):
         self.get_logger().info("track (re)started from the announced first pose")
 
     # ------------------------------------------------------------------ tracking
-    def _on_depth(self, msg: Image) -> None:
+    def _on_depth(self, k: int, msg: Image) -> None:
         self.diag.received("depth")
         if (problem := conv.header_problem(msg.header)):
             return self.diag.reject(*problem, topic="depth")
@@ -207,18 +226,31 @@ class CameraTrackerNode(Node):
             return self.diag.reject("no_camera", "no camera info / camera pose yet", topic="depth")
         if not self.session.tracking:
             return self.diag.reject("no_first_pose", "waiting for the robot's first pose", topic="depth")
-        if depth.shape != (self.camera.height, self.camera.width):
+        camera = self.cameras[k]
+        if depth.shape != (camera.height, camera.width):
             return self.diag.reject("bad_image_size", f"{depth.shape} is not the camera's "
-                                    f"{(self.camera.height, self.camera.width)}", topic="depth")
-        stamp = conv.stamp_ns(msg.header.stamp)
+                                    f"{(camera.height, camera.width)}", topic="depth")
+        frames, dropped = self.sync.add(k, conv.stamp_ns(msg.header.stamp), depth)
+        for _ in dropped:
+            self.diag.reject("unmatched", "no image of the other camera(s) within sync_tolerance", topic="depth")
+        for stamp, depths in frames:
+            self._track(stamp, depths)
+
+    def _track(self, stamp: int, depths: list) -> None:
+        """Fit one frame (an image per camera, ``stamp`` ns); each image is counted."""
+        n = len(depths)
         t0 = time.perf_counter()
-        out = self.session.frame(stamp / NS, [depth], self._held)
+        out = self.session.frame(stamp / NS, depths, self._held)
         if out.status == "rejected":
             if out.track_ended:
                 self.diag.warn_throttled("lost", f"track ended: {out.detail}")
-            return self.diag.reject(out.reason, out.detail, topic="depth")
+            for _ in range(n):
+                self.diag.reject(out.reason, out.detail, topic="depth")
+            return
         self.walls.append(time.perf_counter() - t0)
         self.ious.append(out.estimate.iou)
+        for _ in range(n):
+            self.diag.accept("depth")
         if out.status == "reacquired":
             self.diag.count("reacquired")
         if out.status == "lost":
@@ -227,10 +259,9 @@ class CameraTrackerNode(Node):
                                      f"{1e3 * self.walls[-1]:.0f} ms")
             if out.track_ended:
                 self.diag.warn_throttled("lost", "track lost: waiting for a new first pose")
-            return self.diag.accept("depth")
+            return
         self.pub.publish(conv.rod_state_to_pose_array(out.state, stamp))
         self.diag.count("poses_published")
-        self.diag.accept("depth")
 
     def close(self) -> None:
         """Nothing runs outside the executor: images are fitted in their callback."""

@@ -1,11 +1,14 @@
-"""The MuJoCo bridge's depth camera: what an RGB-D sensor on a tripod would publish.
+"""The MuJoCo bridge's depth cameras: what RGB-D sensors on tripods would publish.
 
 MuJoCo renders the played robot (`groundtruth.depth_camera.MujocoDepthCamera`: its own
 capsules and floor, range-dependent noise, dropped pixels) at ``depth_rate`` in the
-simulation thread, which owns the OpenGL context. Published: the depth image (32FC1,
-metres, NaN = no return) and CameraInfo stamped at capture, the optical frame's world pose
-(latched, the static transform a calibration gives), and, latched, the robot's first rod
-poses: how a robot whose poses come from a camera announces where it starts.
+simulation thread, which owns the OpenGL contexts. ``depth_cameras`` tripods stand evenly
+spread around the robot's start (the first at ``depth_camera_eye``), all capturing at the
+same instants. Published per camera, under ``/tensegrity/camera`` for the first and
+``/tensegrity/camera_<k>`` for the others: the depth image (32FC1, metres, NaN = no
+return) and CameraInfo stamped at capture, the optical frame's world pose (latched, the
+static transform a calibration gives); and, latched, the robot's first rod poses: how a
+robot whose poses come from a camera announces where it starts.
 """
 from __future__ import annotations
 
@@ -43,22 +46,33 @@ class DepthCameraOutput:
         self.follow = d("depth_camera_follow", 0.0, "when the robot is this far (m, horizontally) from where the "
                         "camera looks, the camera is carried along by as much (0 = a fixed tripod)",
                         range=(0.0, 1e3), read_only=True)
+        count = d("depth_cameras", 1, "number of depth cameras, on tripods spread evenly around the start",
+                  range=(1, 8), read_only=True)
         if not self.enabled:
             return
         if len(eye) != 3 or not all(math.isfinite(float(v)) for v in eye):
             raise ConfigurationError("parameter depth_camera_eye: expected 3 finite numbers")
         size = float(np.max(robot.rod_length))
         self.target = start_com + np.array([0.0, 0.0, aim * size])
-        self.offset = size * np.asarray(eye, dtype=np.float64)
-        self.camera = look_at(self.target + self.offset - np.array([0.0, 0.0, aim * size]), self.target,
-                              width=width, height=height, fov_y=math.radians(fov))
+        offset = size * np.asarray(eye, dtype=np.float64)
+        self.cameras = []
+        for k in range(count):                  # turned about the vertical through the aim point
+            a = 2.0 * math.pi * k / count
+            turn = np.array([[math.cos(a), -math.sin(a), 0.0], [math.sin(a), math.cos(a), 0.0], [0.0, 0.0, 1.0]])
+            self.cameras.append(look_at(self.target + turn @ offset - np.array([0.0, 0.0, aim * size]), self.target,
+                                        width=width, height=height, fov_y=math.radians(fov)))
         self.robot_mass = robot.rod_mass
         self.noise = DepthNoise(noise, dropout)
         self.node = node
-        self.sensor = None                  # made in the simulation thread: it owns the GL context
-        self.pub_depth = node.create_publisher(Image, cm.TOPIC_DEPTH, stream_qos(5))
-        self.pub_info = node.create_publisher(CameraInfo, cm.TOPIC_CAMERA_INFO, stream_qos(5))
-        self.pub_pose = node.create_publisher(PoseStamped, cm.TOPIC_CAMERA_POSE, latched_qos())
+        self.sensors = []                   # made in the simulation thread: it owns the GL contexts
+        self.namespaces = [cm.camera_namespace(k) for k in range(count)]
+        self.frames = [cm.optical_frame(ns) for ns in self.namespaces]
+        self.pub_depth, self.pub_info, self.pub_pose = [], [], []
+        for ns in self.namespaces:
+            depth_topic, info_topic, pose_topic = cm.camera_topics(ns)
+            self.pub_depth.append(node.create_publisher(Image, depth_topic, stream_qos(5)))
+            self.pub_info.append(node.create_publisher(CameraInfo, info_topic, stream_qos(5)))
+            self.pub_pose.append(node.create_publisher(PoseStamped, pose_topic, latched_qos()))
         self.pub_initial = node.create_publisher(PoseArray, cm.TOPIC_INITIAL_POSES, latched_qos())
         self.images = 0
         self.moves = 0
@@ -68,15 +82,17 @@ class DepthCameraOutput:
         return int(round(1e9 / self.rate))
 
     def announce(self, t_ns: int, rod_state: np.ndarray) -> None:
-        """Latched: the camera's pose and the robot's first rod poses."""
-        self.pub_pose.publish(cm.camera_pose_msg(self.camera, t_ns))
+        """Latched: the cameras' poses and the robot's first rod poses."""
+        for cam, pub in zip(self.cameras, self.pub_pose):
+            pub.publish(cm.camera_pose_msg(cam, t_ns))
         self.pub_initial.publish(conv.rod_state_to_pose_array(rod_state, t_ns))
 
     def publish(self, twin, t_ns: int, rod_state: np.ndarray, rng: np.random.Generator) -> None:
-        if self.sensor is None:
+        if not self.sensors:
             try:
-                self.sensor = MujocoDepthCamera(twin, self.camera, noise=self.noise, rng=rng)
+                self.sensors = [MujocoDepthCamera(twin, cam, noise=self.noise, rng=rng) for cam in self.cameras]
             except DepthRenderingUnavailable as exc:
+                self.close()
                 self.enabled = False
                 self.node.get_logger().error(f"depth camera off: {exc}")
                 self.node.diag.count("depth_camera_unavailable")
@@ -86,22 +102,24 @@ class DepthCameraOutput:
                 return
         com = (rod_state[:, 0:3] * self.robot_mass[:, None]).sum(0) / self.robot_mass.sum()
         away = com[:2] - self.target[:2]
-        if self.follow > 0 and np.linalg.norm(away) > self.follow:   # carry the tripod along
+        if self.follow > 0 and np.linalg.norm(away) > self.follow:   # carry the tripods along
             self.target[:2] += away
-            self.camera = look_at(self.camera.position + np.array([away[0], away[1], 0.0]), self.target,
-                                  width=self.camera.width, height=self.camera.height,
-                                  fov_y=2.0 * math.atan(0.5 * self.camera.height / self.camera.fy))
-            self.sensor.move(self.camera)
-            self.pub_pose.publish(cm.camera_pose_msg(self.camera, t_ns))   # before the image it applies to
+            shift = np.array([away[0], away[1], 0.0])
+            for k, (cam, sensor) in enumerate(zip(self.cameras, self.sensors)):
+                self.cameras[k] = look_at(cam.position + shift, self.target, width=cam.width, height=cam.height,
+                                          fov_y=2.0 * math.atan(0.5 * cam.height / cam.fy))
+                sensor.move(self.cameras[k])
+                self.pub_pose[k].publish(cm.camera_pose_msg(self.cameras[k], t_ns))   # before its image
             self.moves += 1
-        depth = self.sensor.render(rod_state)
-        self.pub_info.publish(cm.camera_info_msg(self.camera, t_ns))      # first: a tracker needs it
-        self.pub_depth.publish(cm.depth_image_msg(depth, t_ns))
-        self.images += 1
+        for cam, sensor, pub_info, pub_depth, frame in zip(self.cameras, self.sensors, self.pub_info,
+                                                           self.pub_depth, self.frames):
+            depth = sensor.render(rod_state)
+            pub_info.publish(cm.camera_info_msg(cam, t_ns, frame))      # first: a tracker needs it
+            pub_depth.publish(cm.depth_image_msg(depth, t_ns, frame))
+            self.images += 1
 
     def close(self) -> None:
-        """Free the renderer: call it from the thread that rendered (it owns the context)."""
-        if getattr(self, "sensor", None) is not None:
-            self.sensor.close()
-            self.sensor = None
-
+        """Free the renderers: call it from the thread that rendered (it owns the contexts)."""
+        for sensor in getattr(self, "sensors", []):
+            sensor.close()
+        self.sensors = []

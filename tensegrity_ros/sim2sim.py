@@ -404,10 +404,13 @@ def main(argv=None) -> int:
     ap.add_argument("--domain-id", type=int, default=None)
     ap.add_argument("--pose-source", default=None, choices=("mocap", "camera"),
                     help="rod poses from the bridge (mocap) or from its depth camera through camera_tracker")
+    ap.add_argument("--cameras", type=int, default=None,
+                    help="with --pose-source camera: depth cameras around the robot, fitted together (default 1)")
     ap.add_argument("-p", "--param", action="append", default=[],
                     help="node:name:=value override, e.g. identifier:max_seconds:=30")
     args = ap.parse_args(argv)
 
+    from .camera_messages import camera_namespace
     from .params import load_robot, resolve_config
 
     cfg_path = resolve_config(args.config)
@@ -435,8 +438,13 @@ def main(argv=None) -> int:
         raise SystemExit(f"pose_source must be mocap or camera, got {pose_source!r}")
     if pose_source == "camera":
         nodes.append(("camera_tracker", "tensegrity_ros.camera_tracker"))
-        overrides["camera_tracker"] = []
-        overrides["mujoco_bridge"] += [("depth_camera", "true"), ("publish_poses", "false")]
+        count = args.cameras if args.cameras is not None else int(run.get("cameras", 1))
+        if not 1 <= count <= 8:
+            raise SystemExit(f"cameras must be 1..8, got {count}")
+        namespaces = ", ".join(f"'{camera_namespace(k)}'" for k in range(count))
+        overrides["camera_tracker"] = [("cameras", f"[{namespaces}]")]
+        overrides["mujoco_bridge"] += [("depth_camera", "true"), ("publish_poses", "false"),
+                                       ("depth_cameras", str(count))]
     if args.device:
         overrides["identifier"].append(("device", args.device))
         overrides["mppi_controller"].append(("device", args.device))

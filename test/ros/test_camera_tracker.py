@@ -35,7 +35,9 @@ def _collect(node, topic):
     return got, lock
 
 
-def test_camera_tracker_follows_the_robot_the_bridge_renders(ros):
+@pytest.mark.parametrize("cameras", [1, 2])
+def test_camera_tracker_follows_the_robot_the_bridge_renders(ros, cameras):
+    """One camera, or two on opposite sides fitted together frame by frame."""
     from tensegrity_ros.camera_tracker import CameraTrackerNode
     from tensegrity_ros.mujoco_bridge import MujocoBridge
 
@@ -48,9 +50,11 @@ def test_camera_tracker_follows_the_robot_the_bridge_renders(ros):
                                   parameter_overrides=[Parameter(k, value=v) for k, v in {
                                       "robot": "three_bar", "robot_truth": "zoo/end_heavy", "real_time_factor": 0.25,
                                       "marker_rate": 0.0, "publish_clock": False, "max_duration": 3.0,
-                                      "imu": False, "depth_camera": True, "depth_noise": 0.0005}.items()]))
+                                      "imu": False, "depth_camera": True, "depth_noise": 0.0005,
+                                      "depth_cameras": cameras}.items()]))
     # a generous fitting budget at a quarter of real time: the result must not hang on CI load
-    tracker = ros.node(CameraTrackerNode, {"robot": "three_bar", "depth_noise": 0.0005, "time_budget": 0.3})
+    tracker = ros.node(CameraTrackerNode, {"robot": "three_bar", "depth_noise": 0.0005, "time_budget": 0.3,
+                                           "cameras": [cm.camera_namespace(k) for k in range(cameras)]})
     # squeeze and release cables so the robot moves under the camera
     pub = probe.create_publisher(conv.make_cable_command(np.zeros(1), 0).__class__, TOPIC_COMMAND, stream_qos())
     lo, hi = robot.command_low, robot.command_high
@@ -76,7 +80,29 @@ def test_camera_tracker_follows_the_robot_the_bridge_renders(ros):
     # images that came before the camera info or the first pose (start-up races across topics)
     # are the only rejects
     c = tracker.diag.counters
-    assert c["depth_rejected"] == c["rejected_no_camera"] + c["rejected_no_first_pose"] <= 3, c
+    # (with two cameras, an image whose partner came before the tracker knew both cameras has
+    # none: unmatched)
+    start_up = c["rejected_no_camera"] + c["rejected_no_first_pose"]
+    assert c["depth_rejected"] == start_up + c.get("rejected_unmatched", 0) <= 3 * cameras, c
+    assert c.get("rejected_unmatched", 0) <= start_up, c
+    # every published pose came from one image of each camera
+    assert c["depth_accepted"] == cameras * (c["poses_published"] + c.get("frames_lost", 0)), c
+    assert len(tracker.session.tracker.views) == cameras
+
+
+def test_frame_sync_matches_images_across_cameras():
+    sync = cm.FrameSync(2, tolerance_ns=5)
+    assert sync.add(0, 100, "a0") == ([], [])
+    assert sync.add(1, 102, "b0") == ([(100, ["a0", "b0"])], [])
+    assert sync.add(1, 200, "b1") == ([], [])              # waits for camera 0
+    assert sync.add(0, 300, "a2") == ([], ["b1"])          # camera 0's 200 never came: b1 is dropped
+    assert sync.add(1, 298, "b2") == ([(300, ["a2", "b2"])], [])
+    one = cm.FrameSync(1, 0)
+    assert one.add(0, 7, "x") == ([(7, ["x"])], [])
+    deep = cm.FrameSync(2, 0, depth=2)
+    for t in (1, 2, 3):
+        _, dropped = deep.add(0, t, t)
+    assert dropped == [1] and [t for t, _ in deep.pending[0]] == [2, 3]
 
 
 def test_camera_tracker_rejects_bad_images(ros):
@@ -108,7 +134,7 @@ def test_camera_tracker_rejects_bad_images(ros):
     assert c["in_depth"] == c["depth_accepted"] + c["depth_rejected"]
     # a camera pose that is no rotation, a first pose with a zero quaternion: refused, the
     # camera stays, nothing crashes
-    camera_before = tracker.camera
+    camera_before = tracker.cameras[0]
     broken = cm.camera_pose_msg(cam, 3)
     broken.pose.orientation.w = 0.0
     broken.pose.orientation.x = 0.0
@@ -117,6 +143,6 @@ def test_camera_tracker_rejects_bad_images(ros):
     first.poses[1].orientation.w = 0.0
     probe.create_publisher(PoseArray, cm.TOPIC_INITIAL_POSES, latched_qos()).publish(first)
     assert wait_for(lambda: c["camera_pose_rejected"] == 1 and c["initial_poses_rejected"] == 1, 10), c
-    assert tracker.camera is camera_before and not tracker.session.tracking
+    assert tracker.cameras[0] is camera_before and not tracker.session.tracking
     images.publish(cm.depth_image_msg(np.ones((24, 32)), 2_300_000_000))
     assert wait_for(lambda: c["rejected_no_first_pose"] == 2, 10), c
