@@ -222,3 +222,37 @@ def test_moved_mujoco_camera_renders_as_a_new_one(superball_at_rest, camera):
     seen = np.isfinite(reference)
     assert np.nanmax(np.abs(after - before)) > 0.1                      # it did move
     np.testing.assert_allclose(after[seen], reference[seen], atol=1e-5)
+
+
+def test_region_of_interest_and_quality_without_a_full_rendering(superball_at_rest, camera):
+    """The region comes from the rods' projected outlines, not a rendering: it must hold
+    every pixel a rendering shows a rod on (here and 0.3 m / 20 deg off), and the fit's
+    overlap and depth rms from the region alone must equal those of a full rendering."""
+    robot, state = superball_at_rest
+    depth = _mujoco_depth(robot, state, camera, DepthNoise(0.001, 0.02))
+    truth = end_nodes(state, robot.rod_length / 2)
+    tracker = RodTracker(robot, [camera], TrackerConfig(noise_at_1m=0.001, time_budget=10.0))
+    view = tracker.views[0]
+    view.observe(depth, np.random.default_rng(0))
+    c = truth.reshape(-1, 3).mean(0)
+    a = np.radians(20.0)
+    turn = np.array([[np.cos(a), 0.0, np.sin(a)], [0.0, 1.0, 0.0], [-np.sin(a), 0.0, np.cos(a)]])
+    for ends in (truth, (truth - c) @ turn.T + c + [0.3, -0.2, 0.1]):
+        e = torch.as_tensor(ends)
+        soft = view.renderer.render(e, tracker.radius).silhouette
+        cover = view._projected_cover(e, tracker.radius)
+        assert (soft > 0.05).sum() > 50 and not ((soft > 0.05) & ~cover).any()    # the outline, edges in
+        assert cover.sum() < 3 * (soft > 0.5).sum()                             # and not much more
+        view.focus(e, tracker.radius)                  # the region (grown 2 pixels): the soft tails too
+        outside = torch.ones_like(cover)
+        outside[view.roi_index] = False
+        assert float(soft[outside].max()) < 2e-3
+    est = tracker.track([depth], truth + 0.02)
+    full = view.renderer.render(torch.as_tensor(est.ends), tracker.radius, view.all_margin)
+    sil, obs = full.silhouette > 0.5, view.all_robot > 0.5
+    valid = view.all_valid > 0
+    bound = 3.0 * view.all_sigma[valid]
+    d = (full.hit_depth - view.all_observed)[valid].clamp(-1e9, 1e9)
+    rms = float(torch.sqrt((torch.maximum(torch.minimum(d, bound), -bound) ** 2).mean()))
+    assert est.iou == pytest.approx(float((sil & obs).sum()) / float((sil | obs).sum()), abs=1e-12)
+    assert est.rms == pytest.approx(rms, rel=1e-12)
