@@ -1,21 +1,23 @@
-"""Camera bench (issue 15): rod poses from one depth camera instead of motion capture.
+"""Camera bench (issue 15): rod poses from depth cameras instead of motion capture.
 
     python bench/camera.py [--robot superball] [--zoo soft_slow,end_heavy | all] [--seconds 5]
-                           [--noise 0.001] [--dropout 0.02] [--prior velocity|engine|fixed]
+                           [--cameras 1] [--noise 0.001] [--dropout 0.02] [--prior velocity|engine]
                            [--model nominal|true] [--every n] [--commands rolling|excitation]
+                           [--lost-iou 0.3]
 
 For every zoo robot (config/zoo.yaml applied to --robot; MuJoCo plays it): a rolling
-episode (launched at 0.5-2 m/s, random piecewise-constant commands), seen at 10 Hz by a
-160x120 depth camera on a tripod 3 robot-sizes away, rendered by MuJoCo (EGL/OSMesa; not
-this package's renderer) with range-dependent noise (sigma = noise * z^2) and dropped
-pixels. The tracker (`perception.tracker.RodTracker`) starts from the first frame's true
-pose (as a robot would announce it) and then follows frame to frame: its prior is the
-previous estimate moved on at the last estimated velocity, with that extrapolation's own
-uncertainty (`perception.motion.ConstantVelocityPrior`; ``--prior fixed``: the tracker's
-default prior sigmas instead). Printed per robot: median and 90th percentile rod-centre error and axis
-error against MuJoCo's truth (ends in order: a swapped rod counts as an error), frames
-reported lost (silhouette overlap below the tracker's threshold), and the tracking rate
-on this CPU. Targets (issue 15; printed, never asserted): median <= 1 cm and <= 3 deg;
+episode (launched at 0.5-2 m/s, random piecewise-constant commands), seen at 10 Hz by
+160x120 depth cameras on tripods 3 robot-sizes away (``--cameras``, spread evenly around
+the start), rendered by MuJoCo (EGL/OSMesa; not this package's renderer) with
+range-dependent noise (sigma = noise * z^2) and dropped pixels. What `camera_tracker` runs
+(`perception.session.TrackingSession`) starts from the first frame's true pose (as a robot
+would announce it) and follows frame to frame: its prior is the previous estimate moved
+on at the last estimated velocity, with that extrapolation's own uncertainty, or the
+engine (``--prior engine``); a lost frame is fitted again from the last good shape
+(re-acquisition). Printed per robot: median and 90th percentile rod-centre error and axis
+error against MuJoCo's truth (ends in order: a swapped rod counts as an error; lost frames
+count with their fit), frames reported lost and re-found, and the tracking rate on this
+CPU. Targets (issue 15; printed, never asserted): median <= 1 cm and <= 3 deg;
 >= 10 Hz at 160x120 on the 2-core CPU.
 """
 from __future__ import annotations
@@ -36,8 +38,8 @@ from tensegrity_engine.groundtruth.depth_camera import DepthNoise, MujocoDepthCa
 from tensegrity_engine.groundtruth.mujoco_twin import GroundTruthDiverged
 from tensegrity_engine.groundtruth.zoo import zoo_robot
 from tensegrity_engine.perception.camera import look_at
-from tensegrity_engine.perception.motion import ConstantVelocityPrior, EnginePrior
-from tensegrity_engine.perception.tracker import RodTracker, TrackerConfig
+from tensegrity_engine.perception.session import TrackingSession
+from tensegrity_engine.perception.tracker import TrackerConfig
 from tensegrity_engine.physics.params import PhysicalParameters
 from tensegrity_engine.physics.state import end_nodes
 
@@ -82,36 +84,33 @@ def run_robot(name: str, base, args) -> dict:
         cameras.append(look_at(start + turn @ offset, start + np.array([0.0, 0.0, 0.3 * size]), width=160,
                                height=120, fov_y=np.radians(args.fov)))
         sensors.append(MujocoDepthCamera(twin, cameras[-1], noise=DepthNoise(args.noise, args.dropout), rng=rng))
-    tracker = RodTracker(z.nominal, cameras, TrackerConfig(noise_at_1m=args.noise, time_budget=args.budget,
-                                                             stride=args.stride, max_pixels=args.max_pixels,
-                                                             max_points=args.max_points, lost_iou=args.lost_iou))
+    config = TrackerConfig(noise_at_1m=args.noise, time_budget=args.budget, stride=args.stride,
+                           max_pixels=args.max_pixels, max_points=args.max_points, lost_iou=args.lost_iou,
+                           sigma_silhouette=args.sigma_silhouette)
     half = z.nominal.rod_length / 2
     truth = end_nodes(states, half)                                    # [F, R, 2, 3]
     period = 0.1 * args.every
     commands = lambda times: cmd[np.clip(np.floor(times / robot.dt + 1e-9).astype(int), 0, len(cmd) - 1)]
-    if args.prior == "engine":
-        model = true_model(z) if args.model == "true" else PhysicalParameters(z.nominal)
-        prior = EnginePrior(model)
-        prior.reset(s0, a0)                    # the announced first pose; the motors' state is known
-    else:
-        prior = ConstantVelocityPrior(period, acceleration=args.acceleration, angular_acceleration=args.acceleration)
-        prior.reset(truth[0])
-    centre_err, along_err, axis_err, lost, walls = [], [], [], 0, []
+    model = (true_model(z) if args.model == "true" else PhysicalParameters(z.nominal)) if args.prior == "engine" else None
+    # what camera_tracker runs: prior, fit, re-acquisition of a lost frame (the track never ends here)
+    session = TrackingSession(z.nominal, cameras, config, motion_prior=args.prior, model=model,
+                              acceleration=args.acceleration if args.prior == "velocity" else None,
+                              max_lost=10 ** 6, max_gap=1e9, period=period)
+    session.start(s0, 0.0, commands)
+    if args.prior == "engine":                  # the motors' state is known too
+        session.prior.reset(s0, a0, 0.0)
+    centre_err, along_err, axis_err, lost, reacquired, walls = [], [], [], 0, 0, []
     for f in range(args.every, len(states), args.every):
         depths = [sensor.render(states[f]) for sensor in sensors]
-        t, t0 = 0.1 * f, time.perf_counter()
-        guess, sigma = prior.predict(t, commands) if args.prior == "engine" else prior.predict(t)
-        est = tracker.track(depths, guess, None if args.prior == "fixed" else sigma)
-        if args.prior == "engine":
-            prior.update(est.ends, est.std, t, commands)
-        else:
-            prior.update(est.ends, est.std, t)
+        t0 = time.perf_counter()
+        out = session.frame(0.1 * f, depths, commands)
         walls.append(time.perf_counter() - t0)          # prediction, fit and update: a frame's work
-        c, along, a = pose_errors(est.ends, truth[f])
+        c, along, a = pose_errors(out.estimate.ends, truth[f])
         centre_err.append(c)
         along_err.append(along)
         axis_err.append(a)
-        lost += int(est.lost)
+        lost += int(out.status == "lost")
+        reacquired += int(out.status == "reacquired")
     for sensor in sensors:
         sensor.close()
     twin.close()
@@ -120,9 +119,9 @@ def run_robot(name: str, base, args) -> dict:
     res = {"centre_median": float(np.median(c)), "centre_p90": float(np.percentile(c, 90)),
            "along_median": float(np.median(np.concatenate(along_err))),
            "axis_median": float(np.median(a)), "axis_p90": float(np.percentile(a, 90)),
-           "lost": lost, "frames": len(centre_err), "hz": 1.0 / float(np.median(walls)), "path": path}
+           "lost": lost, "reacquired": reacquired, "frames": len(centre_err), "hz": 1.0 / float(np.median(walls)), "path": path}
     _line(f"  {name:14s} centre {1e3 * res['centre_median']:6.1f} mm (p90 {1e3 * res['centre_p90']:6.1f})   "
-          f"(along the axis {1e3 * res['along_median']:5.1f})   axis {res['axis_median']:5.2f} deg (p90 {res['axis_p90']:5.2f})   lost {lost}/{res['frames']}   "
+          f"(along the axis {1e3 * res['along_median']:5.1f})   axis {res['axis_median']:5.2f} deg (p90 {res['axis_p90']:5.2f})   lost {lost}/{res['frames']} (re-found {reacquired})   "
           f"{res['hz']:5.1f} Hz   rolled {path:.2f} m")
     return res
 
@@ -135,10 +134,9 @@ def main(argv=None) -> int:
     ap.add_argument("--noise", type=float, default=0.001, help="depth sigma at 1 m (m), grows with z^2")
     ap.add_argument("--dropout", type=float, default=0.02, help="share of pixels with no return")
     ap.add_argument("--fov", type=float, default=70.0, help="vertical field of view (deg)")
-    ap.add_argument("--prior", default="velocity", choices=["velocity", "engine", "fixed"],
+    ap.add_argument("--prior", default="velocity", choices=["velocity", "engine"],
                     help="velocity: the constant-velocity prior with its own sigmas; engine: the engine rolled "
-                         "from the last estimates under the commands (--model); fixed: constant velocity with "
-                         "the tracker's default sigmas")
+                         "from the last estimates under the commands (--model)")
     ap.add_argument("--model", default="nominal", choices=["nominal", "true"],
                     help="the engine prior's values: the config's, or the robot's true ones (what identification "
                          "would reach)")
@@ -156,6 +154,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cameras", type=int, default=1, help="depth cameras on tripods spread evenly around the start")
     ap.add_argument("--lost-iou", type=float, default=TrackerConfig.lost_iou,
                     help="a frame whose silhouette overlap is below this is reported lost")
+    ap.add_argument("--sigma-silhouette", type=float, default=TrackerConfig.sigma_silhouette,
+                    help="the silhouette residual's sigma (coverage units)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
