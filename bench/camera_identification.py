@@ -1,12 +1,13 @@
 """Identification from a depth camera instead of motion capture (issue 15).
 
     python bench/camera_identification.py [--robot three_bar] [--zoo soft_slow,end_heavy | all]
-                                          [--budget 60] [--noise 0.001]
+                                          [--budget 60] [--noise 0.001] [--cameras 1]
 
 For every zoo robot (config/zoo.yaml on --robot; MuJoCo plays it): the zoo bench's hanging
 data (random commands and known pushes, 10 Hz, 8 training and 2 validation trajectories
 of 5 s), seen three ways: clean states (with velocities), the robot's mocap (its sensor
-model: noise, latency, jitter, dropped frames; no velocities), and a 160x120 depth camera
+model: noise, latency, jitter, dropped frames; no velocities), and 160x120 depth cameras
+(``--cameras``, spread around the robot)
 rendered by MuJoCo (noise sigma = noise * z^2, 2 % dropped pixels) whose images the tracker
 (`perception.tracker.RodTracker`, constant-velocity prior, 80 ms per image; the rod welded
 to the rig held at its known pose) turns into rod poses, each trajectory tracked from its
@@ -51,12 +52,16 @@ def tracked(z, traj, args, rng) -> tuple:
     states = traj.states()
     size = float(np.max(z.nominal.rod_length))
     centre = states[0, :, 0:3].mean(0)
-    camera = look_at(centre + size * np.array([1.8, -1.8, 0.6]), centre, fov_y=np.radians(70.0))
+    cameras = []
+    for k in range(args.cameras):           # tripods spread evenly around the robot, the first as always
+        a = 2.0 * np.pi * k / args.cameras
+        turn = np.array([[np.cos(a), -np.sin(a), 0.0], [np.sin(a), np.cos(a), 0.0], [0.0, 0.0, 1.0]])
+        cameras.append(look_at(centre + turn @ (size * np.array([1.8, -1.8, 0.6])), centre, fov_y=np.radians(70.0)))
     half = z.nominal.rod_length / 2
     truth = end_nodes(states, half)
     with z.twin(floor=False, fixed_rods=traj.fixed_rods, nthread=1) as twin:
-        sensor = MujocoDepthCamera(twin, camera, noise=DepthNoise(args.noise, 0.02), rng=rng)
-        tracker = RodTracker(z.nominal, [camera], TrackerConfig(noise_at_1m=args.noise, time_budget=args.track_budget),
+        sensors = [MujocoDepthCamera(twin, c, noise=DepthNoise(args.noise, 0.02), rng=rng) for c in cameras]
+        tracker = RodTracker(z.nominal, cameras, TrackerConfig(noise_at_1m=args.noise, time_budget=args.track_budget),
                              floor=None)
         prior = ConstantVelocityPrior(0.1)
         prior.reset(truth[0], traj.t[0])
@@ -66,12 +71,13 @@ def tracked(z, traj, args, rng) -> tuple:
         for f in range(1, len(states)):
             guess, sigma = prior.predict(traj.t[f])
             guess[fixed], sigma[fixed] = truth[0][fixed], 1e-6    # the rod welded to the rig: known
-            est = tracker.track([sensor.render(states[f])], guess, sigma)
+            est = tracker.track([sensor.render(states[f]) for sensor in sensors], guess, sigma)
             prior.update(est.ends, est.std, traj.t[f])
             out.append(rod_poses_from_ends(est.ends, out[-1][:, 3:7]))
             c, _, a = pose_errors(est.ends, truth[f])
             errs.append((c, a))
-        sensor.close()
+        for sensor in sensors:
+            sensor.close()
     out = np.stack(out)
     seen = dataclasses.replace(traj, position=out[:, :, 0:3], quaternion=out[:, :, 3:7], linear_velocity=None,
                                angular_velocity=None, meta={**traj.meta, "sensing": "depth camera"})
@@ -117,12 +123,13 @@ def main(argv=None) -> int:
     ap.add_argument("--zoo", default="all", help="comma-separated zoo names, or all")
     ap.add_argument("--budget", type=float, default=60.0, help="seconds per identification")
     ap.add_argument("--noise", type=float, default=0.001, help="depth sigma at 1 m (m), grows with z^2")
-    ap.add_argument("--track-budget", type=float, default=0.08, help="tracking time per image (s)")
+    ap.add_argument("--track-budget", type=float, default=0.08, help="tracking time per frame (s)")
+    ap.add_argument("--cameras", type=int, default=1, help="depth cameras spread evenly around the robot")
     ap.add_argument("--out", default="runs/bench_camera_identification")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     base, names = zoo_selection(args.robot, args.zoo, 1)
-    _line(f"robot {args.robot}; hanging data {COUNTS['train']}+{COUNTS['val']} x 5 s at 10 Hz; camera 160x120, "
+    _line(f"robot {args.robot}; hanging data {COUNTS['train']}+{COUNTS['val']} x 5 s at 10 Hz; {args.cameras} x camera 160x120, "
           f"noise {args.noise} m at 1 m (x z^2); identification {args.budget:g} s")
     results = {n: run_robot(n, base, args, Path(args.out)) for n in names}
     _line("\n== summary: median over robots of the median error of K, c, m, tau")
