@@ -304,7 +304,7 @@ class MppiControllerNode(Node):
             self.mpc.reset()
             self.get_logger().info("max_excitation_time reached: switching to MPPI with the "
                                    f"{self.model_stage} model")
-        res = self.rt.tick(tick_ns, stamp, state, self.mode)
+        res = self.rt.tick(tick_ns, stamp, state, self.mode, now_ns=self.get_clock().now().nanoseconds)
         self.last_tick = res
         if not np.isfinite(res.command).all():
             self.diag.count("nonfinite_plan")

@@ -124,10 +124,12 @@ class RealTimePlanner:
         self._act_ref = (int(t_ns), act)
         return act
 
-    def tick(self, tick_ns: int, pose_ns: int, state, mode: str) -> TickResult:
+    def tick(self, tick_ns: int, pose_ns: int, state, mode: str, now_ns: Optional[int] = None) -> TickResult:
         """The command for the tick at ``tick_ns`` from the state measured at ``pose_ns``;
-        ``mode`` "mppi" or "excitation"."""
+        ``mode`` "mppi" or "excitation". ``now_ns``: the clock when called: time the tick
+        already lost (a late timer, waiting for its pose) comes off the planning budget."""
         t0 = time.perf_counter()
+        lost = 0.0 if now_ns is None else max(0.0, (int(now_ns) - int(tick_ns)) / NS)
         valid = int(tick_ns) + self.lead_ns
         act = self.actuator_at(pose_ns)
         state = np.asarray(state, dtype=np.float64)
@@ -140,7 +142,7 @@ class RealTimePlanner:
         if mode == "excitation":
             u = np.asarray(self.excitation.command_at((valid - self.excite_start_ns) / NS), dtype=np.float64)
             return TickResult(u, valid, False, state, act, predicted, time.perf_counter() - t0, 0)
-        left = self.plan_budget - (time.perf_counter() - t0)
+        left = self.plan_budget - lost - (time.perf_counter() - t0)
         u = self.mpc.plan(state, act, budget=max(left, 0.0))
         info = self.mpc.planner.last_info
         return TickResult(np.asarray(u, dtype=np.float64), valid, True, state, act, predicted,
