@@ -256,3 +256,34 @@ def test_region_of_interest_and_quality_without_a_full_rendering(superball_at_re
     rms = float(torch.sqrt((torch.maximum(torch.minimum(d, bound), -bound) ** 2).mean()))
     assert est.iou == pytest.approx(float((sil & obs).sum()) / float((sil | obs).sum()), abs=1e-12)
     assert est.rms == pytest.approx(rms, rel=1e-12)
+
+
+def test_a_rod_the_images_contradict_or_below_the_floor(superball_at_rest, camera):
+    """One rod moved onto bare floor: the others still overlap well, but the camera sees
+    past that rod, so the frame is not trusted. A rod the prior puts under the floor, out
+    of the camera's sight, is lifted back above it by the floor term."""
+    robot, state = superball_at_rest
+    depth = _mujoco_depth(robot, state, camera, DepthNoise(0.001, 0.02))
+    truth = end_nodes(state, robot.rod_length / 2)
+    tracker = RodTracker(robot, [camera], TrackerConfig(noise_at_1m=0.001, time_budget=10.0))
+    view = tracker.views[0]
+    view.observe(depth, np.random.default_rng(0))
+    view.focus(torch.as_tensor(truth), tracker.radius)
+    overlap, _, bad = view.quality(torch.as_tensor(truth), tracker.radius, 3.0)
+    assert overlap > 0.7 and not bad.any()
+    moved = truth.copy()
+    moved[2] += [1.2, 0.8, 0.0]                          # onto the floor beside the robot
+    view.focus(torch.as_tensor(moved), tracker.radius)
+    overlap, _, bad = view.quality(torch.as_tensor(moved), tracker.radius, 3.0)
+    assert overlap > 0.5 and bad.tolist() == [i == 2 for i in range(robot.num_rods)]
+    sunk = truth.copy()
+    sunk[4] += [1.5, 0.0, -0.6]                          # under the floor, away from the robot: unseen
+    sigma = np.tile([0.05] * 3 + [0.1] * 2, (robot.num_rods, 1))
+    sigma[4] = [5.0] * 3 + [1.0] * 2                     # a prior that does not hold it
+    est = tracker.track([depth], sunk, sigma)
+    from tensegrity_engine.perception.tracker import FLOOR_SINK
+    lowest = est.ends[4, :, 2].min() - robot.rod_radius[4]
+    assert lowest > robot.contact.ground_height - FLOOR_SINK - 0.01, lowest
+    free = RodTracker(robot, [camera], TrackerConfig(noise_at_1m=0.001, time_budget=10.0))
+    free.floor = None                                    # the same images without the floor term: stays sunk
+    assert free.track([depth], sunk, sigma).ends[4, :, 2].min() < -0.3

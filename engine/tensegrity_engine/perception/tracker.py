@@ -16,13 +16,18 @@ camera and is carried over from the prior. Residuals, per camera:
   signed-distance term);
 * prior: the prediction (previous estimate, or the identified engine's prediction of this
   frame), per coordinate over its sigma: it keeps what the images cannot see (an occluded
-  rod) where the motion model puts it.
+  rod) where the motion model puts it;
+* floor (with a floor): no rod end deeper than its radius plus ``FLOOR_SINK`` (a soft
+  contact's sink) below the ground, one-sided: under the floor a rod is hidden from the
+  camera, and nothing else would stop it sinking there.
 
 Jacobians: each rod's image layers depend on its own pose only, so one batched
 evaluation along 5 shared directions gives all R blocks (`_layer_jacobians`); the
 covariance of the result is (J^T J)^-1 of the whitened residuals. Rod identity and end order
 come from the prior: the axis is never flipped. The track is reported lost when the
-rendered and observed silhouettes overlap less than ``lost_iou`` (intersection over union).
+rendered and observed silhouettes overlap less than ``lost_iou`` (intersection over union),
+or when a camera contradicts a rod: the rod is in view in front of everything else, and
+the camera sees past it on most of its pixels (a rod that ran off while the others fit).
 """
 from __future__ import annotations
 
@@ -38,6 +43,9 @@ from tensegrity_engine.perception.render import CapsuleRenderer
 from tensegrity_engine.physics.state import quat_from_rotvec, quat_to_matrix
 
 __all__ = ["TrackerConfig", "RodPoseEstimate", "RodTracker", "tangent_basis"]
+
+FLOOR_SINK = 0.01      # m a rod's surface may sink into the floor (soft contact) before it costs
+SIGMA_FLOOR = 0.005    # m, the floor term's sigma beyond that
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,8 +72,9 @@ class RodPoseEstimate:
     std: np.ndarray                    # [R, 5] one-sigma of (centre xyz, axis tangent 2)
     iou: float                         # silhouette overlap with the observation (mean over cameras)
     rms: float                         # robust rms of the depth residual (m)
-    lost: bool
+    lost: bool                         # overlap below lost_iou, or a rod the images contradict
     iterations: int
+    contradicted: Optional[np.ndarray] = None   # [R] rods seen where the camera sees past them
 
 
 def _cauchy(x: torch.Tensor, c: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -164,25 +173,42 @@ class _View:
         gap = torch.linalg.norm(rel - s[..., None] * seg, dim=-1)                     # [P, R]
         return (gap <= reach).any(-1)
 
-    def quality(self, ends: torch.Tensor, radius: torch.Tensor, robust: float) -> tuple[float, torch.Tensor]:
+    def quality(self, ends: torch.Tensor, radius: torch.Tensor, robust: float
+                ) -> tuple[float, torch.Tensor, torch.Tensor]:
         """(silhouette overlap with the observed robot, the bounded depth residual of every
-        return) at ``ends``, rendering the region only: outside it the model shows the floor."""
-        if not self.whole_robot:                 # the region was subsampled: render all of it
-            out = self.renderer.render(ends, radius, self.all_margin)
-            sil, hard = out.silhouette > 0.5, out.hit_depth
-            inter, union = (sil & (self.all_robot > 0.5)).sum(), (sil | (self.all_robot > 0.5)).sum()
-        else:
-            out = self.roi.render(ends, radius, self.margin)
-            sil = out.silhouette > 0.5
-            inter = (sil & (self.robot_mask > 0.5)).sum()
+        return, per rod whether the image contradicts it [R]) at ``ends``, rendering the
+        region only: outside it the model shows the floor. A rod is contradicted where it is
+        in view in front of everything else but the camera sees past it on most of those
+        pixels (at least 4): it is not there, whatever the other rods' overlap says."""
+        whole = self.whole_robot
+        renderer = self.roi if whole else self.renderer
+        robot = (self.robot_mask if whole else self.all_robot) > 0.5
+        floor_z = self.floor_z_roi if whole else self.floor_z
+        with torch.no_grad():
+            hit_z, _, alpha = renderer.rod_layers(ends.unsqueeze(0), radius, self.margin if whole else self.all_margin)
+        hit_z, alpha = hit_z[0], alpha[0]                                              # [R, P]
+        sil = (1.0 - torch.prod(1.0 - alpha, 0)) > 0.5
+        cand = torch.cat([hit_z, floor_z.unsqueeze(0)], 0)
+        front = cand.argmin(0)
+        hard = cand.gather(0, front.unsqueeze(0))[0]
+        R = len(hit_z)
+        shows = torch.nn.functional.one_hot(front, R + 1)[:, :R].T.bool() & sil.unsqueeze(0)   # [R, P]
+        shown = shows.sum(-1)
+        supported = (shows & robot.unsqueeze(0)).sum(-1)
+        contradicted = (shown >= 4) & (supported < 0.25 * shown)
+        inter = (sil & robot).sum()
+        if whole:
             union = sil.sum() + (self.all_robot > 0.5).sum() - inter
-            hard = self.floor_z.clone()
-            hard[self.roi_index] = out.hit_depth
+            full = self.floor_z.clone()
+            full[self.roi_index] = hard
+            hard = full
+        else:
+            union = (sil | robot).sum()
         overlap = float(inter) / float(union) if union else 0.0        # nothing seen: no fit
         valid = self.all_valid > 0
         bound = robust * self.all_sigma[valid]
         d = (hard - self.all_observed)[valid]
-        return overlap, torch.maximum(torch.minimum(d, bound), -bound)
+        return overlap, torch.maximum(torch.minimum(d, bound), -bound), contradicted
 
 
 class RodTracker:
@@ -200,6 +226,7 @@ class RodTracker:
         self.radius = torch.as_tensor(np.asarray(robot.rod_radius, dtype=np.float64), dtype=dtype)
         self.num_rods = len(self.half)
         floor = robot.contact.ground_height if floor == "robot" else floor
+        self.floor = None if floor is None else float(floor)
         self.views = [_View(c, floor, config, dtype) for c in cameras]
         self.rng = np.random.default_rng(seed)
 
@@ -230,7 +257,7 @@ class RodTracker:
             hit_z, _, alpha = view.roi.rod_layers(ends, self.radius, view.margin)
             gaps = torch.stack([self._gaps(e, view.points) for e in ends])
             out += [hit_z, alpha, gaps]
-        return out
+        return out + [ends[..., 2]]                                                # end heights [K, R, 2]
 
     def _layer_jacobians(self, theta, frame):
         """Values of `_layers` at ``theta`` and their derivatives [.., 5] along the five local
@@ -246,7 +273,7 @@ class RodTracker:
         centre, grads = [], []
         for i, v in enumerate(vals):
             g = (v[1:] - v[:1]) / h
-            if i % 3 == 0:                                         # hit depth: jumps at silhouettes
+            if i % 3 == 0 and i < len(vals) - 1:                   # hit depth: jumps at silhouettes
                 g = torch.where(torch.isfinite(v[1:]) & torch.isfinite(v[:1]), g, torch.zeros_like(g))
             centre.append(v[0])
             grads.append(torch.movedim(g, 0, -1))
@@ -297,6 +324,17 @@ class RodTracker:
             if N:
                 jp[torch.arange(N), near] = (slope / view.point_sigma).unsqueeze(-1) * j_gap[torch.arange(N), near]
             jac.append(jp.reshape(N, 5 * R))
+        if self.floor is not None:
+            # no rod below the floor (beyond a soft contact's sink): a rod the images have lost
+            # sight of must not sink out of view
+            below = self.floor + self.radius.unsqueeze(-1) - FLOOR_SINK - vals[-1]             # [R, 2]
+            active = (below > 0).to(theta.dtype)
+            res.append((active * below / SIGMA_FLOOR).reshape(-1))
+            if jacobian:
+                jf = torch.zeros(R, 2, R, 5, dtype=theta.dtype)
+                rods = torch.arange(R)
+                jf[rods, :, rods] = -(active / SIGMA_FLOOR).unsqueeze(-1) * grads[-1]
+                jac.append(jf.reshape(2 * R, 5 * R))
         res.append(theta / self.prior_sigma.reshape(-1))
         r = torch.cat(res)
         if not jacobian:
@@ -369,9 +407,10 @@ class RodTracker:
             r, J = self._linearise(theta, frame)
         cov = torch.linalg.pinv(J.T @ J)
         ends = self._ends(theta, *frame).detach()
-        iou, rms = self._quality(ends)
+        iou, rms, contradicted = self._quality(ends)
         return RodPoseEstimate(ends=ends.numpy(), std=np.sqrt(np.clip(np.diag(cov.numpy()), 0, None)).reshape(-1, 5),
-                               iou=iou, rms=rms, lost=iou < cfg.lost_iou, iterations=it)
+                               iou=iou, rms=rms, lost=bool(iou < cfg.lost_iou or contradicted.any()),
+                               iterations=it, contradicted=contradicted)
 
     def _rigid_map(self, frame):
         """q [6] (translation, rotation vector about the rods' centroid) -> theta [5R]."""
@@ -405,13 +444,15 @@ class RodTracker:
         best = max(rigid, key=lambda e: e.iou)
         return self.track(depths, best.ends, np.tile([0.03] * 3 + [0.1] * 2, (self.num_rods, 1)))
 
-    def _quality(self, ends) -> tuple[float, float]:
+    def _quality(self, ends) -> tuple[float, float, np.ndarray]:
         """(silhouette overlap with the observed robot, mean over cameras; robust rms (m) of
-        the depth residual over every return)."""
-        overlaps, res = [], []
+        the depth residual over every return; per rod, whether a camera contradicts it)."""
+        overlaps, res, contradicted = [], [], np.zeros(self.num_rods, dtype=bool)
         for view in self.views:
-            overlap, r = view.quality(ends, self.radius, self.config.robust)
+            overlap, r, bad = view.quality(ends, self.radius, self.config.robust)
             overlaps.append(overlap)
             res.append(r)
+            contradicted |= bad.numpy()
         r = torch.cat(res)
-        return float(np.mean(overlaps)), float(torch.sqrt((r * r).mean())) if len(r) else float("nan")
+        rms = float(torch.sqrt((r * r).mean())) if len(r) else float("nan")
+        return float(np.mean(overlaps)), rms, contradicted
