@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -146,9 +145,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from tensegrity_engine.cli.track import overlay_writer, report, write_trajectory
+    from tensegrity_engine.export.tracking import write_tracked_trajectory
     from tensegrity_engine.groundtruth.mujoco_twin import nominal_commands
     from tensegrity_engine.perception.offline import held_commands, track_frames
+    from tensegrity_engine.perception.overlay import overlay_writer
     from tensegrity_engine.perception.session import TrackingSession
     from tensegrity_engine.perception.tracker import TrackerConfig
     from tensegrity_engine.physics.parameter_files import params_from_file
@@ -179,17 +179,19 @@ def main(argv=None) -> int:
     draw = overlay_writer(args.overlay, args.overlay_every, robot, session) if args.overlay else None
     wall = time.perf_counter()
     log = track_frames(session, frames, first_state=first, first_time=first_t, commands=commands, on_frame=draw)
-    report(log, Path(args.out), time.perf_counter() - wall, f"{args.bag}, {prior} prior")
+    log.save(args.out)
+    print(log.summary(time.perf_counter() - wall, f"{args.bag}, {prior} prior") + f" -> {args.out}")
     if args.trajectory:
         if commands is None:
             print("tensegrity-track-bag: no trajectory: the bag has no cable commands", file=sys.stderr)
             return 2
         try:
-            write_trajectory(args.trajectory, robot, log, ct, cmd, floor=not args.no_floor,
-                             meta={"prior": prior, "bag": args.bag})
+            traj = write_tracked_trajectory(args.trajectory, robot, log, ct, cmd, floor=not args.no_floor,
+                                            meta={"prior": prior, "bag": args.bag})
         except ValueError as exc:
             print(f"tensegrity-track-bag: {exc}", file=sys.stderr)
             return 2
+        print(f"{args.trajectory}: {traj.num_samples} poses from the camera, {len(ct)} commands")
     return 0 if log.good.any() else 1
 
 

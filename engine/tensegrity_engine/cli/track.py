@@ -180,6 +180,7 @@ def _run(args) -> int:
     import torch
 
     from tensegrity_engine.perception.offline import DepthFrame, held_commands, track_frames
+    from tensegrity_engine.perception.overlay import overlay_writer
     from tensegrity_engine.perception.session import TrackingSession
     from tensegrity_engine.perception.tracker import TrackerConfig
     from tensegrity_engine.physics.config import load_robot
@@ -218,68 +219,21 @@ def _run(args) -> int:
     log = track_frames(session, frames, first_state=first, first_time=float(times[0]), commands=commands,
                        on_frame=draw)
     out = Path(args.out) if args.out else folders[0] / "tracked.npz"
-    report(log, out, time.perf_counter() - wall, f"{len(cams)} camera(s), {prior} prior")
+    log.save(out)
+    print(log.summary(time.perf_counter() - wall, f"{len(cams)} camera(s), {prior} prior") + f" -> {out}")
     if args.trajectory:
         if commands is None:
             raise RecordingError("--trajectory needs the commands (commands.csv)")
-        write_trajectory(args.trajectory, robot, log, command_time, command, floor=not args.no_floor,
-                         meta={"prior": prior, "cameras": [str(f) for f in folders]})
+        from tensegrity_engine.export.tracking import write_tracked_trajectory
+
+        try:
+            traj = write_tracked_trajectory(args.trajectory, robot, log, command_time, command,
+                                            floor=not args.no_floor,
+                                            meta={"prior": prior, "cameras": [str(f) for f in folders]})
+        except ValueError as exc:
+            raise RecordingError(str(exc)) from None
+        print(f"{args.trajectory}: {traj.num_samples} poses from the camera, {len(command_time)} commands")
     return 0 if log.good.any() else 1
-
-
-def report(log, out: Path, wall: float, what: str) -> None:
-    """Save the per-frame log and say how it went."""
-    log.save(out)
-    iou = np.array(log.iou)[log.good]
-    print(f"{len(log)} frames from {what}: " + ", ".join(f"{k} {v}" for k, v in log.counts().items()) +
-          (f"; overlap median {np.median(iou):.2f}, min {iou.min():.2f}" if len(iou) else "") +
-          f"; {wall / max(len(log), 1) * 1e3:.0f} ms per frame -> {out}")
-
-
-def overlay_writer(folder, every: int, robot, session):
-    """on_frame for `track_frames`: every ``every``-th frame (and every one not good) as a
-    PNG of the rods over the first camera's depth image."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from tensegrity_engine.perception.overlay import overlay_image
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    count = [0]
-
-    def draw(frame, out):
-        i = count[0]
-        count[0] += 1
-        if out.estimate is None or (i % max(every, 1) and out.good):
-            return
-        view = session.tracker.views[0]
-        mask = view.all_robot.numpy().reshape(view.renderer.shape) > 0 if view.renderer.stride == 1 else None
-        cam = session.cameras[0]
-        img = overlay_image(cam, frame.depths[0], out.estimate.ends, robot.rod_radius,
-                            floor=view.renderer.floor_height, robot_mask=mask)
-        plt.imsave(folder / f"{i:06d}_{out.status}.png", img)
-    return draw
-
-
-def write_trajectory(path, robot, log, command_time, command, *, floor: bool, meta: dict) -> None:
-    """The log's good frames under known commands as a trajectory file (pose-only)."""
-    from tensegrity_engine.identification.dataset import Trajectory
-
-    a, good = log.arrays(), log.good
-    t = a["t"][good]
-    keep = t >= command_time[0]              # a trajectory starts under a known command
-    if keep.sum() < 2:
-        raise RecordingError("fewer than 2 tracked frames under known commands: no trajectory")
-    traj = Trajectory(robot=robot, t=t[keep], position=a["position"][good][keep],
-                      quaternion=a["quaternion"][good][keep], command_time=command_time, command=command,
-                      environment={"name": "camera", "floor": floor, "fixed_rods": []},
-                      meta={"source": "tensegrity-track", **meta},
-                      source=str(path))
-    traj.save(path)
-    print(f"{path}: {traj.num_samples} poses from the camera, {len(command_time)} commands")
 
 
 if __name__ == "__main__":

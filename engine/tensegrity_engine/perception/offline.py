@@ -77,6 +77,13 @@ class TrackingLog:
                 "position": state[:, :, 0:3], "quaternion": state[:, :, 3:7],
                 "iou": np.array(self.iou), "rms": np.array(self.rms)}
 
+    def summary(self, wall: float, what: str) -> str:
+        """One line: frames by status, overlap of the good ones, time per frame."""
+        iou = np.array(self.iou)[self.good]
+        return (f"{len(self)} frames from {what}: " + ", ".join(f"{k} {v}" for k, v in self.counts().items())
+                + (f"; overlap median {np.median(iou):.2f}, min {iou.min():.2f}" if len(iou) else "")
+                + f"; {wall / max(len(self), 1) * 1e3:.0f} ms per frame")
+
     def save(self, path) -> None:
         """An npz of `arrays` (readable with ``np.load(path)``, no pickle)."""
         np.savez_compressed(path, **self.arrays())

@@ -9,6 +9,7 @@ Pure numpy + the package's renderer; saving the picture is the caller's (e.g.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import numpy as np
@@ -17,7 +18,7 @@ import torch
 from tensegrity_engine.perception.camera import PinholeCamera
 from tensegrity_engine.perception.render import CapsuleRenderer
 
-__all__ = ["overlay_image", "ROD_COLOURS"]
+__all__ = ["overlay_image", "overlay_writer", "ROD_COLOURS"]
 
 # distinguishable on grey (matplotlib's tab10 without its grey)
 ROD_COLOURS = np.array([[31, 119, 180], [255, 127, 14], [44, 160, 44], [214, 39, 40], [148, 103, 189],
@@ -79,3 +80,29 @@ def _draw_axes(out: np.ndarray, camera: PinholeCamera, ends: np.ndarray) -> None
         out[v, u] = ROD_COLOURS[i % len(ROD_COLOURS)]
         if ok[0]:
             out[max(v[0] - 1, 0):v[0] + 2, max(u[0] - 1, 0):u[0] + 2] = 255
+
+
+def overlay_writer(folder, every: int, robot, session):
+    """An ``on_frame`` for `offline.track_frames`: every ``every``-th frame (and every one
+    not tracked) saved as ``folder/<frame>_<status>.png``, the rods over the first camera's
+    depth image with the robot pixels the tracker saw (matplotlib writes the PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    count = [0]
+
+    def draw(frame, out):
+        i = count[0]
+        count[0] += 1
+        if out.estimate is None or (i % max(every, 1) and out.good):
+            return
+        view = session.tracker.views[0]
+        mask = view.all_robot.numpy().reshape(view.renderer.shape) > 0 if view.renderer.stride == 1 else None
+        img = overlay_image(session.cameras[0], frame.depths[0], out.estimate.ends, robot.rod_radius,
+                            floor=view.renderer.floor_height, robot_mask=mask)
+        plt.imsave(folder / f"{i:06d}_{out.status}.png", img)
+    return draw
