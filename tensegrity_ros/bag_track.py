@@ -28,6 +28,8 @@ from . import conversions as conv
 from .common import ConfigurationError, TOPIC_COMMAND
 
 TOPIC_APPLIED = "/tensegrity/applied_command"
+TOPIC_TYPES = {"depth": "sensor_msgs/msg/Image", "info": "sensor_msgs/msg/CameraInfo",
+               "pose": "geometry_msgs/msg/PoseStamped"}
 NS = conv.NS
 
 
@@ -38,6 +40,8 @@ def read_camera_bag(path, robot, *, start: float = 0.0, end=None, namespaces=(cm
     ``namespaces``): images within ``sync_tolerance`` s of each other are one frame."""
     from rclpy.serialization import deserialize_message
 
+    from tensegrity_engine.identification.measurements import pose_problem
+    from tensegrity_engine.identification.streaming import StreamConfig
     from tensegrity_engine.perception.offline import DepthFrame
 
     from .bag_player import _message_type, read_bag
@@ -54,13 +58,25 @@ def read_camera_bag(path, robot, *, start: float = 0.0, end=None, namespaces=(cm
     info, pose, used = [None] * n, [None] * n, [None] * n
     first = None
     sync = cm.FrameSync(n, int(round(sync_tolerance * NS)))
-    frames, commands = [], {TOPIC_COMMAND: [], TOPIC_APPLIED: []}
+    frames, matched, commands = [], [], {TOPIC_COMMAND: [], TOPIC_APPLIED: []}
 
     def refuse(reason):
         refused[reason] = refused.get(reason, 0) + 1
 
+    expected = {t: TOPIC_TYPES[kind] for t, (kind, _) in role.items()}
+    expected.update({cm.TOPIC_INITIAL_POSES: "geometry_msgs/msg/PoseArray",
+                     TOPIC_COMMAND: "tensegrity_ros_interfaces/msg/CableCommand",
+                     TOPIC_APPLIED: "tensegrity_ros_interfaces/msg/CableCommand"})
+    checks = StreamConfig(robot.num_rods, robot.num_actuated)
     for m in read_bag(path, topics, start, end):
-        msg = deserialize_message(m.data, types.setdefault(m.datatype, _message_type(m.datatype)))
+        if m.datatype != expected[m.topic]:
+            refuse("wrong_type")
+            continue
+        try:
+            msg = deserialize_message(m.data, types.setdefault(m.datatype, _message_type(m.datatype)))
+        except Exception:  # noqa: BLE001 - bytes that are not the message: counted, never used
+            refuse("undecodable")
+            continue
         if (problem := conv.header_problem(msg.header)):
             refuse(problem[0])
             continue
@@ -71,10 +87,12 @@ def read_camera_bag(path, robot, *, start: float = 0.0, end=None, namespaces=(cm
         elif kind == "pose":
             pose[k] = msg
         elif m.topic == cm.TOPIC_INITIAL_POSES:
-            if first is None:
+            if first is None:                   # the node's checks
                 arr = conv.pose_array_to_array(msg)
-                if arr.shape != (robot.num_rods, 7) or not np.isfinite(arr).all() \
-                        or np.any(np.linalg.norm(arr[:, 3:7], axis=-1) < 0.5):
+                bad = conv.header_problem(msg.header, "world") or pose_problem(
+                    arr, robot.num_rods, max_abs_position=checks.max_abs_position,
+                    quat_tolerance=checks.quat_tolerance)
+                if bad:
                     refuse("bad_initial_poses")
                 else:
                     first = (conv.array_to_rod_state(arr), stamp / NS)
@@ -100,20 +118,22 @@ def read_camera_bag(path, robot, *, start: float = 0.0, end=None, namespaces=(cm
             done, dropped = sync.add(k, stamp, (depth, new))
             for _ in dropped:
                 refuse("unmatched")
-            for t_ns, items in done:
-                cams = [c for _, c in items]
-                changed = any(old is None or not _same(old, c) for old, c in zip(used, cams))
-                used = cams if changed else used
-                frames.append(DepthFrame(t_ns / NS, [d for d, _ in items], cams if changed else None))
+            matched.extend(done)
+    matched.sort(key=lambda item: item[0])           # in time order, then: which frames change a camera
+    for t_ns, items in matched:
+        cams = [c for _, c in items]
+        changed = any(old is None or not _same(old, c) for old, c in zip(used, cams))
+        used = cams if changed else used
+        frames.append(DepthFrame(t_ns / NS, [d for d, _ in items], cams if changed else None))
     if first is None:
         raise ValueError(f"{path}: no announced first rod poses on {cm.TOPIC_INITIAL_POSES}: a camera track "
                          "cannot start (a depth camera cannot tell rods apart)")
     if not frames:
-        raise ValueError(f"{path}: no usable depth images on {cm.TOPIC_DEPTH}")
+        raise ValueError(f"{path}: no usable depth images on {[cm.camera_topics(ns)[0] for ns in namespaces]} "
+                         f"(refused: {refused})")
     series = commands[TOPIC_APPLIED] or commands[TOPIC_COMMAND]
     ct = np.array([s for s, _ in series], dtype=np.float64) / NS
     cmd = np.array([u for _, u in series]).reshape(len(series), robot.num_actuated)
-    frames.sort(key=lambda f: f.t)
     return frames, first[0], first[1], ct, cmd, refused
 
 

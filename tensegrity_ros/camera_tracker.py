@@ -18,7 +18,8 @@ checked as the controller checks them; the config's values until then) rolled fr
 last estimates under the commands sent (``/tensegrity/cable_command``), else a constant
 velocity; the result goes out on ``/tensegrity/rod_poses`` with the image's stamp, so the
 identifier and the controller run unchanged. A frame whose fit is lost (the rendered
-silhouette overlaps the observed one less than the tracker's threshold) is fitted again
+silhouette overlaps the observed one less than the tracker's threshold, or the images
+contradict a rod: the camera sees past it) is fitted again
 by moving the last good shape as one body onto the image (`RodTracker.reacquire`,
 counted as ``reacquired``); if that fails too it is not published (counted); the prior
 keeps predicting from the last good estimate, and after ``max_lost_frames`` lost in a row
@@ -239,6 +240,10 @@ class CameraTrackerNode(Node):
     def _track(self, stamp: int, depths: list) -> None:
         """Fit one frame (an image per camera, ``stamp`` ns); each image is counted."""
         n = len(depths)
+        if any(d.shape != (c.height, c.width) for d, c in zip(depths, self.cameras)):
+            for _ in range(n):              # a camera's size changed while the frame waited
+                self.diag.reject("bad_image_size", "image size is no longer the camera's", topic="depth")
+            return
         t0 = time.perf_counter()
         out = self.session.frame(stamp / NS, depths, self._held)
         if out.status == "rejected":

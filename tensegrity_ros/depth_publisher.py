@@ -90,7 +90,8 @@ class DepthCameraOutput:
     def publish(self, twin, t_ns: int, rod_state: np.ndarray, rng: np.random.Generator) -> None:
         if not self.sensors:
             try:
-                self.sensors = [MujocoDepthCamera(twin, cam, noise=self.noise, rng=rng) for cam in self.cameras]
+                for cam in self.cameras:        # one at a time: a failure frees those made
+                    self.sensors.append(MujocoDepthCamera(twin, cam, noise=self.noise, rng=rng))
             except DepthRenderingUnavailable as exc:
                 self.close()
                 self.enabled = False

@@ -429,8 +429,9 @@ def declare_timing(d, period: float) -> dict:
         "compensate_latency": d("compensate_latency", True, "plan from the state the model predicts for "
                                 "the command's stamp (else from the newest measurement)"),
         "airborne_weight": d("airborne_weight", 10.0, "cost per metre the robot's lowest point is above "
-                             "1 cm (a robot in the air lands on its motors; 0 = the paper's cost; 3: "
-                             "airborne 7.8 -> 1.2 % at the same speed, bench/gait.py)", range=(0.0, 1e4)),
+                             "1 cm (a robot in the air lands on its motors; 0 = the paper's cost; 10: "
+                             "airborne 0-1.2 % in real time at the same speed, bench/realtime.py air*)",
+                             range=(0.0, 1e4)),
         "pose_wait": d("pose_wait", 0.005, "wall seconds a tick waits for its own pose when the newest is "
                        "older than the tick", range=(0.0, 1.0)),
     }

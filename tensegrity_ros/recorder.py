@@ -28,14 +28,16 @@ TOPICS = {
     "/tensegrity/applied_command": "tensegrity_ros_interfaces/msg/CableCommand",
     "/tensegrity/identified_parameters": "tensegrity_ros_interfaces/msg/IdentifiedParameters",
     "/tensegrity/goal": "geometry_msgs/msg/Vector3Stamped",
-    # the depth camera (for `tensegrity-track-bag`; nothing is recorded where none publishes)
-    "/tensegrity/camera/depth": "sensor_msgs/msg/Image",
-    "/tensegrity/camera/camera_info": "sensor_msgs/msg/CameraInfo",
-    "/tensegrity/camera/pose": "geometry_msgs/msg/PoseStamped",
     "/tensegrity/initial_rod_poses": "geometry_msgs/msg/PoseArray",
 }
-LATCHED_TOPICS = ("/tensegrity/identified_parameters", "/tensegrity/goal", "/tensegrity/camera/pose",
-                  "/tensegrity/initial_rod_poses")
+# depth cameras, for `tensegrity-track-bag` (camera_messages.camera_namespace's names; nothing
+# is recorded where none publishes)
+CAMERA_NAMESPACES = ["/tensegrity/camera"] + [f"/tensegrity/camera_{k}" for k in range(1, 4)]
+for _ns in CAMERA_NAMESPACES:
+    TOPICS.update({f"{_ns}/depth": "sensor_msgs/msg/Image", f"{_ns}/camera_info": "sensor_msgs/msg/CameraInfo",
+                   f"{_ns}/pose": "geometry_msgs/msg/PoseStamped"})
+LATCHED_TOPICS = ("/tensegrity/identified_parameters", "/tensegrity/goal", "/tensegrity/initial_rod_poses",
+                  *(f"{ns}/pose" for ns in CAMERA_NAMESPACES))
 NS = 1_000_000_000
 _PRIMITIVES = {"bool", "byte", "char", "float32", "float64", "int8", "uint8", "int16", "uint16", "int32",
                "uint32", "int64", "uint64", "string", "wstring"}

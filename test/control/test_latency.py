@@ -101,8 +101,10 @@ def test_a_tick_plans_from_the_prediction_within_its_budget_and_stamps_the_valid
     assert off.tick(1_000_000_000, 950_000_000, s0, "excitation").predicted_s == 0.0
     # a tick that starts after its whole budget is gone (a late timer): one iteration only,
     # where the same tick on time plans until the budget ends
-    late = rt.tick(1_200_000_000, 1_150_000_000, s0, "mppi", now_ns=1_200_000_000 + 25_000_000)
-    on_time = rt.tick(1_300_000_000, 1_250_000_000, s0, "mppi", now_ns=1_300_000_000)
+    wide = RealTimePlanner(superball, mpc, ExcitationPolicy(superball, seed=1), a0, plan_budget=0.09,
+                           command_latency=0.01)
+    late = wide.tick(1_200_000_000, 1_150_000_000, s0, "mppi", now_ns=1_200_000_000 + 95_000_000)
+    on_time = wide.tick(1_300_000_000, 1_250_000_000, s0, "mppi", now_ns=1_300_000_000)
     assert late.iterations == 1 < on_time.iterations
 
 

@@ -146,6 +146,12 @@ def test_offline_tool_refuses_a_malformed_recording(recorded, tmp_path, capsys):
     (folder / "times.txt").unlink()
     assert track_cli.main([str(folder), "--robot", "three_bar", "--rate", "10"]) == 2
     assert "2-D" in capsys.readouterr().err
+    np.save(folder / "depth" / "0000.npy", np.zeros((12, 16)))          # not the camera's size
+    assert track_cli.main([str(folder), "--robot", "three_bar", "--rate", "10"]) == 2
+    assert "16x12 pixels, the camera's are 160x120" in capsys.readouterr().err
+    (folder / "depth" / "0000.npy").write_bytes(b"not an array")
+    assert track_cli.main([str(folder), "--robot", "three_bar", "--rate", "10"]) == 2
+    assert "0000.npy" in capsys.readouterr().err
 
 
 def test_overlay_draws_each_rod_where_it_is(recorded):

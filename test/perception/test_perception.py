@@ -272,10 +272,19 @@ def test_a_rod_the_images_contradict_or_below_the_floor(superball_at_rest, camer
     overlap, _, bad = view.quality(torch.as_tensor(truth), tracker.radius, 3.0)
     assert overlap > 0.7 and not bad.any()
     moved = truth.copy()
-    moved[2] += [1.2, 0.8, 0.0]                          # onto the floor beside the robot
-    view.focus(torch.as_tensor(moved), tracker.radius)
-    overlap, _, bad = view.quality(torch.as_tensor(moved), tracker.radius, 3.0)
+    moved[2] += [1.2, 0.8, 0.0]                          # onto the floor beside the robot ...
+    overlap, _, bad = view.quality(torch.as_tensor(moved), tracker.radius, 3.0)   # ... out of the region
     assert overlap > 0.5 and bad.tolist() == [i == 2 for i in range(robot.num_rods)]
+    view.focus(torch.as_tensor(moved), tracker.radius)
+    assert view.quality(torch.as_tensor(moved), tracker.radius, 3.0)[2].tolist() == bad.tolist()
+    # a rod the sensor returns no depth for (dark, thin, shiny) is not contradicted by that
+    holes = depth.copy()
+    on_rod = view.renderer.render(torch.as_tensor(truth[[1]]), tracker.radius[[1]]).silhouette.reshape(
+        holes.shape).numpy() > 0.05
+    holes[on_rod] = np.nan
+    view.observe(holes, np.random.default_rng(0))
+    view.focus(torch.as_tensor(truth), tracker.radius)
+    assert not view.quality(torch.as_tensor(truth), tracker.radius, 3.0)[2].any()
     sunk = truth.copy()
     sunk[4] += [1.5, 0.0, -0.6]                          # under the floor, away from the robot: unseen
     sigma = np.tile([0.05] * 3 + [0.1] * 2, (robot.num_rods, 1))

@@ -86,3 +86,9 @@ def test_track_bag_follows_a_moved_tripod_and_counts_garbage(tmp_path):
     t = load_trajectory(traj, robot)
     assert t.num_samples == len(states) and len(t.command_time) == steps // 100
     assert list((tmp_path / "overlay").glob("*.png"))
+
+
+def test_recorder_records_every_camera_the_tracker_can_take():
+    for k in range(4):
+        for topic in cm.camera_topics(cm.camera_namespace(k)):
+            assert topic in TOPICS

@@ -80,19 +80,30 @@ def load_camera(path: Path):
     return cam, scale
 
 
-def read_depth(path: Path, scale: float) -> np.ndarray:
-    """A depth image in metres (NaN = no return)."""
-    if path.suffix == ".npy":
-        depth = np.load(path, allow_pickle=False).astype(np.float64)
-    else:
-        from PIL import Image
+def read_depth(path: Path, scale: float, shape: Optional[tuple] = None) -> np.ndarray:
+    """A depth image in metres (NaN = no return), of ``shape`` (H, W) when given."""
+    try:
+        if path.suffix == ".npy":
+            depth = np.load(path, allow_pickle=False)
+            if depth.dtype.kind not in "fiu":
+                raise RecordingError(f"{path}: a depth image holds numbers, not {depth.dtype}")
+            depth = depth.astype(np.float64)
+        else:
+            from PIL import Image
 
-        with Image.open(path) as im:
-            if im.mode not in ("I;16", "I;16B", "I;16L", "I"):
-                raise RecordingError(f"{path}: a depth PNG must be 16-bit single channel, not mode {im.mode}")
-            depth = np.asarray(im, dtype=np.float64) * scale
+            with Image.open(path) as im:
+                if im.mode not in ("I;16", "I;16B", "I;16L", "I"):
+                    raise RecordingError(f"{path}: a depth PNG must be 16-bit single channel, not mode {im.mode}")
+                depth = np.asarray(im, dtype=np.float64) * scale
+    except (OSError, ValueError) as exc:               # unreadable, truncated, not an image
+        if isinstance(exc, RecordingError):
+            raise
+        raise RecordingError(f"{path}: {exc}") from None
     if depth.ndim != 2:
         raise RecordingError(f"{path}: a depth image is 2-D, got shape {depth.shape}")
+    if shape is not None and depth.shape != tuple(shape):
+        raise RecordingError(f"{path}: {depth.shape[1]}x{depth.shape[0]} pixels, the camera's are "
+                             f"{shape[1]}x{shape[0]}")
     depth[~np.isfinite(depth) | (depth <= 0)] = np.nan
     return depth
 
@@ -105,7 +116,10 @@ def load_camera_folder(folder: Path, rate: Optional[float]):
         raise RecordingError(f"{folder / 'depth'}: no .npy or .png depth images")
     times_file = folder / "times.txt"
     if times_file.exists():
-        times = np.loadtxt(times_file, dtype=np.float64, ndmin=1)
+        try:
+            times = np.loadtxt(times_file, dtype=np.float64, ndmin=1)
+        except ValueError as exc:
+            raise RecordingError(f"{times_file}: {exc}") from None
         if len(times) != len(paths):
             raise RecordingError(f"{times_file}: {len(times)} times for {len(paths)} images")
     elif rate:
@@ -120,7 +134,10 @@ def load_camera_folder(folder: Path, rate: Optional[float]):
 def load_first_pose(path: Path, num_rods: int) -> np.ndarray:
     from tensegrity_engine.physics.state import STATE_DIM
 
-    rods = np.asarray(_yaml(path).get("rods"), dtype=np.float64)
+    try:
+        rods = np.asarray(_yaml(path).get("rods"), dtype=np.float64)
+    except (TypeError, ValueError):                     # missing, ragged, not numbers
+        rods = np.zeros(0)
     if rods.shape != (num_rods, 7) or not np.isfinite(rods).all():
         raise RecordingError(f"{path}: rods must be {num_rods} rows of [x, y, z, qw, qx, qy, qz]")
     norms = np.linalg.norm(rods[:, 3:7], axis=-1)
@@ -134,9 +151,12 @@ def load_first_pose(path: Path, num_rods: int) -> np.ndarray:
 def load_commands(path: Path, robot) -> tuple[np.ndarray, np.ndarray]:
     """commands.csv -> (times [C], commands [C, A]), checked against the robot."""
     try:
-        table = np.loadtxt(path, delimiter=",", dtype=np.float64, ndmin=2, comments="#")
-    except ValueError:                                      # a header row
-        table = np.loadtxt(path, delimiter=",", dtype=np.float64, ndmin=2, comments="#", skiprows=1)
+        try:
+            table = np.loadtxt(path, delimiter=",", dtype=np.float64, ndmin=2, comments="#")
+        except ValueError:                                  # a header row
+            table = np.loadtxt(path, delimiter=",", dtype=np.float64, ndmin=2, comments="#", skiprows=1)
+    except (OSError, ValueError) as exc:
+        raise RecordingError(f"{path}: {exc}") from None
     if table.shape[1] != 1 + robot.num_actuated or not np.isfinite(table).all():
         raise RecordingError(f"{path}: each row must be t and {robot.num_actuated} finite commands")
     if np.any(np.diff(table[:, 0]) <= 0):
@@ -196,6 +216,12 @@ def _run(args) -> int:
     if any(len(c[2]) != count for c in cams):
         print(f"cameras have {[len(c[2]) for c in cams]} images: tracking the first {count} of each")
     times = cams[0][3][:count]
+    period = float(np.median(np.diff(times))) if count > 1 else 0.1
+    for f, c in zip(folders[1:], cams[1:]):           # frames pair by index: their times must agree
+        gap = np.abs(c[3][:count] - times).max()
+        if gap > 0.5 * period:
+            raise RecordingError(f"{f}: its images are up to {gap:.3f} s from the first camera's at the same "
+                                 "index: cameras must capture together (times.txt)")
     first = load_first_pose(Path(args.first_pose) if args.first_pose else folders[0] / "first_pose.yaml",
                             robot.num_rods)
     commands_path = Path(args.commands) if args.commands else folders[0] / "commands.csv"
@@ -210,10 +236,10 @@ def _run(args) -> int:
         raise RecordingError("the engine motion prior needs commands.csv (or use --prior velocity)")
     model = params_from_file(robot, args.params) if args.params else None
     config = TrackerConfig(noise_at_1m=args.noise, time_budget=args.budget)
-    period = float(np.median(np.diff(times))) if count > 1 else 0.1
     session = TrackingSession(robot, [c[0] for c in cams], config, motion_prior=prior, model=model,
                               period=period, floor=None if args.no_floor else "robot")
-    frames = (DepthFrame(float(times[i]), [read_depth(c[2][i], c[1]) for c in cams]) for i in range(count))
+    frames = (DepthFrame(float(times[i]), [read_depth(c[2][i], c[1], (c[0].height, c[0].width)) for c in cams])
+              for i in range(count))
     draw = overlay_writer(args.overlay, args.overlay_every, robot, session) if args.overlay else None
     wall = time.perf_counter()
     log = track_frames(session, frames, first_state=first, first_time=float(times[0]), commands=commands,

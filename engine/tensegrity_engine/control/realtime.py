@@ -126,8 +126,11 @@ class RealTimePlanner:
 
     def tick(self, tick_ns: int, pose_ns: int, state, mode: str, now_ns: Optional[int] = None) -> TickResult:
         """The command for the tick at ``tick_ns`` from the state measured at ``pose_ns``;
-        ``mode`` "mppi" or "excitation". ``now_ns``: the clock when called: time the tick
-        already lost (a late timer, waiting for its pose) comes off the planning budget."""
+        ``mode`` "mppi" or "excitation". ``now_ns``: the robot's clock (the stamps' clock)
+        when called: time the tick already lost (a late timer, waiting for its pose) comes off
+        the planning budget, which is then spent in wall seconds: the two agree on a robot
+        and in a simulation at real-time factor 1 (its /clock steps, 10 ms in the sim2sim,
+        can hide up to one step of lateness)."""
         t0 = time.perf_counter()
         lost = 0.0 if now_ns is None else max(0.0, (int(now_ns) - int(tick_ns)) / NS)
         valid = int(tick_ns) + self.lead_ns

@@ -9,15 +9,17 @@ image per camera, one time):
 1. the motion prior predicts the rods at the frame's time: the engine (``"engine"``, e.g.
    with identified values, rolled under the commands sent) or a constant velocity;
 2. `RodTracker.track` fits the images from there;
-3. a fit whose silhouette overlap is below the tracker's ``lost_iou`` is fitted again by
-   moving the last good shape as one body onto the images (`RodTracker.reacquire`); the
-   prior then restarts there at rest;
+3. a lost fit (silhouette overlap below the tracker's ``lost_iou``, or a rod the images
+   contradict) is fitted again by moving the last good shape as one body onto the images
+   (`RodTracker.reacquire`); the prior then restarts there at rest;
 4. a frame still lost is not a pose; after ``max_lost`` lost frames in a row, or a frame
    more than ``max_gap`` s after the last good one (nothing can be predicted that far),
    the track ends and waits for a new announcement.
 
 Rejections (a frame older than the track, a diverged prior, no track) come back as
-``status == "rejected"`` with a reason, for the caller to count; nothing raises.
+``status == "rejected"`` with a reason, for the caller to count. What the caller must
+have checked raises ValueError: images of the cameras' sizes, one per camera, and the
+commands when the prior is the engine.
 """
 from __future__ import annotations
 
@@ -169,10 +171,11 @@ class TrackingSession:
             ended = self.lost_in_row >= self.max_lost
             if ended:
                 self._end()
-            return TrackedFrame("lost", est, reason="low_overlap", track_ended=ended,
-                                detail=f"silhouette overlap {est.iou:.2f}, {t - self.last_t:.2f} s after the "
-                                       f"last good pose" + (f"; {self.lost_in_row} lost in a row: track ended"
-                                                            if ended else ""))
+            bad = [] if est.contradicted is None else np.flatnonzero(est.contradicted).tolist()
+            why = f"rods {bad} contradicted by the images" if bad else f"silhouette overlap {est.iou:.2f}"
+            return TrackedFrame("lost", est, reason="contradicted" if bad else "low_overlap", track_ended=ended,
+                                detail=f"{why}, {t - self.last_t:.2f} s after the last good pose"
+                                       + (f"; {self.lost_in_row} lost in a row: track ended" if ended else ""))
         self.lost_in_row = 0
         self.fresh = False
         self.last_ends = est.ends

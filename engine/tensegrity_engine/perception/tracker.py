@@ -17,8 +17,8 @@ camera and is carried over from the prior. Residuals, per camera:
 * prior: the prediction (previous estimate, or the identified engine's prediction of this
   frame), per coordinate over its sigma: it keeps what the images cannot see (an occluded
   rod) where the motion model puts it;
-* floor (with a floor): no rod end deeper than its radius plus ``FLOOR_SINK`` (a soft
-  contact's sink) below the ground, one-sided: under the floor a rod is hidden from the
+* floor (with a floor): no rod's surface more than ``FLOOR_SINK`` (a soft contact's
+  sink) below the ground, one-sided: under the floor a rod is hidden from the
   camera, and nothing else would stop it sinking there.
 
 Jacobians: each rod's image layers depend on its own pose only, so one batched
@@ -177,12 +177,18 @@ class _View:
                 ) -> tuple[float, torch.Tensor, torch.Tensor]:
         """(silhouette overlap with the observed robot, the bounded depth residual of every
         return, per rod whether the image contradicts it [R]) at ``ends``, rendering the
-        region only: outside it the model shows the floor. A rod is contradicted where it is
-        in view in front of everything else but the camera sees past it on most of those
-        pixels (at least 4): it is not there, whatever the other rods' overlap says."""
+        region only (outside it the model shows the floor) unless a rod reaches out of it. A
+        rod is contradicted where it is in view in front of everything else but the camera
+        sees past it on most of those pixels that returned a depth (at least 4): it is not
+        there, whatever the other rods' overlap says."""
         whole = self.whole_robot
+        if whole:          # a rod the fit moved off the region is scored on the whole image
+            outside = self._projected_cover(ends, radius)
+            outside[self.roi_index] = False
+            whole = not bool(outside.any())
         renderer = self.roi if whole else self.renderer
         robot = (self.robot_mask if whole else self.all_robot) > 0.5
+        valid = (self.valid if whole else self.all_valid) > 0.5
         floor_z = self.floor_z_roi if whole else self.floor_z
         with torch.no_grad():
             hit_z, _, alpha = renderer.rod_layers(ends.unsqueeze(0), radius, self.margin if whole else self.all_margin)
@@ -192,7 +198,8 @@ class _View:
         front = cand.argmin(0)
         hard = cand.gather(0, front.unsqueeze(0))[0]
         R = len(hit_z)
-        shows = torch.nn.functional.one_hot(front, R + 1)[:, :R].T.bool() & sil.unsqueeze(0)   # [R, P]
+        # a pixel with no return says nothing (a dark, thin or shiny rod may return none)
+        shows = torch.nn.functional.one_hot(front, R + 1)[:, :R].T.bool() & (sil & valid).unsqueeze(0)   # [R, P]
         shown = shows.sum(-1)
         supported = (shows & robot.unsqueeze(0)).sum(-1)
         contradicted = (shown >= 4) & (supported < 0.25 * shown)
@@ -205,9 +212,9 @@ class _View:
         else:
             union = (sil | robot).sum()
         overlap = float(inter) / float(union) if union else 0.0        # nothing seen: no fit
-        valid = self.all_valid > 0
-        bound = robust * self.all_sigma[valid]
-        d = (hard - self.all_observed)[valid]
+        returns = self.all_valid > 0
+        bound = robust * self.all_sigma[returns]
+        d = (hard - self.all_observed)[returns]
         return overlap, torch.maximum(torch.minimum(d, bound), -bound), contradicted
 
 
