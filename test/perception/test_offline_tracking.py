@@ -6,15 +6,15 @@ import transforms3d
 import yaml
 
 from tensegrity_engine.cli import track as track_cli
-from tensegrity_engine.groundtruth import environments as envs
 from tensegrity_engine.groundtruth.depth_camera import DepthNoise, DepthRenderingUnavailable, MujocoDepthCamera
 from tensegrity_engine.identification.dataset import load_trajectory
 from tensegrity_engine.perception.camera import look_at
 from tensegrity_engine.perception.overlay import ROD_COLOURS, overlay_image
 from tensegrity_engine.perception.session import TrackingSession
 from tensegrity_engine.perception.tracker import TrackerConfig
-from tensegrity_engine.physics.config import load_robot
 from tensegrity_engine.physics.state import end_nodes
+
+from camera_scenes import rolling_three_bar
 
 NOISE = 0.0005
 
@@ -24,15 +24,8 @@ def recorded():
     """A three-bar rolling on the floor under switching commands, 2 s, seen at 10 Hz by a
     MuJoCo depth camera: (robot, camera, true states [F, R, 13], images [F, H, W], times,
     per-step commands)."""
-    robot = load_robot("three_bar")
-    rng = np.random.default_rng(5)
-    steps = int(round(2.0 / robot.dt))
-    s0, a0, cmd = envs.sample_contact_episode(robot, rng, steps, randomize_commands=True, speed_range=(0.3, 0.6))
-    twin = envs.contact_twin(robot, nthread=1)
-    every = int(round(0.1 / robot.dt))
+    robot, twin, rng, cmd, states = rolling_three_bar(5)
     try:
-        states, _ = twin.rollout(s0, a0, cmd, record_every=every)
-        states = np.concatenate([s0[None], states[0]])
         start = states[0, :, 0:3].mean(0)
         camera = look_at(start + [1.8, -1.8, 1.4], start + [0.2, 0.2, 0.2], width=160, height=120)
         try:

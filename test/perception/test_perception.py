@@ -224,16 +224,21 @@ def test_moved_mujoco_camera_renders_as_a_new_one(superball_at_rest, camera):
     np.testing.assert_allclose(after[seen], reference[seen], atol=1e-5)
 
 
+def _observed(superball_at_rest, camera):
+    """(robot, a noisy depth image of it at rest, its end nodes, a tracker, its view having
+    taken the image)."""
+    robot, state = superball_at_rest
+    depth = _mujoco_depth(robot, state, camera, DepthNoise(0.001, 0.02))
+    tracker = RodTracker(robot, [camera], TrackerConfig(noise_at_1m=0.001, time_budget=10.0))
+    tracker.views[0].observe(depth, np.random.default_rng(0))
+    return robot, depth, end_nodes(state, robot.rod_length / 2), tracker, tracker.views[0]
+
+
 def test_region_of_interest_and_quality_without_a_full_rendering(superball_at_rest, camera):
     """The region comes from the rods' projected outlines, not a rendering: it must hold
     every pixel a rendering shows a rod on (here and 0.3 m / 20 deg off), and the fit's
     overlap and depth rms from the region alone must equal those of a full rendering."""
-    robot, state = superball_at_rest
-    depth = _mujoco_depth(robot, state, camera, DepthNoise(0.001, 0.02))
-    truth = end_nodes(state, robot.rod_length / 2)
-    tracker = RodTracker(robot, [camera], TrackerConfig(noise_at_1m=0.001, time_budget=10.0))
-    view = tracker.views[0]
-    view.observe(depth, np.random.default_rng(0))
+    robot, depth, truth, tracker, view = _observed(superball_at_rest, camera)
     c = truth.reshape(-1, 3).mean(0)
     a = np.radians(20.0)
     turn = np.array([[np.cos(a), 0.0, np.sin(a)], [0.0, 1.0, 0.0], [-np.sin(a), 0.0, np.cos(a)]])
@@ -262,12 +267,7 @@ def test_a_rod_the_images_contradict_or_below_the_floor(superball_at_rest, camer
     """One rod moved onto bare floor: the others still overlap well, but the camera sees
     past that rod, so the frame is not trusted. A rod the prior puts under the floor, out
     of the camera's sight, is lifted back above it by the floor term."""
-    robot, state = superball_at_rest
-    depth = _mujoco_depth(robot, state, camera, DepthNoise(0.001, 0.02))
-    truth = end_nodes(state, robot.rod_length / 2)
-    tracker = RodTracker(robot, [camera], TrackerConfig(noise_at_1m=0.001, time_budget=10.0))
-    view = tracker.views[0]
-    view.observe(depth, np.random.default_rng(0))
+    robot, depth, truth, tracker, view = _observed(superball_at_rest, camera)
     view.focus(torch.as_tensor(truth), tracker.radius)
     overlap, _, bad = view.quality(torch.as_tensor(truth), tracker.radius, 3.0)
     assert overlap > 0.7 and not bad.any()

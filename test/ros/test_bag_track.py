@@ -8,12 +8,10 @@ try:
 except ImportError as exc:  # pragma: no cover
     pytest.skip(f"rclpy not importable ({exc})", allow_module_level=True)
 
-from tensegrity_engine.groundtruth import environments as envs  # noqa: E402
 from tensegrity_engine.groundtruth.depth_camera import (DepthNoise, DepthRenderingUnavailable,  # noqa: E402
                                                         MujocoDepthCamera)
 from tensegrity_engine.identification.dataset import load_trajectory  # noqa: E402
 from tensegrity_engine.perception.camera import look_at  # noqa: E402
-from tensegrity_engine.physics.config import load_robot  # noqa: E402
 from tensegrity_engine.physics.state import end_nodes  # noqa: E402
 from tensegrity_ros import bag_track  # noqa: E402
 from tensegrity_ros import camera_messages as cm  # noqa: E402
@@ -21,24 +19,20 @@ from tensegrity_ros import conversions as conv  # noqa: E402
 from tensegrity_ros.common import TOPIC_COMMAND  # noqa: E402
 from tensegrity_ros.recorder import TOPICS, BagWriter  # noqa: E402
 
+from camera_scenes import rolling_three_bar  # noqa: E402
+
 NS = 1_000_000_000
 
 
 def test_track_bag_follows_a_moved_tripod_and_counts_garbage(tmp_path):
-    robot = load_robot("three_bar")
-    rng = np.random.default_rng(2)
-    steps = int(round(2.0 / robot.dt))
-    s0, a0, cmd = envs.sample_contact_episode(robot, rng, steps, randomize_commands=True, speed_range=(0.3, 0.6))
-    twin = envs.contact_twin(robot, nthread=1)
-    every = int(round(0.1 / robot.dt))
+    robot, twin, rng, cmd, states = rolling_three_bar(2)
+    steps = len(cmd)
     bag_path = tmp_path / "camera.mcap"
     bag = BagWriter(bag_path)
     for topic in (cm.TOPIC_DEPTH, cm.TOPIC_CAMERA_INFO, cm.TOPIC_CAMERA_POSE, cm.TOPIC_INITIAL_POSES, TOPIC_COMMAND):
         bag.channel(topic, TOPICS[topic])
     write = lambda topic, msg, t_ns: bag.write(topic, serialize_message(msg), t_ns)
     try:
-        states, _ = twin.rollout(s0, a0, cmd, record_every=every)
-        states = np.concatenate([s0[None], states[0]])
         start = states[0, :, 0:3].mean(0)
         cam_a = look_at(start + [1.8, -1.8, 1.4], start + [0.2, 0.2, 0.2])
         cam_b = look_at(start + [-1.6, -2.0, 1.6], start + [0.4, 0.3, 0.2])       # the tripod, moved
