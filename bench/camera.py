@@ -79,7 +79,7 @@ def run_robot(name: str, base, args) -> dict:
     offset = size * np.array([1.8, -1.8, 1.4])
     cameras, sensors = [], []
     for k in range(args.cameras):            # tripods spread evenly around the start, the first as always
-        a = 2.0 * np.pi * k / args.cameras
+        a = np.radians(args.spread) * k / args.cameras
         turn = np.array([[np.cos(a), -np.sin(a), 0.0], [np.sin(a), np.cos(a), 0.0], [0.0, 0.0, 1.0]])
         cameras.append(look_at(start + turn @ offset, start + np.array([0.0, 0.0, 0.3 * size]), width=160,
                                height=120, fov_y=np.radians(args.fov)))
@@ -153,6 +153,8 @@ def main(argv=None) -> int:
     ap.add_argument("--stride", type=int, default=1, help="the tracker renders every n-th row and column")
     ap.add_argument("--max-pixels", type=int, default=100000, help="pixels of the region of interest used")
     ap.add_argument("--max-points", type=int, default=1500, help="robot points used by the point term")
+    ap.add_argument("--spread", type=float, default=360.0,
+                    help="the cameras' azimuths span this many degrees (360: evenly around; 180 for two: 90 deg apart)")
     ap.add_argument("--cameras", type=int, default=1, help="depth cameras on tripods spread evenly around the start")
     ap.add_argument("--lost-iou", type=float, default=TrackerConfig.lost_iou,
                     help="a frame whose silhouette overlap is below this is reported lost")

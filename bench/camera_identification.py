@@ -54,7 +54,7 @@ def tracked(z, traj, args, rng) -> tuple:
     centre = states[0, :, 0:3].mean(0)
     cameras = []
     for k in range(args.cameras):           # tripods spread evenly around the robot, the first as always
-        a = 2.0 * np.pi * k / args.cameras
+        a = np.radians(args.spread) * k / args.cameras
         turn = np.array([[np.cos(a), -np.sin(a), 0.0], [np.sin(a), np.cos(a), 0.0], [0.0, 0.0, 1.0]])
         cameras.append(look_at(centre + turn @ (size * np.array([1.8, -1.8, 0.6])), centre, fov_y=np.radians(70.0)))
     half = z.nominal.rod_length / 2
@@ -124,6 +124,8 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=float, default=60.0, help="seconds per identification")
     ap.add_argument("--noise", type=float, default=0.001, help="depth sigma at 1 m (m), grows with z^2")
     ap.add_argument("--track-budget", type=float, default=0.08, help="tracking time per frame (s)")
+    ap.add_argument("--spread", type=float, default=360.0,
+                    help="the cameras' azimuths span this many degrees (360: evenly around; 180 for two: 90 deg apart)")
     ap.add_argument("--cameras", type=int, default=1, help="depth cameras spread evenly around the robot")
     ap.add_argument("--out", default="runs/bench_camera_identification")
     ap.add_argument("--seed", type=int, default=0)
