@@ -7,8 +7,8 @@
 
 For every zoo robot (config/zoo.yaml applied to --robot; MuJoCo plays it): a rolling
 episode (launched at 0.5-2 m/s, random piecewise-constant commands), seen at 10 Hz by
-160x120 depth cameras on tripods 3 robot-sizes away (``--cameras``, spread evenly around
-the start), rendered by MuJoCo (EGL/OSMesa; not this package's renderer) with
+160x120 depth cameras on tripods 3 robot-sizes away (``--cameras``, ``--spacing`` degrees
+apart around the start), rendered by MuJoCo (EGL/OSMesa; not this package's renderer) with
 range-dependent noise (sigma = noise * z^2) and dropped pixels. What `camera_tracker` runs
 (`perception.session.TrackingSession`) starts from the first frame's true pose (as a robot
 would announce it) and follows frame to frame: its prior is the previous estimate moved
@@ -78,8 +78,8 @@ def run_robot(name: str, base, args) -> dict:
     start = states[0, :, 0:3].mean(0)
     offset = size * np.array([1.8, -1.8, 1.4])
     cameras, sensors = [], []
-    for k in range(args.cameras):            # tripods spread evenly around the start, the first as always
-        a = np.radians(args.spread) * k / args.cameras
+    for k in range(args.cameras):            # tripods --spacing apart around the start, the first as always
+        a = np.radians(args.spacing) * k
         turn = np.array([[np.cos(a), -np.sin(a), 0.0], [np.sin(a), np.cos(a), 0.0], [0.0, 0.0, 1.0]])
         cameras.append(look_at(start + turn @ offset, start + np.array([0.0, 0.0, 0.3 * size]), width=160,
                                height=120, fov_y=np.radians(args.fov)))
@@ -153,9 +153,10 @@ def main(argv=None) -> int:
     ap.add_argument("--stride", type=int, default=1, help="the tracker renders every n-th row and column")
     ap.add_argument("--max-pixels", type=int, default=100000, help="pixels of the region of interest used")
     ap.add_argument("--max-points", type=int, default=1500, help="robot points used by the point term")
-    ap.add_argument("--spread", type=float, default=360.0,
-                    help="the cameras' azimuths span this many degrees (360: evenly around; 180 for two: 90 deg apart)")
-    ap.add_argument("--cameras", type=int, default=1, help="depth cameras on tripods spread evenly around the start")
+    ap.add_argument("--spacing", type=float, default=90.0,
+                    help="degrees of azimuth between consecutive cameras (90: two see a rod from across its axis; "
+                         "two opposite cameras, 180, share its blind direction)")
+    ap.add_argument("--cameras", type=int, default=1, help="depth cameras on tripods around the start")
     ap.add_argument("--lost-iou", type=float, default=TrackerConfig.lost_iou,
                     help="a frame whose silhouette overlap is below this is reported lost")
     ap.add_argument("--sigma-silhouette", type=float, default=TrackerConfig.sigma_silhouette,

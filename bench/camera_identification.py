@@ -7,7 +7,7 @@ For every zoo robot (config/zoo.yaml on --robot; MuJoCo plays it): the zoo bench
 data (random commands and known pushes, 10 Hz, 8 training and 2 validation trajectories
 of 5 s), seen three ways: clean states (with velocities), the robot's mocap (its sensor
 model: noise, latency, jitter, dropped frames; no velocities), and 160x120 depth cameras
-(``--cameras``, spread around the robot)
+(``--cameras``, ``--spacing`` degrees apart around the robot)
 rendered by MuJoCo (noise sigma = noise * z^2, 2 % dropped pixels) whose images the tracker
 (`perception.tracker.RodTracker`, constant-velocity prior, 80 ms per image; the rod welded
 to the rig held at its known pose) turns into rod poses, each trajectory tracked from its
@@ -53,8 +53,8 @@ def tracked(z, traj, args, rng) -> tuple:
     size = float(np.max(z.nominal.rod_length))
     centre = states[0, :, 0:3].mean(0)
     cameras = []
-    for k in range(args.cameras):           # tripods spread evenly around the robot, the first as always
-        a = np.radians(args.spread) * k / args.cameras
+    for k in range(args.cameras):           # tripods --spacing apart around the robot, the first as always
+        a = np.radians(args.spacing) * k
         turn = np.array([[np.cos(a), -np.sin(a), 0.0], [np.sin(a), np.cos(a), 0.0], [0.0, 0.0, 1.0]])
         cameras.append(look_at(centre + turn @ (size * np.array([1.8, -1.8, 0.6])), centre, fov_y=np.radians(70.0)))
     half = z.nominal.rod_length / 2
@@ -124,9 +124,10 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=float, default=60.0, help="seconds per identification")
     ap.add_argument("--noise", type=float, default=0.001, help="depth sigma at 1 m (m), grows with z^2")
     ap.add_argument("--track-budget", type=float, default=0.08, help="tracking time per frame (s)")
-    ap.add_argument("--spread", type=float, default=360.0,
-                    help="the cameras' azimuths span this many degrees (360: evenly around; 180 for two: 90 deg apart)")
-    ap.add_argument("--cameras", type=int, default=1, help="depth cameras spread evenly around the robot")
+    ap.add_argument("--spacing", type=float, default=90.0,
+                    help="degrees of azimuth between consecutive cameras (90: two see a rod from across its axis; "
+                         "two opposite cameras, 180, share its blind direction)")
+    ap.add_argument("--cameras", type=int, default=1, help="depth cameras around the robot")
     ap.add_argument("--out", default="runs/bench_camera_identification")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)

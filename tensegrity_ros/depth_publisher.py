@@ -2,9 +2,9 @@
 
 MuJoCo renders the played robot (`groundtruth.depth_camera.MujocoDepthCamera`: its own
 capsules and floor, range-dependent noise, dropped pixels) at ``depth_rate`` in the
-simulation thread, which owns the OpenGL contexts. ``depth_cameras`` tripods stand evenly
-spread around the robot's start (the first at ``depth_camera_eye``), all capturing at the
-same instants. Published per camera, under ``/tensegrity/camera`` for the first and
+simulation thread, which owns the OpenGL contexts. ``depth_cameras`` tripods stand
+``depth_camera_spacing`` degrees apart around the robot's start (the first at
+``depth_camera_eye``), all capturing at the same instants. Published per camera, under ``/tensegrity/camera`` for the first and
 ``/tensegrity/camera_<k>`` for the others: the depth image (32FC1, metres, NaN = no
 return) and CameraInfo stamped at capture, the optical frame's world pose (latched, the
 static transform a calibration gives); and, latched, the robot's first rod poses: how a
@@ -46,8 +46,11 @@ class DepthCameraOutput:
         self.follow = d("depth_camera_follow", 0.0, "when the robot is this far (m, horizontally) from where the "
                         "camera looks, the camera is carried along by as much (0 = a fixed tripod)",
                         range=(0.0, 1e3), read_only=True)
-        count = d("depth_cameras", 1, "number of depth cameras, on tripods spread evenly around the start",
+        count = d("depth_cameras", 1, "number of depth cameras, on tripods around the start",
                   range=(1, 8), read_only=True)
+        spacing = d("depth_camera_spacing", 90.0, "azimuth between consecutive tripods (deg; 90: two cameras see "
+                    "a rod across its axis, where opposite ones share its blind direction)", range=(0.0, 180.0),
+                    read_only=True)
         if not self.enabled:
             return
         if len(eye) != 3 or not all(math.isfinite(float(v)) for v in eye):
@@ -57,7 +60,7 @@ class DepthCameraOutput:
         offset = size * np.asarray(eye, dtype=np.float64)
         self.cameras = []
         for k in range(count):                  # turned about the vertical through the aim point
-            a = 2.0 * math.pi * k / count
+            a = math.radians(spacing) * k
             turn = np.array([[math.cos(a), -math.sin(a), 0.0], [math.sin(a), math.cos(a), 0.0], [0.0, 0.0, 1.0]])
             self.cameras.append(look_at(self.target + turn @ offset - np.array([0.0, 0.0, aim * size]), self.target,
                                         width=width, height=height, fov_y=math.radians(fov)))
