@@ -5,8 +5,8 @@ with the camera tracker's own code (`tensegrity_engine.perception.session`).
                          [--overlay overlay/] [--params identified.yaml] [--budget 1.0]
 
 Reads what `camera_tracker` subscribes to (``recorder`` records these topics): depth
-images, CameraInfo, the camera's pose (each image is fitted with the camera pose and info
-last received before it: a tripod carried along is followed), per camera (``--cameras``
+images, CameraInfo, the camera's pose (each image is fitted with the camera pose stamped
+at or before it and the intrinsics last received: a tripod carried along is followed), per camera (``--cameras``
 namespaces; images within ``--sync-tolerance`` are one frame), the announced first rod
 poses (the track starts at the first announcement) and the cable commands (the engine
 motion prior's input; the applied-command echo when the bag has it). Every message goes
@@ -55,7 +55,8 @@ def read_camera_bag(path, robot, *, start: float = 0.0, end=None, namespaces=(cm
     types: dict = {}
     refused: dict = {}
     n = len(namespaces)
-    info, pose, used = [None] * n, [None] * n, [None] * n
+    info, used = [None] * n, [None] * n
+    poses = [cm.StampedHistory() for _ in range(n)]          # an image takes the pose of its stamp
     first = None
     sync = cm.FrameSync(n, int(round(sync_tolerance * NS)))
     frames, matched, commands = [], [], {TOPIC_COMMAND: [], TOPIC_APPLIED: []}
@@ -85,7 +86,7 @@ def read_camera_bag(path, robot, *, start: float = 0.0, end=None, namespaces=(cm
         if kind == "info":
             info[k] = msg
         elif kind == "pose":
-            pose[k] = msg
+            poses[k].add(stamp, msg)
         elif m.topic == cm.TOPIC_INITIAL_POSES:
             if first is None:                   # the node's checks
                 arr = conv.pose_array_to_array(msg)
@@ -104,10 +105,11 @@ def read_camera_bag(path, robot, *, start: float = 0.0, end=None, namespaces=(cm
             else:
                 series.append((stamp, np.clip(u, robot.command_low, robot.command_high)))
         else:
-            if info[k] is None or pose[k] is None:
+            pose = poses[k].at(stamp)
+            if info[k] is None or pose is None:
                 refuse("image_before_camera")
                 continue
-            new, problem = cm.camera_from_messages(info[k], pose[k])
+            new, problem = cm.camera_from_messages(info[k], pose)
             depth, bad = cm.depth_from_msg(msg)
             if problem or bad:
                 refuse((problem or bad)[0])

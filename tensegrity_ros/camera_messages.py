@@ -157,3 +157,31 @@ class FrameSync:
             else:                               # the oldest head has no partner any more
                 dropped.append(self.pending[int(min(range(len(heads)), key=heads.__getitem__))].popleft()[1])
         return frames, dropped
+
+
+class StampedHistory:
+    """The last few stamped values of a stream (e.g. a camera's pose, which a tripod carried
+    along changes): `at` gives the one in force at a stamp, so an image is fitted with the
+    pose it was taken from even when a newer pose overtook it on the way."""
+
+    def __init__(self, depth: int = 16):
+        self.items: collections.deque = collections.deque(maxlen=depth)
+
+    def add(self, stamp: int, value) -> None:
+        items = list(self.items)
+        at = len(items)
+        while at and items[at - 1][0] > stamp:           # out of order: keep them sorted
+            at -= 1
+        items.insert(at, (int(stamp), value))
+        self.items = collections.deque(items[-self.items.maxlen:], maxlen=self.items.maxlen)
+
+    def at(self, stamp: int):
+        """The newest value stamped at or before ``stamp``; None when all are later."""
+        for s, value in reversed(self.items):
+            if s <= stamp:
+                return value
+        return None
+
+    @property
+    def latest(self):
+        return self.items[-1][1] if self.items else None

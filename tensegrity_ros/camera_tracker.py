@@ -8,7 +8,9 @@ rod poses (``/tensegrity/initial_rod_poses``): a depth camera cannot tell which 
 which, so the track starts from a known pose and keeps rod identity by continuity. With
 several cameras, images whose stamps lie within ``sync_tolerance`` of each other are one
 frame, fitted together at the first camera's stamp; an image left without partners is
-counted (``rejected_unmatched``) and dropped.
+counted (``rejected_unmatched``) and dropped. Each image is fitted with its camera's pose
+stamped at or before it (a tripod that moves publishes its new pose before the images it
+applies to; an older image still waiting takes the older pose).
 
 Each image goes to `tensegrity_engine.perception.session.TrackingSession` (what the offline
 `tensegrity-track` runs too) and is fitted by its `RodTracker` (within
@@ -88,8 +90,10 @@ class CameraTrackerNode(Node):
         self.namespaces = list(namespaces)
         self.sync = cm.FrameSync(len(namespaces), int(round(tolerance * NS)))
         self.infos = [None] * len(namespaces)
-        self.camera_poses = [None] * len(namespaces)
-        self.cameras = [None] * len(namespaces)
+        self.camera_poses = [None] * len(namespaces)          # the newest checked pose of each camera
+        self.pose_history = [cm.StampedHistory() for _ in namespaces]   # an image takes the pose of its stamp
+        self.cameras = [None] * len(namespaces)               # each camera at its newest pose
+        self._made = {}                       # (camera, pose msg id, info msg id) -> (pose, info, camera)
         self.pub = self.create_publisher(PoseArray, TOPIC_POSES, stream_qos())
         for k, ns in enumerate(namespaces):
             depth_topic, info_topic, pose_topic = cm.camera_topics(ns)
@@ -121,6 +125,7 @@ class CameraTrackerNode(Node):
             if problem:
                 return self.diag.reject(*problem, topic="camera_pose")
         self.camera_poses[k] = msg
+        self.pose_history[k].add(conv.stamp_ns(msg.header.stamp), msg)
         self._maybe_make_tracker(k)
         self.diag.accept("camera_pose")
 
@@ -136,30 +141,30 @@ class CameraTrackerNode(Node):
         self._maybe_make_tracker(k)
         self.diag.accept("camera_info")
 
+    def _camera(self, k: int, pose: PoseStamped):
+        """Camera ``k`` at ``pose`` with its newest intrinsics (both checked on arrival)."""
+        info = self.infos[k]
+        key = (k, id(pose), id(info))
+        made = self._made.get(key)
+        if made is None or made[0] is not pose or made[1] is not info:     # ids of freed messages recur
+            if len(self._made) > 64:
+                self._made.clear()
+            made = self._made[key] = (pose, info, cm.camera_from_messages(info, pose)[0])
+        return made[2]
+
     def _maybe_make_tracker(self, k: int) -> None:
-        """(Re)build the tracker when camera ``k``'s info and pose, both checked, describe
-        another camera than its current one, once every camera is known."""
+        """Camera ``k`` at its newest pose; the tracking session once every camera is known
+        (a camera that moves later is set frame by frame, from the pose of each image)."""
         if self.infos[k] is None or self.camera_poses[k] is None:
             return
-        cam, problem = cm.camera_from_messages(self.infos[k], self.camera_poses[k])
-        if problem:                          # each was checked against the other on arrival
-            return
-        old = self.cameras[k]
-        if old is not None and (cam.width, cam.height) == (old.width, old.height) and np.allclose(cam.k, old.k) \
-                and np.allclose(cam.rotation, old.rotation) and np.allclose(cam.position, old.position):
-            return
-        self.cameras[k] = cam
-        if any(c is None for c in self.cameras):
-            return
-        if self.session is None:
+        self.cameras[k] = self._camera(k, self.camera_poses[k])
+        if self.session is None and all(c is not None for c in self.cameras):
             self.session = TrackingSession(self.robot, list(self.cameras), self.config,
                                            motion_prior=self.motion_prior, model=self.model,
                                            acceleration=self.acceleration or None, max_lost=self.max_lost,
                                            max_gap=self.max_age)
             if self.pending_start is not None:      # the first pose came before the cameras
                 self._start(*self.pending_start)
-        else:
-            self.session.set_cameras(list(self.cameras))
 
     def _on_initial(self, msg: PoseArray) -> None:
         self.diag.received("initial_poses")
@@ -227,23 +232,28 @@ class CameraTrackerNode(Node):
             return self.diag.reject("no_camera", "no camera info / camera pose yet", topic="depth")
         if not self.session.tracking:
             return self.diag.reject("no_first_pose", "waiting for the robot's first pose", topic="depth")
-        camera = self.cameras[k]
+        stamp = conv.stamp_ns(msg.header.stamp)
+        pose = self.pose_history[k].at(stamp)
+        if pose is None:
+            return self.diag.reject("no_camera_pose", "no camera pose stamped at or before the image",
+                                    topic="depth")
+        camera = self._camera(k, pose)
         if depth.shape != (camera.height, camera.width):
             return self.diag.reject("bad_image_size", f"{depth.shape} is not the camera's "
                                     f"{(camera.height, camera.width)}", topic="depth")
-        frames, dropped = self.sync.add(k, conv.stamp_ns(msg.header.stamp), depth)
+        frames, dropped = self.sync.add(k, stamp, (depth, camera))
         for _ in dropped:
             self.diag.reject("unmatched", "no image of the other camera(s) within sync_tolerance", topic="depth")
-        for stamp, depths in frames:
-            self._track(stamp, depths)
+        for frame_stamp, items in frames:
+            self._track(frame_stamp, items)
 
-    def _track(self, stamp: int, depths: list) -> None:
-        """Fit one frame (an image per camera, ``stamp`` ns); each image is counted."""
+    def _track(self, stamp: int, items: list) -> None:
+        """Fit one frame (an image per camera with the camera it was taken from, ``stamp``
+        ns); each image is counted."""
+        depths, cameras = [d for d, _ in items], [c for _, c in items]
         n = len(depths)
-        if any(d.shape != (c.height, c.width) for d, c in zip(depths, self.cameras)):
-            for _ in range(n):              # a camera's size changed while the frame waited
-                self.diag.reject("bad_image_size", "image size is no longer the camera's", topic="depth")
-            return
+        if any(c is not s for c, s in zip(cameras, self.session.cameras)):
+            self.session.set_cameras(cameras)          # a tripod moved (or moved back for a late image)
         t0 = time.perf_counter()
         out = self.session.frame(stamp / NS, depths, self._held)
         if out.status == "rejected":

@@ -90,6 +90,17 @@ def test_camera_tracker_follows_the_robot_the_bridge_renders(ros, cameras):
     assert len(tracker.session.tracker.views) == cameras
 
 
+def test_stamped_history_gives_the_value_in_force_at_a_stamp():
+    h = cm.StampedHistory(depth=3)
+    assert h.at(5) is None and h.latest is None
+    h.add(10, "a")
+    h.add(30, "c")
+    h.add(20, "b")                                      # arrived late: kept in stamp order
+    assert [h.at(t) for t in (9, 10, 25, 31)] == [None, "a", "b", "c"] and h.latest == "c"
+    h.add(40, "d")                                      # the oldest goes
+    assert h.at(15) is None and h.at(40) == "d"
+
+
 def test_frame_sync_matches_images_across_cameras():
     sync = cm.FrameSync(2, tolerance_ns=5)
     assert sync.add(0, 100, "a0") == ([], [])
