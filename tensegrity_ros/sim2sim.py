@@ -95,6 +95,9 @@ def _remove_unmapped_port_segments(min_age_s: float = 10.0) -> None:
             pass
 
 
+STALL_TIMEOUT = 30.0    # wall s without a new pose (a lost track, a dead driver): the run is over
+
+
 def start_node(module: str, params_file: str, env: dict, log_path: Path, overrides=()) -> subprocess.Popen:
     cmd = [sys.executable, "-m", module, "--ros-args", "--params-file", params_file]
     for k, v in overrides:
@@ -468,6 +471,7 @@ def main(argv=None) -> int:
         for name, module in nodes:
             procs.append(start_node(module, str(cfg_path), env, out_dir / f"{name}.log", overrides.get(name, ())))
         last_print = 0.0
+        last_progress = (0.0, None)          # (wall s, sim t) when poses last moved on
         while True:
             time.sleep(0.5)
             wall = time.monotonic() - wall0
@@ -488,6 +492,12 @@ def main(argv=None) -> int:
                       f"tuples={ident.get('window_tuples', '?')}, params published: {n_params} ({stage})",
                       flush=True)
             if rolling_start is not None and t_sim - rolling_start >= rolling:
+                break
+            if t_sim != last_progress[1]:
+                last_progress = (wall, t_sim)
+            elif last_progress[1] is not None and wall - last_progress[0] > STALL_TIMEOUT:
+                print(f"no new pose for {STALL_TIMEOUT:.0f} s wall (controller: {mon.mode}; see {out_dir}/*.log): "
+                      "stopping", flush=True)
                 break
             if wall > wall_timeout:
                 print(f"wall timeout ({wall_timeout} s) reached", flush=True)
