@@ -23,6 +23,7 @@ import sys
 import tempfile
 import threading
 import time
+from typing import Optional
 from pathlib import Path
 
 import numpy as np
@@ -96,12 +97,15 @@ def _remove_unmapped_port_segments(min_age_s: float = 10.0) -> None:
 
 
 STALL_TIMEOUT = 30.0    # wall s without a new pose (a lost track, a dead driver): the run is over
+TRUTH_TOPIC = "/sim2sim/true_rod_poses"   # with the camera: the bridge's own poses, to score the tracker
 
 
-def start_node(module: str, params_file: str, env: dict, log_path: Path, overrides=()) -> subprocess.Popen:
+def start_node(module: str, params_file: str, env: dict, log_path: Path, overrides=(), remaps=()) -> subprocess.Popen:
     cmd = [sys.executable, "-m", module, "--ros-args", "--params-file", params_file]
     for k, v in overrides:
         cmd += ["-p", f"{k}:={v}"]
+    for a, b in remaps:
+        cmd += ["-r", f"{a}:={b}"]
     fh = open(log_path, "w")
     return subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -122,7 +126,7 @@ def stop_processes(procs, timeout: float = 10.0) -> None:
 class Monitor:
     """In-process observer node: records poses / parameters / controller mode; publishes the goal."""
 
-    def __init__(self, robot, goal):
+    def __init__(self, robot, goal, truth_topic: Optional[str] = None):
         import rclpy
         from diagnostic_msgs.msg import DiagnosticArray
         from geometry_msgs.msg import PoseArray, Vector3Stamped
@@ -149,8 +153,12 @@ class Monitor:
         self.mode_switch_t = None
         self.last_pose_t = 0.0
         self.diag = {}
+        self.seen = {}              # with a truth topic: stamp (ns) -> published rod poses [R, 7]
+        self.truth = {}             # stamp (ns) -> the true rod poses [R, 7]
         n = self.node
         n.create_subscription(PoseArray, TOPIC_POSES, self._on_pose, stream_qos())
+        if truth_topic:
+            n.create_subscription(PoseArray, truth_topic, self._on_truth, stream_qos())
         n.create_subscription(IdentifiedParameters, TOPIC_PARAMS, self._on_params, latched_qos())
         n.create_subscription(CableCommand, TOPIC_COMMAND, self._on_cmd, stream_qos())
         n.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 50)
@@ -173,6 +181,13 @@ class Monitor:
             self.com.append((arr[:, :3] * w[:, None]).sum(0))
             self.lowest.append(low)
             self.last_pose_t = t
+            self.seen[self.conv.stamp_ns(msg.header.stamp)] = arr
+
+    def _on_truth(self, msg):
+        arr = self.conv.pose_array_to_array(msg)
+        if arr.shape[0] == self.robot.num_rods and np.isfinite(arr).all():
+            with self.lock:
+                self.truth[self.conv.stamp_ns(msg.header.stamp)] = arr
 
     def _on_params(self, msg):
         try:
@@ -252,6 +267,43 @@ def true_values(robot, robot_truth: str = "twin") -> dict:
     return {k: np.asarray(v, dtype=np.float64) for k, v in values.items()}
 
 
+def tracking_figures(robot, mon: Monitor, rolling_start) -> dict:
+    """With a truth topic (the camera in the loop): the published rod poses against the true
+    ones at the same stamps, while MPPI rolls (all of the run before it), and the velocity
+    measured on the true poses."""
+    from tensegrity_engine.physics.state import end_nodes
+
+    with mon.lock:
+        common = sorted(set(mon.seen) & set(mon.truth))
+        seen = [mon.seen[k] for k in common]
+        true = [mon.truth[k] for k in common]
+    if not common:
+        return {}
+    t = np.array(common) / 1e9
+    half = robot.rod_length / 2
+    est = end_nodes(np.stack([mon.conv.array_to_rod_state(a) for a in seen]), half)
+    ref = end_nodes(np.stack([mon.conv.array_to_rod_state(a) for a in true]), half)
+    centre = np.linalg.norm(est.mean(-2) - ref.mean(-2), axis=-1)               # [F, R]
+    a, b = est[..., 1, :] - est[..., 0, :], ref[..., 1, :] - ref[..., 0, :]
+    cos = (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+    axis = np.degrees(np.arccos(np.clip(cos, -1.0, 1.0)))
+    sel = t >= rolling_start if rolling_start is not None and (t >= rolling_start).sum() > 1 else np.ones_like(t, bool)
+    out = {"tracking_poses_scored": int(sel.sum()), "tracking_centre_mm_median": float(1e3 * np.median(centre[sel])),
+           "tracking_centre_mm_p90": float(1e3 * np.percentile(centre[sel], 90)),
+           "tracking_axis_deg_median": float(np.median(axis[sel]))}
+    with mon.lock:
+        truth_t = np.array(sorted(mon.truth))
+        truth_arr = [mon.truth[k] for k in truth_t]
+    if rolling_start is not None and len(truth_t):
+        w = robot.rod_mass / robot.rod_mass.sum()
+        keep = truth_t / 1e9 >= rolling_start
+        if keep.sum() > 1:
+            com = np.stack([(truth_arr[i][:, :3] * w[:, None]).sum(0) for i in np.flatnonzero(keep)])
+            tt = truth_t[keep] / 1e9
+            out["true_vx"] = float((com[-1, 0] - com[0, 0]) / (tt[-1] - tt[0]))
+    return out
+
+
 def summarize(robot, mon: Monitor, rolling_start, out_dir: Path, wall_s: float, learn,
               robot_truth: str = "twin", period: float = 0.1) -> dict:
     t = np.array(mon.pose_t)
@@ -298,6 +350,7 @@ def summarize(robot, mon: Monitor, rolling_start, out_dir: Path, wall_s: float, 
             com[(t < rolling_start) if rolling_start else slice(None)][-1, :2] - com[0, :2])) \
             if (rolling_start is None or (t < rolling_start).any()) else 0.0
     summary.update(realtime_figures(mon, rolling_start, period))
+    summary.update(tracking_figures(robot, mon, rolling_start))
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     np.savez(out_dir / "trajectory.npz", t=t, com=com)
@@ -390,6 +443,11 @@ def print_summary(s: dict) -> None:
         ("airborne_fraction", "airborne", 3, " of the rolling time")) if key in s]
     if rt:
         print("real time: " + ", ".join(rt))
+    if "tracking_poses_scored" in s:
+        print(f"camera tracking while MPPI rolls: rod centre {s['tracking_centre_mm_median']:.1f} mm median "
+              f"(p90 {s['tracking_centre_mm_p90']:.1f}), axis {s['tracking_axis_deg_median']:.2f} deg over "
+              f"{s['tracking_poses_scored']} poses" + (f"; velocity on the true poses vx={s['true_vx']:+.3f} m/s"
+                                                      if "true_vx" in s else ""))
     if s.get("commands_late_at"):
         print(f"commands that reached the robot late (sim time / how late): {s['commands_late_at']}")
     if "plots" in s:
@@ -436,6 +494,7 @@ def main(argv=None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     nodes = list(NODES)
     overrides = {name: [] for name, _ in NODES}
+    remaps: dict = {}
     pose_source = args.pose_source or str(run.get("pose_source", "mocap"))
     if pose_source not in ("mocap", "camera"):
         raise SystemExit(f"pose_source must be mocap or camera, got {pose_source!r}")
@@ -446,8 +505,9 @@ def main(argv=None) -> int:
             raise SystemExit(f"cameras must be 1..8, got {count}")
         namespaces = ", ".join(f"'{camera_namespace(k)}'" for k in range(count))
         overrides["camera_tracker"] = [("cameras", f"[{namespaces}]")]
-        overrides["mujoco_bridge"] += [("depth_camera", "true"), ("publish_poses", "false"),
-                                       ("depth_cameras", str(count))]
+        # the bridge's own poses go to the monitor only, to score the tracker
+        overrides["mujoco_bridge"] += [("depth_camera", "true"), ("depth_cameras", str(count))]
+        remaps["mujoco_bridge"] = [("/tensegrity/rod_poses", TRUTH_TOPIC)]
     if args.device:
         overrides["identifier"].append(("device", args.device))
         overrides["mppi_controller"].append(("device", args.device))
@@ -467,9 +527,10 @@ def main(argv=None) -> int:
     mon = None
     rolling_start = None
     try:
-        mon = Monitor(robot, goal)
+        mon = Monitor(robot, goal, TRUTH_TOPIC if pose_source == "camera" else None)
         for name, module in nodes:
-            procs.append(start_node(module, str(cfg_path), env, out_dir / f"{name}.log", overrides.get(name, ())))
+            procs.append(start_node(module, str(cfg_path), env, out_dir / f"{name}.log", overrides.get(name, ()),
+                                    remaps.get(name, ())))
         last_print = 0.0
         last_progress = (0.0, None)          # (wall s, sim t) when poses last moved on
         while True:
