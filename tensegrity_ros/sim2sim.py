@@ -353,7 +353,14 @@ def summarize(robot, mon: Monitor, rolling_start, out_dir: Path, wall_s: float, 
     summary.update(tracking_figures(robot, mon, rolling_start))
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    np.savez(out_dir / "trajectory.npz", t=t, com=com)
+    extra = {}
+    with mon.lock:
+        if mon.truth:                        # the camera in the loop: the true CoM too
+            stamps = sorted(mon.truth)
+            w = robot.rod_mass / robot.rod_mass.sum()
+            extra = {"t_true": np.array(stamps) / 1e9,
+                     "com_true": np.stack([(mon.truth[k][:, :3] * w[:, None]).sum(0) for k in stamps])}
+    np.savez(out_dir / "trajectory.npz", t=t, com=com, **extra)
     try:
         _plots(mon, robot, truth, rolling_start, out_dir, learn)
         summary["plots"] = str(out_dir / "sim2sim.png")
