@@ -97,10 +97,12 @@ class CameraTrackerNode(Node):
         self.pub = self.create_publisher(PoseArray, TOPIC_POSES, stream_qos())
         for k, ns in enumerate(namespaces):
             depth_topic, info_topic, pose_topic = cm.camera_topics(ns)
-            self.create_subscription(Image, depth_topic, lambda m, k=k: self._on_depth(k, m), stream_qos(5))
-            self.create_subscription(CameraInfo, info_topic, lambda m, k=k: self._on_info(k, m), stream_qos(2))
+            # pose and info first: the executor serves ready subscriptions in the order they were
+            # made, and a moved tripod's pose sent before its image must be known when the image is
             self.create_subscription(PoseStamped, pose_topic, lambda m, k=k: self._on_camera_pose(k, m),
                                      latched_qos())
+            self.create_subscription(CameraInfo, info_topic, lambda m, k=k: self._on_info(k, m), stream_qos(2))
+            self.create_subscription(Image, depth_topic, lambda m, k=k: self._on_depth(k, m), stream_qos(5))
         self.create_subscription(PoseArray, cm.TOPIC_INITIAL_POSES, self._on_initial, latched_qos())
         self.create_subscription(IdentifiedParameters, TOPIC_PARAMS, self._on_params, latched_qos())
         self.create_subscription(CableCommand, TOPIC_COMMAND, self._on_command, stream_qos())
