@@ -37,7 +37,7 @@ from tensegrity_engine.groundtruth import environments as envs
 from tensegrity_engine.groundtruth.depth_camera import DepthNoise, MujocoDepthCamera
 from tensegrity_engine.groundtruth.mujoco_twin import GroundTruthDiverged
 from tensegrity_engine.groundtruth.zoo import zoo_robot
-from tensegrity_engine.perception.camera import look_at
+from tensegrity_engine.perception.camera import tripods
 from tensegrity_engine.perception.session import TrackingSession
 from tensegrity_engine.perception.tracker import TrackerConfig
 from tensegrity_engine.physics.params import PhysicalParameters
@@ -59,6 +59,13 @@ def pose_errors(est: np.ndarray, truth: np.ndarray) -> tuple[np.ndarray, np.ndar
             np.degrees(np.arccos(np.clip(cos, -1.0, 1.0))))
 
 
+def add_camera_rig_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--cameras", type=int, default=1, help="depth cameras on tripods around the robot")
+    ap.add_argument("--spacing", type=float, default=90.0,
+                    help="degrees of azimuth between consecutive cameras (90: two see a rod from across its axis; "
+                         "two opposite cameras, 180, share its blind direction)")
+
+
 def run_robot(name: str, base, args) -> dict:
     z = zoo_robot(name, base)
     robot = z.truth
@@ -76,14 +83,9 @@ def run_robot(name: str, base, args) -> dict:
     states = np.concatenate([s0[None], states[0]])                     # [F, R, 13] at 10 Hz
     size = float(np.max(robot.rod_length))
     start = states[0, :, 0:3].mean(0)
-    offset = size * np.array([1.8, -1.8, 1.4])
-    cameras, sensors = [], []
-    for k in range(args.cameras):            # tripods --spacing apart around the start, the first as always
-        a = np.radians(args.spacing) * k
-        turn = np.array([[np.cos(a), -np.sin(a), 0.0], [np.sin(a), np.cos(a), 0.0], [0.0, 0.0, 1.0]])
-        cameras.append(look_at(start + turn @ offset, start + np.array([0.0, 0.0, 0.3 * size]), width=160,
-                               height=120, fov_y=np.radians(args.fov)))
-        sensors.append(MujocoDepthCamera(twin, cameras[-1], noise=DepthNoise(args.noise, args.dropout), rng=rng))
+    cameras = tripods(start, size * np.array([1.8, -1.8, 1.4]), start + np.array([0.0, 0.0, 0.3 * size]),
+                      args.cameras, args.spacing, width=160, height=120, fov_y=np.radians(args.fov))
+    sensors = [MujocoDepthCamera(twin, c, noise=DepthNoise(args.noise, args.dropout), rng=rng) for c in cameras]
     config = TrackerConfig(noise_at_1m=args.noise, time_budget=args.budget, stride=args.stride,
                            max_pixels=args.max_pixels, max_points=args.max_points, lost_iou=args.lost_iou,
                            sigma_silhouette=args.sigma_silhouette)
@@ -153,10 +155,7 @@ def main(argv=None) -> int:
     ap.add_argument("--stride", type=int, default=1, help="the tracker renders every n-th row and column")
     ap.add_argument("--max-pixels", type=int, default=100000, help="pixels of the region of interest used")
     ap.add_argument("--max-points", type=int, default=1500, help="robot points used by the point term")
-    ap.add_argument("--spacing", type=float, default=90.0,
-                    help="degrees of azimuth between consecutive cameras (90: two see a rod from across its axis; "
-                         "two opposite cameras, 180, share its blind direction)")
-    ap.add_argument("--cameras", type=int, default=1, help="depth cameras on tripods around the start")
+    add_camera_rig_args(ap)
     ap.add_argument("--lost-iou", type=float, default=TrackerConfig.lost_iou,
                     help="a frame whose silhouette overlap is below this is reported lost")
     ap.add_argument("--sigma-silhouette", type=float, default=TrackerConfig.sigma_silhouette,

@@ -28,13 +28,13 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from camera import pose_errors  # noqa: E402
+from camera import add_camera_rig_args, pose_errors  # noqa: E402
 from zoo import COUNTS, identify, params_rows, record, zoo_selection  # noqa: E402
 
 from tensegrity_engine import identification as idf
 from tensegrity_engine.groundtruth.depth_camera import DepthNoise, MujocoDepthCamera
 from tensegrity_engine.groundtruth.zoo import zoo_robot
-from tensegrity_engine.perception.camera import look_at
+from tensegrity_engine.perception.camera import tripods
 from tensegrity_engine.perception.motion import ConstantVelocityPrior, rod_poses_from_ends
 from tensegrity_engine.perception.tracker import RodTracker, TrackerConfig
 from tensegrity_engine.physics.state import end_nodes
@@ -52,11 +52,8 @@ def tracked(z, traj, args, rng) -> tuple:
     states = traj.states()
     size = float(np.max(z.nominal.rod_length))
     centre = states[0, :, 0:3].mean(0)
-    cameras = []
-    for k in range(args.cameras):           # tripods --spacing apart around the robot, the first as always
-        a = np.radians(args.spacing) * k
-        turn = np.array([[np.cos(a), -np.sin(a), 0.0], [np.sin(a), np.cos(a), 0.0], [0.0, 0.0, 1.0]])
-        cameras.append(look_at(centre + turn @ (size * np.array([1.8, -1.8, 0.6])), centre, fov_y=np.radians(70.0)))
+    cameras = tripods(centre, size * np.array([1.8, -1.8, 0.6]), centre, args.cameras, args.spacing,
+                      fov_y=np.radians(70.0))
     half = z.nominal.rod_length / 2
     truth = end_nodes(states, half)
     with z.twin(floor=False, fixed_rods=traj.fixed_rods, nthread=1) as twin:
@@ -124,10 +121,7 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=float, default=60.0, help="seconds per identification")
     ap.add_argument("--noise", type=float, default=0.001, help="depth sigma at 1 m (m), grows with z^2")
     ap.add_argument("--track-budget", type=float, default=0.08, help="tracking time per frame (s)")
-    ap.add_argument("--spacing", type=float, default=90.0,
-                    help="degrees of azimuth between consecutive cameras (90: two see a rod from across its axis; "
-                         "two opposite cameras, 180, share its blind direction)")
-    ap.add_argument("--cameras", type=int, default=1, help="depth cameras around the robot")
+    add_camera_rig_args(ap)
     ap.add_argument("--out", default="runs/bench_camera_identification")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)

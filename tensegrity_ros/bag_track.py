@@ -124,7 +124,7 @@ def read_camera_bag(path, robot, *, start: float = 0.0, end=None, namespaces=(cm
     matched.sort(key=lambda item: item[0])           # in time order, then: which frames change a camera
     for t_ns, items in matched:
         cams = [c for _, c in items]
-        changed = any(old is None or not _same(old, c) for old, c in zip(used, cams))
+        changed = any(old is None or not old.same_as(c) for old, c in zip(used, cams))
         used = cams if changed else used
         frames.append(DepthFrame(t_ns / NS, [d for d, _ in items], cams if changed else None))
     if first is None:
@@ -137,11 +137,6 @@ def read_camera_bag(path, robot, *, start: float = 0.0, end=None, namespaces=(cm
     ct = np.array([s for s, _ in series], dtype=np.float64) / NS
     cmd = np.array([u for _, u in series]).reshape(len(series), robot.num_actuated)
     return frames, first[0], first[1], ct, cmd, refused
-
-
-def _same(a, b) -> bool:
-    return (a.width, a.height) == (b.width, b.height) and np.allclose(a.k, b.k) \
-        and np.allclose(a.rotation, b.rotation) and np.allclose(a.position, b.position)
 
 
 def main(argv=None) -> int:

@@ -93,7 +93,6 @@ class CameraTrackerNode(Node):
         self.camera_poses = [None] * len(namespaces)          # the newest checked pose of each camera
         self.pose_history = [cm.StampedHistory() for _ in namespaces]   # an image takes the pose of its stamp
         self.cameras = [None] * len(namespaces)               # each camera at its newest pose
-        self._made = {}                       # (camera, pose msg id, info msg id) -> (pose, info, camera)
         self.pub = self.create_publisher(PoseArray, TOPIC_POSES, stream_qos())
         for k, ns in enumerate(namespaces):
             depth_topic, info_topic, pose_topic = cm.camera_topics(ns)
@@ -145,14 +144,7 @@ class CameraTrackerNode(Node):
 
     def _camera(self, k: int, pose: PoseStamped):
         """Camera ``k`` at ``pose`` with its newest intrinsics (both checked on arrival)."""
-        info = self.infos[k]
-        key = (k, id(pose), id(info))
-        made = self._made.get(key)
-        if made is None or made[0] is not pose or made[1] is not info:     # ids of freed messages recur
-            if len(self._made) > 64:
-                self._made.clear()
-            made = self._made[key] = (pose, info, cm.camera_from_messages(info, pose)[0])
-        return made[2]
+        return cm.camera_from_messages(self.infos[k], pose)[0]
 
     def _maybe_make_tracker(self, k: int) -> None:
         """Camera ``k`` at its newest pose; the tracking session once every camera is known
@@ -254,7 +246,7 @@ class CameraTrackerNode(Node):
         ns); each image is counted."""
         depths, cameras = [d for d, _ in items], [c for _, c in items]
         n = len(depths)
-        if any(c is not s for c, s in zip(cameras, self.session.cameras)):
+        if not all(c.same_as(s) for c, s in zip(cameras, self.session.cameras)):
             self.session.set_cameras(cameras)          # a tripod moved (or moved back for a late image)
         t0 = time.perf_counter()
         out = self.session.frame(stamp / NS, depths, self._held)

@@ -20,7 +20,7 @@ from geometry_msgs.msg import PoseArray, PoseStamped
 from sensor_msgs.msg import CameraInfo, Image
 
 from tensegrity_engine.groundtruth.depth_camera import DepthNoise, DepthRenderingUnavailable, MujocoDepthCamera
-from tensegrity_engine.perception.camera import look_at
+from tensegrity_engine.perception.camera import look_at, tripods
 
 from . import camera_messages as cm
 from . import conversions as conv
@@ -58,12 +58,8 @@ class DepthCameraOutput:
         size = float(np.max(robot.rod_length))
         self.target = start_com + np.array([0.0, 0.0, aim * size])
         offset = size * np.asarray(eye, dtype=np.float64)
-        self.cameras = []
-        for k in range(count):                  # turned about the vertical through the aim point
-            a = math.radians(spacing) * k
-            turn = np.array([[math.cos(a), -math.sin(a), 0.0], [math.sin(a), math.cos(a), 0.0], [0.0, 0.0, 1.0]])
-            self.cameras.append(look_at(self.target + turn @ offset - np.array([0.0, 0.0, aim * size]), self.target,
-                                        width=width, height=height, fov_y=math.radians(fov)))
+        self.cameras = tripods(start_com, offset, self.target, count, spacing, width=width, height=height,
+                               fov_y=math.radians(fov))
         self.robot_mass = robot.rod_mass
         self.noise = DepthNoise(noise, dropout)
         self.node = node

@@ -13,7 +13,7 @@ import math
 import numpy as np
 import torch
 
-__all__ = ["PinholeCamera", "look_at"]
+__all__ = ["PinholeCamera", "look_at", "tripods"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +45,11 @@ class PinholeCamera:
         k = np.asarray(k, dtype=np.float64).reshape(3, 3)
         return PinholeCamera(int(width), int(height), float(k[0, 0]), float(k[1, 1]), float(k[0, 2]),
                              float(k[1, 2]), np.asarray(rotation), np.asarray(position))
+
+    def same_as(self, other: "PinholeCamera") -> bool:
+        """The same image geometry: size, intrinsics and pose (to round-off)."""
+        return (self.width, self.height) == (other.width, other.height) and np.allclose(self.k, other.k) \
+            and np.allclose(self.rotation, other.rotation) and np.allclose(self.position, other.position)
 
     @property
     def k(self) -> np.ndarray:
@@ -99,3 +104,15 @@ def look_at(eye, target, *, width: int = 160, height: int = 120, fov_y: float = 
     f = 0.5 * height / math.tan(0.5 * fov_y)
     return PinholeCamera(width, height, f, f, 0.5 * (width - 1), 0.5 * (height - 1),
                          np.stack([x, y, z], -1), eye)
+
+
+def tripods(base, offset, target, count: int, spacing_deg: float, **look_at_kwargs) -> list:
+    """``count`` cameras looking at ``target``, the k-th at ``base`` + ``offset`` turned by k
+    ``spacing_deg`` degrees about the vertical (a rig of tripods around a robot)."""
+    base, offset = (np.asarray(x, dtype=np.float64) for x in (base, offset))
+    out = []
+    for k in range(count):
+        a = math.radians(spacing_deg) * k
+        turn = np.array([[math.cos(a), -math.sin(a), 0.0], [math.sin(a), math.cos(a), 0.0], [0.0, 0.0, 1.0]])
+        out.append(look_at(base + turn @ offset, target, **look_at_kwargs))
+    return out
