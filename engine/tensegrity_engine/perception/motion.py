@@ -53,8 +53,9 @@ class ConstantVelocityPrior:
         ends = np.asarray(ends, dtype=np.float64)
         self.history = [(float(t), ends, np.zeros((len(ends), 5)) if std is None else np.asarray(std))]
 
-    def update(self, ends: np.ndarray, std: np.ndarray, t: Optional[float] = None) -> None:
-        """An estimate at time ``t`` (default: one period after the last)."""
+    def update(self, ends: np.ndarray, std: np.ndarray, t: Optional[float] = None, commands=None) -> None:
+        """An estimate at time ``t`` (default: one period after the last). ``commands`` is
+        ignored (`EnginePrior`'s signature: the two priors are interchangeable)."""
         if not self.history:
             raise RuntimeError("reset the prior with a first pose before updating it")
         t = self.history[-1][0] + self.period if t is None else float(t)
@@ -62,9 +63,9 @@ class ConstantVelocityPrior:
             raise ValueError("estimates must come in time order")
         self.history = (self.history + [(t, np.asarray(ends, dtype=np.float64), np.asarray(std))])[-2:]
 
-    def predict(self, t: Optional[float] = None) -> tuple[np.ndarray, np.ndarray]:
+    def predict(self, t: Optional[float] = None, commands=None) -> tuple[np.ndarray, np.ndarray]:
         """(ends [R, 2, 3], sigma [R, 5]) at time ``t`` (default: one period after the last
-        estimate; a dropped frame is bridged by predicting further)."""
+        estimate; a dropped frame is bridged by predicting further). ``commands`` is ignored."""
         if not self.history:
             raise RuntimeError("reset the prior with a first pose before predicting")
         t_last, last, s_last = self.history[-1]

@@ -148,11 +148,10 @@ class TrackingSession:
             return TrackedFrame("rejected", reason="gap", track_ended=True,
                                 detail=f"{t - self.last_t:.2f} s since the last pose (over {self.max_gap} s): "
                                        "waiting for a new announced pose")
-        engine = isinstance(self.prior, EnginePrior)
-        if engine and commands is None:
+        if isinstance(self.prior, EnginePrior) and commands is None:
             raise ValueError("the engine motion prior needs the commands sent")
         try:
-            guess, sigma = self.prior.predict(t, commands) if engine else self.prior.predict(t)
+            guess, sigma = self.prior.predict(t, commands)
         except FloatingPointError as exc:          # the model diverged: back to an announced pose
             self._end()
             return TrackedFrame("rejected", reason="prior_diverged", detail=str(exc), track_ended=True)
@@ -180,10 +179,7 @@ class TrackingSession:
         self.fresh = False
         self.last_ends = est.ends
         if t > self.last_t:                        # not the announced instant, not a re-found robot
-            if engine:
-                self.prior.update(est.ends, est.std, t, commands)
-            else:
-                self.prior.update(est.ends, est.std, t)
+            self.prior.update(est.ends, est.std, t, commands)
         state = rod_poses_from_ends(est.ends, self.quat)
         self.quat, self.last_t = state[:, 3:7], t
         return TrackedFrame(status, est, state)
