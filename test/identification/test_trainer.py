@@ -410,3 +410,32 @@ def test_a_command_delay_is_a_parameter_of_the_fit_not_a_bias_in_tau(superball, 
     got = tr.parameters.as_dict()
     assert got["actuator_delay"][0] == pytest.approx(lag, abs=1e-3), got
     assert got["actuator_time_constant"][0] == pytest.approx(tau, rel=0.02), got
+
+
+def test_rate_limited_actuator_starts_match_a_step_by_step_filter(superball, data):
+    """With a binding winch speed the filter state at every tuple start runs over each
+    trajectory's own stretches of constant command: the same as the filter stepped over
+    every engine step, where the trajectories' commands change at different times."""
+    from tensegrity_engine.physics.actuators import actuator_update, speed_limit_binds
+
+    tr = _trainer(superball, data, init="given", schedule="fine_only")
+    tr.params.set_value("actuator_max_speed", 0.2)
+    p = {k: v.detach() for k, v in tr.engine.param_values(torch.float64, "cpu").items()}
+    grid = tr.train.cmd_grid
+    traj, chunks, S, A = grid.shape
+    flat = torch.maximum(torch.minimum(grid.reshape(traj, chunks * S, A), tr.objective.cmd_high),
+                         tr.objective.cmd_low)
+    changes = (flat[:, 1:] != flat[:, :-1]).any(-1)
+    assert not bool((changes == changes[:1]).all())             # trajectories change at different steps
+    tau, speed = p["actuator_time_constant"], p["actuator_max_speed"]
+    assert speed_limit_binds(tau, speed, tr.objective.cmd_high - tr.objective.cmd_low)
+    a, starts = tr.train.traj_act0, []
+    for step in range(chunks * S):
+        if step % S == 0:
+            starts.append(a)
+        a = actuator_update(a, flat[:, step], tau, superball.dt, speed)[0]
+    expected = torch.stack(starts, 1)[tr.train.traj, tr.train.chunk]
+    got = tr.objective.act_starts(tr.train, p)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+    unlimited = dict(p, actuator_max_speed=torch.full_like(speed, 1e3))
+    assert float((tr.objective.act_starts(tr.train, unlimited) - got).abs().max()) > 1e-3   # the limit acts

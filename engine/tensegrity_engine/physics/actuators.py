@@ -25,7 +25,8 @@ def actuator_update(act: torch.Tensor, command: torch.Tensor, tau: torch.Tensor,
     if max_speed is None:
         return command + gap * decay, command + gap * (tau / h) * (1.0 - decay)
     size, sign = gap.abs(), torch.sign(gap)
-    t1 = torch.clamp((size - tau * max_speed) / max_speed, min=0.0, max=h)
+    t1 = torch.clamp((size - tau * max_speed) / max_speed, min=0.0)
+    t1 = torch.minimum(t1, h) if isinstance(h, torch.Tensor) else t1.clamp(max=h)   # h: one or per row
     knee = size - max_speed * t1                       # |gap| when the exponential phase starts
     # the exponential phase lasts the whole step unless the limit binds (reuse its decay:
     # the native kernel does, and rounds the same)
