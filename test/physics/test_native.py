@@ -451,3 +451,29 @@ def test_an_avx2_build_runs_the_same_steps(superball, monkeypatch, tmp_path):
     monkeypatch.setenv(native.MARCH_ENV, "native; rm -rf /")
     with pytest.raises(native.NativeBuildError, match="not a -march value"):
         runner.rollout(state, act, commands, 1e-3)
+
+
+def test_forward_rollout_is_native_without_gradients_and_torch_with_them(superball):
+    """`native.forward_rollout` (evaluation's rollout) runs the C kernel where no gradient
+    is wanted, the torch engine where one is; both give the engine's steps."""
+    engine = TensegrityEngine(superball)
+    rest, act0 = environments.rest_pose(superball)
+    rng = np.random.default_rng(4)
+    state = torch.tensor(np.stack([launched(superball, rest, np.r_[rng.uniform(-1, 1, 2), 0.0],
+                                            np.r_[0.0, 0.0, 1.0]) for _ in range(2)]))
+    commands = torch.tensor(np.stack([environments.random_commands(superball, rng, 200, hold_range=(0.05, 0.1))
+                                      for _ in range(2)]))
+    act = torch.tensor(act0).expand(2, -1)
+    calls = []
+    original = native.NativeRollout.rollout_held
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(native.NativeRollout, "rollout_held",
+                   lambda self, *a, **kw: calls.append(1) or original(self, *a, **kw))
+        with torch.no_grad():
+            fast = native.forward_rollout(engine, state, act, commands, 1e-3, record_every=10)
+        assert calls == [1]
+        p = {k: v.detach().requires_grad_(k == "cable_stiffness")
+             for k, v in engine.param_values(torch.float64, "cpu").items()}
+        slow = native.forward_rollout(engine, state, act, commands, 1e-3, record_every=10, params=p)
+        assert calls == [1] and slow[0].requires_grad
+    assert_states_close(fast[0], slow[0].detach(), 1e-9)

@@ -148,9 +148,9 @@ def cmd_identify(args) -> int:
         period=args.period, learn=tuple(args.learn) if args.learn else None,
         per_element=tuple(args.per_element or ()), schedule=args.schedule,
         fine_integrator=args.fine_integrator, patience=args.patience,
-        max_stage_epochs=args.max_stage_epochs, max_epochs=args.max_epochs,
-        max_seconds=args.max_seconds, batch_size=args.batch_size, epoch_tuples=args.epoch_tuples,
-        val_tuples=args.val_tuples, seed=args.seed, n_starts=args.starts,
+        max_stage_epochs=args.max_stage_epochs or None, max_epochs=args.max_epochs,
+        max_seconds=args.max_seconds, batch_size=args.batch_size, epoch_tuples=args.epoch_tuples or None,
+        val_tuples=args.val_tuples or None, seed=args.seed, n_starts=args.starts,
         fine_optimizer=args.fine_optimizer, init=args.init)
     dtype = {"float64": torch.float64, "float32": torch.float32}[args.dtype]
     out = Path(args.out)
@@ -327,7 +327,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="first choose the model structure (integrator, slack damping, end-heavy inertia, winch "
                         "speed, per-cable / per-rod values) on the val split (identification.structure)")
     i.add_argument("--patience", type=int, default=2)
-    i.add_argument("--max-stage-epochs", type=int)
+    from tensegrity_engine.identification.config import IdentificationConfig
+
+    defaults = IdentificationConfig()
+    i.add_argument("--max-stage-epochs", type=int, default=defaults.max_stage_epochs,
+                   help="epochs of a coarse stage before its dt halves (0: until no improvement; default "
+                        "%(default)s)")
     i.add_argument("--max-epochs", type=int, default=10_000)
     i.add_argument("--max-seconds", type=float)
     i.add_argument("--batch-size", type=int, default=16)
@@ -337,8 +342,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "values, or from the best of both")
     i.add_argument("--fine-optimizer", default="lm", choices=["lm", "adam"],
                    help="fine stage: Levenberg-Marquardt (default) or Adam with lr halving")
-    i.add_argument("--epoch-tuples", type=int)
-    i.add_argument("--val-tuples", type=int)
+    i.add_argument("--epoch-tuples", type=int, default=defaults.epoch_tuples,
+                   help="training tuples per epoch (0: all; default %(default)s)")
+    i.add_argument("--val-tuples", type=int, default=defaults.val_tuples,
+                   help="validation tuples, a fixed subset (0: all; default %(default)s)")
     i.add_argument("--pose-only", action="store_true",
                    help="drop velocities (finite-difference velocities, then windowed latent-velocity LM)")
     i.add_argument("--resume", action="store_true")

@@ -33,12 +33,14 @@ class IdentificationConfig:
                                         # (the structure, `structure.py`); "ani"
     patience: int = 2                   # non-improving epochs before a stage change
     min_rel_improvement: float = 1e-3   # val loss must fall by this fraction to count
-    max_stage_epochs: Optional[int] = None
+    max_stage_epochs: Optional[int] = 2 # a coarse stage's epochs before dt halves (None: patience
+                                        # only); with the two below, the fastest settings that still
+                                        # identify exactly (bench/performance.py)
     max_epochs: int = 10_000
     max_seconds: Optional[float] = None
     batch_size: int = 16
-    epoch_tuples: Optional[int] = None  # training tuples drawn per epoch (None: all)
-    val_tuples: Optional[int] = None    # fixed validation subset (None: all)
+    epoch_tuples: Optional[int] = 128   # training tuples drawn per epoch (None: all)
+    val_tuples: Optional[int] = 32      # fixed validation subset (None: all)
     w_vel: float = 1.0                  # weight of the end-node velocity term
     latent_velocity: Optional[bool] = None   # None: when the data has no velocities
     latent_lr_ratio: float = 0.1        # latent-velocity lr / parameter lr (fine_optimizer="adam")

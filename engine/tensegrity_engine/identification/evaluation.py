@@ -9,6 +9,7 @@ import torch
 
 from tensegrity_engine.identification.dataset import Trajectory
 from tensegrity_engine.physics.config import MODEL_INTEGRATORS, RobotConfig
+from tensegrity_engine.physics import native
 from tensegrity_engine.physics.engine import TensegrityEngine
 from tensegrity_engine.physics.params import PhysicalParameters
 from tensegrity_engine.physics.stability import stable_substeps
@@ -26,12 +27,14 @@ def model_substeps(engine: TensegrityEngine, p: dict, integrator: Optional[str],
 
 
 def _stepped_rollout(engine, x0, act0, cmd, dt, integrator, wr, p, k: int, record_every: int = 1):
-    """engine.rollout with every step split into ``k`` sub-steps (commands and pushes held)."""
+    """engine.rollout with every step split into ``k`` sub-steps (commands and pushes held), in
+    the C kernel where it applies (`native.forward_rollout`)."""
     if k > 1:
         cmd = cmd.repeat_interleave(k, dim=1)
         wr = None if wr is None else wr.repeat_interleave(k, dim=1)
-    return engine.rollout(x0, act0, cmd, dt / k, integrator=integrator, wrenches=wr, params=p,
-                          record_every=record_every * k)
+    return native.forward_rollout(engine, x0, act0, cmd.contiguous(), dt / k, integrator=integrator,
+                                  wrenches=None if wr is None else wr.contiguous(), params=p,
+                                  record_every=record_every * k)
 
 
 def evaluate(params: PhysicalParameters, trajs: Sequence[Trajectory], *,

@@ -93,6 +93,7 @@ class RecurrentObjective:
         self.loss_scale: Optional[float] = None
         self.native = self._native_rollout(config, engine, device)
         self._timed = None        # (data, delay, commands, grid) of the last gradient-free call
+        self._act_starts = None   # (data, (tau, speed, delay), filter states) of the last gradient-free call
         self.substeps = 1         # per engine step, semi-implicit rollouts (see step_for)
 
     @staticmethod
@@ -187,6 +188,20 @@ class RecurrentObjective:
         start at once by superposition; else the closed form runs over the stretches of
         constant command in order."""
         tau, speed = p["actuator_time_constant"], p["actuator_max_speed"]
+        key = None
+        if not torch.is_grad_enabled():
+            # a Levenberg-Marquardt column that moves neither tau, the speed limit nor the
+            # delay sees the same filter states: reuse them (the rate-limited filter is sequential)
+            key = (tuple(tau.reshape(-1).tolist()), tuple(speed.reshape(-1).tolist()),
+                   float(p["actuator_delay"].reshape(())))
+            if self._act_starts is not None and self._act_starts[0] is data and self._act_starts[1] == key:
+                return self._act_starts[2]
+        acts = self._act_starts_of(data, p, tau, speed)
+        if key is not None:
+            self._act_starts = (data, key, acts)
+        return acts
+
+    def _act_starts_of(self, data: TrainingData, p: dict, tau: torch.Tensor, speed: torch.Tensor) -> torch.Tensor:
         cmd_grid = self.timed_commands(data, p)[1]
         if speed_limit_binds(tau, speed, self.cmd_high - self.cmd_low):
             return self._limited_act_starts(data, cmd_grid, tau, speed)

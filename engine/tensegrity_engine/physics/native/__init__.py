@@ -30,7 +30,8 @@ import torch
 
 from tensegrity_engine.physics.config import MODEL_INTEGRATORS
 
-__all__ = ["NativeBuildError", "NativeRollout", "compile_flags", "kernel_isa", "load_library", "target_arch"]
+__all__ = ["NativeBuildError", "NativeRollout", "compile_flags", "forward_rollout", "kernel_isa", "load_library",
+           "target_arch"]
 
 SOURCE = "semi_implicit.c"
 
@@ -369,3 +370,22 @@ class NativeRollout:
                 **{name: _ptr(v, real) for name, v in arrays.items()},
                 **{name: _ptr(v, ctypes.c_int32) for name, v in ints.items()})
         return model, (arrays, ints)
+
+
+def forward_rollout(engine, state: torch.Tensor, act: torch.Tensor, commands: torch.Tensor, dt: float, *,
+                    integrator: Optional[str] = None, wrenches: Optional[torch.Tensor] = None,
+                    params: Optional[dict] = None, record_every: int = 1):
+    """``engine.rollout(...)``, in the C kernel wherever it applies: no gradient wanted, CPU
+    float32/64 tensors, a semi-implicit or implicitfast model, the engine's own ground. The
+    same numbers to rounding, ~20x faster at evaluation batch sizes. A missing C compiler
+    raises `NativeBuildError` (nothing falls back silently)."""
+    integrator = engine.robot.integrator if integrator is None else integrator
+    tensors = [state, act, commands] + ([] if wrenches is None else [wrenches])
+    applies = (integrator in MODEL_INTEGRATORS and engine.ground_contact_fn is None
+               and not torch.is_grad_enabled() and state.dtype in LANES
+               and all(t.device.type == "cpu" for t in tensors))
+    if not applies:
+        return engine.rollout(state, act, commands, dt, integrator=integrator, wrenches=wrenches,
+                              params=params, record_every=record_every)
+    return NativeRollout(engine, integrator=integrator).rollout(
+        state, act, commands, dt, record_every=record_every, params=params, wrenches=wrenches)
