@@ -439,3 +439,56 @@ def test_rate_limited_actuator_starts_match_a_step_by_step_filter(superball, dat
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
     unlimited = dict(p, actuator_max_speed=torch.full_like(speed, 1e3))
     assert float((tr.objective.act_starts(tr.train, unlimited) - got).abs().max()) > 1e-3   # the limit acts
+
+
+def test_forward_mode_jacobians_equal_central_differences_and_identify(superball, data):
+    """Forward-mode Jacobians (every column in one torch pass: the GPU's Levenberg-Marquardt)
+    equal the C kernel's central differences, for tuples and for pose-only windows, and a
+    fine stage run on them recovers the parameters. Default: central where the C kernel runs."""
+    from tensegrity_engine.identification.solvers.levenberg_marquardt import (jacobian_mode, parameter_jacobian,
+                                                                              raw_vector)
+
+    learn = ("cable_stiffness", "cable_damping", "actuator_time_constant", "rod_mass", "actuator_max_speed")
+    off = {"cable_stiffness": 13000.0, "cable_damping": 700.0, "actuator_time_constant": 0.07, "rod_mass": 9.0,
+           "actuator_max_speed": 0.5}                                  # a binding winch speed too
+    kw = dict(init="given", schedule="fine_only", learn=learn)
+    central, forward = _trainer(superball, data, **kw), _trainer(superball, data, jacobian="forward", **kw)
+    assert jacobian_mode(central.config, central.objective) == "central"
+    assert jacobian_mode(forward.config, forward.objective) == "forward"
+    assert jacobian_mode(_trainer(superball, data, forward_backend="torch", **kw).config,
+                         _trainer(superball, data, forward_backend="torch", **kw).objective) == "forward"
+    for tr in (central, forward):
+        for name, value in off.items():
+            tr.params.set_value(name, value)
+    idx = torch.arange(len(central.train))
+
+    def tuple_jacobian(tr):
+        theta0 = raw_vector(tr.params, tr.learn)
+        return parameter_jacobian(
+            tr, theta0, lambda p: tr.objective.residuals(tr.train, idx, p, tr.full_steps, "semi_implicit"),
+            lambda theta: tr.tuple_lm._residual(tr, theta, idx))
+
+    Jc, Jf = tuple_jacobian(central), tuple_jacobian(forward)
+    assert Jf.shape == Jc.shape == (Jc.shape[0], len(learn))
+    scale = Jc.norm(dim=0)
+    assert bool((scale > 1e-6).all())                                   # every column is alive
+    assert float(((Jf - Jc).norm(dim=0) / scale).max()) < 1e-6
+    # pose-only windows (latent velocities held): forward differences against forward mode
+    po = {k: [t.without_velocity() for t in v] for k, v in data.items() if k != "root"}
+    wc, wf = _trainer(superball, po, **kw), _trainer(superball, po, jacobian="forward", **kw)
+    windows = torch.tensor([[0, 1, 2], [3, 4, 5], [6, 7, 8]])
+    Jw = []
+    for tr in (wc, wf):
+        for name, value in off.items():
+            tr.params.set_value(name, value)
+        theta0 = raw_vector(tr.params, tr.learn)
+        vel = tr.train.x0[windows[:, 0]][..., 7:]
+        with torch.no_grad():
+            r0 = tr.objective.window_residual(tr.train, windows, vel, tr.engine.param_values(torch.float64, "cpu"))
+        Jw.append(tr.window_lm._param_jacobian(tr, theta0, windows, vel, r0))
+    scale = Jw[0].flatten(0, 1).norm(dim=0)
+    assert float(((Jw[1] - Jw[0]).flatten(0, 1).norm(dim=0) / scale).max()) < 1e-3   # forward differences: O(eps)
+    # the fine stage on forward-mode Jacobians identifies
+    forward.run()
+    err = idf.parameter_errors(forward.parameters, superball, learn[:4])
+    assert max(err.values()) < 1e-6, err

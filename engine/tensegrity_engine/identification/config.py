@@ -66,6 +66,10 @@ class IdentificationConfig:
     collision: str = "differentiable"   # ground collision checker: "differentiable" or "mujoco"
                                         # (MuJoCo's mj_collision per state, no geometry gradient:
                                         # ablation (c) only, much slower)
+    jacobian: Optional[str] = None      # Levenberg-Marquardt Jacobians: "central" (finite differences,
+                                        # in the C kernel on the CPU), "forward" (forward-mode AD, all
+                                        # columns in one torch pass), None: central where the C kernel
+                                        # runs the residuals, forward elsewhere (a GPU)
     forward_backend: Optional[str] = None   # gradient-free rollouts (Levenberg-Marquardt residuals,
                                         # validation): "native" (C kernel, CPU, semi-implicit),
                                         # "torch", None: native where it applies
@@ -82,6 +86,8 @@ class IdentificationConfig:
             raise ValueError(f"collision must be 'differentiable' or 'mujoco', got {self.collision!r}")
         if self.forward_backend not in (None, "native", "torch"):
             raise ValueError(f"forward_backend must be None, 'native' or 'torch', got {self.forward_backend!r}")
+        if self.jacobian not in (None, "central", "forward"):
+            raise ValueError(f"jacobian must be None, 'central' or 'forward', got {self.jacobian!r}")
         if self.init not in INITS:
             raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
         for name in ("period", "lr0", "lr_min"):

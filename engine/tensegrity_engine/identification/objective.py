@@ -94,6 +94,7 @@ class RecurrentObjective:
         self.native = self._native_rollout(config, engine, device)
         self._timed = None        # (data, delay, commands, grid) of the last gradient-free call
         self._act_starts = None   # (data, (tau, speed, delay), filter states) of the last gradient-free call
+        self._functional = False  # inside `functional`: torch rollouts, no caches
         self.substeps = 1         # per engine step, semi-implicit rollouts (see step_for)
 
     @staticmethod
@@ -138,6 +139,16 @@ class RecurrentObjective:
         finally:
             self.substeps = kept
 
+    @contextlib.contextmanager
+    def functional(self):
+        """Within: every rollout in torch and no cached commands or filter states, so
+        ``torch.func`` transforms (forward-mode Jacobians) see the parameters everywhere."""
+        native, self.native, self._functional = self.native, None, True
+        try:
+            yield
+        finally:
+            self.native, self._functional = native, False
+
     def rollout(self, x0, act, cmd, dt: float, integrator: str, wrenches, record_every: int, p: dict):
         """The engine's rollout; in the native kernel when no gradient is wanted."""
         k = self.substeps if integrator in MODEL_INTEGRATORS else 1
@@ -169,9 +180,9 @@ class RecurrentObjective:
         the data's, ``actuator_delay`` late. Gradient-free calls reuse the last result for the
         same data and delay (a Levenberg-Marquardt iteration asks once per column)."""
         delay = p["actuator_delay"].reshape(())
-        if not delay.requires_grad and float(delay) == 0.0:
+        if not (self._functional or delay.requires_grad) and float(delay) == 0.0:
             return data.commands, data.cmd_grid
-        key = None if (delay.requires_grad or torch.is_grad_enabled()) else float(delay)
+        key = None if (self._functional or delay.requires_grad or torch.is_grad_enabled()) else float(delay)
         if key is not None and self._timed is not None and self._timed[0] is data and self._timed[1] == key:
             return self._timed[2], self._timed[3]
         traj, chunks, S, A = data.cmd_grid.shape
@@ -189,7 +200,7 @@ class RecurrentObjective:
         constant command in order."""
         tau, speed = p["actuator_time_constant"], p["actuator_max_speed"]
         key = None
-        if not torch.is_grad_enabled():
+        if not (torch.is_grad_enabled() or self._functional):
             # a Levenberg-Marquardt column that moves neither tau, the speed limit nor the
             # delay sees the same filter states: reuse them (the rate-limited filter is sequential)
             key = (tuple(tau.reshape(-1).tolist()), tuple(speed.reshape(-1).tolist()),

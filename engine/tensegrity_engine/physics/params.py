@@ -228,6 +228,12 @@ class PhysicalParameters(nn.Module):
     def values(self) -> dict[str, torch.Tensor]:
         return {name: self.value(name) for name in self.specs}
 
+    def values_with(self, raw: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """`values` with the raw tensors of ``raw`` in place of the module's own: a functional
+        view (forward-mode Jacobians through ``torch.func``), the module is left untouched."""
+        return {name: self._from_raw(spec, raw[name] if name in raw else getattr(self, name))
+                for name, spec in self.specs.items()}
+
     def full(self, name: str) -> torch.Tensor:
         """Value broadcast to one entry per cable/rod (or (1,) for globals)."""
         v = self.value(name)

@@ -1,8 +1,10 @@
 """Levenberg-Marquardt on tuples: the fine stage (``fine_optimizer="lm"``).
 
 One iteration per epoch in raw (logit) space on ``lm_tuples`` random training tuples,
-Jacobian by central differences (2P no-grad rollouts; P is small), adaptive damping, each
-parameter's step bounded to 2 in logit units. Without contact the engine equals MuJoCo, so
+Jacobian by central differences (2P no-grad rollouts in the C kernel; P is small) or by
+forward-mode automatic differentiation (`forward_jacobian`: every column in one batched torch
+pass, exact; ``IdentificationConfig.jacobian``), adaptive damping, each parameter's step
+bounded to 2 in logit units. Without contact the engine equals MuJoCo, so
 Gauss-Newton converges quadratically to the exact parameters. Pose-only data runs it on the
 finite-difference velocities first (biased, but it lands in the basin of the exact fit).
 """
@@ -38,6 +40,46 @@ def residual_jacobian(residual, theta0: torch.Tensor, eps: float = 1e-5) -> torc
     return torch.stack(cols, -1)
 
 
+def split_raw(params, names, theta: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``theta`` (as `raw_vector` lays it out) as one raw tensor per name: `set_raw_vector`
+    without writing into the module (for `PhysicalParameters.values_with`)."""
+    out, i = {}, 0
+    for n in names:
+        raw = getattr(params, n)
+        out[n] = theta[i:i + raw.numel()].reshape(raw.shape)
+        i += raw.numel()
+    return out
+
+
+def forward_jacobian(residual, theta0: torch.Tensor) -> torch.Tensor:
+    """[n, P] Jacobian of a functional ``residual(theta)`` by forward-mode AD: one pass that
+    carries all P tangents at once (``torch.func.jacfwd``), exact to rounding. On a GPU that
+    is one batched rollout where central differences launch 2P; on the CPU the C kernel's
+    central differences are faster (bench/performance.py)."""
+    return torch.func.jacfwd(residual)(theta0)
+
+
+def jacobian_mode(config, objective) -> str:
+    """The configured Jacobian, or by default: central differences where the residuals run
+    in the C kernel (CPU), forward mode elsewhere (torch rollouts, e.g. on a GPU)."""
+    if config.jacobian is not None:
+        return config.jacobian
+    return "central" if objective.native is not None else "forward"
+
+
+def parameter_jacobian(run, theta0: torch.Tensor, residual_of, plain_residual) -> torch.Tensor:
+    """[..., P] Jacobian of the residuals w.r.t. the raw learnt parameters at ``theta0``.
+    ``residual_of(p)`` computes the residuals of a parameter dict; ``plain_residual(theta)``
+    is the in-place (no-grad) version central differences use."""
+    if jacobian_mode(run.config, run.objective) == "forward":
+        def functional(theta):
+            p = run.params.values_with(split_raw(run.params, run.learn, theta))
+            return residual_of({k: v.to(dtype=run.dtype, device=run.device) for k, v in p.items()})
+        with run.objective.functional():
+            return forward_jacobian(functional, theta0)
+    return residual_jacobian(plain_residual, theta0)
+
+
 RAW_STEP_LIMIT = 2.0     # logit units a parameter may move in one iteration
 
 
@@ -70,7 +112,10 @@ class TupleLevenbergMarquardt:
         if not math.isfinite(f0):
             diverged = True
         else:
-            J = residual_jacobian(lambda theta: self._residual(run, theta, idx), theta0)
+            J = parameter_jacobian(
+                run, theta0,
+                lambda p: run.objective.residuals(run.train, idx, p, run.schedule.n_steps, run.integrator),
+                lambda theta: self._residual(run, theta, idx))
             ok = bool(torch.isfinite(J).all())
             g, H = J.T @ r0, J.T @ J
             d = H.diagonal().clamp(min=1e-12 * float(H.diagonal().max().clamp(min=1e-300)))

@@ -29,7 +29,9 @@ from typing import Optional
 import numpy as np
 import torch
 
-from tensegrity_engine.identification.solvers.levenberg_marquardt import bounded_step, raw_vector, set_raw_vector
+from tensegrity_engine.identification.solvers.levenberg_marquardt import (bounded_step, jacobian_mode,
+                                                                          parameter_jacobian, raw_vector,
+                                                                          set_raw_vector)
 
 SCORE_CLUSTERS = 10     # groups of consecutive windows behind the cluster-robust sigma
 EPS = 1e-6              # forward-difference step (raw parameter units; m/s and rad/s for latents)
@@ -176,7 +178,11 @@ class WindowLevenbergMarquardt:
 
     @torch.no_grad()
     def _param_jacobian(self, run, theta, windows, vel, r0) -> torch.Tensor:
-        """[N, M, P] forward-difference Jacobian w.r.t. the raw parameters."""
+        """[N, M, P] Jacobian w.r.t. the raw parameters: forward differences, or forward-mode
+        AD (``IdentificationConfig.jacobian``, `levenberg_marquardt.jacobian_mode`)."""
+        if jacobian_mode(run.config, run.objective) == "forward":
+            return parameter_jacobian(run, theta, lambda p: run.objective.window_residual(run.train, windows, vel, p),
+                                      None)
         cols = []
         for j in range(len(theta)):
             e = torch.zeros_like(theta)
