@@ -17,6 +17,7 @@ from tensegrity_engine.control.interfaces import as_tensor
 from tensegrity_engine.physics.actuators import delayed_commands
 from tensegrity_engine.physics.config import MODEL_INTEGRATORS, RobotConfig
 from tensegrity_engine.physics.engine import TensegrityEngine
+from tensegrity_engine.physics.graphs import CapturedRollout
 from tensegrity_engine.physics.params import PhysicalParameters
 from tensegrity_engine.physics.stability import stable_substeps
 
@@ -75,13 +76,18 @@ class EngineDynamics:
     under load; later processes reuse inductor's on-disk cache for the kernels), with
     inductor's C++ wrapper. Each (integrator, dt, batch size) compiles once; if
     compilation fails the adapter warns and runs eager.
+
+    ``graphs`` (torch backend; default on CUDA) replays each rollout shape from one CUDA graph
+    (`physics.graphs.CapturedRollout`): a 1 000-step planning rollout is then one launch
+    instead of thousands of small kernels. Off a GPU the same buffered path runs directly.
     """
 
     def __init__(self, robot: RobotConfig, params: Optional[PhysicalParameters] = None, *,
                  control_dt: float = 0.1, dt: Optional[float] = None,
                  integrator: Optional[str] = None, actuator_timing: Optional[str] = None,
                  device="cpu", dtype: torch.dtype = torch.float32, floor: bool = True,
-                 compile: Optional[bool] = None, backend: Optional[str] = None, threads: int = 1):
+                 compile: Optional[bool] = None, backend: Optional[str] = None, threads: int = 1,
+                 graphs: Optional[bool] = None):
         self.robot = robot
         self.planning_dt = self.dt = float(robot.dt if dt is None else dt)
         self.control_dt = float(control_dt)
@@ -120,6 +126,14 @@ class EngineDynamics:
             self.compile = (integrator != "ani") if compile is None else bool(compile)
             if self.compile and integrator == "ani":
                 raise ValueError("compile=True supports the 'semi_implicit' and 'implicit' integrators")
+        if graphs and self.backend != "torch":
+            raise ValueError("graphs=True replays torch rollouts; it needs backend='torch'")
+        if graphs and integrator == "ani":
+            raise ValueError("graphs=True needs fixed shapes; ANI picks its sub-steps at run time")
+        # whole rollouts as one CUDA graph (`physics.graphs`): by default on CUDA
+        self.graphs = (self.backend == "torch" and self.device.type == "cuda" and integrator != "ani"
+                       if graphs is None else bool(graphs))
+        self._captured = None
         self.in_force = None        # [A] the command the robot runs now (see __call__)
         self.residual = None        # a `physics.residual.ResidualModel` applied after every control step
         self.set_params(params if params is not None else PhysicalParameters(robot))
@@ -234,6 +248,10 @@ class EngineDynamics:
         s = as_tensor(state0, self.dtype, self.device).expand(N, -1, -1).contiguous()
         a = as_tensor(act0, self.dtype, self.device).expand(N, A).contiguous()
         fine = plans.repeat_interleave(self.substeps, dim=1)
+        if self.graphs:
+            if self._captured is None or self._captured.integrator != self.integrator:
+                self._captured = CapturedRollout(self.engine, integrator=self.integrator, compile_step=self.compile)
+            return self._captured(s, a, fine, self.dt, params=self._p, record_every=self.substeps)[0]
         run = lambda c: self.engine.rollout(s, a, fine, self.dt, integrator=self.integrator,
                                             record_every=self.substeps, params=self._p, compile=c)[0]
         if self.compile:
