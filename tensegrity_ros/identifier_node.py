@@ -417,7 +417,9 @@ def declare_solver(d, period: float):
     lr_min = d("lr_min", 1e-3, "stop when the learning rate falls below this", range=(1e-9, 10.0))
     patience = d("patience", 2, "non-improving epochs before a stage change", range=(1, 1000))
     batch = d("batch_size", 16, "tuples per gradient step", range=(1, 100000))
-    epoch_tuples = d("epoch_tuples", 0, "tuples per epoch (0 = all)", range=(0, 10**7))
+    defaults = IdentificationConfig()
+    epoch_tuples = d("epoch_tuples", defaults.epoch_tuples, "tuples per epoch of Algorithm 1's schedules "
+                     "(0 = all; the offline CLI's default)", range=(0, 10**7))
     max_epochs = d("max_epochs", 10000, "epoch limit", range=(1, 10**7))
     max_seconds = d("max_seconds", 0.0, "training time limit (s, 0 = none)", range=(0.0, 1e7))
     init = d("init", "random", "start from random values within bounds, the config's, or the best of "

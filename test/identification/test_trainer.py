@@ -492,3 +492,25 @@ def test_forward_mode_jacobians_equal_central_differences_and_identify(superball
     forward.run()
     err = idf.parameter_errors(forward.parameters, superball, learn[:4])
     assert max(err.values()) < 1e-6, err
+
+
+def test_compiled_training_rollouts_give_the_eager_loss_and_gradient(superball, data):
+    """``compile_training`` (the GPU default, CUDA graphs there) runs the training rollout
+    torch.compile'd whole: the same loss and parameter gradient as eager, here on the CPU."""
+    kw = dict(init="given", schedule="fine_only", learn=("cable_stiffness", "cable_damping", "actuator_time_constant"))
+    eager, compiled = _trainer(superball, data, **kw), _trainer(superball, data, compile_training=True, **kw)
+    assert not eager.objective.compile_training and compiled.objective.compile_training
+    idx = torch.arange(8)
+    results = []
+    for tr in (eager, compiled):
+        tr.params.set_value("cable_stiffness", 12000.0)
+        p = tr.engine.param_values(torch.float64, "cpu")
+        loss = tr.objective.batch_loss(tr.train, idx, p, 2, "semi_implicit", use_latent=False)   # 2 steps of 10 ms
+        loss.backward()
+        results.append((loss.detach(), [getattr(tr.params, n).grad.clone() for n in tr.learn]))
+    assert compiled.objective._compiled_rollout is not None
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-10, atol=0)
+    assert float(results[0][0]) > 1e-6                                    # away from the truth
+    for g_compiled, g_eager in zip(results[1][1], results[0][1]):
+        assert float(g_eager.abs().max()) > 0
+        torch.testing.assert_close(g_compiled, g_eager, rtol=1e-8, atol=0)

@@ -1,0 +1,360 @@
+"""Performance (issue 13): every speed figure side by side in one run, with the machine.
+
+    python bench/performance.py [--robot superball] [--out runs/bench_performance]
+                                [--sections epoch,jacobian,identify,planning,rollout]
+                                [--seed 0] [--planning-steps 20]
+
+Sections (each prints its figures next to the issue's targets; nothing is asserted):
+  epoch     one training epoch of 128 tuples x 100 steps (T = 0.1 s at 1 ms), forward +
+            backward in float64, with the semi-implicit and the implicit step: on the CPU
+            with 1 and 2 torch threads and, when CUDA is present, on the GPU (float64 and
+            float32) with the GPU / CPU ratio. Without CUDA it says the GPU figures are
+            unmeasured.
+  jacobian  one Levenberg-Marquardt Jacobian (256 tuples, the 9 non-contact parameters):
+            central differences in the C kernel (the CPU default), central differences in
+            torch, forward-mode AD in torch (the GPU default), per device.
+  identify  `tensegrity-identify` with its defaults, run as a user runs it (a subprocess on
+            freshly generated data): non-contact then contact with velocities, and
+            non-contact pose-only; wall time of each command, identified vs true (the data
+            come from the engine's MuJoCo twin with the config's values, so "true" is the
+            config: this section checks that the fast defaults still reach the exact answer,
+            the zoo benches measure accuracy on foreign robots), and the contact model's
+            held-out CoM error 0.1 / 0.5 / 1 s ahead beside the nominal model's.
+  planning  one MPPI control step at the paper's sizes (5 it x 40 samples x 1 s at 1 ms) in
+            the C kernel built for this CPU and for x86-64-v3 (AVX2 + FMA, what an AVX2-only
+            CPU runs), 1 and 2 threads; on CUDA, 1 000 samples through the torch engine.
+  rollout   rollout throughput at batch 40 and 1 000, 1 000 steps of SUPERball rolling:
+            mujoco.rollout on all cores beside the C kernel (CPU) and the compiled torch
+            engine on CUDA.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from engine_throughput import scenario, time_call  # noqa: E402
+from planning import TARGET as PLAN_TARGET, states as rolling_states  # noqa: E402
+from zoo import machine  # noqa: E402
+
+from tensegrity_engine import identification as idf  # noqa: E402
+from tensegrity_engine.control.controller import MPPIController  # noqa: E402
+from tensegrity_engine.control.planners import PlannerConfig  # noqa: E402
+from tensegrity_engine.groundtruth import environments  # noqa: E402
+from tensegrity_engine.identification import dataset as ds  # noqa: E402
+from tensegrity_engine.identification.evaluation import horizon_errors  # noqa: E402
+from tensegrity_engine.identification.solvers.levenberg_marquardt import parameter_jacobian, raw_vector  # noqa: E402
+from tensegrity_engine.physics import native  # noqa: E402
+from tensegrity_engine.physics.config import load_robot  # noqa: E402
+from tensegrity_engine.physics.engine import TensegrityEngine  # noqa: E402
+from tensegrity_engine.physics.params import PhysicalParameters  # noqa: E402
+
+SECTIONS = ("epoch", "jacobian", "identify", "planning", "rollout")
+CUDA = torch.cuda.is_available()
+UNMEASURED = "UNMEASURED (no CUDA device here)"
+
+
+def _line(*a):
+    print(*a, flush=True)
+
+
+def verdict(ok: bool) -> str:
+    return "MET" if ok else "NOT MET"
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def trainer_on(robot, data, device: str, dtype, **cfg):
+    tr = idf.ProgressiveTrainer(robot, idf.IdentificationConfig(init="given", schedule="fine_only", **cfg),
+                                device=device, dtype=dtype, log=lambda m: None)
+    tr.set_data(data["train"], data["val"])
+    return tr
+
+
+# ----------------------------------------------------------------------------- epoch
+def epoch_seconds(tr, integrator: str, tuples: int = 128, batch: int = 16, repeats: int = 2) -> float:
+    """Forward + backward over ``tuples`` tuples in minibatches (an Adam epoch without the
+    optimiser's few vector ops), best of ``repeats`` after a warm-up minibatch."""
+    idx_all = torch.arange(tuples, device=tr.device) % len(tr.train)
+    steps = tr.full_steps
+
+    def one(idx):
+        p = tr.engine.param_values(tr.dtype, tr.device)
+        loss = tr.objective.batch_loss(tr.train, idx, p, steps, integrator, use_latent=False)
+        loss.backward()
+
+    one(idx_all[:batch])
+    best = float("inf")
+    for _ in range(repeats):
+        _sync(tr.device)
+        start = time.perf_counter()
+        for b in range(0, tuples, batch):
+            one(idx_all[b:b + batch])
+        _sync(tr.device)
+        best = min(best, time.perf_counter() - start)
+    tr.params.zero_grad(set_to_none=True)
+    return best
+
+
+def section_epoch(robot, data) -> None:
+    _line("\n== epoch: 128 tuples x 100 steps (T = 0.1 s at 1 ms), forward + backward, batches of 16")
+    rows, cpu_best = [], {}
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        tr = trainer_on(robot, data, "cpu", torch.float64)
+        for integrator in ("semi_implicit", "implicit"):
+            s = epoch_seconds(tr, integrator)
+            cpu_best[integrator] = min(cpu_best.get(integrator, np.inf), s)
+            rows.append((f"CPU float64, {threads} thread{'s' if threads > 1 else ''}", integrator, s))
+    if CUDA:
+        for dtype in (torch.float64, torch.float32):
+            tr = trainer_on(robot, data, "cuda", dtype)
+            for integrator in ("semi_implicit", "implicit"):
+                rows.append((f"CUDA {str(dtype)[6:]}", integrator, epoch_seconds(tr, integrator)))
+    _line(f"{'device':>24s} {'step':>14s} {'s / epoch':>10s} {'CPU best / this':>16s}")
+    for device, integrator, s in rows:
+        _line(f"{device:>24s} {integrator:>14s} {s:10.3f} {cpu_best[integrator] / s:16.2f}")
+    worst = max(cpu_best.values())
+    _line(f"TARGET CPU <= 1 s per epoch of 128 tuples: {verdict(worst <= 1.0)} (best thread count: "
+          + ", ".join(f"{k} {v:.3f} s" for k, v in cpu_best.items()) + ")")
+    if CUDA:
+        gpu = {i: min(s for d, j, s in rows if d.startswith("CUDA") and j == i) for i in cpu_best}
+        ratio = min(cpu_best[i] / gpu[i] for i in gpu)
+        _line(f"TARGET GPU >= 10x the CPU: {verdict(ratio >= 10)} ({ratio:.1f}x at worst)")
+    else:
+        _line(f"TARGET GPU >= 10x the CPU: {UNMEASURED}")
+    torch.set_num_threads(1)
+
+
+# ----------------------------------------------------------------------------- jacobian
+def section_jacobian(robot, data) -> None:
+    _line("\n== jacobian: one Levenberg-Marquardt Jacobian, 256 tuples x 100 steps, 9 parameters (float64)")
+    configs = [("cpu", "central, C kernel (CPU default)", dict(jacobian="central")),
+               ("cpu", "central, torch", dict(jacobian="central", forward_backend="torch")),
+               ("cpu", "forward-mode AD, torch", dict(jacobian="forward"))]
+    if CUDA:
+        configs += [("cuda", "central, torch", dict(jacobian="central")),
+                    ("cuda", "forward-mode AD, torch (GPU default)", dict(jacobian="forward"))]
+    _line(f"{'device':>8s} {'Jacobian':>38s} {'threads':>7s} {'seconds':>8s}")
+    reference = None
+    for device, label, cfg in configs:
+        for threads in ((1, 2) if device == "cpu" else (1,)):
+            torch.set_num_threads(threads)
+            tr = trainer_on(robot, data, device, torch.float64, **cfg)
+            idx = torch.arange(min(256, len(tr.train)), device=tr.device)
+            theta0 = raw_vector(tr.params, tr.learn)
+
+            def jac():
+                J = parameter_jacobian(
+                    tr, theta0, lambda p: tr.objective.residuals(tr.train, idx, p, tr.full_steps, "semi_implicit"),
+                    lambda theta: tr.tuple_lm._residual(tr, theta, idx))
+                _sync(device)
+                return J
+
+            J = jac()
+            seconds = time_call(jac, 2)
+            if reference is None:
+                reference = J.cpu()
+            gap = float(((J.cpu() - reference).norm(dim=0) / reference.norm(dim=0).clamp_min(1e-300)).max())
+            _line(f"{device:>8s} {label:>38s} {threads:7d} {seconds:8.3f}   (max column difference to the "
+                  f"first row {gap:.1e})")
+    if not CUDA:
+        _line(f"GPU Jacobians: {UNMEASURED}")
+    torch.set_num_threads(1)
+
+
+# ----------------------------------------------------------------------------- identify
+def _run_cli(args: list[str], log: Path) -> float:
+    start = time.perf_counter()
+    with log.open("w") as f:
+        rc = subprocess.call([sys.executable, "-m", "tensegrity_engine.cli.identify", *args], stdout=f,
+                             stderr=subprocess.STDOUT)
+    if rc != 0:
+        raise SystemExit(f"tensegrity-identify {' '.join(args)} failed (rc {rc}); see {log}")
+    return time.perf_counter() - start
+
+
+def _errors(yaml_path: Path, truth, names) -> str:
+    got = PhysicalParameters(load_robot(yaml_path)).as_dict()
+    ref = PhysicalParameters(truth).as_dict()
+    out = []
+    for n in names:
+        g, r = np.mean(got[n]), np.mean(ref[n])
+        out.append(f"{n} {100 * (g - r) / r:+.3f} %")
+    return ", ".join(out)
+
+
+def section_identify(robot, out: Path, seed: int) -> None:
+    _line("\n== identify: `tensegrity-identify` with its defaults (subprocesses, as a user runs them; "
+          f"{torch.get_num_threads()} torch thread here, the CLI's default --threads 2 there)")
+    data = out / f"data_seed{seed}"
+    if not (data / "contact" / "test").exists():
+        _run_cli(["generate", "--robot", robot.name, "--out", str(data), "--seed", str(seed), "--no-dense"],
+                 out / "generate.log")
+    runs = out / f"runs_seed{seed}"
+    runs.mkdir(parents=True, exist_ok=True)
+    nc = _run_cli(["identify", "--data", str(data / "noncontact"), "--out", str(runs / "nc"), "--quiet"],
+                  runs / "nc.log")
+    c = _run_cli(["identify", "--data", str(data / "contact"), "--initial", str(runs / "nc" / "identified.yaml"),
+                  "--out", str(runs / "c"), "--quiet"], runs / "c.log")
+    po = _run_cli(["identify", "--data", str(data / "noncontact"), "--out", str(runs / "po"), "--quiet",
+                   "--pose-only"], runs / "po.log")
+    names = ("cable_stiffness", "cable_damping", "rod_mass", "actuator_time_constant", "actuator_gain")
+    _line(f"non-contact, with velocities: {nc:6.1f} s wall; identified vs true: "
+          f"{_errors(runs / 'nc' / 'identified.yaml', robot, names)}")
+    _line(f"contact (from it):            {c:6.1f} s wall")
+    _line(f"non-contact, pose-only:       {po:6.1f} s wall; identified vs true: "
+          f"{_errors(runs / 'po' / 'identified.yaml', robot, names)}")
+    test = ds.load_split(data / "contact", "test", robot=robot)
+    horizons = (0.1, 0.5, 1.0)
+    for label, params in (("nominal (config = truth)", PhysicalParameters(robot)),
+                          ("identified contact model", PhysicalParameters(load_robot(runs / "c" / "identified.yaml")))):
+        e = horizon_errors(params, test, horizons)
+        _line(f"  contact held-out CoM error, {label:>26s}: "
+              + " / ".join(f"{1e3 * np.median(e[h]):.1f}" for h in horizons) + " mm at 0.1 / 0.5 / 1 s (median)")
+    _line(f"TARGET non-contact + contact <= 60 s: {verdict(nc + c <= 60)} ({nc + c:.1f} s)")
+    _line(f"TARGET pose-only <= 120 s: {verdict(po <= 120)} ({po:.1f} s)")
+
+
+# ----------------------------------------------------------------------------- planning
+def plan_seconds(controller, starts, act) -> np.ndarray:
+    controller.plan(starts[0], act)
+    seconds = []
+    for s in starts[1:]:
+        t0 = time.perf_counter()
+        controller.plan(s, act)
+        seconds.append(time.perf_counter() - t0)
+    return np.array(seconds)
+
+
+def section_planning(robot, steps: int) -> None:
+    _line(f"\n== planning: MPPI 5 it x 40 samples x 1 s at {robot.dt * 1e3:g} ms, {steps} control steps each "
+          f"(warm-started, from rolling states); target <= {PLAN_TARGET} s per step on 2-core AVX2")
+    starts, act = rolling_states(robot, steps + 1)
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    marches = ["native"] + (["x86-64-v3"] if " avx2" in flags else [])
+    kept = os.environ.get(native.MARCH_ENV)
+    avx2 = None
+    _line(f"{'kernel':>24s} {'threads':>7s} {'median s':>9s} {'p90 s':>7s}")
+    try:
+        for march in marches:
+            os.environ[native.MARCH_ENV] = march
+            for threads in (1, 2):
+                t = plan_seconds(MPPIController(robot, threads=threads), starts, act)
+                _line(f"{march + ' (' + native.kernel_isa() + ')':>24s} {threads:7d} {np.median(t):9.4f} "
+                      f"{np.percentile(t, 90):7.4f}")
+                if march == "x86-64-v3":
+                    avx2 = min(avx2 or np.inf, float(np.median(t)))
+    finally:
+        if kept is None:
+            os.environ.pop(native.MARCH_ENV, None)
+        else:
+            os.environ[native.MARCH_ENV] = kept
+    if avx2 is not None:
+        _line(f"TARGET AVX2 code <= {PLAN_TARGET} s per control step: {verdict(avx2 <= PLAN_TARGET)} ({avx2:.4f} s)")
+    if CUDA:
+        gpu = MPPIController(robot, device="cuda", backend="torch", config=PlannerConfig(num_samples=1000))
+        t = plan_seconds(gpu, starts, act)
+        _line(f"CUDA torch engine, 1 000 samples x 5 it x 1 s: median {np.median(t):.4f} s")
+        _line(f"TARGET GPU 1 000 samples <= 0.05 s: {verdict(float(np.median(t)) <= 0.05)}")
+    else:
+        _line(f"TARGET GPU 1 000 samples <= 0.05 s: {UNMEASURED}")
+
+
+# ----------------------------------------------------------------------------- rollout
+def section_rollout(robot) -> None:
+    cores = os.cpu_count() or 1
+    _line(f"\n== rollout: SUPERball rolling, held random commands, 1 000 steps of 1 ms; mujoco.rollout on "
+          f"{cores} threads")
+    twin = environments.contact_twin(robot, nthread=cores)
+    steps = 1000
+    at40 = {}
+    _line(f"{'batch':>6s} {'what':>44s} {'steps/s':>12s} {'x MuJoCo':>9s}")
+    for batch in (40, 1000):
+        states, acts, commands = scenario(robot, batch, steps)
+        total = batch * steps
+        mj = total / time_call(lambda: twin.rollout(states, acts, commands, record_every=steps), 2)
+        _line(f"{batch:6d} {'mujoco.rollout, float64':>44s} {mj:12,.0f} {1.0:9.2f}")
+        engine = TensegrityEngine(robot)
+        s, a, c = (torch.tensor(x, dtype=torch.float32) for x in (states, acts, commands))
+        fused = native.NativeRollout(engine)
+        fused.rollout(s, a, c[:, :2], robot.dt)
+        for threads in sorted({1, min(2, cores)}):
+            rate = total / time_call(lambda: fused.rollout(s, a, c, robot.dt, record_every=steps, threads=threads), 3)
+            _line(f"{batch:6d} {f'C kernel, float32, {threads} thread(s)':>44s} {rate:12,.0f} {rate / mj:9.2f}")
+        if CUDA:
+            g = TensegrityEngine(robot).to("cuda")
+            sg, ag, cg = (x.cuda() for x in (s, a, c))
+            p = g.param_values(torch.float32, "cuda")
+            with torch.no_grad():
+                g.rollout(sg, ag, cg[:, :2], robot.dt, params=p, compile=True)
+
+                def run():
+                    g.rollout(sg, ag, cg, robot.dt, params=p, record_every=steps, compile=True)
+                    torch.cuda.synchronize()
+                rate = total / time_call(run, 2)
+            _line(f"{batch:6d} {'CUDA torch.compile, float32':>44s} {rate:12,.0f} {rate / mj:9.2f}")
+            if batch == 40:
+                at40 = {"gpu": rate, "mujoco": mj}
+    if CUDA:
+        _line(f"TARGET GPU rollouts at batch 40 >= mujoco.rollout: {verdict(at40['gpu'] >= at40['mujoco'])}")
+    else:
+        _line(f"TARGET GPU rollouts at batch 40 >= mujoco.rollout: {UNMEASURED}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--robot", default="superball")
+    ap.add_argument("--out", default="runs/bench_performance")
+    ap.add_argument("--sections", default=",".join(SECTIONS))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--planning-steps", type=int, default=20)
+    args = ap.parse_args(argv)
+    sections = [s for s in args.sections.split(",") if s]
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        ap.error(f"unknown sections {sorted(unknown)}; choose from {SECTIONS}")
+    torch.set_num_threads(1)
+    robot = load_robot(args.robot)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    _line(f"machine: {machine()}; {os.cpu_count()} CPU threads; native kernel for this CPU: "
+          f"{native.kernel_isa()}; torch {torch.__version__}")
+    if not CUDA:
+        _line("no CUDA device: the GPU figures are not measured in this run (the GPU code paths are tested "
+              "on the CPU)")
+    data = None
+    if {"epoch", "jacobian"} & set(sections):
+        root = out / "bench_data"
+        if not (root / "noncontact" / "val").exists():
+            ds.generate_dataset(robot, "noncontact", root, counts={"train": 6, "val": 1, "test": 1}, seed=args.seed,
+                                dense=False)
+        data = {s: ds.load_split(root / "noncontact", s, robot=robot) for s in ("train", "val")}
+    t0 = time.perf_counter()
+    for name in sections:
+        if name == "epoch":
+            section_epoch(robot, data)
+        elif name == "jacobian":
+            section_jacobian(robot, data)
+        elif name == "identify":
+            section_identify(robot, out, args.seed)
+        elif name == "planning":
+            section_planning(robot, args.planning_steps)
+        elif name == "rollout":
+            section_rollout(robot)
+    _line(f"\nbench wall time {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
