@@ -210,10 +210,10 @@ static void cables(const tg_model *m, tg_work *w)
             const real rate = e0 * n0 + e1 * n1 + e2 * n2;
             const real stretch = K * (length - rest[l]) + D * rate;
             const real tension = (stretch < 0 ? (real)0 : stretch) + Ds * rate;
-            if (implicitfast) {          /* kept for the damping blocks below */
-                ROW(w->cable_dir, c)[l] = n0; ROW(w->cable_dir, C + c)[l] = n1;
-                ROW(w->cable_dir, 2 * C + c)[l] = n2; ROW(w->cable_dir, 3 * C + c)[l] = stretch;
-            }
+            /* kept for implicitfast's damping blocks; stored unconditionally: a branch here
+               stops the lane loop vectorising (planning 3.5x slower, measured) */
+            ROW(w->cable_dir, c)[l] = n0; ROW(w->cable_dir, C + c)[l] = n1;
+            ROW(w->cable_dir, 2 * C + c)[l] = n2; ROW(w->cable_dir, 3 * C + c)[l] = stretch;
             const real t0 = tension * n0, t1 = tension * n1, t2 = tension * n2;
             gp_lo0[l] += t0 * wp_lo; gp_lo1[l] += t1 * wp_lo; gp_lo2[l] += t2 * wp_lo;
             gp_hi0[l] += t0 * wp_hi; gp_hi1[l] += t1 * wp_hi; gp_hi2[l] += t2 * wp_hi;
