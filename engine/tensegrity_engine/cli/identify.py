@@ -155,6 +155,9 @@ def cmd_identify(args) -> int:
     dtype = {"float64": torch.float64, "float32": torch.float32}[args.dtype]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    # the model a fit replaces: --initial's values, else the robot config's (also with --structure,
+    # whose selection fits are candidates, not the user's model)
+    replaced = PhysicalParameters.keeping_elements(_robot(args.initial) if args.initial else robot)
     if args.structure:
         robot, cfg, initial = _select_structure(args, robot, cfg, initial, train, val, out)
     trainer = ProgressiveTrainer(robot, cfg, device=args.device, dtype=dtype, initial=initial,
@@ -171,24 +174,51 @@ def cmd_identify(args) -> int:
     trainer.run(progress=not args.quiet, callback=lambda m: trainer.save_checkpoint(ckpt))
     wall = time.perf_counter() - t0
     trainer.save_checkpoint(ckpt)
-    export_yaml(trainer.parameters, out / "identified.yaml",
-                comment=f"data: {args.data} ({args.kind}); learned: {', '.join(trainer.learn)}")
+    verdict = _gate(trainer, replaced, val)
+    print(f"hold-out gate on the val split: {verdict}")
+    comment = f"data: {args.data} ({args.kind}); learned: {', '.join(trainer.learn)}"
+    if not verdict.accepted:
+        # never hand out a model that predicts held-out motion worse than the one it replaces
+        for stale in ("identified.yaml", "identified.xml"):
+            (out / stale).unlink(missing_ok=True)
+        export_yaml(trainer.parameters, out / "candidate.yaml", comment=comment + f"; REJECTED: {verdict}")
+    else:
+        export_yaml(trainer.parameters, out / "identified.yaml", comment=comment)
     from tensegrity_engine.export import write_mjcf
-    mjcf = write_mjcf(trainer.parameters, out / "identified.xml", floor=trainer.engine.floor,
-                      fixed_rods=trainer.engine.fixed_rods, source=f"{args.data} ({args.kind})")
+    mjcf = (write_mjcf(trainer.parameters, out / "identified.xml", floor=trainer.engine.floor,
+                       fixed_rods=trainer.engine.fixed_rods, source=f"{args.data} ({args.kind})")
+            if verdict.accepted else None)
     (out / "history.json").write_text(json.dumps(
         {"history": trainer.history, "stages": trainer.stage_log, "learn": trainer.learn,
          "wall_seconds": wall, "data_points": ts.data_points}, indent=1, default=float))
     plots = _plot_history(trainer, train[0].robot, out)
     secs = [h["seconds"] for h in trainer.history]
+    written = out / ("identified.yaml" if verdict.accepted else "candidate.yaml")
     print(f"identified in {wall:.1f} s, {trainer.epoch} epochs, {np.mean(secs):.2f} s/epoch "
-          f"(paper: 126 s/epoch on GPU); wrote {out / 'identified.yaml'}, {ckpt}, "
-          + ", ".join(str(p) for p in plots))
-    print(f"wrote {out / 'identified.xml'} (a calibrated MuJoCo model)"
-          + "".join(f"\n  not represented: {n}" for n in mjcf.notes))
-    report = _report(args, trainer, robot, data_robot, train, out, wall, mjcf.notes)
+          f"(paper: 126 s/epoch on GPU); wrote {written}, {ckpt}, " + ", ".join(str(p) for p in plots))
+    if mjcf is not None:
+        print(f"wrote {out / 'identified.xml'} (a calibrated MuJoCo model)"
+              + "".join(f"\n  not represented: {n}" for n in mjcf.notes))
+    report = _report(args, trainer, robot, data_robot, train, out, wall, mjcf.notes if mjcf else [])
     print(f"wrote {report} (the identification report)")
+    if not verdict.accepted:
+        print(f"NOT written: identified.yaml / identified.xml. The fit ({written}) predicts the val split "
+              f"{'unstably' if verdict.reason == 'unstable' else 'worse'} than the model it would replace "
+              f"({'--initial' if args.initial else 'the robot config'}): keep that model, or identify "
+              f"from more (or more exciting) data", file=sys.stderr)
+        return 1
     return 0
+
+
+GATE_TOLERANCE = 1e-6    # m: an exact fit and an exact start differ by rounding, not by a micrometre
+
+
+def _gate(trainer, replaced, val):
+    """`acceptance.judge` of the fit against the model it replaces on the val split, 1 s
+    ahead, each model with its own integrator and sub-steps."""
+    from tensegrity_engine.identification.acceptance import judge
+
+    return judge(trainer.parameters, replaced, val, tolerance=GATE_TOLERANCE)
 
 
 def _select_structure(args, robot, cfg, initial, train, val, out: Path):

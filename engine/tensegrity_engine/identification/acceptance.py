@@ -112,7 +112,10 @@ def with_estimated_velocity(traj: Trajectory) -> Trajectory:
 
 
 def judge(candidate: PhysicalParameters, incumbent: PhysicalParameters, trajs: Sequence[Trajectory], *,
-          horizon: float = 1.0, stride: float = 0.5, integrator: Optional[str] = None) -> Verdict:
+          horizon: float = 1.0, stride: float = 0.5, integrator: Optional[str] = None,
+          tolerance: float = 0.0) -> Verdict:
+    """``tolerance`` (m): a candidate this much worse still counts as not worse (two exact
+    models differ by rounding)."""
     if not trajs:
         raise ValueError("judge needs held-out trajectories")
     trajs = [with_estimated_velocity(t) for t in trajs]
@@ -123,7 +126,7 @@ def judge(candidate: PhysicalParameters, incumbent: PhysicalParameters, trajs: S
     c, i = float(np.mean(cand[horizon])), float(np.mean(inc[horizon]))
     if not np.isfinite(c):
         reason = "unstable"
-    elif c <= i:
+    elif c <= i + tolerance:
         reason = "better" if c < i else "not_worse"
     else:
         reason = "worse"
