@@ -41,7 +41,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_throughput import scenario, time_call  # noqa: E402
-from planning import TARGET as PLAN_TARGET, states as rolling_states  # noqa: E402
+from planning import TARGET as PLAN_TARGET, plan_seconds, states as rolling_states  # noqa: E402
 from zoo import machine  # noqa: E402
 
 from tensegrity_engine import identification as idf  # noqa: E402
@@ -245,16 +245,6 @@ def section_identify(robot, out: Path, seed: int) -> None:
 
 
 # ----------------------------------------------------------------------------- planning
-def plan_seconds(controller, starts, act) -> np.ndarray:
-    controller.plan(starts[0], act)
-    seconds = []
-    for s in starts[1:]:
-        t0 = time.perf_counter()
-        controller.plan(s, act)
-        seconds.append(time.perf_counter() - t0)
-    return np.array(seconds)
-
-
 def section_planning(robot, steps: int) -> None:
     _line(f"\n== planning: MPPI 5 it x 40 samples x 1 s at {robot.dt * 1e3:g} ms, {steps} control steps each "
           f"(warm-started, from rolling states); target <= {PLAN_TARGET} s per step on 2-core AVX2")

@@ -45,16 +45,21 @@ def states(robot, count: int, seed: int = 0):
     return out, act
 
 
-def time_steps(robot, threads: int, steps: int) -> np.ndarray:
-    mpc = MPPIController(robot, threads=threads)
-    starts, act = states(robot, steps + 1)
-    mpc.plan(starts[0], act)                           # builds / loads the kernel
+def plan_seconds(controller, starts, act) -> np.ndarray:
+    """Seconds per control step over ``starts[1:]``, after one warm-up plan (which builds /
+    loads the kernel or compiles the torch step)."""
+    controller.plan(starts[0], act)
     seconds = []
     for s in starts[1:]:
         t0 = time.perf_counter()
-        mpc.plan(s, act)
+        controller.plan(s, act)
         seconds.append(time.perf_counter() - t0)
     return np.array(seconds)
+
+
+def time_steps(robot, threads: int, steps: int) -> np.ndarray:
+    starts, act = states(robot, steps + 1)
+    return plan_seconds(MPPIController(robot, threads=threads), starts, act)
 
 
 def main(argv=None) -> int:
