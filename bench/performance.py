@@ -12,7 +12,7 @@ Sections (each prints its figures next to the issue's targets; nothing is assert
             unmeasured.
   jacobian  one Levenberg-Marquardt Jacobian (256 tuples, the 9 non-contact parameters):
             central differences in the C kernel (the CPU default), central differences in
-            torch, forward-mode AD in torch (the GPU default), per device.
+            torch, forward-mode AD in torch (the CUDA default), per device.
   identify  `tensegrity-identify` with its defaults, run as a user runs it (a subprocess on
             freshly generated data): non-contact then contact with velocities, and
             non-contact pose-only; wall time of each command, identified vs true (the data
@@ -149,7 +149,7 @@ def section_jacobian(robot, data) -> None:
                ("cpu", "forward-mode AD, torch", dict(jacobian="forward"))]
     if CUDA:
         configs += [("cuda", "central, torch", dict(jacobian="central")),
-                    ("cuda", "forward-mode AD, torch (GPU default)", dict(jacobian="forward"))]
+                    ("cuda", "forward-mode AD, torch (CUDA default)", dict(jacobian="forward"))]
     _line(f"{'device':>8s} {'Jacobian':>38s} {'threads':>7s} {'seconds':>8s}")
     reference = None
     for device, label, cfg in configs:
@@ -161,8 +161,7 @@ def section_jacobian(robot, data) -> None:
 
             def jac():
                 J = parameter_jacobian(
-                    tr, theta0, lambda p: tr.objective.residuals(tr.train, idx, p, tr.full_steps, "semi_implicit"),
-                    lambda theta: tr.tuple_lm._residual(tr, theta, idx))
+                    tr, theta0, lambda p: tr.objective.residuals(tr.train, idx, p, tr.full_steps, "semi_implicit"))
                 _sync(device)
                 return J
 

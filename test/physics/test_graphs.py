@@ -58,6 +58,8 @@ def test_planning_through_the_buffered_path_equals_plain_rollouts(superball):
     assert graphed._captured is not None
     with pytest.raises(ValueError, match="backend='torch'"):
         EngineDynamics(superball, graphs=True)                  # the native kernel has nothing to replay
+    with pytest.raises(ValueError, match="linear"):
+        EngineDynamics(superball, graphs=True, integrator="implicitfast", **kw)   # its solves sync the host
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")

@@ -177,10 +177,11 @@ def cmd_identify(args) -> int:
     verdict = _gate(trainer, replaced, val)
     print(f"hold-out gate on the val split: {verdict}")
     comment = f"data: {args.data} ({args.kind}); learned: {', '.join(trainer.learn)}"
+    # never hand out a model that predicts the val split worse than the one it replaces (and
+    # leave no stale file of an earlier run beside this run's verdict)
+    for stale in ("identified.yaml", "identified.xml", "candidate.yaml"):
+        (out / stale).unlink(missing_ok=True)
     if not verdict.accepted:
-        # never hand out a model that predicts held-out motion worse than the one it replaces
-        for stale in ("identified.yaml", "identified.xml"):
-            (out / stale).unlink(missing_ok=True)
         export_yaml(trainer.parameters, out / "candidate.yaml", comment=comment + f"; REJECTED: {verdict}")
     else:
         export_yaml(trainer.parameters, out / "identified.yaml", comment=comment)
@@ -361,8 +362,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     defaults = IdentificationConfig()
     i.add_argument("--max-stage-epochs", type=int, default=defaults.max_stage_epochs,
-                   help="epochs of a coarse stage before its dt halves (0: until no improvement; default "
-                        "%(default)s)")
+                   help="epochs of a gradient stage (Algorithm 1's dt or lr halving, an Adam fine stage) "
+                        "before the next (0: until no improvement; default %(default)s)")
     i.add_argument("--max-epochs", type=int, default=10_000)
     i.add_argument("--max-seconds", type=float)
     i.add_argument("--batch-size", type=int, default=16)

@@ -17,7 +17,7 @@ from tensegrity_engine.control.interfaces import as_tensor
 from tensegrity_engine.physics.actuators import delayed_commands
 from tensegrity_engine.physics.config import MODEL_INTEGRATORS, RobotConfig
 from tensegrity_engine.physics.engine import TensegrityEngine
-from tensegrity_engine.physics.graphs import CapturedRollout
+from tensegrity_engine.physics.graphs import GRAPH_INTEGRATORS, CapturedRollout
 from tensegrity_engine.physics.params import PhysicalParameters
 from tensegrity_engine.physics.stability import stable_substeps
 
@@ -79,7 +79,9 @@ class EngineDynamics:
 
     ``graphs`` (torch backend; default on CUDA) replays each rollout shape from one CUDA graph
     (`physics.graphs.CapturedRollout`): a 1 000-step planning rollout is then one launch
-    instead of thousands of small kernels. Off a GPU the same buffered path runs directly.
+    instead of thousands of small kernels. Semi-implicit models only (the implicit steps'
+    linear solves synchronise with the host); others, also when swapped in, plan without.
+    Off a GPU the same buffered path runs directly.
     """
 
     def __init__(self, robot: RobotConfig, params: Optional[PhysicalParameters] = None, *,
@@ -128,10 +130,12 @@ class EngineDynamics:
                 raise ValueError("compile=True supports the 'semi_implicit' and 'implicit' integrators")
         if graphs and self.backend != "torch":
             raise ValueError("graphs=True replays torch rollouts; it needs backend='torch'")
-        if graphs and integrator == "ani":
-            raise ValueError("graphs=True needs fixed shapes; ANI picks its sub-steps at run time")
+        if graphs and integrator not in GRAPH_INTEGRATORS:
+            raise ValueError(f"graphs=True replays {GRAPH_INTEGRATORS} rollouts; {integrator!r} solves linear "
+                             f"systems (a host synchronisation no CUDA graph can hold) or picks its steps at "
+                             f"run time")
         # whole rollouts as one CUDA graph (`physics.graphs`): by default on CUDA
-        self.graphs = (self.backend == "torch" and self.device.type == "cuda" and integrator != "ani"
+        self.graphs = (self.backend == "torch" and self.device.type == "cuda"
                        if graphs is None else bool(graphs))
         self._captured = None
         self.in_force = None        # [A] the command the robot runs now (see __call__)
@@ -248,10 +252,17 @@ class EngineDynamics:
         s = as_tensor(state0, self.dtype, self.device).expand(N, -1, -1).contiguous()
         a = as_tensor(act0, self.dtype, self.device).expand(N, A).contiguous()
         fine = plans.repeat_interleave(self.substeps, dim=1)
-        if self.graphs:
-            if self._captured is None or self._captured.integrator != self.integrator:
-                self._captured = CapturedRollout(self.engine, integrator=self.integrator, compile_step=self.compile)
-            return self._captured(s, a, fine, self.dt, params=self._p, record_every=self.substeps)[0]
+        if self.graphs and self.integrator in GRAPH_INTEGRATORS:   # a swapped-in model may step otherwise
+            try:
+                if self._captured is None or self._captured.integrator != self.integrator:
+                    self._captured = CapturedRollout(self.engine, integrator=self.integrator,
+                                                     compile_step=self.compile)
+                return self._captured(s, a, fine, self.dt, params=self._p, record_every=self.substeps)[0]
+            except Exception as err:  # capture or compilation failed: say so, plan without graphs
+                import warnings
+                warnings.warn(f"EngineDynamics: CUDA graph capture failed ({type(err).__name__}: "
+                              f"{str(err).splitlines()[0] if str(err) else ''}); planning without graphs")
+                self.graphs = False
         run = lambda c: self.engine.rollout(s, a, fine, self.dt, integrator=self.integrator,
                                             record_every=self.substeps, params=self._p, compile=c)[0]
         if self.compile:

@@ -33,10 +33,11 @@ class IdentificationConfig:
                                         # (the structure, `structure.py`); "ani"
     patience: int = 2                   # non-improving epochs before a stage change
     min_rel_improvement: float = 1e-3   # val loss must fall by this fraction to count
-    max_stage_epochs: Optional[int] = 1 # a coarse stage's epochs before dt halves (None: patience
-                                        # only); with the two below, the fastest settings that still
-                                        # identify exactly (measured: bench/performance.py; 2 epochs
-                                        # took 1.6-2x as long for the same non-contact result)
+    max_stage_epochs: Optional[int] = 1 # epochs of a gradient stage (Algorithm 1's dt or lr halving,
+                                        # an Adam fine stage; not Levenberg-Marquardt) before the next
+                                        # (None: patience only); with the two below, the fastest
+                                        # settings that still identify exactly (bench/performance.py;
+                                        # 2 epochs took 1.6-2x as long for the same non-contact result)
     max_epochs: int = 10_000
     max_seconds: Optional[float] = None
     batch_size: int = 16
@@ -69,8 +70,7 @@ class IdentificationConfig:
                                         # ablation (c) only, much slower)
     jacobian: Optional[str] = None      # Levenberg-Marquardt Jacobians: "central" (finite differences,
                                         # in the C kernel on the CPU), "forward" (forward-mode AD, all
-                                        # columns in one torch pass), None: central where the C kernel
-                                        # runs the residuals, forward elsewhere (a GPU)
+                                        # columns in one torch pass), None: forward on CUDA, else central
     compile_training: Optional[bool] = None # rollouts with gradient through torch.compile (CUDA: CUDA
                                         # graphs of forward and backward); None: on CUDA only
     forward_backend: Optional[str] = None   # gradient-free rollouts (Levenberg-Marquardt residuals,

@@ -71,6 +71,36 @@ def node_state(state: torch.Tensor, half_length: torch.Tensor):
     return pos, vel
 
 
+def command_stretches(grid: torch.Tensor, S: int):
+    """Per trajectory of ``grid`` [traj, steps, A]: the first step [traj, L] and length in
+    steps [traj, L] of each stretch of constant command (split at every tuple start,
+    padded with empty stretches), and the stretch each tuple starts [traj, steps // S]."""
+    traj, steps = grid.shape[:2]
+    changed = torch.zeros(traj, steps, dtype=torch.bool, device=grid.device)
+    changed[:, 1:] = (grid[:, 1:] != grid[:, :-1]).any(-1)
+    changed[:, ::S] = True
+    count = changed.sum(1)
+    L = int(count.max())
+    rank = changed.cumsum(1) - 1                                   # stretch of every step
+    t, step = changed.nonzero(as_tuple=True)                       # by trajectory, then step
+    following = torch.cat([step[1:], step.new_full((1,), steps)])
+    following = torch.where(torch.cat([t[1:] != t[:-1], t.new_ones(1, dtype=torch.bool)]), steps, following)
+    begins = torch.zeros(traj, L, dtype=torch.long, device=grid.device)
+    durations = torch.zeros(traj, L, dtype=torch.long, device=grid.device)
+    begins[t, rank[t, step]] = step
+    durations[t, rank[t, step]] = following - step
+    return begins, durations, rank[:, ::S]
+
+
+def compiled_rollout(engine: TensegrityEngine, mode: Optional[str]):
+    """``engine.rollout`` torch.compile'd whole (every step unrolled, its backward compiled by
+    AOTAutograd; ``mode="reduce-overhead"`` on CUDA records CUDA graphs of both)."""
+    def rollout(x0, act, cmd, dt, integrator, wrenches, record_every, p):
+        return engine.rollout(x0, act, cmd, dt, integrator=integrator, wrenches=wrenches,
+                              record_every=record_every, params=p)
+    return torch.compile(rollout, mode=mode, dynamic=False)
+
+
 def _stepped(config: IdentificationConfig) -> str:
     """The model integrator the fine stage's rollouts step with ("ani" sub-steps semi_implicit)."""
     return config.fine_integrator if config.fine_integrator in MODEL_INTEGRATORS else "semi_implicit"
@@ -150,11 +180,12 @@ class RecurrentObjective:
     def functional(self):
         """Within: every rollout in torch and no cached commands or filter states, so
         ``torch.func`` transforms (forward-mode Jacobians) see the parameters everywhere."""
-        native, self.native, self._functional = self.native, None, True
+        native, functional = self.native, self._functional
+        self.native, self._functional = None, True
         try:
             yield
         finally:
-            self.native, self._functional = native, False
+            self.native, self._functional = native, functional
 
     def rollout(self, x0, act, cmd, dt: float, integrator: str, wrenches, record_every: int, p: dict):
         """The engine's rollout; in the native kernel when no gradient is wanted."""
@@ -167,21 +198,14 @@ class RecurrentObjective:
                 and x0.dtype in (torch.float32, torch.float64)):
             return self.native.rollout(x0, act, cmd, dt, record_every=record_every, params=p, wrenches=wrenches)
         if self.compile_training and torch.is_grad_enabled() and integrator != "ani" and not self._functional:
-            return self._training_rollout()(x0, act, cmd, dt, integrator, wrenches, record_every, p)
+            if self._compiled_rollout is None:
+                self._compiled_rollout = compiled_rollout(self.engine, self._compile_mode)
+            # one compilation per integrator, dt and batch shape: Algorithm 1 has ~10 of them,
+            # past dynamo's default limit of 8 (after which it would run eager)
+            with torch._dynamo.config.patch(recompile_limit=64):
+                return self._compiled_rollout(x0, act, cmd, dt, integrator, wrenches, record_every, p)
         return self.engine.rollout(x0, act, cmd, dt, integrator=integrator, wrenches=wrenches,
                                    record_every=record_every, params=p)
-
-    def _training_rollout(self):
-        """The engine's rollout, torch.compile'd whole (every step unrolled, its backward
-        compiled by AOTAutograd); one compilation per integrator, dt and batch shape."""
-        if self._compiled_rollout is None:
-            engine = self.engine
-
-            def rollout(x0, act, cmd, dt, integrator, wrenches, record_every, p):
-                return engine.rollout(x0, act, cmd, dt, integrator=integrator, wrenches=wrenches,
-                                      record_every=record_every, params=p)
-            self._compiled_rollout = torch.compile(rollout, mode=self._compile_mode, dynamic=False)
-        return self._compiled_rollout
 
     def zero_motion_loss(self, data: TrainingData) -> float:
         """Loss of predicting 'nothing moves' (x_hat = x_t): the data's own motion scale, so
@@ -259,7 +283,7 @@ class RecurrentObjective:
         every trajectory's stretches would take ~7x more sequential steps on random commands."""
         traj, chunks, S, A = cmd_grid.shape
         grid = torch.maximum(torch.minimum(cmd_grid, self.cmd_high), self.cmd_low).reshape(traj, chunks * S, A)
-        begins, durations, tuple_stretch = self._command_stretches(grid, S)
+        begins, durations, tuple_stretch = command_stretches(grid, S)
         rows = torch.arange(traj, device=grid.device)[:, None]
         held = grid[rows, begins]                                      # [traj, L, A]
         h = durations.to(self.dtype) * self.robot.dt                   # [traj, L]; padding lasts 0 s
@@ -269,27 +293,6 @@ class RecurrentObjective:
             acts.append(a)
         acts = torch.stack(acts, 1)                                    # [traj, L + 1, A]: before stretch i
         return acts[rows, tuple_stretch][data.traj, data.chunk]
-
-    @staticmethod
-    def _command_stretches(grid: torch.Tensor, S: int):
-        """Per trajectory of ``grid`` [traj, steps, A]: the first step [traj, L] and length in
-        steps [traj, L] of each stretch of constant command (split at every tuple start,
-        padded with empty stretches), and the stretch each tuple starts [traj, steps // S]."""
-        traj, steps = grid.shape[:2]
-        changed = torch.zeros(traj, steps, dtype=torch.bool, device=grid.device)
-        changed[:, 1:] = (grid[:, 1:] != grid[:, :-1]).any(-1)
-        changed[:, ::S] = True
-        count = changed.sum(1)
-        L = int(count.max())
-        rank = changed.cumsum(1) - 1                                   # stretch of every step
-        t, step = changed.nonzero(as_tuple=True)                       # by trajectory, then step
-        following = torch.cat([step[1:], step.new_full((1,), steps)])
-        following = torch.where(torch.cat([t[1:] != t[:-1], t.new_ones(1, dtype=torch.bool)]), steps, following)
-        begins = torch.zeros(traj, L, dtype=torch.long, device=grid.device)
-        durations = torch.zeros(traj, L, dtype=torch.long, device=grid.device)
-        begins[t, rank[t, step]] = step
-        durations[t, rank[t, step]] = following - step
-        return begins, durations, rank[:, ::S]
 
     def batch_loss(self, data: TrainingData, idx: torch.Tensor, p: dict, n_steps: int, integrator: str, *,
                    use_latent: bool, latent: Optional[torch.Tensor] = None,

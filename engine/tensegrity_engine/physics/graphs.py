@@ -15,6 +15,10 @@ from typing import Optional
 
 import torch
 
+# Steps a CUDA graph can hold: the implicit ones call torch.linalg.solve, whose error check
+# synchronises with the host, and ANI picks its sub-step count at run time.
+GRAPH_INTEGRATORS = ("semi_implicit",)
+
 
 class CapturedRollout:
     """No-grad ``engine.rollout`` of fixed shapes, replayed from a CUDA graph on CUDA.
@@ -29,6 +33,8 @@ class CapturedRollout:
     def __init__(self, engine, *, integrator: Optional[str] = None, compile_step: bool = False):
         self.engine = engine
         self.integrator = engine.robot.integrator if integrator is None else integrator
+        if self.integrator not in GRAPH_INTEGRATORS:
+            raise ValueError(f"a CUDA graph holds {GRAPH_INTEGRATORS} rollouts, not {self.integrator!r}")
         self.compile_step = bool(compile_step)
         self._entries: dict = {}
         self.captures = 0      # graphs recorded (tests and diagnostics)

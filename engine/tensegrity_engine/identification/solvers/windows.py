@@ -181,8 +181,7 @@ class WindowLevenbergMarquardt:
         """[N, M, P] Jacobian w.r.t. the raw parameters: forward differences, or forward-mode
         AD (``IdentificationConfig.jacobian``, `levenberg_marquardt.jacobian_mode`)."""
         if jacobian_mode(run.config, run.objective) == "forward":
-            return parameter_jacobian(run, theta, lambda p: run.objective.window_residual(run.train, windows, vel, p),
-                                      None)
+            return parameter_jacobian(run, theta, lambda p: run.objective.window_residual(run.train, windows, vel, p))
         cols = []
         for j in range(len(theta)):
             e = torch.zeros_like(theta)
