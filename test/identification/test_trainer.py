@@ -219,6 +219,7 @@ def test_cli_generate_identify_evaluate(tmp_path):
     assert (rejected / "candidate.yaml").exists() and (rejected / "report.md").exists()
     assert not (rejected / "identified.yaml").exists() and not (rejected / "identified.xml").exists()
     assert "REJECTED" in (rejected / "candidate.yaml").read_text()
+    assert "hold-out gate (val split, 1 s ahead): rejected (worse)" in (rejected / "report.md").read_text()
     ident = out / "id"
     assert cli_main(["identify", "--data", str(out / "noncontact"), "--out", str(ident), "--period", "0.02",
                      "--quiet", "--learn", "cable_stiffness", "--init", "given"]) == 0     # to convergence

@@ -200,7 +200,10 @@ def cmd_identify(args) -> int:
     if mjcf is not None:
         print(f"wrote {out / 'identified.xml'} (a calibrated MuJoCo model)"
               + "".join(f"\n  not represented: {n}" for n in mjcf.notes))
-    report = _report(args, trainer, robot, data_robot, train, out, wall, mjcf.notes if mjcf else [])
+    gate_note = (f"hold-out gate (val split, 1 s ahead): {verdict}"
+                 + ("" if verdict.accepted else "; so written as candidate.yaml, not identified.yaml"))
+    report = _report(args, trainer, robot, data_robot, train, out, wall,
+                     [f"MJCF export: {n}" for n in mjcf.notes] if mjcf else [], gate_note)
     print(f"wrote {report} (the identification report)")
     if not verdict.accepted:
         print(f"NOT written: identified.yaml / identified.xml. The fit ({written}) predicts the val split "
@@ -260,7 +263,7 @@ def _truth(args, data_robot, train):
     return None if spec is None else ground_truth(spec, data_robot).truth
 
 
-def _report(args, trainer, robot, data_robot, train, out: Path, wall: float, notes) -> Path:
+def _report(args, trainer, robot, data_robot, train, out: Path, wall: float, notes, gate_note: str) -> Path:
     from tensegrity_engine.export.report import write_report
     from tensegrity_engine.identification.dataset import DatasetError, load_split
     from tensegrity_engine.identification.uncertainty import trainer_uncertainty
@@ -280,7 +283,7 @@ def _report(args, trainer, robot, data_robot, train, out: Path, wall: float, not
     except RuntimeError as err:
         print(f"no uncertainty estimate: {err}")
         uncertainty = None
-    notes = [f"MJCF export: {n}" for n in notes]
+    notes = [gate_note, *notes]
     if args.initial:
         notes.append(f"values not learnt come from {args.initial}")
     return write_report(out, params=trainer.parameters, nominal=PhysicalParameters.keeping_elements(robot),
