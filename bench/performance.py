@@ -211,6 +211,20 @@ def _errors(yaml_path: Path, truth, names) -> str:
     return ", ".join(out)
 
 
+def _epoch_summary(history: Path) -> str:
+    """Seconds per epoch of each phase a CLI run went through (its history.json)."""
+    import json
+
+    epochs = json.loads(history.read_text())["history"]
+    parts = []
+    for phase, name in (("coarse", "coarse implicit (Adam)"), ("fine", "fine (Levenberg-Marquardt)")):
+        sel = [e for e in epochs if e["stage"] == phase]
+        if sel:
+            parts.append(f"{name} {len(sel)} epochs of {np.mean([e['tuples'] for e in sel]):.0f} tuples, "
+                         f"{np.mean([e['seconds'] for e in sel]):.2f} s each (max {max(e['seconds'] for e in sel):.2f})")
+    return "; ".join(parts)
+
+
 def section_identify(robot, out: Path, seed: int) -> None:
     _line("\n== identify: `tensegrity-identify` with its defaults (subprocesses, as a user runs them; "
           f"{torch.get_num_threads()} torch thread here, the CLI's default --threads 2 there)")
@@ -232,6 +246,8 @@ def section_identify(robot, out: Path, seed: int) -> None:
     _line(f"contact (from it):            {c:6.1f} s wall, {_gate(c_ok)}")
     _line(f"non-contact, pose-only:       {po:6.1f} s wall, {_gate(po_ok)}; identified vs true: "
           f"{_errors(_fit(runs / 'po'), robot, names)}")
+    for label, run in (("non-contact", runs / "nc"), ("contact", runs / "c"), ("pose-only", runs / "po")):
+        _line(f"  epochs of the default schedule, {label}: " + _epoch_summary(run / "history.json"))
     test = ds.load_split(data / "contact", "test", robot=robot)
     horizons = (0.1, 0.5, 1.0)
     for label, params in (("nominal (config = truth)", PhysicalParameters(robot)),
