@@ -42,7 +42,7 @@ import torch
 
 from tensegrity_engine.identification.config import IdentificationConfig
 from tensegrity_engine.identification.data import TrainingData
-from tensegrity_engine.physics.actuators import actuator_update, delayed_commands, speed_limit_binds
+from tensegrity_engine.physics.actuators import delayed_commands, limited_filter_states, speed_limit_binds
 from tensegrity_engine.physics.config import MODEL_INTEGRATORS, RobotConfig
 from tensegrity_engine.physics.engine import TensegrityEngine
 from tensegrity_engine.physics.stability import stable_substeps
@@ -287,11 +287,8 @@ class RecurrentObjective:
         rows = torch.arange(traj, device=grid.device)[:, None]
         held = grid[rows, begins]                                      # [traj, L, A]
         h = durations.to(self.dtype) * self.robot.dt                   # [traj, L]; padding lasts 0 s
-        a, acts = data.traj_act0, [data.traj_act0]
-        for i in range(begins.shape[1]):
-            a = actuator_update(a, held[:, i], tau, h[:, i, None], speed)[0]
-            acts.append(a)
-        acts = torch.stack(acts, 1)                                    # [traj, L + 1, A]: before stretch i
+        acts = limited_filter_states(data.traj_act0, held, h, tau, speed,       # [traj, L + 1, A]
+                                     scan=not self._functional)
         return acts[rows, tuple_stretch][data.traj, data.chunk]
 
     def batch_loss(self, data: TrainingData, idx: torch.Tensor, p: dict, n_steps: int, integrator: str, *,
