@@ -7,12 +7,12 @@ import torch
 from tensegrity_engine.physics.actuators import _limited_step, actuator_update, limited_filter_states
 
 
-def _inputs(seed=0, B=3, L=40, A=4):
+def _inputs(seed=0, B=3, L=40, A=4, padding=5):
     g = torch.Generator().manual_seed(seed)
     a0 = torch.rand(B, A, generator=g, dtype=torch.float64)
     commands = torch.rand(B, L, A, generator=g, dtype=torch.float64)
     h = 0.002 + 0.1 * torch.rand(B, L, generator=g, dtype=torch.float64)
-    h[:, -5:] = 0.0                                            # padding stretches
+    h[:, L - padding:] = 0.0                                   # padding stretches
     tau = torch.tensor([0.03], dtype=torch.float64)
     speed = torch.tensor([0.5, 2.0, 8.0, 30.0], dtype=torch.float64)[:A]     # per actuator: all phases
     return a0, commands, h, tau, speed
@@ -52,16 +52,19 @@ def test_scan_backward_equals_autograd_of_the_plain_steps():
 
 
 def test_scan_gradcheck():
-    a0, commands, h, tau, speed = _inputs(2, B=2, L=6, A=3)
+    a0, commands, h, tau, speed = _inputs(2, B=2, L=8, A=3, padding=1)
     inputs = (a0.requires_grad_(), commands.requires_grad_(), h, tau.requires_grad_(), speed.requires_grad_())
     assert torch.autograd.gradcheck(lambda a, c, hh, t, v: limited_filter_states(a, c, hh, t, v), inputs)
 
 
 def test_single_step_partials_are_the_closed_form():
+    # linear only (a far gap), exponential only (a small one), linear then exponential
     a = torch.tensor([0.9, 0.31, 0.5], dtype=torch.float64)
-    u = torch.tensor([0.1, 0.3, 0.5 + 1e-3], dtype=torch.float64)
+    u = torch.tensor([0.1, 0.3, 0.32], dtype=torch.float64)
     tau, v, h = torch.tensor(0.05, dtype=torch.float64), torch.tensor(2.0, dtype=torch.float64), 0.1
     end, d_a, d_u, d_tau, d_v = _limited_step(a, u, tau, v, torch.tensor(h, dtype=torch.float64))
+    t1 = torch.clamp(((a - u).abs() - tau * v) / v, min=0.0)
+    assert t1[0] >= h and t1[1] == 0 and 0 < t1[2] < h
     torch.testing.assert_close(end, actuator_update(a, u, tau, h, v)[0], rtol=0, atol=0)
     for i in range(3):
         leaves = [x.clone().requires_grad_() for x in (a[i], u[i], tau, v)]

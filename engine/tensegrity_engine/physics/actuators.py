@@ -75,6 +75,7 @@ class LimitedFilterScan(torch.autograd.Function):
         return torch.stack(states, 1)
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_states):
         parts, tau, max_speed = ctx.saved_tensors
         d_a, d_u, d_tau, d_v = parts.unbind(0)                 # each [L, B, A]
@@ -92,15 +93,16 @@ class LimitedFilterScan(torch.autograd.Function):
 
 
 def limited_filter_states(a0, commands, h, tau, max_speed, *, scan: bool = True) -> torch.Tensor:
-    """[B, L + 1, A] filter states before each stretch and after the last: `LimitedFilterScan`,
-    or with ``scan=False`` the same steps as plain differentiable ops (for ``torch.func``
-    transforms such as forward-mode Jacobians, which a custom backward does not serve)."""
-    if scan:
+    """[B, L + 1, A] filter states before each stretch and after the last: `LimitedFilterScan`
+    where a gradient is wanted, else (and with ``scan=False``: ``torch.func`` transforms such
+    as forward-mode Jacobians, which a custom backward does not serve) chained
+    `actuator_update` steps, the same numbers."""
+    wanted = torch.is_grad_enabled() and any(x.requires_grad for x in (a0, commands, tau, max_speed))
+    if scan and wanted:
         return LimitedFilterScan.apply(a0, commands, h, tau, max_speed)
-    tau_a, v_a = tau.expand(commands.shape[-1]), max_speed.expand(commands.shape[-1])
     a, states = a0, [a0]
     for i in range(commands.shape[1]):
-        a = _limited_step(a, commands[:, i], tau_a, v_a, h[:, i, None])[0]
+        a = actuator_update(a, commands[:, i], tau, h[:, i, None], max_speed)[0]
         states.append(a)
     return torch.stack(states, 1)
 

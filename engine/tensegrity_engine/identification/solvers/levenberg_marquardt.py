@@ -84,10 +84,11 @@ def parameter_jacobian(run, theta0: torch.Tensor, residual_of) -> torch.Tensor:
     if jacobian_mode(run.config, run.objective) == "forward":
         with run.objective.functional():
             return forward_jacobian(lambda theta: residual_of(values(theta, True)), theta0)
-    with torch.no_grad():
-        J = residual_jacobian(lambda theta: residual_of(values(theta, False)), theta0)
+    try:
+        with torch.no_grad():
+            return residual_jacobian(lambda theta: residual_of(values(theta, False)), theta0)
+    finally:
         set_raw_vector(run.params, run.learn, theta0)
-    return J
 
 
 RAW_STEP_LIMIT = 2.0     # logit units a parameter may move in one iteration
