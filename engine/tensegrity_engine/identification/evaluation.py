@@ -32,8 +32,7 @@ def _stepped_rollout(engine, x0, act0, cmd, dt, integrator, wr, p, k: int, recor
     if k > 1:
         cmd = cmd.repeat_interleave(k, dim=1)
         wr = None if wr is None else wr.repeat_interleave(k, dim=1)
-    return native.forward_rollout(engine, x0, act0, cmd.contiguous(), dt / k, integrator=integrator,
-                                  wrenches=None if wr is None else wr.contiguous(), params=p,
+    return native.forward_rollout(engine, x0, act0, cmd, dt / k, integrator=integrator, wrenches=wr, params=p,
                                   record_every=record_every * k)
 
 
