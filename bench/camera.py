@@ -41,22 +41,11 @@ from tensegrity_engine.perception.camera import tripods
 from tensegrity_engine.perception.session import TrackingSession
 from tensegrity_engine.perception.tracker import TrackerConfig
 from tensegrity_engine.physics.params import PhysicalParameters
-from tensegrity_engine.physics.state import end_nodes
+from tensegrity_engine.physics.state import end_nodes, rod_pose_errors
 
 
 def _line(*a):
     print(*a, flush=True)
-
-
-def pose_errors(est: np.ndarray, truth: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per rod: centre error (m), its part along the true axis (m) and the axis angle
-    (deg), ends taken in order."""
-    gap = est.mean(-2) - truth.mean(-2)
-    a, b = est[..., 1, :] - est[..., 0, :], truth[..., 1, :] - truth[..., 0, :]
-    b_unit = b / np.linalg.norm(b, axis=-1, keepdims=True)
-    cos = (a * b_unit).sum(-1) / np.linalg.norm(a, axis=-1)
-    return (np.linalg.norm(gap, axis=-1), np.abs((gap * b_unit).sum(-1)),
-            np.degrees(np.arccos(np.clip(cos, -1.0, 1.0))))
 
 
 def add_camera_rig_args(ap: argparse.ArgumentParser) -> None:
@@ -111,7 +100,7 @@ def run_robot(name: str, base, args) -> dict:
         reacquired += int(out.status == "reacquired")
         if not out.good:                   # not published: what a consumer gets is the good frames
             continue
-        c, along, a = pose_errors(out.estimate.ends, truth[f])
+        c, along, a = rod_pose_errors(out.estimate.ends, truth[f])
         centre_err.append(c)
         along_err.append(along)
         axis_err.append(a)

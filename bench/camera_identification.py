@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from camera import add_camera_rig_args, pose_errors  # noqa: E402
+from camera import add_camera_rig_args  # noqa: E402
 from zoo import COUNTS, identify, params_rows, record, zoo_selection  # noqa: E402
 
 from tensegrity_engine import identification as idf
@@ -37,7 +37,7 @@ from tensegrity_engine.groundtruth.zoo import zoo_robot
 from tensegrity_engine.perception.camera import tripods
 from tensegrity_engine.perception.motion import ConstantVelocityPrior, rod_poses_from_ends
 from tensegrity_engine.perception.tracker import RodTracker, TrackerConfig
-from tensegrity_engine.physics.state import end_nodes
+from tensegrity_engine.physics.state import end_nodes, rod_pose_errors
 
 CORE = ("cable_stiffness", "cable_damping", "rod_mass", "actuator_time_constant")
 
@@ -71,7 +71,7 @@ def tracked(z, traj, args, rng) -> tuple:
             est = tracker.track([sensor.render(states[f]) for sensor in sensors], guess, sigma)
             prior.update(est.ends, est.std, traj.t[f])
             out.append(rod_poses_from_ends(est.ends, out[-1][:, 3:7]))
-            c, _, a = pose_errors(est.ends, truth[f])
+            c, _, a = rod_pose_errors(est.ends, truth[f])
             errs.append((c, a))
         for sensor in sensors:
             sensor.close()

@@ -137,9 +137,10 @@ class Monitor:
                              goal_qos, latched_qos, stream_qos)
 
         from tensegrity_engine.groundtruth.environments import lowest_point
+        from tensegrity_engine.physics.state import center_of_mass
 
         self.conv = conv
-        self.lowest_point = lowest_point
+        self.lowest_point, self.center_of_mass = lowest_point, center_of_mass
         self.robot = robot
         self.context = rclpy.Context()
         rclpy.init(context=self.context)
@@ -153,6 +154,7 @@ class Monitor:
         self.mode_switch_t = None
         self.last_pose_t = 0.0
         self.diag = {}
+        self.scored = bool(truth_topic)
         self.seen = {}              # with a truth topic: stamp (ns) -> published rod poses [R, 7]
         self.truth = {}             # stamp (ns) -> the true rod poses [R, 7]
         n = self.node
@@ -173,15 +175,15 @@ class Monitor:
         arr = self.conv.pose_array_to_array(msg)
         if arr.shape[0] != self.robot.num_rods or not np.isfinite(arr).all():
             return
-        t = self.conv.stamp_ns(msg.header.stamp) / 1e9
-        w = self.robot.rod_mass / self.robot.rod_mass.sum()
+        stamp = self.conv.stamp_ns(msg.header.stamp)
         low = self.lowest_point(self.robot, self.conv.array_to_rod_state(arr)) - self.robot.contact.ground_height
         with self.lock:
-            self.pose_t.append(t)
-            self.com.append((arr[:, :3] * w[:, None]).sum(0))
+            self.pose_t.append(stamp / 1e9)
+            self.com.append(self.center_of_mass(arr, self.robot.rod_mass))
             self.lowest.append(low)
-            self.last_pose_t = t
-            self.seen[self.conv.stamp_ns(msg.header.stamp)] = arr
+            self.last_pose_t = stamp / 1e9
+            if self.scored:
+                self.seen[stamp] = arr
 
     def _on_truth(self, msg):
         arr = self.conv.pose_array_to_array(msg)
@@ -267,11 +269,21 @@ def true_values(robot, robot_truth: str = "twin") -> dict:
     return {k: np.asarray(v, dtype=np.float64) for k, v in values.items()}
 
 
+def true_com(robot, mon: Monitor) -> tuple[np.ndarray, np.ndarray]:
+    """(stamps (s), CoM [N, 3]) of the true rod poses the monitor heard (none without a truth topic)."""
+    with mon.lock:
+        stamps = sorted(mon.truth)
+        poses = [mon.truth[k] for k in stamps]
+    if not stamps:
+        return np.zeros(0), np.zeros((0, 3))
+    return np.array(stamps) / 1e9, mon.center_of_mass(np.stack(poses), robot.rod_mass)
+
+
 def tracking_figures(robot, mon: Monitor, rolling_start) -> dict:
     """With a truth topic (the camera in the loop): the published rod poses against the true
     ones at the same stamps, while MPPI rolls (all of the run before it), and the velocity
     measured on the true poses."""
-    from tensegrity_engine.physics.state import end_nodes
+    from tensegrity_engine.physics.state import end_nodes, rod_pose_errors
 
     with mon.lock:
         common = sorted(set(mon.seen) & set(mon.truth))
@@ -283,23 +295,16 @@ def tracking_figures(robot, mon: Monitor, rolling_start) -> dict:
     half = robot.rod_length / 2
     est = end_nodes(np.stack([mon.conv.array_to_rod_state(a) for a in seen]), half)
     ref = end_nodes(np.stack([mon.conv.array_to_rod_state(a) for a in true]), half)
-    centre = np.linalg.norm(est.mean(-2) - ref.mean(-2), axis=-1)               # [F, R]
-    a, b = est[..., 1, :] - est[..., 0, :], ref[..., 1, :] - ref[..., 0, :]
-    cos = (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
-    axis = np.degrees(np.arccos(np.clip(cos, -1.0, 1.0)))
+    centre, _, axis = rod_pose_errors(est, ref)                                  # [F, R] each
     sel = t >= rolling_start if rolling_start is not None and (t >= rolling_start).sum() > 1 else np.ones_like(t, bool)
     out = {"tracking_poses_scored": int(sel.sum()), "tracking_centre_mm_median": float(1e3 * np.median(centre[sel])),
            "tracking_centre_mm_p90": float(1e3 * np.percentile(centre[sel], 90)),
            "tracking_axis_deg_median": float(np.median(axis[sel]))}
-    with mon.lock:
-        truth_t = np.array(sorted(mon.truth))
-        truth_arr = [mon.truth[k] for k in truth_t]
+    truth_t, truth_com = true_com(robot, mon)
     if rolling_start is not None and len(truth_t):
-        w = robot.rod_mass / robot.rod_mass.sum()
-        keep = truth_t / 1e9 >= rolling_start
+        keep = truth_t >= rolling_start
         if keep.sum() > 1:
-            com = np.stack([(truth_arr[i][:, :3] * w[:, None]).sum(0) for i in np.flatnonzero(keep)])
-            tt = truth_t[keep] / 1e9
+            com, tt = truth_com[keep], truth_t[keep]
             out["true_vx"] = float((com[-1, 0] - com[0, 0]) / (tt[-1] - tt[0]))
     return out
 
@@ -353,13 +358,8 @@ def summarize(robot, mon: Monitor, rolling_start, out_dir: Path, wall_s: float, 
     summary.update(tracking_figures(robot, mon, rolling_start))
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    extra = {}
-    with mon.lock:
-        if mon.truth:                        # the camera in the loop: the true CoM too
-            stamps = sorted(mon.truth)
-            w = robot.rod_mass / robot.rod_mass.sum()
-            extra = {"t_true": np.array(stamps) / 1e9,
-                     "com_true": np.stack([(mon.truth[k][:, :3] * w[:, None]).sum(0) for k in stamps])}
+    t_true, com_true = true_com(robot, mon)                # the camera in the loop: the true CoM too
+    extra = {"t_true": t_true, "com_true": com_true} if len(t_true) else {}
     np.savez(out_dir / "trajectory.npz", t=t, com=com, **extra)
     try:
         _plots(mon, robot, truth, rolling_start, out_dir, learn)

@@ -163,3 +163,14 @@ def center_of_mass(state, mass):
     """Robot CoM [..., 3] from rod states and rod masses [R]."""
     weights = mass / mass.sum()
     return (state[..., POS] * weights[..., :, None]).sum(-2)
+
+
+def rod_pose_errors(est_nodes, true_nodes):
+    """Per rod, from end nodes [..., R, 2, 3] (ends in order, numpy): centre error (m), its
+    part along the true axis (m) and the angle between the axes (deg)."""
+    gap = est_nodes.mean(-2) - true_nodes.mean(-2)
+    a, b = est_nodes[..., 1, :] - est_nodes[..., 0, :], true_nodes[..., 1, :] - true_nodes[..., 0, :]
+    b_unit = b / np.linalg.norm(b, axis=-1, keepdims=True)
+    cos = (a * b_unit).sum(-1) / np.linalg.norm(a, axis=-1)
+    return (np.linalg.norm(gap, axis=-1), np.abs((gap * b_unit).sum(-1)),
+            np.degrees(np.arccos(np.clip(cos, -1.0, 1.0))))
