@@ -2,7 +2,7 @@
 
     python bench/performance.py [--robot superball] [--out runs/bench_performance]
                                 [--sections epoch,jacobian,identify,planning,rollout]
-                                [--seed 0] [--planning-steps 20]
+                                [--seed 0] [--planning-steps 20] [--truth twin,zoo/end_heavy]
 
 Sections (each prints its figures next to the issue's targets; nothing is asserted):
   epoch     one training epoch of 128 tuples x 100 steps (T = 0.1 s at 1 ms), forward +
@@ -15,11 +15,12 @@ Sections (each prints its figures next to the issue's targets; nothing is assert
             torch, forward-mode AD in torch (the CUDA default), per device.
   identify  `tensegrity-identify` with its defaults, run as a user runs it (a subprocess on
             freshly generated data): non-contact then contact with velocities, and
-            non-contact pose-only; wall time of each command, identified vs true (the data
-            come from the engine's MuJoCo twin with the config's values, so "true" is the
-            config: this section checks that the fast defaults still reach the exact answer,
-            the zoo benches measure accuracy on foreign robots), and the contact model's
-            held-out CoM error 0.1 / 0.5 / 1 s ahead beside the nominal model's.
+            non-contact pose-only; wall time of each command, the error of the identified
+            values against the true ones with the config's beside it, and the held-out CoM
+            error 0.1 / 0.5 / 1 s ahead, hanging and rolling, nominal beside identified.
+            ``--truth twin`` (the default: the engine's MuJoCo twin, config = truth) checks
+            that the fast schedule still reaches the exact answer; ``--truth zoo/<name>``
+            runs it on a robot that is not the engine, with values far from the config's.
   planning  one MPPI control step at the paper's sizes (5 it x 40 samples x 1 s at 1 ms) in
             the C kernel built for this CPU and for x86-64-v3 (AVX2 + FMA, what an AVX2-only
             CPU runs), 1 and 2 threads; on CUDA, 1 000 samples through the torch engine.
@@ -201,13 +202,13 @@ def _gate(passed: bool) -> str:
     return "passed the hold-out gate" if passed else "REFUSED by the hold-out gate (worse than the start on val)"
 
 
-def _errors(yaml_path: Path, truth, names) -> str:
+def _errors(yaml_path: Path, truth: dict, nominal: dict, names) -> str:
+    """Identified (and, in brackets, the config's) relative error against the true values."""
     got = PhysicalParameters(load_robot(yaml_path)).as_dict()
-    ref = PhysicalParameters(truth).as_dict()
     out = []
     for n in names:
-        g, r = np.mean(got[n]), np.mean(ref[n])
-        out.append(f"{n} {100 * (g - r) / r:+.3f} %")
+        g, r, c = np.mean(got[n]), np.mean(truth[n]), np.mean(nominal[n])
+        out.append(f"{n} {100 * (g - r) / r:+.3f} % ({100 * (c - r) / r:+.0f} %)")
     return ", ".join(out)
 
 
@@ -225,14 +226,24 @@ def _epoch_summary(history: Path) -> str:
     return "; ".join(parts)
 
 
-def section_identify(robot, out: Path, seed: int) -> None:
-    _line("\n== identify: `tensegrity-identify` with its defaults (subprocesses, as a user runs them; "
-          f"{torch.get_num_threads()} torch thread here, the CLI's default --threads 2 there)")
-    data = out / f"data_seed{seed}"
+def section_identify(robot, out: Path, seed: int, truth: str = "twin") -> None:
+    """The CLI's defaults on data from ``truth``: the engine's twin (config = truth: does the
+    fast schedule still reach the exact answer?) or a zoo robot, which is not the engine and
+    whose values are far from the config's (the nominal model's errors printed beside)."""
+    from tensegrity_engine.groundtruth.zoo import ground_truth
+    from tensegrity_engine.physics.params import nominal_values
+
+    _line(f"\n== identify ({truth}): `tensegrity-identify` with its defaults (subprocesses, as a user runs "
+          f"them; {torch.get_num_threads()} torch thread here, the CLI's default --threads 2 there)")
+    played = ground_truth(truth, robot)
+    true_values = nominal_values(robot) if truth == "twin" else played.true_values()
+    tag = truth.replace("/", "_")
+    data = out / f"data_{tag}_seed{seed}"
     if not (data / "contact" / "test").exists():
-        _run_cli(["generate", "--robot", robot.name, "--out", str(data), "--seed", str(seed), "--no-dense"],
-                 out / "generate.log")
-    runs = out / f"runs_seed{seed}"
+        for env in ("noncontact", "contact"):
+            ds.generate_dataset(robot, env, data, seed=seed, dense=False,
+                                truth=None if truth == "twin" else played)
+    runs = out / f"runs_{tag}_seed{seed}"
     runs.mkdir(parents=True, exist_ok=True)
     nc, nc_ok = _run_cli(["identify", "--data", str(data / "noncontact"), "--out", str(runs / "nc"), "--quiet"],
                          runs / "nc.log")
@@ -241,20 +252,23 @@ def section_identify(robot, out: Path, seed: int) -> None:
     po, po_ok = _run_cli(["identify", "--data", str(data / "noncontact"), "--out", str(runs / "po"), "--quiet",
                           "--pose-only"], runs / "po.log")
     names = ("cable_stiffness", "cable_damping", "rod_mass", "actuator_time_constant", "actuator_gain")
-    _line(f"non-contact, with velocities: {nc:6.1f} s wall, {_gate(nc_ok)}; identified vs true: "
-          f"{_errors(_fit(runs / 'nc'), robot, names)}")
+    nominal = nominal_values(robot)
+    _line(f"non-contact, with velocities: {nc:6.1f} s wall, {_gate(nc_ok)}; error vs true (config's): "
+          f"{_errors(_fit(runs / 'nc'), true_values, nominal, names)}")
     _line(f"contact (from it):            {c:6.1f} s wall, {_gate(c_ok)}")
-    _line(f"non-contact, pose-only:       {po:6.1f} s wall, {_gate(po_ok)}; identified vs true: "
-          f"{_errors(_fit(runs / 'po'), robot, names)}")
+    _line(f"non-contact, pose-only:       {po:6.1f} s wall, {_gate(po_ok)}; error vs true (config's): "
+          f"{_errors(_fit(runs / 'po'), true_values, nominal, names)}")
     for label, run in (("non-contact", runs / "nc"), ("contact", runs / "c"), ("pose-only", runs / "po")):
         _line(f"  epochs of the default schedule, {label}: " + _epoch_summary(run / "history.json"))
     test = ds.load_split(data / "contact", "test", robot=robot)
     horizons = (0.1, 0.5, 1.0)
-    for label, params in (("nominal (config = truth)", PhysicalParameters(robot)),
-                          ("identified contact model", PhysicalParameters(load_robot(_fit(runs / "c"))))):
-        e = horizon_errors(params, test, horizons)
-        _line(f"  contact held-out CoM error, {label:>26s}: "
-              + " / ".join(f"{1e3 * np.median(e[h]):.1f}" for h in horizons) + " mm at 0.1 / 0.5 / 1 s (median)")
+    test_nc = ds.load_split(data / "noncontact", "test", robot=robot)
+    for label, params in (("nominal (the config)", PhysicalParameters(robot)),
+                          ("identified", PhysicalParameters(load_robot(_fit(runs / "c"))))):
+        for env, trajs in (("hanging", test_nc), ("rolling", test)):
+            e = horizon_errors(params, trajs, horizons)
+            _line(f"  held-out CoM error, {env}, {label:>20s}: "
+                  + " / ".join(f"{1e3 * np.median(e[h]):.1f}" for h in horizons) + " mm at 0.1 / 0.5 / 1 s (median)")
     _line(f"TARGET non-contact + contact <= 60 s: {verdict(nc + c <= 60)} ({nc + c:.1f} s)")
     _line(f"TARGET pose-only <= 120 s: {verdict(po <= 120)} ({po:.1f} s)")
 
@@ -342,6 +356,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sections", default=",".join(SECTIONS))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--planning-steps", type=int, default=20)
+    ap.add_argument("--truth", default="twin",
+                    help="identify section: the robot the data come from, twin or zoo/<name> (comma list)")
     args = ap.parse_args(argv)
     sections = [s for s in args.sections.split(",") if s]
     unknown = set(sections) - set(SECTIONS)
@@ -370,7 +386,8 @@ def main(argv=None) -> int:
         elif name == "jacobian":
             section_jacobian(robot, data)
         elif name == "identify":
-            section_identify(robot, out, args.seed)
+            for truth in args.truth.split(","):
+                section_identify(robot, out, args.seed, truth)
         elif name == "planning":
             section_planning(robot, args.planning_steps)
         elif name == "rollout":
