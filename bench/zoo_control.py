@@ -11,6 +11,10 @@ robot in MuJoCo (its own integrator, contacts, actuators):
 * ``nominal``: the config's values (what a user has before identifying);
 * ``identified``: the model `bench/zoo.py` identified for that robot (read from
   ``<models>/<robot>/<zoo>/models/identified.yaml``; run that bench first);
+* ``structure``: the structure `bench/zoo.py --structure` selected from data, with its
+  values (``structure.yaml``), and ``structure + residual`` when `bench/residual.py` kept a
+  rolling residual for the robot (``residual_rolling.safetensors``, planned with through
+  `EngineDynamics.set_residual`);
 * ``true values``: the engine with the robot's true values (the best a parameter-only
   identification can reach; what remains is model structure).
 
@@ -46,6 +50,7 @@ from tensegrity_engine.groundtruth.mujoco_twin import GroundTruthDiverged  # noq
 from tensegrity_engine.groundtruth.zoo import zoo_robot  # noqa: E402
 from tensegrity_engine.physics.parameter_files import params_from_file  # noqa: E402
 from tensegrity_engine.physics.params import PhysicalParameters  # noqa: E402
+from tensegrity_engine.physics.residual import load_residual  # noqa: E402
 from tensegrity_engine.physics.state import center_of_mass  # noqa: E402
 
 TASKS = {
@@ -63,7 +68,10 @@ def run_task(z, params, task: dict, seed: int) -> dict:
     config = mpc.PlannerConfig(seed=seed)
     cost = mpc.LocomotionCost(robot, goal=task["waypoints"][0], speed=1.0, control_dt=CONTROL_DT,
                               approach_time=task["approach_time"])
+    params, residual = params if isinstance(params, tuple) else (params, None)
     ctl = mpc.MPPIController(robot, params=params, cost=cost, config=config, threads=1)
+    if residual is not None:
+        ctl.dynamics.set_residual(residual)
     steps = int(round(task["duration"] / CONTROL_DT))
     per_ctrl = int(round(CONTROL_DT / z.truth.dt))
     goals = [np.asarray(g, dtype=np.float64) for g in task["waypoints"]]
@@ -118,6 +126,12 @@ def run_task(z, params, task: dict, seed: int) -> dict:
             "plan_time": float(np.mean(ctl.plan_times))}
 
 
+def mean_time(runs) -> float:
+    """Mean time to success over the successful runs (nan when none succeeded)."""
+    times = [r["time"] for r in runs if r["success"] and r["time"] is not None]
+    return float(np.mean(times)) if times else float("nan")
+
+
 def models_for(z, name: str, models_root: Path, robot_name: str, wait: float = 0.0) -> dict:
     models = {"nominal": PhysicalParameters(z.nominal)}
     path = models_root / robot_name / name / "models" / "identified.yaml"
@@ -128,6 +142,12 @@ def models_for(z, name: str, models_root: Path, robot_name: str, wait: float = 0
         models["identified"] = params_from_file(z.nominal, path)
     else:
         print(f"   (no identified model at {path}: run bench/zoo.py first)")
+    structure = path.with_name("structure.yaml")             # bench/zoo.py --structure
+    if structure.exists():
+        models["structure"] = params_from_file(z.nominal, structure)
+        residual = path.with_name("residual_rolling.safetensors")   # kept by bench/residual.py's gate
+        if residual.exists():
+            models["structure + residual"] = (models["structure"], load_residual(z.nominal, residual))
     models["true values"] = true_model(z)
     return models
 
@@ -158,10 +178,8 @@ def main(argv=None) -> int:
             for label, params in models.items():
                 runs = [run_task(z, params, TASKS[task], seed) for seed in range(args.seeds)]
                 rate = float(np.mean([r["success"] for r in runs]))
-                times = [r["time"] for r in runs if r["success"] and r["time"] is not None]
                 results[name][task][label] = {"success_rate": rate, "runs": runs}
-                print(f"   {'':{len(task)}s}  {label:12s} {100 * rate:5.0f} %  "
-                      f"{(np.mean(times) if times else float('nan')):8.1f}  "
+                print(f"   {'':{len(task)}s}  {label:12s} {100 * rate:5.0f} %  {mean_time(runs):8.1f}  "
                       f"{np.mean([r['path'] for r in runs]):8.2f}  "
                       f"{np.mean([r['final_distance'] for r in runs]):14.2f}  "
                       f"{np.mean([r['final_speed'] for r in runs]):17.2f}", flush=True)
@@ -181,6 +199,27 @@ def main(argv=None) -> int:
                   + f"  identified >= 90 % of true values: {verdict}")
         print(f"   {task}: TARGET identified >= 90 % of true values on every robot where the true values "
               f"succeed ({len(rows)} of {len(names)}): {'MET' if rows and all(rows) else 'NOT MET'}")
+    print("\n== issue 19: MPPI on the selected structure (+ a gated residual when bench/residual.py kept one) "
+          "against the true values, on the model-sensitive tasks (nominal below the true values in success, "
+          "or more than 1.2x their time to success)")
+    checks = []
+    for task in tasks:
+        for name in names:
+            r = results[name][task]
+            best = next((k for k in ("structure + residual", "structure", "identified") if k in r), None)
+            rate = {k: v["success_rate"] for k, v in r.items()}
+            when = {k: mean_time(v["runs"]) for k, v in r.items()}
+            sensitive = rate["nominal"] < rate["true values"] or (
+                rate["nominal"] > 0 and rate["true values"] > 0 and when["nominal"] > 1.2 * when["true values"])
+            if not sensitive or best is None:
+                continue
+            ok = rate[best] >= rate["true values"]
+            checks.append(ok)
+            print(f"   {task:22s} {name:14s} nominal {100 * rate['nominal']:3.0f} % ({when['nominal']:.1f} s), "
+                  f"{best} {100 * rate[best]:3.0f} % ({when[best]:.1f} s), true values "
+                  f"{100 * rate['true values']:3.0f} % ({when['true values']:.1f} s): {'ok' if ok else 'below'}")
+    print(f"   TARGET success >= the true values' on every model-sensitive task ({len(checks)}): "
+          f"{'MET' if checks and all(checks) else 'NOT MET'}")
     print(f"\nTOTAL wall time {time.perf_counter() - t0:.0f} s")
     out = Path(args.out) / base.name
     out.mkdir(parents=True, exist_ok=True)

@@ -478,10 +478,14 @@ def _check_passive(twin, states, act0, commands, wrenches, label: str) -> None:
 def generate_dataset(robot: RobotConfig, env: str, root: str | os.PathLike, *,
                      counts: Optional[dict] = None, duration: float = 5.0, period: float = 0.1,
                      seed: int = 0, dense: bool = True, progress: bool = False,
-                     truth=None, sensing=None) -> dict:
+                     truth=None, sensing=None, contact_commands: str = "nominal",
+                     hold_range: Optional[tuple[float, float]] = None) -> dict:
     """Run the MuJoCo ground truth and write sparse (every ``period``) and dense (every
     engine step) trajectory files under ``root/env/split``. Returns {split: [paths]}.
 
+    Contact episodes roll at the nominal commands unless ``contact_commands="random"``
+    (the robot actuating while it rolls); ``hold_range`` (s) is how long each random
+    command and push is held (default `environments.HOLD_RANGE`).
     ``truth`` (a `groundtruth.zoo.ZooRobot`, default the twin of ``robot``) is the robot
     that runs; the files carry ``robot`` (what the user knows), never the truth's values.
     ``sensing`` (a `groundtruth.sensors.SensorModel`) records the sparse files as a mocap
@@ -490,6 +494,11 @@ def generate_dataset(robot: RobotConfig, env: str, root: str | os.PathLike, *,
 
     if env not in ENVIRONMENTS:
         raise ValueError(f"env must be one of {ENVIRONMENTS}, got {env!r}")
+    if contact_commands not in ("nominal", "random"):
+        raise ValueError(f"contact_commands must be 'nominal' or 'random', got {contact_commands!r}")
+    hold = envs.HOLD_RANGE if hold_range is None else tuple(float(h) for h in hold_range)
+    if not 0.0 < hold[0] <= hold[1]:
+        raise ValueError(f"hold_range must be 0 < low <= high seconds, got {hold_range!r}")
     counts = dict(SPLITS if counts is None else counts)
     dt = robot.dt
     S = int(round(duration / dt))
@@ -511,10 +520,12 @@ def generate_dataset(robot: RobotConfig, env: str, root: str | os.PathLike, *,
             eps = []
             for _ in range(n):
                 if env == "noncontact":
-                    eps.append(envs.sample_noncontact_episode(true_robot, rng, S, realisation=realisation))
+                    eps.append(envs.sample_noncontact_episode(true_robot, rng, S, hold_range=hold,
+                                                              realisation=realisation))
                 else:
-                    eps.append(envs.sample_contact_episode(true_robot, rng, S, realisation=realisation)
-                               + (None,))
+                    eps.append(envs.sample_contact_episode(true_robot, rng, S, hold_range=hold,
+                                                           randomize_commands=contact_commands == "random",
+                                                           realisation=realisation) + (None,))
             if not eps:
                 continue
             s0 = np.stack([e[0] for e in eps])
@@ -531,7 +542,8 @@ def generate_dataset(robot: RobotConfig, env: str, root: str | os.PathLike, *,
                 kw = dict(robot=robot, command_time=ct, command=cv, act0=a0[b],
                           environment=environment,
                           meta={"generator": "tensegrity_engine.identification.dataset", "seed": seed,
-                                "split": split, "index": b,
+                                "split": split, "index": b, "hold_range": list(hold),
+                                "contact_commands": contact_commands if env != "noncontact" else "random",
                                 "ground_truth": "twin" if truth is None else truth.name,
                                 "sensing": None if sensing is None else dataclasses.asdict(sensing)})
                 if wr is not None:
