@@ -138,3 +138,25 @@ def test_tuples_skip_missing_samples(superball):
     assert ts.next.tolist() == [1, -1, -1]
     with pytest.raises(ds.DatasetError, match="whole number"):
         ds.to_tuples(gap, 0.1005)
+
+
+def test_generated_motions_actuated_rolling_and_fast_holds(tmp_path, three_bar):
+    """The held-out motions the residual bench uses: contact episodes with random commands
+    (the nominal ones by default) and random holds within ``hold_range``."""
+    ds.generate_dataset(three_bar, "contact", tmp_path / "passive", counts={"test": 1}, duration=1.0, seed=1,
+                        dense=False)
+    ds.generate_dataset(three_bar, "contact", tmp_path / "actuated", counts={"test": 1}, duration=1.0, seed=1,
+                        dense=False, contact_commands="random", hold_range=(0.02, 0.05))
+    passive = ds.load_split(tmp_path / "passive" / "contact", "test")[0]
+    actuated = ds.load_split(tmp_path / "actuated" / "contact", "test")[0]
+    assert len(passive.command_time) == 1 and passive.meta["contact_commands"] == "nominal"
+    holds = np.diff(actuated.command_time)
+    assert len(actuated.command_time) >= 20 and holds.max() <= 0.05 + 1e-9
+    assert actuated.meta["contact_commands"] == "random" and actuated.meta["hold_range"] == [0.02, 0.05]
+    assert actuated.command.min() >= three_bar.command_low.min() - 1e-12
+    # the commands act: the same launch ends elsewhere
+    assert np.abs(actuated.position[-1] - passive.position[-1]).max() > 0.01
+    with pytest.raises(ValueError, match="contact_commands"):
+        ds.generate_dataset(three_bar, "contact", tmp_path / "x", counts={"test": 1}, contact_commands="some")
+    with pytest.raises(ValueError, match="hold_range"):
+        ds.generate_dataset(three_bar, "contact", tmp_path / "x", counts={"test": 1}, hold_range=(0.2, 0.1))
