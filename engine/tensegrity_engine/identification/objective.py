@@ -92,15 +92,6 @@ def command_stretches(grid: torch.Tensor, S: int):
     return begins, durations, rank[:, ::S]
 
 
-def compiled_rollout(engine: TensegrityEngine, mode: Optional[str]):
-    """``engine.rollout`` torch.compile'd whole (every step unrolled, its backward compiled by
-    AOTAutograd; ``mode="reduce-overhead"`` on CUDA records CUDA graphs of both)."""
-    def rollout(x0, act, cmd, dt, integrator, wrenches, record_every, p):
-        return engine.rollout(x0, act, cmd, dt, integrator=integrator, wrenches=wrenches,
-                              record_every=record_every, params=p)
-    return torch.compile(rollout, mode=mode, dynamic=False)
-
-
 def _stepped(config: IdentificationConfig) -> str:
     """The model integrator the fine stage's rollouts step with ("ani" sub-steps semi_implicit)."""
     return config.fine_integrator if config.fine_integrator in MODEL_INTEGRATORS else "semi_implicit"
@@ -130,8 +121,6 @@ class RecurrentObjective:
         # on the CPU off by default (each stage's dt compiles anew, ~30 s for 100 steps)
         device_type = torch.device(device).type
         self.compile_training = (device_type == "cuda") if config.compile_training is None else config.compile_training
-        self._compile_mode = "reduce-overhead" if device_type == "cuda" else None
-        self._compiled_rollout = None
         self.substeps = 1         # per engine step, semi-implicit rollouts (see step_for)
 
     @staticmethod
@@ -197,15 +186,10 @@ class RecurrentObjective:
         if (self.native is not None and integrator == self.native.integrator and not torch.is_grad_enabled()
                 and x0.dtype in (torch.float32, torch.float64)):
             return self.native.rollout(x0, act, cmd, dt, record_every=record_every, params=p, wrenches=wrenches)
-        if self.compile_training and torch.is_grad_enabled() and integrator != "ani" and not self._functional:
-            if self._compiled_rollout is None:
-                self._compiled_rollout = compiled_rollout(self.engine, self._compile_mode)
-            # one compilation per integrator, dt and batch shape: Algorithm 1 has ~10 of them,
-            # past dynamo's default limit of 8 (after which it would run eager)
-            with torch._dynamo.config.patch(recompile_limit=64):
-                return self._compiled_rollout(x0, act, cmd, dt, integrator, wrenches, record_every, p)
+        # training rollouts step a torch.compile'd step (its backward compiled too) when asked
+        compile = self.compile_training and torch.is_grad_enabled() and integrator != "ani" and not self._functional
         return self.engine.rollout(x0, act, cmd, dt, integrator=integrator, wrenches=wrenches,
-                                   record_every=record_every, params=p)
+                                   record_every=record_every, params=p, compile=compile)
 
     def zero_motion_loss(self, data: TrainingData) -> float:
         """Loss of predicting 'nothing moves' (x_hat = x_t): the data's own motion scale, so
