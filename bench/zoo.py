@@ -216,7 +216,10 @@ def run_robot(name, base, args, out: Path) -> dict:
         _line(f"     published: {picked} (" + "; ".join(
             f"{name}: " + ", ".join(f"{r} {v.reason}" for r, v in vs.items()) for name, vs in verdicts.items()) + ")")
         identified[label], walls[label] = model, w1 + w2
-    structure = run_structure(z, hang["clean"], roll["clean"], cfg, identified) if args.structure else None
+    structure, structure_wall = (run_structure(z, hang["clean"], roll["clean"], cfg, identified) if args.structure
+                                 else (None, 0.0))
+    if args.structure:      # selection refits every candidate from the config: its own time on top
+        walls["structure"] = walls["identified"] + structure_wall
     peer = run_peer(z, hang["clean"], roll["clean"], args) if args.peer else {}
     for label, params in identified.items():      # for bench/zoo_control.py
         export_yaml(params, root / "models" / f"{label.replace(' ', '_')}.yaml",
@@ -261,9 +264,10 @@ def run_structure(z, hang: dict, roll: dict, cfg: dict, identified: dict) -> str
     nominal = PhysicalParameters(z.nominal)
     picked, model, _ = select([("structure, both stages", c), ("structure, hanging stage only", chosen)], nominal,
                               {"hanging": hang["val"], "rolling": roll["val"]})
-    _line(f"   structure: rolling stage {verdict}; published {picked}; {time.perf_counter() - t0:.0f} s in all")
+    wall = time.perf_counter() - t0
+    _line(f"   structure: rolling stage {verdict}; published {picked}; {wall:.0f} s in all")
     identified["structure"] = model
-    return sel.chosen.label if model is not nominal else "nominal"
+    return sel.chosen.label if model is not nominal else "nominal", wall
 
 
 def run_peer(z, hang: dict, roll: dict, args) -> dict:
@@ -291,24 +295,28 @@ def peer_summary(results: dict):
     """Issue 18's targets against the best mujoco.sysid configuration per robot and environment."""
     core = ("cable_stiffness", "cable_damping", "rod_mass", "actuator_time_constant")
     _line("\n== beside mujoco.sysid (best integrator per robot and environment, on held-out data)")
+    # the package's model: the selected structure when --structure ran, else the all-values fit
+    ours = "structure" if all("structure" in r["hanging"] for r in results.values()) else "identified"
     for env, horizons in (("hanging", HANG_HORIZONS), ("rolling", ROLL_HORIZONS)):
         for h in (0.1, 1.0):
-            ratios = []
-            for r in results.values():
-                best = min(v[h] for k, v in r[env].items() if k.startswith("sysid"))
-                ratios.append(r[env]["identified"][h] / best)
-            worst = max(ratios)
-            _line(f"   {env} {h:g} s ahead: package / best sysid per robot " + ", ".join(f"{x:.2f}" for x in ratios)
-                  + f"  TARGET every robot <= 0.8: {'MET' if worst <= 0.8 else 'NOT MET'}")
+            for label in dict.fromkeys(("identified", ours)):
+                ratios = []
+                for r in results.values():
+                    best = min(v[h] for k, v in r[env].items() if k.startswith("sysid"))
+                    ratios.append(r[env][label][h] / best)
+                verdict = (f"  TARGET every robot <= 0.8: {'MET' if max(ratios) <= 0.8 else 'NOT MET'}"
+                           if label == ours else "")
+                _line(f"   {env} {h:g} s ahead: package {label} / best sysid per robot "
+                      + ", ".join(f"{x:.2f}" for x in ratios) + verdict)
     for n in core:
         ours = np.median([r["rows"][n]["identified_err"] for r in results.values()])
         theirs = min(np.median([r["rows"][n][f"{k}_err"] for r in results.values()])
                      for k in results[next(iter(results))]["rows"][n] if k.startswith("sysid") and not k.endswith("err"))
         _line(f"   {n}: median error package {100 * ours:.2f} %, best sysid {100 * theirs:.2f} %  "
               f"TARGET no worse (0.1 point tolerance): {'MET' if ours <= theirs + 1e-3 else 'NOT MET'}")
-    wall = [r["walls"]["identified"] / min(v for k, v in r["walls"].items() if k.startswith("sysid"))
+    wall = [r["walls"][ours] / min(v for k, v in r["walls"].items() if k.startswith("sysid"))
             for r in results.values()]
-    _line("   wall time package / fastest sysid per robot: " + ", ".join(f"{x:.2f}" for x in wall)
+    _line(f"   wall time package ({ours}) / fastest sysid per robot: " + ", ".join(f"{x:.2f}" for x in wall)
           + f"  TARGET <= 0.5: {'MET' if max(wall) <= 0.5 else 'NOT MET'}")
 
 
