@@ -27,7 +27,9 @@ needs ``pip install -r bench/requirements-peer.txt`` and stops with that message
 inertia, winch speed, per-cable and per-rod values, each kept only if it predicts the
 validation trajectories better beyond noise), fits contact on top of it, and prints it as
 "structure" beside "identified" (every non-contact value learnt, semi-implicit), with the
-structure each robot revealed next to its true realisation (issue 19).
+structure each robot revealed next to its true realisation (issue 19). The all-values fit
+is a structure too: "structure" is whichever of the two predicts the validation data of
+both regimes better (1 s ahead, relative to the nominal model, mean over the regimes).
 
 ``--pose-only`` identifies a second time from the robot's mocap recording (noise, latency,
 jitter, dropped frames, no velocities) and evaluates it on the same clean held-out data.
@@ -252,7 +254,9 @@ def run_robot(name, base, args, out: Path) -> dict:
 
 def run_structure(z, hang: dict, roll: dict, cfg: dict, identified: dict) -> str:
     """Select the structure on the hanging data, fit contact on top of it, gate both stages
-    against the nominal model; adds "structure" to ``identified``; returns what was chosen."""
+    against the nominal model, then keep it or the all-values fit, whichever predicts both
+    regimes' validation data better; adds "structure" to ``identified``; returns (what was
+    chosen, seconds)."""
     t0 = time.perf_counter()
     sel = select_structure(z.nominal, hang["train"], hang["val"], idf.IdentificationConfig(**cfg))
     for line in sel.lines():
@@ -264,10 +268,28 @@ def run_structure(z, hang: dict, roll: dict, cfg: dict, identified: dict) -> str
     nominal = PhysicalParameters(z.nominal)
     picked, model, _ = select([("structure, both stages", c), ("structure, hanging stage only", chosen)], nominal,
                               {"hanging": hang["val"], "rolling": roll["val"]})
+    label = sel.chosen.label if model is not nominal else "nominal"
+    # The all-values fit is a structure too (every non-contact value free in the engine's own
+    # step): the published model is whichever of the two predicts both regimes' validation
+    # data better, each regime's 1 s error taken relative to the nominal model's (a model is
+    # used hanging and rolling; selection saw hanging data only).
+    held = {"hanging": hang["val"], "rolling": roll["val"]}
+    scores = {name: float(np.mean([validation_error(p, trajs) / validation_error(nominal, trajs)
+                                   for trajs in held.values()]))
+              for name, p in (("structure", model), ("all values", identified["identified"]))}
+    if scores["all values"] < scores["structure"]:
+        model, label = identified["identified"], f"all values (over {label})"
     wall = time.perf_counter() - t0
-    _line(f"   structure: rolling stage {verdict}; published {picked}; {wall:.0f} s in all")
+    _line(f"   structure: rolling stage {verdict}; published {picked}; validation error / nominal's, mean over "
+          f"hanging and rolling: " + ", ".join(f"{k} {v:.3f}" for k, v in scores.items()) + f": {label}; "
+          f"{wall:.0f} s in all")
     identified["structure"] = model
-    return sel.chosen.label if model is not nominal else "nominal", wall
+    return label, wall
+
+
+def validation_error(params, trajs) -> float:
+    """Mean CoM error 1 s ahead, restarted every 0.5 s."""
+    return float(np.mean(horizon_errors(params, trajs, (1.0,), stride=0.5)[1.0]))
 
 
 def run_peer(z, hang: dict, roll: dict, args) -> dict:
