@@ -195,7 +195,7 @@ class TensegrityEngine(nn.Module):
         fuses them into a few loops (measured here: 2.8x faster at batch 40, 2.5x at
         1000; a training epoch 2.5x). One step is compiled, not the unrolled rollout: a
         100-step rollout compiled whole had not finished compiling after 14 min on the CPU,
-        one step compiles in ~20-40 s. Compiled once per integrator, dt, dtype, batch shape
+        one step compiles in 30-60 s. Compiled once per integrator, dt, dtype, batch shape
         and grad mode; inductor's on-disk cache makes later processes start in seconds.
         """
         if integrator == "ani":
