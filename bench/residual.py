@@ -87,7 +87,7 @@ def novel_motions(z, models: dict, nets: dict, root: Path, seed: int) -> dict:
     out = {}
     for i, (label, (env, options, slope, regime)) in enumerate(NOVEL.items()):
         zz = dataclasses.replace(z, nominal=tilted(z.nominal, slope), truth=tilted(z.truth, slope)) if slope else z
-        where = root / "novel" / label.replace(" ", "_").replace(",", "")
+        where = root / "novel" / f"seed{seed}" / label.replace(" ", "_").replace(",", "")
         if not (where / env / "test").exists():
             ds.generate_dataset(zz.nominal, env, where, counts=NOVEL_COUNTS, seed=seed + 1000 + i, dense=False,
                                 truth=zz, **options)
@@ -192,7 +192,7 @@ def main(argv=None) -> int:
     for label in (NOVEL if args.novel else ()):
         got = {n: r["novel"][label] for n, r in results.items()}
         _line(f"   {label} (1 s ahead, mm): " + "; ".join(
-            f"{n} nominal {1e3 * r['nominal'][1.0]:.1f}, structure {1e3 * r['gated'][1.0]:.1f}, "
+            f"{n} nominal {1e3 * r['nominal'][1.0]:.1f}, physics (+ gated residual) {1e3 * r['gated'][1.0]:.1f}, "
             f"true values {1e3 * r['true values'][1.0]:.1f}, learned {1e3 * r['purely learned'][1.0]:.1f}"
             + (f", floor {1e3 * r['chaos floor'][1.0]:.1f}" if "chaos floor" in r else "") for n, r in got.items()))
         ahead = [r["gated"][1.0] < r["purely learned"][1.0] for r in got.values()]

@@ -508,6 +508,9 @@ def test_compiled_training_rollouts_give_the_eager_loss_and_gradient(superball, 
     assert not eager.objective.compile_training and compiled.objective.compile_training
     idx = torch.arange(8)
     results = []
+    from torch._dynamo.utils import counters
+
+    graphs = counters["stats"]["unique_graphs"]
     for tr in (eager, compiled):
         tr.params.set_value("cable_stiffness", 12000.0)
         p = tr.engine.param_values(torch.float64, "cpu")
@@ -515,6 +518,7 @@ def test_compiled_training_rollouts_give_the_eager_loss_and_gradient(superball, 
         loss.backward()
         results.append((loss.detach(), [getattr(tr.params, n).grad.clone() for n in tr.learn]))
     assert "semi_implicit" in compiled.objective.engine._compiled_steps and not eager.objective.engine._compiled_steps
+    assert counters["stats"]["unique_graphs"] > graphs        # a graph was compiled and ran
     torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-10, atol=0)
     assert float(results[0][0]) > 1e-6                                    # away from the truth
     for g_compiled, g_eager in zip(results[1][1], results[0][1]):

@@ -72,7 +72,7 @@ class IdentificationConfig:
                                         # in the C kernel on the CPU), "forward" (forward-mode AD, all
                                         # columns in one torch pass), None: forward on CUDA, else central
     compile_training: Optional[bool] = None # rollouts with gradient step a torch.compile'd engine step
-                                        # (forward and backward fused; 30-60 s to compile per
+                                        # (forward and backward fused; 27-60 s to compile per
                                         # integrator and batch shape, then a CPU epoch ~2.5x
                                         # faster); None: on CUDA only
     forward_backend: Optional[str] = None   # gradient-free rollouts (Levenberg-Marquardt residuals,

@@ -195,8 +195,9 @@ class TensegrityEngine(nn.Module):
         fuses them into a few loops (measured here: 2.8x faster at batch 40, 2.5x at
         1000; a training epoch 2.5x). One step is compiled, not the unrolled rollout: a
         100-step rollout compiled whole had not finished compiling after 14 min on the CPU,
-        one step compiles in 30-60 s. Compiled once per integrator, dt, dtype, batch shape
-        and grad mode; inductor's on-disk cache makes later processes start in seconds.
+        one step compiles in 27-60 s. Compiled once per integrator, dt, dtype, input shapes
+        and grad state (with or without pushes, the first step's inputs apart); inductor's
+        on-disk cache makes later processes start in seconds.
         """
         if integrator == "ani":
             raise ValueError("compile=True supports 'semi_implicit' and 'implicit' (ANI picks its "
@@ -233,21 +234,21 @@ class TensegrityEngine(nn.Module):
         if compile:
             if not torch.is_grad_enabled():
                 p = {k: v.detach() for k, v in p.items()}
-            compiled = self._compiled_step(integrator)
-
-            def step(*args):
-                # one compilation per integrator, dt, shape and grad mode: identification's
-                # schedule has ~10 of them, past dynamo's default limit of 8 (then: eager)
-                with torch._dynamo.config.patch(recompile_limit=64):
-                    return compiled(*args)
+            step = self._compiled_step(integrator)
         else:
             step = eager
         S = state.transpose(-1, -2).contiguous() if compile else state.transpose(-1, -2)
         wr = None if wrenches is None else wrenches.transpose(-1, -2)      # [..., S, 6, R]
         if checkpoint_every and torch.is_grad_enabled():
-            # Checkpointing only serves backward, which compile=True is not for: always eager.
+            if compile:
+                raise ValueError("checkpoint_every recomputes steps in eager torch: use it without compile=True")
             states, acts = rollouts.run_checkpointed(eager, S, act, commands, dt, wr, p, record_every,
                                                      checkpoint_every)
+        elif compile:
+            # one compilation per integrator, dt, dtype, input shapes and grad state: identification's
+            # schedule has ~10 of them, past dynamo's default limit of 8 (then: eager)
+            with torch._dynamo.config.patch(recompile_limit=64):
+                states, acts = rollouts.run(step, S, act, commands, dt, wr, p, record_every)
         else:
             states, acts = rollouts.run(step, S, act, commands, dt, wr, p, record_every)
         return states.transpose(-1, -2), acts
