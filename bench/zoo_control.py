@@ -152,6 +152,34 @@ def models_for(z, name: str, models_root: Path, robot_name: str, wait: float = 0
     return models
 
 
+def issue19_check(results: dict, tasks, names) -> bool:
+    """Issue 19's MPPI target from the results (also re-runnable on a saved zoo_control.json)."""
+    print("\n== issue 19: MPPI on the selected structure (+ a gated residual when bench/residual.py kept one) "
+          "against the true values, on the model-sensitive tasks (nominal below the true values in success, "
+          "or more than 1.2x their time to success)")
+    checks = []
+    for task in tasks:
+        for name in names:
+            r = results[name][task]
+            best = next((k for k in ("structure + residual", "structure", "identified") if k in r), None)
+            rate = {k: v["success_rate"] for k, v in r.items()}
+            when = {k: mean_time(v["runs"]) for k, v in r.items()}
+            sensitive = rate["nominal"] < rate["true values"] or (
+                rate["nominal"] > 0 and rate["true values"] > 0 and when["nominal"] > 1.2 * when["true values"])
+            if not sensitive or best is None:
+                continue
+            # as successful as the true values, and (where they succeed) not much slower
+            ok = rate[best] >= rate["true values"] and not (when[best] > 1.2 * when["true values"])
+            checks.append(ok)
+            print(f"   {task:22s} {name:14s} nominal {100 * rate['nominal']:3.0f} % ({when['nominal']:.1f} s), "
+                  f"{best} {100 * rate[best]:3.0f} % ({when[best]:.1f} s), true values "
+                  f"{100 * rate['true values']:3.0f} % ({when['true values']:.1f} s): {'ok' if ok else 'below'}")
+    print(f"   TARGET success >= the true values' (and time to success <= 1.2x theirs) on every "
+          f"model-sensitive task ({len(checks)}): "
+          f"{'MET' if checks and all(checks) else 'NOT MET'}")
+    return bool(checks) and all(checks)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--robot", default="three_bar")
@@ -199,29 +227,7 @@ def main(argv=None) -> int:
                   + f"  identified >= 90 % of true values: {verdict}")
         print(f"   {task}: TARGET identified >= 90 % of true values on every robot where the true values "
               f"succeed ({len(rows)} of {len(names)}): {'MET' if rows and all(rows) else 'NOT MET'}")
-    print("\n== issue 19: MPPI on the selected structure (+ a gated residual when bench/residual.py kept one) "
-          "against the true values, on the model-sensitive tasks (nominal below the true values in success, "
-          "or more than 1.2x their time to success)")
-    checks = []
-    for task in tasks:
-        for name in names:
-            r = results[name][task]
-            best = next((k for k in ("structure + residual", "structure", "identified") if k in r), None)
-            rate = {k: v["success_rate"] for k, v in r.items()}
-            when = {k: mean_time(v["runs"]) for k, v in r.items()}
-            sensitive = rate["nominal"] < rate["true values"] or (
-                rate["nominal"] > 0 and rate["true values"] > 0 and when["nominal"] > 1.2 * when["true values"])
-            if not sensitive or best is None:
-                continue
-            # as successful as the true values, and (where they succeed) not much slower
-            ok = rate[best] >= rate["true values"] and not (when[best] > 1.2 * when["true values"])
-            checks.append(ok)
-            print(f"   {task:22s} {name:14s} nominal {100 * rate['nominal']:3.0f} % ({when['nominal']:.1f} s), "
-                  f"{best} {100 * rate[best]:3.0f} % ({when[best]:.1f} s), true values "
-                  f"{100 * rate['true values']:3.0f} % ({when['true values']:.1f} s): {'ok' if ok else 'below'}")
-    print(f"   TARGET success >= the true values' (and time to success <= 1.2x theirs) on every "
-          f"model-sensitive task ({len(checks)}): "
-          f"{'MET' if checks and all(checks) else 'NOT MET'}")
+    issue19_check(results, tasks, names)
     print(f"\nTOTAL wall time {time.perf_counter() - t0:.0f} s")
     out = Path(args.out) / base.name
     out.mkdir(parents=True, exist_ok=True)
