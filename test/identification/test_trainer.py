@@ -524,3 +524,27 @@ def test_compiled_training_rollouts_give_the_eager_loss_and_gradient(superball, 
     for g_compiled, g_eager in zip(results[1][1], results[0][1]):
         assert float(g_eager.abs().max()) > 0
         torch.testing.assert_close(g_compiled, g_eager, rtol=1e-8, atol=0)
+
+
+def test_cli_compile_flag_reaches_the_trainer(tmp_path, monkeypatch):
+    """``--compile on|off|auto`` sets ``compile_training`` (auto: the config's device default)."""
+    import tensegrity_engine.identification as identification
+
+    out = tmp_path / "runs"
+    assert cli_main(["generate", "--robot", "three_bar", "--out", str(out), "--env", "noncontact",
+                     "--counts", "1,1,0", "--duration", "0.2", "--period", "0.02", "--no-dense"]) == 0
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def trainer(robot, cfg, **kw):
+        seen.append(cfg.compile_training)
+        raise Stop
+
+    monkeypatch.setattr(identification, "ProgressiveTrainer", trainer)
+    for flag in ("on", "off", "auto"):
+        with pytest.raises(Stop):
+            cli_main(["identify", "--data", str(out / "noncontact"), "--out", str(tmp_path / flag), "--period",
+                      "0.02", "--quiet", "--learn", "cable_stiffness", "--compile", flag])
+    assert seen == [True, False, None]

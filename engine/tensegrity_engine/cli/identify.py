@@ -151,7 +151,8 @@ def cmd_identify(args) -> int:
         max_stage_epochs=args.max_stage_epochs or None, max_epochs=args.max_epochs,
         max_seconds=args.max_seconds, batch_size=args.batch_size, epoch_tuples=args.epoch_tuples or None,
         val_tuples=args.val_tuples or None, seed=args.seed, n_starts=args.starts,
-        fine_optimizer=args.fine_optimizer, init=args.init)
+        fine_optimizer=args.fine_optimizer, init=args.init,
+        compile_training={"auto": None, "on": True, "off": False}[args.compile])
     dtype = {"float64": torch.float64, "float32": torch.float32}[args.dtype]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -386,6 +387,10 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--seed", type=int, default=0)
     i.add_argument("--device", default="cpu")
     i.add_argument("--dtype", default="float64", choices=["float64", "float32"])
+    i.add_argument("--compile", default="auto", choices=["auto", "on", "off"],
+                   help="gradient epochs step a torch.compile'd engine step (2.5x faster per epoch on the CPU, "
+                        "after 27-60 s of compiling per integrator and batch shape: worth it for long runs); "
+                        "auto: on CUDA only")
     i.add_argument("--threads", type=int, default=2)
     i.add_argument("--truth", help="the robot's true values for the report, when known: twin, zoo/<name> or a "
                                    "robot YAML (default: what generated data says it came from)")
