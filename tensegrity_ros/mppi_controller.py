@@ -52,6 +52,15 @@ from .diagnostics import Diagnostics
 from .params import declare, load_robot
 
 
+def report_inactive_residual(node) -> None:
+    """After a model swap: say when the residual (``residual_file``) no longer applies."""
+    dyn = node.mpc.dynamics
+    if getattr(dyn, "residual", None) is not None and not dyn.residual_active:
+        node.diag.count("residual_inactive_swaps")
+        node.get_logger().warning("the residual was trained on other physics than the model just swapped in: "
+                                  "planning with physics alone until that model returns")
+
+
 class MppiControllerNode(Node):
     def __init__(self, **kwargs):
         super().__init__("mppi_controller", **kwargs)
@@ -277,6 +286,7 @@ class MppiControllerNode(Node):
         self.rt.set_model(params)
         self.model_stage = stage or "identified"
         self.diag.count("models_swapped")
+        report_inactive_residual(self)
         converged = any(k in (stage or "").lower() for k in ("converged", "done", "final"))
         if self.mode == "excitation" and (self.excite_until == "first" or
                                           (self.excite_until == "converged" and converged)):

@@ -41,3 +41,36 @@ def test_planning_rollouts_apply_the_residual_every_control_step():
     torch.testing.assert_close(planned, reference, rtol=1e-9, atol=1e-12)
     dyn.set_residual(None)
     torch.testing.assert_close(dyn(rest, act0, plans), plain)
+
+
+def test_a_residual_is_applied_only_on_the_physics_it_was_trained_on(tmp_path):
+    """A residual records its physics (`physics_fingerprint`, kept through its file); a model
+    swapped in by identification leaves it inactive instead of misapplied."""
+    from tensegrity_engine.physics.residual import load_residual, physics_fingerprint, save_residual
+
+    robot = load_robot("three_bar")
+    rest, act0 = environments.rest_pose(robot)
+    plans = torch.as_tensor(np.random.default_rng(1).uniform(robot.command_low, robot.command_high,
+                                                             (3, 4, robot.num_actuated)))
+    base, heavy = PhysicalParameters(robot), PhysicalParameters(robot, values={"rod_mass": 3.0})
+    assert physics_fingerprint(base) != physics_fingerprint(heavy)
+    torch.manual_seed(0)
+    model = ResidualModel(robot, hidden=8)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.2)
+        model.scale.fill_(1e-3)
+    model.physics = physics_fingerprint(base)
+    save_residual(model, robot, tmp_path / "r.safetensors")
+    loaded = load_residual(robot, tmp_path / "r.safetensors")
+    assert loaded.physics == model.physics
+    dyn = EngineDynamics(robot, base, dtype=torch.float64)
+    plain = dyn(rest, act0, plans)
+    dyn.set_residual(loaded)
+    assert dyn.residual_active and (dyn(rest, act0, plans) - plain).abs().max() > 1e-4
+    dyn.set_params(heavy)                                   # identification swaps the physics
+    assert not dyn.residual_active
+    alone = EngineDynamics(robot, heavy, dtype=torch.float64)
+    torch.testing.assert_close(dyn(rest, act0, plans), alone(rest, act0, plans))
+    dyn.set_params(PhysicalParameters(robot))               # the same values again: active again
+    assert dyn.residual_active

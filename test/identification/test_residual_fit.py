@@ -14,7 +14,7 @@ from tensegrity_engine.identification.evaluation import horizon_errors
 from tensegrity_engine.identification.residual_fit import fit_residual, judge_residual, residual_horizon_errors
 from tensegrity_engine.physics.config import load_robot
 from tensegrity_engine.physics.params import PhysicalParameters
-from tensegrity_engine.physics.residual import ResidualModel
+from tensegrity_engine.physics.residual import ResidualModel, physics_fingerprint
 
 torch.set_num_threads(2)
 H = (0.1, 0.5, 1.0)
@@ -38,6 +38,7 @@ def test_residual_learns_what_the_physics_misses(end_heavy):
     nominal = PhysicalParameters(base)
     fit = fit_residual(nominal, split["train"], split["val"], epochs=300)
     assert fit.val_loss < 0.95 * fit.val_start
+    assert fit.model.physics == physics_fingerprint(nominal)      # what it corrects, recorded
     physics = residual_horizon_errors(nominal, None, split["test"], H)
     reference = horizon_errors(nominal, split["test"], H)          # the rollout without residual is the engine's
     np.testing.assert_allclose(physics[1.0], reference[1.0], rtol=1e-9)

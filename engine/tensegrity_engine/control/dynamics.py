@@ -19,6 +19,7 @@ from tensegrity_engine.physics.config import MODEL_INTEGRATORS, RobotConfig
 from tensegrity_engine.physics.engine import TensegrityEngine
 from tensegrity_engine.physics.graphs import GRAPH_INTEGRATORS, CapturedRollout
 from tensegrity_engine.physics.params import PhysicalParameters
+from tensegrity_engine.physics.residual import physics_fingerprint
 from tensegrity_engine.physics.stability import stable_substeps
 
 _ENGINES: dict = {}
@@ -151,6 +152,7 @@ class EngineDynamics:
             if self.backend == "native":
                 self._native = type(self._native)(self.engine, threads=self.threads, integrator=self.integrator)
         self._params = params
+        self._physics_id = physics_fingerprint(params)
         with torch.no_grad():
             self._p = {k: v.detach().to(dtype=self.dtype, device=self.device)
                        for k, v in params.values().items()}
@@ -180,7 +182,9 @@ class EngineDynamics:
     def set_residual(self, model) -> None:
         """Plan with physics + a learned residual (`physics.residual.ResidualModel`, trained
         for one control period): every control step is a physics segment followed by the
-        correction. None: physics alone."""
+        correction. None: physics alone. A residual that records the physics it was trained
+        on is applied only while the planner plans with that physics (`residual_active`): a
+        model swapped in by identification leaves it inactive, not misapplied."""
         if model is not None:
             if not model.use_physics:
                 raise ValueError("a purely learned model has no physics to plan with")
@@ -189,6 +193,12 @@ class EngineDynamics:
                                  f"{self.control_dt} s")
             model = copy.deepcopy(model).to(dtype=self.dtype, device=self.device).eval()   # the caller's stays
         self.residual = model
+
+    @property
+    def residual_active(self) -> bool:
+        """A residual is set, and trained on the physics planned with now (or not recorded)."""
+        r = self.residual
+        return r is not None and (r.physics is None or r.physics == self._physics_id)
 
     def _with_residual(self, s, a, fine) -> torch.Tensor:
         """Rollouts [N, H, R, 13] of engine-step commands ``fine`` [N, H * substeps, A], the
@@ -231,7 +241,7 @@ class EngineDynamics:
         for that long."""
         plans = as_tensor(plans, self.dtype, self.device)
         N, H, A = plans.shape
-        if self.residual is not None:
+        if self.residual_active:
             s = as_tensor(state0, self.dtype, self.device).expand(N, -1, -1).contiguous()
             a = as_tensor(act0, self.dtype, self.device).expand(N, A).contiguous()
             fine = self._timed(plans, self.in_force) if self.delay else plans.repeat_interleave(self.substeps, dim=1)

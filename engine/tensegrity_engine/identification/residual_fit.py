@@ -25,7 +25,7 @@ from tensegrity_engine.identification.dataset import Trajectory
 from tensegrity_engine.identification.evaluation import filtered_commands, model_substeps
 from tensegrity_engine.physics.engine import TensegrityEngine
 from tensegrity_engine.physics.params import PhysicalParameters
-from tensegrity_engine.physics.residual import ResidualModel, constant_velocity
+from tensegrity_engine.physics.residual import ResidualModel, constant_velocity, physics_fingerprint
 from tensegrity_engine.physics.state import ANG_VEL, LIN_VEL, POS, QUAT
 
 __all__ = ["PeriodSamples", "period_samples", "fit_residual", "residual_horizon_errors", "ResidualFit",
@@ -227,6 +227,7 @@ def fit_residual(params: PhysicalParameters, train: Sequence[Trajectory], val: S
                 lambda: _unrolled_loss(model, physics, va, val_chains, unroll, period, free),
                 unroll_epochs, max(4, patience // 4), batch_size, gen)
     model.eval()
+    model.physics = physics_fingerprint(params)
     log(f"residual ({'physics' if use_physics else 'pure'}): one-period val loss {val_start:.3g} -> {first:.3g} "
         f"(train start {train_start:.3g}) in {epoch} epochs; {unroll}-period unrolled val loss {best:.3g}")
     return ResidualFit(model, train_start, val_start, first, epoch, time.perf_counter() - t0)

@@ -33,7 +33,8 @@ from tensegrity_engine.physics.config import RobotConfig
 from tensegrity_engine.physics.state import (ANG_VEL, LIN_VEL, POS, QUAT, end_nodes, quat_axis, quat_from_rotvec,
                                              quat_multiply)
 
-__all__ = ["ResidualModel", "ROD_FEATURES", "EDGE_FEATURES", "constant_velocity", "save_residual", "load_residual"]
+__all__ = ["ResidualModel", "ROD_FEATURES", "EDGE_FEATURES", "constant_velocity", "physics_fingerprint",
+           "save_residual", "load_residual"]
 
 ROD_FEATURES = 21
 EDGE_FEATURES = 6
@@ -73,6 +74,9 @@ class ResidualModel(nn.Module):
         super().__init__()
         self.use_physics = bool(use_physics)
         self.period = float(period)        # s: the control period it corrects, and only that
+        # `physics_fingerprint` of the model it was trained on top of (None: not recorded): a
+        # correction means nothing on top of other physics
+        self.physics = None
         self.hidden = int(hidden)
         R = robot.num_rods
         ends = torch.as_tensor(robot.cable_ends, dtype=torch.long)          # [C, 2, 2] (rod, end)
@@ -154,9 +158,19 @@ def constant_velocity(x0: torch.Tensor, period: float) -> torch.Tensor:
     return torch.cat([x0[..., POS] + period * x0[..., LIN_VEL], q, x0[..., 7:13]], -1)
 
 
+def physics_fingerprint(params) -> str:
+    """What a residual is trained on top of: a `PhysicalParameters`' integrator and every
+    value (10 significant digits, so a round trip through YAML keeps it)."""
+    import hashlib
+    import json
+
+    values = {name: [float(f"{float(x):.10g}") for x in v] for name, v in sorted(params.as_dict().items())}
+    return hashlib.sha1(json.dumps([params.robot.integrator, values]).encode()).hexdigest()[:16]
+
+
 def save_residual(model: ResidualModel, robot: RobotConfig, path) -> None:
-    """One safetensors file: the weights and scales, the network's shape and the topology
-    fingerprint it was trained on (metadata, JSON); nothing is pickled."""
+    """One safetensors file: the weights and scales, the network's shape, the topology
+    fingerprint and the physics it was trained on (metadata, JSON); nothing is pickled."""
     import json
 
     from safetensors.torch import save_file
@@ -166,7 +180,8 @@ def save_residual(model: ResidualModel, robot: RobotConfig, path) -> None:
     tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()
                if k not in ("cable_rod", "cable_end", "other", "half_length", "free")}
     meta = {"format": "tensegrity_residual/1", "topology": topology_fingerprint(robot),
-            "config": json.dumps(model.config()), "ground_height": repr(model.ground_height)}
+            "config": json.dumps(model.config()), "ground_height": repr(model.ground_height),
+            "physics": model.physics or ""}
     save_file(tensors, str(path), metadata=meta)
 
 
@@ -195,4 +210,5 @@ def load_residual(robot: RobotConfig, path, fixed_rods: tuple = (), *, any_topol
     if missing:
         raise ValueError(f"{path}: missing tensors {sorted(missing)}")
     model.load_state_dict({**model.state_dict(), **state})
+    model.physics = meta.get("physics") or None
     return model.eval()
