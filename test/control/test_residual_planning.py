@@ -13,6 +13,17 @@ from tensegrity_engine.physics.params import PhysicalParameters
 from tensegrity_engine.physics.residual import ResidualModel
 
 
+def _random_residual(robot) -> ResidualModel:
+    """A residual whose corrections are clearly not zero (seeded)."""
+    torch.manual_seed(0)
+    model = ResidualModel(robot, hidden=8)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.2)
+        model.scale.fill_(1e-3)
+    return model
+
+
 def test_planning_rollouts_apply_the_residual_every_control_step():
     robot = load_robot("three_bar")
     rest, act0 = environments.rest_pose(robot)
@@ -24,12 +35,7 @@ def test_planning_rollouts_apply_the_residual_every_control_step():
     zero = ResidualModel(robot)
     dyn.set_residual(zero)
     torch.testing.assert_close(dyn(rest, act0, plans), plain, rtol=1e-12, atol=1e-12)   # starts as the physics
-    torch.manual_seed(0)
-    model = ResidualModel(robot, hidden=8)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.2)
-        model.scale.fill_(1e-3)
+    model = _random_residual(robot)
     dyn.set_residual(model)
     planned = dyn(rest, act0, plans)
     assert (planned - plain).abs().max() > 1e-4
@@ -54,12 +60,7 @@ def test_a_residual_is_applied_only_on_the_physics_it_was_trained_on(tmp_path):
                                                              (3, 4, robot.num_actuated)))
     base, heavy = PhysicalParameters(robot), PhysicalParameters(robot, values={"rod_mass": 3.0})
     assert physics_fingerprint(base) != physics_fingerprint(heavy)
-    torch.manual_seed(0)
-    model = ResidualModel(robot, hidden=8)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.2)
-        model.scale.fill_(1e-3)
+    model = _random_residual(robot)
     model.physics = physics_fingerprint(base)
     save_residual(model, robot, tmp_path / "r.safetensors")
     loaded = load_residual(robot, tmp_path / "r.safetensors")
