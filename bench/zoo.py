@@ -274,8 +274,8 @@ def run_structure(z, hang: dict, roll: dict, cfg: dict, identified: dict) -> tup
     # data better, each regime's 1 s error taken relative to the nominal model's (a model is
     # used hanging and rolling; selection saw hanging data only).
     held = {"hanging": hang["val"], "rolling": roll["val"]}
-    scores = {name: float(np.mean([validation_error(p, trajs) / validation_error(nominal, trajs)
-                                   for trajs in held.values()]))
+    base = {regime: validation_error(nominal, trajs) for regime, trajs in held.items()}
+    scores = {name: float(np.mean([validation_error(p, trajs) / base[regime] for regime, trajs in held.items()]))
               for name, p in (("structure", model), ("all values", identified["identified"]))}
     if scores["all values"] < scores["structure"]:
         model, label = identified["identified"], f"all values (over {label})"

@@ -158,7 +158,7 @@ def cmd_identify(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     # the model a fit replaces: --initial's values, else the robot config's (also with --structure,
     # whose selection fits are candidates, not the user's model)
-    replaced = PhysicalParameters.keeping_elements(_robot(args.initial) if args.initial else robot)
+    replaced = PhysicalParameters.keeping_elements(initial.robot if initial is not None else robot)
     if args.structure:
         robot, cfg, initial = _select_structure(args, robot, cfg, initial, train, val, out)
     trainer = ProgressiveTrainer(robot, cfg, device=args.device, dtype=dtype, initial=initial,

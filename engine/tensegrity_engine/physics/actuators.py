@@ -66,12 +66,14 @@ class LimitedFilterScan(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a0, commands, h, tau, max_speed):
         tau_a, v_a = tau.expand(commands.shape[-1]), max_speed.expand(commands.shape[-1])
-        a, states, parts = a0, [a0], []
+        a, states, parts = a0, [a0], ([], [], [], [])        # d_a, d_u, d_tau, d_v per stretch
         for i in range(commands.shape[1]):
             a, *d = _limited_step(a, commands[:, i], tau_a, v_a, h[:, i, None])
             states.append(a)
-            parts.append(torch.stack(d))
-        ctx.save_for_backward(torch.stack(parts, 1) if parts else a0.new_zeros(4, 0, *a0.shape), tau, max_speed)
+            for kept, x in zip(parts, d):
+                kept.append(x)
+        stacked = torch.stack([torch.stack(k) for k in parts]) if states[1:] else a0.new_zeros(4, 0, *a0.shape)
+        ctx.save_for_backward(stacked, tau, max_speed)
         return torch.stack(states, 1)
 
     @staticmethod

@@ -23,11 +23,8 @@ def raw_vector(params, names) -> torch.Tensor:
 
 @torch.no_grad()
 def set_raw_vector(params, names, theta: torch.Tensor) -> None:
-    i = 0
-    for n in names:
-        raw = getattr(params, n)
-        raw.copy_(theta[i:i + raw.numel()].reshape(raw.shape))
-        i += raw.numel()
+    for n, value in split_raw(params, names, theta).items():
+        getattr(params, n).copy_(value)
 
 
 def residual_jacobian(residual, theta0: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
@@ -106,11 +103,15 @@ class TupleLevenbergMarquardt:
         self.config = config
         self.lm_lambda = 1e-3
 
+    @staticmethod
+    def _residual_of(run, idx: torch.Tensor):
+        """The tuple residuals of parameter values ``p`` (a dict) on the tuples ``idx``."""
+        return lambda p: run.objective.residuals(run.train, idx, p, run.schedule.n_steps, run.integrator)
+
     @torch.no_grad()
     def _residual(self, run, theta: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         set_raw_vector(run.params, run.learn, theta)
-        p = run.engine.param_values(run.dtype, run.device)
-        return run.objective.residuals(run.train, idx, p, run.schedule.n_steps, run.integrator)
+        return self._residual_of(run, idx)(run.engine.param_values(run.dtype, run.device))
 
     def epoch(self, run) -> dict:
         cfg = self.config
@@ -123,8 +124,7 @@ class TupleLevenbergMarquardt:
         if not math.isfinite(f0):
             diverged = True
         else:
-            J = parameter_jacobian(
-                run, theta0, lambda p: run.objective.residuals(run.train, idx, p, run.schedule.n_steps, run.integrator))
+            J = parameter_jacobian(run, theta0, self._residual_of(run, idx))
             ok = bool(torch.isfinite(J).all())
             g, H = J.T @ r0, J.T @ J
             d = H.diagonal().clamp(min=1e-12 * float(H.diagonal().max().clamp(min=1e-300)))
