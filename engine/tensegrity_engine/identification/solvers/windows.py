@@ -35,6 +35,7 @@ from tensegrity_engine.identification.solvers.levenberg_marquardt import (bounde
 
 SCORE_CLUSTERS = 10     # groups of consecutive windows behind the cluster-robust sigma
 EPS = 1e-6              # forward-difference step (raw parameter units; m/s and rad/s for latents)
+LATENT_SWEEPS = 3       # per iteration: Gauss-Newton sweeps on the latents alone (`_polish_latents`)
 
 
 def chain_windows(nxt, width: int) -> tuple[np.ndarray, int]:
@@ -224,7 +225,11 @@ class WindowLevenbergMarquardt:
         f0 = float((r0 ** 2).sum())
         diverged, accepted, f, step = not math.isfinite(f0), False, f0, math.inf
         if not diverged:
-            A, B = self._param_jacobian(run, theta0, windows, vel, r0), self._latent_blocks(run, theta0, r0)
+            B = self._latent_blocks(run, theta0, r0)
+            vel, r0 = self._polish_latents(run, theta0, B, vel, r0)
+            self.window_vel = vel
+            f0 = float((r0 ** 2).sum())
+            A = self._param_jacobian(run, theta0, windows, vel, r0)
             ok = bool(torch.isfinite(A).all() and torch.isfinite(B).all())
             At, Bt = A.transpose(1, 2), B.transpose(1, 2)
             AtA, AtB, BtB = At @ A, At @ B, Bt @ B
@@ -252,7 +257,8 @@ class WindowLevenbergMarquardt:
                     vel_new = vel_new.reshape(vel.shape)
                     theta = theta0 + delta
                     if float(theta.abs().max()) <= cfg.max_raw:
-                        f = float((self._residual(run, theta, windows, vel_new) ** 2).sum())
+                        vel_new, r_new = self._trial_latents(run, theta, B, vel, vel_new)
+                        f = float((r_new ** 2).sum())
                         if math.isfinite(f) and f < f0:
                             accepted = True
                             step = float(delta.abs().max())
@@ -266,6 +272,54 @@ class WindowLevenbergMarquardt:
         val = f if math.isfinite(f) else math.inf
         return {"loss": f, "val_loss": val, "tuples": len(windows), "diverged": diverged,
                 "lm_lambda": self.lm_lambda, "lm_accepted": accepted, "step": step}
+
+    @torch.no_grad()
+    def _trial_latents(self, run, theta, B, vel_old, vel_joint):
+        """The latents a trial parameter step is judged with: per window the better of the
+        joint step's latents and the current ones, then polished (`_polish_latents`). So
+        the step is judged on the objective with the latents (nearly) minimised, as the
+        Schur-reduced model predicts it, not on a few windows whose latent step from a
+        reused Jacobian overshot (measured: the twin on the floor rejected every step of
+        2e-4 in raw units, the actual loss rising where the model predicted a 12 % fall)."""
+        r_joint = self._residual(run, theta, self.windows, vel_joint)
+        r_old = self._residual(run, theta, self.windows, vel_old)
+        f_joint, f_old = (r_joint ** 2).sum(-1), (r_old ** 2).sum(-1)
+        take = torch.isfinite(f_joint) & ~(f_joint > f_old)
+        vel = torch.where(take[:, None, None], vel_joint, vel_old)
+        r = torch.where(take[:, None], r_joint, r_old)
+        return self._polish_latents(run, theta, B, vel, r, sweeps=1)
+
+    @torch.no_grad()
+    def _polish_latents(self, run, theta, B, vel, r0, sweeps: int = LATENT_SWEEPS):
+        """Gauss-Newton on each window's latent velocities alone, the parameters fixed, with
+        the cached latent blocks B; a window keeps its step only if its own residual falls.
+        The joint step accepts or rejects all windows at once, so on contact data (where a
+        few windows' residuals are rough in their latents) its damping grows until no window
+        moves: the latents then stay far from their optimum and the parameters compensate
+        (measured: a SUPERball twin on the floor, its latents re-fitted with the parameters
+        fixed, dropped the objective 0.67 -> 0.21). One batched rollout per sweep."""
+        f0 = (r0 ** 2).sum(-1)
+        Bt = B.transpose(1, 2)
+        BtB = Bt @ B
+        d = BtB.diagonal(dim1=1, dim2=2)
+        d = torch.maximum(d, 1e-6 * d.amax(-1, keepdim=True))
+        mu = torch.full_like(f0, 1e-3)
+        for _ in range(sweeps):
+            try:
+                step = -torch.linalg.solve(BtB + mu[:, None, None] * torch.diag_embed(d), Bt @ r0[..., None])[..., 0]
+            except RuntimeError:
+                break
+            trial = vel.flatten(1).clone()
+            trial[:, self.latent_cols] += torch.nan_to_num(step)
+            trial = trial.reshape(vel.shape)
+            r1 = self._residual(run, theta, self.windows, trial)
+            f1 = (r1 ** 2).sum(-1)
+            better = torch.isfinite(f1) & (f1 < f0)
+            vel = torch.where(better[:, None, None], trial, vel)
+            r0 = torch.where(better[:, None], r1, r0)
+            f0 = torch.where(better, f1, f0)
+            mu = torch.where(better, mu / 3.0, mu * 10.0).clamp(1e-9, 1e9)
+        return vel, r0
 
     def _keep_information(self, theta0, AtA, AtB, BtB, Atr, Btr, f0, r0) -> None:
         """What the uncertainty needs at ``theta0``, the latents eliminated: the reduced
