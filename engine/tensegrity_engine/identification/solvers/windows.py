@@ -310,7 +310,7 @@ class WindowLevenbergMarquardt:
             except RuntimeError:
                 break
             trial = vel.flatten(1).clone()
-            trial[:, self.latent_cols] += torch.nan_to_num(step)
+            trial[:, self.latent_cols] += torch.where(torch.isfinite(step), step, torch.zeros_like(step))
             trial = trial.reshape(vel.shape)
             r1 = self._residual(run, theta, self.windows, trial)
             f1 = (r1 ** 2).sum(-1)
