@@ -567,15 +567,17 @@ def test_window_latents_are_polished_per_window_and_trials_judged_on_the_better_
     p = tr.engine.param_values(torch.float64, "cpu")
     with torch.no_grad():
         r_fd = tr.objective.window_residual(tr.train, lm.windows, lm.window_vel, p)
-    B = lm._latent_blocks(tr, theta, r_fd)
-    vel, r = lm._polish_latents(tr, theta, B, lm.window_vel, r_fd)
+    from tensegrity_engine.identification.solvers.windows import latent_normal
+
+    normal = latent_normal(lm._latent_blocks(tr, theta, r_fd))
+    vel, r = lm._polish_latents(tr, theta, normal, lm.window_vel, r_fd)
     f_fd, f_pol = (r_fd ** 2).sum(-1), (r ** 2).sum(-1)
     assert bool((f_pol <= f_fd).all())
     assert float(f_pol.sum()) < 0.2 * float(f_fd.sum())        # finite-difference starts are far off
     # a trial: a "joint" latent step that overshoots on half of the windows
     kick = vel.clone()
     kick[::2] += 0.05
-    v_new, r_new = lm._trial_latents(tr, theta, B, vel, kick)
+    v_new, r_new = lm._trial_latents(tr, theta, normal, vel, kick)
     with torch.no_grad():
         f_kick = (tr.objective.window_residual(tr.train, lm.windows, kick, p) ** 2).sum(-1)
     f_new = (r_new ** 2).sum(-1)

@@ -76,6 +76,32 @@ def latent_jacobian(residual, windows: torch.Tensor, vel: torch.Tensor, r0: torc
     return torch.cat(blocks)
 
 
+def latent_normal(B: torch.Tensor):
+    """(B', B'B, its diagonal floored at 1e-6 of the largest) per window, from the latent
+    blocks B [N, M, L]. Spin about a rod axis moves no node: the floor keeps it solvable."""
+    Bt = B.transpose(1, 2)
+    BtB = Bt @ B
+    d = BtB.diagonal(dim1=1, dim2=2)
+    return Bt, BtB, torch.maximum(d, 1e-6 * d.amax(-1, keepdim=True))
+
+
+@torch.no_grad()
+def latent_step(residual, windows, vel, r0, f0, cols, normal, damping: torch.Tensor):
+    """One damped Gauss-Newton step on each window's latents ``cols`` (``normal`` from
+    `latent_normal`, ``damping`` [N] per window), kept only by the windows whose own residual
+    falls -> (vel, r0, f0, better)."""
+    Bt, BtB, d = normal
+    step = -torch.linalg.solve(BtB + damping[:, None, None] * torch.diag_embed(d), Bt @ r0[..., None])[..., 0]
+    trial = vel.flatten(1).clone()
+    trial[:, cols] += torch.where(torch.isfinite(step), step, torch.zeros_like(step))
+    trial = trial.reshape(vel.shape)
+    r1 = residual(windows, trial)
+    f1 = (r1 ** 2).sum(-1)
+    better = torch.isfinite(f1) & (f1 < f0)
+    return (torch.where(better[:, None, None], trial, vel), torch.where(better[:, None], r1, r0),
+            torch.where(better, f1, f0), better)
+
+
 @torch.no_grad()
 def fit_start_velocities(objective, data, windows: torch.Tensor, p: dict, iterations: int = 6) -> torch.Tensor:
     """[N, R, 6] initial velocities of ``windows`` (chains of tuples) that make the model
@@ -90,21 +116,10 @@ def fit_start_velocities(objective, data, windows: torch.Tensor, p: dict, iterat
     residual = lambda w, v: objective.window_residual(data, w, v, p)        # noqa: E731
     r0 = residual(windows, vel)
     f0 = (r0 ** 2).sum(-1)
+    damping = torch.full_like(f0, 1e-6)
     for _ in range(iterations):
-        B = latent_jacobian(residual, windows, vel, r0, cols, N)
-        BtB = B.transpose(1, 2) @ B
-        d = BtB.diagonal(dim1=1, dim2=2)
-        d = torch.maximum(d, 1e-6 * d.amax(-1, keepdim=True))
-        step = -torch.linalg.solve(BtB + 1e-6 * torch.diag_embed(d), B.transpose(1, 2) @ r0[..., None])[..., 0]
-        trial = vel.flatten(1).clone()
-        trial[:, cols] += torch.nan_to_num(step)
-        trial = trial.reshape(vel.shape)
-        r1 = objective.window_residual(data, windows, trial, p)
-        f1 = (r1 ** 2).sum(-1)
-        better = torch.isfinite(f1) & (f1 < f0)
-        vel = torch.where(better[:, None, None], trial, vel)
-        r0 = torch.where(better[:, None], r1, r0)
-        f0 = torch.where(better, f1, f0)
+        normal = latent_normal(latent_jacobian(residual, windows, vel, r0, cols, N))
+        vel, r0, f0, _ = latent_step(residual, windows, vel, r0, f0, cols, normal, damping)
     return vel
 
 
@@ -226,19 +241,17 @@ class WindowLevenbergMarquardt:
         diverged, accepted, f, step = not math.isfinite(f0), False, f0, math.inf
         if not diverged:
             B = self._latent_blocks(run, theta0, r0)
-            vel, r0 = self._polish_latents(run, theta0, B, vel, r0)
+            normal = latent_normal(B)
+            vel, r0 = self._polish_latents(run, theta0, normal, vel, r0)
             self.window_vel = vel
             f0 = float((r0 ** 2).sum())
             A = self._param_jacobian(run, theta0, windows, vel, r0)
             ok = bool(torch.isfinite(A).all() and torch.isfinite(B).all())
-            At, Bt = A.transpose(1, 2), B.transpose(1, 2)
-            AtA, AtB, BtB = At @ A, At @ B, Bt @ B
+            At, (Bt, BtB, dB) = A.transpose(1, 2), normal
+            AtA, AtB = At @ A, At @ B
             Atr, Btr = (At @ r0[..., None])[..., 0], Bt @ r0[..., None]
             dA = AtA.sum(0).diagonal()
             dA = torch.maximum(dA, 1e-12 * dA.max())
-            # Spin about a rod axis moves no node: floor the latent curvature per window.
-            dB = BtB.diagonal(dim1=1, dim2=2)
-            dB = torch.maximum(dB, 1e-6 * dB.amax(-1, keepdim=True))
             BtB = BtB + 1e-9 * torch.diag_embed(dB)
             self._keep_information(theta0, AtA, AtB, BtB, Atr, Btr, f0, r0)
             for _ in range(10 if ok else 0):
@@ -257,7 +270,7 @@ class WindowLevenbergMarquardt:
                     vel_new = vel_new.reshape(vel.shape)
                     theta = theta0 + delta
                     if float(theta.abs().max()) <= cfg.max_raw:
-                        vel_new, r_new = self._trial_latents(run, theta, B, vel, vel_new)
+                        vel_new, r_new = self._trial_latents(run, theta, normal, vel, vel_new)
                         f = float((r_new ** 2).sum())
                         if math.isfinite(f) and f < f0:
                             accepted = True
@@ -274,7 +287,7 @@ class WindowLevenbergMarquardt:
                 "lm_lambda": self.lm_lambda, "lm_accepted": accepted, "step": step}
 
     @torch.no_grad()
-    def _trial_latents(self, run, theta, B, vel_old, vel_joint):
+    def _trial_latents(self, run, theta, normal, vel_old, vel_joint):
         """The latents a trial parameter step is judged with: per window the better of the
         joint step's latents and the current ones, then polished (`_polish_latents`). So
         the step is judged on the objective with the latents (nearly) minimised, as the
@@ -287,37 +300,25 @@ class WindowLevenbergMarquardt:
         take = torch.isfinite(f_joint) & ~(f_joint > f_old)
         vel = torch.where(take[:, None, None], vel_joint, vel_old)
         r = torch.where(take[:, None], r_joint, r_old)
-        return self._polish_latents(run, theta, B, vel, r, sweeps=1)
+        return self._polish_latents(run, theta, normal, vel, r, sweeps=1)
 
     @torch.no_grad()
-    def _polish_latents(self, run, theta, B, vel, r0, sweeps: int = LATENT_SWEEPS):
+    def _polish_latents(self, run, theta, normal, vel, r0, sweeps: int = LATENT_SWEEPS):
         """Gauss-Newton on each window's latent velocities alone, the parameters fixed, with
-        the cached latent blocks B; a window keeps its step only if its own residual falls.
+        the cached latent blocks (``normal``: `latent_normal`); a window keeps its step only if its own residual falls.
         The joint step accepts or rejects all windows at once, so on contact data (where a
         few windows' residuals are rough in their latents) its damping grows until no window
         moves: the latents then stay far from their optimum and the parameters compensate
         (measured: a SUPERball twin on the floor, its latents re-fitted with the parameters
         fixed, dropped the objective 0.67 -> 0.21). One batched rollout per sweep."""
         f0 = (r0 ** 2).sum(-1)
-        Bt = B.transpose(1, 2)
-        BtB = Bt @ B
-        d = BtB.diagonal(dim1=1, dim2=2)
-        d = torch.maximum(d, 1e-6 * d.amax(-1, keepdim=True))
         mu = torch.full_like(f0, 1e-3)
+        residual = lambda w, v: self._residual(run, theta, w, v)              # noqa: E731
         for _ in range(sweeps):
             try:
-                step = -torch.linalg.solve(BtB + mu[:, None, None] * torch.diag_embed(d), Bt @ r0[..., None])[..., 0]
+                vel, r0, f0, better = latent_step(residual, self.windows, vel, r0, f0, self.latent_cols, normal, mu)
             except RuntimeError:
                 break
-            trial = vel.flatten(1).clone()
-            trial[:, self.latent_cols] += torch.where(torch.isfinite(step), step, torch.zeros_like(step))
-            trial = trial.reshape(vel.shape)
-            r1 = self._residual(run, theta, self.windows, trial)
-            f1 = (r1 ** 2).sum(-1)
-            better = torch.isfinite(f1) & (f1 < f0)
-            vel = torch.where(better[:, None, None], trial, vel)
-            r0 = torch.where(better[:, None], r1, r0)
-            f0 = torch.where(better, f1, f0)
             mu = torch.where(better, mu / 3.0, mu * 10.0).clamp(1e-9, 1e9)
         return vel, r0
 
