@@ -32,6 +32,7 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
@@ -109,7 +110,7 @@ def run_session(z, args, seed: int, learn) -> dict:
     clock, i_event = 0.0, 0
     trace = []                        # (sim time, published values, sigma) per publication
     candidate_trace = []              # (sim time, the trainer's values) per epoch
-    published, sigma, undetermined, reverts = None, None, (), 0
+    published, sigma, spread, undetermined, reverts = None, None, None, (), 0
     while clock < args.duration:
         while i_event < len(events) and events[i_event][0] <= clock * NS:
             stamp, kind, value = events[i_event]
@@ -137,10 +138,12 @@ def run_session(z, args, seed: int, learn) -> dict:
                 session.best_values = published = values
                 u = session.uncertainty(max_tuples=64, at=values)
                 sigma = None if u is None else {n: float(np.max(s)) for n, s in u.sigma.items()}
+                spread = None if u is None or not u.sigma_spread else {
+                    n: float(np.max(s)) for n, s in u.sigma_spread.items()}
                 undetermined = () if u is None else u.undetermined
                 trace.append((clock, values, sigma))
             elif verdict.revert:                 # as the node: the config's values again
-                session.best_values = published = sigma = None
+                session.best_values = published = sigma = spread = None
                 undetermined = ()
                 reverts += 1
                 trace.append((clock, PhysicalParameters(robot).as_dict(), None))
@@ -160,14 +163,17 @@ def run_session(z, args, seed: int, learn) -> dict:
         ok = all(abs(e) <= tol for e in relative_errors(values, truth, reported).values())
         within = (within if within is not None else t) if ok else None
     cand = relative_errors(candidate_trace[-1][1], truth, reported) if candidate_trace else {}
-    covered = {n: (sigma is not None and math.isfinite(sigma.get(n, math.inf))
-                   and abs(np.mean(final[n]) - np.mean(truth[n])) <= 2 * sigma[n]) for n in reported}
+    def within_2(s: Optional[dict]) -> dict:
+        return {n: (s is not None and math.isfinite(s.get(n, math.inf))
+                    and abs(np.mean(final[n]) - np.mean(truth[n])) <= 2 * s[n]) for n in reported}
     return {"robot": z.name, "seed": seed, "error": err, "candidate_error": cand, "sigma": sigma,
             "nominal_error": relative_errors(nominal, truth, reported), "heldout_com_1s": com,
             "relative_sigma": None if sigma is None else {n: sigma[n] / abs(np.mean(final[n])) for n in reported},
             "all_errors": relative_errors(final, truth, [n for n in learn if n in truth and n != "actuator_delay"]), "undetermined": undetermined,
             "delay_ms": (1e3 * float(np.mean(final["actuator_delay"])), 1e3 * float(np.mean(truth["actuator_delay"]))),
-            "covered": covered, "within_tol_from": within, "tol": tol, "publications": len(trace), "reverts": reverts,
+            "covered": within_2(sigma), "covered_spread": within_2(spread),
+            "relative_spread": None if spread is None else {n: spread[n] / abs(np.mean(final[n])) for n in reported},
+            "within_tol_from": within, "tol": tol, "publications": len(trace), "reverts": reverts,
             "epochs": session.epochs, "status": session.status, "tuples": session.window_len}
 
 
@@ -228,6 +234,8 @@ def main(argv=None) -> int:
                     f"{100 * e:+.1f}%" for e in r["candidate_error"].values()) + ")"
             sig = ("" if r["relative_sigma"] is None else " sigma " + " ".join(
                 f"{100 * s:.1f}%" for s in r["relative_sigma"].values()))
+            sig += ("" if r["relative_spread"] is None else " (spread " + " ".join(
+                f"{100 * s:.1f}%" for s in r["relative_spread"].values()) + ")")
             if "actuator_delay" in learn or args.latency == "declared":
                 errs += " delay {:.1f} ms (true {:.1f})".format(*r["delay_ms"])
             _line(f"  {z.name:14s} seed {seed}: {errs};{sig}; within {100 * r['tol']:g}% from "
@@ -239,19 +247,22 @@ def main(argv=None) -> int:
     _line("")
     reported = [n for n in TARGETS if n in learn]
     _line(f"| robot | {' | '.join(f'{n} identified / nominal' for n in reported)} | held-out CoM error 1 s "
-          f"ahead, nominal / identified (mm) | 2-sigma coverage | within tol by {args.duration:g} s |")
+          f"ahead, nominal / identified (mm) | 2-sigma coverage: sigma / spread | within tol by {args.duration:g} s |")
     _line("|---|" + "---|" * (len(reported) + 3))
     for name in dict.fromkeys(r["robot"] for r in results):
         rs = [r for r in results if r["robot"] == name]
         med = lambda key, n: 100 * float(np.median([abs(r[key][n]) for r in rs]))     # noqa: E731
         cells = [f"{med('error', n):.1f} / {med('nominal_error', n):.0f} %" for n in reported]
         com = {k: 1e3 * float(np.nanmedian([r["heldout_com_1s"][k] for r in rs])) for k in ("nominal", "identified")}
-        cov = np.mean([r["covered"][n] for r in rs for n in reported])
+        cov = [np.mean([r[k][n] for r in rs for n in reported]) for k in ("covered", "covered_spread")]
         ok = sum(r["within_tol_from"] is not None for r in rs)
         _line(f"| {name} | {' | '.join(cells)} | {com['nominal']:.1f} / {com['identified']:.1f} | "
-              f"{100 * cov:.0f} % | {ok}/{len(rs)} |")
-    cov_all = np.mean([r["covered"][n] for r in results for n in reported])
-    _line(f"2-sigma coverage over all: {100 * cov_all:.0f} % (target >= 90 %)")
+              f"{100 * cov[0]:.0f} / {100 * cov[1]:.0f} % | {ok}/{len(rs)} |")
+    for key, label in (("covered", "sigma"), ("covered_spread", "spread sigma")):
+        published = [r for r in results if r["sigma"] is not None]
+        _line(f"2-{label} coverage over all: {100 * np.mean([r[key][n] for r in results for n in reported]):.0f} % "
+              f"(target >= 90 %); over the published models: "
+              f"{100 * np.mean([r[key][n] for r in published for n in reported]) if published else math.nan:.0f} %")
     (out / "results.json").write_text(json.dumps(results, indent=1, default=float))
     return 0
 

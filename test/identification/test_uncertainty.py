@@ -153,8 +153,103 @@ def test_cluster_robust_sigma_widens_for_correlated_residuals(superball):
         b = normal_matrix_uncertainty(params, names, H, float(r @ r), len(r) - 1, scores=G)
         plain.append(float(a.sigma[names[0]][0]))
         robust.append(float(b.sigma[names[0]][0]))
+    assert a.sigma_spread == {}                                      # no groups: no spread
     from tensegrity_engine.identification.uncertainty import value_slopes
     to_value = float(value_slopes(params, names).abs()[0])
-    spread = np.std(estimates) * to_value
-    assert np.median(plain) < 0.6 * spread                        # the plain sigma is overconfident
-    assert 0.7 * spread < np.median(robust) < 1.4 * spread
+    of_mean = np.std(estimates) * to_value
+    assert np.median(plain) < 0.6 * of_mean                       # the plain sigma is overconfident
+    assert 0.7 * of_mean < np.median(robust) < 1.4 * of_mean
+
+
+def test_reduced_information_is_the_schur_complement_and_stays_positive_semidefinite():
+    """Latents eliminated by projecting each window's parameter columns off its latent
+    range: on well-conditioned blocks the same as A'A - A'B(B'B)^-1 B'A and its gradient;
+    with latent columns that nearly coincide (spin moves no node, contact windows) still
+    positive semi-definite, where the normal-matrix formula is not."""
+    from tensegrity_engine.identification.solvers.windows import reduced_information
+
+    rng = np.random.default_rng(3)
+    N, M, P, L = 30, 40, 3, 6
+    A = torch.as_tensor(rng.standard_normal((N, M, P)))
+    B = torch.as_tensor(rng.standard_normal((N, M, L)))
+    r = torch.as_tensor(rng.standard_normal((N, M)))
+    info = reduced_information(A, B, r)
+    At, Bt = A.transpose(1, 2), B.transpose(1, 2)
+    Binv = torch.linalg.inv(Bt @ B)
+    H = (At @ A - At @ B @ Binv @ Bt @ A).sum(0)
+    g = (At @ r[..., None] - At @ B @ Binv @ Bt @ r[..., None])[..., 0]
+    torch.testing.assert_close(info["H"], H, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(info["G"].sum(0), g.sum(0), rtol=1e-9, atol=1e-9)
+    assert info["G"].shape == (10, P)                                  # clusters of consecutive windows
+    assert info["dof"] == N * M - P - N * L
+    # one latent column a hair off another, and a parameter column mostly in that pair's span
+    B2 = B.clone()
+    B2[..., 1] = B2[..., 0] * (1 + 1e-9) + 1e-9 * B2[..., 2]
+    A2 = A.clone()
+    A2[..., 0] = 1e3 * B2[..., 0] + 1e-3 * A2[..., 0]
+    info2 = reduced_information(A2, B2, r)
+    assert float(torch.linalg.eigvalsh(info2["H"]).min()) >= -1e-9 * float(info2["H"].diagonal().max())
+    Bt2 = B2.transpose(1, 2)
+    naive = (A2.transpose(1, 2) @ A2 - A2.transpose(1, 2) @ B2 @ torch.linalg.inv(Bt2 @ B2) @ Bt2 @ A2).sum(0)
+    assert float(torch.linalg.eigvalsh(naive).min()) < -1e-6 * float(naive.diagonal().abs().max())
+
+
+def test_a_window_crossing_a_switch_gives_its_smooth_side_not_the_jump(superball):
+    """A residual that jumps within the difference step (a contact or stick-slip switch in
+    the window's rollout) must not count as information: the one-sided parameter Jacobian
+    takes each window's smaller difference, which is the slope of the smooth side."""
+    from types import SimpleNamespace
+
+    from tensegrity_engine.identification.solvers.windows import EPS, WindowLevenbergMarquardt
+
+    params = PhysicalParameters(superball)
+    names = ("cable_stiffness",)
+    run = SimpleNamespace(config=SimpleNamespace(jacobian="central"), objective=None, params=params, learn=names)
+    lm = WindowLevenbergMarquardt(idf.IdentificationConfig())
+    theta0 = torch.zeros(1, dtype=torch.float64) + params.cable_stiffness.detach().reshape(-1)[:1]
+    slope = torch.tensor([[1.0, 2.0], [3.0, -1.0]], dtype=torch.float64)      # [windows, residuals]
+
+    def residual(run_, theta, windows, vel):
+        dt = float(theta[0] - theta0[0])
+        r = slope * dt
+        r[1] += 5e-3 * (dt > 0.5 * EPS)                                  # window 1 jumps just above theta0
+        return r
+
+    lm._residual = residual
+    r0 = residual(run, theta0, None, None)
+    plain = lm._param_jacobian(run, theta0, None, None, r0)[..., 0]
+    robust = lm._param_jacobian(run, theta0, None, None, r0, one_sided=True)[..., 0]
+    assert float(plain[1].abs().max()) > 1e3                             # the jump, divided by the step
+    torch.testing.assert_close(robust, slope, rtol=1e-6, atol=1e-6)
+
+
+def test_spread_sigma_is_that_of_one_group_alone(superball):
+    """Each group of residuals has its own value of the parameter (the robot's regimes, seen
+    through a model that is not the robot): the spread sigma is the scatter of the value one
+    group alone gives, several times the sandwich's sigma of their mean."""
+    from tensegrity_engine.identification.uncertainty import normal_matrix_uncertainty, value_slopes
+
+    params = PhysicalParameters(superball)
+    names = ("cable_stiffness",)
+    rng = np.random.default_rng(4)
+    groups, per = 10, 50
+    spread, robust, alone, means = [], [], [], []
+    for _ in range(200):
+        x = torch.as_tensor(rng.uniform(-1, 1, groups * per))
+        slope = np.repeat(0.2 * rng.normal(0, 1, groups), per)           # the group's own value
+        y = torch.as_tensor(slope * x.numpy() + 0.05 * rng.normal(0, 1, groups * per))
+        J = x[:, None]
+        H = J.T @ J
+        theta = float(torch.linalg.solve(H, J.T @ y))
+        r = y - x * theta
+        G = (x * r).reshape(groups, per).sum(1, keepdim=True)
+        u = normal_matrix_uncertainty(params, names, H, float(r @ r), len(r) - 1, scores=G)
+        spread.append(float(u.sigma_spread[names[0]][0]))
+        robust.append(float(u.sigma[names[0]][0]))
+        xg, yg = x.reshape(groups, per), y.reshape(groups, per)
+        alone.extend(((xg * yg).sum(1) / (xg * xg).sum(1)).tolist())
+        means.append(theta)
+    to_value = float(value_slopes(params, names).abs()[0])
+    assert 0.8 < np.median(spread) / (np.std(alone) * to_value) < 1.25
+    assert 0.7 < np.median(robust) / (np.std(means) * to_value) < 1.4
+    assert np.median(spread) > 2.5 * np.median(robust)

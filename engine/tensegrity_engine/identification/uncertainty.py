@@ -8,8 +8,9 @@ residuals r w.r.t. the raw (logit) values of the learnt parameters,
 (the residual variance stands in for the unknown sensor noise and model mismatch), then
 each value's 1-sigma by the delta method through its reparameterisation. Directions of
 J^T J that the data does not constrain (eigenvalues of the column-scaled matrix below
-``singular`` times the largest) are not inverted: the parameters that make them up are
-*undetermined* (sigma = inf) until the robot moves in a way that reveals them.
+``singular`` times the largest) are inverted at that floor: a parameter whose variance is
+then mostly theirs is *undetermined* (sigma = inf) until the robot moves in a way that
+reveals it; the others keep their share of them.
 
 Residuals of one tuple are correlated and model mismatch is not noise, so sigma is a lower
 bound on the real error: trust it to rank parameters and to flag missing excitation.
@@ -28,7 +29,6 @@ from tensegrity_engine.identification.solvers.levenberg_marquardt import (raw_ve
 from tensegrity_engine.physics.params import PhysicalParameters
 
 SINGULAR = 1e-8        # relative eigenvalue below which a direction counts as unconstrained
-UNDETERMINED_SHARE = 0.1   # a parameter is undetermined if this share of it lies in such a direction
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +42,10 @@ class ParameterUncertainty:
     # NaN rows for undetermined elements
     correlation: Optional[np.ndarray] = None
     labels: tuple = ()
+    # learnt name -> 1-sigma of the value one group of windows alone would give (random
+    # effects: the model's sigma plus G times the sandwich's excess over it): how much the
+    # answer depends on what the robot happened to do; empty without groups
+    sigma_spread: dict = dataclasses.field(default_factory=dict)
 
     def flat(self, params: PhysicalParameters) -> list[float]:
         """1-sigma aligned with ``params.flat()`` names; NaN for parameters not identified."""
@@ -99,41 +103,54 @@ def normal_matrix_uncertainty(params: PhysicalParameters, names, H: torch.Tensor
     alive = scale > 0
     var = torch.full((P,), math.inf, dtype=torch.float64)
     corr = torch.full((P, P), math.nan, dtype=torch.float64)
+    spread_var = None
     if bool(alive.any()):
         d = scale[alive]
         Hs = H[alive][:, alive] / (d[:, None] * d[None, :])
         lam, V = torch.linalg.eigh(Hs)
-        weak = lam <= singular * float(lam.max().clamp(min=1e-300))
-        share = (V[:, weak] ** 2).sum(-1)                       # of each parameter in weak directions
-        Vs, ls = V[:, ~weak], lam[~weak]
-        strong_var = (Vs ** 2 / ls).sum(-1) * s2 / d ** 2
+        floor = singular * float(lam.max().clamp(min=1e-300))
+        weak = lam <= floor
+        # every direction counts, the unconstrained ones at the floor's curvature: a value
+        # with a small share in a near-null direction is still that uncertain (leaving such
+        # directions out printed sigma 0.00 % for a value 5 % off)
+        inv = (V / lam.clamp(min=floor)) @ V.T
+        weak_var = (V[:, weak] ** 2 / floor).sum(-1)
+        strong_var = (V[:, ~weak] ** 2 / lam[~weak]).sum(-1)
+        determined = weak_var <= strong_var
+        model_var = inv.diagonal() * s2 / d ** 2
+        total_var = model_var
         if scores is not None and scores.shape[0] > P:
             G = scores.detach().double().cpu()[:, alive] / d
-            inv = (Vs / ls) @ Vs.T                              # pseudo-inverse in the strong subspace
             meat = G.T @ G * (G.shape[0] / (G.shape[0] - P))
             robust = (inv @ meat @ inv).diagonal() / d ** 2
-            strong_var = torch.maximum(strong_var, robust)
-        var[alive] = torch.where(share > UNDETERMINED_SHARE, torch.full_like(strong_var, math.inf), strong_var)
-        # correlation of the estimate in the constrained subspace (scales cancel; the
-        # reparameterisation's slopes are positive, so raw and value correlations agree)
-        cov = (Vs / ls) @ Vs.T
-        sd = cov.diagonal().clamp(min=1e-300).sqrt()
-        block = cov / (sd[:, None] * sd[None, :])
+            total_var = torch.maximum(model_var, robust)
+            spread_var = torch.full((P,), math.inf, dtype=torch.float64)
+            spread_var[alive] = torch.where(determined, model_var + G.shape[0] * (robust - model_var).clamp(min=0),
+                                            torch.full_like(model_var, math.inf))
+        var[alive] = torch.where(determined, total_var, torch.full_like(total_var, math.inf))
+        # correlation of the estimate (scales cancel; the reparameterisation's slopes are
+        # positive, so raw and value correlations agree)
+        sd = inv.diagonal().sqrt()
+        block = inv / (sd[:, None] * sd[None, :])
         idx = alive.nonzero().reshape(-1)
         corr[idx[:, None], idx[None, :]] = block
         corr[var == math.inf] = math.nan
         corr[:, var == math.inf] = math.nan
-    sigma_value = var.sqrt() * value_slopes(params, names).abs().cpu()
-    sigma, flagged, labels, i = {}, [], [], 0
+    slopes = value_slopes(params, names).abs().cpu()
+    sigma_value = var.sqrt() * slopes
+    spread_value = None if spread_var is None else spread_var.sqrt() * slopes
+    sigma, spread, flagged, labels, i = {}, {}, [], [], 0
     for name in names:
         k = getattr(params, name).numel()
         sigma[name] = sigma_value[i:i + k].numpy().copy()
+        if spread_value is not None:
+            spread[name] = spread_value[i:i + k].numpy().copy()
         labels += [name] if k == 1 else [f"{name}[{j}]" for j in range(k)]
         if bool((var[i:i + k] == math.inf).any()):
             flagged.append(name)
         i += k
     return ParameterUncertainty(sigma=sigma, undetermined=tuple(flagged), residual_sigma=math.sqrt(s2), dof=dof,
-                                correlation=corr.numpy(), labels=tuple(labels))
+                                correlation=corr.numpy(), labels=tuple(labels), sigma_spread=spread)
 
 
 @torch.no_grad()
@@ -149,22 +166,23 @@ def trainer_uncertainty(trainer, max_tuples: int = 256, seed: int = 0, at: Optio
     rng = np.random.default_rng(seed)
     idx = torch.as_tensor(np.sort(rng.permutation(n)[:min(n, max_tuples)]), device=trainer.device)
     names = tuple(trainer.learn)
-    info = trainer.window_lm.information if trainer.schedule.windows else None
-    if info is not None:
-        # pose-only: the windowed multiple-shooting problem, latent velocities eliminated
-        # (tuple residuals would rest on biased finite-difference velocities). Linearised
-        # where the last iteration started: at convergence, the values themselves.
-        before = raw_vector(trainer.params, names)
-        try:
-            set_raw_vector(trainer.params, names, info["theta"])
-            return normal_matrix_uncertainty(trainer.params, names, info["H"], info["rss"], info["dof"],
-                                             scores=info["G"])
-        finally:
-            set_raw_vector(trainer.params, names, before)
     before = raw_vector(trainer.params, names)
     for name in names if at is not None else ():
         trainer.params.set_value(name, at[name])
     theta0 = raw_vector(trainer.params, names)
+    if trainer.schedule.windows and trainer.window_lm.windows is not None:
+        # pose-only: the windowed multiple-shooting problem, latent velocities eliminated
+        # (tuple residuals would rest on biased finite-difference velocities), linearised
+        # at the values themselves with fresh latent blocks
+        try:
+            with trainer.objective.stepped_for(trainer.engine.param_values(trainer.dtype, trainer.device)):
+                info = trainer.window_lm.information_at(trainer, theta0)
+            if info is None:
+                raise RuntimeError("the windowed problem has non-finite residuals or Jacobians here")
+            return normal_matrix_uncertainty(trainer.params, names, info["H"], info["rss"], info["dof"],
+                                             scores=info["G"])
+        finally:
+            set_raw_vector(trainer.params, names, before)
     n_steps = trainer.full_steps
     integrator = trainer.config.fine_integrator
 

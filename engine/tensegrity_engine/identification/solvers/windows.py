@@ -102,6 +102,30 @@ def latent_step(residual, windows, vel, r0, f0, cols, normal, damping: torch.Ten
             torch.where(better, f1, f0), better)
 
 
+def reduced_information(A: torch.Tensor, B: torch.Tensor, r: torch.Tensor, rtol: float = 1e-6) -> dict:
+    """The windowed problem's information on the parameters with every window's latents
+    eliminated, from the parameter blocks A [N, M, P], the latent blocks B [N, M, L] and the
+    residuals r [N, M] (windows in time order): the reduced normal matrix H = sum_i A_i'(I -
+    P_i)A_i with P_i the projector onto the range of B_i (its SVD; directions below ``rtol``
+    of the largest singular value dropped: spin about a rod axis moves no node), each
+    window's reduced gradient g_i = A_i'(I - P_i)r_i summed over ``SCORE_CLUSTERS`` groups of
+    consecutive windows (the cluster-robust sigma: mismatch that drifts with the excitation
+    is correlated over seconds), the residual sum of squares and its degrees of freedom.
+    Projecting the columns keeps H positive semi-definite; A'A - A'B(B'B)^-1 B'A formed from
+    normal matrices cancels badly on floor contact (measured: negative variances on the
+    diagonal, the twin rolling)."""
+    U, S, _ = torch.linalg.svd(B, full_matrices=False)
+    keep = S > rtol * S[:, :1]
+    U = U * keep[:, None, :].to(U.dtype)
+    A_red = A - U @ (U.transpose(1, 2) @ A)
+    H = (A_red.transpose(1, 2) @ A_red).sum(0)
+    g = (A_red.transpose(1, 2) @ r[..., None])[..., 0]
+    N, P = A.shape[0], A.shape[-1]
+    clusters = min(N, SCORE_CLUSTERS) if N >= 2 * SCORE_CLUSTERS else N
+    G = torch.stack([part.sum(0) for part in torch.tensor_split(g, clusters)])
+    return {"H": H, "G": G, "rss": float((r ** 2).sum()), "dof": max(r.numel() - P - int(keep.sum()), 1)}
+
+
 @torch.no_grad()
 def fit_start_velocities(objective, data, windows: torch.Tensor, p: dict, iterations: int = 6) -> torch.Tensor:
     """[N, R, 6] initial velocities of ``windows`` (chains of tuples) that make the model
@@ -133,7 +157,6 @@ class WindowLevenbergMarquardt:
         self.stale = False                               # data appended since setup
         self.latent_jac: Optional[torch.Tensor] = None   # [N, M, L] cached latent blocks
         self.jac_age: Optional[torch.Tensor] = None      # iterations since each was computed
-        self.information: Optional[dict] = None          # for the uncertainty (see _keep_information)
 
     def reset(self) -> None:
         """New data (tuple indices changed): the windows are drawn again at the next epoch."""
@@ -176,7 +199,7 @@ class WindowLevenbergMarquardt:
                     age[new_idx.cpu()] = self.jac_age[old_idx.cpu()]
         first = self.windows is None
         self.windows, self.window_vel, self.stale = windows, vel, False
-        self.latent_jac, self.jac_age, self.information = jac, age, None
+        self.latent_jac, self.jac_age = jac, age
         self._set_latent_cols(run)
         if first:
             run.log(f"pose-only Levenberg-Marquardt: {len(pool)} windows of {width} x "
@@ -193,16 +216,25 @@ class WindowLevenbergMarquardt:
         return run.objective.window_residual(run.train, windows, vel, p)
 
     @torch.no_grad()
-    def _param_jacobian(self, run, theta, windows, vel, r0) -> torch.Tensor:
+    def _param_jacobian(self, run, theta, windows, vel, r0, one_sided: bool = False) -> torch.Tensor:
         """[N, M, P] Jacobian w.r.t. the raw parameters: forward differences, or forward-mode
-        AD (``IdentificationConfig.jacobian``, `levenberg_marquardt.jacobian_mode`)."""
+        AD (``IdentificationConfig.jacobian``, `levenberg_marquardt.jacobian_mode`). With
+        ``one_sided`` each window's column is the smaller (in norm) of the forward and the
+        backward difference: on the floor a window whose rollout crosses a contact or
+        stick-slip switch within the step has a jump, not a slope, on that side (measured:
+        the twin rolling, one window's stiffness column 10^6 times the median's, which made
+        the stiffness' sigma 0.00 %)."""
         if jacobian_mode(run.config, run.objective) == "forward":
             return parameter_jacobian(run, theta, lambda p: run.objective.window_residual(run.train, windows, vel, p))
         cols = []
         for j in range(len(theta)):
             e = torch.zeros_like(theta)
             e[j] = EPS
-            cols.append((self._residual(run, theta + e, windows, vel) - r0) / EPS)
+            col = (self._residual(run, theta + e, windows, vel) - r0) / EPS
+            for h in ((-1.0, 100.0, -100.0) if one_sided else ()):
+                other = (self._residual(run, theta + h * e, windows, vel) - r0) / (h * EPS)
+                col = torch.where((other.norm(dim=-1) < col.norm(dim=-1))[:, None], other, col)
+            cols.append(col)
         set_raw_vector(run.params, run.learn, theta)
         return torch.stack(cols, -1)
 
@@ -253,7 +285,6 @@ class WindowLevenbergMarquardt:
             dA = AtA.sum(0).diagonal()
             dA = torch.maximum(dA, 1e-12 * dA.max())
             BtB = BtB + 1e-9 * torch.diag_embed(dB)
-            self._keep_information(theta0, AtA, AtB, BtB, Atr, Btr, f0, r0)
             for _ in range(10 if ok else 0):
                 try:
                     Binv = torch.linalg.inv(BtB + self.lm_lambda * torch.diag_embed(dB))
@@ -322,25 +353,29 @@ class WindowLevenbergMarquardt:
             mu = torch.where(better, mu / 3.0, mu * 10.0).clamp(1e-9, 1e9)
         return vel, r0
 
-    def _keep_information(self, theta0, AtA, AtB, BtB, Atr, Btr, f0, r0) -> None:
-        """What the uncertainty needs at ``theta0``, the latents eliminated: the reduced
-        normal matrix H = sum_i (A_i'A_i - A_i'B_i (B_i'B_i)^-1 B_i'A_i), each window's
-        reduced gradient g_i (its share of the score, for the cluster-robust estimate), the
-        residual sum of squares and its degrees of freedom. Windows are in time order."""
+    @torch.no_grad()
+    def information_at(self, run, theta: torch.Tensor) -> Optional[dict]:
+        """What the uncertainty needs at the raw values ``theta``, the latents eliminated
+        (`reduced_information`), from fresh blocks: every window's latents polished at
+        ``theta`` and its latent block recomputed there (an iteration's cached blocks may be
+        ``latent_jacobian_reuse`` iterations old). The solver's state (latents, cached
+        blocks, damping) and the parameters are left as they were. None without windows."""
+        if self.windows is None or self.window_vel is None:
+            return None
+        before = raw_vector(run.params, run.learn)
+        windows, vel, N = self.windows, self.window_vel, self.windows.shape[0]
+        residual = lambda w, v: self._residual(run, theta, w, v)               # noqa: E731
         try:
-            Binv = torch.linalg.inv(BtB)
-        except RuntimeError:
-            self.information = None
-            return
-        H = (AtA - AtB @ Binv @ AtB.transpose(1, 2)).sum(0)
-        G = Atr - (AtB @ Binv @ Btr)[..., 0]
-        N, P, L = AtB.shape[0], AtB.shape[1], AtB.shape[2]
-        # clusters of consecutive windows (~ a tenth of the run each): model mismatch that
-        # drifts with the excitation is correlated over seconds, not only within a window
-        clusters = min(N, SCORE_CLUSTERS) if N >= 2 * SCORE_CLUSTERS else N
-        G = torch.stack([g.sum(0) for g in torch.tensor_split(G, clusters)])
-        self.information = {"theta": theta0.clone(), "H": H, "G": G, "rss": f0,
-                            "dof": max(r0.numel() - P - N * L, 1)}
+            r0 = residual(windows, vel)
+            fresh = latent_normal(latent_jacobian(residual, windows, vel, r0, self.latent_cols, N))
+            vel, r0 = self._polish_latents(run, theta, fresh, vel, r0)
+            B = latent_jacobian(residual, windows, vel, r0, self.latent_cols, N)
+            A = self._param_jacobian(run, theta, windows, vel, r0, one_sided=True)
+            if not bool(torch.isfinite(A).all() and torch.isfinite(B).all() and torch.isfinite(r0).all()):
+                return None
+            return {"theta": theta.clone(), **reduced_information(A, B, r0)}
+        finally:
+            set_raw_vector(run.params, run.learn, before)
 
     def load(self, run, windows: Optional[torch.Tensor], window_vel: Optional[torch.Tensor],
              latent_jac: Optional[torch.Tensor] = None, jac_age: Optional[torch.Tensor] = None) -> None:
@@ -351,5 +386,4 @@ class WindowLevenbergMarquardt:
             same = latent_jac is not None and jac_age is not None and latent_jac.shape[0] == windows.shape[0]
             self.latent_jac = latent_jac.to(run.device) if same else None
             self.jac_age = jac_age.cpu().long() if same else None
-            self.information = None
             self._set_latent_cols(run)
