@@ -15,11 +15,16 @@ LEARN = ("cable_stiffness", "cable_damping", "actuator_time_constant", "rod_mass
 
 
 @pytest.fixture(scope="module")
-def clean_tuples(tmp_path_factory, superball):
+def sigma_data(tmp_path_factory, superball):
     root = tmp_path_factory.mktemp("sigma")
     ds.generate_dataset(superball, "noncontact", root, counts={"train": 2, "val": 1, "test": 1},
                         duration=0.6, period=PERIOD, seed=11, dense=False)
-    return {s: ds.tuples_from(ds.load_split(root / "noncontact", s), period=PERIOD) for s in ("train", "val")}
+    return {s: ds.load_split(root / "noncontact", s) for s in ("train", "val")}
+
+
+@pytest.fixture(scope="module")
+def clean_tuples(sigma_data):
+    return {s: ds.tuples_from(v, period=PERIOD) for s, v in sigma_data.items()}
 
 
 def _noisy(ts, scale, seed):
@@ -253,3 +258,25 @@ def test_spread_sigma_is_that_of_one_group_alone(superball):
     assert 0.8 < np.median(spread) / (np.std(alone) * to_value) < 1.25
     assert 0.7 < np.median(robust) / (np.std(means) * to_value) < 1.4
     assert np.median(spread) > 2.5 * np.median(robust)
+
+
+def test_pose_only_sigma_comes_from_the_windows_even_in_the_finite_difference_stage(superball, sigma_data):
+    """Pose-only data, the solver still in its finite-difference stage: sigma is taken from
+    the windowed problem (latents fitted at the values, groups of windows for the sandwich
+    and the spread), and the solver's own state and random stream are left alone."""
+    cfg = idf.IdentificationConfig(period=PERIOD, learn=("cable_stiffness", "cable_damping"), schedule="online",
+                                   init="given", lm_max_iters=40, seed=0)
+    tr = idf.ProgressiveTrainer(superball, cfg, log=lambda m: None)
+    pose = {k: ds.tuples_from([t.without_velocity() for t in v], period=PERIOD) for k, v in sigma_data.items()}
+    tr.set_data(pose["train"], pose["val"])
+    for _ in range(2):
+        tr.train_epoch()
+    assert tr.schedule.use_lm and tr.schedule.pose_stage == "finite_difference"
+    state = tr.rng.bit_generator.state
+    u = trainer_uncertainty(tr)
+    assert tr.window_lm.windows is None and tr.rng.bit_generator.state == state
+    assert u.undetermined == ()
+    assert set(u.sigma_spread) == {"cable_stiffness", "cable_damping"}
+    truth = PhysicalParameters(superball).as_dict()
+    for name in ("cable_stiffness", "cable_damping"):
+        assert 0 < u.sigma[name][0] <= u.sigma_spread[name][0] < 0.2 * truth[name][0]

@@ -168,21 +168,22 @@ class WindowLevenbergMarquardt:
         schedule "online" resuming) adds the new windows, the old ones keep their latents."""
         self.stale = self.windows is not None
 
-    def setup(self, run) -> None:
+    def setup(self, run, rng: Optional[np.random.Generator] = None, announce: bool = True) -> None:
         """The multiple-shooting windows: every chain of consecutive tuples cut into
         non-overlapping pieces of ``pose_window`` (shorter if the data has no chain that
         long), so each tuple is in at most one window; at most ``lm_windows`` of them (a
-        random subset, drawn again when data arrives). Latent initial velocities: kept for
-        windows seen before, the finite-difference estimates for new ones."""
+        random subset, drawn again when data arrives, from ``rng`` or the run's). Latent
+        initial velocities: kept for windows seen before, the finite-difference estimates for
+        new ones."""
         cfg = self.config
         pool, width = chain_windows(run.train.ts.next, cfg.pose_window)
         if width < 2:
             raise ValueError("pose-only identification needs consecutive tuples (chains of at "
                              "least 2 sample intervals); the data has only isolated tuples")
-        if width < cfg.pose_window and self.windows is None:
+        if width < cfg.pose_window and self.windows is None and announce:
             run.log(f"pose-only: no chain of {cfg.pose_window} tuples, using windows of {width}")
         if len(pool) > cfg.lm_windows:
-            pool = pool[np.sort(run.rng.permutation(len(pool))[:cfg.lm_windows])]
+            pool = pool[np.sort((rng or run.rng).permutation(len(pool))[:cfg.lm_windows])]
         windows = torch.as_tensor(pool, device=run.device)
         vel = run.train.x0[windows[:, 0]][..., 7:].detach().clone()
         reuse = max(1, int(cfg.latent_jacobian_reuse))
@@ -201,7 +202,7 @@ class WindowLevenbergMarquardt:
         self.windows, self.window_vel, self.stale = windows, vel, False
         self.latent_jac, self.jac_age = jac, age
         self._set_latent_cols(run)
-        if first:
+        if first and announce:
             run.log(f"pose-only Levenberg-Marquardt: {len(pool)} windows of {width} x "
                     f"{cfg.period * 1e3:g} ms, {len(self.latent_cols)} latent velocities each")
 
@@ -354,18 +355,23 @@ class WindowLevenbergMarquardt:
         return vel, r0
 
     @torch.no_grad()
-    def information_at(self, run, theta: torch.Tensor) -> Optional[dict]:
+    def information_at(self, run, theta: torch.Tensor, refit: bool = False) -> Optional[dict]:
         """What the uncertainty needs at the raw values ``theta``, the latents eliminated
         (`reduced_information`), from fresh blocks: every window's latents polished at
-        ``theta`` and its latent block recomputed there (an iteration's cached blocks may be
-        ``latent_jacobian_reuse`` iterations old). The solver's state (latents, cached
-        blocks, damping) and the parameters are left as they were. None without windows."""
+        ``theta`` (``refit``: fitted from scratch, `fit_start_velocities`, for latents that
+        are still the finite-difference estimates) and its latent block recomputed there (an
+        iteration's cached blocks may be ``latent_jacobian_reuse`` iterations old). The
+        solver's state (latents, cached blocks, damping) and the parameters are left as they
+        were. None without windows."""
         if self.windows is None or self.window_vel is None:
             return None
         before = raw_vector(run.params, run.learn)
         windows, vel, N = self.windows, self.window_vel, self.windows.shape[0]
         residual = lambda w, v: self._residual(run, theta, w, v)               # noqa: E731
         try:
+            if refit:
+                set_raw_vector(run.params, run.learn, theta)
+                vel = fit_start_velocities(run.objective, run.train, windows, run.engine.param_values(run.dtype, run.device))
             r0 = residual(windows, vel)
             fresh = latent_normal(latent_jacobian(residual, windows, vel, r0, self.latent_cols, N))
             vel, r0 = self._polish_latents(run, theta, fresh, vel, r0)
