@@ -26,7 +26,7 @@ import torch
 
 from tensegrity_engine.identification.solvers.levenberg_marquardt import (raw_vector, residual_jacobian,
                                                                           set_raw_vector)
-from tensegrity_engine.identification.solvers.windows import WindowLevenbergMarquardt
+from tensegrity_engine.identification.solvers.windows import WindowLevenbergMarquardt, score_groups
 from tensegrity_engine.physics.params import PhysicalParameters
 
 SINGULAR = 1e-8        # relative eigenvalue below which a direction counts as unconstrained
@@ -202,6 +202,9 @@ def trainer_uncertainty(trainer, max_tuples: int = 256, seed: int = 0, at: Optio
         with trainer.objective.stepped_for(trainer.engine.param_values(trainer.dtype, trainer.device)):
             J = residual_jacobian(residual, theta0)
             r = residual(theta0)
-        return gauss_newton_uncertainty(trainer.params, names, J, r)
+        J, r = J.detach().double().cpu(), r.detach().double().cpu()
+        per_tuple = (J * r[:, None]).reshape(len(idx), -1, J.shape[1]).sum(1)      # tuples in time order
+        return normal_matrix_uncertainty(trainer.params, names, J.T @ J, float(r @ r), max(len(r) - J.shape[1], 1),
+                                         scores=score_groups(per_tuple))
     finally:
         set_raw_vector(trainer.params, names, before)

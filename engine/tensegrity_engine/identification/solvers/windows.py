@@ -102,15 +102,24 @@ def latent_step(residual, windows, vel, r0, f0, cols, normal, damping: torch.Ten
             torch.where(better, f1, f0), better)
 
 
+def score_groups(g: torch.Tensor) -> torch.Tensor:
+    """[G, P] the per-unit gradients g [N, P] (windows or tuples, in time order) summed over
+    ``SCORE_CLUSTERS`` groups of consecutive units (all units alone below twice that): the
+    scores of the cluster-robust sigma. Mismatch that drifts with the excitation is
+    correlated over seconds, not only within a unit."""
+    N = g.shape[0]
+    groups = min(N, SCORE_CLUSTERS) if N >= 2 * SCORE_CLUSTERS else N
+    return torch.stack([part.sum(0) for part in torch.tensor_split(g, groups)])
+
+
 def reduced_information(A: torch.Tensor, B: torch.Tensor, r: torch.Tensor, rtol: float = 1e-6) -> dict:
     """The windowed problem's information on the parameters with every window's latents
     eliminated, from the parameter blocks A [N, M, P], the latent blocks B [N, M, L] and the
     residuals r [N, M] (windows in time order): the reduced normal matrix H = sum_i A_i'(I -
     P_i)A_i with P_i the projector onto the range of B_i (its SVD; directions below ``rtol``
     of the largest singular value dropped: spin about a rod axis moves no node), each
-    window's reduced gradient g_i = A_i'(I - P_i)r_i summed over ``SCORE_CLUSTERS`` groups of
-    consecutive windows (the cluster-robust sigma: mismatch that drifts with the excitation
-    is correlated over seconds), the residual sum of squares and its degrees of freedom.
+    window's reduced gradient g_i = A_i'(I - P_i)r_i in groups (`score_groups`), the
+    residual sum of squares and its degrees of freedom.
     Projecting the columns keeps H positive semi-definite; A'A - A'B(B'B)^-1 B'A formed from
     normal matrices cancels badly on floor contact (measured: negative variances on the
     diagonal, the twin rolling)."""
@@ -120,10 +129,8 @@ def reduced_information(A: torch.Tensor, B: torch.Tensor, r: torch.Tensor, rtol:
     A_red = A - U @ (U.transpose(1, 2) @ A)
     H = (A_red.transpose(1, 2) @ A_red).sum(0)
     g = (A_red.transpose(1, 2) @ r[..., None])[..., 0]
-    N, P = A.shape[0], A.shape[-1]
-    clusters = min(N, SCORE_CLUSTERS) if N >= 2 * SCORE_CLUSTERS else N
-    G = torch.stack([part.sum(0) for part in torch.tensor_split(g, clusters)])
-    return {"H": H, "G": G, "rss": float((r ** 2).sum()), "dof": max(r.numel() - P - int(keep.sum()), 1)}
+    P = A.shape[-1]
+    return {"H": H, "G": score_groups(g), "rss": float((r ** 2).sum()), "dof": max(r.numel() - P - int(keep.sum()), 1)}
 
 
 @torch.no_grad()
