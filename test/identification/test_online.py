@@ -239,3 +239,22 @@ def test_the_gate_asks_for_an_improvement_beyond_the_blocks_noise(three_bar):
     assert s.gate({"cable_stiffness": [2900.0]}).reason == "better"
     noisy = s.gate({"cable_stiffness": [2900.0], "actuator_offset": [6e-5]})
     assert not noisy.accepted and noisy.reason == "not_significant"
+
+
+def test_uncertainty_of_the_same_values_on_the_same_data_is_estimated_once(three_bar, monkeypatch):
+    """The node asks for sigma twice when a run ends (convergence test, message): one
+    estimate; other values, new data or another epoch estimate again."""
+    import tensegrity_engine.identification.uncertainty as unc
+
+    estimates = []
+    monkeypatch.setattr(unc, "trainer_uncertainty", lambda trainer, max_tuples, at: estimates.append(at) or len(estimates))
+    s, made = _session(three_bar, [1.0, 0.9, 0.8], min_tuples=3, holdout_every=0)
+    s.add(_batch(three_bar, 0, 4))
+    values = PhysicalParameters(three_bar).as_dict()
+    assert s.uncertainty(at=values) == 1 and s.uncertainty(at=dict(values)) == 1
+    other = dict(values, cable_stiffness=np.asarray(values["cable_stiffness"]) * 1.01)
+    assert s.uncertainty(at=other) == 2
+    s.add(_batch(three_bar, 4, 2))                                      # new data
+    assert s.uncertainty(at=other) == 3
+    s.step()                                                            # another epoch
+    assert s.uncertainty(at=other) == 4 and len(estimates) == 4

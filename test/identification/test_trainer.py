@@ -598,6 +598,8 @@ def test_window_latents_are_polished_per_window_and_trials_judged_on_the_better_
     assert not torch.equal(lm.window_vel, start_vel)
     assert out["loss"] < 0.2 * f_start
     here, vel_here = raw_vector(tr.params, tr.learn), lm.window_vel.clone()
+    kept = (lm.latent_jac.clone(), lm.jac_age.clone(), lm.lm_lambda)
     info = lm.information_at(tr, here)
     assert info["rss"] <= out["loss"] * (1 + 1e-12)
     assert torch.equal(raw_vector(tr.params, tr.learn), here) and torch.equal(lm.window_vel, vel_here)
+    assert torch.equal(lm.latent_jac, kept[0]) and torch.equal(lm.jac_age, kept[1]) and lm.lm_lambda == kept[2]

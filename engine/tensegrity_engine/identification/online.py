@@ -126,6 +126,8 @@ class OnlineIdentification:
         self.best_values: Optional[dict] = None   # set by the caller when it publishes them
         self.epochs = 0
         self.rollbacks = 0
+        self._uncertainty_memo = None        # (key, estimate) of the last uncertainty()
+        self.batches_added = 0               # training batches taken (the memo's data version)
         self.last_metrics: dict = {}
         self.status = "waiting for data"
         self.converged = False
@@ -212,6 +214,7 @@ class OnlineIdentification:
         new = self._hold_out(new)
         if new is None:
             return
+        self.batches_added += 1
         self.window.append(new)
         self.window_len += len(new)
         if self.trainer is None:
@@ -308,11 +311,20 @@ class OnlineIdentification:
 
         if self.trainer is None:
             return None
+        # the same values on the same data and solver state (the node asks twice when a run
+        # ends: for its convergence test and for the message) cost one estimate
+        values = at if at is not None else self.trainer.parameters.as_dict()
+        key = (max_tuples, self.batches_added, self.epochs, self.rollbacks,
+               tuple((k, np.asarray(v, dtype=np.float64).tobytes()) for k, v in sorted(values.items())))
+        if self._uncertainty_memo is not None and self._uncertainty_memo[0] == key:
+            return self._uncertainty_memo[1]
         try:
-            return trainer_uncertainty(self.trainer, max_tuples=max_tuples, at=at)
+            u = trainer_uncertainty(self.trainer, max_tuples=max_tuples, at=at)
         except Exception as exc:  # noqa: BLE001 - a failed sigma must not hold back the model
             self.log(f"no uncertainty estimate: {exc!r}")
-            return None
+            u = None
+        self._uncertainty_memo = (key, u)
+        return u
 
     @torch.no_grad()
     def predict_newest(self) -> Optional[tuple[np.ndarray, int]]:
@@ -357,6 +369,7 @@ class OnlineIdentification:
                 held = TupleBatch.from_dict(data["heldout"])
                 self.heldout, self.heldout_len = collections.deque([held]), len(held)
             self.seen = int(data.get("seen", 0))
+            self._uncertainty_memo = None
             self._new_trainer(window)
             if data["trainer"] is not None:
                 self.trainer.load_state_dict(data["trainer"])
