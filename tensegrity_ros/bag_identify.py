@@ -90,6 +90,8 @@ def identify_bag(path, robot, values: dict, *, start: float = 0.0, end: Optional
                "status": session.status, "seconds": round(time.monotonic() - t0, 1),
                "values": {k: np.asarray(v, dtype=float).tolist() for k, v in values_out.items()},
                "sigma": {} if sigma is None else {k: np.asarray(v).tolist() for k, v in sigma.sigma.items()},
+               "sigma_spread": {} if sigma is None else {k: np.asarray(v).tolist()
+                                                         for k, v in sigma.sigma_spread.items()},
                "gate": {"accepted": verdict.accepted, "reason": verdict.reason,
                         "heldout_loss": verdict.candidate_loss, "config_loss": verdict.incumbent_loss,
                         "heldout_com_error": verdict.candidate_com_error,

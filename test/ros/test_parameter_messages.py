@@ -138,3 +138,29 @@ def test_converged_is_published_only_when_every_sigma_is_narrow(three_bar):
     none = node(0, 0)
     none.session = SimpleNamespace(uncertainty=lambda max_tuples, at: None)                 # no sigma: not sure
     assert not_yet_determined(none, values) == ("cable_stiffness", "cable_damping")
+
+
+def test_the_published_sigma_includes_the_groups_scatter_and_convergence_does_not(three_bar):
+    """The message carries sigma_spread where there is one (the groups disagree: model
+    mismatch that varies with the motion), sigma otherwise; the convergence test judges the
+    estimate's own sigma."""
+    from types import SimpleNamespace
+
+    from tensegrity_engine.identification.uncertainty import ParameterUncertainty
+    from tensegrity_ros.identifier_node import not_yet_determined, published_uncertainty
+
+    params = PhysicalParameters(three_bar)
+    values = params.as_dict()
+    k = float(values["cable_stiffness"][0])
+    names, _ = params.flat()
+    for spread, expected in (({"cable_stiffness": np.array([0.3 * k])}, 0.3 * k), ({}, 0.01 * k)):
+        u = ParameterUncertainty(sigma={"cable_stiffness": np.array([0.01 * k])}, undetermined=(), residual_sigma=1.0,
+                                 dof=10, sigma_spread=spread)
+        node = SimpleNamespace(sigma_tuples=64, session=SimpleNamespace(uncertainty=lambda max_tuples, at: u),
+                               diag=SimpleNamespace(count=lambda *a: None, warn_throttled=lambda *a: None),
+                               undetermined=(), converged_sigma=0.05, robot=three_bar,
+                               trainer=SimpleNamespace(learn=("cable_stiffness",)))
+        flat = published_uncertainty(node, params, values)
+        assert flat[names.index("cable_stiffness")] == pytest.approx(expected)
+        assert np.isnan(flat[names.index("cable_damping")])
+        assert not_yet_determined(node, values) == ()                  # 1 %: converged either way

@@ -49,12 +49,14 @@ class ParameterUncertainty:
     # what the robot happened to do; = sigma when the groups agree; empty without groups
     sigma_spread: dict = dataclasses.field(default_factory=dict)
 
-    def flat(self, params: PhysicalParameters) -> list[float]:
-        """1-sigma aligned with ``params.flat()`` names; NaN for parameters not identified."""
+    def flat(self, params: PhysicalParameters, spread: bool = False) -> list[float]:
+        """1-sigma aligned with ``params.flat()`` names; NaN for parameters not identified.
+        ``spread``: `sigma_spread` where there is one (what the node publishes)."""
+        source = self.sigma_spread if spread and self.sigma_spread else self.sigma
         out = []
         for name, v in params.values().items():
             n = v.numel()
-            s = self.sigma.get(name)
+            s = source.get(name)
             out.extend([math.nan] * n if s is None else np.broadcast_to(s, (n,)).tolist())
         return out
 
