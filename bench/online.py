@@ -17,7 +17,8 @@ does, only if it passes the hold-out gate; its 1-sigma is computed then (and cos
 Printed per robot and seed: the published values at the end vs the truth (relative error,
 beside the nominal config's), the CoM error 1 s ahead on the held-out blocks of the nominal
 and the published model,
-their 1-sigma, whether the truth is within 2 sigma, the sim time after which all learnt
+their 1-sigma (and `sigma_spread`, which the node publishes), whether the truth is within
+2 of each, the sim time after which all learnt
 values stay within 5 % (10 % with noise), the session's state. Then the medians over seeds
 and the 2-sigma coverage. Targets (printed, never asserted): K, c, m, tau within 5 %
 noise-free / 10 % noisy within 60 s, median over >= 5 seeds; truth within 2 sigma in
