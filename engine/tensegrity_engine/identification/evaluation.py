@@ -10,6 +10,7 @@ import torch
 from tensegrity_engine.identification.dataset import Trajectory
 from tensegrity_engine.physics.config import MODEL_INTEGRATORS, RobotConfig
 from tensegrity_engine.physics import native
+from tensegrity_engine.physics.actuators import actuator_update, delayed_commands
 from tensegrity_engine.physics.engine import TensegrityEngine
 from tensegrity_engine.physics.params import PhysicalParameters
 from tensegrity_engine.physics.stability import stable_substeps
@@ -106,15 +107,29 @@ def parameter_errors(params: PhysicalParameters, reference: RobotConfig, names: 
     return out
 
 
-def _filtered_commands(params: PhysicalParameters, traj: Trajectory, steps: int) -> np.ndarray:
-    """[steps + 1, A] the model's filtered commands (act) at every engine step from the
-    trajectory's start: its first-order filter run over the recorded (clamped) commands."""
-    return filtered_commands(params.robot, float(np.mean(params.as_dict()["actuator_time_constant"])), traj, steps)
+def model_commands(params: PhysicalParameters, traj: Trajectory, steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """The model's actuator timeline over ``steps`` engine steps from the trajectory's start:
+    ([steps + 1, A] filter states, [steps, A] commands as they act on the model): the
+    recorded (clamped) commands delayed by its ``actuator_delay``, through its rate-limited
+    first-order filter (``actuator_time_constant``, ``actuator_max_speed``), as the objective
+    and the planner run it. A plain filter of the undelayed commands started a slow winch's
+    model from filter states it cannot reach and fed a late robot's model early commands."""
+    robot = params.robot
+    v = {k: torch.as_tensor(np.asarray(x, dtype=np.float64)) for k, x in params.as_dict().items()}
+    cmd = np.clip(traj.command_grid(traj.t[0], steps, robot.dt), robot.command_low, robot.command_high)
+    acting = delayed_commands(torch.as_tensor(cmd, dtype=torch.float64), v["actuator_delay"], robot.dt)
+    a = torch.as_tensor(np.asarray(traj.initial_act(), dtype=np.float64))
+    states = [a]
+    for k in range(steps):
+        a = actuator_update(a, acting[k], v["actuator_time_constant"], robot.dt, v["actuator_max_speed"])[0]
+        states.append(a)
+    return torch.stack(states).numpy(), acting.numpy()
 
 
 def filtered_commands(robot: RobotConfig, tau: float, traj: Trajectory, steps: int) -> np.ndarray:
-    """As `_filtered_commands` for a time constant ``tau`` > 0 given directly (e.g. a MuJoCo
-    model's ``filterexact`` activation, which integrates the same way)."""
+    """[steps + 1, A] a plain first-order filter (time constant ``tau`` > 0) over the recorded
+    (clamped) commands from the trajectory's start: a MuJoCo model's ``filterexact``
+    activation, which integrates the same way (the engine's models: `model_commands`)."""
     decay = math.exp(-robot.dt / tau)
     cmd = np.clip(traj.command_grid(traj.t[0], steps, robot.dt), robot.command_low, robot.command_high)
     out = np.empty((steps + 1, robot.num_actuated))
@@ -128,8 +143,8 @@ def horizon_errors(params: PhysicalParameters, trajs: Sequence[Trajectory], hori
                    stride: float = 0.5, integrator: Optional[str] = None, device="cpu",
                    dtype: torch.dtype = torch.float64, batch_size: int = 64) -> dict:
     """k-step-ahead prediction: restart the model from the recorded state every ``stride``
-    s (the data's state, its own filtered commands) and roll it ``h`` s ahead under the
-    recorded commands; CoM error at each horizon. The test for models of chaotic motion
+    s (the data's state, its own filter state: `model_commands`) and roll it ``h`` s ahead
+    under the recorded commands as they act on it; CoM error at each horizon. The test for models of chaotic motion
     (rolling), where open-loop error over seconds measures the chaos more than the model.
 
     Needs velocities in the data. The model runs sub-stepped as it is used
@@ -147,7 +162,7 @@ def horizon_errors(params: PhysicalParameters, trajs: Sequence[Trajectory], hori
     for t in trajs:
         states, com = t.states(), t.center_of_mass()
         total = int(math.floor((t.t[-1] - t.t[0]) / robot.dt + 1e-9))
-        acts = _filtered_commands(params, t, total)
+        acts, acting = model_commands(params, t, total)
         for start in np.arange(t.t[0], t.t[-1] - horizons[-1] + 1e-9, stride):
             i0 = int(np.argmin(np.abs(t.t - start)))
             s0 = int(round((t.t[i0] - t.t[0]) / robot.dt))
@@ -155,7 +170,7 @@ def horizon_errors(params: PhysicalParameters, trajs: Sequence[Trajectory], hori
             if abs(t.t[i0] - start) > 1e-6 or any(abs(t.t[j] - t.t[i0] - h) > 1e-6 for j, h in zip(targets, horizons)):
                 continue
             wr = t.wrench_grid(t.t[i0], H, robot.dt)
-            windows.append((states[i0], acts[s0], t.command_grid(t.t[i0], H, robot.dt), wr, com[targets]))
+            windows.append((states[i0], acts[s0], acting[s0:s0 + H], wr, com[targets]))
     if not windows:
         raise ValueError("no prediction window fits in the trajectories")
     errs = []

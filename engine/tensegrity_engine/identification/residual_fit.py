@@ -22,7 +22,7 @@ import torch
 
 from tensegrity_engine.identification.acceptance import with_estimated_velocity
 from tensegrity_engine.identification.dataset import Trajectory
-from tensegrity_engine.identification.evaluation import filtered_commands, model_substeps
+from tensegrity_engine.identification.evaluation import model_commands, model_substeps
 from tensegrity_engine.physics.engine import TensegrityEngine
 from tensegrity_engine.physics.params import PhysicalParameters
 from tensegrity_engine.physics.residual import ResidualModel, constant_velocity, physics_fingerprint
@@ -49,15 +49,13 @@ class PeriodSamples:
 def period_samples(params: PhysicalParameters, trajs: Sequence[Trajectory], period: float) -> PeriodSamples:
     robot = params.robot
     S = int(round(period / robot.dt))
-    tau = float(np.mean(params.as_dict()["actuator_time_constant"]))
     x0, x1, act0, cmds, wrs, nxt = [], [], [], [], [], []
     for t in trajs:
         if not t.has_velocity:
             raise ValueError(f"{t.source}: the residual trains on states with velocities")
         states = t.states()
         total = int(math.floor((t.t[-1] - t.t[0]) / robot.dt + 1e-9))
-        acts = filtered_commands(robot, tau, t, total)
-        grid = t.command_grid(t.t[0], total, robot.dt)
+        acts, grid = model_commands(params, t, total)
         wgrid = t.wrench_grid(t.t[0], total, robot.dt)
         last = -1
         for i in range(len(t.t) - 1):
@@ -298,13 +296,12 @@ def residual_horizon_errors(params: PhysicalParameters, model: Optional[Residual
     physics = _Physics(params, trajs[0].fixed_rods, trajs[0].floor, backend)
     S, H = int(round(period / robot.dt)), max(horizons)
     K = int(round(H / period))
-    tau = float(np.mean(params.as_dict()["actuator_time_constant"]))
     w = torch.as_tensor(robot.rod_mass / robot.rod_mass.sum(), dtype=torch.float64)
     x0, a0, cmds, wrs, truth = [], [], [], [], []
     for t in trajs:
         states, com = t.states(), t.center_of_mass()
         total = int(math.floor((t.t[-1] - t.t[0]) / robot.dt + 1e-9))
-        acts = filtered_commands(robot, tau, t, total)
+        acts, acting = model_commands(params, t, total)
         for start in np.arange(t.t[0], t.t[-1] - H + 1e-9, stride):
             i0 = int(np.argmin(np.abs(t.t - start)))
             targets = [int(np.argmin(np.abs(t.t - (t.t[i0] + h)))) for h in horizons]
@@ -314,7 +311,7 @@ def residual_horizon_errors(params: PhysicalParameters, model: Optional[Residual
             s0 = int(round((t.t[i0] - t.t[0]) / robot.dt))
             x0.append(states[i0])
             a0.append(acts[s0])
-            cmds.append(t.command_grid(t.t[i0], K * S, robot.dt))
+            cmds.append(acting[s0:s0 + K * S])
             wg = t.wrench_grid(t.t[i0], K * S, robot.dt)
             if wg is not None:
                 wrs.append(wg)
