@@ -164,3 +164,29 @@ def test_the_published_sigma_includes_the_groups_scatter_and_convergence_does_no
         assert flat[names.index("cable_stiffness")] == pytest.approx(expected)
         assert np.isnan(flat[names.index("cable_damping")])
         assert not_yet_determined(node, values) == ()                  # 1 %: converged either way
+
+
+def test_a_schedule_ended_by_a_limit_keeps_the_excitation_while_sigma_is_wide(three_bar):
+    """An iteration or time limit ends the schedule with "final (...)", a word the controller
+    takes for done: said only when every sigma is narrow; otherwise "keep exciting"."""
+    from types import SimpleNamespace
+
+    from tensegrity_engine.identification.uncertainty import ParameterUncertainty
+    from tensegrity_ros.identifier_node import end_stage
+
+    values = PhysicalParameters(three_bar).as_dict()
+    k = float(values["cable_stiffness"][0])
+
+    def node(rel):
+        u = ParameterUncertainty(sigma={"cable_stiffness": np.array([rel * k])}, undetermined=(),
+                                 residual_sigma=1.0, dof=10)
+        return SimpleNamespace(converged_sigma=0.05, sigma_tuples=64, robot=three_bar,
+                               session=SimpleNamespace(uncertainty=lambda max_tuples, at: u),
+                               trainer=SimpleNamespace(learn=("cable_stiffness",)))
+
+    done_words = ("converged", "done", "final")
+    for status in ("final (Levenberg-Marquardt iteration limit)", "final (epoch/time limit reached)", "converged"):
+        wide = end_stage(node(0.2), status, values)
+        assert "keep exciting" in wide and not any(w in wide for w in done_words), wide
+        assert end_stage(node(0.01), status, values) == status
+    assert end_stage(node(0.2), "training", values) == "training"
