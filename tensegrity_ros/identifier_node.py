@@ -495,9 +495,16 @@ def end_stage(node, status: str, values: dict) -> str:
     """The stage a finished schedule publishes: its status ("converged", or "final (why)"
     when an iteration or time limit ended it), unless a learnt value's sigma is still wider
     than ``converged_sigma``: then no word the controller takes for "done", so it keeps
-    exciting (up to its ``max_excitation_time``). An iteration limit on a few seconds of
-    data (measured: sim2sim, 56 tuples at sim t = 7.6 s) used to end the excitation."""
-    wide = not_yet_determined(node, values) if status == "converged" or status.startswith("final") else ()
+    exciting (up to its ``max_excitation_time``), as long as training resumes on new data
+    (schedule "online", ``reopen_tuples`` > 0, not a spent epoch/time budget). An iteration
+    limit on a few seconds of data (measured: sim2sim, 56 tuples at sim t = 7.6 s) used to
+    end the excitation."""
+    session = node.session
+    # a limit only ends the excitation early if training resumes with the new data; a spent
+    # epoch/time budget does not, so its "final" stands
+    resumes = (getattr(getattr(session, "config", None), "schedule", "online") == "online"
+               and getattr(session, "reopen_tuples", 1) > 0 and "time limit" not in status)
+    wide = not_yet_determined(node, values) if status == "converged" or (status.startswith("final") and resumes) else ()
     if not wide:
         return status
     return (f"fitted to the data so far; {', '.join(wide)} not yet within "

@@ -11,7 +11,8 @@ holds on a loaded CPU. Callbacks never block.
 
 Before a model is identified (``excite_until``: the first parameters, or parameters whose
 ``stage`` contains "converged"/"done"/"final": the identifier finished, by a convergence
-test or its budget; and at most ``max_excitation_time`` s) it sends
+test or a limit, with every sigma narrow, or its budget is spent; and at most
+``max_excitation_time`` s) it sends
 the documented excitation: `tensegrity_engine.control.ExcitationPolicy` smooth random
 multi-sines within each cable's command range.
 

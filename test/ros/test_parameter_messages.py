@@ -185,8 +185,14 @@ def test_a_schedule_ended_by_a_limit_keeps_the_excitation_while_sigma_is_wide(th
                                trainer=SimpleNamespace(learn=("cable_stiffness",)))
 
     done_words = ("converged", "done", "final")
-    for status in ("final (Levenberg-Marquardt iteration limit)", "final (epoch/time limit reached)", "converged"):
+    for status in ("final (Levenberg-Marquardt iteration limit)", "converged"):
         wide = end_stage(node(0.2), status, values)
         assert "keep exciting" in wide and not any(w in wide for w in done_words), wide
         assert end_stage(node(0.01), status, values) == status
     assert end_stage(node(0.2), "training", values) == "training"
+    # a spent budget, or a session that never resumes: more excitation buys nothing
+    spent = "final (epoch/time limit reached)"
+    assert end_stage(node(0.2), spent, values) == spent
+    closed = node(0.2)
+    closed.session.reopen_tuples = 0
+    assert end_stage(closed, "final (Levenberg-Marquardt iteration limit)", values).startswith("final")

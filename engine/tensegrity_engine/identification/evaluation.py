@@ -162,7 +162,7 @@ def horizon_errors(params: PhysicalParameters, trajs: Sequence[Trajectory], hori
     for t in trajs:
         states, com = t.states(), t.center_of_mass()
         total = int(math.floor((t.t[-1] - t.t[0]) / robot.dt + 1e-9))
-        acts, acting = model_commands(params, t, total)
+        acts, acting = model_commands(params, t, total + H)     # + H: a window may end at t[-1] (rounding)
         for start in np.arange(t.t[0], t.t[-1] - horizons[-1] + 1e-9, stride):
             i0 = int(np.argmin(np.abs(t.t - start)))
             s0 = int(round((t.t[i0] - t.t[0]) / robot.dt))

@@ -301,7 +301,7 @@ def residual_horizon_errors(params: PhysicalParameters, model: Optional[Residual
     for t in trajs:
         states, com = t.states(), t.center_of_mass()
         total = int(math.floor((t.t[-1] - t.t[0]) / robot.dt + 1e-9))
-        acts, acting = model_commands(params, t, total)
+        acts, acting = model_commands(params, t, total + K * S)     # + K S: a window may end at t[-1]
         for start in np.arange(t.t[0], t.t[-1] - H + 1e-9, stride):
             i0 = int(np.argmin(np.abs(t.t - start)))
             targets = [int(np.argmin(np.abs(t.t - (t.t[i0] + h)))) for h in horizons]
