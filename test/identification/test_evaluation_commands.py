@@ -3,7 +3,7 @@ import numpy as np
 import torch
 
 from tensegrity_engine.identification.dataset import Trajectory
-from tensegrity_engine.identification.evaluation import horizon_errors, model_commands
+from tensegrity_engine.identification.evaluation import evaluate, horizon_errors, model_commands
 from tensegrity_engine.physics.engine import TensegrityEngine
 from tensegrity_engine.physics.params import PhysicalParameters
 from tensegrity_engine.physics.state import initial_rod_state
@@ -50,6 +50,11 @@ def test_a_late_slow_winch_model_predicts_its_own_motion_exactly(superball):
     e = horizon_errors(params, [traj], (0.1, 0.5), stride=0.3)
     assert e["windows"] >= 3
     assert max(float(np.max(e[h])) for h in (0.1, 0.5)) < 1e-9
+    # open loop over the whole run too (the engine filters; the commands must come late)
+    assert float(np.max(evaluate(params, [traj])["com_error"])) < 1e-9
+    undelayed = PhysicalParameters(superball)
+    undelayed.set_value("actuator_max_speed", np.array([0.05]))
+    assert float(np.max(evaluate(undelayed, [traj])["com_error"])) > 1e-4
     # the same robot judged with an instant, undelayed winch model is visibly off
     plain = PhysicalParameters(superball)
     e_plain = horizon_errors(plain, [traj], (0.1, 0.5), stride=0.3)

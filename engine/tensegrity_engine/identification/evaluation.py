@@ -41,7 +41,8 @@ def evaluate(params: PhysicalParameters, trajs: Sequence[Trajectory], *,
              integrator: Optional[str] = None, dt: Optional[float] = None,
              device="cpu", dtype: torch.dtype = torch.float64, batch_size: int = 16) -> dict:
     """Roll the engine out for each whole trajectory from its first state under the
-    recorded commands (and wrenches); CoM error at every sample on the dt grid.
+    recorded commands as they act on the model (its ``actuator_delay``) and the recorded
+    wrenches; CoM error at every sample on the dt grid.
 
     Needs velocities in the first state (pose-only test data: zero initial velocity is
     assumed, which is right for trajectories that start at rest). A model that diverges
@@ -70,6 +71,7 @@ def evaluate(params: PhysicalParameters, trajs: Sequence[Trajectory], *,
             x0 = f([t.states()[0] for t in chunk])
             act0 = f([t.initial_act() for t in chunk])
             cmd = f([t.command_grid(t.t[0], steps * fine, robot.dt) for t in chunk])
+            cmd = delayed_commands(cmd, p["actuator_delay"], robot.dt)       # as they act on the model
             cmd = cmd.reshape(len(chunk), steps, fine, -1).mean(2)
             wr = None
             if chunk[0].wrench is not None:
