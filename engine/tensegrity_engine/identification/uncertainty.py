@@ -82,13 +82,16 @@ def value_slopes(params: PhysicalParameters, names) -> torch.Tensor:
 
 
 def gauss_newton_uncertainty(params: PhysicalParameters, names, J: torch.Tensor, r: torch.Tensor, *,
-                             singular: float = SINGULAR) -> ParameterUncertainty:
+                             units: int = 0, singular: float = SINGULAR) -> ParameterUncertainty:
     """`ParameterUncertainty` from residuals r [n] and their Jacobian J [n, P] w.r.t. the
-    raw elements of ``names`` (in `raw_vector` order) at the current values."""
+    raw elements of ``names`` (in `raw_vector` order) at the current values. ``units`` > 0:
+    the residuals are that many equal, consecutive units in time order (tuples), whose
+    scores feed the cluster-robust sandwich (`score_groups`)."""
     J, r = J.detach().double().cpu(), r.detach().double().cpu()
     n, P = J.shape
-    dof = max(n - P, 1)
-    return normal_matrix_uncertainty(params, names, J.T @ J, float(r @ r), dof, singular=singular)
+    scores = score_groups((J * r[:, None]).reshape(units, -1, P).sum(1)) if units else None
+    return normal_matrix_uncertainty(params, names, J.T @ J, float(r @ r), max(n - P, 1), scores=scores,
+                                     singular=singular)
 
 
 def normal_matrix_uncertainty(params: PhysicalParameters, names, H: torch.Tensor, rss: float, dof: int, *,
@@ -216,7 +219,4 @@ def _tuple_uncertainty(trainer, names, theta0, idx) -> ParameterUncertainty:
     with trainer.objective.stepped_for(trainer.engine.param_values(trainer.dtype, trainer.device)):
         J = residual_jacobian(residual, theta0)
         r = residual(theta0)
-    J, r = J.detach().double().cpu(), r.detach().double().cpu()
-    per_tuple = (J * r[:, None]).reshape(len(idx), -1, J.shape[1]).sum(1)      # tuples in time order
-    return normal_matrix_uncertainty(trainer.params, names, J.T @ J, float(r @ r), max(len(r) - J.shape[1], 1),
-                                     scores=score_groups(per_tuple))
+    return gauss_newton_uncertainty(trainer.params, names, J, r, units=len(idx))      # idx: in time order

@@ -383,12 +383,14 @@ class WindowLevenbergMarquardt:
         windows, vel, N = self.windows, self.window_vel, self.windows.shape[0]
         residual = lambda w, v: self._residual(run, theta, w, v)               # noqa: E731
         try:
-            if refit:
+            if refit:       # Gauss-Newton with a fresh block every iteration: no polish needed
                 set_raw_vector(run.params, run.learn, theta)
                 vel = fit_start_velocities(run.objective, run.train, windows, run.engine.param_values(run.dtype, run.device))
-            r0 = residual(windows, vel)
-            fresh = latent_normal(latent_jacobian(residual, windows, vel, r0, self.latent_cols, N))
-            vel, r0 = self._polish_latents(run, theta, fresh, vel, r0)
+                r0 = residual(windows, vel)
+            else:
+                r0 = residual(windows, vel)
+                fresh = latent_normal(latent_jacobian(residual, windows, vel, r0, self.latent_cols, N))
+                vel, r0 = self._polish_latents(run, theta, fresh, vel, r0)
             B = latent_jacobian(residual, windows, vel, r0, self.latent_cols, N)
             A = self._param_jacobian(run, theta, windows, vel, r0, one_sided=True)
             if not bool(torch.isfinite(A).all() and torch.isfinite(B).all() and torch.isfinite(r0).all()):
