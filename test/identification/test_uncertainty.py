@@ -166,6 +166,46 @@ def test_cluster_robust_sigma_widens_for_correlated_residuals(superball):
     assert 0.7 * of_mean < np.median(robust) < 1.4 * of_mean
 
 
+def test_cluster_jackknife_covers_a_group_that_dominates_the_information(superball):
+    """One group of residuals carries most of the information (a window whose rollout is
+    far more sensitive than the others', as at a contact switch) and every group has its own
+    offset: the fit follows that group, so its score is small and the sandwich's sigma
+    covers the truth in well under half the draws. Leaving one group out at a time (the
+    cluster jackknife, with each group's share of H) covers it at the nominal rate; where
+    no group dominates it agrees with the sandwich."""
+    from tensegrity_engine.identification.uncertainty import normal_matrix_uncertainty
+
+    params = PhysicalParameters(superball)
+    names = ("cable_stiffness",)
+    slope = float(value_slopes_of(params, names))
+    rng = np.random.default_rng(5)
+    groups, per = 20, 25
+    covered = {"sandwich": [], "jackknife": []}
+    even = []
+    for draw in range(300):
+        level = rng.uniform(-1, 1, groups)
+        if draw % 2 == 0:
+            level[0] = 12.0                                          # the dominating group
+        x = torch.as_tensor(np.repeat(level, per) + 0.05 * rng.normal(0, 1, groups * per))
+        y = torch.as_tensor(np.repeat(rng.normal(0, 1, groups), per) + 0.1 * rng.normal(0, 1, groups * per))
+        H = (x @ x)[None, None]
+        theta = float((x @ y) / (x @ x))                              # truth: 0
+        r = y - x * theta
+        G = (x * r).reshape(groups, per).sum(1, keepdim=True)
+        HG = (x ** 2).reshape(groups, per).sum(1)[:, None, None]
+        a = normal_matrix_uncertainty(params, names, H, float(r @ r), len(r) - 1, scores=G)
+        b = normal_matrix_uncertainty(params, names, H, float(r @ r), len(r) - 1, scores=G, group_information=HG)
+        sa, sb = (float(u.sigma[names[0]][0]) / slope for u in (a, b))
+        if draw % 2 == 0:
+            covered["sandwich"].append(abs(theta) < 2 * sa)
+            covered["jackknife"].append(abs(theta) < 2 * sb)
+        else:
+            even.append(sb / sa)
+    assert np.mean(covered["sandwich"]) < 0.6
+    assert np.mean(covered["jackknife"]) > 0.88
+    assert 0.9 < np.median(even) < 1.25
+
+
 def test_reduced_information_is_the_schur_complement_and_stays_positive_semidefinite():
     """Latents eliminated by projecting each window's parameter columns off its latent
     range: on well-conditioned blocks the same as A'A - A'B(B'B)^-1 B'A and its gradient;
@@ -185,6 +225,7 @@ def test_reduced_information_is_the_schur_complement_and_stays_positive_semidefi
     g = (At @ r[..., None] - At @ B @ Binv @ Bt @ r[..., None])[..., 0]
     torch.testing.assert_close(info["H"], H, rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(info["G"].sum(0), g.sum(0), rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(info["HG"].sum(0), H, rtol=1e-9, atol=1e-9)          # the groups' shares
     assert info["G"].shape == (10, P)                                  # clusters of consecutive windows
     assert info["dof"] == N * M - P - N * L
     # one latent column a hair off another, and a parameter column mostly in that pair's span

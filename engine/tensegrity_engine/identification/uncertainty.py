@@ -89,20 +89,28 @@ def gauss_newton_uncertainty(params: PhysicalParameters, names, J: torch.Tensor,
     scores feed the cluster-robust sandwich (`score_groups`)."""
     J, r = J.detach().double().cpu(), r.detach().double().cpu()
     n, P = J.shape
-    scores = score_groups((J * r[:, None]).reshape(units, -1, P).sum(1)) if units else None
+    scores = information = None
+    if units:
+        Ju = J.reshape(units, -1, P)
+        scores, information = score_groups((Ju * r.reshape(units, -1, 1)).sum(1), Ju.transpose(1, 2) @ Ju)
     return normal_matrix_uncertainty(params, names, J.T @ J, float(r @ r), max(n - P, 1), scores=scores,
-                                     singular=singular)
+                                     group_information=information, singular=singular)
 
 
 def normal_matrix_uncertainty(params: PhysicalParameters, names, H: torch.Tensor, rss: float, dof: int, *,
                               scores: Optional[torch.Tensor] = None,
+                              group_information: Optional[torch.Tensor] = None,
                               singular: float = SINGULAR) -> ParameterUncertainty:
     """`ParameterUncertainty` from the Gauss-Newton normal matrix H [P, P] (raw elements of
     ``names``), the residual sum of squares and its degrees of freedom. With ``scores``
     [G, P] (each independent group's share of the gradient J'r, e.g. one per
     multiple-shooting window) the variance is the larger of s^2 H^-1 and the
-    cluster-robust sandwich H^-1 (sum g g') H^-1 G / (G - P): residuals correlated within a
-    group, or model mismatch that varies between groups, widen it."""
+    cluster-robust sandwich H^-1 (sum g g') H^-1 G / (G - 1): residuals correlated within a
+    group, or model mismatch that varies between groups, widen it. With
+    ``group_information`` [G, P, P] (each group's share of H) the cluster jackknife replaces
+    the sandwich (`jackknife_variance`): a group that dominates H is fitted nearly exactly, so
+    its score is small and the sandwich cannot see it (measured online: sigma 0.3 % for a
+    damping 11.9 % off)."""
     H = H.detach().double().cpu()
     P = H.shape[0]
     s2 = rss / max(dof, 1)
@@ -129,8 +137,12 @@ def normal_matrix_uncertainty(params: PhysicalParameters, names, H: torch.Tensor
         if scores is not None and scores.shape[0] > len(d):
             G = scores.detach().double().cpu()[:, alive] / d
             groups = G.shape[0]
-            meat = G.T @ G * (groups / (groups - 1))               # CR1's small-sample factor
-            robust = (inv @ meat @ inv).diagonal() / d ** 2
+            if group_information is not None:
+                HG = group_information.detach().double().cpu()[:, alive][:, :, alive] / (d[:, None] * d[None, :])
+                robust = jackknife_variance(Hs, HG, G, floor).diagonal() / d ** 2
+            else:
+                meat = G.T @ G * (groups / (groups - 1))           # CR1's small-sample factor
+                robust = (inv @ meat @ inv).diagonal() / d ** 2
             total_var = torch.maximum(model_var, robust)
             # random effects: the groups' own values scatter by tau^2 = G (robust - model)
             # about their mean, which is itself uncertain by total_var
@@ -161,6 +173,21 @@ def normal_matrix_uncertainty(params: PhysicalParameters, names, H: torch.Tensor
         i += k
     return ParameterUncertainty(sigma=sigma, undetermined=tuple(flagged), residual_sigma=math.sqrt(s2), dof=dof,
                                 correlation=corr.numpy(), labels=tuple(labels), sigma_spread=spread)
+
+
+def jackknife_variance(H: torch.Tensor, HG: torch.Tensor, G: torch.Tensor, floor: float) -> torch.Tensor:
+    """[P, P] delete-one-group jackknife covariance of a Gauss-Newton estimate (CR3): leaving
+    group g out moves the estimate by one Newton step, (H - H_g)^-1 g_g (the others' gradient
+    at the estimate is -g_g), and the covariance is (G-1)/G times the scatter of those moves.
+    Directions the other groups leave unconstrained are inverted at ``floor`` (the full
+    matrix's), so a value that only one group determines gets that floor's large variance
+    instead of the near-zero one the sandwich gives its nearly exactly fitted group."""
+    lam, V = torch.linalg.eigh(H[None] - HG)
+    moves = V @ ((V.transpose(1, 2) @ G[..., None]) / lam.clamp(min=floor)[..., None])
+    moves = moves[..., 0]
+    centred = moves - moves.mean(0)
+    groups = G.shape[0]
+    return centred.T @ centred * ((groups - 1) / groups)
 
 
 @torch.no_grad()
@@ -203,7 +230,8 @@ def _windowed_uncertainty(trainer, names, theta0, seed: int) -> ParameterUncerta
         info = lm.information_at(trainer, theta0, refit=refit)
     if info is None:
         raise RuntimeError("the windowed problem has non-finite residuals or Jacobians here")
-    return normal_matrix_uncertainty(trainer.params, names, info["H"], info["rss"], info["dof"], scores=info["G"])
+    return normal_matrix_uncertainty(trainer.params, names, info["H"], info["rss"], info["dof"], scores=info["G"],
+                                     group_information=info["HG"])
 
 
 def _tuple_uncertainty(trainer, names, theta0, idx) -> ParameterUncertainty:

@@ -102,16 +102,21 @@ def latent_step(residual, windows, vel, r0, f0, cols, normal, damping: torch.Ten
             torch.where(better, f1, f0), better)
 
 
-def score_groups(g: torch.Tensor) -> torch.Tensor:
+def score_groups(g: torch.Tensor, information: Optional[torch.Tensor] = None):
     """[G, P] the per-unit gradients g [N, P] (windows or tuples, in time order) summed over
     groups of consecutive units: ``SCORE_CLUSTERS`` of them, or twice the parameters where
     that is more (the sandwich's meat must have a rank to spare), each unit alone when there
     are fewer than twice as many units. The scores of the cluster-robust sigma: mismatch that
-    drifts with the excitation is correlated over seconds, not only within a unit."""
+    drifts with the excitation is correlated over seconds, not only within a unit. With
+    ``information`` [N, P, P] (each unit's share of the normal matrix) also that, summed over
+    the same groups: ([G, P], [G, P, P]) for the cluster jackknife."""
     N, P = g.shape
     want = max(SCORE_CLUSTERS, 2 * P)
     groups = want if N >= 2 * want else N
-    return torch.stack([part.sum(0) for part in torch.tensor_split(g, groups)])
+    scores = torch.stack([part.sum(0) for part in torch.tensor_split(g, groups)])
+    if information is None:
+        return scores
+    return scores, torch.stack([part.sum(0) for part in torch.tensor_split(information, groups)])
 
 
 def reduced_information(A: torch.Tensor, B: torch.Tensor, r: torch.Tensor, rtol: float = 1e-6) -> dict:
@@ -123,7 +128,8 @@ def reduced_information(A: torch.Tensor, B: torch.Tensor, r: torch.Tensor, rtol:
     node; the median, so one window whose latent column jumped at a contact switch does not
     lose its real directions), each window's reduced gradient g_i = A_i'(I - P_i)r_i in
     groups (`score_groups`), the reduced residual sum of squares |(I - P_i)r_i|^2 and its
-    degrees of freedom. Projecting the columns keeps H positive semi-definite; A'A -
+    degrees of freedom, and each group's share of H ("HG", for the cluster jackknife).
+    Projecting the columns keeps H positive semi-definite; A'A -
     A'B(B'B)^-1 B'A formed from normal matrices cancels badly on floor contact (measured:
     negative variances on the diagonal, the twin rolling)."""
     U, S, _ = torch.linalg.svd(B, full_matrices=False)
@@ -131,10 +137,12 @@ def reduced_information(A: torch.Tensor, B: torch.Tensor, r: torch.Tensor, rtol:
     U = U * keep[:, None, :].to(U.dtype)
     A_red = A - U @ (U.transpose(1, 2) @ A)
     r_red = r - (U @ (U.transpose(1, 2) @ r[..., None]))[..., 0]
-    H = (A_red.transpose(1, 2) @ A_red).sum(0)
+    per_window = A_red.transpose(1, 2) @ A_red
     g = (A_red.transpose(1, 2) @ r_red[..., None])[..., 0]
     dof = max(r.numel() - A.shape[-1] - int(keep.sum()), 1)
-    return {"H": H, "G": score_groups(g), "rss": float((r_red ** 2).sum()), "dof": dof}
+    scores, group_information = score_groups(g, per_window)
+    return {"H": per_window.sum(0), "G": scores, "HG": group_information, "rss": float((r_red ** 2).sum()),
+            "dof": dof}
 
 
 @torch.no_grad()
