@@ -39,12 +39,12 @@ class ParameterUncertainty:
     residual_sigma: float  # s, the residual scale behind sigma
     dof: int               # n - P
     # [P, P] correlation of the learnt elements (order of `labels`, e.g. "cable_stiffness[3]")
-    # from the normal matrix (s^2 H^-1; not the cluster-robust sandwich that may widen sigma);
+    # from the normal matrix (s^2 H^-1; not the cluster-robust variance that may widen sigma);
     # NaN rows for undetermined elements
     correlation: Optional[np.ndarray] = None
     labels: tuple = ()
     # learnt name -> 1-sigma of where a group's own value may lie (random effects: the
-    # groups' values scatter about their mean by tau^2 = G x the sandwich's excess over the
+    # groups' values scatter about their mean by tau^2 = G x the robust variance's excess over the
     # model's variance, and the mean is uncertain by sigma): how much the answer depends on
     # what the robot happened to do; = sigma when the groups agree; empty without groups
     sigma_spread: dict = dataclasses.field(default_factory=dict)
@@ -86,7 +86,7 @@ def gauss_newton_uncertainty(params: PhysicalParameters, names, J: torch.Tensor,
     """`ParameterUncertainty` from residuals r [n] and their Jacobian J [n, P] w.r.t. the
     raw elements of ``names`` (in `raw_vector` order) at the current values. ``units`` > 0:
     the residuals are that many equal, consecutive units in time order (tuples), whose
-    scores feed the cluster-robust sandwich (`score_groups`)."""
+    scores and information feed the cluster jackknife (`score_groups`)."""
     J, r = J.detach().double().cpu(), r.detach().double().cpu()
     n, P = J.shape
     scores = information = None
