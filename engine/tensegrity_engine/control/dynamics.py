@@ -67,7 +67,8 @@ class EngineDynamics:
     chunks of samples each): 2 plan ~1.5x faster at 40 samples when the second core is
     idle, slower when another job holds it, hence the default 1. "torch"
     runs the torch engine (any integrator or device). Default (None): native for the
-    semi-implicit integrator on CPU unless ``compile`` is given (which asks for torch).
+    semi-implicit integrator on CPU unless ``compile`` is given (which asks for torch) or
+    the robot has the soft contact law (torch only).
     Without a working C compiler the native backend raises `native.NativeBuildError`
     saying so; pass ``backend="torch"`` (CLI ``--backend torch``) to plan without one.
 
@@ -105,14 +106,14 @@ class EngineDynamics:
         self.integrator = integrator
         self.device = torch.device(device)
         self.dtype = dtype
+        self.engine = _shared_engine(robot, floor, actuator_timing, self.device)
         if backend is None:
             backend = ("native" if integrator in MODEL_INTEGRATORS and self.device.type == "cpu"
-                       and compile is None else "torch")
+                       and compile is None and self.engine.native_kernel_applies else "torch")
         if backend not in ("torch", "native"):
             raise ValueError(f"backend must be 'torch' or 'native', got {backend!r}")
         self.backend = backend
         self.threads = int(threads)
-        self.engine = _shared_engine(robot, floor, actuator_timing, self.device)
         if backend == "native":
             if integrator not in MODEL_INTEGRATORS:
                 raise ValueError(f"the native backend runs the 'semi_implicit' and 'implicitfast' integrators, "

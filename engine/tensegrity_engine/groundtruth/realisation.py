@@ -109,8 +109,15 @@ class Realisation:
     @staticmethod
     def twin_of(robot) -> "Realisation":
         """The engine's twin of ``robot``: its equations, stepped as the robot model says
-        (``engine.integrator``: semi_implicit is MuJoCo's Euler, implicitfast its own)."""
-        return Realisation(integrator="implicitfast" if robot.integrator == "implicitfast" else "Euler")
+        (``engine.integrator``: semi_implicit is MuJoCo's Euler, implicitfast its own); a
+        robot with the soft contact law gets its solref, solimp and condim (rod-rod contacts
+        stay MuJoCo's there, the engine's penalty law in the engine)."""
+        integrator = "implicitfast" if robot.integrator == "implicitfast" else "Euler"
+        con = robot.contact
+        if con.law == "soft":
+            return Realisation(integrator=integrator, contact=Contact(condim=con.soft_condim, solref=tuple(con.solref),
+                                                                      solimp=tuple(con.solimp)))
+        return Realisation(integrator=integrator)
 
     @staticmethod
     def from_dict(data: dict) -> "Realisation":

@@ -131,7 +131,7 @@ class RecurrentObjective:
         how to choose ``forward_backend="torch"``), since nothing falls back silently."""
         backend = config.forward_backend
         if backend is None:
-            applies = (torch.device(device).type == "cpu" and engine.ground_contact_fn is None
+            applies = (torch.device(device).type == "cpu" and engine.native_kernel_applies
                        and config.fine_integrator in MODEL_INTEGRATORS)
             backend = "native" if applies else "torch"
         if backend == "torch":

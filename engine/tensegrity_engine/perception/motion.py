@@ -124,7 +124,7 @@ class EnginePrior:
         self.robot = params.robot
         self.engine = TensegrityEngine(self.robot, params, floor=True)
         self.native = native
-        if native:             # the C kernel: a 0.1 s prediction in well under a millisecond
+        if native and self.engine.native_kernel_applies:     # C kernel: a 0.1 s prediction in < 1 ms
             from tensegrity_engine.physics.native import NativeRollout
 
             self.rollout = NativeRollout(self.engine).rollout

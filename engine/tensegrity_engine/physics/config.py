@@ -30,13 +30,30 @@ class Friction:
     rolling: float
 
 
+# Ground contact laws (`physics.soft_contact`): the paper's penalty spring-damper with smooth
+# Coulomb friction, or MuJoCo's soft constraint (pyramidal friction cone, solref/solimp).
+CONTACT_LAWS = ("penalty", "soft")
+DEFAULT_SOLREF = (0.02, 1.0)                        # MuJoCo's defaults: time constant (s), damping ratio
+DEFAULT_SOLIMP = (0.9, 0.95, 0.001, 0.5, 2.0)       # dmin, dmax, width (m), midpoint, power
+
+
 @dataclasses.dataclass(frozen=True)
 class ContactConfig:
     ground_height: float
     rod_rod: bool
-    stiffness: float
+    stiffness: float                 # penalty law; rod-rod contacts under either law
     damping: float
     friction: Friction
+    law: str = "penalty"             # ground contact law, one of CONTACT_LAWS
+    solref: tuple = DEFAULT_SOLREF   # soft law: (time constant s, damping ratio)
+    solimp: tuple = DEFAULT_SOLIMP   # soft law: impedance (dmin, dmax, width m, midpoint, power)
+    condim: int = 0                  # soft law: 3 (sliding) or 6 (+ torsional, rolling); 0: 6 if those are set
+
+    @property
+    def soft_condim(self) -> int:
+        if self.condim:
+            return self.condim
+        return 6 if (self.friction.torsional > 0 or self.friction.rolling > 0) else 3
 
 
 # The integrators a robot model may be stepped with (`physics.integrators`): explicit cable
@@ -164,6 +181,12 @@ def _require(mapping: Mapping[str, Any], key: str, where: str) -> Any:
     if key not in mapping:
         raise ConfigError(f"{where}.{key}: missing required field")
     return mapping[key]
+
+
+def _number_list(value: Any, n: int, where: str) -> tuple:
+    if not isinstance(value, (list, tuple)) or len(value) != n:
+        raise ConfigError(f"{where}: expected a list of {n} numbers, got {value!r}")
+    return tuple(_number(v, f"{where}[{i}]") for i, v in enumerate(value))
 
 
 def _number(value: Any, where: str, *, positive: bool = False, nonneg: bool = False) -> float:
@@ -307,7 +330,21 @@ def robot_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> RobotCon
         rod_rod = con.get("rod_rod", True)
         if not isinstance(rod_rod, bool):
             raise ConfigError(f"contact.rod_rod: expected true/false, got {rod_rod!r}")
+        law = con.get("law", "penalty")
+        if law not in CONTACT_LAWS:
+            raise ConfigError(f"contact.law must be one of {CONTACT_LAWS}, got {law!r}")
+        solref = _number_list(con.get("solref", DEFAULT_SOLREF), 2, "contact.solref")
+        if not (solref[0] > 0 and solref[1] > 0):
+            raise ConfigError(f"contact.solref: time constant and damping ratio must be > 0, got {list(solref)}")
+        solimp = _number_list(con.get("solimp", DEFAULT_SOLIMP), 5, "contact.solimp")
+        if not (0 < solimp[0] <= solimp[1] < 1 and solimp[2] >= 0 and 0 < solimp[3] < 1 and solimp[4] >= 1):
+            raise ConfigError("contact.solimp: need 0 < dmin <= dmax < 1, width >= 0, 0 < midpoint < 1, "
+                              f"power >= 1; got {list(solimp)}")
+        condim = con.get("condim", 0)
+        if condim not in (0, 3, 6):
+            raise ConfigError(f"contact.condim must be 3 or 6, got {condim!r}")
         contact = ContactConfig(
+            law=law, solref=solref, solimp=solimp, condim=int(condim),
             ground_height=_number(con.get("ground_height", 0.0), "contact.ground_height"),
             rod_rod=rod_rod,
             stiffness=_number(_require(con, "stiffness", "contact"), "contact.stiffness", positive=True),
@@ -382,7 +419,9 @@ def robot_to_dict(robot: RobotConfig) -> dict:
                     "stiffness": con.stiffness, "damping": con.damping,
                     "friction": {"sliding": con.friction.sliding,
                                  "torsional": con.friction.torsional,
-                                 "rolling": con.friction.rolling}},
+                                 "rolling": con.friction.rolling}}
+        | ({} if con.law == "penalty" else {"law": con.law, "solref": list(con.solref), "solimp": list(con.solimp)})
+        | ({"condim": con.condim} if con.condim else {}),
     }
 
 

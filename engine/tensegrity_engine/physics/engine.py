@@ -98,6 +98,12 @@ class TensegrityEngine(nn.Module):
         return self.force_model.ground_contact_fn
 
     @property
+    def native_kernel_applies(self) -> bool:
+        """Whether the C kernel (`native`) can step this engine: the penalty contact law on
+        the engine's own floor (the soft law runs in torch)."""
+        return self.ground_contact_fn is None and not self.force_model.soft_ground
+
+    @property
     def actuator_timing(self) -> str:
         return self.actuators.timing
 
@@ -272,7 +278,7 @@ class TensegrityEngine(nn.Module):
         length = torch.linalg.vector_norm(k["W"] @ Y, dim=-1)
         cable = 0.5 * (p["cable_stiffness"] * torch.relu(length - rest) ** 2).sum(-1)
         total = kinetic + gravity + cable
-        if self.floor:
+        if self.floor and not self.force_model.soft_ground:     # the soft law stores no energy
             z = (k["N"] @ Y)[..., 2]
             depth = k["node_radius"] - (z - self.robot.contact.ground_height)
             total = total + 0.5 * (p["contact_stiffness"] * torch.relu(depth) ** 2).sum(-1)

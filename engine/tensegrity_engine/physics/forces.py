@@ -32,12 +32,19 @@ class ForceModel:
     [2R]) -> per-node penetration depth [..., 2R] (> 0: in contact). When set, the ground
     block uses that depth as a constant (no gradient through the contact geometry);
     everything else is unchanged. Used by the identification ablation (c).
+
+    Under the soft contact law (``contact.law: soft``) the ground is not a force here: the
+    integrators solve it with the accelerations (`soft_contact.SoftGroundContact`).
     """
 
     def __init__(self, topology: Topology, *, floor: bool, friction_smoothing: float,
                  angular_smoothing: float, ground_contact_fn: Optional[Callable] = None):
         self.topology = topology
         self.floor = floor
+        self.soft_ground = bool(floor and topology.robot.contact.law == "soft")
+        if self.soft_ground and ground_contact_fn is not None:
+            raise ValueError("the soft contact law solves the engine's own floor plane; an external "
+                             "ground_contact_fn needs contact.law 'penalty'")
         self.friction_smoothing = friction_smoothing
         self.angular_smoothing = angular_smoothing
         self.ground_contact_fn = ground_contact_fn
@@ -84,7 +91,7 @@ class ForceModel:
         X = None
         # ---- ground contacts (DCC + CRG): the two end spheres of every capsule
         ground_force = ground_torque = None
-        if self.floor:
+        if self.floor and not self.soft_ground:
             X = Y @ k["Nt"]                                                # end nodes [..., 3, 2R]
             Xdot = Ydot @ k["Nt"]
             r = k["node_radius"]

@@ -25,12 +25,18 @@ Integrators
                    differentiable, so gradients are those of a stable explicit simulation
                    at any requested step, which is what the paper asks of ANI.
 
+Under the soft contact law (`soft_contact`) the semi-implicit step takes the accelerations
+the ground's soft constraint leaves; ``implicitfast`` and ``implicit`` add the wrench that
+constraint applies at the explicit accelerations and then solve their own velocity update
+(as MuJoCo's implicit integrators do with its constraint force).
+
 Every integrator's ``step(S, act, command, dt, wrench, p)`` advances the components-first
 state S [..., 13, R] and the filtered commands act [..., A] by dt under a clamped command.
 """
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 
@@ -38,6 +44,7 @@ from tensegrity_engine.physics.actuators import CableActuators
 from tensegrity_engine.physics.forces import ForceModel
 from tensegrity_engine.physics.jacobians import skew, block_diag, force_jacobians, own_cable_damping_blocks
 from tensegrity_engine.physics.rigid_body import RigidRods
+from tensegrity_engine.physics.soft_contact import SoftGroundContact
 from tensegrity_engine.physics.stability import explicit_step_limit
 from tensegrity_engine.physics.state import ANG_VEL, LIN_VEL
 
@@ -47,14 +54,17 @@ INTEGRATORS = ("semi_implicit", "implicit", "ani", "implicitfast")
 class SemiImplicitEuler:
     """Symplectic Euler with velocity-implicit ground friction."""
 
-    def __init__(self, forces: ForceModel, rods: RigidRods, actuators: CableActuators):
-        self.forces, self.rods, self.actuators = forces, rods, actuators
+    def __init__(self, forces: ForceModel, rods: RigidRods, actuators: CableActuators,
+                 soft: Optional[SoftGroundContact] = None):
+        self.forces, self.rods, self.actuators, self.soft = forces, rods, actuators, soft
 
     def advance(self, S, rest, p, h, wrench):
         """One step h at fixed rest lengths."""
         out = self.forces(S, rest, p, wrench, defer_friction=True)
         acc, alpha = self.rods.accelerations(S, out)
-        if "ground_slip" in out:
+        if self.soft is not None:
+            acc, alpha = self.soft.accelerations(S, out, p, h, acc, alpha)
+        elif "ground_slip" in out:
             k = self.forces.topology.constants(S.dtype, S.device)
             f_fric, t_fric, _ = self.forces.ground_friction(out, p, k, h, acc, alpha)
             out["force"], out["torque"] = out["force"] + f_fric, out["torque"] + t_fric
@@ -69,8 +79,9 @@ class SemiImplicitEuler:
 class LinearizedBackwardEuler:
     """Linearised backward Euler on the rod-major system (see the module docstring)."""
 
-    def __init__(self, forces: ForceModel, rods: RigidRods, actuators: CableActuators):
-        self.forces, self.rods, self.actuators = forces, rods, actuators
+    def __init__(self, forces: ForceModel, rods: RigidRods, actuators: CableActuators,
+                 soft: Optional[SoftGroundContact] = None):
+        self.forces, self.rods, self.actuators, self.soft = forces, rods, actuators, soft
 
     def advance(self, S, rest, p, h, wrench):
         topology = self.forces.topology
@@ -78,6 +89,8 @@ class LinearizedBackwardEuler:
         k = topology.constants(S.dtype, S.device)
         state = S.transpose(-1, -2)
         out = self.forces(S, rest, p, wrench, keep=True)
+        if self.soft is not None:
+            add_soft_contact(self.soft, self.rods, S, out, p, h)
         Kmat, Dmat = force_jacobians(topology, state, out, p)
         mass = out["mass"]
         batch = state.shape[:-2]
@@ -108,8 +121,9 @@ class ImplicitFast:
     """Semi-implicit Euler, implicit per rod in its cable damping and gyroscopic torque
     (see the module docstring)."""
 
-    def __init__(self, forces: ForceModel, rods: RigidRods, actuators: CableActuators):
-        self.forces, self.rods, self.actuators = forces, rods, actuators
+    def __init__(self, forces: ForceModel, rods: RigidRods, actuators: CableActuators,
+                 soft: Optional[SoftGroundContact] = None):
+        self.forces, self.rods, self.actuators, self.soft = forces, rods, actuators, soft
 
     def _solve(self, A, force, torque):
         """Per-rod (acc, alpha) [..., 3, R] from A [..., R, 6, 6] and the net wrench."""
@@ -125,6 +139,8 @@ class ImplicitFast:
         topology = self.forces.topology
         k = topology.constants(S.dtype, S.device)
         out = self.forces(S, rest, p, wrench, keep=True, defer_friction=True)
+        if self.soft is not None:
+            add_soft_contact(self.soft, self.rods, S, out, p, h)
         mass, w = out["mass"], S[..., 10:13, :]
         eye3 = torch.eye(3, dtype=S.dtype, device=S.device)
         I_world, gyro = self.rods.world_inertia(S, out)                           # gyro = w x I w
@@ -176,9 +192,17 @@ class AdaptiveNaive:
         return S, act
 
 
+def add_soft_contact(soft: SoftGroundContact, rods: RigidRods, S, out, p, h) -> None:
+    """Add the soft ground contact's wrench at the explicit accelerations to ``out``."""
+    acc, alpha = rods.accelerations(S, out)
+    force, torque = soft.wrench(S, out, p, h, acc, alpha)
+    out["force"], out["torque"] = out["force"] + force, out["torque"] + torque
+
+
 def make_integrators(forces: ForceModel, rods: RigidRods, actuators: CableActuators, *,
                      ani_safety: float) -> dict:
     """The name -> integrator table, in `INTEGRATORS` order."""
-    semi = SemiImplicitEuler(forces, rods, actuators)
-    return {"semi_implicit": semi, "implicit": LinearizedBackwardEuler(forces, rods, actuators),
-            "ani": AdaptiveNaive(semi, ani_safety), "implicitfast": ImplicitFast(forces, rods, actuators)}
+    soft = SoftGroundContact(forces.topology, rods) if forces.soft_ground else None
+    semi = SemiImplicitEuler(forces, rods, actuators, soft)
+    return {"semi_implicit": semi, "implicit": LinearizedBackwardEuler(forces, rods, actuators, soft),
+            "ani": AdaptiveNaive(semi, ani_safety), "implicitfast": ImplicitFast(forces, rods, actuators, soft)}

@@ -60,6 +60,11 @@ PARAM_SPECS: tuple[ParamSpec, ...] = (
     ParamSpec("friction_sliding", 0.01, 3.0, True, "global", "-", "Coulomb sliding coefficient"),
     ParamSpec("friction_torsional", 1e-5, 1.0, True, "global", "m", "torsional friction length"),
     ParamSpec("friction_rolling", 1e-6, 1.0, True, "global", "m", "rolling friction length"),
+    # the soft contact law's solref (`physics.soft_contact`); inert under the penalty law
+    ParamSpec("contact_time_constant", 1e-3, 1.0, True, "global", "s",
+              "soft contact: time constant of the constraint's reference spring-damper (solref[0])"),
+    ParamSpec("contact_damping_ratio", 0.05, 20.0, True, "global", "-",
+              "soft contact: damping ratio of the reference spring-damper (solref[1])"),
 )
 SPEC_BY_NAME = {spec.name: spec for spec in PARAM_SPECS}
 
@@ -83,6 +88,8 @@ def nominal_values(robot: RobotConfig) -> dict[str, np.ndarray]:
         "friction_sliding": np.array([fr.sliding]),
         "friction_torsional": np.array([fr.torsional]),
         "friction_rolling": np.array([fr.rolling]),
+        "contact_time_constant": np.array([robot.contact.solref[0]]),
+        "contact_damping_ratio": np.array([robot.contact.solref[1]]),
     }
 
 
@@ -302,7 +309,7 @@ class PhysicalParameters(nn.Module):
 
     def to_robot_config(self) -> RobotConfig:
         """A RobotConfig carrying these values (for YAML export and the MuJoCo twin)."""
-        from tensegrity_engine.physics.config import ActuatorConfig, ContactConfig, Friction
+        from tensegrity_engine.physics.config import ActuatorConfig, Friction
 
         v = {k: np.asarray(x) for k, x in self.as_dict().items()}
         r = self.robot
@@ -315,9 +322,9 @@ class PhysicalParameters(nn.Module):
             actuator=ActuatorConfig(float(v["actuator_time_constant"][0]), float(v["actuator_gain"][0]),
                                     float(v["actuator_offset"][0]), float(v["actuator_max_speed"][0]),
                                     float(v["actuator_delay"][0])),
-            contact=ContactConfig(
-                ground_height=r.contact.ground_height, rod_rod=r.contact.rod_rod,
-                stiffness=float(v["contact_stiffness"][0]), damping=float(v["contact_damping"][0]),
+            contact=dataclasses.replace(
+                r.contact, stiffness=float(v["contact_stiffness"][0]), damping=float(v["contact_damping"][0]),
                 friction=Friction(float(v["friction_sliding"][0]), float(v["friction_torsional"][0]),
-                                  float(v["friction_rolling"][0]))),
+                                  float(v["friction_rolling"][0])),
+                solref=(float(v["contact_time_constant"][0]), float(v["contact_damping_ratio"][0]))),
         )

@@ -211,6 +211,9 @@ class NativeRollout:
         if engine.ground_contact_fn is not None:
             raise ValueError("NativeRollout does not support an external ground_contact_fn; use the "
                              "torch engine")
+        if not engine.native_kernel_applies:
+            raise ValueError("the native kernel has the penalty contact law; a robot with contact.law "
+                             "'soft' runs in the torch engine")
         self.integrator = engine.robot.integrator if integrator is None else integrator
         if self.integrator not in MODEL_INTEGRATORS:
             raise ValueError(f"the native kernel steps semi_implicit or implicitfast, not {self.integrator!r}; "
@@ -381,7 +384,7 @@ def forward_rollout(engine, state: torch.Tensor, act: torch.Tensor, commands: to
     raises `NativeBuildError` (nothing falls back silently)."""
     integrator = engine.robot.integrator if integrator is None else integrator
     tensors = [state, act, commands] + ([] if wrenches is None else [wrenches])
-    applies = (integrator in MODEL_INTEGRATORS and engine.ground_contact_fn is None
+    applies = (integrator in MODEL_INTEGRATORS and engine.native_kernel_applies
                and not torch.is_grad_enabled() and state.dtype in LANES
                and all(t.device.type == "cpu" for t in tensors))
     if not applies:
