@@ -47,7 +47,8 @@ class ContactConfig:
     law: str = "penalty"             # ground contact law, one of CONTACT_LAWS
     solref: tuple = DEFAULT_SOLREF   # soft law: (time constant s, damping ratio)
     solimp: tuple = DEFAULT_SOLIMP   # soft law: impedance (dmin, dmax, width m, midpoint, power)
-    condim: int = 0                  # soft law: 3 (sliding) or 6 (+ torsional, rolling); 0: 6 if those are set
+    condim: int = 0                  # soft law: 1 (frictionless), 3 (sliding), 4 (+ torsional),
+                                     # 6 (+ rolling); 0: 6 if torsional or rolling friction is set, else 3
 
     @property
     def soft_condim(self) -> int:
@@ -341,8 +342,8 @@ def robot_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> RobotCon
             raise ConfigError("contact.solimp: need 0 < dmin <= dmax < 1, width >= 0, 0 < midpoint < 1, "
                               f"power >= 1; got {list(solimp)}")
         condim = con.get("condim", 0)
-        if condim not in (0, 3, 6):
-            raise ConfigError(f"contact.condim must be 3 or 6, got {condim!r}")
+        if condim not in (0, 1, 3, 4, 6):
+            raise ConfigError(f"contact.condim must be 1, 3, 4 or 6, got {condim!r}")
         contact = ContactConfig(
             law=law, solref=solref, solimp=solimp, condim=int(condim),
             ground_height=_number(con.get("ground_height", 0.0), "contact.ground_height"),

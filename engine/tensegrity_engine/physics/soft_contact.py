@@ -3,7 +3,8 @@
 The paper's penalty law (`forces.ForceModel`) is a spring-damper per end sphere with smooth
 Coulomb friction. MuJoCo instead treats a contact as a soft constraint in acceleration
 space: each row i of a pyramidal friction cone (J_i = J_n +- mu_k J_k, k over the sliding,
-torsional and rolling directions of the contact frame) has a reference acceleration
+torsional and rolling directions of the contact frame, as ``condim`` 3, 4 or 6 has them;
+condim 1 is the normal row alone) has a reference acceleration
 
     aref_i = -B (J_i v) - K imp(dist) dist,   B = 2 / (dmax tc),  K = 1 / (dmax^2 tc^2 zeta^2)
 
@@ -71,7 +72,8 @@ class SoftGroundContact:
     # ------------------------------------------------------------------ the problem
     def rows(self, S, out, p, h):
         """(J [..., R, E, 6], aref [..., R, E], D [..., R, E] with 0 on rows whose contact
-        is open): each rod's pyramid rows, both end spheres, E = 4 (condim - 1)."""
+        is open): each rod's pyramid rows, both end spheres, E = 4 (condim - 1) (2 for
+        condim 1: the normal rows alone)."""
         topology = self.topology
         k = topology.constants(S.dtype, S.device)
         R = topology.num_rods
@@ -101,13 +103,17 @@ class SoftGroundContact:
             return torch.cat([zeros, d], -2)
 
         mu_s = p["friction_sliding"].reshape(())
-        directions = [(sliding(tangent), mu_s), (sliding(binormal), mu_s)]
+        directions = [(sliding(tangent), mu_s), (sliding(binormal), mu_s)] if self.condim >= 3 else []
+        if self.condim >= 4:
+            directions.append((turning(normal), p["friction_torsional"].reshape(())))
         if self.condim == 6:
-            directions += [(turning(normal), p["friction_torsional"].reshape(())),
-                           (turning(tangent), p["friction_rolling"].reshape(())),
+            directions += [(turning(tangent), p["friction_rolling"].reshape(())),
                            (turning(binormal), p["friction_rolling"].reshape(()))]
         J_n = sliding(normal)
-        J = torch.stack([J_n + sign * mu * J_k for J_k, mu in directions for sign in (1.0, -1.0)], -3)
+        if directions:
+            J = torch.stack([J_n + sign * mu * J_k for J_k, mu in directions for sign in (1.0, -1.0)], -3)
+        else:                                # condim 1: the normal row alone
+            J = J_n.unsqueeze(-3)
         speed = (J * torch.cat([vel, w], -2).repeat_interleave(2, dim=-1).unsqueeze(-3)).sum(-2)   # [..., E', 2R]
         dmax = self.solimp[1]
         tc = p["contact_time_constant"].reshape(()).clamp(min=2.0 * h)      # MuJoCo's refsafe
@@ -117,7 +123,10 @@ class SoftGroundContact:
         imp = impedance(dist, self.solimp)
         aref = -B * speed - (K * imp * dist).unsqueeze(-2)
         inv_mass = 1.0 / out["mass"].repeat_interleave(2)
-        regulariser = 2.0 * mu_s * mu_s * (1.0 - imp) / imp * (1.0 + mu_s * mu_s) * inv_mass
+        if directions:                       # one R for the whole pyramid (MuJoCo's Rpy)
+            regulariser = 2.0 * mu_s * mu_s * (1.0 - imp) / imp * (1.0 + mu_s * mu_s) * inv_mass
+        else:
+            regulariser = (1.0 - imp) / imp * inv_mass
         D = torch.where(dist < 0, 1.0 / regulariser, torch.zeros_like(dist)).unsqueeze(-2).expand_as(aref)
 
         # per rod: end sphere 2r's rows, then 2r+1's
