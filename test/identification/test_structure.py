@@ -40,7 +40,7 @@ def test_selection_finds_the_robots_integrator(tmp_path, truth_integrator):
     if truth_integrator == "implicitfast":
         assert sel.chosen.options == ("implicitfast",)
         assert sel.params.robot.integrator == "implicitfast"
-        assert sel.chosen.error < 0.2 * sel.base.error
+        assert sel.chosen.error < 0.4 * sel.base.error
         # here both structures find the damping (within 1 %): the step is what predicts
         got = float(np.mean(sel.params.as_dict()["cable_damping"]))
         assert abs(got - true_c) < 0.05 * true_c
@@ -92,3 +92,28 @@ def test_a_stable_option_beats_a_diverging_structure():
     assert ok and "diverges" in why
     ok, why = _paired_verdict(np.array([0.01, np.inf]), np.array([0.01, 0.02]), 0.05, 2.0, 0.0)
     assert not ok and why == "unstable"
+
+
+def test_contact_law_selection_finds_mujocos_contact(tmp_path):
+    """A three-bar rolling in MuJoCo (its default soft contacts), the soft law's values
+    started off (time constant 0.04 s, damping ratio 0.7): fitting the contact values under
+    the penalty law leaves the held-out prediction 1 s ahead 76 mm off; the soft law fits
+    it to 19 mm (the three-bar's own chaos is 12 mm there) and is kept, with MuJoCo's time
+    constant and damping ratio found (measured: 0.0201 s, 1.009)."""
+    from tensegrity_engine.identification.structure import select_contact_law
+    from tensegrity_engine.physics.params import PhysicalParameters
+
+    base = load_robot("three_bar")
+    robot = ZooRobot("test", "", base, base, Realisation(), SensorModel())
+    ds.generate_dataset(base, "contact", tmp_path, counts={"train": 3, "val": 2}, seed=2, dense=False,
+                        truth=robot, duration=2.0, contact_commands="random")
+    train, heldout = (ds.load_split(tmp_path / "contact", s, robot=base) for s in ("train", "val"))
+    start = PhysicalParameters(base, values={"contact_time_constant": 0.04, "contact_damping_ratio": 0.7})
+    cfg = IdentificationConfig(init="given", schedule="fine_only", lm_max_iters=6, max_seconds=120)
+    sel = select_contact_law(start, train, heldout, cfg)
+    assert sel.base.params.robot.contact.law == "penalty"
+    assert sel.chosen.options == ("soft_contact",) and sel.params.robot.contact.law == "soft"
+    assert sel.chosen.error < 0.4 * sel.base.error
+    values = sel.params.as_dict()
+    assert abs(values["contact_time_constant"][0] - 0.02) < 0.001
+    assert abs(values["contact_damping_ratio"][0] - 1.0) < 0.05

@@ -9,13 +9,23 @@ NONCONTACT_PARAMS = ("cable_stiffness", "cable_damping", "cable_slack_damping", 
                      "actuator_offset")
 CONTACT_PARAMS = ("contact_stiffness", "contact_damping", "friction_sliding",
                   "friction_torsional", "friction_rolling")
+# under the soft contact law the ground's normal response is its solref (rod-rod contacts keep
+# the penalty values, which contact data rarely reveals)
+SOFT_CONTACT_PARAMS = ("contact_time_constant", "contact_damping_ratio", "friction_sliding",
+                       "friction_torsional", "friction_rolling")
 SCHEDULES = ("progressive", "implicit_only", "feedforward", "fine_only", "online")
 INITS = ("random", "given", "given+random")
 
 
-def default_learnable(floor: bool) -> tuple[str, ...]:
-    """Non-contact data (no floor) identifies the robot; contact data identifies contact."""
-    return CONTACT_PARAMS if floor else NONCONTACT_PARAMS
+def contact_params(law: str = "penalty") -> tuple[str, ...]:
+    """The values contact data identifies under a ground contact law."""
+    return SOFT_CONTACT_PARAMS if law == "soft" else CONTACT_PARAMS
+
+
+def default_learnable(floor: bool, law: str = "penalty") -> tuple[str, ...]:
+    """Non-contact data (no floor) identifies the robot; contact data identifies contact
+    (the values of the robot's contact ``law``)."""
+    return contact_params(law) if floor else NONCONTACT_PARAMS
 
 
 @dataclasses.dataclass

@@ -48,7 +48,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from tensegrity_engine.identification.acceptance import with_estimated_velocity
-from tensegrity_engine.identification.config import IdentificationConfig
+from tensegrity_engine.identification.config import IdentificationConfig, contact_params
 from tensegrity_engine.identification.dataset import Trajectory, tuples_from
 from tensegrity_engine.identification.evaluation import horizon_errors
 from tensegrity_engine.identification.trainer import ProgressiveTrainer
@@ -56,7 +56,7 @@ from tensegrity_engine.physics.config import RobotConfig
 from tensegrity_engine.physics.params import PhysicalParameters
 
 __all__ = ["StructureOption", "OPTIONS", "BASE_LEARN", "Candidate", "StructureSelection", "select_structure",
-           "structure_options", "structure_config"]
+           "structure_options", "structure_config", "with_contact_law", "select_contact_law"]
 
 # Values every structure fits (the robot's core physics without contact).
 BASE_LEARN = ("cable_stiffness", "cable_damping", "rod_mass", "actuator_time_constant", "actuator_gain",
@@ -220,4 +220,55 @@ def select_structure(robot: RobotConfig, train: Sequence[Trajectory], heldout: S
         best = round_best
         remaining.remove(best.options[-1])
         log(f"structure round {rnd}: keeps {best.options[-1]} ({round_verdict})")
+    return StructureSelection(chosen=best, base=base, tried=tried, horizon=horizon)
+
+
+def with_contact_law(params: PhysicalParameters, law: str) -> PhysicalParameters:
+    """``params`` (every value and the per-element split kept: the soft law's solref
+    values are ``params``' own, the robot's unless set) on its robot with the ground
+    contact ``law``."""
+    robot = params.robot
+    if robot.contact.law == law:
+        return params
+    robot = robot.replace(contact=dataclasses.replace(robot.contact, law=law))
+    return PhysicalParameters(robot, values=params.as_dict(), per_element=params.per_element)
+
+
+def select_contact_law(params: PhysicalParameters, train: Sequence[Trajectory], heldout: Sequence[Trajectory],
+                       config: IdentificationConfig, *, laws: Sequence[str] = ("penalty", "soft"),
+                       horizon: float = 1.0, stride: float = 0.5, min_gain: float = 0.05, sigmas: float = 2.0,
+                       log: Callable[[str], None] = lambda m: None) -> StructureSelection:
+    """The ground contact law the robot's contact data asks for: from ``params`` (its
+    non-contact values, its structure), the contact values are fitted under each law in
+    ``laws`` (the robot's own first: the incumbent) on ``train`` rolling trajectories, each
+    judged ``horizon`` ahead on ``heldout`` ones; another law replaces the incumbent only
+    as a structural option does (`select_structure`: ``min_gain`` relative, ``sigmas``
+    standard errors of the paired per-window difference). ``config`` sets the budget and
+    solver; its ``learn`` is each law's contact values. Candidates are labelled by their
+    law ("soft_contact" for the soft law)."""
+    own = params.robot.contact.law
+    order = [own] + [law for law in laws if law != own]
+    heldout = [with_estimated_velocity(t) for t in heldout]
+    train_tuples = tuples_from(list(train), config.period)
+    candidates = []
+    for law in order:
+        start = with_contact_law(params, law)
+        cfg = dataclasses.replace(config, learn=contact_params(law), per_element=tuple(start.per_element),
+                                  fine_integrator=start.robot.integrator, init="given")
+        t0 = time.perf_counter()
+        trainer = ProgressiveTrainer(start.robot, cfg, initial=start)
+        trainer.set_data(train_tuples)
+        trainer.run()
+        fitted = trainer.parameters
+        errors = horizon_errors(fitted, heldout, (horizon,), stride=stride)[horizon]
+        label = () if law == "penalty" else (f"{law}_contact",)
+        candidates.append(Candidate(label, fitted, np.asarray(errors, dtype=np.float64), time.perf_counter() - t0))
+        log(f"contact law {law}: {1e3 * candidates[-1].error:.2f} mm {horizon:g} s ahead ({candidates[-1].wall:.0f} s)")
+    base = best = candidates[0]
+    tried = []
+    for cand in candidates[1:]:
+        ok, verdict = _paired_verdict(cand.errors, best.errors, min_gain, sigmas)
+        tried.append((1, cand, verdict))
+        if ok:
+            best = cand
     return StructureSelection(chosen=best, base=base, tried=tried, horizon=horizon)

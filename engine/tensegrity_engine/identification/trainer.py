@@ -185,7 +185,7 @@ class ProgressiveTrainer:
         if self.engine is not None:
             return
         cfg = self.config
-        self.learn = tuple(cfg.learn) if cfg.learn is not None else default_learnable(ts.floor)
+        self.learn = tuple(cfg.learn) if cfg.learn is not None else default_learnable(ts.floor, self.robot.contact.law)
         for name, raw in self.params.named_parameters():
             raw.requires_grad_(name in self.learn)
         bound_for_stability(self, ts)
