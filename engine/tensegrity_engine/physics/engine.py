@@ -99,9 +99,9 @@ class TensegrityEngine(nn.Module):
 
     @property
     def native_kernel_applies(self) -> bool:
-        """Whether the C kernel (`native`) can step this engine: the penalty contact law on
-        the engine's own floor (the soft law runs in torch)."""
-        return self.ground_contact_fn is None and not self.force_model.soft_ground
+        """Whether the C kernel (`native`) can step this engine: its own floor (either
+        contact law), not an external ground checker."""
+        return self.ground_contact_fn is None
 
     @property
     def actuator_timing(self) -> str:

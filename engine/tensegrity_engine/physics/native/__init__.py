@@ -176,7 +176,10 @@ def _structs(real):
                     + [(n, real) for n in ("h", "half_h", "ground_height", "contact_stiffness",
                                            "contact_damping", "mu", "mu_torsional", "mu_rolling",
                                            "angular_eps2", "friction_eps2")]
-                    + [("inertia_t", preal), ("inertia_a", preal), ("implicitfast", i32)])
+                    + [("inertia_t", preal), ("inertia_a", preal), ("implicitfast", i32)]
+                    + [("soft_ground", i32), ("soft_condim", i32)]
+                    + [(n, real) for n in ("soft_b", "soft_k", "soft_reg", "soft_dmin", "soft_dmax",
+                                           "soft_width", "soft_mid", "soft_power")])
 
     class IO(ctypes.Structure):
         _fields_ = ([(n, i64) for n in ("batch", "steps", "hold", "record_every")]
@@ -211,9 +214,6 @@ class NativeRollout:
         if engine.ground_contact_fn is not None:
             raise ValueError("NativeRollout does not support an external ground_contact_fn; use the "
                              "torch engine")
-        if not engine.native_kernel_applies:
-            raise ValueError("the native kernel has the penalty contact law; a robot with contact.law "
-                             "'soft' runs in the torch engine")
         self.integrator = engine.robot.integrator if integrator is None else integrator
         if self.integrator not in MODEL_INTEGRATORS:
             raise ValueError(f"the native kernel steps semi_implicit or implicitfast, not {self.integrator!r}; "
@@ -309,6 +309,24 @@ class NativeRollout:
         self._last_model = (key, values, built)
         return built
 
+    def _soft_ground(self, p: dict, dtype: torch.dtype, dt: float) -> dict:
+        """The soft contact law's constants (`soft_contact.SoftGroundContact.rows`), or off."""
+        engine = self.engine
+        if not engine.force_model.soft_ground:
+            return {"soft_ground": 0}
+        contact = engine.robot.contact
+        dmin, dmax, width, mid, power = (float(v) for v in contact.solimp)
+        with torch.no_grad():
+            tc = p["contact_time_constant"].detach().to(dtype).reshape(()).clamp(min=2.0 * dt)
+            ratio = p["contact_damping_ratio"].detach().to(dtype).reshape(())
+            mu = p["friction_sliding"].detach().to(dtype).reshape(())
+            condim = contact.soft_condim
+            return {"soft_ground": 1, "soft_condim": condim, "soft_b": float(2.0 / (dmax * tc)),
+                    "soft_k": float(1.0 / (dmax * dmax * tc * tc * ratio * ratio)),
+                    "soft_reg": float(2.0 * mu * mu * (1.0 + mu * mu)) if condim >= 3 else 1.0,
+                    "soft_dmin": dmin, "soft_dmax": dmax, "soft_width": width, "soft_mid": mid,
+                    "soft_power": power}
+
     def _build_model(self, p: dict, dtype: torch.dtype, dt: float):
         """tg_model and the arrays it points to; derived constants use the engine's own torch
         expressions in ``dtype``, so they round exactly as in `TensegrityEngine`."""
@@ -370,6 +388,7 @@ class NativeRollout:
                 angular_eps2=engine.angular_smoothing * engine.angular_smoothing,
                 friction_eps2=engine.friction_smoothing * engine.friction_smoothing,
                 implicitfast=int(self.integrator == "implicitfast"),
+                **self._soft_ground(p, dtype, dt),
                 **{name: _ptr(v, real) for name, v in arrays.items()},
                 **{name: _ptr(v, ctypes.c_int32) for name, v in ints.items()})
         return model, (arrays, ints)

@@ -74,8 +74,13 @@ typedef struct {
     real h, half_h, ground_height;
     real contact_stiffness, contact_damping, mu, mu_torsional, mu_rolling;
     real angular_eps2, friction_eps2;
-    const real *inertia_t, *inertia_a;   /* [R]: transverse and axial inertia (implicitfast) */
+    const real *inertia_t, *inertia_a;   /* [R]: transverse and axial inertia (implicitfast, soft ground) */
     int32_t implicitfast;          /* step implicit per rod in its cable damping and gyroscopic torque */
+    /* soft ground (contact.law soft, soft_contact.SoftGroundContact): condim, the reference
+     * spring-damper B and K (time constant clamped to two steps), the regulariser's factor
+     * on (1 - imp) / (imp m), and solimp */
+    int32_t soft_ground, soft_condim;
+    real soft_b, soft_k, soft_reg, soft_dmin, soft_dmax, soft_width, soft_mid, soft_power;
 } tg_model;
 
 /* Strided views of the caller's tensors, in elements (a stride may be 0: broadcast). */
@@ -592,6 +597,179 @@ static void accelerations_implicit(const tg_model *m, tg_work *w)
     }
 }
 
+/* MuJoCo's impedance of a violation (soft_contact.impedance). */
+static real soft_impedance(const tg_model *m, real violation)
+{
+    const real dmin = m->soft_dmin, dmax = m->soft_dmax, width = m->soft_width;
+    if (dmin == dmax || width <= (real)1e-15) return (real)0.5 * (dmin + dmax);
+    real x = (violation < 0 ? -violation : violation) / width;
+    x = x > 1 ? (real)1 : x;
+    const real mid = m->soft_mid, pw = m->soft_power;
+    const real y = x <= mid ? (real)pow(x, pw) / (real)pow(mid, pw - 1)
+                            : (real)1 - (real)pow(1 - x, pw) / (real)pow(1 - mid, pw - 1);
+    return dmin + (dmax - dmin) * y;
+}
+
+#define SOFT_ROWS 20
+#define SOFT_NEWTON 10
+#define SOFT_LINE_SEARCH 4
+
+/* Soft ground (SoftGroundContact): per rod and lane, the accelerations minimising
+ * 1/2 (a - a0)'M(a - a0) + sum 1/2 D min(0, J a - aref)^2 over the pyramid rows of its end
+ * spheres in the floor, a0 = (acc, alpha) as accelerations() left them. write_acc: the
+ * result into acc / alpha (semi-implicit); else its wrench M (a - a0) into force / torque
+ * (implicitfast solves its own update). Newton with an exact line search, as the engine;
+ * a lane stops once a step keeps its active rows and takes the full step (the next would
+ * be zero). */
+static void soft_ground(const tg_model *m, tg_work *w, int write_acc)
+{
+    const int R = m->rods, N = 2 * m->rods, condim = m->soft_condim;
+    const real gh = m->ground_height;
+    for (int r = 0; r < R; ++r) {
+        const real rad0 = m->node_radius[2 * r], rad1 = m->node_radius[2 * r + 1];
+        const real *z0 = ROW(w->node, 2 * N + 2 * r), *z1 = ROW(w->node, 2 * N + 2 * r + 1);
+        int any = 0;
+        for (int l = 0; l < LANES; ++l) any |= (z0[l] - rad0 - gh < 0) | (z1[l] - rad1 - gh < 0);
+        if (!any) continue;
+        const real mass = m->mass[r], it = m->inertia_t[r], ia = m->inertia_a[r], fr = m->free[r];
+        for (int l = 0; l < LANES; ++l) {
+            real J[SOFT_ROWS][6], aref[SOFT_ROWS], D[SOFT_ROWS];
+            int rows = 0;
+            const real p[3] = {ROW(w->st, r)[l], ROW(w->st, R + r)[l], ROW(w->st, 2 * R + r)[l]};
+            const real v6[6] = {ROW(w->st, 7 * R + r)[l], ROW(w->st, 8 * R + r)[l], ROW(w->st, 9 * R + r)[l],
+                                ROW(w->st, 10 * R + r)[l], ROW(w->st, 11 * R + r)[l], ROW(w->st, 12 * R + r)[l]};
+            const real ax[3] = {ROW(w->axis, r)[l], ROW(w->axis, R + r)[l], ROW(w->axis, 2 * R + r)[l]};
+            for (int e = 0; e < 2; ++e) {
+                const int n = 2 * r + e;
+                const real rad = m->node_radius[n];
+                const real x[3] = {ROW(w->node, n)[l], ROW(w->node, N + n)[l], ROW(w->node, 2 * N + n)[l]};
+                const real dist = x[2] - rad - gh;
+                if (!(dist < 0)) continue;
+                const real lev[3] = {x[0] - p[0], x[1] - p[1], (x[2] - (rad + (real)0.5 * dist)) - p[2]};
+                real t[3] = {ax[0], ax[1], 0};
+                if (t[0] * t[0] + t[1] * t[1] < (real)0.25) { t[0] = 0; t[1] = 1; }
+                const real tn = SQRT(t[0] * t[0] + t[1] * t[1]);
+                t[0] /= tn; t[1] /= tn;
+                const real b[3] = {-t[1], t[0], 0};              /* e_z x t */
+                const real jn[6] = {0, 0, 1, lev[1], -lev[0], 0};  /* [e_z; lever x e_z] */
+                real dirs[5][6], mus[5];
+                int nd = 0;
+                if (condim >= 3) {
+                    const real *d2[2] = {t, b};
+                    for (int k = 0; k < 2; ++k, ++nd) {
+                        const real *d = d2[k];
+                        dirs[nd][0] = d[0]; dirs[nd][1] = d[1]; dirs[nd][2] = d[2];
+                        dirs[nd][3] = lev[1] * d[2] - lev[2] * d[1];
+                        dirs[nd][4] = lev[2] * d[0] - lev[0] * d[2];
+                        dirs[nd][5] = lev[0] * d[1] - lev[1] * d[0];
+                        mus[nd] = m->mu;
+                    }
+                }
+                if (condim >= 4) {
+                    const real d[6] = {0, 0, 0, 0, 0, 1};
+                    for (int i = 0; i < 6; ++i) dirs[nd][i] = d[i];
+                    mus[nd++] = m->mu_torsional;
+                }
+                if (condim == 6) {
+                    const real *d2[2] = {t, b};
+                    for (int k = 0; k < 2; ++k, ++nd) {
+                        dirs[nd][0] = dirs[nd][1] = dirs[nd][2] = 0;
+                        dirs[nd][3] = d2[k][0]; dirs[nd][4] = d2[k][1]; dirs[nd][5] = d2[k][2];
+                        mus[nd] = m->mu_rolling;
+                    }
+                }
+                const real imp = soft_impedance(m, dist);
+                const real d_row = imp / (((real)1 - imp) * m->soft_reg / mass);
+                const real pos_term = m->soft_k * imp * dist;
+                const int edges = nd ? 2 * nd : 1;
+                for (int q = 0; q < edges; ++q, ++rows) {
+                    real speed = 0;
+                    for (int i = 0; i < 6; ++i) {
+                        J[rows][i] = nd ? jn[i] + (q & 1 ? -mus[q / 2] : mus[q / 2]) * dirs[q / 2][i] : jn[i];
+                        speed += J[rows][i] * v6[i];
+                    }
+                    aref[rows] = -m->soft_b * speed - pos_term;
+                    D[rows] = d_row;
+                }
+            }
+            if (!rows) continue;
+            real M[6][6] = {{0}};
+            for (int i = 0; i < 3; ++i) {
+                M[i][i] = mass;
+                for (int k = 0; k < 3; ++k) M[3 + i][3 + k] = (i == k ? it : (real)0) + (ia - it) * ax[i] * ax[k];
+            }
+            const real a0[6] = {ROW(w->acc, r)[l], ROW(w->acc, R + r)[l], ROW(w->acc, 2 * R + r)[l],
+                                ROW(w->alpha, r)[l], ROW(w->alpha, R + r)[l], ROW(w->alpha, 2 * R + r)[l]};
+            real a[6], jar[SOFT_ROWS];
+            int was[SOFT_ROWS];
+            for (int i = 0; i < 6; ++i) a[i] = a0[i];
+            for (int q = 0; q < rows; ++q) was[q] = -1;
+            for (int it_n = 0; it_n < SOFT_NEWTON; ++it_n) {
+                real H[6][6], g[6], Mda[6], da[6];
+                int same = 1;
+                for (int i = 0; i < 6; ++i) da[i] = a[i] - a0[i];
+                for (int i = 0; i < 6; ++i) {
+                    Mda[i] = 0;
+                    for (int k = 0; k < 6; ++k) { H[i][k] = M[i][k]; Mda[i] += M[i][k] * da[k]; }
+                    g[i] = Mda[i];
+                }
+                for (int q = 0; q < rows; ++q) {
+                    real z = -aref[q];
+                    for (int i = 0; i < 6; ++i) z += J[q][i] * a[i];
+                    jar[q] = z;
+                    const int on = z < 0;
+                    same &= on == was[q];
+                    was[q] = on;
+                    if (!on) continue;
+                    for (int i = 0; i < 6; ++i) {
+                        g[i] += D[q] * z * J[q][i];
+                        for (int k = 0; k < 6; ++k) H[i][k] += D[q] * J[q][i] * J[q][k];
+                    }
+                }
+                real step[6];
+                for (int i = 0; i < 6; ++i) step[i] = -g[i];
+                solve6(H, step);
+                real Js[SOFT_ROWS], curv = 0, slope = 0;
+                for (int i = 0; i < 6; ++i) {
+                    real Ms = 0;
+                    for (int k = 0; k < 6; ++k) Ms += M[i][k] * step[k];
+                    curv += step[i] * Ms;
+                    slope += step[i] * Mda[i];
+                }
+                for (int q = 0; q < rows; ++q) {
+                    Js[q] = 0;
+                    for (int i = 0; i < 6; ++i) Js[q] += J[q][i] * step[i];
+                }
+                real alpha = 1;
+                for (int ls = 0; ls < SOFT_LINE_SEARCH; ++ls) {
+                    real first = alpha * curv + slope, second = curv;
+                    for (int q = 0; q < rows; ++q) {
+                        const real z = jar[q] + alpha * Js[q];
+                        if (z < 0) { first += D[q] * z * Js[q]; second += D[q] * Js[q] * Js[q]; }
+                    }
+                    alpha = alpha - first / (second > (real)1e-300 ? second : (real)1e-300);
+                    alpha = alpha < 0 ? (real)0 : alpha;
+                }
+                for (int i = 0; i < 6; ++i) a[i] += alpha * step[i];
+                if (same && alpha == (real)1) break;        /* the active rows' exact minimum */
+            }
+            if (write_acc) {
+                for (int i = 0; i < 3; ++i) {
+                    ROW(w->acc, i * R + r)[l] = m->has_fixed ? a[i] * fr : a[i];
+                    ROW(w->alpha, i * R + r)[l] = m->has_fixed ? a[3 + i] * fr : a[3 + i];
+                }
+            } else {
+                for (int i = 0; i < 3; ++i) {
+                    real mt = 0;
+                    for (int k = 0; k < 3; ++k) mt += M[3 + i][3 + k] * (a[3 + k] - a0[3 + k]);
+                    ROW(w->force, i * R + r)[l] += mass * (a[i] - a0[i]);
+                    ROW(w->torque, i * R + r)[l] += mt;
+                }
+            }
+        }
+    }
+}
+
 /* Velocity-implicit smooth Coulomb sliding friction at the ground contacts
  * (ForceModel.ground_friction with a step h), added to force and torque. */
 static void ground_friction(const tg_model *m, tg_work *w)
@@ -796,14 +974,20 @@ static void run_chunk(const tg_model *m, const tg_io *io, tg_work *w, idx_t firs
         kinematics(m, w);
         cables(m, w);
         if (m->floor || m->pairs) nodes(m, w);
-        if (m->floor) ground(m, w);
+        if (m->floor && !m->soft_ground) ground(m, w);
         if (m->pairs && pair_geometry(m, w)) pair_response(m, w);
         if (io->wrenches) load_wrench(m, io, w, step);
         external(m, w, io->wrenches != NULL);
-        if (m->implicitfast) accelerations_implicit(m, w); else accelerations(m, w);
-        if (m->floor) {
-            ground_friction(m, w);
+        if (m->floor && m->soft_ground) {
+            accelerations(m, w);                      /* without the ground */
+            soft_ground(m, w, !m->implicitfast);
+            if (m->implicitfast) accelerations_implicit(m, w);
+        } else {
             if (m->implicitfast) accelerations_implicit(m, w); else accelerations(m, w);
+            if (m->floor) {
+                ground_friction(m, w);
+                if (m->implicitfast) accelerations_implicit(m, w); else accelerations(m, w);
+            }
         }
         advance(m, w);
         real *swap = w->act; w->act = w->act_end; w->act_end = swap;
