@@ -21,6 +21,9 @@ it (and the file's header comment repeats them):
 * contacts: the engine's penalty spring-damper with smooth Coulomb friction has no MJCF
   equivalent; the export keeps MuJoCo's soft contacts with the identified friction
   coefficients (MuJoCo's torsional and rolling coefficients are lengths, as the engine's).
+  A model with the soft contact law (``contact.law: soft``) is exported with its identified
+  solref, its solimp and condim: on the floor it then takes the engine's steps too (rod-rod
+  contacts stay MuJoCo's soft ones, the engine's penalty law).
 
 A model with a dead time has an actuator history: call `init_command_history` after
 ``mj_resetData`` so the dead time starts from the command then held (MuJoCo's history
@@ -77,7 +80,12 @@ def calibrated_mjcf(params: PhysicalParameters, *, floor: bool = True, fixed_rod
         notes.append(f"actuator_delay {delay:.4g} s is negative (a pose clock ahead of the command clock, "
                      f"a sensor property): the exported robot has no dead time")
         delay = 0.0
-    if floor:
+    if floor and robot.contact.law == "soft":
+        con = robot.contact
+        notes.append(f"contact: the engine's soft law is MuJoCo's (solref {list(con.solref)}, solimp "
+                     f"{list(con.solimp)}, pyramidal condim {con.soft_condim}) on the floor; rod-rod contacts, "
+                     f"the engine's penalty law (stiffness {con.stiffness:.4g} N/m), are MuJoCo's soft ones here")
+    elif floor:
         notes.append("contact: MuJoCo soft contacts (default solref/solimp) with the identified friction; "
                      f"the engine's penalty contact (stiffness {robot.contact.stiffness:.4g} N/m, damping "
                      f"{robot.contact.damping:.4g} N s/m) has no MJCF equivalent")
