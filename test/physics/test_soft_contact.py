@@ -150,3 +150,28 @@ def test_native_kernel_takes_the_torch_engines_soft_steps(integrator, condim):
     assert touching.flatten(-2).any(-1).double().mean() > 0.75
     assert (touching[..., 1:, :, :] != touching[..., :-1, :, :]).any()          # contacts open and close
     assert ref[..., 7:9].norm(dim=-1).max() > 0.2 and ref[..., 10:13].norm(dim=-1).max() > 1.0
+
+
+def test_a_planner_follows_a_swapped_in_contact_law():
+    """MPPI's dynamics built from the penalty config plan a swapped-in soft-contact model
+    with the soft law (the same steps as that model's own engine), and go back on a swap
+    back; the two laws' predictions differ, so the swap is what matches."""
+    from tensegrity_engine.control.dynamics import EngineDynamics
+
+    robot = load_robot("three_bar")
+    soft = PhysicalParameters(_with_law(robot, "soft"), {"contact_time_constant": 0.015})
+    s0, a0, cmds = _rolling(robot, steps=200)
+    dyn = EngineDynamics(robot, PhysicalParameters(robot), dtype=torch.float64, backend="native")
+    penalty_end, _ = dyn.advance(s0, a0, cmds)
+    dyn.set_params(soft)
+    assert dyn.engine.force_model.soft_ground
+    soft_end, _ = dyn.advance(s0, a0, cmds)
+    engine = TensegrityEngine(soft.robot, soft)
+    with torch.no_grad():
+        ref, _ = engine.rollout(*(torch.as_tensor(x) for x in (s0, a0, cmds)), robot.dt)
+    assert np.abs(soft_end[:, :3] - ref[-1, :, :3].numpy()).max() < 1e-9
+    assert np.abs(soft_end[:, :3] - penalty_end[:, :3]).max() > 1e-3
+    dyn.set_params(PhysicalParameters(robot))
+    assert not dyn.engine.force_model.soft_ground
+    back, _ = dyn.advance(s0, a0, cmds)
+    assert np.abs(back - penalty_end).max() < 1e-12

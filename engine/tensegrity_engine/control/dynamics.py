@@ -6,6 +6,7 @@ Both have the signature of `interfaces.Dynamics`."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import math
 from typing import Optional
@@ -147,11 +148,22 @@ class EngineDynamics:
     def set_params(self, params: PhysicalParameters) -> None:
         """Swap the model's physical parameters (e.g. after identification); a model stepped
         with another integrator (its ``engine.integrator``) is planned with it, unless the
-        integrator was given explicitly."""
+        integrator was given explicitly; a model with another ground contact law (or soft
+        contact settings) is always planned with its own."""
+        rebuild = False
+        contact = params.robot.contact
+        own = self.engine.robot.contact
+        if (contact.law, contact.solimp, contact.soft_condim) != (own.law, own.solimp, own.soft_condim):
+            robot = self.engine.robot.replace(contact=dataclasses.replace(
+                own, law=contact.law, solimp=contact.solimp, condim=contact.soft_condim))
+            self.engine = TensegrityEngine(robot, None, floor=self.engine.floor,
+                                           actuator_timing=self.engine.actuator_timing).to(self.device)
+            self._captured, rebuild = None, True
         if self._follow_model and params.robot.integrator != self.integrator:
             self.integrator = params.robot.integrator
-            if self.backend == "native":
-                self._native = type(self._native)(self.engine, threads=self.threads, integrator=self.integrator)
+            rebuild = True
+        if rebuild and self.backend == "native":
+            self._native = type(self._native)(self.engine, threads=self.threads, integrator=self.integrator)
         self._params = params
         self._physics_id = physics_fingerprint(params)
         with torch.no_grad():
