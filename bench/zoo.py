@@ -25,7 +25,9 @@ needs ``pip install -r bench/requirements-peer.txt`` and stops with that message
 ``--structure`` also selects the model's structure from the hanging data
 (`identification.structure.select_structure`: integrator, slack damping, end-heavy
 inertia, winch speed, per-cable and per-rod values, each kept only if it predicts the
-validation trajectories better beyond noise), fits contact on top of it, and prints it as
+validation trajectories better beyond noise), fits contact on top of it under the penalty
+and the soft (MuJoCo's) contact law and keeps the soft one only if it predicts the rolling
+validation data better beyond noise (`select_contact_law`), and prints it as
 "structure" beside "identified" (every non-contact value learnt, semi-implicit), with the
 structure each robot revealed next to its true realisation (issue 19). The all-values fit
 is a structure too: "structure" is whichever of the two predicts the validation data of
@@ -57,7 +59,7 @@ from tensegrity_engine.groundtruth.zoo import zoo_names, zoo_robot
 from tensegrity_engine.identification import dataset as ds
 from tensegrity_engine.identification.acceptance import judge, select
 from tensegrity_engine.identification.evaluation import evaluate, horizon_errors
-from tensegrity_engine.identification.structure import select_structure
+from tensegrity_engine.identification.structure import select_contact_law, select_structure
 from tensegrity_engine.physics.config import load_robot
 from tensegrity_engine.physics.parameter_files import export_yaml
 from tensegrity_engine.physics.params import PhysicalParameters
@@ -262,13 +264,21 @@ def run_structure(z, hang: dict, roll: dict, cfg: dict, identified: dict) -> tup
     for line in sel.lines():
         _line("   " + line)
     chosen = sel.params
-    roll_cfg = idf.IdentificationConfig(**{**cfg, "fine_integrator": chosen.robot.integrator,
-                                           "per_element": tuple(chosen.per_element)})
-    c, _, verdict = identify(chosen.robot, roll, roll_cfg, initial=chosen)
+    # the contact law is structure too, and only rolling data shows it: each law's contact
+    # values fitted on top of the selected structure, the soft law kept only if it predicts
+    # the rolling validation data better beyond noise (`select_contact_law`)
+    laws = select_contact_law(chosen, roll["train"], roll["val"], idf.IdentificationConfig(**cfg))
+    for line in laws.lines():
+        _line("   contact " + line)
+    c = laws.params
+    verdict = judge(c, chosen, roll["val"])
+    if not verdict.accepted:
+        c = chosen
     nominal = PhysicalParameters(z.nominal)
     picked, model, _ = select([("structure, both stages", c), ("structure, hanging stage only", chosen)], nominal,
                               {"hanging": hang["val"], "rolling": roll["val"]})
-    label = sel.chosen.label if model is not nominal else "nominal"
+    label = "+".join(sel.chosen.options + laws.chosen.options) or "base"
+    label = label if model is not nominal else "nominal"
     # The all-values fit is a structure too (every non-contact value free in the engine's own
     # step): the published model is whichever of the two predicts both regimes' validation
     # data better, each regime's 1 s error taken relative to the nominal model's (a model is
