@@ -277,7 +277,8 @@ def run_structure(z, hang: dict, roll: dict, cfg: dict, identified: dict) -> tup
     nominal = PhysicalParameters(z.nominal)
     picked, model, _ = select([("structure, both stages", c), ("structure, hanging stage only", chosen)], nominal,
                               {"hanging": hang["val"], "rolling": roll["val"]})
-    label = "+".join(sel.chosen.options + laws.chosen.options) or "base"
+    law = ("soft_contact",) if model.robot.contact.law == "soft" else ()
+    label = "+".join(sel.chosen.options + law) or "base"
     label = label if model is not nominal else "nominal"
     # The all-values fit is a structure too (every non-contact value free in the engine's own
     # step): the published model is whichever of the two predicts both regimes' validation

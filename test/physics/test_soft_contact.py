@@ -175,3 +175,70 @@ def test_a_planner_follows_a_swapped_in_contact_law():
     assert not dyn.engine.force_model.soft_ground
     back, _ = dyn.advance(s0, a0, cmds)
     assert np.abs(back - penalty_end).max() < 1e-12
+
+
+def test_float32_rollouts_stay_finite_and_follow_float64():
+    """The planner's dtype: rods off the floor (zero Newton steps) and rolling ones stay
+    finite in float32, torch and C, and follow the float64 run."""
+    robot = _with_law(load_robot("three_bar"), "soft")
+    engine = TensegrityEngine(robot)
+    s0, a0, cmds = _rolling(robot, steps=200)
+    lifted = s0.copy()
+    lifted[:, 2] += 0.5
+    inputs = [torch.as_tensor(np.stack(x)) for x in ((s0, lifted), (a0, a0), (cmds, cmds))]
+    with torch.no_grad():
+        ref, _ = engine.rollout(*inputs, robot.dt)
+        for run in (engine.rollout, native.NativeRollout(engine).rollout):
+            out, _ = run(*(x.float() for x in inputs), robot.dt)
+            assert torch.isfinite(out).all()
+            assert (out[..., :3].double() - ref[..., :3]).abs().max() < 1e-3
+
+
+def test_a_steep_rods_contact_frame_is_mujocos():
+    """A rod 80 degrees from the floor, pushed sideways while its end rests in the floor:
+    MuJoCo's contact frame follows the rod axis projected on the plane however steep (not
+    a fixed tangent); the engine takes MuJoCo's step."""
+    import mujoco
+
+    from tensegrity_engine.groundtruth.mujoco_twin import MujocoTwin
+
+    robot = _with_law(load_robot("three_bar"), "soft", rod_rod=False)
+    state = torch.as_tensor(environments.rest_pose(robot)[0]).clone()
+    tilt = np.deg2rad(80.0)
+    q = np.array([np.cos((np.pi / 2 - tilt) / 2), np.sin((np.pi / 2 - tilt) / 2) * 0.6,
+                  np.sin((np.pi / 2 - tilt) / 2) * 0.8, 0.0])
+    half = 0.5 * robot.rod_length[0]
+    axis = np.array([2 * (q[1] * q[3] + q[0] * q[2]), 2 * (q[2] * q[3] - q[0] * q[1]),
+                     q[0] ** 2 - q[1] ** 2 - q[2] ** 2 + q[3] ** 2])
+    state[0, 3:7] = torch.as_tensor(q)
+    state[0, :3] = torch.as_tensor(half * axis + np.array([0.0, 0.0, robot.rod_radius[0] - 0.002]))
+    state[0, 7:10] = torch.tensor([0.4, -0.3, 0.0])
+    state[1:, 2] += 3.0                                   # the other rods far above
+    act = torch.as_tensor(environments.rest_pose(robot)[1])
+    cmds = act.expand(20, -1).clone()
+    twin = MujocoTwin(robot, floor=True, nthread=1)
+    twin.reset(state.numpy(), act.numpy())
+    mujoco.mj_forward(twin.model, twin.data)
+    assert twin.data.ncon >= 1
+    frame = twin.data.contact[0].frame.reshape(3, 3)
+    flat = axis * np.array([1.0, 1.0, 0.0])
+    assert abs(abs(frame[1] @ flat / np.linalg.norm(flat)) - 1.0) < 1e-9       # the projected axis
+    mj, _ = twin.rollout(state.numpy()[None], act.numpy()[None], cmds.numpy()[None])
+    with torch.no_grad():
+        out, _ = TensegrityEngine(robot).rollout(state, act, cmds, robot.dt)
+    assert (out[..., :3] - torch.as_tensor(mj[0][..., :3])).abs().max() < 1e-9
+
+
+def test_a_soft_model_file_keeps_its_law(tmp_path):
+    from tensegrity_engine.physics.parameter_files import export_yaml, params_from_file
+    from tensegrity_engine.physics.residual import physics_fingerprint
+
+    robot = load_robot("three_bar")
+    soft = PhysicalParameters(_with_law(robot, "soft", condim=4), {"contact_time_constant": 0.015})
+    path = export_yaml(soft, tmp_path / "soft.yaml")
+    again = params_from_file(robot, path)
+    assert again.robot.contact.law == "soft" and again.robot.contact.soft_condim == 4
+    assert again.as_dict()["contact_time_constant"][0] == pytest.approx(0.015)
+    assert physics_fingerprint(again) == physics_fingerprint(soft)
+    assert physics_fingerprint(PhysicalParameters(robot)) != physics_fingerprint(
+        PhysicalParameters(_with_law(robot, "soft")))

@@ -68,8 +68,7 @@ class EngineDynamics:
     chunks of samples each): 2 plan ~1.5x faster at 40 samples when the second core is
     idle, slower when another job holds it, hence the default 1. "torch"
     runs the torch engine (any integrator or device). Default (None): native for the
-    semi-implicit integrator on CPU unless ``compile`` is given (which asks for torch) or
-    the robot has the soft contact law (torch only).
+    semi-implicit integrator on CPU unless ``compile`` is given (which asks for torch).
     Without a working C compiler the native backend raises `native.NativeBuildError`
     saying so; pass ``backend="torch"`` (CLI ``--backend torch``) to plan without one.
 

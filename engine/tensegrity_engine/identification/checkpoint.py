@@ -20,8 +20,8 @@ import torch
 from tensegrity_engine.physics.config import RobotConfig, topology_fingerprint
 
 FORMAT = "tensegrity-checkpoint"
-VERSION = 4     # 2: rod_inertia_factor among the parameters; narrowed bounds saved; 3: cable_slack_damping;
-#               4: actuator_delay
+VERSION = 5     # 2: rod_inertia_factor among the parameters; narrowed bounds saved; 3: cable_slack_damping;
+#               4: actuator_delay; 5: contact_time_constant, contact_damping_ratio (the soft contact law)
 
 
 class CheckpointError(ValueError):

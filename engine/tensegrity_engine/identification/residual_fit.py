@@ -88,7 +88,7 @@ class _Physics:
         self.p = {k: v.detach() for k, v in self.engine.param_values(torch.float64, "cpu").items()}
         self.substeps = model_substeps(self.engine, self.p, None, params.robot.dt)   # as it is used
         self.native = None
-        if backend == "native" and self.engine.native_kernel_applies:     # else torch (soft contact)
+        if backend == "native" and self.engine.native_kernel_applies:     # else torch (external ground)
             from tensegrity_engine.physics import native
 
             self.native = native.NativeRollout(self.engine)

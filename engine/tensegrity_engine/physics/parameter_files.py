@@ -2,6 +2,8 @@
 config, loadable by `load_robot`) and what a controller or tool reads back."""
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +29,8 @@ def params_from_file(robot: RobotConfig, path) -> PhysicalParameters:
     identification's export; its physical values are taken, topology must match) or a
     mapping ``{name: value or [values]}`` (``PhysicalParameters.as_dict()``), optionally
     under a ``parameters:`` key. A robot config's ``engine.integrator`` (the model's
-    structure) comes with its values."""
+    structure) and its ground contact law (``contact.law``, solimp, condim) come with its
+    values."""
     with open(path) as fh:
         data = yaml.safe_load(fh)
     if isinstance(data, dict) and "rods" in data and "cables" in data:
@@ -37,6 +40,10 @@ def params_from_file(robot: RobotConfig, path) -> PhysicalParameters:
         values = nominal_values(other)
         if other.integrator != robot.integrator:
             robot = robot.replace(integrator=other.integrator)
+        con = other.contact                   # the ground contact law is the model's structure too
+        if (con.law, con.solimp, con.condim) != (robot.contact.law, robot.contact.solimp, robot.contact.condim):
+            robot = robot.replace(contact=dataclasses.replace(robot.contact, law=con.law, solimp=con.solimp,
+                                                              condim=con.condim))
     else:
         values = data.get("parameters", data) if isinstance(data, dict) else None
         if not isinstance(values, dict):

@@ -159,13 +159,20 @@ def constant_velocity(x0: torch.Tensor, period: float) -> torch.Tensor:
 
 
 def physics_fingerprint(params) -> str:
-    """What a residual is trained on top of: a `PhysicalParameters`' integrator and every
-    value (10 significant digits, so a round trip through YAML keeps it)."""
+    """What a residual is trained on top of: a `PhysicalParameters`' integrator, its ground
+    contact law and every value that law uses (10 significant digits, so a round trip
+    through YAML keeps it; the soft law's solref values are left out under the penalty
+    law, where they are inert and a file does not carry them)."""
     import hashlib
     import json
 
-    values = {name: [float(f"{float(x):.10g}") for x in v] for name, v in sorted(params.as_dict().items())}
-    return hashlib.sha1(json.dumps([params.robot.integrator, values]).encode()).hexdigest()[:16]
+    contact = params.robot.contact
+    inert = () if contact.law == "soft" else ("contact_time_constant", "contact_damping_ratio")
+    values = {name: [float(f"{float(x):.10g}") for x in v] for name, v in sorted(params.as_dict().items())
+              if name not in inert}
+    structure = [params.robot.integrator] + ([contact.law, list(contact.solimp), contact.soft_condim]
+                                              if contact.law == "soft" else [])
+    return hashlib.sha1(json.dumps([structure, values]).encode()).hexdigest()[:16]
 
 
 def save_residual(model: ResidualModel, robot: RobotConfig, path) -> None:

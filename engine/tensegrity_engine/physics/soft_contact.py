@@ -86,9 +86,9 @@ class SoftGroundContact:
         normal[..., 2, :] = 1.0
         point = ends - (radius + 0.5 * dist).unsqueeze(-2) * normal
         lever = point - pos.repeat_interleave(2, dim=-1)
-        # the frame's first tangent: the rod axis on the plane ((0, 1, 0) for an upright rod)
+        # the frame's first tangent: the rod axis on the plane ((0, 1, 0) for a vertical rod)
         tangent = axis.repeat_interleave(2, dim=-1) * (1.0 - normal)
-        upright = dot(tangent, tangent) < 0.25
+        upright = dot(tangent, tangent) < 1e-12       # MuJoCo's frame: the projected axis unless ~zero
         fallback = torch.zeros_like(tangent)
         fallback[..., 1, :] = 1.0
         tangent = torch.where(upright.unsqueeze(-2), fallback, tangent)
@@ -163,7 +163,9 @@ class SoftGroundContact:
                 on = D * (z < 0).to(a.dtype)
                 first = alpha * curvature + slope + (on * z * J_step).sum(-1)
                 second = curvature + (on * J_step * J_step).sum(-1)
-                alpha = (alpha - first / second.clamp(min=1e-300)).clamp(min=0.0)
+                # a zero step (no rows, or none active) has no curvature: keep alpha (0/0 in float32)
+                alpha = torch.where(second > 0, alpha - first / torch.where(second > 0, second, 1.0),
+                                    alpha).clamp(min=0.0)
             a = a + alpha.unsqueeze(-1) * step
         return a
 

@@ -647,7 +647,7 @@ static void soft_ground(const tg_model *m, tg_work *w, int write_acc)
                 if (!(dist < 0)) continue;
                 const real lev[3] = {x[0] - p[0], x[1] - p[1], (x[2] - (rad + (real)0.5 * dist)) - p[2]};
                 real t[3] = {ax[0], ax[1], 0};
-                if (t[0] * t[0] + t[1] * t[1] < (real)0.25) { t[0] = 0; t[1] = 1; }
+                if (t[0] * t[0] + t[1] * t[1] < (real)1e-12) { t[0] = 0; t[1] = 1; }   /* vertical rod */
                 const real tn = SQRT(t[0] * t[0] + t[1] * t[1]);
                 t[0] /= tn; t[1] /= tn;
                 const real b[3] = {-t[1], t[0], 0};              /* e_z x t */
@@ -747,7 +747,7 @@ static void soft_ground(const tg_model *m, tg_work *w, int write_acc)
                         const real z = jar[q] + alpha * Js[q];
                         if (z < 0) { first += D[q] * z * Js[q]; second += D[q] * Js[q] * Js[q]; }
                     }
-                    alpha = alpha - first / (second > (real)1e-300 ? second : (real)1e-300);
+                    if (second > 0) alpha = alpha - first / second;   /* a zero step keeps alpha */
                     alpha = alpha < 0 ? (real)0 : alpha;
                 }
                 for (int i = 0; i < 6; ++i) a[i] += alpha * step[i];
