@@ -335,8 +335,9 @@ def robot_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> RobotCon
         if law not in CONTACT_LAWS:
             raise ConfigError(f"contact.law must be one of {CONTACT_LAWS}, got {law!r}")
         solref = _number_list(con.get("solref", DEFAULT_SOLREF), 2, "contact.solref")
-        if not (solref[0] > 0 and solref[1] > 0):
-            raise ConfigError(f"contact.solref: time constant and damping ratio must be > 0, got {list(solref)}")
+        if not (1e-3 < solref[0] < 1.0 and 0.05 < solref[1] < 20.0):
+            raise ConfigError("contact.solref: need a time constant in (0.001, 1) s and a damping ratio in "
+                              f"(0.05, 20) (the identifiable range), got {list(solref)}")
         solimp = _number_list(con.get("solimp", DEFAULT_SOLIMP), 5, "contact.solimp")
         if not (0 < solimp[0] <= solimp[1] < 1 and solimp[2] >= 0 and 0 < solimp[3] < 1 and solimp[4] >= 1):
             raise ConfigError("contact.solimp: need 0 < dmin <= dmax < 1, width >= 0, 0 < midpoint < 1, "
