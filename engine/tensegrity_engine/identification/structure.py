@@ -241,7 +241,8 @@ def select_contact_law(params: PhysicalParameters, train: Sequence[Trajectory], 
     """The ground contact law the robot's contact data asks for: from ``params`` (its
     non-contact values, its structure), the contact values are fitted under each law in
     ``laws`` (the robot's own first: the incumbent) on ``train`` rolling trajectories, each
-    judged ``horizon`` ahead on ``heldout`` ones; another law replaces the incumbent only
+    judged ``horizon`` ahead on ``heldout`` ones (whose tuples also stop each fit); another
+    law replaces the incumbent only
     as a structural option does (`select_structure`: ``min_gain`` relative, ``sigmas``
     standard errors of the paired per-window difference). ``config`` sets the budget and
     solver; its ``learn`` is each law's contact values. Candidates are labelled by their
@@ -250,6 +251,9 @@ def select_contact_law(params: PhysicalParameters, train: Sequence[Trajectory], 
     order = [own] + [law for law in laws if law != own]
     heldout = [with_estimated_velocity(t) for t in heldout]
     train_tuples = tuples_from(list(train), config.period)
+    # the held-out tuples also stop each fit and pick its best iterate, as a single contact
+    # fit does (`ProgressiveTrainer.set_data`'s validation data)
+    val_tuples = tuples_from(list(heldout), config.period)
     candidates = []
     for law in order:
         start = with_contact_law(params, law)
@@ -257,7 +261,7 @@ def select_contact_law(params: PhysicalParameters, train: Sequence[Trajectory], 
                                   fine_integrator=start.robot.integrator, init="given")
         t0 = time.perf_counter()
         trainer = ProgressiveTrainer(start.robot, cfg, initial=start)
-        trainer.set_data(train_tuples)
+        trainer.set_data(train_tuples, val_tuples)
         trainer.run()
         fitted = trainer.parameters
         errors = horizon_errors(fitted, heldout, (horizon,), stride=stride)[horizon]
