@@ -153,7 +153,7 @@ class SoftGroundContact:
             H = M + J.transpose(-1, -2) @ (active.unsqueeze(-1) * J)
             Mda = (M @ (a - a0).unsqueeze(-1)).squeeze(-1)
             g = Mda + (J.transpose(-1, -2) @ (active * jar).unsqueeze(-1)).squeeze(-1)
-            step = -torch.linalg.solve(H, g.unsqueeze(-1)).squeeze(-1)
+            step = -torch.linalg.solve_ex(H, g.unsqueeze(-1))[0].squeeze(-1)     # no host sync (CUDA graphs)
             J_step = (J @ step.unsqueeze(-1)).squeeze(-1)
             curvature = (step * (M @ step.unsqueeze(-1)).squeeze(-1)).sum(-1)
             slope = (step * Mda).sum(-1)
