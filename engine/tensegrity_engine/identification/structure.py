@@ -144,6 +144,19 @@ def structure_config(names: Sequence[str], robot: RobotConfig, base_learn: Seque
     return tuple(learn), tuple(per_element), integrator
 
 
+def _fitted_candidate(options: tuple, robot: RobotConfig, start: PhysicalParameters, config: IdentificationConfig,
+                      data: tuple, heldout: Sequence[Trajectory], horizon: float, stride: float) -> Candidate:
+    """The `Candidate` of ``options``: ``robot`` fitted from ``start`` on ``data`` (training
+    tuples, optionally validation tuples) and judged ``horizon`` ahead on ``heldout``."""
+    t0 = time.perf_counter()
+    trainer = ProgressiveTrainer(robot, config, initial=start)
+    trainer.set_data(*data)
+    trainer.run()
+    params = trainer.parameters
+    errors = horizon_errors(params, heldout, (horizon,), stride=stride)[horizon]
+    return Candidate(options, params, np.asarray(errors, dtype=np.float64), time.perf_counter() - t0)
+
+
 def _paired_verdict(cand: np.ndarray, best: np.ndarray, min_gain: float, sigmas: float,
                     min_abs: float = 0.0) -> tuple[bool, str]:
     if not np.all(np.isfinite(cand)):
@@ -190,13 +203,7 @@ def select_structure(robot: RobotConfig, train: Sequence[Trajectory], heldout: S
         learn, per_element, integrator = structure_config(chosen, robot, base_learn)
         cfg = dataclasses.replace(config, learn=learn, per_element=per_element, fine_integrator=integrator,
                                   init="given")
-        t0 = time.perf_counter()
-        trainer = ProgressiveTrainer(robot, cfg, initial=start)
-        trainer.set_data(train_tuples)
-        trainer.run()
-        params = trainer.parameters
-        errors = horizon_errors(params, heldout, (horizon,), stride=stride)[horizon]
-        return Candidate(tuple(chosen), params, np.asarray(errors, dtype=np.float64), time.perf_counter() - t0)
+        return _fitted_candidate(tuple(chosen), robot, start, cfg, (train_tuples,), heldout, horizon, stride)
 
     best = base = fit(())
     # how far the robot moves in ``horizon``: a gain below a thousandth of it is no reason to
@@ -259,14 +266,9 @@ def select_contact_law(params: PhysicalParameters, train: Sequence[Trajectory], 
         start = with_contact_law(params, law)
         cfg = dataclasses.replace(config, learn=contact_params(law), per_element=tuple(start.per_element),
                                   fine_integrator=start.robot.integrator, init="given")
-        t0 = time.perf_counter()
-        trainer = ProgressiveTrainer(start.robot, cfg, initial=start)
-        trainer.set_data(train_tuples, val_tuples)
-        trainer.run()
-        fitted = trainer.parameters
-        errors = horizon_errors(fitted, heldout, (horizon,), stride=stride)[horizon]
         label = () if law == "penalty" else (f"{law}_contact",)
-        candidates.append(Candidate(label, fitted, np.asarray(errors, dtype=np.float64), time.perf_counter() - t0))
+        candidates.append(_fitted_candidate(label, start.robot, start, cfg, (train_tuples, val_tuples), heldout,
+                                            horizon, stride))
         log(f"contact law {law}: {1e3 * candidates[-1].error:.2f} mm {horizon:g} s ahead ({candidates[-1].wall:.0f} s)")
     base = best = candidates[0]
     tried = []

@@ -92,16 +92,11 @@ class LinearizedBackwardEuler:
         if self.soft is not None:
             add_soft_contact(self.soft, self.rods, S, out, p, h)
         Kmat, Dmat = force_jacobians(topology, state, out, p)
-        mass = out["mass"]
         batch = state.shape[:-2]
-        dtype = state.dtype
         w = state[..., ANG_VEL]
-        eye3 = torch.eye(3, dtype=dtype, device=state.device)
         I_world, gyro = self.rods.world_inertia(S, out)
         Q = torch.cat([out["force"], out["torque"] - gyro], -2).transpose(-1, -2)   # [..., R, 6]
-        M_blocks = torch.zeros(*batch, R, 6, 6, dtype=dtype, device=state.device)
-        M_blocks[..., :3, :3] = mass[:, None, None] * eye3
-        M_blocks[..., 3:, 3:] = I_world
+        M_blocks = self.rods.mass_matrix(S, out, I_world).expand(*batch, R, 6, 6)
         free6 = k["free"].repeat_interleave(6)
         A = block_diag(M_blocks) + h * Dmat + h * h * Kmat
         xi = torch.cat([state[..., LIN_VEL], w], -1).reshape(*batch, 6 * R)

@@ -50,6 +50,16 @@ class RigidRods:
         gyro = ((ia - it) * dot(out["axis"], S[..., 10:13, :])).unsqueeze(-2) * out["axis_rate"]
         return I_world, gyro
 
+    def mass_matrix(self, S, out, inertia=None):
+        """[..., R, 6, 6] each rod's mass and world inertia (acting on (v, w)); ``inertia``:
+        the world inertia when the caller has it (`world_inertia`)."""
+        if inertia is None:
+            inertia, _ = self.world_inertia(S, out)
+        eye = torch.eye(3, dtype=S.dtype, device=S.device)
+        lin = (out["mass"][:, None, None] * eye).expand_as(inertia)
+        zero = torch.zeros_like(inertia)
+        return torch.cat([torch.cat([lin, zero], -1), torch.cat([zero, inertia], -1)], -2)
+
     def advance(self, S, v_new, w_new, h):
         """Positions with the new velocity, orientation by the exact exponential of w h."""
         if self.topology.fixed_rods:

@@ -134,14 +134,6 @@ class SoftGroundContact:
         per_rod = lambda x: x.movedim(-1, -2).unflatten(-2, (R, 2)).flatten(-2, -1)    # noqa: E731
         return J, per_rod(aref), per_rod(D)
 
-    def mass_matrix(self, S, out):
-        """[..., R, 6, 6] each rod's mass and world inertia."""
-        inertia, _ = self.rods.world_inertia(S, out)
-        eye = torch.eye(3, dtype=S.dtype, device=S.device)
-        lin = (out["mass"][:, None, None] * eye).expand_as(inertia)
-        zero = torch.zeros_like(inertia)
-        return torch.cat([torch.cat([lin, zero], -1), torch.cat([zero, inertia], -1)], -2)
-
     @staticmethod
     def solve(M, a0, J, aref, D):
         """argmin_a 1/2 (a - a0)'M(a - a0) + sum 1/2 D min(0, J a - aref)^2, per rod:
@@ -170,11 +162,17 @@ class SoftGroundContact:
         return a
 
     # ------------------------------------------------------------------ for the integrators
+    def _solved(self, S, out, p, h, acc, alpha):
+        """(M, a0, a) [..., R, 6(, 6)]: each rod's mass matrix, its accelerations without
+        the ground and with it."""
+        J, aref, D = self.rows(S, out, p, h)
+        M = self.rods.mass_matrix(S, out)
+        a0 = torch.cat([acc, alpha], -2).transpose(-1, -2)
+        return M, a0, self.solve(M, a0, J, aref, D)
+
     def accelerations(self, S, out, p, h, acc, alpha):
         """(acc, alpha) [..., 3, R] with the ground contact, from those without it."""
-        J, aref, D = self.rows(S, out, p, h)
-        a0 = torch.cat([acc, alpha], -2).transpose(-1, -2)
-        a = self.solve(self.mass_matrix(S, out), a0, J, aref, D).transpose(-1, -2)
+        a = self._solved(S, out, p, h, acc, alpha)[2].transpose(-1, -2)
         acc, alpha = a[..., :3, :], a[..., 3:, :]
         if self.topology.fixed_rods:
             free = self.topology.constants(S.dtype, S.device)["free"]
@@ -183,9 +181,6 @@ class SoftGroundContact:
 
     def wrench(self, S, out, p, h, acc, alpha):
         """(force, torque) [..., 3, R] the contact applies: M (a - a0), with a0 = (acc, alpha)."""
-        J, aref, D = self.rows(S, out, p, h)
-        M = self.mass_matrix(S, out)
-        a0 = torch.cat([acc, alpha], -2).transpose(-1, -2)
-        a = self.solve(M, a0, J, aref, D)
+        M, a0, a = self._solved(S, out, p, h, acc, alpha)
         w = (M @ (a - a0).unsqueeze(-1)).squeeze(-1).transpose(-1, -2)
         return w[..., :3, :], w[..., 3:, :]
