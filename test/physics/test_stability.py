@@ -80,3 +80,25 @@ def test_a_model_past_the_step_runs_true_at_the_substeps_it_is_given(superball):
     err = lambda n: np.nan_to_num(np.abs(com_path(n) - reference).max(), nan=np.inf)    # noqa: E731
     assert err(k) < 0.01
     assert err(1) > 10 * err(k)
+
+
+def test_the_soft_laws_ground_takes_nothing_from_the_explicit_step(three_bar):
+    """Under the soft law the ground is an implicit constraint: penalty contact values that
+    would need sub-steps under the penalty law need none, and a soft rollout at the config's
+    step with a stiff, fast contact (time constant 2 ms, the step's refsafe limit) stays at
+    rest on the floor instead of gaining energy."""
+    import dataclasses
+
+    from tensegrity_engine.physics.stability import stable_substeps
+
+    soft = three_bar.replace(contact=dataclasses.replace(three_bar.contact, law="soft"))
+    stiff = {"contact_stiffness": 50.0 * three_bar.contact.stiffness, "contact_damping": 50.0 * three_bar.contact.damping}
+    for robot, expected in ((three_bar, lambda k: k > 1), (soft, lambda k: k == 1)):
+        topology = TensegrityEngine(robot, floor=True).topology
+        k = stable_substeps(topology, PhysicalParameters(robot, stiff).values(), robot.dt, floor=True)
+        assert expected(k), (robot.contact.law, k)
+    fast = {**PhysicalParameters(soft).as_dict(), "contact_time_constant": [2.0 * soft.dt]}
+    s0, a0 = envs.rest_pose(soft)
+    cmd = np.repeat(a0[None], 500, 0)
+    speed = _max_speed(soft, fast, (s0, a0, cmd))
+    assert speed < 0.05

@@ -10,6 +10,10 @@ effective end mass 1 / (1/m_rod + (L/2)^2 / I_t), halved for relative two-node m
 sub-steps by this bound; identification uses it the other way round: a model whose contact
 damping puts the bound below the engine step fits 100 ms tuples (the ReLU normal force
 clips the overshoot) and diverges within a second of its own rollout.
+
+Under the soft contact law (`physics.soft_contact`) the ground is a constraint solved
+implicitly within the step, stable at any step (its time constant is held at >= 2 h), so
+only the penalty law's ground stiffness and damping enter these bounds.
 """
 from __future__ import annotations
 
@@ -53,10 +57,15 @@ def _node_terms(topology: Topology, values: Mapping[str, object]) -> tuple[float
     return float(end_mass.min()) / 2.0, k_node, c_node
 
 
+def _explicit_ground(topology: Topology, floor: bool) -> bool:
+    """Whether the ground's force is explicit in the step (the penalty law on a floor)."""
+    return floor and topology.robot.contact.law == "penalty"
+
+
 def explicit_step_limit(topology: Topology, values: Mapping[str, object], *, floor: bool) -> float:
     """Largest stable semi-implicit step (s) for these parameter values."""
     m_min, k_node, c_node = _node_terms(topology, values)
-    if floor:
+    if _explicit_ground(topology, floor):
         k_node += float(np.max(_values(values, "contact_stiffness", 1)))
         c_node += float(np.max(_values(values, "contact_damping", 1)))
     return min(2.0 / math.sqrt(max(k_node, 1e-12) / m_min), 2.0 * m_min / max(c_node, 1e-12))
@@ -96,7 +105,7 @@ def modal_step_limit(topology: Topology, values: Mapping[str, object], *, floor:
     if integrator == "implicitfast":
         c_node = 0.0
     limit = min(2.0 / math.sqrt(max(k_node, 1e-12) / m_half), 2.0 * m_half / max(c_node, 1e-12))
-    if floor:
+    if _explicit_ground(topology, floor):
         m_end = 2.0 * m_half
         k = k_node + float(np.max(_values(values, "contact_stiffness", 1)))
         c = c_node + float(np.max(_values(values, "contact_damping", 1)))
