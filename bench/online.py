@@ -2,6 +2,7 @@
 
     python bench/online.py [--robot superball] [--truth twin,zoo/soft_slow,... | zoo]
                            [--seeds 5] [--duration 60] [--noise robot|none] [--init given|random]
+                           [--law config|penalty|soft]
                            [--learn cable_stiffness,cable_damping,rod_mass,actuator_time_constant]
                            [--out runs/bench_online]
 
@@ -43,7 +44,7 @@ from tensegrity_engine.groundtruth.environments import rest_pose
 from tensegrity_engine.groundtruth.mujoco_twin import GroundTruthDiverged
 from tensegrity_engine.groundtruth.sensors import SensorModel
 from tensegrity_engine.groundtruth.zoo import ZOO_PREFIX, ground_truth, zoo_names
-from tensegrity_engine.identification.config import IdentificationConfig
+from tensegrity_engine.identification.config import IdentificationConfig, contact_params
 from tensegrity_engine.identification.online import OnlineIdentification
 from tensegrity_engine.identification.streaming import StreamAligner, StreamConfig, TupleBatch
 from tensegrity_engine.physics.config import load_robot
@@ -57,8 +58,14 @@ TARGETS = ("cable_stiffness", "cable_damping", "rod_mass", "actuator_time_consta
 # inertia factor, winch speed: --learn) absorb the contact model's mismatch on the floor
 # (twin, seed 0: inertia factor +86 %, damping +20 %, tau -20 %; without them 4 / 9 / 4 %);
 # hanging data identifies them (bench/zoo.py).
-LEARN = ("cable_stiffness", "cable_damping", "actuator_time_constant",
-         "contact_stiffness", "contact_damping", "friction_sliding")
+# The contact's values are those of the model's ground contact law: its normal response
+# (penalty stiffness and damping, or the soft law's time constant and damping ratio) and
+# sliding friction.
+LEARN = ("cable_stiffness", "cable_damping", "actuator_time_constant")
+
+
+def default_learn(law: str) -> tuple:
+    return LEARN + contact_params(law)[:3]
 NS = 1_000_000_000
 CONTROL_DT = 0.1
 
@@ -92,8 +99,16 @@ def relative_errors(values: dict, truth: dict, names) -> dict:
     return {n: float(np.mean(values[n]) / np.mean(truth[n]) - 1.0) for n in names}
 
 
-def run_session(z, args, seed: int, learn) -> dict:
+def model_robot(z, law: str):
+    """The robot's model: the config, under ``law`` (the truth keeps its own contact)."""
     robot = z.nominal
+    if law != "config" and law != robot.contact.law:
+        robot = robot.replace(contact=dataclasses.replace(robot.contact, law=law))
+    return robot
+
+
+def run_session(z, args, seed: int, learn) -> dict:
+    robot = model_robot(z, args.law)
     if args.masses == "weighed":          # the user weighed the rods: the config has their masses
         robot = robot.replace(rod_mass=z.truth.rod_mass.copy())
     noisy = args.noise == "robot"
@@ -187,8 +202,10 @@ def main(argv=None) -> int:
     ap.add_argument("--noise", choices=("robot", "none"), default="robot")
     ap.add_argument("--init", choices=("given", "random", "given+random"), default="given")
     ap.add_argument("--schedule", default="online")
-    ap.add_argument("--learn", default=None, help=f"comma-separated (default {','.join(LEARN)}, and "
-                    "rod_mass with --masses learnt)")
+    ap.add_argument("--law", choices=("config", "penalty", "soft"), default="config",
+                    help="the model's ground contact law (config: the robot YAML's contact.law)")
+    ap.add_argument("--learn", default=None, help=f"comma-separated (default {','.join(LEARN)}, the "
+                    "law's normal contact values and sliding friction, and rod_mass with --masses learnt)")
     ap.add_argument("--masses", choices=("weighed", "learnt"), default="weighed",
                     help="weighed: the config has the robot's rod masses (pose-only data without known "
                     "forces cannot fix the force scale, see scale.py); learnt: they are identified too")
@@ -210,12 +227,14 @@ def main(argv=None) -> int:
     robot = load_robot(args.robot)
     specs = [s for part in args.truth.split(",") for s in
              ([ZOO_PREFIX + n for n in zoo_names()] if part == "zoo" else [part])]
-    learn = tuple(args.learn.split(",")) if args.learn else LEARN + (("rod_mass",) if args.masses == "learnt" else ())
+    law = robot.contact.law if args.law == "config" else args.law
+    learn = (tuple(args.learn.split(",")) if args.learn
+             else default_learn(law) + (("rod_mass",) if args.masses == "learnt" else ()))
     if args.latency == "learnt" and "actuator_delay" not in learn:
         learn += ("actuator_delay",)
     _line(f"machine: {machine()}")
     _line(f"online identification of {', '.join(learn)} on {args.robot}: {args.duration:g} s of sim time, "
-          f"masses {args.masses}, noise {args.noise}, latency {args.latency}, init {args.init}, schedule {args.schedule}, seeds {args.seeds}")
+          f"contact law {law}, masses {args.masses}, noise {args.noise}, latency {args.latency}, init {args.init}, schedule {args.schedule}, seeds {args.seeds}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = []
