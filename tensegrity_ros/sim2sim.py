@@ -492,6 +492,9 @@ def main(argv=None) -> int:
     robot = load_robot(bridge.get("robot", "superball"))
     robot_truth = str(bridge.get("robot_truth", "twin"))
     learn = data.get("identifier", {}).get("ros__parameters", {}).get("learn")
+    if learn and list(learn) != ["default"]:          # names as the trainer resolves them for the law
+        from tensegrity_engine.identification.config import resolve_learn
+        learn = list(resolve_learn(learn, robot.contact.law))
     domain = args.domain_id if args.domain_id is not None else reserve_domain_id()
     log_root = Path(tempfile.mkdtemp(prefix="sim2sim_ros_log_"))
     env = ros_env(domain, str(log_root))

@@ -603,3 +603,25 @@ def test_window_latents_are_polished_per_window_and_trials_judged_on_the_better_
     assert info["rss"] <= out["loss"] * (1 + 1e-12)
     assert torch.equal(raw_vector(tr.params, tr.learn), here) and torch.equal(lm.window_vel, vel_here)
     assert torch.equal(lm.latent_jac, kept[0]) and torch.equal(lm.jac_age, kept[1]) and lm.lm_lambda == kept[2]
+
+
+def test_learn_lists_follow_the_contact_law(superball, data):
+    """'contact' names the ground contact's values under the robot's law; the soft law's
+    solref under the penalty law is refused (it would be learnt while acting on nothing)."""
+    import dataclasses
+
+    from tensegrity_engine.identification.config import resolve_learn
+
+    soft = superball.replace(contact=dataclasses.replace(superball.contact, law="soft"))
+    assert resolve_learn(("cable_stiffness", "contact"), "soft") == (
+        "cable_stiffness", "contact_time_constant", "contact_damping_ratio", "friction_sliding")
+    assert resolve_learn(("contact", "friction_sliding"), "penalty") == (
+        "contact_stiffness", "contact_damping", "friction_sliding")
+    with pytest.raises(ValueError, match="soft contact law"):
+        resolve_learn(("contact_time_constant",), "penalty")
+    with pytest.raises(ValueError, match="unknown"):
+        resolve_learn(("cable_stifness",), "soft")
+    tr = _trainer(soft, data, learn=("cable_stiffness", "contact"), schedule="implicit_only", max_epochs=1)
+    tr._setup(data["train"])
+    learnt = {n for n, raw in tr.params.named_parameters() if raw.requires_grad}
+    assert learnt == {"cable_stiffness", "contact_time_constant", "contact_damping_ratio", "friction_sliding"}

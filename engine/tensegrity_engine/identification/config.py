@@ -4,6 +4,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+from tensegrity_engine.physics.params import SPEC_BY_NAME
+
 NONCONTACT_PARAMS = ("cable_stiffness", "cable_damping", "cable_slack_damping", "rod_mass",
                      "rod_inertia_factor", "actuator_time_constant", "actuator_max_speed", "actuator_gain",
                      "actuator_offset")
@@ -20,6 +22,28 @@ INITS = ("random", "given", "given+random")
 def contact_params(law: str = "penalty") -> tuple[str, ...]:
     """The values contact data identifies under a ground contact law."""
     return SOFT_CONTACT_PARAMS if law == "soft" else CONTACT_PARAMS
+
+
+# A learn-list entry that names the ground contact's values under whichever law the robot's
+# model uses (its normal response and sliding friction), so one list serves both laws.
+CONTACT_TOKEN = "contact"
+SOFT_ONLY = ("contact_time_constant", "contact_damping_ratio")
+
+
+def resolve_learn(names, law: str) -> tuple[str, ...]:
+    """``names`` with `CONTACT_TOKEN` expanded for ``law``; a ValueError for a name the law
+    ignores (the soft law's solref under the penalty law). Under the soft law the penalty
+    values still set rod-rod contacts, so they are allowed there."""
+    out = []
+    for name in names:
+        out += list(contact_params(law)[:3]) if name == CONTACT_TOKEN else [name]
+    if unknown := [n for n in out if n not in SPEC_BY_NAME]:
+        raise ValueError(f"unknown parameter(s) to learn: {', '.join(unknown)}; known: "
+                         f"{', '.join(SPEC_BY_NAME)} and '{CONTACT_TOKEN}'")
+    if law == "penalty" and (inert := [n for n in out if n in SOFT_ONLY]):
+        raise ValueError(f"{', '.join(inert)} act only under the soft contact law; this robot's contact.law is "
+                         f"'penalty' (learn {', '.join(CONTACT_PARAMS[:2])} there, or '{CONTACT_TOKEN}' for either law)")
+    return tuple(dict.fromkeys(out))
 
 
 def default_learnable(floor: bool, law: str = "penalty") -> tuple[str, ...]:

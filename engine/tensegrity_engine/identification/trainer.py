@@ -42,7 +42,7 @@ import torch
 from tensegrity_engine.identification import checkpoint
 from tensegrity_engine.identification.acceptance import heldout_scores
 from tensegrity_engine.identification.bounds import bound_for_stability
-from tensegrity_engine.identification.config import IdentificationConfig, default_learnable
+from tensegrity_engine.identification.config import IdentificationConfig, default_learnable, resolve_learn
 from tensegrity_engine.identification.data import TrainingData, as_tuple_set
 from tensegrity_engine.identification.dataset import TupleSet
 from tensegrity_engine.identification.multistart import multi_start
@@ -185,7 +185,8 @@ class ProgressiveTrainer:
         if self.engine is not None:
             return
         cfg = self.config
-        self.learn = tuple(cfg.learn) if cfg.learn is not None else default_learnable(ts.floor, self.robot.contact.law)
+        law = self.robot.contact.law
+        self.learn = resolve_learn(cfg.learn, law) if cfg.learn is not None else default_learnable(ts.floor, law)
         for name, raw in self.params.named_parameters():
             raw.requires_grad_(name in self.learn)
         bound_for_stability(self, ts)
