@@ -237,22 +237,25 @@ class WindowLevenbergMarquardt:
 
     @torch.no_grad()
     def _param_jacobian(self, run, theta, windows, vel, r0, one_sided: bool = False) -> torch.Tensor:
-        """[N, M, P] Jacobian w.r.t. the raw parameters: forward differences, or forward-mode
-        AD (``IdentificationConfig.jacobian``, `levenberg_marquardt.jacobian_mode`; exact on
-        each smooth piece, ``one_sided`` does not apply). With ``one_sided`` each window's
-        column is the smallest finite one (in norm) of the forward and backward differences
-        at the step and at 100x it: on the floor a window whose rollout crosses a contact or
-        stick-slip switch within a step has a jump, not a slope, on that side (measured: the
-        twin rolling, one window's stiffness column 10^6 times the median's, which made the
-        stiffness' sigma 0.00 %). Costs 4 rollouts per parameter instead of 1."""
-        if jacobian_mode(run.config, run.objective) == "forward":
+        """[N, M, P] Jacobian w.r.t. the raw parameters: forward differences, one-sided ones
+        or forward-mode AD (``IdentificationConfig.jacobian``, `levenberg_marquardt.jacobian_mode`;
+        exact on each smooth piece, ``one_sided`` does not apply). One-sided: each window's
+        column is the smaller (in norm) of the forward and backward difference, with
+        ``one_sided`` also those at 100x the step: on the floor a window whose rollout
+        crosses a contact or stick-slip switch within a step has a jump, not a slope, on
+        that side (measured: the twin rolling, one window's stiffness column 10^6 times the
+        median's, which made the stiffness' sigma 0.00 %). Costs 2 or 4 rollouts per
+        parameter instead of 1."""
+        mode = jacobian_mode(run.config, run.objective)
+        if mode == "forward":
             return parameter_jacobian(run, theta, lambda p: run.objective.window_residual(run.train, windows, vel, p))
+        sides = (-1.0, 100.0, -100.0) if one_sided else (-1.0,) if mode == "one_sided" else ()
         cols = []
         for j in range(len(theta)):
             e = torch.zeros_like(theta)
             e[j] = EPS
             col = (self._residual(run, theta + e, windows, vel) - r0) / EPS
-            for h in ((-1.0, 100.0, -100.0) if one_sided else ()):
+            for h in sides:
                 other = (self._residual(run, theta + h * e, windows, vel) - r0) / (h * EPS)
                 size, other_size = col.norm(dim=-1), other.norm(dim=-1)
                 take = torch.isfinite(other_size) & ~(other_size >= size)      # smaller, or col not finite
