@@ -1,5 +1,7 @@
 """Recurrent identification: exact loss at the truth, actuator reconstruction, rollback,
 resume, CLI, and parameter recovery on a small (CI-sized) problem."""
+import math
+
 import mujoco
 import numpy as np
 import pytest
@@ -625,3 +627,36 @@ def test_learn_lists_follow_the_contact_law(superball, data):
     tr._setup(data["train"])
     learnt = {n for n, raw in tr.params.named_parameters() if raw.requires_grad}
     assert learnt == {"cable_stiffness", "contact_time_constant", "contact_damping_ratio", "friction_sliding"}
+
+
+def test_a_latent_column_across_a_jump_takes_the_other_side():
+    """Window latents: a residual linear in the latents except for one window, where a jump
+    sits within the difference step of one component (a contact opening a step earlier):
+    its column is the slope from the other side, every other column the forward difference."""
+    from tensegrity_engine.identification.solvers import windows as W
+
+    gen = torch.Generator().manual_seed(0)
+    N, R, M = 12, 2, 9
+    A = torch.randn(N, M, R * 6, dtype=torch.float64, generator=gen)
+    vel = torch.randn(N, R, 6, dtype=torch.float64, generator=gen)
+    jump_window, jump_comp = 5, 4
+    edge = float(vel[jump_window].flatten()[jump_comp]) + 0.5 * W.EPS
+
+    def residual(windows, v):
+        rows = windows[:, 0]
+        r = (A[rows] @ v.flatten(1).unsqueeze(-1)).squeeze(-1)
+        crossed = (rows == jump_window) & (v.flatten(1)[:, jump_comp] > edge)
+        r = r + 3.0 * crossed[:, None].to(r.dtype)                      # the jump
+        return r / math.sqrt(len(windows))
+
+    windows = torch.arange(N)[:, None].repeat(1, 3)
+    r0 = residual(windows, vel) * math.sqrt(N / N)
+    cols = torch.arange(R * 6)
+    B = W.latent_jacobian(residual, windows, vel, r0, cols, N)
+    torch.testing.assert_close(B, A / math.sqrt(N), rtol=0, atol=1e-6)
+    naive = W.JUMP_RATIO
+    try:
+        W.JUMP_RATIO = math.inf                                          # no check: the jump is the column
+        assert float(W.latent_jacobian(residual, windows, vel, r0, cols, N)[jump_window, :, jump_comp].abs().max()) > 1e5
+    finally:
+        W.JUMP_RATIO = naive
