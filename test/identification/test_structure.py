@@ -119,7 +119,38 @@ def test_contact_law_selection_finds_mujocos_contact(tmp_path):
     assert abs(values["contact_damping_ratio"][0] - 1.0) < 0.05
 
 
-def test_one_sided_differences_step_over_the_soft_laws_jumps(tmp_path):
+@pytest.fixture(scope="module")
+def rolling_three_bar(tmp_path_factory):
+    """Tuples of a three-bar rolling in MuJoCo (its default soft contacts)."""
+    root = tmp_path_factory.mktemp("rolling")
+    base = load_robot("three_bar")
+    robot = ZooRobot("test", "", base, base, Realisation(), SensorModel())
+    ds.generate_dataset(base, "contact", root, counts={"train": 2}, seed=4, dense=False,
+                        truth=robot, duration=2.0, contact_commands="random")
+    return ds.load_split(root / "contact", "train", robot=base)
+
+
+def test_soft_law_training_starts_at_the_fine_step(rolling_three_bar):
+    """Algorithm 1's coarse implicit stages apply the soft ground with the wrong mass at
+    100 ms (and hold its time constant at two coarse steps): with the soft law on the floor
+    the progressive schedule starts at the fine step, with the penalty law it does not."""
+    import dataclasses
+
+    from tensegrity_engine.identification.trainer import ProgressiveTrainer
+
+    base = load_robot("three_bar")
+    phases = {}
+    for law in ("penalty", "soft"):
+        robot = base.replace(contact=dataclasses.replace(base.contact, law=law))
+        logs = []
+        tr = ProgressiveTrainer(robot, IdentificationConfig(init="given", schedule="progressive"), log=logs.append)
+        tr.set_data(rolling_three_bar, rolling_three_bar)
+        phases[law] = (tr.schedule.phase, tr.schedule.dt, any("fine stage from the start" in m for m in logs))
+    assert phases["penalty"] == ("coarse", 0.1, False)
+    assert phases["soft"] == ("fine", base.dt, True)
+
+
+def test_one_sided_differences_step_over_the_soft_laws_jumps(rolling_three_bar):
     """Soft-law tuples of a three-bar rolling in MuJoCo: central differences read the jumps
     where a contact opens within the step as slopes (some tuples' columns far off the
     forward-mode derivative), the default one-sided differences agree with forward mode on
@@ -131,10 +162,7 @@ def test_one_sided_differences_step_over_the_soft_laws_jumps(tmp_path):
     from tensegrity_engine.identification.trainer import ProgressiveTrainer
 
     base = load_robot("three_bar")
-    robot = ZooRobot("test", "", base, base, Realisation(), SensorModel())
-    ds.generate_dataset(base, "contact", tmp_path, counts={"train": 2}, seed=4, dense=False,
-                        truth=robot, duration=2.0, contact_commands="random")
-    train = ds.load_split(tmp_path / "contact", "train", robot=base)
+    train = rolling_three_bar
     soft = base.replace(contact=dataclasses.replace(base.contact, law="soft"))
     learn = ("cable_stiffness", "actuator_time_constant", "contact_time_constant", "contact_damping_ratio",
              "friction_sliding")

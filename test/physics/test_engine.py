@@ -310,8 +310,10 @@ def test_resting_height_matches_mujoco():
 
 
 def test_implicit_is_stable_at_the_sampling_interval():
-    """Implicit Euler at dt = T = 100 ms (progressive training's first stage) stays bounded."""
+    """Implicit Euler at dt = T = 100 ms (progressive training's first stage) stays bounded,
+    with the paper's penalty ground (under the soft law training skips these stages)."""
     robot = load_robot("superball")
+    robot = robot.replace(contact=dataclasses.replace(robot.contact, law="penalty"))
     engine = TensegrityEngine(robot, actuator_timing="mean")
     s0, a0 = environments.rest_pose(robot)
     state = _perturbed(torch.tensor(s0), seed=2, scale=1.0)
@@ -438,6 +440,7 @@ def test_mujoco_ground_checker_matches_differentiable_depth_and_drives_the_step(
     from tensegrity_engine.groundtruth.mujoco_twin import MujocoGroundChecker
 
     robot = load_robot("superball")
+    robot = robot.replace(contact=dataclasses.replace(robot.contact, law="penalty"))     # an external ground
     engine = TensegrityEngine(robot)
     s0 = torch.as_tensor(initial_rod_state(robot))
     rng = np.random.default_rng(0)

@@ -51,7 +51,7 @@ def test_implicitfast_is_mujocos_implicitfast(name):
     robot = _damped(name, 8.0)
     episode = _episode(robot, spin=True)
     twin = MujocoTwin(robot, floor=False, fixed_rods=(0,), nthread=1)
-    assert twin.realisation == Realisation(integrator="implicitfast")     # the model's own twin
+    assert twin.realisation == Realisation.twin_of(robot) and twin.realisation.integrator == "implicitfast"
     mj, _ = twin.rollout(*(x[None] for x in episode))
     mj = torch.as_tensor(mj[0])
     engine = TensegrityEngine(robot, fixed_rods=(0,), floor=False)

@@ -8,6 +8,8 @@ steps, where that amplification stays far below the 1e-9 tolerance.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -81,8 +83,9 @@ def test_hanging_from_a_fixed_rod_with_random_commands_and_wrenches(superball):
 
 def test_floor_contacts_sliding_rolling_spinning(superball):
     """Robot launched from rest with a random CoM velocity and spin: the contacts slide
-    (velocity-implicit friction), stick, roll and twist, and native follows torch."""
-    robot = superball
+    (velocity-implicit friction), stick, roll and twist, and native follows torch (the
+    penalty law; `test_soft_contact` has the soft law's)."""
+    robot = superball.replace(contact=dataclasses.replace(superball.contact, law="penalty"))
     engine = TensegrityEngine(robot)
     rest, act0 = environments.rest_pose(robot)
     rng = np.random.default_rng(2)
@@ -302,8 +305,10 @@ def test_fast_spin_takes_the_exact_exponential(three_bar):
 @pytest.mark.parametrize("integrator", ["semi_implicit", "implicitfast"])
 def test_float32_agrees_like_torch_float32(superball, integrator):
     """float32 (the planner's default) native rollouts stay as close to float64 as torch's
-    float32 does, for either model integrator."""
-    robot = superball.replace(integrator=integrator)
+    float32 does, for either model integrator (the penalty law; the soft law's float32:
+    `test_soft_contact`)."""
+    robot = superball.replace(integrator=integrator,
+                              contact=dataclasses.replace(superball.contact, law="penalty"))
     engine = TensegrityEngine(robot)
     rest, act0 = environments.rest_pose(robot)
     rng = np.random.default_rng(8)

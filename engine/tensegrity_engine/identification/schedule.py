@@ -40,6 +40,7 @@ class ScheduleHost(Protocol):
     def restore(self, snapshot) -> None: ...
     def stage_changed(self, kind: str) -> None: ...   # "dt", "lr", "fine" or "window"
     def log_stage(self, entry: dict) -> None: ...
+    def log(self, message: str) -> None: ...
 
 
 # stops that are convergence tests; the others ("epoch/time limit reached", "Levenberg-
@@ -191,6 +192,13 @@ class ProgressiveSchedule:
 
     def _reset_best(self) -> None:
         self.best_val, self.best_snapshot = math.inf, None
+
+    def skip_coarse(self, why: str) -> None:
+        """Start at the fine stage (before the first epoch): the coarse stages do not suit
+        this model (``why`` is logged)."""
+        if self.phase == "coarse" and self.config.schedule != "feedforward":
+            self._enter_fine()
+            self.host.log(f"fine stage from the start: {why}")
 
     def _enter_fine(self) -> None:
         self.phase = "fine"
