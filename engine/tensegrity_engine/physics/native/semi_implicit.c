@@ -108,6 +108,7 @@ typedef struct {
     real *wrench;                /* [6][R] */
     real *damp;                  /* [21][R]: implicitfast, each rod's own cable damping block (upper) */
     real *cable_dir;             /* [4][C]: implicitfast, each cable's unit vector and clamped force */
+    real *soft_prev;             /* [7][R]: soft ground, each rod's last solution and whether it has one */
     int *pair_touch;             /* [P]: some lane of the pair in contact */
     idx_t sample[LANES];         /* batch index of each lane (padding lanes repeat the last) */
     void *block;                 /* the allocation holding all of the above */
@@ -118,12 +119,13 @@ static int work_alloc(tg_work *w, const tg_model *m)
     const size_t R = m->rods, C = m->cables, A = m->actuated, P = m->pairs;
     const size_t rows[] = {13 * R, A, A, A, A, C, 3 * R, 3 * R, 3 * R, 3 * R, 3 * R, 3 * R, 3 * R,
                            3 * R, 6 * R, 6 * R, 2 * R, 2 * R, 2 * R, 6 * R, 3 * P, 3 * P, 3 * P, P,
-                           3 * R, 3 * R, 3 * R, 6 * R, 21 * R, 4 * C};
+                           3 * R, 3 * R, 3 * R, 6 * R, 21 * R, 4 * C, 7 * R};
     real **ptr[] = {&w->st, &w->act, &w->cmd, &w->act_end, &w->act_used, &w->rest, &w->axis,
                     &w->axis_rate, &w->gen_pos, &w->gen_axis, &w->force, &w->torque, &w->acc,
                     &w->alpha, &w->node, &w->node_rate, &w->normal, &w->slip_x, &w->slip_y,
                     &w->lever, &w->point_a, &w->point_b, &w->pnormal, &w->depth, &w->pair_force,
-                    &w->pair_torque_a, &w->pair_torque_b, &w->wrench, &w->damp, &w->cable_dir};
+                    &w->pair_torque_a, &w->pair_torque_b, &w->wrench, &w->damp, &w->cable_dir,
+                    &w->soft_prev};
     const size_t n = sizeof(rows) / sizeof(rows[0]);
     size_t total = 0;
     for (size_t i = 0; i < n; ++i) total += rows[i] + 1;   /* + 1: no zero-size arrays */
@@ -597,54 +599,103 @@ static void accelerations_implicit(const tg_model *m, tg_work *w)
     }
 }
 
-/* MuJoCo's impedance of a violation (soft_contact.impedance). */
-static real soft_impedance(const tg_model *m, real violation)
+/* MuJoCo's impedance of a violation (soft_contact.impedance); low = mid^(power-1),
+ * high = (1 - mid)^(power-1), once per step (pow is most of the cost otherwise). */
+static real soft_power(real x, real pw)
+{
+    return pw == (real)2 ? x * x : (real)pow(x, pw);
+}
+
+static real soft_impedance(const tg_model *m, real violation, real low, real high)
 {
     const real dmin = m->soft_dmin, dmax = m->soft_dmax, width = m->soft_width;
     if (dmin == dmax || width <= (real)1e-15) return (real)0.5 * (dmin + dmax);
     real x = (violation < 0 ? -violation : violation) / width;
     x = x > 1 ? (real)1 : x;
     const real mid = m->soft_mid, pw = m->soft_power;
-    const real y = x <= mid ? (real)pow(x, pw) / (real)pow(mid, pw - 1)
-                            : (real)1 - (real)pow(1 - x, pw) / (real)pow(1 - mid, pw - 1);
+    const real y = x <= mid ? soft_power(x, pw) / low : (real)1 - soft_power(1 - x, pw) / high;
     return dmin + (dmax - dmin) * y;
 }
 
 #define SOFT_ROWS 20
 #define SOFT_NEWTON 10
 #define SOFT_LINE_SEARCH 4
+#ifdef TG_FLOAT
+#define SOFT_ROUNDING ((real)1e-5)      /* a Newton step this small (relative) is rounding */
+#else
+#define SOFT_ROUNDING ((real)1e-13)
+#endif
 
-/* Soft ground (SoftGroundContact): per rod and lane, the accelerations minimising
- * 1/2 (a - a0)'M(a - a0) + sum 1/2 D min(0, J a - aref)^2 over the pyramid rows of its end
- * spheres in the floor, a0 = (acc, alpha) as accelerations() left them. write_acc: the
- * result into acc / alpha (semi-implicit); else its wrench M (a - a0) into force / torque
- * (implicitfast solves its own update). Newton with an exact line search, as the engine;
- * a lane stops once a step keeps its active rows and takes the full step (the next would
- * be zero). */
+/* x = -H^-1 g per lane, H symmetric positive definite (a rod's mass matrix plus active
+ * rows): Cholesky without pivoting, lanes innermost so every loop vectorises. H is
+ * overwritten by its factor. */
+static void soft_newton_step(real H[6][6][LANES], real g[6][LANES], real x[6][LANES])
+{
+    for (int j = 0; j < 6; ++j) {
+        LANE_LOOP {
+            real d = H[j][j][l];
+            for (int k = 0; k < j; ++k) d -= H[j][k][l] * H[j][k][l];
+            H[j][j][l] = SQRT(d);
+        }
+        for (int i = j + 1; i < 6; ++i) LANE_LOOP {
+            real v = H[i][j][l];
+            for (int k = 0; k < j; ++k) v -= H[i][k][l] * H[j][k][l];
+            H[i][j][l] = v / H[j][j][l];
+        }
+    }
+    for (int i = 0; i < 6; ++i) LANE_LOOP {              /* L y = -g */
+        real v = -g[i][l];
+        for (int k = 0; k < i; ++k) v -= H[i][k][l] * x[k][l];
+        x[i][l] = v / H[i][i][l];
+    }
+    for (int i = 5; i >= 0; --i) LANE_LOOP {             /* L' x = y */
+        real v = x[i][l];
+        for (int k = i + 1; k < 6; ++k) v -= H[k][i][l] * x[k][l];
+        x[i][l] = v / H[i][i][l];
+    }
+}
+
+/* Soft ground (SoftGroundContact): per rod, for all lanes at once, the accelerations
+ * minimising 1/2 (a - a0)'M(a - a0) + sum 1/2 D min(0, J a - aref)^2 over the pyramid rows
+ * of its end spheres, a0 = (acc, alpha) as accelerations() left them. Every lane has both
+ * spheres' rows, D = 0 on a sphere out of the floor, so the Newton iterations (with an
+ * exact line search, as the engine) vectorise over lanes; a lane stops once a step keeps
+ * its active rows and takes the full step (the next would be zero), the rod once all its
+ * lanes have; a lane in contact the step before starts from that step's solution. write_acc: the result into acc / alpha (semi-implicit); else its wrench
+ * M (a - a0) into force / torque (implicitfast solves its own update). */
 static void soft_ground(const tg_model *m, tg_work *w, int write_acc)
 {
     const int R = m->rods, N = 2 * m->rods, condim = m->soft_condim;
+    const int nd = condim == 6 ? 5 : condim == 4 ? 3 : condim == 3 ? 2 : 0;   /* cone directions */
+    const int edges = nd ? 2 * nd : 1, rows = 2 * edges;
     const real gh = m->ground_height;
+    const real low = soft_power(m->soft_mid, m->soft_power - 1), high = soft_power(1 - m->soft_mid, m->soft_power - 1);
     for (int r = 0; r < R; ++r) {
         const real rad0 = m->node_radius[2 * r], rad1 = m->node_radius[2 * r + 1];
         const real *z0 = ROW(w->node, 2 * N + 2 * r), *z1 = ROW(w->node, 2 * N + 2 * r + 1);
+        real *warm = ROW(w->soft_prev, 6 * R + r);
         int any = 0;
         for (int l = 0; l < LANES; ++l) any |= (z0[l] - rad0 - gh < 0) | (z1[l] - rad1 - gh < 0);
-        if (!any) continue;
+        if (!any) { memset(warm, 0, LANES * sizeof(real)); continue; }
         const real mass = m->mass[r], it = m->inertia_t[r], ia = m->inertia_a[r], fr = m->free[r];
+        real J[SOFT_ROWS][6][LANES], aref[SOFT_ROWS][LANES], D[SOFT_ROWS][LANES];
+        real Mr[3][3][LANES], a0[6][LANES], a[6][LANES];
+        int was[SOFT_ROWS][LANES], done[LANES];
         for (int l = 0; l < LANES; ++l) {
-            real J[SOFT_ROWS][6], aref[SOFT_ROWS], D[SOFT_ROWS];
-            int rows = 0;
             const real p[3] = {ROW(w->st, r)[l], ROW(w->st, R + r)[l], ROW(w->st, 2 * R + r)[l]};
             const real v6[6] = {ROW(w->st, 7 * R + r)[l], ROW(w->st, 8 * R + r)[l], ROW(w->st, 9 * R + r)[l],
                                 ROW(w->st, 10 * R + r)[l], ROW(w->st, 11 * R + r)[l], ROW(w->st, 12 * R + r)[l]};
             const real ax[3] = {ROW(w->axis, r)[l], ROW(w->axis, R + r)[l], ROW(w->axis, 2 * R + r)[l]};
+            for (int i = 0; i < 3; ++i)
+                for (int k = 0; k < 3; ++k) Mr[i][k][l] = (i == k ? it : (real)0) + (ia - it) * ax[i] * ax[k];
+            done[l] = 1;
             for (int e = 0; e < 2; ++e) {
-                const int n = 2 * r + e;
+                const int n = 2 * r + e, base = e * edges;
                 const real rad = m->node_radius[n];
                 const real x[3] = {ROW(w->node, n)[l], ROW(w->node, N + n)[l], ROW(w->node, 2 * N + n)[l]};
                 const real dist = x[2] - rad - gh;
-                if (!(dist < 0)) continue;
+                const int in = dist < 0;
+                done[l] &= !in;
                 const real lev[3] = {x[0] - p[0], x[1] - p[1], (x[2] - (rad + (real)0.5 * dist)) - p[2]};
                 real t[3] = {ax[0], ax[1], 0};
                 if (t[0] * t[0] + t[1] * t[1] < (real)1e-12) { t[0] = 0; t[1] = 1; }   /* vertical rod */
@@ -653,116 +704,163 @@ static void soft_ground(const tg_model *m, tg_work *w, int write_acc)
                 const real b[3] = {-t[1], t[0], 0};              /* e_z x t */
                 const real jn[6] = {0, 0, 1, lev[1], -lev[0], 0};  /* [e_z; lever x e_z] */
                 real dirs[5][6], mus[5];
-                int nd = 0;
+                int k_dir = 0;
                 if (condim >= 3) {
                     const real *d2[2] = {t, b};
-                    for (int k = 0; k < 2; ++k, ++nd) {
+                    for (int k = 0; k < 2; ++k, ++k_dir) {
                         const real *d = d2[k];
-                        dirs[nd][0] = d[0]; dirs[nd][1] = d[1]; dirs[nd][2] = d[2];
-                        dirs[nd][3] = lev[1] * d[2] - lev[2] * d[1];
-                        dirs[nd][4] = lev[2] * d[0] - lev[0] * d[2];
-                        dirs[nd][5] = lev[0] * d[1] - lev[1] * d[0];
-                        mus[nd] = m->mu;
+                        dirs[k_dir][0] = d[0]; dirs[k_dir][1] = d[1]; dirs[k_dir][2] = d[2];
+                        dirs[k_dir][3] = lev[1] * d[2] - lev[2] * d[1];
+                        dirs[k_dir][4] = lev[2] * d[0] - lev[0] * d[2];
+                        dirs[k_dir][5] = lev[0] * d[1] - lev[1] * d[0];
+                        mus[k_dir] = m->mu;
                     }
                 }
                 if (condim >= 4) {
                     const real d[6] = {0, 0, 0, 0, 0, 1};
-                    for (int i = 0; i < 6; ++i) dirs[nd][i] = d[i];
-                    mus[nd++] = m->mu_torsional;
+                    for (int i = 0; i < 6; ++i) dirs[k_dir][i] = d[i];
+                    mus[k_dir++] = m->mu_torsional;
                 }
                 if (condim == 6) {
                     const real *d2[2] = {t, b};
-                    for (int k = 0; k < 2; ++k, ++nd) {
-                        dirs[nd][0] = dirs[nd][1] = dirs[nd][2] = 0;
-                        dirs[nd][3] = d2[k][0]; dirs[nd][4] = d2[k][1]; dirs[nd][5] = d2[k][2];
-                        mus[nd] = m->mu_rolling;
+                    for (int k = 0; k < 2; ++k, ++k_dir) {
+                        dirs[k_dir][0] = dirs[k_dir][1] = dirs[k_dir][2] = 0;
+                        dirs[k_dir][3] = d2[k][0]; dirs[k_dir][4] = d2[k][1]; dirs[k_dir][5] = d2[k][2];
+                        mus[k_dir] = m->mu_rolling;
                     }
                 }
-                const real imp = soft_impedance(m, dist);
-                const real d_row = imp / (((real)1 - imp) * m->soft_reg / mass);
-                const real pos_term = m->soft_k * imp * dist;
-                const int edges = nd ? 2 * nd : 1;
-                for (int q = 0; q < edges; ++q, ++rows) {
+                const real imp = in ? soft_impedance(m, dist, low, high) : (real)0.5;
+                const real d_row = in ? imp / (((real)1 - imp) * m->soft_reg / mass) : (real)0;
+                const real pos_term = in ? m->soft_k * imp * dist : (real)0;
+                for (int q = 0; q < edges; ++q) {
                     real speed = 0;
                     for (int i = 0; i < 6; ++i) {
-                        J[rows][i] = nd ? jn[i] + (q & 1 ? -mus[q / 2] : mus[q / 2]) * dirs[q / 2][i] : jn[i];
-                        speed += J[rows][i] * v6[i];
+                        const real j = nd ? jn[i] + (q & 1 ? -mus[q / 2] : mus[q / 2]) * dirs[q / 2][i] : jn[i];
+                        J[base + q][i][l] = j;
+                        speed += j * v6[i];
                     }
-                    aref[rows] = -m->soft_b * speed - pos_term;
-                    D[rows] = d_row;
+                    aref[base + q][l] = in ? -m->soft_b * speed - pos_term : (real)0;
+                    D[base + q][l] = d_row;
                 }
             }
-            if (!rows) continue;
-            real M[6][6] = {{0}};
-            for (int i = 0; i < 3; ++i) {
-                M[i][i] = mass;
-                for (int k = 0; k < 3; ++k) M[3 + i][3 + k] = (i == k ? it : (real)0) + (ia - it) * ax[i] * ax[k];
-            }
-            const real a0[6] = {ROW(w->acc, r)[l], ROW(w->acc, R + r)[l], ROW(w->acc, 2 * R + r)[l],
-                                ROW(w->alpha, r)[l], ROW(w->alpha, R + r)[l], ROW(w->alpha, 2 * R + r)[l]};
-            real a[6], jar[SOFT_ROWS];
-            int was[SOFT_ROWS];
-            for (int i = 0; i < 6; ++i) a[i] = a0[i];
-            for (int q = 0; q < rows; ++q) was[q] = -1;
-            for (int it_n = 0; it_n < SOFT_NEWTON; ++it_n) {
-                real H[6][6], g[6], Mda[6], da[6];
-                int same = 1;
-                for (int i = 0; i < 6; ++i) da[i] = a[i] - a0[i];
+            a0[0][l] = ROW(w->acc, r)[l]; a0[1][l] = ROW(w->acc, R + r)[l]; a0[2][l] = ROW(w->acc, 2 * R + r)[l];
+            a0[3][l] = ROW(w->alpha, r)[l]; a0[4][l] = ROW(w->alpha, R + r)[l]; a0[5][l] = ROW(w->alpha, 2 * R + r)[l];
+            /* the minimum is unique: Newton from the last step's (when this lane was in contact
+             * then) finds its active rows in fewer iterations than from a0 */
+            const int from_last = !done[l] && warm[l] != 0;
+            for (int i = 0; i < 6; ++i) a[i][l] = from_last ? ROW(w->soft_prev, i * R + r)[l] : a0[i][l];
+            for (int q = 0; q < rows; ++q) was[q][l] = -1;
+        }
+        int live[SOFT_ROWS];                 /* rows of a sphere in the floor in some lane */
+        for (int q = 0; q < rows; ++q) {
+            live[q] = 0;
+            for (int l = 0; l < LANES; ++l) live[q] |= D[q][l] > 0;
+        }
+        for (int it_n = 0; it_n < SOFT_NEWTON; ++it_n) {
+            int all = 1;
+            for (int l = 0; l < LANES; ++l) all &= done[l];
+            if (all) break;
+            real H[6][6][LANES], g[6][LANES], Mda[6][LANES], jar[SOFT_ROWS][LANES], step[6][LANES];
+            int same[LANES];
+            LANE_LOOP {
+                real da[6];
+                for (int i = 0; i < 6; ++i) da[i] = a[i][l] - a0[i][l];
+                for (int i = 0; i < 3; ++i) {
+                    Mda[i][l] = mass * da[i];
+                    Mda[3 + i][l] = Mr[i][0][l] * da[3] + Mr[i][1][l] * da[4] + Mr[i][2][l] * da[5];
+                }
                 for (int i = 0; i < 6; ++i) {
-                    Mda[i] = 0;
-                    for (int k = 0; k < 6; ++k) { H[i][k] = M[i][k]; Mda[i] += M[i][k] * da[k]; }
-                    g[i] = Mda[i];
+                    g[i][l] = Mda[i][l];
+                    for (int k = 0; k < 6; ++k)
+                        H[i][k][l] = i < 3 ? (i == k ? mass : (real)0) : (k < 3 ? (real)0 : Mr[i - 3][k - 3][l]);
                 }
-                for (int q = 0; q < rows; ++q) {
-                    real z = -aref[q];
-                    for (int i = 0; i < 6; ++i) z += J[q][i] * a[i];
-                    jar[q] = z;
-                    const int on = z < 0;
-                    same &= on == was[q];
-                    was[q] = on;
-                    if (!on) continue;
-                    for (int i = 0; i < 6; ++i) {
-                        g[i] += D[q] * z * J[q][i];
-                        for (int k = 0; k < 6; ++k) H[i][k] += D[q] * J[q][i] * J[q][k];
-                    }
-                }
-                real step[6];
-                for (int i = 0; i < 6; ++i) step[i] = -g[i];
-                solve6(H, step);
-                real Js[SOFT_ROWS], curv = 0, slope = 0;
-                for (int i = 0; i < 6; ++i) {
-                    real Ms = 0;
-                    for (int k = 0; k < 6; ++k) Ms += M[i][k] * step[k];
-                    curv += step[i] * Ms;
-                    slope += step[i] * Mda[i];
-                }
-                for (int q = 0; q < rows; ++q) {
-                    Js[q] = 0;
-                    for (int i = 0; i < 6; ++i) Js[q] += J[q][i] * step[i];
-                }
-                real alpha = 1;
-                for (int ls = 0; ls < SOFT_LINE_SEARCH; ++ls) {
-                    real first = alpha * curv + slope, second = curv;
-                    for (int q = 0; q < rows; ++q) {
-                        const real z = jar[q] + alpha * Js[q];
-                        if (z < 0) { first += D[q] * z * Js[q]; second += D[q] * Js[q] * Js[q]; }
-                    }
-                    if (second > 0) alpha = alpha - first / second;   /* a zero step keeps alpha */
-                    alpha = alpha < 0 ? (real)0 : alpha;
-                }
-                for (int i = 0; i < 6; ++i) a[i] += alpha * step[i];
-                if (same && alpha == (real)1) break;        /* the active rows' exact minimum */
+                same[l] = 1;
             }
+            for (int q = 0; q < rows; ++q) {
+                if (!live[q]) continue;
+                real c[LANES];
+                int any_on = 0;
+                LANE_LOOP {
+                    real z = -aref[q][l];
+                    for (int i = 0; i < 6; ++i) z += J[q][i][l] * a[i][l];
+                    jar[q][l] = z;
+                    const int on = (z < 0) & (D[q][l] > 0);
+                    same[l] &= on == was[q][l];
+                    was[q][l] = on;
+                    c[l] = on ? D[q][l] : (real)0;
+                    any_on |= on;
+                }
+                if (!any_on) continue;
+                for (int i = 0; i < 6; ++i) LANE_LOOP {          /* the lower triangle: Cholesky reads it */
+                    const real cj = c[l] * J[q][i][l];
+                    g[i][l] += cj * jar[q][l];
+                    for (int k = 0; k <= i; ++k) H[i][k][l] += cj * J[q][k][l];
+                }
+            }
+            soft_newton_step(H, g, step);
+            real curv[LANES], slope[LANES], alpha[LANES], Js[SOFT_ROWS][LANES];
+            LANE_LOOP {
+                real c = 0, s_ = 0;
+                for (int i = 0; i < 3; ++i) {
+                    c += step[i][l] * mass * step[i][l];
+                    c += step[3 + i][l] * (Mr[i][0][l] * step[3][l] + Mr[i][1][l] * step[4][l] + Mr[i][2][l] * step[5][l]);
+                }
+                for (int i = 0; i < 6; ++i) s_ += step[i][l] * Mda[i][l];
+                curv[l] = c; slope[l] = s_; alpha[l] = 1;
+            }
+            for (int q = 0; q < rows; ++q) {
+                if (!live[q]) continue;
+                LANE_LOOP {
+                    real v = 0;
+                    for (int i = 0; i < 6; ++i) v += J[q][i][l] * step[i][l];
+                    Js[q][l] = v;
+                }
+            }
+            for (int ls = 0; ls < SOFT_LINE_SEARCH; ++ls) {
+                real first[LANES], second[LANES];
+                LANE_LOOP { first[l] = alpha[l] * curv[l] + slope[l]; second[l] = curv[l]; }
+                for (int q = 0; q < rows; ++q) {
+                    if (!live[q]) continue;
+                    LANE_LOOP {
+                    const real z = jar[q][l] + alpha[l] * Js[q][l];
+                    const real c = (z < 0) ? D[q][l] : (real)0;
+                    first[l] += c * z * Js[q][l];
+                    second[l] += c * Js[q][l] * Js[q][l];
+                    }
+                }
+                LANE_LOOP {                                     /* a zero step keeps alpha */
+                    real al = second[l] > 0 ? alpha[l] - first[l] / second[l] : alpha[l];
+                    alpha[l] = al < 0 ? (real)0 : al;
+                }
+            }
+            LANE_LOOP {
+                const real al = done[l] ? (real)0 : alpha[l];
+                for (int i = 0; i < 6; ++i) a[i][l] += al * step[i][l];
+                /* the active rows' exact minimum: the step kept them and the exact line search
+                 * took all of it (1 up to rounding; a kink crossed would stop it well short),
+                 * or the step is rounding (alpha is then rounding too) */
+                real big = 1, small = 0;
+                for (int i = 0; i < 6; ++i) {
+                    const real ai = a[i][l] < 0 ? -a[i][l] : a[i][l], si = step[i][l] < 0 ? -step[i][l] : step[i][l];
+                    big = ai > big ? ai : big;
+                    small = si > small ? si : small;
+                }
+                done[l] |= same[l] & (((alpha[l] > (real)0.999) & (alpha[l] < (real)1.001)) | (small <= SOFT_ROUNDING * big));
+            }
+        }
+        LANE_LOOP {
+            for (int i = 0; i < 6; ++i) ROW(w->soft_prev, i * R + r)[l] = a[i][l];
+            warm[l] = done[l] && (z0[l] - rad0 - gh < 0 || z1[l] - rad1 - gh < 0) ? (real)1 : (real)0;
             if (write_acc) {
                 for (int i = 0; i < 3; ++i) {
-                    ROW(w->acc, i * R + r)[l] = m->has_fixed ? a[i] * fr : a[i];
-                    ROW(w->alpha, i * R + r)[l] = m->has_fixed ? a[3 + i] * fr : a[3 + i];
+                    ROW(w->acc, i * R + r)[l] = m->has_fixed ? a[i][l] * fr : a[i][l];
+                    ROW(w->alpha, i * R + r)[l] = m->has_fixed ? a[3 + i][l] * fr : a[3 + i][l];
                 }
             } else {
                 for (int i = 0; i < 3; ++i) {
                     real mt = 0;
-                    for (int k = 0; k < 3; ++k) mt += M[3 + i][3 + k] * (a[3 + k] - a0[3 + k]);
-                    ROW(w->force, i * R + r)[l] += mass * (a[i] - a0[i]);
+                    for (int k = 0; k < 3; ++k) mt += Mr[i][k][l] * (a[3 + k][l] - a0[3 + k][l]);
+                    ROW(w->force, i * R + r)[l] += mass * (a[i][l] - a0[i][l]);
                     ROW(w->torque, i * R + r)[l] += mt;
                 }
             }
@@ -968,6 +1066,7 @@ static void run_chunk(const tg_model *m, const tg_io *io, tg_work *w, idx_t firs
         real *dst = ROW(w->act, a);
         for (int l = 0; l < LANES; ++l) dst[l] = io->act0[w->sample[l] * io->a0_b + a * io->a0_a];
     }
+    for (int r = 0; r < R; ++r) memset(ROW(w->soft_prev, 6 * R + r), 0, LANES * sizeof(real));
     for (idx_t step = 0; step < io->steps; ++step) {
         if (step % io->hold == 0) load_commands(m, io, w, step / io->hold);
         actuators(m, w);
