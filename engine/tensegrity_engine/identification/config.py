@@ -30,10 +30,13 @@ CONTACT_TOKEN = "contact"
 SOFT_ONLY = ("contact_time_constant", "contact_damping_ratio")
 
 
-def resolve_learn(names, law: str) -> tuple[str, ...]:
-    """``names`` with `CONTACT_TOKEN` expanded for ``law``; a ValueError for a name the law
-    ignores (the soft law's solref under the penalty law). Under the soft law the penalty
-    values still set rod-rod contacts, so they are allowed there."""
+def resolve_learn(names, law: str, floor: bool = True) -> tuple[str, ...]:
+    """``names`` with `CONTACT_TOKEN` expanded for ``law`` (None: `default_learnable`); a
+    ValueError for an unknown name or one the law ignores (the soft law's solref under the
+    penalty law). Under the soft law the penalty values still set rod-rod contacts, so they
+    are allowed there."""
+    if names is None:
+        return default_learnable(floor, law)
     out = []
     for name in names:
         out += list(contact_params(law)[:3]) if name == CONTACT_TOKEN else [name]

@@ -195,7 +195,10 @@ class ProgressiveSchedule:
 
     def skip_coarse(self, why: str) -> None:
         """Start at the fine stage (before the first epoch): the coarse stages do not suit
-        this model (``why`` is logged)."""
+        this model (``why`` is logged). The soft contact law's: its ground is solved with
+        the rod masses and the implicit step applies it with the cables' implicit terms (at
+        100 ms SUPERball gains energy, velocities 200 m/s), and its time constant is held at
+        two coarse steps (MuJoCo's refsafe), so nothing learns it there."""
         if self.phase == "coarse" and self.config.schedule != "feedforward":
             self._enter_fine()
             self.host.log(f"fine stage from the start: {why}")

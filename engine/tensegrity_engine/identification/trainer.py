@@ -42,7 +42,7 @@ import torch
 from tensegrity_engine.identification import checkpoint
 from tensegrity_engine.identification.acceptance import heldout_scores
 from tensegrity_engine.identification.bounds import bound_for_stability
-from tensegrity_engine.identification.config import IdentificationConfig, default_learnable, resolve_learn
+from tensegrity_engine.identification.config import IdentificationConfig, resolve_learn
 from tensegrity_engine.identification.data import TrainingData, as_tuple_set
 from tensegrity_engine.identification.dataset import TupleSet
 from tensegrity_engine.identification.multistart import multi_start
@@ -185,8 +185,7 @@ class ProgressiveTrainer:
         if self.engine is not None:
             return
         cfg = self.config
-        law = self.robot.contact.law
-        self.learn = resolve_learn(cfg.learn, law) if cfg.learn is not None else default_learnable(ts.floor, law)
+        self.learn = resolve_learn(cfg.learn, law := self.robot.contact.law, floor=ts.floor)
         for name, raw in self.params.named_parameters():
             raw.requires_grad_(name in self.learn)
         bound_for_stability(self, ts)
@@ -203,9 +202,6 @@ class ProgressiveTrainer:
         if cfg.schedule == "feedforward":
             self.schedule.n_steps = 1
         if ts.floor and law == "soft":
-            # the soft ground is solved with the rod masses, the implicit step applies it with
-            # the cables' implicit terms: at 100 ms SUPERball gains energy (velocities 200 m/s),
-            # and the time constant is held at 2 coarse steps (refsafe), so nothing learns it
             self.schedule.skip_coarse("the soft contact law's ground needs the fine step")
         self.log(f"identifying {', '.join(self.learn)} ({'floor' if ts.floor else 'no floor'}, "
                  f"fixed rods {list(ts.fixed_rods)}); start {self.format_parameters()}")
