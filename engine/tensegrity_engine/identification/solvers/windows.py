@@ -73,8 +73,7 @@ def latent_jacobian(residual, windows: torch.Tensor, vel: torch.Tensor, r0: torc
     def differences(vel_rows, window_rows, comps, step):
         v = vel_rows.flatten(1).clone()
         v[torch.arange(len(v)), comps] += step
-        r = residual(window_rows, v.reshape(-1, R, 6)) * math.sqrt(len(window_rows) / total)
-        return r
+        return residual(window_rows, v.reshape(-1, R, 6)) * math.sqrt(len(window_rows) / total)
 
     chunk = max(1, 4096 // L)                 # bounded rollout batch (memory)
     blocks = []
