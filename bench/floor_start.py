@@ -33,22 +33,25 @@ from tensegrity_engine import identification as idf
 from tensegrity_engine.groundtruth.zoo import ground_truth
 from tensegrity_engine.identification import dataset as ds
 from tensegrity_engine.identification.evaluation import horizon_errors
+from tensegrity_engine.identification.config import resolve_learn
 from tensegrity_engine.physics.config import load_robot
 from tensegrity_engine.physics.params import PhysicalParameters
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from zoo import machine, true_model  # noqa: E402
 
-LEARN = ("cable_stiffness", "cable_damping", "actuator_time_constant", "contact_stiffness", "contact_damping",
-         "friction_sliding")
+LEARN = ("cable_stiffness", "cable_damping", "actuator_time_constant", "contact")    # the law's contact values
+# far start: factors on the config's values (the contact's normal pair under either law)
 FAR = {"cable_stiffness": 0.7, "cable_damping": 1.5, "actuator_time_constant": 2.0, "contact_stiffness": 0.5,
-       "contact_damping": 2.0, "friction_sliding": 0.6}
+       "contact_damping": 2.0, "contact_time_constant": 2.0, "contact_damping_ratio": 0.5, "friction_sliding": 0.6}
 
 
 def fit(robot, data, *, pose: bool, windows_only: bool, far: bool, iters: int):
     initial = PhysicalParameters(robot)
+    learnt = resolve_learn(LEARN, robot.contact.law)
     for name, factor in (FAR.items() if far else ()):
-        initial.set_value(name, np.asarray(initial.as_dict()[name]) * factor)
+        if name in learnt:
+            initial.set_value(name, np.asarray(initial.as_dict()[name]) * factor)
     cfg = idf.IdentificationConfig(learn=LEARN, schedule="online" if pose else "fine_only", init="given", seed=0,
                                    lm_tuples=128, lm_max_iters=iters, max_seconds=600)
     tr = idf.ProgressiveTrainer(robot, cfg, initial=initial, log=lambda m: None)
@@ -83,7 +86,7 @@ def main(argv=None) -> int:
                       ("pose only, finite differences then windows, far start", dict(pose=True, windows_only=False, far=True)),
                       ("pose only, windows alone, far start", dict(pose=True, windows_only=True, far=True))):
         rows.append((label, fit(z.nominal, data, iters=args.iters, **kw)))
-    names = [n for n in LEARN if n in truth]
+    names = [n for n in resolve_learn(LEARN, z.nominal.contact.law) if n in truth]
     print(f"\n{args.truth}: values relative to the truth; validation CoM error 0.1 / 0.5 / 1 s ahead (mm)")
     for label, result in rows:
         params = true_model(z) if result is None else result[0]

@@ -44,7 +44,7 @@ from tensegrity_engine.groundtruth.environments import rest_pose
 from tensegrity_engine.groundtruth.mujoco_twin import GroundTruthDiverged
 from tensegrity_engine.groundtruth.sensors import SensorModel
 from tensegrity_engine.groundtruth.zoo import ZOO_PREFIX, ground_truth, zoo_names
-from tensegrity_engine.identification.config import IdentificationConfig, contact_params
+from tensegrity_engine.identification.config import IdentificationConfig, contact_params, resolve_learn
 from tensegrity_engine.identification.online import OnlineIdentification
 from tensegrity_engine.identification.streaming import StreamAligner, StreamConfig, TupleBatch
 from tensegrity_engine.physics.config import load_robot
@@ -228,8 +228,8 @@ def main(argv=None) -> int:
     specs = [s for part in args.truth.split(",") for s in
              ([ZOO_PREFIX + n for n in zoo_names()] if part == "zoo" else [part])]
     law = robot.contact.law if args.law == "config" else args.law
-    learn = (tuple(args.learn.split(",")) if args.learn
-             else default_learn(law) + (("rod_mass",) if args.masses == "learnt" else ()))
+    learn = resolve_learn(args.learn.split(",") if args.learn
+                          else default_learn(law) + (("rod_mass",) if args.masses == "learnt" else ()), law)
     if args.latency == "learnt" and "actuator_delay" not in learn:
         learn += ("actuator_delay",)
     _line(f"machine: {machine()}")

@@ -34,7 +34,7 @@ from tensegrity_engine.physics.params import PhysicalParameters, checked_paramet
 
 from . import conversions as conv
 from .common import (TOPIC_APPLIED, TOPIC_COMMAND, TOPIC_IMU, TOPIC_MARKERS, TOPIC_PARAMS, TOPIC_POSES,
-                     latched_qos, resolve_device, run_node, stream_qos)
+                     ConfigurationError, latched_qos, resolve_device, run_node, stream_qos)
 from .diagnostics import Diagnostics
 from .params import declare, load_robot
 
@@ -390,6 +390,13 @@ def stream_config(robot, setting: dict) -> StreamConfig:
 
 def make_session(robot, setting: dict, device, *, log, trainer_factory=default_trainer_factory
                  ) -> OnlineIdentification:
+    from tensegrity_engine.identification.config import resolve_learn
+
+    if setting["config"].learn is not None:          # a bad name is a start-up error, not a failed epoch
+        try:
+            resolve_learn(setting["config"].learn, robot.contact.law, floor=setting["floor"])
+        except ValueError as err:
+            raise ConfigurationError(f"parameter learn: {err}") from None
     return OnlineIdentification(
         robot, setting["config"], device=device, min_tuples=setting["min_tuples"],
         max_tuples=setting["max_tuples"], holdout_every=setting["holdout_every"],

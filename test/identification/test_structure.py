@@ -133,21 +133,29 @@ def rolling_three_bar(tmp_path_factory):
 def test_soft_law_training_starts_at_the_fine_step(rolling_three_bar):
     """Algorithm 1's coarse implicit stages apply the soft ground with the wrong mass at
     100 ms (and hold its time constant at two coarse steps): with the soft law on the floor
-    the progressive schedule starts at the fine step, with the penalty law it does not."""
+    the progressive schedule starts at the fine step (the stage change's searches see the
+    data: mass with the cables, a winch speed), with the penalty law it does not; the
+    schedules that are only coarse stages are refused."""
     import dataclasses
 
     from tensegrity_engine.identification.trainer import ProgressiveTrainer
 
     base = load_robot("three_bar")
+    learn = ("cable_stiffness", "rod_mass", "actuator_max_speed", "contact")
     phases = {}
     for law in ("penalty", "soft"):
         robot = base.replace(contact=dataclasses.replace(base.contact, law=law))
         logs = []
-        tr = ProgressiveTrainer(robot, IdentificationConfig(init="given", schedule="progressive"), log=logs.append)
+        tr = ProgressiveTrainer(robot, IdentificationConfig(init="random", schedule="progressive", learn=learn),
+                                log=logs.append)
         tr.set_data(rolling_three_bar, rolling_three_bar)
         phases[law] = (tr.schedule.phase, tr.schedule.dt, any("fine stage from the start" in m for m in logs))
     assert phases["penalty"] == ("coarse", 0.1, False)
     assert phases["soft"] == ("fine", base.dt, True)
+    for schedule in ("implicit_only", "feedforward"):
+        tr = ProgressiveTrainer(robot, IdentificationConfig(init="given", schedule=schedule))
+        with pytest.raises(ValueError, match="penalty contact law"):
+            tr.set_data(rolling_three_bar, rolling_three_bar)
 
 
 def test_one_sided_differences_step_over_the_soft_laws_jumps(rolling_three_bar):

@@ -77,6 +77,7 @@ def finish(proc: subprocess.Popen, timeout: float = 60.0) -> tuple[int, str]:
     ("identifier", "lr0:=100.0", "parameter lr0=100.0 is outside [1e-06, 10.0]"),
     ("mppi_controller", "planner:=foo", "parameter planner='foo': must be one of"),
     ("identifier", "robot:=/nonexistent/robot.yaml", "config '/nonexistent/robot.yaml' not found"),
+    ("identifier", "learn:=[cable_stifness]", "parameter learn: unknown parameter(s) to learn: cable_stifness"),
 ])
 def test_bad_parameter_is_one_line_and_exit_code_2(node_env, entry, override, expected):
     rc, err = finish(spawn(entry, node_env, "-p", override))

@@ -198,8 +198,12 @@ class ProgressiveSchedule:
         this model (``why`` is logged). The soft contact law's: its ground is solved with
         the rod masses and the implicit step applies it with the cables' implicit terms (at
         100 ms SUPERball gains energy, velocities 200 m/s), and its time constant is held at
-        two coarse steps (MuJoCo's refsafe), so nothing learns it there."""
-        if self.phase == "coarse" and self.config.schedule != "feedforward":
+        two coarse steps (MuJoCo's refsafe), so nothing learns it there. The schedules that
+        are nothing but coarse stages (the paper's ablations) are refused."""
+        if self.config.schedule in ("implicit_only", "feedforward"):
+            raise ValueError(f"schedule {self.config.schedule!r} runs only implicit steps of up to T, which this "
+                             f"model cannot take ({why}); use the penalty contact law (contact.law: penalty)")
+        if self.phase == "coarse":
             self._enter_fine()
             self.host.log(f"fine stage from the start: {why}")
 

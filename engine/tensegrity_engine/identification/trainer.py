@@ -146,6 +146,8 @@ class ProgressiveTrainer:
             self.val_index = torch.as_tensor(pick, device=self.device)
         else:
             self.val_index = None if self.val is None else torch.arange(len(self.val), device=self.device)
+        if first and ts.floor and self.robot.contact.law == "soft":      # with the data: the stage change reads it
+            self.schedule.skip_coarse("the soft contact law's ground needs the fine step")
         if first and self.config.init in ("random", "given+random") and self.config.n_starts > 1 \
                 and self.config.schedule != "fine_only":     # "online" from random: the multi-start too
             multi_start(self)
@@ -185,7 +187,7 @@ class ProgressiveTrainer:
         if self.engine is not None:
             return
         cfg = self.config
-        self.learn = resolve_learn(cfg.learn, law := self.robot.contact.law, floor=ts.floor)
+        self.learn = resolve_learn(cfg.learn, self.robot.contact.law, floor=ts.floor)
         for name, raw in self.params.named_parameters():
             raw.requires_grad_(name in self.learn)
         bound_for_stability(self, ts)
@@ -201,8 +203,6 @@ class ProgressiveTrainer:
         self.objective = RecurrentObjective(self.robot, cfg, self.engine, ts.fixed_rods, self.dtype, self.device)
         if cfg.schedule == "feedforward":
             self.schedule.n_steps = 1
-        if ts.floor and law == "soft":
-            self.schedule.skip_coarse("the soft contact law's ground needs the fine step")
         self.log(f"identifying {', '.join(self.learn)} ({'floor' if ts.floor else 'no floor'}, "
                  f"fixed rods {list(ts.fixed_rods)}); start {self.format_parameters()}")
 

@@ -24,7 +24,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from tensegrity_engine.identification.solvers.levenberg_marquardt import (raw_vector, residual_jacobian,
+from tensegrity_engine.identification.solvers.levenberg_marquardt import (jacobian_mode, one_sided_jacobian,
+                                                                          raw_vector, residual_jacobian,
                                                                           set_raw_vector)
 from tensegrity_engine.identification.solvers.windows import WindowLevenbergMarquardt, score_groups
 from tensegrity_engine.physics.params import PhysicalParameters
@@ -245,6 +246,8 @@ def _tuple_uncertainty(trainer, names, theta0, idx) -> ParameterUncertainty:
         return trainer.objective.residuals(data, idx, p, n_steps, integrator)
 
     with trainer.objective.stepped_for(trainer.engine.param_values(trainer.dtype, trainer.device)):
-        J = residual_jacobian(residual, theta0)
         r = residual(theta0)
+        J = (one_sided_jacobian(residual, theta0, r, units=len(idx))        # the soft law's jumps
+             if jacobian_mode(trainer.config, trainer.objective) == "one_sided" else residual_jacobian(residual, theta0))
+        set_raw_vector(trainer.params, names, theta0)
     return gauss_newton_uncertainty(trainer.params, names, J, r, units=len(idx))      # idx: in time order

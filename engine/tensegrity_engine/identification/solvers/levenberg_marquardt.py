@@ -82,7 +82,7 @@ def forward_jacobian(residual, theta0: torch.Tensor) -> torch.Tensor:
 
 def jacobian_mode(config, objective) -> str:
     """The configured Jacobian, or by default: forward mode on a GPU (one batched pass instead
-    of 2P launch-bound rollouts); elsewhere differences in the C kernel where it runs (in
+    of 2P launch-bound rollouts); otherwise differences, in the C kernel where it runs (in
     torch on the CPU forward mode is slower, measured, and MuJoCo's collision checker,
     ablation c, reads tensors forward-mode AD cannot carry): one-sided under the soft
     contact law, central under the penalty law. The soft law's force jumps where a contact
@@ -102,10 +102,11 @@ def jacobian_mode(config, objective) -> str:
 
 
 def parameter_jacobian(run, theta0: torch.Tensor, residual_of, r0: Optional[torch.Tensor] = None,
-                       units: int = 1) -> torch.Tensor:
+                       units: Optional[int] = None) -> torch.Tensor:
     """[..., P] Jacobian of the residuals w.r.t. the raw learnt parameters at ``theta0``,
     ``residual_of(p)`` the residuals of a parameter dict (``r0`` at ``theta0``, in ``units``
-    equal blocks: for one-sided differences): differences set the raw values in place (and
+    equal blocks for one-sided differences; None: its leading dimension, each entry of a flat
+    vector): differences set the raw values in place (and
     leave ``theta0`` set), forward mode sees them functionally."""
     def values(theta, functional: bool) -> dict:
         if functional:
@@ -122,7 +123,8 @@ def parameter_jacobian(run, theta0: torch.Tensor, residual_of, r0: Optional[torc
         with torch.no_grad():
             residual = lambda theta: residual_of(values(theta, False))      # noqa: E731
             if mode == "one_sided":
-                return one_sided_jacobian(residual, theta0, residual(theta0) if r0 is None else r0, units)
+                r0 = residual(theta0) if r0 is None else r0
+                return one_sided_jacobian(residual, theta0, r0, r0.shape[0] if units is None else units)
             return residual_jacobian(residual, theta0)
     finally:
         set_raw_vector(run.params, run.learn, theta0)

@@ -84,7 +84,7 @@ def latent_jacobian(residual, windows: torch.Tensor, vel: torch.Tensor, r0: torc
         blocks.append(((rb.reshape(n, L, -1) - r0[a:a + n, None]) / EPS).transpose(1, 2))
     B = torch.cat(blocks)
     size = B.norm(dim=1)                                               # [n, L]
-    suspect = (size > JUMP_RATIO * size.median(0).values) | ~torch.isfinite(size)
+    suspect = (size > JUMP_RATIO * size.nanmedian(0).values) | ~torch.isfinite(size)
     if N > 2 and bool(suspect.any()):
         w_idx, c_idx = suspect.nonzero(as_tuple=True)
         rb = differences(vel[w_idx], windows[w_idx], cols.to(vel.device)[c_idx], -EPS)

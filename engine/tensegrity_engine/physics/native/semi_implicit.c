@@ -622,8 +622,10 @@ static real soft_impedance(const tg_model *m, real violation, real low, real hig
 #define SOFT_LINE_SEARCH 4
 #ifdef TG_FLOAT
 #define SOFT_ROUNDING ((real)1e-5)      /* a Newton step this small (relative) is rounding */
+#define SOFT_ALPHA ((real)1e-5)         /* a full line-search step up to rounding */
 #else
 #define SOFT_ROUNDING ((real)1e-13)
+#define SOFT_ALPHA ((real)1e-10)
 #endif
 
 /* x = -H^-1 g per lane, H symmetric positive definite (a rod's mass matrix plus active
@@ -845,7 +847,8 @@ static void soft_ground(const tg_model *m, tg_work *w, int write_acc)
                     big = ai > big ? ai : big;
                     small = si > small ? si : small;
                 }
-                done[l] |= same[l] & (((alpha[l] > (real)0.999) & (alpha[l] < (real)1.001)) | (small <= SOFT_ROUNDING * big));
+                const real off = alpha[l] - 1;
+                done[l] |= same[l] & (((off < 0 ? -off : off) <= SOFT_ALPHA) | (small <= SOFT_ROUNDING * big));
             }
         }
         LANE_LOOP {
