@@ -758,12 +758,34 @@ static void soft_ground(const tg_model *m, tg_work *w, int write_acc)
             live[q] = 0;
             for (int l = 0; l < LANES; ++l) live[q] |= D[q][l] > 0;
         }
+        real full[LANES];                     /* the last step was whole (the line search's alpha 1) */
+        for (int l = 0; l < LANES; ++l) full[l] = 0;
         for (int it_n = 0; it_n < SOFT_NEWTON; ++it_n) {
             int all = 1;
             for (int l = 0; l < LANES; ++l) all &= done[l];
             if (all) break;
             real H[6][6][LANES], g[6][LANES], Mda[6][LANES], jar[SOFT_ROWS][LANES], step[6][LANES];
             int same[LANES];
+            LANE_LOOP same[l] = 1;
+            for (int q = 0; q < rows; ++q) {
+                if (!live[q]) continue;
+                LANE_LOOP {
+                    real z = -aref[q][l];
+                    for (int i = 0; i < 6; ++i) z += J[q][i][l] * a[i][l];
+                    jar[q][l] = z;
+                    const int on = (z < 0) & (D[q][l] > 0);
+                    same[l] &= on == was[q][l];
+                    was[q][l] = on;
+                }
+            }
+            /* the exact minimum: the last step was the whole Newton step of the rows active
+             * here (the minimum of that quadratic piece, and the piece holds) */
+            all = 1;
+            for (int l = 0; l < LANES; ++l) {
+                done[l] |= same[l] & (full[l] != 0);
+                all &= done[l];
+            }
+            if (all) break;
             LANE_LOOP {
                 real da[6];
                 for (int i = 0; i < 6; ++i) da[i] = a[i][l] - a0[i][l];
@@ -776,21 +798,14 @@ static void soft_ground(const tg_model *m, tg_work *w, int write_acc)
                     for (int k = 0; k < 6; ++k)
                         H[i][k][l] = i < 3 ? (i == k ? mass : (real)0) : (k < 3 ? (real)0 : Mr[i - 3][k - 3][l]);
                 }
-                same[l] = 1;
             }
             for (int q = 0; q < rows; ++q) {
                 if (!live[q]) continue;
                 real c[LANES];
                 int any_on = 0;
                 LANE_LOOP {
-                    real z = -aref[q][l];
-                    for (int i = 0; i < 6; ++i) z += J[q][i][l] * a[i][l];
-                    jar[q][l] = z;
-                    const int on = (z < 0) & (D[q][l] > 0);
-                    same[l] &= on == was[q][l];
-                    was[q][l] = on;
-                    c[l] = on ? D[q][l] : (real)0;
-                    any_on |= on;
+                    c[l] = was[q][l] ? D[q][l] : (real)0;
+                    any_on |= was[q][l];
                 }
                 if (!any_on) continue;
                 for (int i = 0; i < 6; ++i) LANE_LOOP {          /* the lower triangle: Cholesky reads it */
@@ -824,23 +839,29 @@ static void soft_ground(const tg_model *m, tg_work *w, int write_acc)
                 for (int q = 0; q < rows; ++q) {
                     if (!live[q]) continue;
                     LANE_LOOP {
-                    const real z = jar[q][l] + alpha[l] * Js[q][l];
-                    const real c = (z < 0) ? D[q][l] : (real)0;
-                    first[l] += c * z * Js[q][l];
-                    second[l] += c * Js[q][l] * Js[q][l];
+                        const real z = jar[q][l] + alpha[l] * Js[q][l];
+                        const real c = (z < 0) ? D[q][l] : (real)0;
+                        first[l] += c * z * Js[q][l];
+                        second[l] += c * Js[q][l] * Js[q][l];
                     }
                 }
+                int moved = 0;
                 LANE_LOOP {                                     /* a zero step keeps alpha */
                     real al = second[l] > 0 ? alpha[l] - first[l] / second[l] : alpha[l];
-                    alpha[l] = al < 0 ? (real)0 : al;
+                    al = al < 0 ? (real)0 : al;
+                    const real change = al - alpha[l];
+                    moved |= (change < 0 ? -change : change) > SOFT_ALPHA * (al > 1 ? al : (real)1);
+                    alpha[l] = al;
                 }
+                if (!moved) break;          /* within one linear piece: the next update is rounding */
             }
             LANE_LOOP {
                 const real al = done[l] ? (real)0 : alpha[l];
                 for (int i = 0; i < 6; ++i) a[i][l] += al * step[i][l];
-                /* the active rows' exact minimum: the step kept them and the exact line search
-                 * took all of it (1 up to rounding; a kink crossed would stop it well short),
-                 * or the step is rounding (alpha is then rounding too) */
+                /* the whole step (1 up to rounding; a kink crossed stops it well short) is
+                 * checked against the next point's rows; a step that is rounding ends it now:
+                 * the gradient at a (its own active rows) vanishes, whatever a row at z = 0
+                 * flickering in float32 does to the rows */
                 real big = 1, small = 0;
                 for (int i = 0; i < 6; ++i) {
                     const real ai = a[i][l] < 0 ? -a[i][l] : a[i][l], si = step[i][l] < 0 ? -step[i][l] : step[i][l];
@@ -848,7 +869,8 @@ static void soft_ground(const tg_model *m, tg_work *w, int write_acc)
                     small = si > small ? si : small;
                 }
                 const real off = alpha[l] - 1;
-                done[l] |= same[l] & (((off < 0 ? -off : off) <= SOFT_ALPHA) | (small <= SOFT_ROUNDING * big));
+                full[l] = (off < 0 ? -off : off) <= SOFT_ALPHA ? (real)1 : (real)0;
+                done[l] |= small <= SOFT_ROUNDING * big;
             }
         }
         LANE_LOOP {
