@@ -833,6 +833,8 @@ static void soft_ground(const tg_model *m, tg_work *w, int write_acc)
                     Js[q][l] = v;
                 }
             }
+            int settled[LANES];
+            LANE_LOOP settled[l] = 0;
             for (int ls = 0; ls < SOFT_LINE_SEARCH; ++ls) {
                 real first[LANES], second[LANES];
                 LANE_LOOP { first[l] = alpha[l] * curv[l] + slope[l]; second[l] = curv[l]; }
@@ -850,10 +852,13 @@ static void soft_ground(const tg_model *m, tg_work *w, int write_acc)
                     real al = second[l] > 0 ? alpha[l] - first[l] / second[l] : alpha[l];
                     al = al < 0 ? (real)0 : al;
                     const real change = al - alpha[l];
-                    moved |= (change < 0 ? -change : change) > SOFT_ALPHA * (al > 1 ? al : (real)1);
-                    alpha[l] = al;
+                    /* within one linear piece the next update is rounding: the lane keeps its
+                     * alpha from then on (its own history alone: lanes stay independent) */
+                    settled[l] |= (change < 0 ? -change : change) <= SOFT_ALPHA * (al > 1 ? al : (real)1);
+                    alpha[l] = settled[l] ? alpha[l] : al;
+                    moved |= !settled[l];
                 }
-                if (!moved) break;          /* within one linear piece: the next update is rounding */
+                if (!moved) break;
             }
             LANE_LOOP {
                 const real al = done[l] ? (real)0 : alpha[l];
