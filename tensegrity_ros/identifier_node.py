@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from diagnostic_msgs.msg import DiagnosticStatus
 from geometry_msgs.msg import PoseArray
@@ -90,6 +91,7 @@ class IdentifierNode(Node):
         self._unpublished = None             # an improvement waiting for min_publish_interval
         self.undetermined: tuple = ()        # parameters the data cannot determine yet
         self.last_gate = None                # HeldOutVerdict of the newest candidate
+        self.last_refused = None             # {name: mean value} of the newest refused candidate
 
         self.pub_params = self.create_publisher(IdentifiedParameters, TOPIC_PARAMS, latched_qos())
         self.pub_markers = self.create_publisher(MarkerArray, TOPIC_MARKERS, 5)
@@ -323,6 +325,8 @@ class IdentifierNode(Node):
         if self.last_gate is not None:
             g = self.last_gate
             out.update(gate=g.reason, heldout_loss=g.candidate_loss, heldout_improvement=g.improvement)
+        # what the gate kept back, for the operator (a refused model is never published)
+        out.update({f"refused_{n}": f"{v:.6g}" for n, v in (self.last_refused or {}).items()})
         out.update({f"stream_{k}": v for k, v in st.items()})
         if self.rollbacks:
             self.diag.level = DiagnosticStatus.WARN
@@ -463,6 +467,8 @@ def passes_gate(node, values: dict) -> bool:
     """The hold-out gate (`OnlineIdentification.gate`), counted and logged."""
     verdict = node.session.gate(values)
     node.last_gate = verdict
+    learnt = node.session.trainer.learn if node.session.trainer is not None else ()
+    node.last_refused = None if verdict.accepted else {n: float(np.mean(values[n])) for n in learnt if n in values}
     if not verdict.accepted:
         node.diag.count(f"gate_rejected_{verdict.reason}")
         node.diag.warn_throttled("gate", f"candidate not published ({verdict.reason} on "

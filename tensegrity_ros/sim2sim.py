@@ -339,6 +339,7 @@ def summarize(robot, mon: Monitor, rolling_start, out_dir: Path, wall_s: float, 
                "replaced_com_error_1s": final[5][1] if final else None, "wall_seconds": round(wall_s, 1), "sim_seconds": float(t[-1] - t[0]) if len(t) > 1 else 0.0,
                "poses": int(len(t)), "parameters_published": len(mon.params),
                "final_stage": final[1] if final else None, "parameters": rows,
+               "refused_candidate": refused_candidate(mon, truth),
                "mppi_start_sim_t": rolling_start}
     if len(t) > 1:
         summary["pose_rate_sim_hz"] = float((len(t) - 1) / (t[-1] - t[0]))
@@ -416,6 +417,18 @@ def _plots(mon, robot, truth, rolling_start, out_dir: Path, learn) -> None:
     plt.close(fig)
 
 
+def refused_candidate(mon, truth: dict) -> dict:
+    """The identifier's newest refused candidate (its diagnostics), relative to the truth."""
+    with mon.lock:
+        diag = dict(mon.diag.get("identifier", {}))
+    out = {}
+    for key, value in diag.items():
+        name = key.removeprefix("refused_")
+        if key.startswith("refused_") and name in truth:
+            out[name] = float(value) / float(np.mean(truth[name])) - 1.0
+    return out
+
+
 def print_summary(s: dict) -> None:
     print("\n=== sim2sim summary ===")
     print(f"the robot: {s.get('robot_truth', 'twin')} (values below are its true ones)")
@@ -435,6 +448,9 @@ def print_summary(s: dict) -> None:
         com, old = s.get("heldout_com_error_1s"), s.get("replaced_com_error_1s")
         if com is not None and np.isfinite(com):
             print(f"held-out CoM error 1 s ahead: {1e3 * com:.1f} mm (the model it replaced: {1e3 * old:.1f} mm)")
+    if s.get("refused_candidate"):
+        print("the newest candidate, refused by the hold-out gate (not published), relative to the truth: "
+              + ", ".join(f"{n} {100 * e:+.1f}%" for n, e in s["refused_candidate"].items()))
     if "achieved_vx" in s:
         print(f"MPPI from sim t={s['mppi_start_sim_t']:.1f} s for {s['rolling_sim_seconds']:.1f} s: "
               f"CoM moved {s['rolling_distance_x']:+.2f} m in x, achieved velocity "
