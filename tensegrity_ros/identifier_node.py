@@ -467,7 +467,7 @@ def passes_gate(node, values: dict) -> bool:
     """The hold-out gate (`OnlineIdentification.gate`), counted and logged."""
     verdict = node.session.gate(values)
     node.last_gate = verdict
-    learnt = node.session.trainer.learn if node.session.trainer is not None else ()
+    learnt = getattr(node.session.trainer, "learn", None) or ()
     node.last_refused = None if verdict.accepted else {n: float(np.mean(values[n])) for n in learnt if n in values}
     if not verdict.accepted:
         node.diag.count(f"gate_rejected_{verdict.reason}")
