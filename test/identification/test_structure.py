@@ -191,3 +191,25 @@ def test_one_sided_differences_step_over_the_soft_laws_jumps(rolling_three_bar):
     off = lambda J: ((J - jacobians["forward"]).norm(dim=1) / exact.clamp(min=1e-12))   # noqa: E731
     assert float(off(jacobians[None]).max()) < 1e-2
     assert int((off(jacobians["central"]) > 1.0).sum()) >= 1
+
+
+def test_the_paired_verdict_reads_ratios_not_heavy_tailed_differences():
+    """A candidate ~10x better on every window, with one window where the incumbent is far
+    off: its absolute differences are heavy-tailed (the old test called it chance), the
+    per-window log ratios are not. A candidate whose mean gain is one window's luck, worse
+    on the others, is refused."""
+    from tensegrity_engine.identification.structure import _paired_verdict
+
+    rng = np.random.default_rng(0)
+    best = rng.uniform(0.005, 0.015, 18)
+    best[3] = 1.0                                       # one window far off for the incumbent
+    cand = best / rng.uniform(8.0, 14.0, 18)
+    cand[3] = 0.02
+    ok, why = _paired_verdict(cand, best, 0.05, 2.0)
+    assert ok, why
+    diff = best - cand
+    assert diff.mean() <= 2.0 * diff.std(ddof=1) / np.sqrt(len(diff))   # the differences alone: not significant
+    lucky = best * rng.uniform(1.1, 1.5, 18)            # worse everywhere ...
+    lucky[3] = 0.01                                     # ... but on the far-off window
+    ok, why = _paired_verdict(lucky, best, 0.05, 2.0)
+    assert not ok and "standard errors" in why, why
