@@ -2,7 +2,7 @@
 
     python bench/online.py [--robot superball] [--truth twin,zoo/soft_slow,... | zoo]
                            [--seeds 5] [--duration 60] [--noise robot|none] [--init given|random]
-                           [--law config|penalty|soft]
+                           [--law config|penalty|soft] [--integrator config|semi_implicit|implicitfast]
                            [--learn cable_stiffness,cable_damping,rod_mass,actuator_time_constant]
                            [--out runs/bench_online]
 
@@ -99,16 +99,19 @@ def relative_errors(values: dict, truth: dict, names) -> dict:
     return {n: float(np.mean(values[n]) / np.mean(truth[n]) - 1.0) for n in names}
 
 
-def model_robot(z, law: str):
-    """The robot's model: the config, under ``law`` (the truth keeps its own contact)."""
+def model_robot(z, law: str, integrator: str = "config"):
+    """The robot's model: the config, under ``law`` and stepped by ``integrator`` (the truth
+    keeps its own)."""
     robot = z.nominal
     if law != "config" and law != robot.contact.law:
         robot = robot.replace(contact=dataclasses.replace(robot.contact, law=law))
+    if integrator != "config":
+        robot = robot.replace(integrator=integrator)
     return robot
 
 
 def run_session(z, args, seed: int, learn) -> dict:
-    robot = model_robot(z, args.law)
+    robot = model_robot(z, args.law, args.integrator)
     if args.masses == "weighed":          # the user weighed the rods: the config has their masses
         robot = robot.replace(rod_mass=z.truth.rod_mass.copy())
     noisy = args.noise == "robot"
@@ -204,6 +207,8 @@ def main(argv=None) -> int:
     ap.add_argument("--schedule", default="online")
     ap.add_argument("--law", choices=("config", "penalty", "soft"), default="config",
                     help="the model's ground contact law (config: the robot YAML's contact.law)")
+    ap.add_argument("--integrator", choices=("config", "semi_implicit", "implicitfast"), default="config",
+                    help="the model's integrator (config: the robot YAML's engine.integrator)")
     ap.add_argument("--learn", default=None, help=f"comma-separated (default {','.join(LEARN)}, the "
                     "law's normal contact values and sliding friction, and rod_mass with --masses learnt)")
     ap.add_argument("--masses", choices=("weighed", "learnt"), default="weighed",
