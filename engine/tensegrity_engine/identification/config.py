@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from tensegrity_engine.physics.params import SPEC_BY_NAME
+from tensegrity_engine.physics.params import SOFT_LAW_PARAMS, SPEC_BY_NAME
 
 NONCONTACT_PARAMS = ("cable_stiffness", "cable_damping", "cable_slack_damping", "rod_mass",
                      "rod_inertia_factor", "actuator_time_constant", "actuator_max_speed", "actuator_gain",
@@ -13,8 +13,7 @@ CONTACT_PARAMS = ("contact_stiffness", "contact_damping", "friction_sliding",
                   "friction_torsional", "friction_rolling")
 # under the soft contact law the ground's normal response is its solref (rod-rod contacts keep
 # the penalty values, which contact data rarely reveals)
-SOFT_CONTACT_PARAMS = ("contact_time_constant", "contact_damping_ratio", "friction_sliding",
-                       "friction_torsional", "friction_rolling")
+SOFT_CONTACT_PARAMS = SOFT_LAW_PARAMS + ("friction_sliding", "friction_torsional", "friction_rolling")
 SCHEDULES = ("progressive", "implicit_only", "feedforward", "fine_only", "online")
 INITS = ("random", "given", "given+random")
 
@@ -27,7 +26,6 @@ def contact_params(law: str = "penalty") -> tuple[str, ...]:
 # A learn-list entry that names the ground contact's values under whichever law the robot's
 # model uses (its normal response and sliding friction), so one list serves both laws.
 CONTACT_TOKEN = "contact"
-SOFT_ONLY = ("contact_time_constant", "contact_damping_ratio")
 
 
 def resolve_learn(names, law: str, floor: bool = True) -> tuple[str, ...]:
@@ -43,7 +41,7 @@ def resolve_learn(names, law: str, floor: bool = True) -> tuple[str, ...]:
     if unknown := [n for n in out if n not in SPEC_BY_NAME]:
         raise ValueError(f"unknown parameter(s) to learn: {', '.join(unknown)}; known: "
                          f"{', '.join(SPEC_BY_NAME)} and '{CONTACT_TOKEN}'")
-    if law == "penalty" and (inert := [n for n in out if n in SOFT_ONLY]):
+    if law == "penalty" and (inert := [n for n in out if n in SOFT_LAW_PARAMS]):
         raise ValueError(f"{', '.join(inert)} act only under the soft contact law; this robot's contact.law is "
                          f"'penalty' (learn {', '.join(CONTACT_PARAMS[:2])} there, or '{CONTACT_TOKEN}' for either law)")
     return tuple(dict.fromkeys(out))

@@ -67,6 +67,7 @@ PARAM_SPECS: tuple[ParamSpec, ...] = (
               "soft contact: damping ratio of the reference spring-damper (solref[1])"),
 )
 SPEC_BY_NAME = {spec.name: spec for spec in PARAM_SPECS}
+SOFT_LAW_PARAMS = ("contact_time_constant", "contact_damping_ratio")     # inert under the penalty law
 
 
 def nominal_values(robot: RobotConfig) -> dict[str, np.ndarray]:

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from tensegrity_engine.physics.config import RobotConfig
+from tensegrity_engine.physics.params import SOFT_LAW_PARAMS
 from tensegrity_engine.physics.state import (ANG_VEL, LIN_VEL, POS, QUAT, end_nodes, quat_axis, quat_from_rotvec,
                                              quat_multiply)
 
@@ -167,7 +168,7 @@ def physics_fingerprint(params) -> str:
     import json
 
     contact = params.robot.contact
-    inert = () if contact.law == "soft" else ("contact_time_constant", "contact_damping_ratio")
+    inert = () if contact.law == "soft" else SOFT_LAW_PARAMS
     values = {name: [float(f"{float(x):.10g}") for x in v] for name, v in sorted(params.as_dict().items())
               if name not in inert}
     structure = [params.robot.integrator] + ([contact.law, list(contact.solimp), contact.soft_condim]

@@ -40,10 +40,12 @@ def residual_jacobian(residual, theta0: torch.Tensor, eps: float = 1e-5) -> torc
 
 
 def one_sided_jacobian(residual, theta0: torch.Tensor, r0: torch.Tensor, units: int,
-                       eps: float = 1e-6) -> torch.Tensor:
+                       eps: float = 1e-6, sides: tuple = (-1.0,)) -> torch.Tensor:
     """[n, P] Jacobian of ``residual(theta)`` by one-sided differences (2P evaluations, as
     central ones): for each of the ``units`` equal blocks of the residual (a tuple's, a
-    window's) the forward or the backward difference, whichever is smaller in norm. A
+    window's) the forward or the backward difference, whichever is smaller in norm
+    (``sides``: the steps tried besides the forward one, in multiples of ``eps``; () gives
+    plain forward differences). A
     rollout whose contact opens a step earlier within the difference step jumps (the soft
     law's damping acts at once): that side reads the jump as a slope, the other side has
     the slope (measured on the SUPERball rolling, 240 tuples: central differences were
@@ -53,11 +55,13 @@ def one_sided_jacobian(residual, theta0: torch.Tensor, r0: torch.Tensor, units: 
     for j in range(len(theta0)):
         e = torch.zeros_like(theta0)
         e[j] = eps
-        forward = ((residual(theta0 + e) - r0) / eps).reshape(units, -1)
-        backward = ((r0 - residual(theta0 - e)) / eps).reshape(units, -1)
-        size, other = forward.norm(dim=-1), backward.norm(dim=-1)
-        take = torch.isfinite(other) & ~(other >= size)            # smaller, or forward not finite
-        cols.append(torch.where(take[:, None], backward, forward).reshape(r0.shape))
+        col = ((residual(theta0 + e) - r0) / eps).reshape(units, -1)
+        for h in sides:
+            other = ((residual(theta0 + h * e) - r0) / (h * eps)).reshape(units, -1)
+            size, other_size = col.norm(dim=-1), other.norm(dim=-1)
+            take = torch.isfinite(other_size) & ~(other_size >= size)      # smaller, or col not finite
+            col = torch.where(take[:, None], other, col)
+        cols.append(col.reshape(r0.shape))
     return torch.stack(cols, -1)
 
 

@@ -30,8 +30,8 @@ import numpy as np
 import torch
 
 from tensegrity_engine.identification.solvers.levenberg_marquardt import (bounded_step, jacobian_mode,
-                                                                          parameter_jacobian, raw_vector,
-                                                                          set_raw_vector)
+                                                                          one_sided_jacobian, parameter_jacobian,
+                                                                          raw_vector, set_raw_vector)
 
 SCORE_CLUSTERS = 10     # groups of consecutive windows behind the cluster-robust sigma
 EPS = 1e-6              # forward-difference step (raw parameter units; m/s and rad/s for latents)
@@ -268,19 +268,9 @@ class WindowLevenbergMarquardt:
         if mode == "forward":
             return parameter_jacobian(run, theta, lambda p: run.objective.window_residual(run.train, windows, vel, p))
         sides = (-1.0, 100.0, -100.0) if one_sided else (-1.0,) if mode == "one_sided" else ()
-        cols = []
-        for j in range(len(theta)):
-            e = torch.zeros_like(theta)
-            e[j] = EPS
-            col = (self._residual(run, theta + e, windows, vel) - r0) / EPS
-            for h in sides:
-                other = (self._residual(run, theta + h * e, windows, vel) - r0) / (h * EPS)
-                size, other_size = col.norm(dim=-1), other.norm(dim=-1)
-                take = torch.isfinite(other_size) & ~(other_size >= size)      # smaller, or col not finite
-                col = torch.where(take[:, None], other, col)
-            cols.append(col)
+        J = one_sided_jacobian(lambda th: self._residual(run, th, windows, vel), theta, r0, len(r0), EPS, sides)
         set_raw_vector(run.params, run.learn, theta)
-        return torch.stack(cols, -1)
+        return J
 
     @torch.no_grad()
     def _latent_blocks(self, run, theta, r0) -> torch.Tensor:
