@@ -34,6 +34,7 @@
 #ifdef TG_FLOAT
 typedef float real;
 #define SQRT sqrtf
+#define FABS fabsf
 #define EXP expf
 #define FMA fmaf
 #define COS cosf
@@ -41,6 +42,7 @@ typedef float real;
 #else
 typedef double real;
 #define SQRT sqrt
+#define FABS fabs
 #define EXP exp
 #define FMA fma
 #define COS cos
@@ -606,15 +608,34 @@ static real soft_power(real x, real pw)
     return pw == (real)2 ? x * x : (real)pow(x, pw);
 }
 
-static real soft_impedance(const tg_model *m, real violation, real low, real high)
+/* MuJoCo's impedance of a violation (soft_contact.impedance) for every lane of `dist`
+ * (violations; a lane out of the floor gets 0.5, unused); low = mid^(power-1),
+ * high = (1 - mid)^(power-1). Power 2 (MuJoCo's default) stays in vector code; another
+ * power calls pow per lane. */
+static void soft_impedance(const tg_model *m, const real dist[LANES], real imp[LANES], real low, real high)
 {
     const real dmin = m->soft_dmin, dmax = m->soft_dmax, width = m->soft_width;
-    if (dmin == dmax || width <= (real)1e-15) return (real)0.5 * (dmin + dmax);
-    real x = (violation < 0 ? -violation : violation) / width;
-    x = x > 1 ? (real)1 : x;
     const real mid = m->soft_mid, pw = m->soft_power;
-    const real y = x <= mid ? soft_power(x, pw) / low : (real)1 - soft_power(1 - x, pw) / high;
-    return dmin + (dmax - dmin) * y;
+    if (dmin == dmax || width <= (real)1e-15) {
+        LANE_LOOP imp[l] = (real)0.5 * (dmin + dmax);
+        return;
+    }
+    real x[LANES];
+    LANE_LOOP {
+        const real v = FABS(dist[l]) / width;
+        x[l] = v > 1 ? (real)1 : v;
+    }
+    if (pw == (real)2) {
+        LANE_LOOP {
+            const real y = x[l] <= mid ? x[l] * x[l] / low : (real)1 - ((real)1 - x[l]) * ((real)1 - x[l]) / high;
+            imp[l] = dmin + (dmax - dmin) * y;
+        }
+    } else {
+        for (int l = 0; l < LANES; ++l) {
+            const real y = x[l] <= mid ? (real)pow(x[l], pw) / low : (real)1 - (real)pow(1 - x[l], pw) / high;
+            imp[l] = dmin + (dmax - dmin) * y;
+        }
+    }
 }
 
 #define SOFT_ROWS 20
@@ -628,50 +649,277 @@ static real soft_impedance(const tg_model *m, real violation, real low, real hig
 #define SOFT_ALPHA ((real)1e-10)
 #endif
 
+/* The soft ground's arrays are [..][LANES] with every lane loop innermost and straight-line
+ * (no loop inside a lane loop): GCC vectorises only innermost loops, and a 6-long loop
+ * inside a lane loop left the whole solver scalar. Flags are reals (0 / 1) so that every
+ * lane loop works on one element width. */
+
 /* x = -H^-1 g per lane, H symmetric positive definite (a rod's mass matrix plus active
- * rows): Cholesky without pivoting, lanes innermost so every loop vectorises. H is
- * overwritten by its factor. */
+ * rows; its lower triangle is read): Cholesky without pivoting, H overwritten by its factor.
+ * The diagonal's reciprocals are taken once: a division in each of the 27 places that use
+ * them would put 27 division latencies on the factor's serial chain. */
 static void soft_newton_step(real H[6][6][LANES], real g[6][LANES], real x[6][LANES])
 {
+    real acc[LANES], inv[6][LANES];
     for (int j = 0; j < 6; ++j) {
+        LANE_LOOP acc[l] = H[j][j][l];
+        for (int k = 0; k < j; ++k) LANE_LOOP acc[l] -= H[j][k][l] * H[j][k][l];
+        LANE_LOOP inv[j][l] = (real)1 / SQRT(acc[l]);
+        for (int i = j + 1; i < 6; ++i) {
+            LANE_LOOP acc[l] = H[i][j][l];
+            for (int k = 0; k < j; ++k) LANE_LOOP acc[l] -= H[i][k][l] * H[j][k][l];
+            LANE_LOOP H[i][j][l] = acc[l] * inv[j][l];
+        }
+    }
+    for (int i = 0; i < 6; ++i) {                         /* L y = -g */
+        LANE_LOOP acc[l] = -g[i][l];
+        for (int k = 0; k < i; ++k) LANE_LOOP acc[l] -= H[i][k][l] * x[k][l];
+        LANE_LOOP x[i][l] = acc[l] * inv[i][l];
+    }
+    for (int i = 5; i >= 0; --i) {                        /* L' x = y */
+        LANE_LOOP acc[l] = x[i][l];
+        for (int k = i + 1; k < 6; ++k) LANE_LOOP acc[l] -= H[k][i][l] * x[k][l];
+        LANE_LOOP x[i][l] = acc[l] * inv[i][l];
+    }
+}
+
+/* One rod's soft ground problem, all lanes: the pyramid rows of both end spheres (D = 0 on
+ * a sphere out of the floor), its rotational mass matrix, a0 and the starting point. */
+typedef struct {
+    real J[SOFT_ROWS][6][LANES], aref[SOFT_ROWS][LANES], D[SOFT_ROWS][LANES];
+    real Mr[3][3][LANES], a0[6][LANES], a[6][LANES];
+    real done[LANES];                 /* 1: this lane is solved (or has no contact) */
+    int rows, live[SOFT_ROWS];        /* live: the row's sphere is in the floor in some lane */
+} soft_rod;
+
+/* J rows, aref and D of rod r's end spheres (SoftGroundContact.rows): per sphere the
+ * normal row plus or minus mu times each cone direction (sliding along the rod's projected
+ * axis t and across it b, torsional, rolling about t and b, as condim has them). */
+static void soft_rows(const tg_model *m, const tg_work *w, int r, soft_rod *restrict s, real low, real high)
+{
+    const int R = m->rods, N = 2 * R, condim = m->soft_condim;
+    const int nd = condim == 6 ? 5 : condim == 4 ? 3 : condim == 3 ? 2 : 0;   /* cone directions */
+    const int edges = nd ? 2 * nd : 1;
+    const real mus[5] = {m->mu, m->mu, m->mu_torsional, m->mu_rolling, m->mu_rolling};
+    const real gh = m->ground_height, mass = m->mass[r], soft_b = m->soft_b, soft_k = m->soft_k;
+    const real reg = m->soft_reg;
+    const real *px = ROW(w->st, r), *py = ROW(w->st, R + r), *pz = ROW(w->st, 2 * R + r);
+    const real *v0 = ROW(w->st, 7 * R + r), *v1 = ROW(w->st, 8 * R + r), *v2 = ROW(w->st, 9 * R + r);
+    const real *v3 = ROW(w->st, 10 * R + r), *v4 = ROW(w->st, 11 * R + r), *v5 = ROW(w->st, 12 * R + r);
+    const real *ax = ROW(w->axis, r), *ay = ROW(w->axis, R + r), *az = ROW(w->axis, 2 * R + r);
+    s->rows = 2 * edges;
+    LANE_LOOP s->done[l] = 1;
+    for (int e = 0; e < 2; ++e) {
+        const int n = 2 * r + e, base = e * edges;
+        const real rad = m->node_radius[n];
+        const real *xr = ROW(w->node, n), *yr = ROW(w->node, N + n), *zr = ROW(w->node, 2 * N + n);
+        real dist[LANES], in[LANES], imp[LANES], drow[LANES], pos[LANES];
+        real jn[6][LANES], dir[5][6][LANES];
         LANE_LOOP {
-            real d = H[j][j][l];
-            for (int k = 0; k < j; ++k) d -= H[j][k][l] * H[j][k][l];
-            H[j][j][l] = SQRT(d);
+            dist[l] = zr[l] - rad - gh;
+            in[l] = dist[l] < 0 ? (real)1 : (real)0;
+            s->done[l] = dist[l] < 0 ? (real)0 : s->done[l];
+            const real lx = xr[l] - px[l], ly = yr[l] - py[l], lz = (zr[l] - (rad + (real)0.5 * dist[l])) - pz[l];
+            const int vertical = ax[l] * ax[l] + ay[l] * ay[l] < (real)1e-12;
+            real tx = vertical ? (real)0 : ax[l], ty = vertical ? (real)1 : ay[l];
+            const real tn = SQRT(tx * tx + ty * ty);
+            tx /= tn; ty /= tn;
+            const real bx = -ty, by = tx;                            /* e_z x t */
+            jn[0][l] = 0; jn[1][l] = 0; jn[2][l] = 1; jn[3][l] = ly; jn[4][l] = -lx; jn[5][l] = 0;  /* [e_z; lever x e_z] */
+            dir[0][0][l] = tx; dir[0][1][l] = ty; dir[0][2][l] = 0;  /* slide along t: [t; lever x t] */
+            dir[0][3][l] = -lz * ty; dir[0][4][l] = lz * tx; dir[0][5][l] = lx * ty - ly * tx;
+            dir[1][0][l] = bx; dir[1][1][l] = by; dir[1][2][l] = 0;  /* slide along b */
+            dir[1][3][l] = -lz * by; dir[1][4][l] = lz * bx; dir[1][5][l] = lx * by - ly * bx;
+            dir[2][0][l] = 0; dir[2][1][l] = 0; dir[2][2][l] = 0;    /* torsion about e_z */
+            dir[2][3][l] = 0; dir[2][4][l] = 0; dir[2][5][l] = 1;
+            dir[3][0][l] = 0; dir[3][1][l] = 0; dir[3][2][l] = 0;    /* roll about t, b */
+            dir[3][3][l] = tx; dir[3][4][l] = ty; dir[3][5][l] = 0;
+            dir[4][0][l] = 0; dir[4][1][l] = 0; dir[4][2][l] = 0;
+            dir[4][3][l] = bx; dir[4][4][l] = by; dir[4][5][l] = 0;
         }
-        for (int i = j + 1; i < 6; ++i) LANE_LOOP {
-            real v = H[i][j][l];
-            for (int k = 0; k < j; ++k) v -= H[i][k][l] * H[j][k][l];
-            H[i][j][l] = v / H[j][j][l];
+        soft_impedance(m, dist, imp, low, high);
+        LANE_LOOP {
+            drow[l] = in[l] != 0 ? imp[l] / (((real)1 - imp[l]) * reg / mass) : (real)0;
+            pos[l] = in[l] != 0 ? soft_k * imp[l] * dist[l] : (real)0;
+        }
+        for (int q = 0; q < edges; ++q) {
+            real (*Jq)[LANES] = s->J[base + q];
+            if (nd) {
+                const real mu = q & 1 ? -mus[q / 2] : mus[q / 2];
+                for (int i = 0; i < 6; ++i) LANE_LOOP Jq[i][l] = jn[i][l] + mu * dir[q / 2][i][l];
+            } else {
+                for (int i = 0; i < 6; ++i) LANE_LOOP Jq[i][l] = jn[i][l];
+            }
+            LANE_LOOP {
+                const real speed = (real)0 + Jq[0][l] * v0[l] + Jq[1][l] * v1[l] + Jq[2][l] * v2[l]
+                                   + Jq[3][l] * v3[l] + Jq[4][l] * v4[l] + Jq[5][l] * v5[l];
+                s->aref[base + q][l] = in[l] != 0 ? -soft_b * speed - pos[l] : (real)0;
+                s->D[base + q][l] = drow[l];
+            }
         }
     }
-    for (int i = 0; i < 6; ++i) LANE_LOOP {              /* L y = -g */
-        real v = -g[i][l];
-        for (int k = 0; k < i; ++k) v -= H[i][k][l] * x[k][l];
-        x[i][l] = v / H[i][i][l];
+    const real it = m->inertia_t[r], dia = m->inertia_a[r] - it;
+    LANE_LOOP {
+        const real x = ax[l], y = ay[l], z = az[l];
+        s->Mr[0][0][l] = it + dia * x * x; s->Mr[0][1][l] = dia * x * y; s->Mr[0][2][l] = dia * x * z;
+        s->Mr[1][0][l] = dia * y * x; s->Mr[1][1][l] = it + dia * y * y; s->Mr[1][2][l] = dia * y * z;
+        s->Mr[2][0][l] = dia * z * x; s->Mr[2][1][l] = dia * z * y; s->Mr[2][2][l] = it + dia * z * z;
     }
-    for (int i = 5; i >= 0; --i) LANE_LOOP {             /* L' x = y */
-        real v = x[i][l];
-        for (int k = i + 1; k < 6; ++k) v -= H[k][i][l] * x[k][l];
-        x[i][l] = v / H[i][i][l];
+    for (int q = 0; q < s->rows; ++q) {
+        int live = 0;
+        for (int l = 0; l < LANES; ++l) live |= s->D[q][l] > 0;
+        s->live[q] = live;
+    }
+}
+
+/* The minimiser of 1/2 (a - a0)'M(a - a0) + sum 1/2 D min(0, J a - aref)^2 per lane:
+ * Newton with an exact line search (as the engine), from s->a. A lane stops once a step
+ * keeps its active rows and took the whole step (the next would be zero), or once its step
+ * is rounding; the rod once all its lanes have. Lanes never read each other's values. */
+static void soft_minimise(soft_rod *restrict s, real mass)
+{
+    const int rows = s->rows;
+    real was[SOFT_ROWS][LANES], full[LANES];   /* full: the last step was whole (alpha 1) */
+    for (int q = 0; q < rows; ++q) LANE_LOOP was[q][l] = -1;
+    LANE_LOOP full[l] = 0;
+    for (int it_n = 0; it_n < SOFT_NEWTON; ++it_n) {
+        int all = 1;
+        for (int l = 0; l < LANES; ++l) all &= s->done[l] != 0;
+        if (all) break;
+        real H[6][6][LANES], g[6][LANES], Mda[6][LANES], jar[SOFT_ROWS][LANES], step[6][LANES];
+        real same[LANES];
+        LANE_LOOP same[l] = 1;
+        for (int q = 0; q < rows; ++q) {
+            if (!s->live[q]) continue;
+            const real (*Jq)[LANES] = s->J[q];
+            LANE_LOOP {
+                const real z = -s->aref[q][l] + Jq[0][l] * s->a[0][l] + Jq[1][l] * s->a[1][l] + Jq[2][l] * s->a[2][l]
+                               + Jq[3][l] * s->a[3][l] + Jq[4][l] * s->a[4][l] + Jq[5][l] * s->a[5][l];
+                jar[q][l] = z;
+                const real on = z < 0 && s->D[q][l] > 0 ? (real)1 : (real)0;
+                same[l] = on == was[q][l] ? same[l] : (real)0;
+                was[q][l] = on;
+            }
+        }
+        /* the exact minimum: the last step was the whole Newton step of the rows active
+         * here (the minimum of that quadratic piece, and the piece holds) */
+        all = 1;
+        LANE_LOOP s->done[l] = same[l] != 0 && full[l] != 0 ? (real)1 : s->done[l];
+        for (int l = 0; l < LANES; ++l) all &= s->done[l] != 0;
+        if (all) break;
+        LANE_LOOP {
+            const real d0 = s->a[0][l] - s->a0[0][l], d1 = s->a[1][l] - s->a0[1][l], d2 = s->a[2][l] - s->a0[2][l];
+            const real d3 = s->a[3][l] - s->a0[3][l], d4 = s->a[4][l] - s->a0[4][l], d5 = s->a[5][l] - s->a0[5][l];
+            Mda[0][l] = mass * d0; Mda[1][l] = mass * d1; Mda[2][l] = mass * d2;
+            Mda[3][l] = s->Mr[0][0][l] * d3 + s->Mr[0][1][l] * d4 + s->Mr[0][2][l] * d5;
+            Mda[4][l] = s->Mr[1][0][l] * d3 + s->Mr[1][1][l] * d4 + s->Mr[1][2][l] * d5;
+            Mda[5][l] = s->Mr[2][0][l] * d3 + s->Mr[2][1][l] * d4 + s->Mr[2][2][l] * d5;
+        }
+        for (int i = 0; i < 6; ++i) {                    /* the lower triangle: Cholesky reads it */
+            LANE_LOOP g[i][l] = Mda[i][l];
+            for (int k = 0; k <= i; ++k) {
+                if (i < 3) LANE_LOOP H[i][k][l] = i == k ? mass : (real)0;
+                else if (k < 3) LANE_LOOP H[i][k][l] = 0;
+                else LANE_LOOP H[i][k][l] = s->Mr[i - 3][k - 3][l];
+            }
+        }
+        for (int q = 0; q < rows; ++q) {
+            if (!s->live[q]) continue;
+            real c[LANES], cj[LANES];
+            int any_on = 0;
+            for (int l = 0; l < LANES; ++l) any_on |= was[q][l] != 0;
+            if (!any_on) continue;
+            LANE_LOOP c[l] = was[q][l] != 0 ? s->D[q][l] : (real)0;
+            for (int i = 0; i < 6; ++i) {
+                LANE_LOOP {
+                    cj[l] = c[l] * s->J[q][i][l];
+                    g[i][l] += cj[l] * jar[q][l];
+                }
+                for (int k = 0; k <= i; ++k) LANE_LOOP H[i][k][l] += cj[l] * s->J[q][k][l];
+            }
+        }
+        soft_newton_step(H, g, step);
+        real curv[LANES], slope[LANES], alpha[LANES], Js[SOFT_ROWS][LANES];
+        LANE_LOOP {
+            const real s3 = step[3][l], s4 = step[4][l], s5 = step[5][l];
+            real c = 0;
+            c += step[0][l] * mass * step[0][l];
+            c += s3 * (s->Mr[0][0][l] * s3 + s->Mr[0][1][l] * s4 + s->Mr[0][2][l] * s5);
+            c += step[1][l] * mass * step[1][l];
+            c += s4 * (s->Mr[1][0][l] * s3 + s->Mr[1][1][l] * s4 + s->Mr[1][2][l] * s5);
+            c += step[2][l] * mass * step[2][l];
+            c += s5 * (s->Mr[2][0][l] * s3 + s->Mr[2][1][l] * s4 + s->Mr[2][2][l] * s5);
+            curv[l] = c;
+            slope[l] = (real)0 + step[0][l] * Mda[0][l] + step[1][l] * Mda[1][l] + step[2][l] * Mda[2][l]
+                       + step[3][l] * Mda[3][l] + step[4][l] * Mda[4][l] + step[5][l] * Mda[5][l];
+            alpha[l] = 1;
+        }
+        for (int q = 0; q < rows; ++q) {
+            if (!s->live[q]) continue;
+            const real (*Jq)[LANES] = s->J[q];
+            LANE_LOOP Js[q][l] = (real)0 + Jq[0][l] * step[0][l] + Jq[1][l] * step[1][l] + Jq[2][l] * step[2][l]
+                                 + Jq[3][l] * step[3][l] + Jq[4][l] * step[4][l] + Jq[5][l] * step[5][l];
+        }
+        real settled[LANES];
+        LANE_LOOP settled[l] = 0;
+        for (int ls = 0; ls < SOFT_LINE_SEARCH; ++ls) {
+            real first[LANES], second[LANES];
+            LANE_LOOP { first[l] = alpha[l] * curv[l] + slope[l]; second[l] = curv[l]; }
+            for (int q = 0; q < rows; ++q) {
+                if (!s->live[q]) continue;
+                LANE_LOOP {
+                    const real z = jar[q][l] + alpha[l] * Js[q][l];
+                    const real c = z < 0 ? s->D[q][l] : (real)0;
+                    first[l] += c * z * Js[q][l];
+                    second[l] += c * Js[q][l] * Js[q][l];
+                }
+            }
+            LANE_LOOP {                                     /* a zero step keeps alpha */
+                real al = second[l] > 0 ? alpha[l] - first[l] / second[l] : alpha[l];
+                al = al < 0 ? (real)0 : al;
+                const real change = al - alpha[l];
+                /* within one linear piece the next update is rounding: the lane keeps its
+                 * alpha from then on (its own history alone: lanes stay independent) */
+                settled[l] = FABS(change) <= SOFT_ALPHA * (al > 1 ? al : (real)1) ? (real)1 : settled[l];
+                alpha[l] = settled[l] != 0 ? alpha[l] : al;
+            }
+            int moved = 0;
+            for (int l = 0; l < LANES; ++l) moved |= settled[l] == 0;
+            if (!moved) break;
+        }
+        LANE_LOOP {
+            const real al = s->done[l] != 0 ? (real)0 : alpha[l];
+            real big = 1, small = 0;
+            /* the whole step (1 up to rounding; a kink crossed stops it well short) is
+             * checked against the next point's rows; a step that is rounding ends it now:
+             * the gradient at a (its own active rows) vanishes, whatever a row at z = 0
+             * flickering in float32 does to the rows */
+#define SOFT_UPDATE(i) { \
+                s->a[i][l] += al * step[i][l]; \
+                const real ai = FABS(s->a[i][l]), si = FABS(step[i][l]); \
+                big = ai > big ? ai : big; \
+                small = si > small ? si : small; }
+            SOFT_UPDATE(0) SOFT_UPDATE(1) SOFT_UPDATE(2) SOFT_UPDATE(3) SOFT_UPDATE(4) SOFT_UPDATE(5)
+#undef SOFT_UPDATE
+            full[l] = FABS(alpha[l] - 1) <= SOFT_ALPHA ? (real)1 : (real)0;
+            s->done[l] = small <= SOFT_ROUNDING * big ? (real)1 : s->done[l];
+        }
     }
 }
 
 /* Soft ground (SoftGroundContact): per rod, for all lanes at once, the accelerations
  * minimising 1/2 (a - a0)'M(a - a0) + sum 1/2 D min(0, J a - aref)^2 over the pyramid rows
- * of its end spheres, a0 = (acc, alpha) as accelerations() left them. Every lane has both
- * spheres' rows, D = 0 on a sphere out of the floor, so the Newton iterations (with an
- * exact line search, as the engine) vectorise over lanes; a lane stops once a step keeps
- * its active rows and takes the full step (the next would be zero), the rod once all its
- * lanes have; a lane in contact the step before starts from that step's solution. write_acc: the result into acc / alpha (semi-implicit); else its wrench
- * M (a - a0) into force / torque (implicitfast solves its own update). */
+ * of its end spheres, a0 = (acc, alpha) as accelerations() left them. A lane in contact
+ * the step before starts from that step's solution (the minimum is unique; Newton from
+ * there finds its active rows in fewer iterations than from a0). write_acc: the result into
+ * acc / alpha (semi-implicit); else its wrench M (a - a0) into force / torque
+ * (implicitfast solves its own update). */
 static void soft_ground(const tg_model *m, tg_work *w, int write_acc)
 {
-    const int R = m->rods, N = 2 * m->rods, condim = m->soft_condim;
-    const int nd = condim == 6 ? 5 : condim == 4 ? 3 : condim == 3 ? 2 : 0;   /* cone directions */
-    const int edges = nd ? 2 * nd : 1, rows = 2 * edges;
+    const int R = m->rods, N = 2 * m->rods;
     const real gh = m->ground_height;
     const real low = soft_power(m->soft_mid, m->soft_power - 1), high = soft_power(1 - m->soft_mid, m->soft_power - 1);
+    soft_rod s;
     for (int r = 0; r < R; ++r) {
         const real rad0 = m->node_radius[2 * r], rad1 = m->node_radius[2 * r + 1];
         const real *z0 = ROW(w->node, 2 * N + 2 * r), *z1 = ROW(w->node, 2 * N + 2 * r + 1);
@@ -679,219 +927,37 @@ static void soft_ground(const tg_model *m, tg_work *w, int write_acc)
         int any = 0;
         for (int l = 0; l < LANES; ++l) any |= (z0[l] - rad0 - gh < 0) | (z1[l] - rad1 - gh < 0);
         if (!any) { memset(warm, 0, LANES * sizeof(real)); continue; }
-        const real mass = m->mass[r], it = m->inertia_t[r], ia = m->inertia_a[r], fr = m->free[r];
-        real J[SOFT_ROWS][6][LANES], aref[SOFT_ROWS][LANES], D[SOFT_ROWS][LANES];
-        real Mr[3][3][LANES], a0[6][LANES], a[6][LANES];
-        int was[SOFT_ROWS][LANES], done[LANES];
-        for (int l = 0; l < LANES; ++l) {
-            const real p[3] = {ROW(w->st, r)[l], ROW(w->st, R + r)[l], ROW(w->st, 2 * R + r)[l]};
-            const real v6[6] = {ROW(w->st, 7 * R + r)[l], ROW(w->st, 8 * R + r)[l], ROW(w->st, 9 * R + r)[l],
-                                ROW(w->st, 10 * R + r)[l], ROW(w->st, 11 * R + r)[l], ROW(w->st, 12 * R + r)[l]};
-            const real ax[3] = {ROW(w->axis, r)[l], ROW(w->axis, R + r)[l], ROW(w->axis, 2 * R + r)[l]};
-            for (int i = 0; i < 3; ++i)
-                for (int k = 0; k < 3; ++k) Mr[i][k][l] = (i == k ? it : (real)0) + (ia - it) * ax[i] * ax[k];
-            done[l] = 1;
-            for (int e = 0; e < 2; ++e) {
-                const int n = 2 * r + e, base = e * edges;
-                const real rad = m->node_radius[n];
-                const real x[3] = {ROW(w->node, n)[l], ROW(w->node, N + n)[l], ROW(w->node, 2 * N + n)[l]};
-                const real dist = x[2] - rad - gh;
-                const int in = dist < 0;
-                done[l] &= !in;
-                const real lev[3] = {x[0] - p[0], x[1] - p[1], (x[2] - (rad + (real)0.5 * dist)) - p[2]};
-                real t[3] = {ax[0], ax[1], 0};
-                if (t[0] * t[0] + t[1] * t[1] < (real)1e-12) { t[0] = 0; t[1] = 1; }   /* vertical rod */
-                const real tn = SQRT(t[0] * t[0] + t[1] * t[1]);
-                t[0] /= tn; t[1] /= tn;
-                const real b[3] = {-t[1], t[0], 0};              /* e_z x t */
-                const real jn[6] = {0, 0, 1, lev[1], -lev[0], 0};  /* [e_z; lever x e_z] */
-                real dirs[5][6], mus[5];
-                int k_dir = 0;
-                if (condim >= 3) {
-                    const real *d2[2] = {t, b};
-                    for (int k = 0; k < 2; ++k, ++k_dir) {
-                        const real *d = d2[k];
-                        dirs[k_dir][0] = d[0]; dirs[k_dir][1] = d[1]; dirs[k_dir][2] = d[2];
-                        dirs[k_dir][3] = lev[1] * d[2] - lev[2] * d[1];
-                        dirs[k_dir][4] = lev[2] * d[0] - lev[0] * d[2];
-                        dirs[k_dir][5] = lev[0] * d[1] - lev[1] * d[0];
-                        mus[k_dir] = m->mu;
-                    }
-                }
-                if (condim >= 4) {
-                    const real d[6] = {0, 0, 0, 0, 0, 1};
-                    for (int i = 0; i < 6; ++i) dirs[k_dir][i] = d[i];
-                    mus[k_dir++] = m->mu_torsional;
-                }
-                if (condim == 6) {
-                    const real *d2[2] = {t, b};
-                    for (int k = 0; k < 2; ++k, ++k_dir) {
-                        dirs[k_dir][0] = dirs[k_dir][1] = dirs[k_dir][2] = 0;
-                        dirs[k_dir][3] = d2[k][0]; dirs[k_dir][4] = d2[k][1]; dirs[k_dir][5] = d2[k][2];
-                        mus[k_dir] = m->mu_rolling;
-                    }
-                }
-                const real imp = in ? soft_impedance(m, dist, low, high) : (real)0.5;
-                const real d_row = in ? imp / (((real)1 - imp) * m->soft_reg / mass) : (real)0;
-                const real pos_term = in ? m->soft_k * imp * dist : (real)0;
-                for (int q = 0; q < edges; ++q) {
-                    real speed = 0;
-                    for (int i = 0; i < 6; ++i) {
-                        const real j = nd ? jn[i] + (q & 1 ? -mus[q / 2] : mus[q / 2]) * dirs[q / 2][i] : jn[i];
-                        J[base + q][i][l] = j;
-                        speed += j * v6[i];
-                    }
-                    aref[base + q][l] = in ? -m->soft_b * speed - pos_term : (real)0;
-                    D[base + q][l] = d_row;
-                }
-            }
-            a0[0][l] = ROW(w->acc, r)[l]; a0[1][l] = ROW(w->acc, R + r)[l]; a0[2][l] = ROW(w->acc, 2 * R + r)[l];
-            a0[3][l] = ROW(w->alpha, r)[l]; a0[4][l] = ROW(w->alpha, R + r)[l]; a0[5][l] = ROW(w->alpha, 2 * R + r)[l];
-            /* the minimum is unique: Newton from the last step's (when this lane was in contact
-             * then) finds its active rows in fewer iterations than from a0 */
-            const int from_last = !done[l] && warm[l] != 0;
-            for (int i = 0; i < 6; ++i) a[i][l] = from_last ? ROW(w->soft_prev, i * R + r)[l] : a0[i][l];
-            for (int q = 0; q < rows; ++q) was[q][l] = -1;
-        }
-        int live[SOFT_ROWS];                 /* rows of a sphere in the floor in some lane */
-        for (int q = 0; q < rows; ++q) {
-            live[q] = 0;
-            for (int l = 0; l < LANES; ++l) live[q] |= D[q][l] > 0;
-        }
-        real full[LANES];                     /* the last step was whole (the line search's alpha 1) */
-        for (int l = 0; l < LANES; ++l) full[l] = 0;
-        for (int it_n = 0; it_n < SOFT_NEWTON; ++it_n) {
-            int all = 1;
-            for (int l = 0; l < LANES; ++l) all &= done[l];
-            if (all) break;
-            real H[6][6][LANES], g[6][LANES], Mda[6][LANES], jar[SOFT_ROWS][LANES], step[6][LANES];
-            int same[LANES];
-            LANE_LOOP same[l] = 1;
-            for (int q = 0; q < rows; ++q) {
-                if (!live[q]) continue;
-                LANE_LOOP {
-                    real z = -aref[q][l];
-                    for (int i = 0; i < 6; ++i) z += J[q][i][l] * a[i][l];
-                    jar[q][l] = z;
-                    const int on = (z < 0) & (D[q][l] > 0);
-                    same[l] &= on == was[q][l];
-                    was[q][l] = on;
-                }
-            }
-            /* the exact minimum: the last step was the whole Newton step of the rows active
-             * here (the minimum of that quadratic piece, and the piece holds) */
-            all = 1;
-            for (int l = 0; l < LANES; ++l) {
-                done[l] |= same[l] & (full[l] != 0);
-                all &= done[l];
-            }
-            if (all) break;
+        const real mass = m->mass[r], fr = m->free[r];
+        soft_rows(m, w, r, &s, low, high);
+        for (int i = 0; i < 3; ++i) {
+            const real *acc = ROW(w->acc, i * R + r), *alpha = ROW(w->alpha, i * R + r);
+            const real *last_v = ROW(w->soft_prev, i * R + r), *last_w = ROW(w->soft_prev, (3 + i) * R + r);
             LANE_LOOP {
-                real da[6];
-                for (int i = 0; i < 6; ++i) da[i] = a[i][l] - a0[i][l];
-                for (int i = 0; i < 3; ++i) {
-                    Mda[i][l] = mass * da[i];
-                    Mda[3 + i][l] = Mr[i][0][l] * da[3] + Mr[i][1][l] * da[4] + Mr[i][2][l] * da[5];
-                }
-                for (int i = 0; i < 6; ++i) {
-                    g[i][l] = Mda[i][l];
-                    for (int k = 0; k < 6; ++k)
-                        H[i][k][l] = i < 3 ? (i == k ? mass : (real)0) : (k < 3 ? (real)0 : Mr[i - 3][k - 3][l]);
-                }
-            }
-            for (int q = 0; q < rows; ++q) {
-                if (!live[q]) continue;
-                real c[LANES];
-                int any_on = 0;
-                LANE_LOOP {
-                    c[l] = was[q][l] ? D[q][l] : (real)0;
-                    any_on |= was[q][l];
-                }
-                if (!any_on) continue;
-                for (int i = 0; i < 6; ++i) LANE_LOOP {          /* the lower triangle: Cholesky reads it */
-                    const real cj = c[l] * J[q][i][l];
-                    g[i][l] += cj * jar[q][l];
-                    for (int k = 0; k <= i; ++k) H[i][k][l] += cj * J[q][k][l];
-                }
-            }
-            soft_newton_step(H, g, step);
-            real curv[LANES], slope[LANES], alpha[LANES], Js[SOFT_ROWS][LANES];
-            LANE_LOOP {
-                real c = 0, s_ = 0;
-                for (int i = 0; i < 3; ++i) {
-                    c += step[i][l] * mass * step[i][l];
-                    c += step[3 + i][l] * (Mr[i][0][l] * step[3][l] + Mr[i][1][l] * step[4][l] + Mr[i][2][l] * step[5][l]);
-                }
-                for (int i = 0; i < 6; ++i) s_ += step[i][l] * Mda[i][l];
-                curv[l] = c; slope[l] = s_; alpha[l] = 1;
-            }
-            for (int q = 0; q < rows; ++q) {
-                if (!live[q]) continue;
-                LANE_LOOP {
-                    real v = 0;
-                    for (int i = 0; i < 6; ++i) v += J[q][i][l] * step[i][l];
-                    Js[q][l] = v;
-                }
-            }
-            int settled[LANES];
-            LANE_LOOP settled[l] = 0;
-            for (int ls = 0; ls < SOFT_LINE_SEARCH; ++ls) {
-                real first[LANES], second[LANES];
-                LANE_LOOP { first[l] = alpha[l] * curv[l] + slope[l]; second[l] = curv[l]; }
-                for (int q = 0; q < rows; ++q) {
-                    if (!live[q]) continue;
-                    LANE_LOOP {
-                        const real z = jar[q][l] + alpha[l] * Js[q][l];
-                        const real c = (z < 0) ? D[q][l] : (real)0;
-                        first[l] += c * z * Js[q][l];
-                        second[l] += c * Js[q][l] * Js[q][l];
-                    }
-                }
-                int moved = 0;
-                LANE_LOOP {                                     /* a zero step keeps alpha */
-                    real al = second[l] > 0 ? alpha[l] - first[l] / second[l] : alpha[l];
-                    al = al < 0 ? (real)0 : al;
-                    const real change = al - alpha[l];
-                    /* within one linear piece the next update is rounding: the lane keeps its
-                     * alpha from then on (its own history alone: lanes stay independent) */
-                    settled[l] |= (change < 0 ? -change : change) <= SOFT_ALPHA * (al > 1 ? al : (real)1);
-                    alpha[l] = settled[l] ? alpha[l] : al;
-                    moved |= !settled[l];
-                }
-                if (!moved) break;
-            }
-            LANE_LOOP {
-                const real al = done[l] ? (real)0 : alpha[l];
-                for (int i = 0; i < 6; ++i) a[i][l] += al * step[i][l];
-                /* the whole step (1 up to rounding; a kink crossed stops it well short) is
-                 * checked against the next point's rows; a step that is rounding ends it now:
-                 * the gradient at a (its own active rows) vanishes, whatever a row at z = 0
-                 * flickering in float32 does to the rows */
-                real big = 1, small = 0;
-                for (int i = 0; i < 6; ++i) {
-                    const real ai = a[i][l] < 0 ? -a[i][l] : a[i][l], si = step[i][l] < 0 ? -step[i][l] : step[i][l];
-                    big = ai > big ? ai : big;
-                    small = si > small ? si : small;
-                }
-                const real off = alpha[l] - 1;
-                full[l] = (off < 0 ? -off : off) <= SOFT_ALPHA ? (real)1 : (real)0;
-                done[l] |= small <= SOFT_ROUNDING * big;
+                const real from_last = s.done[l] == 0 && warm[l] != 0;
+                s.a0[i][l] = acc[l];
+                s.a0[3 + i][l] = alpha[l];
+                s.a[i][l] = from_last ? last_v[l] : acc[l];
+                s.a[3 + i][l] = from_last ? last_w[l] : alpha[l];
             }
         }
-        LANE_LOOP {
-            for (int i = 0; i < 6; ++i) ROW(w->soft_prev, i * R + r)[l] = a[i][l];
-            warm[l] = done[l] && (z0[l] - rad0 - gh < 0 || z1[l] - rad1 - gh < 0) ? (real)1 : (real)0;
+        soft_minimise(&s, mass);
+        LANE_LOOP warm[l] = s.done[l] != 0 && (z0[l] - rad0 - gh < 0 || z1[l] - rad1 - gh < 0) ? (real)1 : (real)0;
+        for (int i = 0; i < 3; ++i) {
+            real *last_v = ROW(w->soft_prev, i * R + r), *last_w = ROW(w->soft_prev, (3 + i) * R + r);
+            LANE_LOOP { last_v[l] = s.a[i][l]; last_w[l] = s.a[3 + i][l]; }
             if (write_acc) {
-                for (int i = 0; i < 3; ++i) {
-                    ROW(w->acc, i * R + r)[l] = m->has_fixed ? a[i][l] * fr : a[i][l];
-                    ROW(w->alpha, i * R + r)[l] = m->has_fixed ? a[3 + i][l] * fr : a[3 + i][l];
+                real *acc = ROW(w->acc, i * R + r), *alpha = ROW(w->alpha, i * R + r);
+                LANE_LOOP {
+                    acc[l] = m->has_fixed ? s.a[i][l] * fr : s.a[i][l];
+                    alpha[l] = m->has_fixed ? s.a[3 + i][l] * fr : s.a[3 + i][l];
                 }
             } else {
-                for (int i = 0; i < 3; ++i) {
-                    real mt = 0;
-                    for (int k = 0; k < 3; ++k) mt += Mr[i][k][l] * (a[3 + k][l] - a0[3 + k][l]);
-                    ROW(w->force, i * R + r)[l] += mass * (a[i][l] - a0[i][l]);
-                    ROW(w->torque, i * R + r)[l] += mt;
+                real *force = ROW(w->force, i * R + r), *torque = ROW(w->torque, i * R + r);
+                LANE_LOOP {
+                    const real mt = (real)0 + s.Mr[i][0][l] * (s.a[3][l] - s.a0[3][l]) + s.Mr[i][1][l] * (s.a[4][l] - s.a0[4][l])
+                                    + s.Mr[i][2][l] * (s.a[5][l] - s.a0[5][l]);
+                    force[l] += mass * (s.a[i][l] - s.a0[i][l]);
+                    torque[l] += mt;
                 }
             }
         }
