@@ -660,32 +660,57 @@ static void soft_impedance(const tg_model *m, const real dist[LANES], real imp[L
 #define SOFT_DOT6(A, B, init) FMA((A)[5][l], (B)[5][l], FMA((A)[4][l], (B)[4][l], FMA((A)[3][l], (B)[3][l], \
     FMA((A)[2][l], (B)[2][l], FMA((A)[1][l], (B)[1][l], FMA((A)[0][l], (B)[0][l], (init)))))))
 
+/* The inverse of a symmetric 3x3 (upper triangle a00 a01 a02 a11 a12 a22) by cofactors,
+ * into i00 .. i22. */
+#define SOFT_SYM3_INVERSE(a00, a01, a02, a11, a12, a22, i00, i01, i02, i11, i12, i22) { \
+    const real c00 = FMA(a11, a22, -a12 * a12), c01 = FMA(a02, a12, -a01 * a22), c02 = FMA(a01, a12, -a02 * a11); \
+    const real c11 = FMA(a00, a22, -a02 * a02), c12 = FMA(a01, a02, -a00 * a12), c22 = FMA(a00, a11, -a01 * a01); \
+    const real inv_det = (real)1 / FMA(a02, c02, FMA(a01, c01, a00 * c00)); \
+    i00 = c00 * inv_det; i01 = c01 * inv_det; i02 = c02 * inv_det; \
+    i11 = c11 * inv_det; i12 = c12 * inv_det; i22 = c22 * inv_det; }
+#define SOFT_DOT3(a0, a1, a2, b0, b1, b2) FMA(a2, b2, FMA(a1, b1, (a0) * (b0)))
+
 /* x = -H^-1 g per lane, H symmetric positive definite (a rod's mass matrix plus active
- * rows; its lower triangle is read): Cholesky without pivoting, H overwritten by its factor.
- * The diagonal's reciprocals are taken once: a division in each of the 27 places that use
- * them would put 27 division latencies on the factor's serial chain. */
+ * rows; its lower triangle is read), by 3x3 blocks [A B; B' C]: A^-1 and the Schur
+ * complement's inverse (C - B'A^-1 B)^-1 by cofactors. A >= m I and the complement of an SPD
+ * matrix is SPD, so neither inverse needs pivoting. Measured against a 6x6 Cholesky on
+ * such matrices in float32: 222 against 575 cycles per 8 lanes (the Cholesky's 6 square
+ * roots and divisions are one serial chain; here two independent divisions), with a
+ * residual |Hx + g| / (|H||x|) of 4e-7 against 2e-7. */
 static void soft_newton_step(real H[6][6][LANES], real g[6][LANES], real x[6][LANES])
 {
-    real acc[LANES], inv[6][LANES];
-    for (int j = 0; j < 6; ++j) {
-        LANE_LOOP acc[l] = H[j][j][l];
-        for (int k = 0; k < j; ++k) LANE_LOOP acc[l] = FMA(-H[j][k][l], H[j][k][l], acc[l]);
-        LANE_LOOP inv[j][l] = (real)1 / SQRT(acc[l]);
-        for (int i = j + 1; i < 6; ++i) {
-            LANE_LOOP acc[l] = H[i][j][l];
-            for (int k = 0; k < j; ++k) LANE_LOOP acc[l] = FMA(-H[i][k][l], H[j][k][l], acc[l]);
-            LANE_LOOP H[i][j][l] = acc[l] * inv[j][l];
-        }
-    }
-    for (int i = 0; i < 6; ++i) {                         /* L y = -g */
-        LANE_LOOP acc[l] = -g[i][l];
-        for (int k = 0; k < i; ++k) LANE_LOOP acc[l] = FMA(-H[i][k][l], x[k][l], acc[l]);
-        LANE_LOOP x[i][l] = acc[l] * inv[i][l];
-    }
-    for (int i = 5; i >= 0; --i) {                        /* L' x = y */
-        LANE_LOOP acc[l] = x[i][l];
-        for (int k = i + 1; k < 6; ++k) LANE_LOOP acc[l] = FMA(-H[k][i][l], x[k][l], acc[l]);
-        LANE_LOOP x[i][l] = acc[l] * inv[i][l];
+    LANE_LOOP {
+        real i00, i01, i02, i11, i12, i22;
+        SOFT_SYM3_INVERSE(H[0][0][l], H[1][0][l], H[2][0][l], H[1][1][l], H[2][1][l], H[2][2][l],
+                          i00, i01, i02, i11, i12, i22)
+        const real b00 = H[3][0][l], b01 = H[4][0][l], b02 = H[5][0][l];    /* B[i][j] = H[3 + j][i] */
+        const real b10 = H[3][1][l], b11 = H[4][1][l], b12 = H[5][1][l];
+        const real b20 = H[3][2][l], b21 = H[4][2][l], b22 = H[5][2][l];
+        const real y00 = SOFT_DOT3(i00, i01, i02, b00, b10, b20), y01 = SOFT_DOT3(i00, i01, i02, b01, b11, b21);
+        const real y02 = SOFT_DOT3(i00, i01, i02, b02, b12, b22), y10 = SOFT_DOT3(i01, i11, i12, b00, b10, b20);
+        const real y11 = SOFT_DOT3(i01, i11, i12, b01, b11, b21), y12 = SOFT_DOT3(i01, i11, i12, b02, b12, b22);
+        const real y20 = SOFT_DOT3(i02, i12, i22, b00, b10, b20), y21 = SOFT_DOT3(i02, i12, i22, b01, b11, b21);
+        const real y22 = SOFT_DOT3(i02, i12, i22, b02, b12, b22);                /* Y = A^-1 B */
+        const real s00 = H[3][3][l] - SOFT_DOT3(b00, b10, b20, y00, y10, y20);   /* S = C - B'Y */
+        const real s01 = H[4][3][l] - SOFT_DOT3(b00, b10, b20, y01, y11, y21);
+        const real s02 = H[5][3][l] - SOFT_DOT3(b00, b10, b20, y02, y12, y22);
+        const real s11 = H[4][4][l] - SOFT_DOT3(b01, b11, b21, y01, y11, y21);
+        const real s12 = H[5][4][l] - SOFT_DOT3(b01, b11, b21, y02, y12, y22);
+        const real s22 = H[5][5][l] - SOFT_DOT3(b02, b12, b22, y02, y12, y22);
+        real t00, t01, t02, t11, t12, t22;
+        SOFT_SYM3_INVERSE(s00, s01, s02, s11, s12, s22, t00, t01, t02, t11, t12, t22)
+        const real g0 = -g[0][l], g1 = -g[1][l], g2 = -g[2][l];
+        const real u0 = SOFT_DOT3(i00, i01, i02, g0, g1, g2), u1 = SOFT_DOT3(i01, i11, i12, g0, g1, g2);
+        const real u2 = SOFT_DOT3(i02, i12, i22, g0, g1, g2);                     /* u = A^-1 (-g1) */
+        const real r0 = -g[3][l] - SOFT_DOT3(b00, b10, b20, u0, u1, u2);          /* -g2 - B'u */
+        const real r1 = -g[4][l] - SOFT_DOT3(b01, b11, b21, u0, u1, u2);
+        const real r2 = -g[5][l] - SOFT_DOT3(b02, b12, b22, u0, u1, u2);
+        const real x3 = SOFT_DOT3(t00, t01, t02, r0, r1, r2), x4 = SOFT_DOT3(t01, t11, t12, r0, r1, r2);
+        const real x5 = SOFT_DOT3(t02, t12, t22, r0, r1, r2);
+        x[0][l] = u0 - SOFT_DOT3(y00, y01, y02, x3, x4, x5);
+        x[1][l] = u1 - SOFT_DOT3(y10, y11, y12, x3, x4, x5);
+        x[2][l] = u2 - SOFT_DOT3(y20, y21, y22, x3, x4, x5);
+        x[3][l] = x3; x[4][l] = x4; x[5][l] = x5;
     }
 }
 
@@ -866,9 +891,21 @@ static void soft_minimise(soft_rod *restrict s, real mass)
             const real (*Jq)[LANES] = s->J[q];
             LANE_LOOP Js[q][l] = SOFT_DOT6(Jq, step, (real)0);
         }
-        real settled[LANES];
-        LANE_LOOP settled[l] = 0;
-        for (int ls = 0; ls < SOFT_LINE_SEARCH; ++ls) {
+        /* a lane whose rows at the whole step are the rows it stepped with is at the exact
+         * minimum (of that quadratic piece, and the piece holds): done, no line search */
+        real keeps[LANES], settled[LANES];
+        LANE_LOOP keeps[l] = 1;
+        for (int q = 0; q < rows; ++q) {
+            if (!s->live[q]) continue;
+            LANE_LOOP {
+                const real on = jar[q][l] + Js[q][l] < 0 && s->D[q][l] > 0 ? (real)1 : (real)0;
+                keeps[l] = on == was[q][l] ? keeps[l] : (real)0;
+            }
+        }
+        int search = 0;
+        for (int l = 0; l < LANES; ++l) search |= s->done[l] == 0 && keeps[l] == 0;
+        LANE_LOOP settled[l] = keeps[l];
+        for (int ls = 0; search && ls < SOFT_LINE_SEARCH; ++ls) {
             real first[LANES], second[LANES];
             LANE_LOOP { first[l] = alpha[l] * curv[l] + slope[l]; second[l] = curv[l]; }
             for (int q = 0; q < rows; ++q) {
@@ -908,7 +945,7 @@ static void soft_minimise(soft_rod *restrict s, real mass)
             SOFT_UPDATE(0) SOFT_UPDATE(1) SOFT_UPDATE(2) SOFT_UPDATE(3) SOFT_UPDATE(4) SOFT_UPDATE(5)
 #undef SOFT_UPDATE
             full[l] = FABS(alpha[l] - 1) <= SOFT_ALPHA ? (real)1 : (real)0;
-            s->done[l] = small <= SOFT_ROUNDING * big ? (real)1 : s->done[l];
+            s->done[l] = keeps[l] != 0 || small <= SOFT_ROUNDING * big ? (real)1 : s->done[l];
         }
     }
     for (int q = 0; q < rows; ++q) LANE_LOOP s->set[q][l] = was[q][l] > 0 ? (real)1 : (real)0;
