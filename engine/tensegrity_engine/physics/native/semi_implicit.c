@@ -746,6 +746,12 @@ static void soft_rows(const tg_model *m, const tg_work *w, int r, soft_rod *rest
         const int n = 2 * r + e, base = e * edges;
         const real rad = m->node_radius[n];
         const real *xr = ROW(w->node, n), *yr = ROW(w->node, N + n), *zr = ROW(w->node, 2 * N + n);
+        int touches = 0;
+        for (int l = 0; l < LANES; ++l) touches |= zr[l] - rad - gh < 0;
+        if (!touches) {               /* D = 0: the rows stay dead, their J is never read */
+            for (int q = 0; q < edges; ++q) LANE_LOOP s->D[base + q][l] = 0;
+            continue;
+        }
         real dist[LANES], in[LANES], imp[LANES], drow[LANES], pos[LANES];
         real jn[6][LANES], dir[5][6][LANES];
         LANE_LOOP {
