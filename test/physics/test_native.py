@@ -218,6 +218,34 @@ def test_per_element_parameters(superball):
     assert (nominal - out[0]).abs().max() > 1e-4                         # the parameters reach the kernel
 
 
+@pytest.mark.parametrize("tau,h", [(0.05, 1e-3), (2.1e-3, 2.5e-3)])
+def test_speed_limited_actuators_match_torch(superball, tau, h):
+    """Actuators that leave their speed limit within the step (0 < t1 < h, the exponential of
+    the rest of the step: a series for tau >= 2 h, libm below) and that stay on it or off it,
+    against torch to rounding, over gaps spanning all three."""
+    robot = superball
+    speed = 0.05
+    params = PhysicalParameters(robot, values={"actuator_max_speed": speed, "actuator_time_constant": tau})
+    engine = TensegrityEngine(robot, params)
+    rest, act0 = environments.rest_pose(robot)
+    batch = 64
+    rng = np.random.default_rng(7)
+    sizes = speed * (tau + rng.uniform(-h, 2 * h, (batch, act0.size)))    # t1 = 0, 0 < t1 < h, t1 = h by thirds
+    gaps = sizes * rng.choice([-1.0, 1.0], (batch, act0.size))
+    act = torch.tensor(act0 + gaps)
+    t1 = np.clip((np.abs(gaps) - tau * speed) / speed, 0.0, h)
+    assert ((t1 > 0) & (t1 < h)).mean() > 0.2 and (t1 == 0).mean() > 0.2 and (t1 == h).mean() > 0.2
+    if tau < 2 * h:
+        assert ((t1 > 0) & ((h - t1) / tau > 0.5)).mean() > 0.05       # beyond the series
+    state = torch.tensor(rest).expand(batch, -1, -1)
+    commands = torch.tensor(act0).expand(batch, 5, -1)
+    with torch.no_grad():
+        ref, ref_act = engine.rollout(state, act, commands, h, integrator="semi_implicit")
+        out, out_act = native.NativeRollout(engine).rollout(state, act, commands, h)
+    torch.testing.assert_close(out_act, ref_act, rtol=1e-13, atol=1e-15)
+    assert_states_close(out, ref, 1e-9)
+
+
 def test_parameter_changes_reach_a_reused_runner(three_bar):
     """The runner reuses its parameter block only while the same, unmodified tensors come back."""
     engine = TensegrityEngine(three_bar)

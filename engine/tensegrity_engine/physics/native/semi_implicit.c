@@ -1144,6 +1144,18 @@ static void advance(const tg_model *m, tg_work *w)
 /* Rate-limited first-order actuator filter over the step (actuator_update: a linear phase
  * at top speed for t1, then exponential) and the rest lengths it gives (rest_lengths):
  * act_end for the next step, rest from act or the step's mean. */
+/* exp(x) for -0.5 <= x <= 0 by its Taylor series (the next term is below 1e-21), in vector
+ * code: a libm call in a lane loop leaves the whole loop scalar. */
+#define EXP_SERIES_LIMIT ((real)-0.5)
+static inline real exp_series(real x)
+{
+    return 1 + x * (1 + x * ((real)(1.0 / 2) + x * ((real)(1.0 / 6) + x * ((real)(1.0 / 24) + x * ((real)(1.0 / 120)
+           + x * ((real)(1.0 / 720) + x * ((real)(1.0 / 5040) + x * ((real)(1.0 / 40320) + x * ((real)(1.0 / 362880)
+           + x * ((real)(1.0 / 3628800) + x * ((real)(1.0 / 39916800) + x * ((real)(1.0 / 479001600)
+           + x * ((real)(1.0 / 6227020800.0) + x * ((real)(1.0 / 87178291200.0) + x * ((real)(1.0 / 1307674368000.0)
+           + x * (real)(1.0 / 20922789888000.0))))))))))))))));
+}
+
 static void actuators(const tg_model *m, tg_work *w)
 {
     const int A = m->actuated, C = m->cables;
@@ -1154,16 +1166,33 @@ static void actuators(const tg_model *m, tg_work *w)
         const real *act = ROW(w->act, a), *cmd = ROW(w->cmd, a);
         real *end = ROW(w->act_end, a), *used = ROW(w->act_used, a);
         const int mean = m->actuate_mean;
+        /* t1: how long the step is speed-limited (0 mostly: the command is near) */
+        real t1[LANES], d2[LANES];
+        LANE_LOOP {
+            const real size = FABS(act[l] - cmd[l]);
+            const real t = (size - tau * v) / v;
+            t1[l] = t < 0 ? (real)0 : (t > h ? h : t);
+        }
+        int limited = 0;
+        for (int l = 0; l < LANES; ++l) limited |= t1[l] > 0;
+        if (limited) {
+            real arg[LANES];
+            LANE_LOOP {
+                arg[l] = -(h - t1[l]) / tau;
+                d2[l] = t1[l] > 0 ? exp_series(arg[l] < EXP_SERIES_LIMIT ? EXP_SERIES_LIMIT : arg[l]) : decay;
+            }
+            for (int l = 0; l < LANES; ++l)             /* tau < 2 h: libm (rare) */
+                if (t1[l] > 0 && arg[l] < EXP_SERIES_LIMIT) d2[l] = EXP(arg[l]);
+        } else {
+            LANE_LOOP d2[l] = decay;
+        }
         LANE_LOOP {
             const real gap = act[l] - cmd[l];
-            const real size = gap < 0 ? -gap : gap;
+            const real size = FABS(gap);
             const real sign = gap > 0 ? (real)1 : (gap < 0 ? (real)-1 : (real)0);
-            real t1 = (size - tau * v) / v;
-            t1 = t1 < 0 ? (real)0 : (t1 > h ? h : t1);
-            const real knee = size - v * t1;
-            const real d2 = t1 > 0 ? EXP(-(h - t1) / tau) : decay;
-            end[l] = cmd[l] + sign * (knee * d2);
-            const real area = size * t1 - (real)0.5 * v * t1 * t1 + knee * tau * ((real)1 - d2);
+            const real knee = size - v * t1[l];
+            end[l] = cmd[l] + sign * (knee * d2[l]);
+            const real area = size * t1[l] - (real)0.5 * v * t1[l] * t1[l] + knee * tau * ((real)1 - d2[l]);
             const real source = mean ? cmd[l] + sign * (area / h) : act[l];
             used[l] = gain * source + offset;
         }
