@@ -26,8 +26,9 @@ needs ``pip install -r bench/requirements-peer.txt`` and stops with that message
 (`identification.structure.select_structure`: integrator, slack damping, end-heavy
 inertia, winch speed, per-cable and per-rod values, each kept only if it predicts the
 validation trajectories better beyond noise), fits contact on top of it under the penalty
-and the soft (MuJoCo's) contact law and keeps the soft one only if it predicts the rolling
-validation data better beyond noise (`select_contact_law`), and prints it as
+and the soft (MuJoCo's) contact law, each alone and with a mass per rod (the hung rod's
+mass is not in hanging data), and keeps another law or the masses only if they predict the
+rolling validation data better beyond noise (`select_contact_law`), and prints it as
 "structure" beside "identified" (every non-contact value learnt, semi-implicit), with the
 structure each robot revealed next to its true realisation (issue 19). The all-values fit
 is a structure too: "structure" is whichever of the two predicts the validation data of
@@ -265,7 +266,8 @@ def run_structure(z, hang: dict, roll: dict, cfg: dict, identified: dict) -> tup
         _line("   " + line)
     chosen = sel.params
     # the contact law is structure too, and only rolling data shows it: each law's contact
-    # values fitted on top of the selected structure, the soft law kept only if it predicts
+    # values fitted on top of the selected structure, alone and with a mass per rod (the hung
+    # rod's mass is not in hanging data), another law or the option kept only if it predicts
     # the rolling validation data better beyond noise (`select_contact_law`)
     laws = select_contact_law(chosen, roll["train"], roll["val"], idf.IdentificationConfig(**cfg))
     for line in laws.lines():
@@ -277,8 +279,9 @@ def run_structure(z, hang: dict, roll: dict, cfg: dict, identified: dict) -> tup
     nominal = PhysicalParameters(z.nominal)
     picked, model, _ = select([("structure, both stages", c), ("structure, hanging stage only", chosen)], nominal,
                               {"hanging": hang["val"], "rolling": roll["val"]})
-    law = ("soft_contact",) if model.robot.contact.law == "soft" else ()
-    label = "+".join(sel.chosen.options + law) or "base"
+    # the contact stage's law and options (a mass per rod) when its model is the one picked
+    contact = laws.chosen.options if model is c else ()
+    label = "+".join(sel.chosen.options + contact) or "base"
     label = label if model is not nominal else "nominal"
     # The all-values fit is a structure too (every non-contact value free in the engine's own
     # step): the published model is whichever of the two predicts both regimes' validation
