@@ -51,8 +51,9 @@ MARCH_ENV = "TENSEGRITY_NATIVE_MARCH"
 # Samples per chunk: 8 (one 512-bit vector of float64, one 256-bit vector of float32). Fewer
 # lanes than a float32 512-bit vector holds on purpose: MPPI's 40 samples make 5 chunks (3 + 2
 # on two threads, not 2 + 1 of 16 with 8 padding lanes), and the soft ground's Newton loop
-# runs to the slowest lane of a chunk. Measured at MPPI's sizes: 16 lanes 0.152 / 0.101 s per
-# plan on 1 / 2 threads (AVX2, soft law), 8 lanes 0.133 / 0.080.
+# runs to the slowest lane of a chunk. Measured at MPPI's sizes with the kernel of 2026-11-25
+# (AVX2, soft law, back to back): 16 lanes 0.152 / 0.101 s per plan on 1 / 2 threads, 8 lanes
+# 0.133 / 0.080.
 LANES = {torch.float64: 8, torch.float32: 8}
 _REAL = {torch.float32: ctypes.c_float, torch.float64: ctypes.c_double}
 
