@@ -27,7 +27,8 @@ needs ``pip install -r bench/requirements-peer.txt`` and stops with that message
 inertia, winch speed, per-cable and per-rod values, each kept only if it predicts the
 validation trajectories better beyond noise), fits contact on top of it under the penalty
 and the soft (MuJoCo's) contact law, each alone and with a mass per rod (the hung rod's
-mass is not in hanging data), and keeps another law or the masses only if they predict the
+mass is not in hanging data) or slack-cable damping if selection left them out, and keeps
+another law or an option only if it predicts the
 rolling validation data better beyond noise (`select_contact_law`), and prints it as
 "structure" beside "identified" (every non-contact value learnt, semi-implicit), with the
 structure each robot revealed next to its true realisation (issue 19). The all-values fit
@@ -267,9 +268,11 @@ def run_structure(z, hang: dict, roll: dict, cfg: dict, identified: dict) -> tup
     chosen = sel.params
     # the contact law is structure too, and only rolling data shows it: each law's contact
     # values fitted on top of the selected structure, alone and with a mass per rod (the hung
-    # rod's mass is not in hanging data), another law or the option kept only if it predicts
+    # rod's mass is not in hanging data) or slack-cable damping (cables go slack on impacts),
+    # another law or an option kept only if it predicts
     # the rolling validation data better beyond noise (`select_contact_law`)
-    laws = select_contact_law(chosen, roll["train"], roll["val"], idf.IdentificationConfig(**cfg))
+    laws = select_contact_law(chosen, roll["train"], roll["val"], idf.IdentificationConfig(**cfg),
+                              chosen=sel.chosen.options)
     for line in laws.lines():
         _line("   contact " + line)
     c = laws.params

@@ -136,15 +136,16 @@ def test_contact_data_reveals_a_payload_on_the_hung_rod(tmp_path):
                         truth=robot, duration=2.0, contact_commands="random")
     train, heldout = (ds.load_split(tmp_path / "contact", s, robot=base) for s in ("train", "val"))
     start = PhysicalParameters(base, values={"rod_mass": float(masses.mean())})
-    assert contact_options(start) == ("per_rod_mass",)
+    assert contact_options(start) == ("per_rod_mass", "slack_damping")
+    assert contact_options(start, chosen=("slack_damping",)) == ("per_rod_mass",)
     cfg = IdentificationConfig(init="given", schedule="fine_only", lm_max_iters=6, max_seconds=120)
-    sel = select_contact_law(start, train, heldout, cfg, laws=("soft",))
+    sel = select_contact_law(start, train, heldout, cfg, laws=("soft",), options=("per_rod_mass",))
     assert sel.base.options == ("soft_contact",)
     assert sel.chosen.options == ("soft_contact", "per_rod_mass")
     assert sel.chosen.error < 0.3 * sel.base.error
     found = sel.params.as_dict()["rod_mass"]
     np.testing.assert_allclose(found, masses, rtol=0.05)
-    assert contact_options(sel.params) == ()
+    assert contact_options(sel.params) == ("slack_damping",)
 
 
 @pytest.fixture(scope="module")

@@ -247,20 +247,24 @@ def with_contact_law(params: PhysicalParameters, law: str) -> PhysicalParameters
     return PhysicalParameters(robot, values=params.as_dict(), per_element=params.per_element)
 
 
-# Structure options that contact data may reveal where the non-contact data could not: the
+# Structure options that contact data may reveal where the non-contact data could not. The
 # rod hung from the fixed points carries none of its mass into hanging data, so a payload on
 # it shows only rolling (measured on the zoo's three-bar `payload`, its 80 % payload on the
 # hung rod: the soft law with the true values and one mean mass 28.3 mm off 1 s ahead,
-# with the true mass per rod 1.1 mm; the chaos floor is 27.8 mm).
-CONTACT_OPTIONS = ("per_rod_mass",)
+# with the true mass per rod 1.1 mm; the chaos floor is 27.8 mm). Cables go slack mostly on
+# impacts (measured on `soft_slow`, whose damping also acts on slack cables: hanging
+# selection left the option out by 0.17 mm, under its 0.39 mm floor, and the model predicted
+# rolling 1 s ahead 5.9 mm off, where a run that kept it was 1.1 mm off).
+CONTACT_OPTIONS = ("per_rod_mass", "slack_damping")
 
 
-def contact_options(params: PhysicalParameters) -> tuple[str, ...]:
-    """The `CONTACT_OPTIONS` that would change ``params``' structure: not one it has."""
+def contact_options(params: PhysicalParameters, chosen: Sequence[str] = ()) -> tuple[str, ...]:
+    """The `CONTACT_OPTIONS` that would change ``params``' structure: not one of ``chosen``
+    (the options it was built with), nor a split it already has."""
     names = []
     for name in CONTACT_OPTIONS:
         option = OPTIONS[name]
-        if all(n in params.per_element for n in option.per_element) and not option.learn:
+        if name in chosen or (option.per_element and all(n in params.per_element for n in option.per_element)):
             continue
         if "rod_mass" in option.per_element and params.robot.num_rods < 2:
             continue
@@ -270,11 +274,12 @@ def contact_options(params: PhysicalParameters) -> tuple[str, ...]:
 
 def select_contact_law(params: PhysicalParameters, train: Sequence[Trajectory], heldout: Sequence[Trajectory],
                        config: IdentificationConfig, *, laws: Sequence[str] = ("penalty", "soft"),
-                       options: Optional[Sequence[str]] = None,
+                       options: Optional[Sequence[str]] = None, chosen: Sequence[str] = (),
                        horizon: float = 1.0, stride: float = 0.5, min_gain: float = 0.05, sigmas: float = 2.0,
                        log: Callable[[str], None] = lambda m: None) -> StructureSelection:
     """The ground contact law the robot's contact data asks for, and the structure options
-    only contact data reveals (``options``, default `contact_options`: a mass per rod): from
+    contact data reveals best (``options``, default `contact_options` less ``chosen``, the
+    options ``params`` was built with: a mass per rod, slack-cable damping): from
     ``params`` (its non-contact values, its structure), the contact values are fitted under
     each law in ``laws`` (the robot's own first: the incumbent), alone and with each option's
     values, on ``train`` rolling trajectories, each judged ``horizon`` ahead on ``heldout``
@@ -286,7 +291,7 @@ def select_contact_law(params: PhysicalParameters, train: Sequence[Trajectory], 
     unknown = set(options or ()) - set(OPTIONS)
     if unknown:
         raise ValueError(f"unknown structure options {sorted(unknown)}; known: {sorted(OPTIONS)}")
-    extra = tuple(options) if options is not None else contact_options(params)
+    extra = tuple(options) if options is not None else contact_options(params, chosen)
     own = params.robot.contact.law
     order = [own] + [law for law in laws if law != own]
     heldout = [with_estimated_velocity(t) for t in heldout]
