@@ -37,6 +37,11 @@ refit with slack damping gained 0.08 mm, a quarter of a thousandth of the 0.34 m
 in a second. More parameters must pay for
 themselves on data they were not fitted on; an unstable candidate (any window diverging)
 never wins.
+
+`select_contact_law` then fits the contact values on rolling data under each ground contact
+law, alone and with each of `CONTACT_OPTIONS` that selection left out (a mass per rod,
+slack-cable damping: options whose evidence is mostly in contact data), and keeps another
+law or an option by the same verdict.
 """
 from __future__ import annotations
 
