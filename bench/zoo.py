@@ -282,8 +282,9 @@ def run_structure(z, hang: dict, roll: dict, cfg: dict, identified: dict) -> tup
     nominal = PhysicalParameters(z.nominal)
     picked, model, _ = select([("structure, both stages", c), ("structure, hanging stage only", chosen)], nominal,
                               {"hanging": hang["val"], "rolling": roll["val"]})
-    # the contact stage's law and options (a mass per rod) when its model is the one picked
-    contact = laws.chosen.options if model is c else ()
+    # the contact stage's law and options when its model is the one picked (not when the gate
+    # refused it: then c is the hanging stage's model)
+    contact = laws.chosen.options if model is laws.params else ()
     label = "+".join(sel.chosen.options + contact) or "base"
     label = label if model is not nominal else "nominal"
     # The all-values fit is a structure too (every non-contact value free in the engine's own

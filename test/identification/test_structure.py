@@ -139,13 +139,18 @@ def test_contact_data_reveals_a_payload_on_the_hung_rod(tmp_path):
     assert contact_options(start) == ("per_rod_mass", "slack_damping")
     assert contact_options(start, chosen=("slack_damping",)) == ("per_rod_mass",)
     cfg = IdentificationConfig(init="given", schedule="fine_only", lm_max_iters=6, max_seconds=120)
-    sel = select_contact_law(start, train, heldout, cfg, laws=("soft",), options=("per_rod_mass",))
+    sel = select_contact_law(start, train, heldout, cfg, laws=("soft",), chosen=("slack_damping",))
     assert sel.base.options == ("soft_contact",)
     assert sel.chosen.options == ("soft_contact", "per_rod_mass")
     assert sel.chosen.error < 0.3 * sel.base.error
     found = sel.params.as_dict()["rod_mass"]
     np.testing.assert_allclose(found, masses, rtol=0.05)
     assert contact_options(sel.params) == ("slack_damping",)
+    # the same data with the masses right: a mass per rod has nothing to add and is refused
+    right = PhysicalParameters(base, values={"rod_mass": masses}, per_element=("rod_mass",))
+    assert contact_options(right) == ("slack_damping",)
+    even = select_contact_law(right, train, heldout, cfg, laws=("soft",), options=("per_rod_mass",))
+    assert even.chosen.options == ("soft_contact",)
 
 
 @pytest.fixture(scope="module")

@@ -39,9 +39,9 @@ themselves on data they were not fitted on; an unstable candidate (any window di
 never wins.
 
 `select_contact_law` then fits the contact values on rolling data under each ground contact
-law, alone and with each of `CONTACT_OPTIONS` that selection left out (a mass per rod,
-slack-cable damping: options whose evidence is mostly in contact data), and keeps another
-law or an option by the same verdict.
+law, alone and with each of `CONTACT_OPTIONS` that selection left out (its caller says which
+it chose; a mass per rod, slack-cable damping: options whose evidence is mostly in contact
+data), and keeps another law by the paired verdict, an option by the verdict and the floor.
 """
 from __future__ import annotations
 
@@ -281,6 +281,7 @@ def select_contact_law(params: PhysicalParameters, train: Sequence[Trajectory], 
                        config: IdentificationConfig, *, laws: Sequence[str] = ("penalty", "soft"),
                        options: Optional[Sequence[str]] = None, chosen: Sequence[str] = (),
                        horizon: float = 1.0, stride: float = 0.5, min_gain: float = 0.05, sigmas: float = 2.0,
+                       min_base_share: float = 0.02, min_path_share: float = 1e-3,
                        log: Callable[[str], None] = lambda m: None) -> StructureSelection:
     """The ground contact law the robot's contact data asks for, and the structure options
     contact data reveals best (``options``, default `contact_options` less ``chosen``, the
@@ -290,13 +291,17 @@ def select_contact_law(params: PhysicalParameters, train: Sequence[Trajectory], 
     values, on ``train`` rolling trajectories, each judged ``horizon`` ahead on ``heldout``
     ones (whose tuples also stop each fit); a candidate replaces the best so far only as a
     structural option does (`select_structure`: ``min_gain`` relative, ``sigmas`` standard
-    errors of the paired per-window log ratio). ``config`` sets the budget and solver; its
+    errors of the paired per-window log ratio; a candidate with an option, which adds values,
+    also by the absolute floor, ``min_base_share`` of the base's error and ``min_path_share``
+    of the path). ``config`` sets the budget and solver; its
     ``learn`` is each law's contact values (plus the option's). Candidates are labelled by
     their law ("soft_contact" for the soft law) and options."""
     unknown = set(options or ()) - set(OPTIONS)
     if unknown:
         raise ValueError(f"unknown structure options {sorted(unknown)}; known: {sorted(OPTIONS)}")
     extra = tuple(options) if options is not None else contact_options(params, chosen)
+    if any(OPTIONS[name].integrator for name in extra):
+        raise ValueError("the contact stage keeps the structure's step: no integrator options")
     own = params.robot.contact.law
     order = [own] + [law for law in laws if law != own]
     heldout = [with_estimated_velocity(t) for t in heldout]
@@ -307,23 +312,26 @@ def select_contact_law(params: PhysicalParameters, train: Sequence[Trajectory], 
     candidates = []
     for law in order:
         start = with_contact_law(params, law)
-        for chosen in [()] + [(name,) for name in extra]:
-            learn, split, _ = structure_config(chosen, start.robot, contact_params(law))
+        for added in [()] + [(name,) for name in extra]:
+            learn, split, _ = structure_config(added, start.robot, contact_params(law))
             learn += tuple(n for n in split if n not in learn)        # the values it splits are learnt here
             per_element = tuple(dict.fromkeys(tuple(start.per_element) + split))
             begin = (start if per_element == tuple(start.per_element)
                      else PhysicalParameters(start.robot, values=start.as_dict(), per_element=per_element))
             cfg = dataclasses.replace(config, learn=learn, per_element=per_element,
                                       fine_integrator=start.robot.integrator, init="given")
-            label = (() if law == "penalty" else (f"{law}_contact",)) + chosen
+            label = (() if law == "penalty" else (f"{law}_contact",)) + added
             candidates.append(_fitted_candidate(label, start.robot, begin, cfg, (train_tuples, val_tuples), heldout,
                                                 horizon, stride))
-            log(f"contact law {law}{' + ' + '+'.join(chosen) if chosen else ''}: "
+            log(f"contact law {law}{' + ' + '+'.join(added) if added else ''}: "
                 f"{1e3 * candidates[-1].error:.2f} mm {horizon:g} s ahead ({candidates[-1].wall:.0f} s)")
     base = best = candidates[0]
+    path = float(np.mean([t.path_length() / max(t.t[-1] - t.t[0], 1e-9) for t in heldout])) * horizon
+    floor = max(min_base_share * base.error if np.isfinite(base.error) else 0.0, min_path_share * path)
     tried = []
     for cand in candidates[1:]:
-        ok, verdict = _paired_verdict(cand.errors, best.errors, min_gain, sigmas)
+        adds = any(name in cand.options for name in extra)
+        ok, verdict = _paired_verdict(cand.errors, best.errors, min_gain, sigmas, floor if adds else 0.0)
         tried.append((1, cand, verdict))
         if ok:
             best = cand
