@@ -186,6 +186,15 @@ def _paired_verdict(cand: np.ndarray, best: np.ndarray, min_gain: float, sigmas:
     return True, f"gain {100 * gain:+.1f} % ({ratio.mean() / max(se, 1e-15):.1f} standard errors of the log ratio)"
 
 
+def _gain_floor(base: Candidate, heldout: Sequence[Trajectory], horizon: float, min_base_share: float,
+                min_path_share: float) -> float:
+    """The absolute gain an added option must bring: ``min_base_share`` of the base model's
+    error, and ``min_path_share`` of how far the robot moves in ``horizon`` (a gain below a
+    thousandth of it is no reason to give the model more structure)."""
+    path = float(np.mean([t.path_length() / max(t.t[-1] - t.t[0], 1e-9) for t in heldout])) * horizon
+    return max(min_base_share * base.error if np.isfinite(base.error) else 0.0, min_path_share * path)
+
+
 def select_structure(robot: RobotConfig, train: Sequence[Trajectory], heldout: Sequence[Trajectory],
                      config: IdentificationConfig, *, options: Optional[Sequence[str]] = None,
                      horizon: float = 1.0, stride: float = 0.5, min_gain: float = 0.05, sigmas: float = 2.0,
@@ -217,10 +226,7 @@ def select_structure(robot: RobotConfig, train: Sequence[Trajectory], heldout: S
         return _fitted_candidate(tuple(chosen), robot, start, cfg, (train_tuples,), heldout, horizon, stride)
 
     best = base = fit(())
-    # how far the robot moves in ``horizon``: a gain below a thousandth of it is no reason to
-    # give the model more structure
-    path = float(np.mean([t.path_length() / max(t.t[-1] - t.t[0], 1e-9) for t in heldout])) * horizon
-    floor = max(min_base_share * base.error if np.isfinite(base.error) else 0.0, min_path_share * path)
+    floor = _gain_floor(base, heldout, horizon, min_base_share, min_path_share)
     log(f"structure base ({robot.integrator}): {1e3 * base.error:.2f} mm {horizon:g} s ahead")
     tried, remaining, rnd = [], list(names), 0
     while remaining and (max_rounds is None or rnd < max_rounds):
@@ -315,19 +321,16 @@ def select_contact_law(params: PhysicalParameters, train: Sequence[Trajectory], 
         for added in [()] + [(name,) for name in extra]:
             learn, split, _ = structure_config(added, start.robot, contact_params(law))
             learn += tuple(n for n in split if n not in learn)        # the values it splits are learnt here
-            per_element = tuple(dict.fromkeys(tuple(start.per_element) + split))
-            begin = (start if per_element == tuple(start.per_element)
-                     else PhysicalParameters(start.robot, values=start.as_dict(), per_element=per_element))
+            per_element = tuple(dict.fromkeys(tuple(start.per_element) + split))   # the trainer splits start
             cfg = dataclasses.replace(config, learn=learn, per_element=per_element,
                                       fine_integrator=start.robot.integrator, init="given")
             label = (() if law == "penalty" else (f"{law}_contact",)) + added
-            candidates.append(_fitted_candidate(label, start.robot, begin, cfg, (train_tuples, val_tuples), heldout,
+            candidates.append(_fitted_candidate(label, start.robot, start, cfg, (train_tuples, val_tuples), heldout,
                                                 horizon, stride))
             log(f"contact law {law}{' + ' + '+'.join(added) if added else ''}: "
                 f"{1e3 * candidates[-1].error:.2f} mm {horizon:g} s ahead ({candidates[-1].wall:.0f} s)")
     base = best = candidates[0]
-    path = float(np.mean([t.path_length() / max(t.t[-1] - t.t[0], 1e-9) for t in heldout])) * horizon
-    floor = max(min_base_share * base.error if np.isfinite(base.error) else 0.0, min_path_share * path)
+    floor = _gain_floor(base, heldout, horizon, min_base_share, min_path_share)
     tried = []
     for cand in candidates[1:]:
         adds = any(name in cand.options for name in extra)

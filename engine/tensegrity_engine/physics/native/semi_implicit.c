@@ -925,8 +925,9 @@ static void soft_minimise(soft_rod *restrict s, real mass)
         for (int l = 0; l < LANES; ++l) search |= s->done[l] == 0 && keeps[l] == 0;
         LANE_LOOP settled[l] = keeps[l];
         for (int ls = 0; search && ls < SOFT_LINE_SEARCH; ++ls) {
-            LANE_LOOP { first[l] = alpha[l] * curv[l] + slope[l]; second[l] = curv[l]; }
-            for (int q = 0; q < rows; ++q) {
+            /* at alpha 1 (the first round) the check above has the derivatives */
+            if (ls) LANE_LOOP { first[l] = alpha[l] * curv[l] + slope[l]; second[l] = curv[l]; }
+            for (int q = 0; ls && q < rows; ++q) {
                 if (!s->live[q]) continue;
                 LANE_LOOP {
                     const real z = FMA(alpha[l], Js[q][l], jar[q][l]);
