@@ -47,6 +47,7 @@ from tensegrity_engine.groundtruth.sensors import SensorModel
 from tensegrity_engine.groundtruth.zoo import ZOO_PREFIX, ground_truth, zoo_names
 from tensegrity_engine.identification.config import IdentificationConfig, contact_params, resolve_learn
 from tensegrity_engine.identification.online import OnlineIdentification
+from tensegrity_engine.identification.online_structure import ONLINE_OPTIONS, online_options
 from tensegrity_engine.identification.streaming import StreamAligner, StreamConfig, TupleBatch
 from tensegrity_engine.physics.config import load_robot
 from tensegrity_engine.physics.params import PhysicalParameters
@@ -123,6 +124,7 @@ def run_session(z, args, seed: int, learn) -> dict:
                                schedule=args.schedule, lm_windows=args.lm_windows)
     session = OnlineIdentification(robot, cfg, min_tuples=args.min_tuples, max_tuples=args.max_tuples,
                                    floor=True, holdout_every=args.holdout_every,
+                                   structure_options=args.structure_options,
                                    log=(lambda m: _line(f"    [{z.name} {seed}] {m}")) if args.verbose else (lambda m: None))
     aligner = StreamAligner(StreamConfig.for_robot(robot, interval=CONTROL_DT))
     truth = z.true_values(sensed=noisy)
@@ -199,7 +201,8 @@ def run_session(z, args, seed: int, learn) -> dict:
             "covered": within_2(sigma), "covered_spread": within_2(spread),
             "relative_spread": None if spread is None else {n: spread[n] / abs(np.mean(final[n])) for n in reported},
             "within_tol_from": within, "tol": tol, "publications": len(trace), "reverts": reverts,
-            "epochs": session.epochs, "status": session.status, "tuples": session.window_len}
+            "epochs": session.epochs, "status": session.status, "tuples": session.window_len,
+            "structure": list(session.trials.adopted), "structure_log": list(session.trials.log)}
 
 
 def main(argv=None) -> int:
@@ -223,6 +226,8 @@ def main(argv=None) -> int:
     ap.add_argument("--latency", choices=("declared", "learnt"), default="declared",
                     help="declared: the config carries the mocap's latency as actuator.delay (a data "
                     "sheet or a timing test gives it); learnt: actuator_delay is identified from 0")
+    ap.add_argument("--structure", default="", help="comma-separated structure options the session tries "
+                    f"online once converged ({', '.join(ONLINE_OPTIONS)}; default none)")
     ap.add_argument("--min-tuples", type=int, default=30)
     ap.add_argument("--max-tuples", type=int, default=1500)
     ap.add_argument("--holdout-every", type=int, default=5)
@@ -234,6 +239,7 @@ def main(argv=None) -> int:
                     help="wall seconds of identification per second of robot time (1: real time on this "
                     "machine; more: a faster machine, or a loaded one)")
     args = ap.parse_args(argv)
+    args.structure_options = online_options([n for n in args.structure.split(",") if n])
     torch.set_num_threads(args.threads)
     robot = load_robot(args.robot)
     specs = [s for part in args.truth.split(",") for s in
@@ -245,7 +251,8 @@ def main(argv=None) -> int:
         learn += ("actuator_delay",)
     _line(f"machine: {machine()}")
     _line(f"online identification of {', '.join(learn)} on {args.robot}: {args.duration:g} s of sim time, "
-          f"contact law {law}, masses {args.masses}, noise {args.noise}, latency {args.latency}, init {args.init}, schedule {args.schedule}, seeds {args.seeds}")
+          f"contact law {law}, masses {args.masses}, noise {args.noise}, latency {args.latency}, init {args.init}, schedule {args.schedule}, seeds {args.seeds}"
+          + (f", structure options tried online: {', '.join(args.structure_options)}" if args.structure_options else ""))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = []
@@ -273,7 +280,10 @@ def main(argv=None) -> int:
                   f"{r['within_tol_from'] if r['within_tol_from'] is None else round(r['within_tol_from'], 1)} s; "
                   f"held-out CoM 1 s nominal {1e3 * r['heldout_com_1s']['nominal']:.1f} / identified "
                   f"{1e3 * r['heldout_com_1s']['identified']:.1f} / true values {1e3 * r['heldout_com_1s']['true']:.1f} mm; "
-                  f"{r['publications']} publications ({r['reverts']} to the config), {r['epochs']} epochs, {r['status']} "
+                  f"{r['publications']} publications ({r['reverts']} to the config), {r['epochs']} epochs, {r['status']}"
+                  + (f", structure {'+'.join(r['structure']) or 'base'} (tried: "
+                     + ", ".join(f"{o} {v}" for o, v in r["structure_log"]) + ")" if args.structure_options else "")
+                  + " "
                   f"({time.perf_counter() - t0:.0f} s wall)")
     _line("")
     reported = [n for n in TARGETS if n in learn]
@@ -289,10 +299,16 @@ def main(argv=None) -> int:
         ok = sum(r["within_tol_from"] is not None for r in rs)
         _line(f"| {name} | {' | '.join(cells)} | {com['nominal']:.1f} / {com['identified']:.1f} / {com['true']:.1f} | "
               f"{100 * cov[0]:.0f} / {100 * cov[1]:.0f} % | {ok}/{len(rs)} |")
-    limited = [r for r in results if r["heldout_com_1s"]["true"] > r["heldout_com_1s"]["identified"]]
-    _line(f"the true values predict the held-out data worse than the published model on {len(limited)} of "
-          f"{len(results)} runs ({', '.join(sorted({r['robot'] for r in limited})) or 'none'}): there the "
-          "model's structure, not the data, keeps the values from the truth")
+    # beyond 10 %: two fits of the same model on the same blocks differ by a few percent
+    com = lambda r, k: r["heldout_com_1s"][k]                               # noqa: E731
+    for label, runs, why in (
+            ("worse", [r for r in results if com(r, "true") > 1.1 * com(r, "identified")],
+             "the model's structure, not the data, keeps the values from the truth"),
+            ("better", [r for r in results if com(r, "true") < com(r, "identified") / 1.1],
+             "the solver stopped short of values the model holds")):
+        _line(f"the true values predict the held-out data >10 % {label} than the published model on "
+              f"{len(runs)} of {len(results)} runs ({', '.join(sorted({r['robot'] for r in runs})) or 'none'}): "
+              + why)
     for key, label in (("covered", "sigma"), ("covered_spread", "spread sigma")):
         published = [r for r in results if r["sigma"] is not None]
         _line(f"2-{label} coverage over all: {100 * np.mean([r[key][n] for r in results for n in reported]):.0f} % "

@@ -382,6 +382,10 @@ def declare_identification(d) -> dict:
         "fixed_rods": d("fixed_rods", [-1], "rods welded to the world ([-1] = none)"),
         "reopen_tuples": d("reopen_tuples", 50, "schedule 'online': new tuples after convergence that resume "
                            "it (0 = never)", range=(0, 10**6)),
+        "structure_options": d("structure_options", ["none"], "structural options fitted on top, one at a "
+                               "time, whenever the solver has converged, each kept only if it predicts the "
+                               "held-out blocks better by 2 standard errors and 5 %: end_heavy, "
+                               "slack_damping, winch_speed (['none'] = the robot YAML's structure)"),
     }
     out["config"] = declare_solver(d, out["interval"])
     return out
@@ -395,18 +399,23 @@ def stream_config(robot, setting: dict) -> StreamConfig:
 def make_session(robot, setting: dict, device, *, log, trainer_factory=default_trainer_factory
                  ) -> OnlineIdentification:
     from tensegrity_engine.identification.config import resolve_learn
+    from tensegrity_engine.identification.online_structure import online_options
 
     if setting["config"].learn is not None:          # a bad name is a start-up error, not a failed epoch
         try:
             resolve_learn(setting["config"].learn, robot.contact.law, floor=setting["floor"])
         except ValueError as err:
             raise ConfigurationError(f"parameter learn: {err}") from None
+    try:
+        structure = online_options([n for n in setting["structure_options"] if n != "none"])
+    except ValueError as err:
+        raise ConfigurationError(f"parameter structure_options: {err}") from None
     return OnlineIdentification(
         robot, setting["config"], device=device, min_tuples=setting["min_tuples"],
         max_tuples=setting["max_tuples"], holdout_every=setting["holdout_every"],
         max_holdout=setting["max_holdout"], reopen_tuples=setting["reopen_tuples"], floor=setting["floor"],
         fixed_rods=tuple(int(r) for r in setting["fixed_rods"] if int(r) >= 0), log=log,
-        trainer_factory=trainer_factory)
+        trainer_factory=trainer_factory, structure_options=structure)
 
 
 def declare_solver(d, period: float):

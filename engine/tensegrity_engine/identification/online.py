@@ -9,6 +9,11 @@ Each `step` runs one epoch. A diverging epoch (NaN loss, non-finite parameters, 
 exception) rolls back to the last healthy trainer state; the best healthy parameters so far
 are what a caller publishes. `checkpoint` / `restore` carry the whole session (window,
 trainer, best values) across a restart.
+
+With ``structure_options``, each time the solver has converged a challenger fits one
+structural option on top (`online_structure`: the robot's end-heavy rods, slack-cable
+damping, a winch speed limit), judged by the gate with a stricter test; adopted, it
+becomes the session's trainer.
 """
 from __future__ import annotations
 
@@ -21,6 +26,8 @@ import numpy as np
 import torch
 
 from tensegrity_engine.identification.config import IdentificationConfig
+from tensegrity_engine.identification.online_structure import (STRUCTURE_MIN_GAIN, STRUCTURE_SIGNIFICANCE,
+                                                               StructureTrials)
 from tensegrity_engine.identification.streaming import TupleBatch, to_tuple_set
 from tensegrity_engine.physics.actuators import delayed_commands
 from tensegrity_engine.physics.config import RobotConfig
@@ -73,12 +80,13 @@ def _mean(a) -> float:
     return float(a.mean()) if a.size else math.nan
 
 
-def _compare(candidate, reference) -> str:
+def _compare(candidate, reference, significance: float = GATE_SIGNIFICANCE, min_gain: float = 0.0) -> str:
     """How a candidate's held-out (loss, CoM error) per block compares with a reference's:
     "better", "worse", "worse_com" (its CoM ends further off) or "not_significant" (a lower
-    mean loss within the blocks' noise). Both yardsticks: the pose loss over each block, and
-    where the centre of mass ends up, which a loss dominated by shape can trade away (MPPI
-    plans the path)."""
+    mean loss within ``significance`` standard errors of the per-block difference, or by
+    less than ``min_gain`` of the reference's). Both yardsticks: the pose loss over each
+    block, and where the centre of mass ends up, which a loss dominated by shape can trade
+    away (MPPI plans the path)."""
     (c_loss, c_com), (r_loss, r_com) = (tuple(np.asarray(x, dtype=np.float64) for x in pair)
                                         for pair in (candidate, reference))
     if not np.isfinite(c_loss).all():
@@ -90,7 +98,8 @@ def _compare(candidate, reference) -> str:
         return "worse_com"
     if not np.isfinite(r_loss).all():
         return "better"
-    margin = GATE_SIGNIFICANCE * d.std(ddof=1) / math.sqrt(d.size) if d.size >= 3 else 0.0
+    margin = significance * d.std(ddof=1) / math.sqrt(d.size) if d.size >= 3 else 0.0
+    margin = max(margin, min_gain * float(r_loss.mean()))
     return "better" if d.mean() + margin < 0.0 else "not_significant"
 
 
@@ -102,7 +111,7 @@ class OnlineIdentification:
     def __init__(self, robot: RobotConfig, config: IdentificationConfig, *, device="cpu",
                  min_tuples: int = 20, max_tuples: int = 2000, floor: bool = True, fixed_rods=(),
                  holdout_every: int = 5, max_holdout: int = 200, reopen_tuples: int = 50,
-                 trainer_factory: TrainerFactory = default_trainer_factory,
+                 trainer_factory: TrainerFactory = default_trainer_factory, structure_options=(),
                  log: Callable[[str], None] = lambda msg: None):
         self.robot, self.config, self.device = robot, config, device
         self.min_tuples, self.max_tuples = int(min_tuples), int(max_tuples)
@@ -111,6 +120,7 @@ class OnlineIdentification:
         self.holdout_block = max(2, int(round(HOLDOUT_SECONDS / config.period)))
         self.floor, self.fixed_rods = bool(floor), tuple(fixed_rods)
         self.trainer_factory, self.log = trainer_factory, log
+        self.trials = StructureTrials(structure_options)
         self.reset()
 
     def reset(self) -> None:
@@ -133,6 +143,7 @@ class OnlineIdentification:
         self.converged = False
         self.since_end = 0                   # training tuples added after the schedule's end
         self._reference_scores = {}          # {key: held-out scores} of the incumbent and config: see gate
+        self.trials.reset()                  # structure: adopted options, the running challenger
 
     # ------------------------------------------------------------------ data window
     def _tuple_set(self, batch: TupleBatch):
@@ -143,8 +154,14 @@ class OnlineIdentification:
         return TupleBatch.cat(list(self.window))
 
     def _new_trainer(self, batch: TupleBatch) -> None:
+        data = self._tuple_set(batch)
         self.trainer = self.trainer_factory(self.robot, self.config, self.device, None, self.log)
-        self.trainer.set_data(self._tuple_set(batch))
+        self.trainer.set_data(data)
+        if self.trials.adopted:          # a restored session: the structure it had adopted
+            learn = self.trials.learn_with(self.trainer.learn, self.trials.adopted)
+            config = dataclasses.replace(self.config, learn=learn)
+            self.trainer = self.trainer_factory(self.robot, config, self.device, None, self.log)
+            self.trainer.set_data(data)
 
     def _hold_out(self, new: TupleBatch) -> Optional[TupleBatch]:
         """Keep every ``holdout_every``-th block of ``holdout_block`` tuples aside; returns
@@ -163,10 +180,11 @@ class OnlineIdentification:
                 self.heldout_len -= len(self.heldout.popleft())
         return new.slice(~held) if not bool(held.all()) else None
 
-    def gate(self, values: dict) -> HeldOutVerdict:
+    def gate(self, values: dict, significance: float = GATE_SIGNIFICANCE, min_gain: float = 0.0) -> HeldOutVerdict:
         """May ``values`` replace the published model (``best_values``, else the config's)?
         Only if their loss on the held-out blocks is finite and lower by more than
-        ``GATE_SIGNIFICANCE`` standard errors of the per-block difference, and their CoM error
+        ``significance`` standard errors of the per-block difference (and by ``min_gain`` of
+        the reference's loss), and their CoM error
         at the end of the blocks no larger, than both the published model's and the
         config's (``revert``: the config now beats the published model); not before there are
         ``MIN_GATE_BLOCKS`` held-out blocks (an early fit to a few seconds would become the
@@ -190,9 +208,9 @@ class OnlineIdentification:
         # than the config on today's: never publish one that does, nor keep one that is
         configured = None if incumbent is config else self._reference_score(data, config)
         revert = configured is not None and _compare(configured, reference) == "better"
-        reason = _compare(candidate, configured if revert else reference)
+        reason = _compare(candidate, configured if revert else reference, significance, min_gain)
         if (reason == "better" and configured is not None and not revert
-                and _compare(candidate, configured) != "better"):
+                and _compare(candidate, configured, significance, min_gain) != "better"):
             reason = "worse_than_config"
         return HeldOutVerdict(reason == "better", reason, cand, inc, self.heldout_len, cand_com, inc_com,
                               revert=revert and reason != "better")
@@ -230,10 +248,16 @@ class OnlineIdentification:
                 keep = only.slice(slice(len(only) - self.max_tuples, None))
                 self.window.appendleft(keep)
                 self.window_len = len(keep)
-            self.trainer.set_data(self._tuple_set(self.window_batch()))   # keeps the parameters
+            window = self._tuple_set(self.window_batch())
+            self.trainer.set_data(window)                                  # keeps the parameters
+            self.trials.feed(window, replace=True)
         else:
-            self.trainer.add_tuples(self._tuple_set(new))
+            data = self._tuple_set(new)
+            self.trainer.add_tuples(data)
+            self.trials.feed(data, replace=False)
         self._maybe_reopen(len(new))
+        if self.converged:             # the solver waits: a refused option may have its evidence now
+            self._next_challenger()
 
     def _maybe_reopen(self, added: int) -> None:
         """Schedule "online": resume the finished solver once ``reopen_tuples`` new tuples
@@ -250,7 +274,11 @@ class OnlineIdentification:
     # ------------------------------------------------------------------ training
     @property
     def training(self) -> bool:
-        return self.trainer is not None and not self.trainer.done
+        """An epoch is due: the solver's, or a structure challenger's once the solver's
+        end has been taken (`finish`)."""
+        if self.trainer is None:
+            return False
+        return not self.trainer.done or (self.trials.active and self.converged)
 
     @property
     def finished(self) -> bool:
@@ -260,7 +288,10 @@ class OnlineIdentification:
     def step(self) -> Optional[tuple[dict, dict]]:
         """One epoch. Returns (metrics, parameter values) when the validation loss improved
         on the best so far, None otherwise; a diverged epoch is rolled back and counted in
-        ``rollbacks`` (compare it before and after to tell)."""
+        ``rollbacks`` (compare it before and after to tell). Once the solver is done, an
+        epoch of the structure challenger (its values only when it is adopted)."""
+        if self.trainer.done and self.trials.active:
+            return self._challenger_step()
         m = self.trainer.train_epoch()
         self.epochs += 1
         self.last_metrics = {k: v for k, v in m.items() if k != "params"}
@@ -301,7 +332,51 @@ class OnlineIdentification:
             values = self.trainer.parameters.as_dict()
         m = dict(self.last_metrics)
         m["val_loss"] = self.best_loss
+        self._next_challenger()
         return m, values
+
+    # ------------------------------------------------------------------ structure challengers
+    def _next_challenger(self) -> None:
+        """Start a challenger for the next structure option worth one (`online_structure`)
+        while the solver waits for new data."""
+        if self.trials.active or self.trainer is None or not self.trainer.done or self.holdout_every < 2:
+            return
+        option = self.trials.next_option(self.heldout_len)
+        if option is None or not healthy_values(self.trainer.parameters.as_dict()):
+            return
+        self.trials.start(option, self.trainer_factory, self.robot, self.config, self.device,
+                          self.trainer.parameters.as_dict(), self.trainer.learn,
+                          self._tuple_set(self.window_batch()), self.log)
+        self.log(f"structure: fitting {option} on top ({'+'.join(self.trials.adopted) or 'base'})")
+
+    def _challenger_step(self) -> Optional[tuple[dict, dict]]:
+        challenger, option = self.trials.challenger, self.trials.option
+        try:
+            m = challenger.train_epoch()
+        except Exception as exc:  # noqa: BLE001 - a failed challenger must not stop identification
+            self.trials.drop(f"failed ({exc!r})")
+            self.log(f"structure: {option} failed: {exc!r}")
+            return None
+        values = challenger.parameters.as_dict()
+        if m.get("diverged") or not math.isfinite(float(m.get("val_loss", math.nan))) or not healthy_values(values):
+            self.trials.drop("diverged")
+            self.log(f"structure: {option} diverged")
+            return None
+        if not challenger.done:
+            return None
+        verdict = self.gate(values, significance=STRUCTURE_SIGNIFICANCE, min_gain=STRUCTURE_MIN_GAIN)
+        adopted = self.trials.judged(verdict.accepted, verdict.reason, self.heldout_len)
+        self.log(f"structure: {option} {'adopted' if adopted is not None else 'refused (' + verdict.reason + ')'}; "
+                 f"held-out loss {verdict.candidate_loss:.4g} against {verdict.incumbent_loss:.4g}")
+        if adopted is None:
+            self._next_challenger()
+            return None
+        self.trainer = adopted
+        self.good_state = adopted.state_dict()
+        self.best_loss = float(m["val_loss"])
+        self._uncertainty_memo = None
+        self._next_challenger()
+        return {k: v for k, v in m.items() if k != "params"}, values
 
     def uncertainty(self, max_tuples: int = 256, at: Optional[dict] = None):
         """`uncertainty.ParameterUncertainty` of the trainer's current values (or of ``at``)
@@ -354,7 +429,8 @@ class OnlineIdentification:
         return {"robot": self.robot.name, "window": self.window_batch().to_dict(), "heldout": heldout,
                 "seen": self.seen, "trainer": state,
                 "best_loss": self.best_loss, "best_values": self.best_values, "epochs": self.epochs,
-                "converged": self.converged, "status": self.status, "rollbacks": self.rollbacks}
+                "converged": self.converged, "status": self.status, "rollbacks": self.rollbacks,
+                "structure": self.trials.state()}
 
     def restore(self, data: dict) -> None:
         """Resume from `checkpoint` output. Raises (and leaves the session empty) on a
@@ -370,6 +446,7 @@ class OnlineIdentification:
                 self.heldout, self.heldout_len = collections.deque([held]), len(held)
             self.seen = int(data.get("seen", 0))
             self._uncertainty_memo = None
+            self.trials.restore(data.get("structure"))
             self._new_trainer(window)
             if data["trainer"] is not None:
                 self.trainer.load_state_dict(data["trainer"])
