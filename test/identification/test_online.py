@@ -293,6 +293,12 @@ def test_structure_options_are_fitted_by_challengers_and_adopted_only_when_they_
         s._tuple_set = lambda batch: batch
         return s
 
+    early = session()
+    early.add(_batch(three_bar, 0, 61))              # two held-out blocks: the gate could not judge one
+    while early.training:
+        early.step()
+    early.finish()
+    assert not early.trials.active and not early.trials.log
     s = session()
     s.add(_batch(three_bar, 0, 91))                  # three held-out blocks
     while s.training:

@@ -341,6 +341,8 @@ class OnlineIdentification:
         while the solver waits for new data."""
         if self.trials.active or self.trainer is None or not self.trainer.done or self.holdout_every < 2:
             return
+        if self.heldout_len < MIN_GATE_BLOCKS * self.holdout_block:      # the gate could not judge it yet
+            return
         option = self.trials.next_option(self.heldout_len)
         if option is None or not healthy_values(self.trainer.parameters.as_dict()):
             return
