@@ -432,6 +432,9 @@ def refused_candidate(mon, truth: dict) -> dict:
 def print_summary(s: dict) -> None:
     print("\n=== sim2sim summary ===")
     print(f"the robot: {s.get('robot_truth', 'twin')} (values below are its true ones)")
+    if s.get("robot_truth", "twin") == "twin":
+        print("  the twin is MuJoCo with the config's own values: a check of the pipeline, not of accuracy "
+              "(robots unlike the engine: -p mujoco_bridge:robot_truth:=zoo/<name>; bench/online.py)")
     print(f"wall time {s['wall_seconds']} s, sim time {s['sim_seconds']:.1f} s, {s['poses']} poses "
           f"({s.get('pose_rate_sim_hz', float('nan')):.2f} Hz sim), {s['parameters_published']} parameter "
           f"messages, final stage: {s['final_stage']}")
