@@ -46,7 +46,7 @@ from tensegrity_engine.groundtruth.mujoco_twin import GroundTruthDiverged
 from tensegrity_engine.groundtruth.sensors import SensorModel
 from tensegrity_engine.groundtruth.zoo import ZOO_PREFIX, ground_truth, zoo_names
 from tensegrity_engine.identification.config import IdentificationConfig, contact_params, resolve_learn
-from tensegrity_engine.identification.online import OnlineIdentification
+from tensegrity_engine.identification.online import ONLINE_POSE_WINDOW, OnlineIdentification
 from tensegrity_engine.identification.online_structure import ONLINE_OPTIONS, online_options
 from tensegrity_engine.identification.streaming import StreamAligner, StreamConfig, TupleBatch
 from tensegrity_engine.physics.config import load_robot
@@ -121,7 +121,7 @@ def run_session(z, args, seed: int, learn) -> dict:
         robot = robot.replace(actuator=dataclasses.replace(robot.actuator, delay=z.sensing.latency))
     events = record(z, seed, args.duration, noisy)
     cfg = IdentificationConfig(period=CONTROL_DT, learn=learn, init=args.init, seed=seed,
-                               schedule=args.schedule, lm_windows=args.lm_windows)
+                               schedule=args.schedule, lm_windows=args.lm_windows, pose_window=args.pose_window)
     session = OnlineIdentification(robot, cfg, min_tuples=args.min_tuples, max_tuples=args.max_tuples,
                                    floor=True, holdout_every=args.holdout_every,
                                    structure_options=args.structure_options,
@@ -210,6 +210,7 @@ def main(argv=None) -> int:
     ap.add_argument("--robot", default="superball")
     ap.add_argument("--truth", default="zoo", help="comma-separated: twin, zoo/<name>, or 'zoo' (all)")
     ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1")
     ap.add_argument("--duration", type=float, default=60.0)
     ap.add_argument("--noise", choices=("robot", "none"), default="robot")
     ap.add_argument("--init", choices=("given", "random", "given+random"), default="given")
@@ -232,6 +233,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tuples", type=int, default=1500)
     ap.add_argument("--holdout-every", type=int, default=5)
     ap.add_argument("--lm-windows", type=int, default=256, help="as the identifier node's lm_windows")
+    ap.add_argument("--pose-window", type=int, default=ONLINE_POSE_WINDOW, help="as the identifier node's "
+                    "pose_window: tuples per multiple-shooting window")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="runs/bench_online")
     ap.add_argument("--verbose", action="store_true")
@@ -251,14 +254,14 @@ def main(argv=None) -> int:
         learn += ("actuator_delay",)
     _line(f"machine: {machine()}")
     _line(f"online identification of {', '.join(learn)} on {args.robot}: {args.duration:g} s of sim time, "
-          f"contact law {law}, masses {args.masses}, noise {args.noise}, latency {args.latency}, init {args.init}, schedule {args.schedule}, seeds {args.seeds}"
+          f"contact law {law}, masses {args.masses}, noise {args.noise}, latency {args.latency}, init {args.init}, schedule {args.schedule}, pose windows of {args.pose_window}, seeds {args.seeds}"
           + (f", structure options tried online: {', '.join(args.structure_options)}" if args.structure_options else ""))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = []
     for spec in specs:
         z = ground_truth(spec, robot)
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             t0 = time.perf_counter()
             try:
                 r = run_session(z, args, seed, learn)
