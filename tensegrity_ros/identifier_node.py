@@ -427,8 +427,8 @@ def declare_solver(d, period: float):
     schedule = d("schedule", "online", "training schedule: 'online' (Levenberg-Marquardt from the start "
                  "values, resumed whenever reopen_tuples new tuples arrived) or Algorithm 1's",
                  choices=("online", "progressive", "implicit_only", "feedforward"))
-    lm_windows = d("lm_windows", 256, "pose-only Levenberg-Marquardt: most multiple-shooting windows of 3 "
-                   "tuples per iteration (a random subset beyond; ~5 ms each per iteration on one core)",
+    lm_windows = d("lm_windows", 256, "pose-only Levenberg-Marquardt: most multiple-shooting windows (of "
+                   "pose_window tuples) per iteration (a random subset beyond; ~5 ms each per iteration on one core)",
                    range=(1, 10**5))
     pose_window = d("pose_window", ONLINE_POSE_WINDOW, "pose-only Levenberg-Marquardt: tuples per "
                     "multiple-shooting window (each with its own start velocity)", range=(2, 100))

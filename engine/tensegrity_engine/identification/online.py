@@ -26,8 +26,7 @@ import numpy as np
 import torch
 
 from tensegrity_engine.identification.config import IdentificationConfig
-from tensegrity_engine.identification.online_structure import (STRUCTURE_MIN_GAIN, STRUCTURE_SIGNIFICANCE,
-                                                               StructureTrials)
+from tensegrity_engine.identification.online_structure import StructureTrials
 from tensegrity_engine.identification.streaming import TupleBatch, to_tuple_set
 from tensegrity_engine.physics.actuators import delayed_commands
 from tensegrity_engine.physics.config import RobotConfig
@@ -134,6 +133,7 @@ class OnlineIdentification:
         self.window_len = 0
         self.heldout: collections.deque = collections.deque()  # TupleBatch chunks never trained on
         self.heldout_len = 0
+        self.heldout_total = 0               # held-out tuples ever (the window above keeps max_holdout)
         self.seen = 0                        # tuples received (picks the held-out ones)
         self.trainer = None
         self.good_state = None               # last healthy trainer.state_dict()
@@ -158,6 +158,10 @@ class OnlineIdentification:
     def window_batch(self) -> TupleBatch:
         return TupleBatch.cat(list(self.window))
 
+    def window_tuples(self):
+        """The training window as the trainer takes it."""
+        return self._tuple_set(self.window_batch())
+
     def _new_trainer(self, batch: TupleBatch) -> None:
         data = self._tuple_set(batch)
         self.trainer = self.trainer_factory(self.robot, self.config, self.device, None, self.log)
@@ -181,6 +185,7 @@ class OnlineIdentification:
         if bool(held.any()):
             self.heldout.append(new.slice(held))
             self.heldout_len += int(held.sum())
+            self.heldout_total += int(held.sum())
             while self.heldout_len > self.max_holdout and len(self.heldout) > 1:
                 self.heldout_len -= len(self.heldout.popleft())
         return new.slice(~held) if not bool(held.all()) else None
@@ -219,6 +224,18 @@ class OnlineIdentification:
             reason = "worse_than_config"
         return HeldOutVerdict(reason == "better", reason, cand, inc, self.heldout_len, cand_com, inc_com,
                               revert=revert and reason != "better")
+
+    @property
+    def can_judge(self) -> bool:
+        """Enough held-out tuples for the gate (``MIN_GATE_BLOCKS`` blocks), or no gate."""
+        return self.holdout_every >= 2 and self.heldout_len >= MIN_GATE_BLOCKS * self.holdout_block
+
+    def compare_on_heldout(self, values: dict, reference: dict, significance: float = GATE_SIGNIFICANCE,
+                           min_gain: float = 0.0) -> str:
+        """`_compare` of two models on today's held-out blocks ("better": ``values`` win)."""
+        data = self._tuple_set(TupleBatch.cat(list(self.heldout)))
+        candidate = self.trainer.heldout_loss(data, values, chain=self.holdout_block, per_block=True)
+        return _compare(candidate, self._reference_score(data, reference), significance, min_gain)
 
     def _reference_score(self, data, values: dict) -> tuple[np.ndarray, np.ndarray]:
         """Held-out (loss, CoM error) per block of a model the gate compares with;
@@ -262,7 +279,7 @@ class OnlineIdentification:
             self.trials.feed(data, replace=False)
         self._maybe_reopen(len(new))
         if self.converged:             # the solver waits: a refused option may have its evidence now
-            self._next_challenger()
+            self.trials.maybe_start(self)
 
     def _maybe_reopen(self, added: int) -> None:
         """Schedule "online": resume the finished solver once ``reopen_tuples`` new tuples
@@ -294,9 +311,11 @@ class OnlineIdentification:
         """One epoch. Returns (metrics, parameter values) when the validation loss improved
         on the best so far, None otherwise; a diverged epoch is rolled back and counted in
         ``rollbacks`` (compare it before and after to tell). Once the solver is done, an
-        epoch of the structure challenger (its values only when it is adopted)."""
+        epoch of the structure challenger (None: an adopted one ends like the solver,
+        `finished`)."""
         if self.trainer.done and self.trials.active:
-            return self._challenger_step()
+            self.trials.step(self)
+            return None
         m = self.trainer.train_epoch()
         self.epochs += 1
         self.last_metrics = {k: v for k, v in m.items() if k != "params"}
@@ -337,53 +356,18 @@ class OnlineIdentification:
             values = self.trainer.parameters.as_dict()
         m = dict(self.last_metrics)
         m["val_loss"] = self.best_loss
-        self._next_challenger()
+        self.trials.maybe_start(self)
         return m, values
 
-    # ------------------------------------------------------------------ structure challengers
-    def _next_challenger(self) -> None:
-        """Start a challenger for the next structure option worth one (`online_structure`)
-        while the solver waits for new data."""
-        if self.trials.active or self.trainer is None or not self.trainer.done or self.holdout_every < 2:
-            return
-        if self.heldout_len < MIN_GATE_BLOCKS * self.holdout_block:      # the gate could not judge it yet
-            return
-        option = self.trials.next_option(self.heldout_len)
-        if option is None or not healthy_values(self.trainer.parameters.as_dict()):
-            return
-        self.trials.start(option, self.trainer_factory, self.robot, self.config, self.device,
-                          self.trainer.parameters.as_dict(), self.trainer.learn,
-                          self._tuple_set(self.window_batch()), self.log)
-        self.log(f"structure: fitting {option} on top ({'+'.join(self.trials.adopted) or 'base'})")
-
-    def _challenger_step(self) -> Optional[tuple[dict, dict]]:
-        challenger, option = self.trials.challenger, self.trials.option
-        try:
-            m = challenger.train_epoch()
-        except Exception as exc:  # noqa: BLE001 - a failed challenger must not stop identification
-            self.trials.drop(f"failed ({exc!r})")
-            self.log(f"structure: {option} failed: {exc!r}")
-            return None
-        values = challenger.parameters.as_dict()
-        if m.get("diverged") or not math.isfinite(float(m.get("val_loss", math.nan))) or not healthy_values(values):
-            self.trials.drop("diverged")
-            self.log(f"structure: {option} diverged")
-            return None
-        if not challenger.done:
-            return None
-        verdict = self.gate(values, significance=STRUCTURE_SIGNIFICANCE, min_gain=STRUCTURE_MIN_GAIN)
-        adopted = self.trials.judged(verdict.accepted, verdict.reason, self.heldout_len)
-        self.log(f"structure: {option} {'adopted' if adopted is not None else 'refused (' + verdict.reason + ')'}; "
-                 f"held-out loss {verdict.candidate_loss:.4g} against {verdict.incumbent_loss:.4g}")
-        if adopted is None:
-            self._next_challenger()
-            return None
-        self.trainer = adopted
-        self.good_state = adopted.state_dict()
-        self.best_loss = float(m["val_loss"])
+    def adopt(self, trainer, val_loss: float) -> None:
+        """A structure challenger won (`online_structure`): it becomes the session's trainer.
+        Its end is taken like the solver's (`finished`, then `finish`): the caller's gate and
+        convergence test see its values before they are published."""
+        self.trainer = trainer
+        self.good_state = trainer.state_dict()
+        self.best_loss = float(val_loss)
         self._uncertainty_memo = None
-        self._next_challenger()
-        return {k: v for k, v in m.items() if k != "params"}, values
+        self.converged = False
 
     def uncertainty(self, max_tuples: int = 256, at: Optional[dict] = None):
         """`uncertainty.ParameterUncertainty` of the trainer's current values (or of ``at``)
@@ -437,7 +421,7 @@ class OnlineIdentification:
                 "seen": self.seen, "trainer": state,
                 "best_loss": self.best_loss, "best_values": self.best_values, "epochs": self.epochs,
                 "converged": self.converged, "status": self.status, "rollbacks": self.rollbacks,
-                "structure": self.trials.state()}
+                "structure": self.trials.state(), "heldout_total": self.heldout_total}
 
     def restore(self, data: dict) -> None:
         """Resume from `checkpoint` output. Raises (and leaves the session empty) on a
@@ -452,6 +436,7 @@ class OnlineIdentification:
                 held = TupleBatch.from_dict(data["heldout"])
                 self.heldout, self.heldout_len = collections.deque([held]), len(held)
             self.seen = int(data.get("seen", 0))
+            self.heldout_total = int(data.get("heldout_total", self.heldout_len))
             self._uncertainty_memo = None
             self.trials.restore(data.get("structure"))
             self._new_trainer(window)

@@ -8,10 +8,12 @@ from the current values, with the option's values learnt as well, run in the tim
 session would otherwise wait for new tuples. When its schedule ends, the challenger is
 judged on the held-out blocks by the session's gate with a stricter test than a candidate
 of the same structure (more parameters must pay for themselves: a lower held-out loss by
-``significance`` standard errors of the per-block difference *and* by ``min_gain`` of the
-loss, no larger CoM error, better than the config). Adopted, it becomes the session's
-trainer (its values are published with the others and learnt from then on); refused, the
-option waits until the held-out data has doubled (more evidence) before it is tried again.
+``STRUCTURE_SIGNIFICANCE`` standard errors of the per-block difference *and* by
+``STRUCTURE_MIN_GAIN`` of the loss, no larger CoM error, better than the published model,
+the config, and the base fit it started from). Adopted, it becomes the session's trainer
+and ends like the solver (the caller's gate and convergence test, then publication); its
+values are learnt from then on. Refused, failed or over its own budget, the option waits
+until twice the held-out tuples have been seen before it is tried again.
 
 Only options that add *values* can be tried online: the parameter message carries them.
 An integrator or a per-element split changes how the planner must build the model and is
@@ -22,6 +24,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from typing import Optional, Sequence
+
+import numpy as np
 
 from tensegrity_engine.identification.config import IdentificationConfig
 from tensegrity_engine.physics.params import PhysicalParameters
@@ -37,6 +41,14 @@ ONLINE_OPTIONS = {
 # As offline selection (`select_structure`: 2 standard errors, 5 % gain).
 STRUCTURE_SIGNIFICANCE = 2.0
 STRUCTURE_MIN_GAIN = 0.05
+# A challenger's own budget: one that never passes its convergence test (a winch limit the
+# robot never reaches: a flat direction) must not hold the other options back for good.
+CHALLENGER_MAX_EPOCHS = 60
+CHALLENGER_MAX_SECONDS = 120.0
+
+
+def _finite(values: dict) -> bool:
+    return all(np.isfinite(np.asarray(v, dtype=np.float64)).all() for v in values.values())
 
 
 def online_options(names: Sequence[str]) -> tuple[str, ...]:
@@ -62,22 +74,23 @@ class StructureTrials:
 
     def reset(self) -> None:
         self.adopted: list[str] = []
-        self.refused: dict[str, int] = {}     # option -> held-out tuples when it was refused
+        self.refused: dict[str, int] = {}     # option -> held-out tuples (ever) when it was refused
         self.challenger = None                 # the running challenger trainer
         self.option: Optional[str] = None      # the option it tries
+        self.base_values: Optional[dict] = None   # the values it started from (the base fit)
         self.log: list[tuple[str, str]] = []   # (option, verdict) in the order they were judged
 
     @property
     def active(self) -> bool:
         return self.challenger is not None
 
-    def next_option(self, heldout_len: int) -> Optional[str]:
-        """The next option worth a challenger: neither adopted nor running, and not refused
-        on at least half of today's held-out data."""
+    def next_option(self, heldout_total: int) -> Optional[str]:
+        """The next option worth a challenger: neither adopted nor running, and, if refused
+        (or failed), refused on at most half of the held-out tuples seen since the start."""
         for name in self.options:
             if name in self.adopted or name == self.option:
                 continue
-            if name in self.refused and heldout_len < 2 * self.refused[name]:
+            if name in self.refused and heldout_total < 2 * self.refused[name]:
                 continue
             return name
         return None
@@ -89,13 +102,25 @@ class StructureTrials:
             out += [n for n in ONLINE_OPTIONS[name] if n not in out]
         return tuple(out)
 
-    def start(self, option: str, trainer_factory, robot, config: IdentificationConfig, device, values: dict,
-              learn: Sequence[str], data, log) -> None:
-        """A challenger for ``option``: ``learn`` plus its values, from ``values``, on ``data``."""
-        cfg = dataclasses.replace(config, learn=self.learn_with(learn, (option,)), init="given")
-        trainer = trainer_factory(robot, cfg, device, PhysicalParameters(robot, values), log)
-        trainer.set_data(data)
-        self.challenger, self.option = trainer, option
+    def maybe_start(self, session) -> None:
+        """Start a challenger for the next option worth one while ``session``'s solver waits
+        for new data (done, its values finite, enough held-out blocks for the gate)."""
+        main = session.trainer
+        if self.active or main is None or not main.done or not session.can_judge:
+            return
+        values = main.parameters.as_dict()
+        option = self.next_option(session.heldout_total) if _finite(values) else None
+        if option is None:
+            return
+        config = session.config
+        cfg = dataclasses.replace(config, learn=self.learn_with(main.learn, (option,)), init="given",
+                                  max_epochs=min(config.max_epochs, CHALLENGER_MAX_EPOCHS),
+                                  max_seconds=min(config.max_seconds or math.inf, CHALLENGER_MAX_SECONDS))
+        trainer = session.trainer_factory(session.robot, cfg, session.device,
+                                          PhysicalParameters(session.robot, values), session.log)
+        trainer.set_data(session.window_tuples())
+        self.challenger, self.option, self.base_values = trainer, option, values
+        session.log(f"structure: fitting {option} on top of {'+'.join(self.adopted) or 'the base'}")
 
     def feed(self, data, *, replace: bool) -> None:
         """New tuples for the challenger (``replace``: the whole window changed)."""
@@ -106,24 +131,43 @@ class StructureTrials:
         else:
             self.challenger.add_tuples(data)
 
-    def judged(self, accepted: bool, reason: str, heldout_len: int):
-        """End the challenger with the gate's verdict; returns it if adopted, else None."""
-        trainer, option = self.challenger, self.option
-        self.challenger, self.option = None, None
-        self.log.append((option, "adopted" if accepted else reason))
-        if accepted:
+    def step(self, session) -> None:
+        """One epoch of the challenger; at its end the verdict: adopted (``session.adopt``)
+        only if the gate passes it at the stricter test *and* it beats, by the same test, the
+        base fit it started from (the option, not more solver time, must have earned it)."""
+        challenger, option = self.challenger, self.option
+        try:
+            m = challenger.train_epoch()
+            values = challenger.parameters.as_dict()
+            if m.get("diverged") or not math.isfinite(float(m.get("val_loss", math.nan))) or not _finite(values):
+                raise FloatingPointError("diverged")
+            if not challenger.done:
+                return
+            verdict = session.gate(values, significance=STRUCTURE_SIGNIFICANCE, min_gain=STRUCTURE_MIN_GAIN)
+            reason = verdict.reason
+            if verdict.accepted:
+                reason = session.compare_on_heldout(values, self.base_values, STRUCTURE_SIGNIFICANCE,
+                                                    STRUCTURE_MIN_GAIN)
+                if reason != "better":
+                    reason = f"no better than the base fit ({reason})"
+        except Exception as exc:  # noqa: BLE001 - a failed challenger must not stop identification
+            reason = f"failed ({exc})"
+        adopted = reason == "better"
+        self._end(option, "adopted" if adopted else reason, session.heldout_total)
+        session.log(f"structure: {option} {'adopted' if adopted else 'refused: ' + reason}")
+        if adopted:
+            session.adopt(challenger, float(m["val_loss"]))
+        else:
+            self.maybe_start(session)
+
+    def _end(self, option: str, verdict: str, heldout_total: int) -> None:
+        self.challenger, self.option, self.base_values = None, None, None
+        self.log.append((option, verdict))
+        if verdict == "adopted":
             self.adopted.append(option)
             self.refused.pop(option, None)
-            return trainer
-        self.refused[option] = max(int(heldout_len), 1)
-        return None
-
-    def drop(self, why: str) -> None:
-        """Abandon the running challenger (it diverged): the option counts as refused now."""
-        if self.challenger is not None:
-            self.log.append((self.option, why))
-            self.refused[self.option] = 1
-        self.challenger, self.option = None, None
+        else:                                  # tried again on twice the held-out data
+            self.refused[option] = max(int(heldout_total), 1)
 
     def state(self) -> dict:
         return {"adopted": list(self.adopted), "refused": dict(self.refused)}
