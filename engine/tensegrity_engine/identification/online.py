@@ -413,48 +413,58 @@ class OnlineIdentification:
     # ------------------------------------------------------------------ checkpoint
     def checkpoint(self) -> Optional[dict]:
         """The session as a dict, or None before the trainer exists."""
-        if self.trainer is None:
-            return None
-        state = self.trainer.state_dict() if healthy_values(self.trainer.parameters.as_dict()) else None
-        heldout = TupleBatch.cat(list(self.heldout)).to_dict() if self.heldout else None
-        return {"robot": self.robot.name, "window": self.window_batch().to_dict(), "heldout": heldout,
-                "seen": self.seen, "trainer": state,
-                "best_loss": self.best_loss, "best_values": self.best_values, "epochs": self.epochs,
-                "converged": self.converged, "status": self.status, "rollbacks": self.rollbacks,
-                "structure": self.trials.state(), "heldout_total": self.heldout_total}
+        return session_state(self)
 
     def restore(self, data: dict) -> None:
         """Resume from `checkpoint` output. Raises (and leaves the session empty) on a
         checkpoint of another robot or a malformed one."""
         try:
-            if data.get("robot") != self.robot.name:
-                raise ValueError(f"checkpoint is for robot {data.get('robot')!r}")
-            window = TupleBatch.from_dict(data["window"])
-            self.window = collections.deque([window])
-            self.window_len = len(window)
-            if data.get("heldout") is not None:
-                held = TupleBatch.from_dict(data["heldout"])
-                self.heldout, self.heldout_len = collections.deque([held]), len(held)
-            self.seen = int(data.get("seen", 0))
-            self.heldout_total = int(data.get("heldout_total", self.heldout_len))
-            self._uncertainty_memo = None
-            self.trials.restore(data.get("structure"))
-            self._new_trainer(window)
-            if data["trainer"] is not None:
-                self.trainer.load_state_dict(data["trainer"])
-                self.good_state = data["trainer"]
-            self.best_loss = float(data["best_loss"])
-            self.best_values = data["best_values"]
-            if self.best_values is not None:   # a file is no more trusted than a topic
-                self.best_values = checked_parameters(self.robot, self.best_values).as_dict()
-            self.epochs = int(data["epochs"])
-            self.rollbacks = int(data.get("rollbacks", 0))
-            self.converged = bool(data.get("converged"))
-            # a finished session says how it finished (text from a file: bounded)
-            self.status = str(data.get("status", "final"))[:120] if self.converged else "resumed"
-            if self.best_values is not None:
-                for k, v in self.best_values.items():
-                    self.trainer.parameters.set_value(k, v)
+            restore_session(self, data)
         except Exception:
             self.reset()
             raise
+
+
+def session_state(s: OnlineIdentification) -> Optional[dict]:
+    """`OnlineIdentification.checkpoint`: JSON and tensors only."""
+    if s.trainer is None:
+        return None
+    state = s.trainer.state_dict() if healthy_values(s.trainer.parameters.as_dict()) else None
+    heldout = TupleBatch.cat(list(s.heldout)).to_dict() if s.heldout else None
+    return {"robot": s.robot.name, "window": s.window_batch().to_dict(), "heldout": heldout,
+            "seen": s.seen, "trainer": state,
+            "best_loss": s.best_loss, "best_values": s.best_values, "epochs": s.epochs,
+            "converged": s.converged, "status": s.status, "rollbacks": s.rollbacks,
+            "structure": s.trials.state(), "heldout_total": s.heldout_total}
+
+
+def restore_session(s: OnlineIdentification, data: dict) -> None:
+    """`OnlineIdentification.restore` (which empties the session if this raises)."""
+    if data.get("robot") != s.robot.name:
+        raise ValueError(f"checkpoint is for robot {data.get('robot')!r}")
+    window = TupleBatch.from_dict(data["window"])
+    s.window = collections.deque([window])
+    s.window_len = len(window)
+    if data.get("heldout") is not None:
+        held = TupleBatch.from_dict(data["heldout"])
+        s.heldout, s.heldout_len = collections.deque([held]), len(held)
+    s.seen = int(data.get("seen", 0))
+    s.heldout_total = int(data.get("heldout_total", s.heldout_len))
+    s._uncertainty_memo = None
+    s.trials.restore(data.get("structure"))
+    s._new_trainer(window)
+    if data["trainer"] is not None:
+        s.trainer.load_state_dict(data["trainer"])
+        s.good_state = data["trainer"]
+    s.best_loss = float(data["best_loss"])
+    s.best_values = data["best_values"]
+    if s.best_values is not None:   # a file is no more trusted than a topic
+        s.best_values = checked_parameters(s.robot, s.best_values).as_dict()
+    s.epochs = int(data["epochs"])
+    s.rollbacks = int(data.get("rollbacks", 0))
+    s.converged = bool(data.get("converged"))
+    # a finished session says how it finished (text from a file: bounded)
+    s.status = str(data.get("status", "final"))[:120] if s.converged else "resumed"
+    if s.best_values is not None:
+        for k, v in s.best_values.items():
+            s.trainer.parameters.set_value(k, v)
