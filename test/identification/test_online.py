@@ -313,6 +313,12 @@ def test_structure_options_are_fitted_by_challengers_and_adopted_only_when_they_
     assert made[-1].learn == ("cable_stiffness", "actuator_max_speed")
     assert made[-1].config.max_epochs <= 60 and made[-1].config.max_seconds <= 120     # its own budget
     assert made[-1].parameters.as_dict()["cable_stiffness"][0] == pytest.approx(2500.0)  # from the fit so far
+    main, challenger = s.trainer, made[-1]
+    main.script, main.done = [1.0], False             # new data reopened the solver: they take turns
+    s.step()
+    s.step()
+    assert (main.epoch, challenger.epoch) == (3, 1) and main.done and s.trials.active
+    s.converged = True                                # as after `finish`
     while s.training:
         assert s.step() is None
     # the winch limit gained 4 %: refused; slack damping diverged: refused; end-heavy rods

@@ -150,6 +150,7 @@ class OnlineIdentification:
         self.since_end = 0                   # training tuples added after the schedule's end
         self._reference_scores = {}          # {key: held-out scores} of the incumbent and config: see gate
         self.trials.reset()                  # structure: adopted options, the running challenger
+        self._challenger_turn = False        # the next epoch is the challenger's (both training)
 
     # ------------------------------------------------------------------ data window
     def _tuple_set(self, batch: TupleBatch):
@@ -312,11 +313,15 @@ class OnlineIdentification:
         """One epoch. Returns (metrics, parameter values) when the validation loss improved
         on the best so far, None otherwise; a diverged epoch is rolled back and counted in
         ``rollbacks`` (compare it before and after to tell). Once the solver is done, an
-        epoch of the structure challenger (None: an adopted one ends like the solver,
-        `finished`)."""
-        if self.trainer.done and self.trials.active:
+        epoch of the structure challenger, and every other epoch while both train (None: an
+        adopted one ends like the solver, `finished`)."""
+        if self.trials.active and (self.trainer.done or self._challenger_turn):
+            self._challenger_turn = False
             self.trials.step(self)
             return None
+        # on the floor the solver rarely waits (it reopens on every reopen_tuples new
+        # tuples and trains until then): a running challenger takes every other epoch
+        self._challenger_turn = self.trials.active
         m = self.trainer.train_epoch()
         self.epochs += 1
         self.last_metrics = {k: v for k, v in m.items() if k != "params"}
