@@ -46,7 +46,7 @@ from tensegrity_engine.groundtruth.mujoco_twin import GroundTruthDiverged
 from tensegrity_engine.groundtruth.sensors import SensorModel
 from tensegrity_engine.groundtruth.zoo import ZOO_PREFIX, ground_truth, zoo_names
 from tensegrity_engine.identification.config import IdentificationConfig, contact_params, resolve_learn
-from tensegrity_engine.identification.online import ONLINE_POSE_WINDOW, OnlineIdentification
+from tensegrity_engine.identification.online import OnlineIdentification
 from tensegrity_engine.identification.online_structure import ONLINE_OPTIONS, online_options
 from tensegrity_engine.identification.streaming import StreamAligner, StreamConfig, TupleBatch
 from tensegrity_engine.physics.config import load_robot
@@ -233,7 +233,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tuples", type=int, default=1500)
     ap.add_argument("--holdout-every", type=int, default=5)
     ap.add_argument("--lm-windows", type=int, default=256, help="as the identifier node's lm_windows")
-    ap.add_argument("--pose-window", type=int, default=ONLINE_POSE_WINDOW, help="as the identifier node's "
+    ap.add_argument("--pose-window", type=int, default=IdentificationConfig().pose_window, help="as the identifier node's "
                     "pose_window: tuples per multiple-shooting window")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="runs/bench_online")

@@ -421,7 +421,6 @@ def make_session(robot, setting: dict, device, *, log, trainer_factory=default_t
 def declare_solver(d, period: float):
     """The identification settings (node parameters) as an `IdentificationConfig`."""
     from tensegrity_engine.identification import IdentificationConfig
-    from tensegrity_engine.identification.online import ONLINE_POSE_WINDOW
 
     learn = d("learn", ["default"], "parameters to identify (['default'] = the trainer's choice)")
     schedule = d("schedule", "online", "training schedule: 'online' (Levenberg-Marquardt from the start "
@@ -430,7 +429,7 @@ def declare_solver(d, period: float):
     lm_windows = d("lm_windows", 256, "pose-only Levenberg-Marquardt: most multiple-shooting windows (of "
                    "pose_window tuples) per iteration (a random subset beyond; ~5 ms each per iteration on one core)",
                    range=(1, 10**5))
-    pose_window = d("pose_window", ONLINE_POSE_WINDOW, "pose-only Levenberg-Marquardt: tuples per "
+    pose_window = d("pose_window", IdentificationConfig().pose_window, "pose-only Levenberg-Marquardt: tuples per "
                     "multiple-shooting window (each with its own start velocity)", range=(2, 100))
     lr0 = d("lr0", 0.1, "initial learning rate", range=(1e-6, 10.0))
     lr_min = d("lr_min", 1e-3, "stop when the learning rate falls below this", range=(1e-9, 10.0))

@@ -25,7 +25,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from tensegrity_engine.identification.config import IdentificationConfig
+from tensegrity_engine.identification.config import IdentificationConfig, resolve_learn
 from tensegrity_engine.identification.online_structure import StructureTrials
 from tensegrity_engine.identification.streaming import TupleBatch, to_tuple_set
 from tensegrity_engine.physics.actuators import delayed_commands
@@ -33,12 +33,6 @@ from tensegrity_engine.physics.config import RobotConfig
 from tensegrity_engine.physics.params import PhysicalParameters, checked_parameters
 
 HOLDOUT_SECONDS = 1.0      # held out in blocks this long: the gate also says the CoM error this far ahead
-# Pose-only windows of 3 tuples online too. Windows of 5 (0.5 s) were measured against them
-# (bench/online.py, 8 robots x 4 seeds, 2026-11-25): better 1 s-ahead prediction on 4 robots,
-# worse on 2, and 3 published models that ended worse than the config on the final held-out
-# blocks (against 1), with narrower sigma covering the truth less (2-spread coverage 26
-# against 54 %): not a change to make by default.
-ONLINE_POSE_WINDOW = 3
 TrainerFactory = Callable[..., object]   # (robot, config, device, initial, log) -> ProgressiveTrainer
 
 
@@ -165,14 +159,12 @@ class OnlineIdentification:
         return self._tuple_set(self.window_batch())
 
     def _new_trainer(self, batch: TupleBatch) -> None:
-        data = self._tuple_set(batch)
-        self.trainer = self.trainer_factory(self.robot, self.config, self.device, None, self.log)
-        self.trainer.set_data(data)
+        config = self.config
         if self.trials.adopted:          # a restored session: the structure it had adopted
-            learn = self.trials.learn_with(self.trainer.learn, self.trials.adopted)
-            config = dataclasses.replace(self.config, learn=learn)
-            self.trainer = self.trainer_factory(self.robot, config, self.device, None, self.log)
-            self.trainer.set_data(data)
+            base = resolve_learn(config.learn, self.robot.contact.law, floor=self.floor)
+            config = dataclasses.replace(config, learn=self.trials.learn_with(base, self.trials.adopted))
+        self.trainer = self.trainer_factory(self.robot, config, self.device, None, self.log)
+        self.trainer.set_data(self._tuple_set(batch))
 
     def _hold_out(self, new: TupleBatch) -> Optional[TupleBatch]:
         """Keep every ``holdout_every``-th block of ``holdout_block`` tuples aside; returns

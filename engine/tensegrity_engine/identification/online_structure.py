@@ -108,9 +108,9 @@ class StructureTrials:
         main = session.trainer
         if self.active or main is None or not main.done or not session.can_judge:
             return
-        values = main.parameters.as_dict()
-        option = self.next_option(session.heldout_total) if _finite(values) else None
-        if option is None:
+        option = self.next_option(session.heldout_total)
+        values = main.parameters.as_dict() if option is not None else {}
+        if option is None or not _finite(values):
             return
         config = session.config
         cfg = dataclasses.replace(config, learn=self.learn_with(main.learn, (option,)), init="given",
