@@ -17,8 +17,12 @@ does, only if it passes the hold-out gate; its 1-sigma is computed then (and cos
 
 Printed per robot and seed: the published values at the end vs the truth (relative error,
 beside the nominal config's), the CoM error 1 s ahead on the held-out blocks of the nominal
-model, the published model and the robot's true values in the model's structure (where the
-true values predict worse than the published ones, structure limits the values),
+model, the published model, the robot's true values of the learnt parameters in the model's
+structure (the other values as published) and all its true values (also those of parameters
+that structure options learn: inertia factor, slack damping, winch speed), with the training
+objective of the first two (where the true learnt values predict the held-out data worse
+than the published ones, the model's structure limits the values; where they predict better
+and also fit the training windows better, the solver stopped in a worse local minimum),
 their 1-sigma (and `sigma_spread`, which the node publishes), whether the truth is within
 2 of each, the sim time after which all learnt
 values stay within 5 % (10 % with noise), the session's state. Then the medians over seeds
@@ -48,6 +52,7 @@ from tensegrity_engine.groundtruth.zoo import ZOO_PREFIX, ground_truth, zoo_name
 from tensegrity_engine.identification.config import IdentificationConfig, contact_params, resolve_learn
 from tensegrity_engine.identification.online import OnlineIdentification
 from tensegrity_engine.identification.online_structure import ONLINE_OPTIONS, online_options
+from tensegrity_engine.identification.solvers.windows import chain_windows, fit_start_velocities
 from tensegrity_engine.identification.streaming import StreamAligner, StreamConfig, TupleBatch
 from tensegrity_engine.physics.config import load_robot
 from tensegrity_engine.physics.params import PhysicalParameters
@@ -112,6 +117,25 @@ def model_robot(z, law: str, integrator: str = "config"):
     return robot
 
 
+@torch.no_grad()
+def training_objective(trainer, values: dict, width: int, max_windows: int = 256) -> float:
+    """The solver's pose-only objective for ``values`` on the session's training window:
+    the position loss over windows of ``width`` tuples (an even subset of at most
+    ``max_windows``), each window's start velocity fitted to it with the values fixed."""
+    data = trainer.train
+    chains, got = chain_windows(data.ts.next, width)
+    if got < 2 or not len(chains):
+        return math.nan
+    chains = torch.as_tensor(chains[np.linspace(0, len(chains) - 1, min(len(chains), max_windows)).astype(int)],
+                             device=trainer.device)
+    model = PhysicalParameters(trainer.robot, values, per_element=[k for k, v in values.items() if len(v) > 1])
+    p = {k: v.to(trainer.dtype).to(trainer.device) for k, v in model.values().items()}
+    with trainer.objective.stepped_for(p):
+        vel = fit_start_velocities(trainer.objective, data, chains, p)
+        r = trainer.objective.window_residual(data, chains, vel, p)
+    return float((r ** 2).sum())
+
+
 def run_session(z, args, seed: int, learn) -> dict:
     robot = model_robot(z, args.law, args.integrator)
     if args.masses == "weighed":          # the user weighed the rods: the config has their masses
@@ -173,16 +197,23 @@ def run_session(z, args, seed: int, learn) -> dict:
         clock += spent / args.compute_per_sim_second if session.training else max(spent, CONTROL_DT)
     nominal = PhysicalParameters(robot).as_dict()
     final = published if published is not None else nominal
-    # held-out CoM error 1 s ahead (the gate's measure) of the config, the published model and
-    # the robot's true values in the model's structure (contact values as published: a zoo
-    # robot's contacts are MuJoCo's own). True values that predict worse than the published
-    # ones say the model's structure, not the data, limits how close the values can come.
-    com = {"nominal": math.nan, "identified": math.nan, "true": math.nan}
+    # held-out CoM error 1 s ahead (the gate's measure) of the config, the published model,
+    # the robot's true values of the learnt parameters in the model's structure (the rest as
+    # published: a zoo robot's contacts are MuJoCo's own) and all its true values (inertia
+    # factor, slack damping, winch speed too: what structure options could buy). Beside
+    # them the training objective (pose windows, start velocities fitted) of the published
+    # and the true learnt values: which the solver's objective prefers.
+    com = {k: math.nan for k in ("nominal", "identified", "true", "true_all")}
+    objective = {"identified": math.nan, "true": math.nan}
     if session.heldout and session.trainer is not None:
         held = session._tuple_set(TupleBatch.cat(list(session.heldout)))
-        true_model = {**final, **{n: v for n, v in truth.items() if n in final}}
-        for name, values in (("nominal", nominal), ("identified", final), ("true", true_model)):
+        true_learnt = {**final, **{n: truth[n] for n in learn if n in truth and n in final}}
+        true_all = {**final, **{n: v for n, v in truth.items() if n in final}}
+        for name, values in (("nominal", nominal), ("identified", final), ("true", true_learnt),
+                             ("true_all", true_all)):
             com[name] = session.trainer.heldout_loss(held, values, chain=session.holdout_block)[1]
+        for name, values in (("identified", final), ("true", true_learnt)):
+            objective[name] = training_objective(session.trainer, values, cfg.pose_window)
     reported = [n for n in TARGETS if n in learn]
     err = relative_errors(final, truth, reported)
     within = None                     # sim time from which every published value stays within tol
@@ -195,6 +226,7 @@ def run_session(z, args, seed: int, learn) -> dict:
                     and abs(np.mean(final[n]) - np.mean(truth[n])) <= 2 * s[n]) for n in reported}
     return {"robot": z.name, "seed": seed, "error": err, "candidate_error": cand, "sigma": sigma,
             "nominal_error": relative_errors(nominal, truth, reported), "heldout_com_1s": com,
+            "training_objective": objective,
             "relative_sigma": None if sigma is None else {n: sigma[n] / abs(np.mean(final[n])) for n in reported},
             "all_errors": relative_errors(final, truth, [n for n in learn if n in truth and n != "actuator_delay"]), "undetermined": undetermined,
             "delay_ms": (1e3 * float(np.mean(final["actuator_delay"])), 1e3 * float(np.mean(truth["actuator_delay"]))),
@@ -282,7 +314,9 @@ def main(argv=None) -> int:
             _line(f"  {z.name:14s} seed {seed}: {errs};{sig}; within {100 * r['tol']:g}% from "
                   f"{r['within_tol_from'] if r['within_tol_from'] is None else round(r['within_tol_from'], 1)} s; "
                   f"held-out CoM 1 s nominal {1e3 * r['heldout_com_1s']['nominal']:.1f} / identified "
-                  f"{1e3 * r['heldout_com_1s']['identified']:.1f} / true values {1e3 * r['heldout_com_1s']['true']:.1f} mm; "
+                  f"{1e3 * r['heldout_com_1s']['identified']:.1f} / true learnt values {1e3 * r['heldout_com_1s']['true']:.1f} / all "
+                  f"true values {1e3 * r['heldout_com_1s']['true_all']:.1f} mm; training objective identified "
+                  f"{r['training_objective']['identified']:.4f} / true learnt {r['training_objective']['true']:.4f}; "
                   f"{r['publications']} publications ({r['reverts']} to the config), {r['epochs']} epochs, {r['status']}"
                   + (f", structure {'+'.join(r['structure']) or 'base'} (tried: "
                      + ", ".join(f"{o} {v}" for o, v in r["structure_log"]) + ")" if args.structure_options else "")
@@ -291,27 +325,36 @@ def main(argv=None) -> int:
     _line("")
     reported = [n for n in TARGETS if n in learn]
     _line(f"| robot | {' | '.join(f'{n} identified / nominal' for n in reported)} | held-out CoM error 1 s "
-          f"ahead, nominal / identified / true values (mm) | 2-sigma coverage: sigma / spread | within tol by {args.duration:g} s |")
+          f"ahead, nominal / identified / true learnt values / all true values (mm) | 2-sigma coverage: sigma / spread | within tol by {args.duration:g} s |")
     _line("|---|" + "---|" * (len(reported) + 3))
     for name in dict.fromkeys(r["robot"] for r in results):
         rs = [r for r in results if r["robot"] == name]
         med = lambda key, n: 100 * float(np.median([abs(r[key][n]) for r in rs]))     # noqa: E731
         cells = [f"{med('error', n):.1f} / {med('nominal_error', n):.0f} %" for n in reported]
-        com = {k: 1e3 * float(np.nanmedian([r["heldout_com_1s"][k] for r in rs])) for k in ("nominal", "identified", "true")}
+        com = {k: 1e3 * float(np.nanmedian([r["heldout_com_1s"][k] for r in rs])) for k in ("nominal", "identified", "true", "true_all")}
         cov = [np.mean([r[k][n] for r in rs for n in reported]) for k in ("covered", "covered_spread")]
         ok = sum(r["within_tol_from"] is not None for r in rs)
-        _line(f"| {name} | {' | '.join(cells)} | {com['nominal']:.1f} / {com['identified']:.1f} / {com['true']:.1f} | "
+        _line(f"| {name} | {' | '.join(cells)} | {com['nominal']:.1f} / {com['identified']:.1f} / {com['true']:.1f} / {com['true_all']:.1f} | "
               f"{100 * cov[0]:.0f} / {100 * cov[1]:.0f} % | {ok}/{len(rs)} |")
     # beyond 10 %: two fits of the same model on the same blocks differ by a few percent
     com = lambda r, k: r["heldout_com_1s"][k]                               # noqa: E731
+    fit = lambda r, k: r["training_objective"][k]                           # noqa: E731
+    better = [r for r in results if com(r, "true") < com(r, "identified") / 1.1]
     for label, runs, why in (
             ("worse", [r for r in results if com(r, "true") > 1.1 * com(r, "identified")],
              "the model's structure, not the data, keeps the values from the truth"),
-            ("better", [r for r in results if com(r, "true") < com(r, "identified") / 1.1],
-             "the solver stopped short of values the model holds")):
-        _line(f"the true values predict the held-out data >10 % {label} than the published model on "
+            ("better", better, "the model holds better values than the published ones")):
+        _line(f"the true learnt values predict the held-out data >10 % {label} than the published model on "
               f"{len(runs)} of {len(results)} runs ({', '.join(sorted({r['robot'] for r in runs})) or 'none'}): "
               + why)
+    if better:
+        lower = [r for r in better if fit(r, "true") < fit(r, "identified")]
+        _line(f"  of those, the true learnt values also fit the training windows better on {len(lower)} "
+              f"({', '.join(sorted({r['robot'] for r in lower})) or 'none'}: the solver stopped in a worse "
+              f"local minimum) and worse on {len(better) - len(lower)} (the objective prefers the published values)")
+    gain = [r for r in results if com(r, "true_all") < com(r, "true") / 1.1]
+    _line(f"all true values (structure options' included) predict >10 % better than the true learnt ones on "
+          f"{len(gain)} of {len(results)} runs ({', '.join(sorted({r['robot'] for r in gain})) or 'none'})")
     for key, label in (("covered", "sigma"), ("covered_spread", "spread sigma")):
         published = [r for r in results if r["sigma"] is not None]
         _line(f"2-{label} coverage over all: {100 * np.mean([r[key][n] for r in results for n in reported]):.0f} % "

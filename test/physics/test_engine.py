@@ -484,3 +484,39 @@ def test_delayed_commands_shift_by_whole_steps_and_interpolate_between():
     np.testing.assert_allclose(half[:, 2:].numpy(), 0.5 * (u[:, 1:-1] + u[:, :-2]).numpy(), atol=1e-15)
     d = torch.tensor(2.3 * dt, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda x: delayed_commands(u, x, dt), (d,))
+
+
+def test_shared_parameter_keeps_the_configs_per_element_profile():
+    """Weighed rods (one with a payload) in the config: a shared rod mass is their mean and
+    every rod keeps its own mass (the engine steps with them), a learnt shared value scales
+    them together, and the config's model equals the engine's with those masses per rod."""
+    robot = load_robot("superball")
+    masses = np.full(robot.num_rods, 8.0)
+    masses[0] = 16.0
+    weighed = robot.replace(rod_mass=masses)
+    params = PhysicalParameters(weighed)
+    assert params.profiled == {"rod_mass"}
+    assert params.rod_mass.numel() == 1                              # one raw value, the mean
+    assert np.allclose(params.as_dict()["rod_mass"], masses)
+    assert float(params.shared_value("rod_mass").detach()) == pytest.approx(masses.mean())
+    params.set_value("rod_mass", 2.0 * masses.mean())                # a learnt mean: all scale
+    assert np.allclose(params.as_dict()["rod_mass"], 2.0 * masses)
+    params.set_value("rod_mass", masses)                             # per element in: its mean
+    assert np.allclose(params.as_dict()["rod_mass"], masses)
+    # the profile reaches the dynamics: as the same masses per element, not as their mean
+    exact = PhysicalParameters(weighed, per_element=("rod_mass",))
+    averaged = PhysicalParameters(robot, values={"rod_mass": masses.mean()})
+    state, act = environments.rest_pose(weighed)
+    state = torch.as_tensor(state, dtype=torch.float64)
+    state[:, 7:10] += torch.as_tensor(np.random.default_rng(3).normal(0, 0.3, (robot.num_rods, 3)))
+    act = torch.as_tensor(act, dtype=torch.float64)[None]
+    commands = act[:, None].expand(1, 50, act.shape[-1])
+    ends = {}
+    for label, p in (("profiled", params), ("exact", exact), ("averaged", averaged)):
+        traj, _ = TensegrityEngine(weighed, params=p).rollout(state[None].clone(), act, commands, weighed.dt)
+        ends[label] = traj[:, -1]
+    assert torch.allclose(ends["profiled"], ends["exact"], atol=1e-12)
+    assert (ends["profiled"] - ends["averaged"]).abs().max() > 1e-4      # the masses matter here
+    uniform = PhysicalParameters(robot)
+    assert uniform.profiled == frozenset()
+    assert uniform.as_dict()["rod_mass"] == pytest.approx([float(robot.rod_mass[0])], rel=1e-12)

@@ -58,12 +58,16 @@ class ParameterUncertainty:
         for name, v in params.values().items():
             n = v.numel()
             s = source.get(name)
+            profile = params.profile(name)
+            if s is not None and profile is not None and np.size(s) == 1:     # the mean's sigma, per element
+                s = np.asarray(s) * profile.detach().cpu().double().numpy()
             out.extend([math.nan] * n if s is None else np.broadcast_to(s, (n,)).tolist())
         return out
 
     def relative(self, params: PhysicalParameters) -> dict:
         """Learnt name -> largest sigma / |value| over its elements."""
-        values = params.as_dict()
+        values = {n: params.shared_value(n).detach().cpu().double().numpy() if np.size(s) == 1
+                  else np.asarray(params.as_dict()[n]) for n, s in self.sigma.items()}
         return {n: float(np.max(s / np.maximum(np.abs(values[n]), 1e-300))) for n, s in self.sigma.items()}
 
 
@@ -75,7 +79,7 @@ def value_slopes(params: PhysicalParameters, names) -> torch.Tensor:
         frac = torch.sigmoid(getattr(params, name).detach())
         slope = frac * (1.0 - frac)
         if spec.log_scale:
-            slope = slope * params.value(name).detach() * (math.log(spec.upper) - math.log(spec.lower))
+            slope = slope * params.shared_value(name).detach() * (math.log(spec.upper) - math.log(spec.lower))
         else:
             slope = slope * (spec.upper - spec.lower)
         out.append(slope.reshape(-1))

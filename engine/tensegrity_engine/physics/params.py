@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Optional
 
 import numpy as np
 import torch
@@ -161,6 +161,13 @@ class PhysicalParameters(nn.Module):
     ``per_element`` names the parameters that get one value per cable/rod; all others
     are shared (one value broadcast over cables/rods), the paper's default.
     ``learnable`` restricts which raw tensors require grad (the rest stay fixed).
+
+    A shared cable or rod parameter whose config values differ between elements (weighed
+    rods, one carrying a payload; cables of two kinds) keeps the config's *profile*: its
+    one raw value is the mean over the elements and each element is that mean times its
+    config value over the config's mean. So the config's distribution is never averaged
+    away, and learning the shared value scales all elements together. The bounds hold the
+    mean.
     """
 
     def __init__(self, robot: RobotConfig, values: Mapping[str, np.ndarray | float] | None = None,
@@ -183,7 +190,13 @@ class PhysicalParameters(nn.Module):
         if values is not None:
             start.update({k: np.atleast_1d(np.asarray(v, dtype=np.float64)) for k, v in values.items()})
         learnable = set(SPEC_BY_NAME) if learnable is None else set(learnable)
+        self.profiled: frozenset = frozenset()
+        configured = nominal_values(robot)
         for name, spec in self.specs.items():
+            profile = self._config_profile(name, configured[name]) if name not in self.per_element else None
+            if profile is not None:
+                self.register_buffer(f"profile_{name}", torch.as_tensor(profile, dtype=dtype), persistent=False)
+                self.profiled |= {name}
             size = self._size(name)
             value = np.broadcast_to(np.atleast_1d(start[name]), (self._full_size(name),))
             value = value.mean(keepdims=True) if size == 1 else value.copy()
@@ -200,6 +213,25 @@ class PhysicalParameters(nn.Module):
         merged.update({k: np.atleast_1d(np.asarray(v, dtype=np.float64)) for k, v in (values or {}).items()})
         varying = [k for k, v in merged.items() if np.size(v) > 1 and np.ptp(v) > 0]
         return cls(robot, values, per_element=set(kwargs.pop("per_element", ())) | set(varying), **kwargs)
+
+    def _config_profile(self, name: str, configured) -> Optional[np.ndarray]:
+        """Config value per element over their mean, where they differ (else None)."""
+        if self.specs[name].group == "global":
+            return None
+        full = np.broadcast_to(np.atleast_1d(np.asarray(configured, dtype=np.float64)),
+                               (self._full_size(name),))
+        mean = float(full.mean())
+        if not (mean > 0 and np.isfinite(full).all()) or np.ptp(full) <= 1e-12 * abs(mean):
+            return None
+        return full / mean
+
+    def profile(self, name: str) -> Optional[torch.Tensor]:
+        """The config's per-element profile of a shared parameter (`profiled`), else None."""
+        return getattr(self, f"profile_{name}") if name in self.profiled else None
+
+    def _shaped(self, name: str, value: torch.Tensor) -> torch.Tensor:
+        profile = self.profile(name)
+        return value if profile is None else value * profile.to(value.dtype)
 
     # ------------------------------------------------------------------ shapes
     def _full_size(self, name: str) -> int:
@@ -230,7 +262,11 @@ class PhysicalParameters(nn.Module):
         return spec.lower + (spec.upper - spec.lower) * frac
 
     def value(self, name: str) -> torch.Tensor:
-        """Constrained value, shape (1,) if shared or (C,)/(R,) if per element."""
+        """Constrained value, shape (1,) if shared or (C,)/(R,) if per element or profiled."""
+        return self._shaped(name, self.shared_value(name))
+
+    def shared_value(self, name: str) -> torch.Tensor:
+        """The value its raw tensor holds: a profiled parameter's mean over its elements."""
         return self._from_raw(self.specs[name], getattr(self, name))
 
     def values(self) -> dict[str, torch.Tensor]:
@@ -239,7 +275,7 @@ class PhysicalParameters(nn.Module):
     def values_with(self, raw: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """`values` with the raw tensors of ``raw`` in place of the module's own: a functional
         view (forward-mode Jacobians through ``torch.func``), the module is left untouched."""
-        return {name: self._from_raw(spec, raw[name] if name in raw else getattr(self, name))
+        return {name: self._shaped(name, self._from_raw(spec, raw[name] if name in raw else getattr(self, name)))
                 for name, spec in self.specs.items()}
 
     def full(self, name: str) -> torch.Tensor:
@@ -286,7 +322,7 @@ class PhysicalParameters(nn.Module):
         upper = min(float(upper), spec.upper)
         if not upper > spec.lower * 1.01:
             raise ValueError(f"{name}: upper bound {upper} at or too close to the lower bound {spec.lower}")
-        value = self.value(name)
+        value = self.shared_value(name)
         self.specs[name] = dataclasses.replace(spec, upper=upper)
         over = value >= upper * (1.0 - 1e-9)
         inside = torch.where(over, torch.full_like(value, math.sqrt(upper * spec.lower)
