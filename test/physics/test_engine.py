@@ -520,3 +520,30 @@ def test_shared_parameter_keeps_the_configs_per_element_profile():
     uniform = PhysicalParameters(robot)
     assert uniform.profiled == frozenset()
     assert uniform.as_dict()["rod_mass"] == pytest.approx([float(robot.rod_mass[0])], rel=1e-12)
+
+
+def test_profiled_elements_stay_inside_their_bounds_and_survive_a_round_trip():
+    """A config value on its bound (one cable's slack share 1, the rest 1e-3): the profiled
+    shared value represents it just inside, every element stays within the bounds whatever
+    the raw value (learnt, random), and the values pass the consumer's checks (a message)."""
+    from tensegrity_engine.physics.params import checked_parameters
+    robot = load_robot("superball")
+    slack = np.full(robot.num_cables, 1e-3)
+    slack[5] = 1.0
+    tendon = robot.replace(cable_slack_damping=slack)
+    params = PhysicalParameters(tendon)
+    assert "cable_slack_damping" in params.profiled
+    lo, hi = params.bounds_of("cable_slack_damping")
+    got = np.asarray(params.as_dict()["cable_slack_damping"])
+    assert np.allclose(got, slack, rtol=1e-5) and (got > lo).all() and (got < hi).all()
+    again = checked_parameters(tendon, params.as_dict())
+    assert np.allclose(again.as_dict()["cable_slack_damping"], got, rtol=1e-12)
+    for raw in (-1e6, 0.0, 1e6):
+        with torch.no_grad():
+            params.cable_slack_damping.fill_(raw)
+        v = params.value("cable_slack_damping")
+        assert ((v >= lo * (1 - 1e-12)) & (v <= hi * (1 + 1e-12))).all()
+    with pytest.raises(ValueError, match="puts an element outside the bounds"):
+        params.set_value("cable_slack_damping", 0.05)      # cable 5 would exceed a share of 1
+    params.randomize(np.random.default_rng(0))
+    assert (params.value("cable_slack_damping") < hi).all()

@@ -66,16 +66,18 @@ class ParameterUncertainty:
 
     def relative(self, params: PhysicalParameters) -> dict:
         """Learnt name -> largest sigma / |value| over its elements."""
-        values = {n: params.shared_value(n).detach().cpu().double().numpy() if np.size(s) == 1
-                  else np.asarray(params.as_dict()[n]) for n, s in self.sigma.items()}
-        return {n: float(np.max(s / np.maximum(np.abs(values[n]), 1e-300))) for n, s in self.sigma.items()}
+        values = params.as_dict()
+        # a shared sigma is the mean's (a profiled parameter's elements scale with it)
+        size = {n: np.abs(np.asarray(values[n])).mean() if np.size(s) == 1 else np.abs(np.asarray(values[n]))
+                for n, s in self.sigma.items()}
+        return {n: float(np.max(s / np.maximum(size[n], 1e-300))) for n, s in self.sigma.items()}
 
 
 def value_slopes(params: PhysicalParameters, names) -> torch.Tensor:
     """d value / d raw for every raw element of ``names`` (order of `raw_vector`)."""
     out = []
     for name in names:
-        spec = params.specs[name]
+        spec = params.raw_spec(name)
         frac = torch.sigmoid(getattr(params, name).detach())
         slope = frac * (1.0 - frac)
         if spec.log_scale:

@@ -193,14 +193,17 @@ class PhysicalParameters(nn.Module):
         self.profiled: frozenset = frozenset()
         configured = nominal_values(robot)
         for name, spec in self.specs.items():
-            profile = self._config_profile(name, configured[name]) if name not in self.per_element else None
+            profile = None if name in self.per_element else self._config_profile(name, configured[name])
             if profile is not None:
+                inside, profile = profile
                 self.register_buffer(f"profile_{name}", torch.as_tensor(profile, dtype=dtype), persistent=False)
                 self.profiled |= {name}
+                if values is None or name not in values:
+                    start[name] = inside
             size = self._size(name)
             value = np.broadcast_to(np.atleast_1d(start[name]), (self._full_size(name),))
             value = value.mean(keepdims=True) if size == 1 else value.copy()
-            raw = self._to_raw(spec, torch.as_tensor(value, dtype=dtype))
+            raw = self._to_raw(self.raw_spec(name), torch.as_tensor(value, dtype=dtype))
             self.register_parameter(name, nn.Parameter(raw, requires_grad=name in learnable))
 
     @classmethod
@@ -214,16 +217,34 @@ class PhysicalParameters(nn.Module):
         varying = [k for k, v in merged.items() if np.size(v) > 1 and np.ptp(v) > 0]
         return cls(robot, values, per_element=set(kwargs.pop("per_element", ())) | set(varying), **kwargs)
 
-    def _config_profile(self, name: str, configured) -> Optional[np.ndarray]:
-        """Config value per element over their mean, where they differ (else None)."""
-        if self.specs[name].group == "global":
+    def _config_profile(self, name: str, configured) -> Optional[tuple[np.ndarray, np.ndarray]]:
+        """(config values held just inside the bounds, over their mean) where they differ
+        between elements, else None. A config value on a bound (a slack share of 1) has no
+        raw value; 1e-6 inside it has, as a per-element value would need."""
+        spec = self.specs[name]
+        if spec.group == "global":
             return None
         full = np.broadcast_to(np.atleast_1d(np.asarray(configured, dtype=np.float64)),
                                (self._full_size(name),))
-        mean = float(full.mean())
-        if not (mean > 0 and np.isfinite(full).all()) or np.ptp(full) <= 1e-12 * abs(mean):
+        inside = np.clip(full, spec.lower + 1e-6 * abs(spec.lower), spec.upper - 1e-6 * abs(spec.upper))
+        mean = float(inside.mean())
+        if not (mean > 0 and np.isfinite(inside).all()) or np.ptp(inside) <= 1e-12 * abs(mean):
             return None
-        return full / mean
+        profile = inside / mean
+        if not spec.lower / profile.min() < spec.upper / profile.max():
+            raise ValueError(f"{name}: the config's values span {profile.max() / profile.min():.3g}x, wider "
+                             f"than its bounds [{spec.lower}, {spec.upper}]")
+        return inside, profile
+
+    def raw_spec(self, name: str) -> ParamSpec:
+        """The bounds the raw value maps into: a profiled parameter's mean is bounded so that
+        every element stays within the parameter's bounds (`bounds_of`)."""
+        spec = self.specs[name]
+        profile = self.profile(name)
+        if profile is None:
+            return spec
+        p = profile.detach().cpu().double()
+        return dataclasses.replace(spec, lower=spec.lower / float(p.min()), upper=spec.upper / float(p.max()))
 
     def profile(self, name: str) -> Optional[torch.Tensor]:
         """The config's per-element profile of a shared parameter (`profiled`), else None."""
@@ -267,7 +288,7 @@ class PhysicalParameters(nn.Module):
 
     def shared_value(self, name: str) -> torch.Tensor:
         """The value its raw tensor holds: a profiled parameter's mean over its elements."""
-        return self._from_raw(self.specs[name], getattr(self, name))
+        return self._from_raw(self.raw_spec(name), getattr(self, name))
 
     def values(self) -> dict[str, torch.Tensor]:
         return {name: self.value(name) for name in self.specs}
@@ -275,8 +296,9 @@ class PhysicalParameters(nn.Module):
     def values_with(self, raw: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """`values` with the raw tensors of ``raw`` in place of the module's own: a functional
         view (forward-mode Jacobians through ``torch.func``), the module is left untouched."""
-        return {name: self._shaped(name, self._from_raw(spec, raw[name] if name in raw else getattr(self, name)))
-                for name, spec in self.specs.items()}
+        return {name: self._shaped(name, self._from_raw(self.raw_spec(name), raw[name] if name in raw
+                                                        else getattr(self, name)))
+                for name in self.specs}
 
     def full(self, name: str) -> torch.Tensor:
         """Value broadcast to one entry per cable/rod (or (1,) for globals)."""
@@ -290,7 +312,12 @@ class PhysicalParameters(nn.Module):
         target = target.expand(self._full_size(name)) if target.numel() == 1 else target
         if raw.numel() == 1:
             target = target.mean(dim=0, keepdim=True)
-        raw.copy_(self._to_raw(self.specs[name], target))
+        spec = self.raw_spec(name)
+        if name in self.profiled and not bool(((target > spec.lower) & (target < spec.upper)).all()):
+            raise ValueError(f"{name}: a mean of {float(target[0]):.6g} puts an element outside the bounds "
+                             f"{self.bounds_of(name)}; with the config's profile it must lie in "
+                             f"({spec.lower:.6g}, {spec.upper:.6g})")
+        raw.copy_(self._to_raw(spec, target))
 
     def as_dict(self) -> dict[str, list[float]]:
         """Plain floats (for YAML, messages and logs)."""
@@ -318,6 +345,8 @@ class PhysicalParameters(nn.Module):
         """Lower the upper bound of ``name`` to ``upper`` (never widen it), keeping the value:
         one above the new bound moves to half of it (or between the bounds if they are close).
         Returns whether the value had to move."""
+        if name in self.profiled:
+            raise ValueError(f"{name}: the bound of a profiled parameter's elements cannot be narrowed")
         spec = self.specs[name]
         upper = min(float(upper), spec.upper)
         if not upper > spec.lower * 1.01:
