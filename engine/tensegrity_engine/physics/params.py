@@ -166,8 +166,8 @@ class PhysicalParameters(nn.Module):
     rods, one carrying a payload; cables of two kinds) keeps the config's *profile*: its
     one raw value is the mean over the elements and each element is that mean times its
     config value over the config's mean. So the config's distribution is never averaged
-    away, and learning the shared value scales all elements together. The bounds hold the
-    mean.
+    away, and learning the shared value scales all elements together. The mean is bounded
+    so that every element stays within the parameter's bounds.
     """
 
     def __init__(self, robot: RobotConfig, values: Mapping[str, np.ndarray | float] | None = None,
@@ -191,6 +191,7 @@ class PhysicalParameters(nn.Module):
             start.update({k: np.atleast_1d(np.asarray(v, dtype=np.float64)) for k, v in values.items()})
         learnable = set(SPEC_BY_NAME) if learnable is None else set(learnable)
         self.profiled: frozenset = frozenset()
+        self._profile_range: dict[str, tuple[float, float]] = {}     # (min, max): no device sync
         configured = nominal_values(robot)
         for name, spec in self.specs.items():
             profile = None if name in self.per_element else self._config_profile(name, configured[name])
@@ -198,6 +199,7 @@ class PhysicalParameters(nn.Module):
                 inside, profile = profile
                 self.register_buffer(f"profile_{name}", torch.as_tensor(profile, dtype=dtype), persistent=False)
                 self.profiled |= {name}
+                self._profile_range[name] = (float(profile.min()), float(profile.max()))
                 if values is None or name not in values:
                     start[name] = inside
             size = self._size(name)
@@ -240,11 +242,10 @@ class PhysicalParameters(nn.Module):
         """The bounds the raw value maps into: a profiled parameter's mean is bounded so that
         every element stays within the parameter's bounds (`bounds_of`)."""
         spec = self.specs[name]
-        profile = self.profile(name)
-        if profile is None:
+        if name not in self.profiled:
             return spec
-        p = profile.detach().cpu().double()
-        return dataclasses.replace(spec, lower=spec.lower / float(p.min()), upper=spec.upper / float(p.max()))
+        low, high = self._profile_range[name]
+        return dataclasses.replace(spec, lower=spec.lower / low, upper=spec.upper / high)
 
     def profile(self, name: str) -> Optional[torch.Tensor]:
         """The config's per-element profile of a shared parameter (`profiled`), else None."""
