@@ -95,6 +95,26 @@ def test_per_element_values_need_one_per_element(three_bar):
     np.testing.assert_allclose(ok.as_dict()["rod_mass"], [1.0, 2.0, 3.0])
 
 
+def test_weighed_rods_travel_per_rod_and_a_shared_sigma_scales_with_each(three_bar):
+    """A config with weighed rods (one twice as heavy): its model is published per rod, the
+    consumer's planning model has the same masses, and the mean's 1-sigma reaches each rod
+    in proportion to its mass."""
+    from tensegrity_engine.identification.uncertainty import ParameterUncertainty
+    masses = np.asarray(three_bar.rod_mass, dtype=float).copy()
+    masses[0] *= 2.0
+    weighed = three_bar.replace(rod_mass=masses)
+    p = PhysicalParameters(weighed)
+    p.set_value("rod_mass", 1.1 * masses.mean())                      # identified: 10 % heavier
+    u = ParameterUncertainty(sigma={"rod_mass": np.array([0.05 * masses.mean()])}, undetermined=(),
+                             residual_sigma=1.0, dof=10)
+    msg = conv.params_to_msg(p, weighed.name, 0, uncertainty=u.flat(p))
+    assert [n for n in msg.names if n.startswith("rod_mass")] == [f"rod_mass[{i}]" for i in range(len(masses))]
+    got = conv.msg_to_params(msg, weighed).as_dict()["rod_mass"]
+    np.testing.assert_allclose(got, 1.1 * masses, rtol=1e-12)
+    np.testing.assert_allclose(conv.msg_to_sigmas(msg)["rod_mass"], 0.05 * masses, rtol=1e-12)
+    assert u.relative(p)["rod_mass"] == pytest.approx(0.05 / 1.1)
+
+
 def test_uncertainty_travels_with_the_values_and_bad_sigmas_are_refused(three_bar):
     p = PhysicalParameters(three_bar, per_element=("cable_stiffness",))
     names, _ = p.flat()
