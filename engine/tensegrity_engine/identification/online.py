@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from tensegrity_engine.identification.config import IdentificationConfig, resolve_learn
-from tensegrity_engine.identification.online_structure import StructureTrials
+from tensegrity_engine.identification.online_structure import StructureTrials, healthy_values
 from tensegrity_engine.identification.streaming import TupleBatch, to_tuple_set
 from tensegrity_engine.physics.actuators import delayed_commands
 from tensegrity_engine.physics.config import RobotConfig
@@ -100,10 +100,6 @@ def _compare(candidate, reference, significance: float = GATE_SIGNIFICANCE, min_
     margin = significance * d.std(ddof=1) / math.sqrt(d.size) if d.size >= 3 else 0.0
     margin = max(margin, min_gain * float(r_loss.mean()))
     return "better" if d.mean() + margin < 0.0 else "not_significant"
-
-
-def healthy_values(values: dict) -> bool:
-    return all(np.isfinite(np.asarray(v, dtype=np.float64)).all() for v in values.values())
 
 
 class OnlineIdentification:

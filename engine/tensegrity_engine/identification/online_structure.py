@@ -30,7 +30,8 @@ import numpy as np
 from tensegrity_engine.identification.config import IdentificationConfig
 from tensegrity_engine.physics.params import PhysicalParameters
 
-__all__ = ["ONLINE_OPTIONS", "online_options", "StructureTrials", "STRUCTURE_SIGNIFICANCE", "STRUCTURE_MIN_GAIN"]
+__all__ = ["ONLINE_OPTIONS", "online_options", "StructureTrials", "healthy_values", "STRUCTURE_SIGNIFICANCE",
+           "STRUCTURE_MIN_GAIN"]
 
 # option -> the values it adds (`structure.OPTIONS`, the value-only ones)
 ONLINE_OPTIONS = {
@@ -47,7 +48,8 @@ CHALLENGER_MAX_EPOCHS = 60
 CHALLENGER_MAX_SECONDS = 120.0
 
 
-def _finite(values: dict) -> bool:
+def healthy_values(values: dict) -> bool:
+    """Every value finite (`OnlineIdentification` and its challengers)."""
     return all(np.isfinite(np.asarray(v, dtype=np.float64)).all() for v in values.values())
 
 
@@ -110,7 +112,7 @@ class StructureTrials:
             return
         option = self.next_option(session.heldout_total)
         values = main.parameters.as_dict() if option is not None else {}
-        if option is None or not _finite(values):
+        if option is None or not healthy_values(values):
             return
         config = session.config
         cfg = dataclasses.replace(config, learn=self.learn_with(main.learn, (option,)), init="given",
@@ -139,7 +141,7 @@ class StructureTrials:
         try:
             m = challenger.train_epoch()
             values = challenger.parameters.as_dict()
-            if m.get("diverged") or not math.isfinite(float(m.get("val_loss", math.nan))) or not _finite(values):
+            if m.get("diverged") or not math.isfinite(float(m.get("val_loss", math.nan))) or not healthy_values(values):
                 raise FloatingPointError("diverged")
             if not challenger.done:
                 return

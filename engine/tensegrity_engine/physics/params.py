@@ -194,9 +194,9 @@ class PhysicalParameters(nn.Module):
         self._profile_range: dict[str, tuple[float, float]] = {}     # (min, max): no device sync
         configured = nominal_values(robot)
         for name, spec in self.specs.items():
-            profile = None if name in self.per_element else self._config_profile(name, configured[name])
-            if profile is not None:
-                inside, profile = profile
+            shaped = None if name in self.per_element else self._config_profile(name, configured[name])
+            if shaped is not None:
+                inside, profile = shaped
                 self.register_buffer(f"profile_{name}", torch.as_tensor(profile, dtype=dtype), persistent=False)
                 self.profiled |= {name}
                 self._profile_range[name] = (float(profile.min()), float(profile.max()))
