@@ -53,8 +53,10 @@ def test_options_depend_on_the_model():
     robot = load_robot("three_bar")
     assert "implicitfast" in structure_options(robot)
     assert "implicitfast" not in structure_options(robot.replace(integrator="implicitfast"))
+    assert {"implicitfast", "rk4"} <= set(structure_options(robot))
+    assert "rk4" not in structure_options(robot.replace(integrator="rk4"))
     with pytest.raises(ValueError, match="unknown structure options"):
-        select_structure(robot, [object()], [object()], IdentificationConfig(), options=("rk4",))
+        select_structure(robot, [object()], [object()], IdentificationConfig(), options=("rk45",))
 
 
 def test_cli_identify_with_structure(tmp_path):

@@ -30,7 +30,7 @@ def _perturbed(state: torch.Tensor, seed: int, scale: float = 0.3) -> torch.Tens
 
 
 # ----------------------------------------------------------------------------- gradients
-@pytest.mark.parametrize("integrator", ["semi_implicit", "implicit"])
+@pytest.mark.parametrize("integrator", ["semi_implicit", "implicit", "rk4"])
 @pytest.mark.parametrize("case", ["no_contact", "ground", "rod_rod"])
 def test_gradcheck_one_step(case, integrator):
     """d(next state)/d(state, every parameter) matches finite differences in float64."""

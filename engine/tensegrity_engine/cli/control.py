@@ -212,7 +212,7 @@ def add_planner_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--goal", type=float, nargs=2, default=(5.0, 0.0), help="target CoM xy (m)")
     p.add_argument("--engine-dt", type=float, default=None,
                    help="engine planning step (s; default the robot's step, 1 ms)")
-    p.add_argument("--integrator", default=None, choices=("semi_implicit", "implicitfast", "implicit", "ani"),
+    p.add_argument("--integrator", default=None, choices=("semi_implicit", "implicitfast", "rk4", "implicit", "ani"),
                    help="default: the robot config's engine.integrator")
     p.add_argument("--device", default="cpu")
     p.add_argument("--backend", choices=("native", "torch"), default=None,

@@ -356,7 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--learn", nargs="+")
     i.add_argument("--per-element", nargs="+")
     i.add_argument("--schedule", default="progressive", choices=["progressive", "implicit_only", "feedforward"])
-    i.add_argument("--fine-integrator", default=None, choices=["semi_implicit", "implicitfast", "ani"],
+    i.add_argument("--fine-integrator", default=None, choices=["semi_implicit", "implicitfast", "rk4", "ani"],
                    help="default: the robot config's engine.integrator")
     i.add_argument("--structure", action="store_true",
                    help="first choose the model structure (integrator, slack damping, end-heavy inertia, winch "
@@ -403,7 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--split", default="test")
     e.add_argument("--kind", default="sparse", choices=["sparse", "dense"])
     e.add_argument("--out", default="runs/ident/evaluation")
-    e.add_argument("--integrator", default=None, choices=["semi_implicit", "implicitfast", "implicit", "ani"],
+    e.add_argument("--integrator", default=None, choices=["semi_implicit", "implicitfast", "rk4", "implicit", "ani"],
                    help="default: the model's engine.integrator")
     e.add_argument("--dt", type=float)
     e.add_argument("--device", default="cpu")

@@ -6,7 +6,8 @@ stiffness, damping and its slack share, rod masses and inertia factors, the moto
 ``mujoco.MjModel.from_xml_path`` loads and ``mujoco.rollout``, MuJoCo MPC or
 ``mujoco.sysid`` use directly. Without contact the model takes the engine's own steps
 (MuJoCo's semi-implicit Euler is the engine's ``semi_implicit`` integrator, its
-``implicitfast`` the engine's ``implicitfast``: the model's ``engine.integrator``), so it
+``implicitfast`` the engine's ``implicitfast``, its ``RK4`` the engine's ``rk4``: the
+model's ``engine.integrator``), so it
 reproduces the identified engine to round-off, up to the dead time (MuJoCo's actuator
 history, linear interpolation, the engine's law).
 
@@ -41,6 +42,7 @@ import numpy as np
 
 from tensegrity_engine.groundtruth.mujoco_twin import build_mjcf
 from tensegrity_engine.groundtruth.realisation import Realisation, driven
+from tensegrity_engine.physics.config import MUJOCO_INTEGRATORS
 from tensegrity_engine.physics.params import PhysicalParameters
 from tensegrity_engine.physics.stability import stable_substeps
 from tensegrity_engine.physics.topology import Topology
@@ -104,7 +106,7 @@ def calibrated_mjcf(params: PhysicalParameters, *, floor: bool = True, fixed_rod
     lines = [f"Calibrated MuJoCo model of {robot.name}, written by tensegrity_engine.export"
              + (f" from {source}" if source else ""),
              f"timestep {timestep:g} s, integrator "
-             + ("implicitfast (the model's)" if robot.integrator == "implicitfast" else "Euler (semi-implicit, the model's)")
+             + f"{MUJOCO_INTEGRATORS[robot.integrator]} (the model's {robot.integrator})"
              + ": the engine's step for these values"]
     lines += [f"{name} = {np.round(np.atleast_1d(v), 6).tolist()}" for name, v in values.items()]
     lines += [f"NOTE: {n}" for n in notes]

@@ -27,6 +27,8 @@ from typing import Optional
 
 import numpy as np
 
+from tensegrity_engine.physics.config import MUJOCO_INTEGRATORS
+
 __all__ = ["Contact", "Actuation", "Realisation", "INTEGRATORS", "ACTUATIONS", "rod_inertia"]
 
 INTEGRATORS = ("Euler", "implicitfast", "RK4")
@@ -109,10 +111,11 @@ class Realisation:
     @staticmethod
     def twin_of(robot) -> "Realisation":
         """The engine's twin of ``robot``: its equations, stepped as the robot model says
-        (``engine.integrator``: semi_implicit is MuJoCo's Euler, implicitfast its own); a
+        (``engine.integrator``: semi_implicit is MuJoCo's Euler, implicitfast and rk4 its
+        implicitfast and RK4); a
         robot with the soft contact law gets its solref, solimp and condim (rod-rod contacts
         stay MuJoCo's there, the engine's penalty law in the engine)."""
-        integrator = "implicitfast" if robot.integrator == "implicitfast" else "Euler"
+        integrator = MUJOCO_INTEGRATORS[robot.integrator]
         con = robot.contact
         if con.law == "soft":
             return Realisation(integrator=integrator, contact=Contact(condim=con.soft_condim, solref=tuple(con.solref),

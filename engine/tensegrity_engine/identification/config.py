@@ -124,8 +124,8 @@ class IdentificationConfig:
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
-        if self.fine_integrator not in (None, "semi_implicit", "implicitfast", "ani"):
-            raise ValueError(f"fine_integrator must be None, 'semi_implicit', 'implicitfast' or 'ani', "
+        if self.fine_integrator not in (None, "semi_implicit", "implicitfast", "rk4", "ani"):
+            raise ValueError(f"fine_integrator must be None, 'semi_implicit', 'implicitfast', 'rk4' or 'ani', "
                              f"got {self.fine_integrator!r}")
         if self.fine_optimizer not in ("lm", "adam"):
             raise ValueError(f"fine_optimizer must be 'lm' or 'adam', got {self.fine_optimizer!r}")

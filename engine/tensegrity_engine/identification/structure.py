@@ -10,6 +10,8 @@ option            what it adds
 ================  =====================================================================
 implicitfast      the step: cable damping and gyroscopic terms implicit per rod
                   (MuJoCo's ``implicitfast``), instead of the semi-implicit step
+rk4               the step: four Runge-Kutta stages (MuJoCo's ``RK4``); one step option
+                  at most
 slack_damping     a share of the cable damping that also acts on slack cables (a tendon
                   damper): learns ``cable_slack_damping``
 end_heavy         rod inertia other than a uniform rod's: ``rod_inertia_factor``
@@ -78,6 +80,7 @@ class StructureOption:
 
 OPTIONS = {
     "implicitfast": StructureOption(integrator="implicitfast"),
+    "rk4": StructureOption(integrator="rk4"),
     "slack_damping": StructureOption(learn=("cable_slack_damping",)),
     "end_heavy": StructureOption(learn=("rod_inertia_factor",)),
     "winch_speed": StructureOption(learn=("actuator_max_speed",)),
@@ -243,6 +246,8 @@ def select_structure(robot: RobotConfig, train: Sequence[Trajectory], heldout: S
             break
         best = round_best
         remaining.remove(best.options[-1])
+        if OPTIONS[best.options[-1]].integrator:          # one step: the other integrators are out
+            remaining = [n for n in remaining if not OPTIONS[n].integrator]
         log(f"structure round {rnd}: keeps {best.options[-1]} ({round_verdict})")
     return StructureSelection(chosen=best, base=base, tried=tried, horizon=horizon)
 

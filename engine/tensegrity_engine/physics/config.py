@@ -58,8 +58,13 @@ class ContactConfig:
 
 
 # The integrators a robot model may be stepped with (`physics.integrators`): explicit cable
-# damping, or damping and gyroscopic terms implicit per rod (MuJoCo's ``implicitfast``).
-MODEL_INTEGRATORS = ("semi_implicit", "implicitfast")
+# damping, damping and gyroscopic terms implicit per rod (MuJoCo's ``implicitfast``), or
+# four Runge-Kutta stages (MuJoCo's ``RK4``).
+MODEL_INTEGRATORS = ("semi_implicit", "implicitfast", "rk4")
+# The MuJoCo integrator of each (`groundtruth.realisation`, `export.mjcf`)
+MUJOCO_INTEGRATORS = {"semi_implicit": "Euler", "implicitfast": "implicitfast", "rk4": "RK4"}
+# Those the C kernel (`physics.native`) steps; an rk4 model runs in the torch engine
+NATIVE_INTEGRATORS = ("semi_implicit", "implicitfast")
 
 
 @dataclasses.dataclass(frozen=True)

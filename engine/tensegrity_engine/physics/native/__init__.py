@@ -28,7 +28,7 @@ from typing import Optional
 
 import torch
 
-from tensegrity_engine.physics.config import MODEL_INTEGRATORS
+from tensegrity_engine.physics.config import NATIVE_INTEGRATORS
 
 __all__ = ["NativeBuildError", "NativeRollout", "compile_flags", "forward_rollout", "kernel_isa", "load_library",
            "target_arch"]
@@ -223,7 +223,7 @@ class NativeRollout:
             raise ValueError("NativeRollout does not support an external ground_contact_fn; use the "
                              "torch engine")
         self.integrator = engine.robot.integrator if integrator is None else integrator
-        if self.integrator not in MODEL_INTEGRATORS:
+        if self.integrator not in NATIVE_INTEGRATORS:
             raise ValueError(f"the native kernel steps semi_implicit or implicitfast, not {self.integrator!r}; "
                              f"use the torch engine")
         self.engine = engine
@@ -406,12 +406,13 @@ def forward_rollout(engine, state: torch.Tensor, act: torch.Tensor, commands: to
                     integrator: Optional[str] = None, wrenches: Optional[torch.Tensor] = None,
                     params: Optional[dict] = None, record_every: int = 1):
     """``engine.rollout(...)``, in the C kernel wherever it applies: no gradient wanted, CPU
-    float32/64 tensors, a semi-implicit or implicitfast model, the engine's own ground. The
-    same numbers to rounding, ~20x faster at evaluation batch sizes. A missing C compiler
+    float32/64 tensors, a semi-implicit or implicitfast model (`NATIVE_INTEGRATORS`; an rk4
+    model runs in torch), the engine's own ground. The same numbers to rounding, ~20x faster
+    at evaluation batch sizes. A missing C compiler
     raises `NativeBuildError` (nothing falls back silently)."""
     integrator = engine.robot.integrator if integrator is None else integrator
     tensors = [state, act, commands] + ([] if wrenches is None else [wrenches])
-    applies = (integrator in MODEL_INTEGRATORS and engine.native_kernel_applies
+    applies = (integrator in NATIVE_INTEGRATORS and engine.native_kernel_applies
                and not torch.is_grad_enabled() and state.dtype in LANES
                and all(t.device.type == "cpu" for t in tensors))
     if not applies:
