@@ -43,6 +43,7 @@ velocities (10 % pose-only); held-out 5 s hanging CoM error <= 1/2 of nominal's.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import sys
@@ -61,7 +62,7 @@ from tensegrity_engine.groundtruth.zoo import zoo_names, zoo_robot
 from tensegrity_engine.identification import dataset as ds
 from tensegrity_engine.identification.acceptance import judge, select
 from tensegrity_engine.identification.evaluation import evaluate, horizon_errors
-from tensegrity_engine.identification.structure import select_contact_law, select_structure
+from tensegrity_engine.identification.structure import refit_noncontact, select_contact_law, select_structure
 from tensegrity_engine.physics.config import load_robot
 from tensegrity_engine.physics.parameter_files import export_yaml
 from tensegrity_engine.physics.params import PhysicalParameters
@@ -276,6 +277,17 @@ def run_structure(z, hang: dict, roll: dict, cfg: dict, identified: dict) -> tup
     for line in laws.lines():
         _line("   contact " + line)
     c = laws.params
+    # what contact data added (a mass per rod, slack damping) was held at its nominal value
+    # in the hanging fit: its values refitted with them, kept only if no worse on both regimes
+    refit = refit_noncontact(laws, hang["train"], hang["val"], idf.IdentificationConfig(**cfg),
+                             chosen=sel.chosen.options)
+    if refit is not None:
+        name, c, verdicts = select([("hanging values refitted", refit.params)], c,
+                                   {"hanging": hang["val"], "rolling": roll["val"]})
+        _line("   contact options' hanging refit: " + ("kept" if name != "incumbent" else "refused") + " ("
+              + ", ".join(f"{r} {v}" for r, v in verdicts["hanging values refitted"].items()) + ")")
+        if name != "incumbent":
+            laws = dataclasses.replace(laws, chosen=dataclasses.replace(laws.chosen, params=c))
     verdict = judge(c, chosen, roll["val"])
     if not verdict.accepted:
         c = chosen

@@ -2,6 +2,8 @@
 its data, and an option that does not pay for itself on held-out data is left out."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -10,7 +12,9 @@ from tensegrity_engine.groundtruth.realisation import Realisation
 from tensegrity_engine.groundtruth.sensors import SensorModel
 from tensegrity_engine.groundtruth.zoo import ZooRobot
 from tensegrity_engine.identification import dataset as ds
+from tensegrity_engine.identification.acceptance import with_estimated_velocity
 from tensegrity_engine.identification.config import IdentificationConfig
+from tensegrity_engine.identification.evaluation import horizon_errors
 from tensegrity_engine.identification.structure import select_structure, structure_options
 from tensegrity_engine.physics.config import load_robot
 
@@ -155,6 +159,39 @@ def test_contact_data_reveals_a_payload_on_the_hung_rod(tmp_path):
     assert even.chosen.options == ("soft_contact",)
 
 
+def test_a_payload_found_on_contact_data_is_held_while_the_hanging_values_are_refitted(tmp_path):
+    """The contact stage found a mass per rod (a payload on the hung rod) on a model whose
+    hanging values were fitted with one mean mass (here: cable stiffness and damping 20 %
+    off): the refit on hanging data holds the masses and the contact values, moves the
+    hanging values to the robot's and predicts the hanging data better."""
+    from tensegrity_engine.identification.structure import Candidate, StructureSelection, refit_noncontact
+    from tensegrity_engine.physics.params import PhysicalParameters
+
+    base = load_robot("three_bar")
+    masses = base.rod_mass * np.array([1.8, 1.0, 1.0])
+    truth = base.replace(rod_mass=masses)
+    robot = ZooRobot("payload_test", "", base, truth, Realisation(), SensorModel())
+    ds.generate_dataset(base, "noncontact", tmp_path, counts={"train": 3, "val": 2}, seed=5, dense=False,
+                        truth=robot, duration=2.0)
+    train, heldout = (ds.load_split(tmp_path / "noncontact", s, robot=base) for s in ("train", "val"))
+    friction = 0.55
+    found = PhysicalParameters(base, values={"rod_mass": masses, "cable_stiffness": 1.2 * base.cable_stiffness,
+                                             "cable_damping": 0.8 * base.cable_damping,
+                                             "friction_sliding": friction}, per_element=("rod_mass",))
+    cand = Candidate(("per_rod_mass",), found, np.ones(4), 0.0)
+    nothing = StructureSelection(chosen=dataclasses.replace(cand, options=()), base=cand, tried=[], horizon=1.0)
+    cfg = IdentificationConfig(init="given", schedule="fine_only", lm_max_iters=8, max_seconds=120)
+    assert refit_noncontact(nothing, train, heldout, cfg) is None          # the contact stage added nothing
+    refit = refit_noncontact(StructureSelection(chosen=cand, base=cand, tried=[], horizon=1.0), train, heldout, cfg)
+    values = refit.params.as_dict()
+    np.testing.assert_allclose(values["rod_mass"], masses, rtol=1e-9)
+    assert values["friction_sliding"] == pytest.approx([friction], rel=1e-9)
+    assert np.mean(values["cable_stiffness"]) == pytest.approx(np.mean(base.cable_stiffness), rel=0.03)
+    assert np.mean(values["cable_damping"]) == pytest.approx(np.mean(base.cable_damping), rel=0.05)
+    before = horizon_errors(found, [with_estimated_velocity(t) for t in heldout], (1.0,), stride=0.5)[1.0]
+    assert refit.error < 0.5 * float(np.mean(before))
+
+
 @pytest.fixture(scope="module")
 def rolling_three_bar(tmp_path_factory):
     """Tuples of a three-bar rolling in MuJoCo (its default soft contacts)."""
@@ -172,8 +209,6 @@ def test_soft_law_training_starts_at_the_fine_step(rolling_three_bar):
     the progressive schedule starts at the fine step (the stage change's searches see the
     data: mass with the cables, a winch speed), with the penalty law it does not; the
     schedules that are only coarse stages are refused."""
-    import dataclasses
-
     from tensegrity_engine.identification.trainer import ProgressiveTrainer
 
     base = load_robot("three_bar")
@@ -199,8 +234,6 @@ def test_one_sided_differences_step_over_the_soft_laws_jumps(rolling_three_bar):
     where a contact opens within the step as slopes (some tuples' columns far off the
     forward-mode derivative), the default one-sided differences agree with forward mode on
     every tuple."""
-    import dataclasses
-
     from tensegrity_engine.identification.solvers.levenberg_marquardt import (jacobian_mode, parameter_jacobian,
                                                                               raw_vector)
     from tensegrity_engine.identification.trainer import ProgressiveTrainer
