@@ -153,6 +153,44 @@ def test_implicitfast_steps(superball, floor):
     assert not torch.isfinite(gap).all() or gap.max() > 1e-2
 
 
+@pytest.mark.parametrize("law", [None, "penalty", "soft"])
+def test_rk4_steps(superball, law):
+    """A model stepped with rk4: native follows torch hanging from a fixed rod with pushes
+    and spinning rods (law None) and rolling on the floor under either contact law; the
+    semi-implicit kernel on the same inputs differs, so the four stages are what the
+    comparison exercises."""
+    robot = superball.replace(integrator="rk4")
+    if law is not None:
+        robot = robot.replace(contact=dataclasses.replace(robot.contact, law=law))
+        rest, act0 = environments.rest_pose(robot)
+        rng = np.random.default_rng(4)
+        state = torch.tensor(np.stack([launched(robot, rest, np.r_[rng.uniform(-1.5, 1.5, 2), 0.0],
+                                                np.r_[rng.uniform(-0.5, 0.5, 2), rng.uniform(-2.0, 2.0)])
+                                       for _ in range(3)]))
+        commands = torch.tensor(np.stack([environments.random_commands(robot, rng, 300, hold_range=(0.05, 0.1))
+                                          for _ in range(3)]))
+        act, wrenches = torch.tensor(act0).expand(3, -1), None
+        engine = TensegrityEngine(robot)
+    else:
+        episodes = [environments.sample_noncontact_episode(robot, np.random.default_rng(s), 400) for s in (0, 1)]
+        state, act, commands, wrenches = (torch.tensor(np.stack(x)) for x in zip(*episodes, strict=True))
+        state[..., 1:, 10:13] += 3.0
+        engine = TensegrityEngine(robot, floor=False, fixed_rods=(environments.NONCONTACT_FIXED_ROD,))
+    with torch.no_grad():
+        ref = engine.rollout(state, act, commands, 1e-3, wrenches=wrenches)          # the model's: rk4
+        runner = native.NativeRollout(engine)
+        assert runner.integrator == "rk4"
+        out = runner.rollout(state, act, commands, 1e-3, wrenches=wrenches)
+        semi = native.NativeRollout(engine, integrator="semi_implicit").rollout(state, act, commands, 1e-3,
+                                                                                 wrenches=wrenches)
+    assert_states_close(out[0], ref[0], 1e-9)
+    torch.testing.assert_close(out[1], ref[1], rtol=1e-12, atol=1e-14)
+    if law is not None:
+        moved = (ref[0][:, -1, :, :2].mean(-2) - state[..., :2].mean(-2)).norm(dim=-1)
+        assert float(moved.min()) > 0.05                                                  # each rolls off
+    assert float((semi[0][..., :3] - ref[0][..., :3]).abs().max()) > 1e-6
+
+
 @pytest.mark.parametrize("gap,floor", [(0.095, False), (0.2, True)])
 def test_rod_rod_contact(gap, floor):
     """Two crossing capsules pushed into each other: overlapping from the start, or
@@ -331,7 +369,7 @@ def test_fast_spin_takes_the_exact_exponential(three_bar):
     assert_states_close(out[0], ref[0], 1e-9)
 
 
-@pytest.mark.parametrize("integrator", ["semi_implicit", "implicitfast"])
+@pytest.mark.parametrize("integrator", ["semi_implicit", "implicitfast", "rk4"])
 def test_float32_agrees_like_torch_float32(superball, integrator):
     """float32 (the planner's default) native rollouts stay as close to float64 as torch's
     float32 does, for either model integrator (the penalty law; the soft law's float32:
@@ -450,7 +488,7 @@ def test_rejects_what_it_cannot_run(three_bar):
         runner.rollout(state, act, commands, 1e-3, params=bad)
     with pytest.raises(ValueError, match="ground_contact_fn"):
         native.NativeRollout(TensegrityEngine(three_bar, ground_contact_fn=lambda nodes, radius: 0))
-    with pytest.raises(ValueError, match="semi_implicit or implicitfast"):
+    with pytest.raises(ValueError, match="native kernel steps semi_implicit, implicitfast or rk4"):
         native.NativeRollout(engine, integrator="ani")
 
 

@@ -16,7 +16,7 @@ import torch
 
 from tensegrity_engine.control.interfaces import as_tensor
 from tensegrity_engine.physics.actuators import delayed_commands
-from tensegrity_engine.physics.config import MODEL_INTEGRATORS, NATIVE_INTEGRATORS, RobotConfig
+from tensegrity_engine.physics.config import MODEL_INTEGRATORS, RobotConfig
 from tensegrity_engine.physics.engine import TensegrityEngine
 from tensegrity_engine.physics.graphs import GRAPH_INTEGRATORS, CapturedRollout
 from tensegrity_engine.physics.params import PhysicalParameters
@@ -108,15 +108,15 @@ class EngineDynamics:
         self.dtype = dtype
         self.engine = _shared_engine(robot, floor, actuator_timing, self.device)
         if backend is None:
-            backend = ("native" if integrator in NATIVE_INTEGRATORS and self.device.type == "cpu"
+            backend = ("native" if integrator in MODEL_INTEGRATORS and self.device.type == "cpu"
                        and compile is None and self.engine.native_kernel_applies else "torch")
         if backend not in ("torch", "native"):
             raise ValueError(f"backend must be 'torch' or 'native', got {backend!r}")
         self.backend = backend
         self.threads = int(threads)
         if backend == "native":
-            if integrator not in NATIVE_INTEGRATORS:
-                raise ValueError(f"the native backend runs the 'semi_implicit' and 'implicitfast' integrators, "
+            if integrator not in MODEL_INTEGRATORS:
+                raise ValueError(f"the native backend runs the {', '.join(MODEL_INTEGRATORS)} integrators, "
                                  f"not {integrator!r}; use backend='torch'")
             if self.device.type != "cpu":
                 raise ValueError("the native backend runs on the CPU; use backend='torch' on other devices")
@@ -161,9 +161,6 @@ class EngineDynamics:
         if self._follow_model and params.robot.integrator != self.integrator:
             self.integrator = params.robot.integrator
             rebuild = True
-        if rebuild and self.backend == "native" and self.integrator not in NATIVE_INTEGRATORS:
-            # a followed model the C kernel cannot step (rk4) is planned with its own step, in torch
-            self.backend, self._native, self.compile = "torch", None, False
         if rebuild and self.backend == "native":
             self._native = type(self._native)(self.engine, threads=self.threads, integrator=self.integrator)
         self._params = params

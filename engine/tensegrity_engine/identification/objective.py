@@ -43,7 +43,7 @@ import torch
 from tensegrity_engine.identification.config import IdentificationConfig
 from tensegrity_engine.identification.data import TrainingData
 from tensegrity_engine.physics.actuators import delayed_commands, limited_filter_states, speed_limit_binds
-from tensegrity_engine.physics.config import MODEL_INTEGRATORS, NATIVE_INTEGRATORS, RobotConfig
+from tensegrity_engine.physics.config import MODEL_INTEGRATORS, RobotConfig
 from tensegrity_engine.physics.engine import TensegrityEngine
 from tensegrity_engine.physics.stability import stable_substeps
 from tensegrity_engine.physics.state import ANG_VEL, LIN_VEL, POS, QUAT, quat_axis
@@ -125,14 +125,15 @@ class RecurrentObjective:
 
     @staticmethod
     def _native_rollout(config: IdentificationConfig, engine: TensegrityEngine, device):
-        """The C kernel for gradient-free semi-implicit and implicitfast rollouts (the same
-        numbers as the torch engine, ~20x faster at Levenberg-Marquardt batch sizes), or None
-        where it does not apply (other devices, an external ground, an rk4 model). Asked for explicitly, a missing compiler raises; by default too (it says
-        how to choose ``forward_backend="torch"``), since nothing falls back silently."""
+        """The C kernel for gradient-free rollouts of a model integrator (the same numbers as
+        the torch engine, ~20x faster at Levenberg-Marquardt batch sizes), or None where it
+        does not apply (other devices, an external ground, ANI). Asked for explicitly, a
+        missing compiler raises; by default too (it says how to choose
+        ``forward_backend="torch"``), since nothing falls back silently."""
         backend = config.forward_backend
         if backend is None:
             applies = (torch.device(device).type == "cpu" and engine.native_kernel_applies
-                       and config.fine_integrator in NATIVE_INTEGRATORS)
+                       and config.fine_integrator in MODEL_INTEGRATORS)
             backend = "native" if applies else "torch"
         if backend == "torch":
             return None

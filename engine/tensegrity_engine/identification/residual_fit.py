@@ -23,7 +23,6 @@ import torch
 from tensegrity_engine.identification.acceptance import with_estimated_velocity
 from tensegrity_engine.identification.dataset import Trajectory
 from tensegrity_engine.identification.evaluation import model_commands, model_substeps
-from tensegrity_engine.physics.config import NATIVE_INTEGRATORS
 from tensegrity_engine.physics.engine import TensegrityEngine
 from tensegrity_engine.physics.params import PhysicalParameters
 from tensegrity_engine.physics.residual import ResidualModel, constant_velocity, physics_fingerprint
@@ -89,8 +88,7 @@ class _Physics:
         self.p = {k: v.detach() for k, v in self.engine.param_values(torch.float64, "cpu").items()}
         self.substeps = model_substeps(self.engine, self.p, None, params.robot.dt)   # as it is used
         self.native = None
-        if (backend == "native" and self.engine.native_kernel_applies
-                and params.robot.integrator in NATIVE_INTEGRATORS):          # else torch (external ground, rk4)
+        if backend == "native" and self.engine.native_kernel_applies:     # else torch (external ground)
             from tensegrity_engine.physics import native
 
             self.native = native.NativeRollout(self.engine)

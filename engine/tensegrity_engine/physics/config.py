@@ -63,8 +63,6 @@ class ContactConfig:
 MODEL_INTEGRATORS = ("semi_implicit", "implicitfast", "rk4")
 # The MuJoCo integrator of each (`groundtruth.realisation`, `export.mjcf`)
 MUJOCO_INTEGRATORS = {"semi_implicit": "Euler", "implicitfast": "implicitfast", "rk4": "RK4"}
-# Those the C kernel (`physics.native`) steps; an rk4 model runs in the torch engine
-NATIVE_INTEGRATORS = ("semi_implicit", "implicitfast")
 
 
 @dataclasses.dataclass(frozen=True)

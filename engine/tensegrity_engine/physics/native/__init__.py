@@ -1,7 +1,8 @@
-"""Native (C) forward-only rollouts of the engine's semi-implicit step.
+"""Native (C) forward-only rollouts of the engine's model integrators (semi-implicit,
+implicitfast, rk4).
 
-`NativeRollout(engine).rollout(...)` returns what ``engine.rollout(...,
-integrator="semi_implicit")`` returns, computed by ``semi_implicit.c``: all steps of all
+`NativeRollout(engine).rollout(...)` returns what ``engine.rollout(...)`` returns (the
+robot model's integrator, or the one asked for), computed by ``semi_implicit.c``: all steps of all
 samples in one call, without torch's per-op dispatch (the cost that dominates torch at
 planning batch sizes). No gradients: use the torch engine to differentiate.
 
@@ -28,7 +29,7 @@ from typing import Optional
 
 import torch
 
-from tensegrity_engine.physics.config import NATIVE_INTEGRATORS
+from tensegrity_engine.physics.config import MODEL_INTEGRATORS
 
 __all__ = ["NativeBuildError", "NativeRollout", "compile_flags", "forward_rollout", "kernel_isa", "load_library",
            "target_arch"]
@@ -184,7 +185,8 @@ def _structs(real):
                     + [(n, real) for n in ("h", "half_h", "ground_height", "contact_stiffness",
                                            "contact_damping", "mu", "mu_torsional", "mu_rolling",
                                            "angular_eps2", "friction_eps2")]
-                    + [("inertia_t", preal), ("inertia_a", preal), ("implicitfast", i32)]
+                    + [("inertia_t", preal), ("inertia_a", preal), ("implicitfast", i32), ("rk4", i32)]
+                    + [("quarter_h", real), ("magnus", real)]
                     + [("soft_ground", i32), ("soft_condim", i32)]
                     + [(n, real) for n in ("soft_b", "soft_k", "soft_reg", "soft_dmin", "soft_dmax",
                                            "soft_width", "soft_mid", "soft_power")])
@@ -223,8 +225,8 @@ class NativeRollout:
             raise ValueError("NativeRollout does not support an external ground_contact_fn; use the "
                              "torch engine")
         self.integrator = engine.robot.integrator if integrator is None else integrator
-        if self.integrator not in NATIVE_INTEGRATORS:
-            raise ValueError(f"the native kernel steps semi_implicit or implicitfast, not {self.integrator!r}; "
+        if self.integrator not in MODEL_INTEGRATORS:
+            raise ValueError(f"the native kernel steps semi_implicit, implicitfast or rk4, not {self.integrator!r}; "
                              f"use the torch engine")
         self.engine = engine
         self.threads = int(threads)
@@ -395,7 +397,8 @@ class NativeRollout:
                 mu_rolling=scalar("friction_rolling"),
                 angular_eps2=engine.angular_smoothing * engine.angular_smoothing,
                 friction_eps2=engine.friction_smoothing * engine.friction_smoothing,
-                implicitfast=int(self.integrator == "implicitfast"),
+                implicitfast=int(self.integrator == "implicitfast"), rk4=int(self.integrator == "rk4"),
+                quarter_h=0.5 * (0.5 * dt), magnus=dt / 12.0,
                 **self._soft_ground(p, dtype, dt),
                 **{name: _ptr(v, real) for name, v in arrays.items()},
                 **{name: _ptr(v, ctypes.c_int32) for name, v in ints.items()})
@@ -406,13 +409,13 @@ def forward_rollout(engine, state: torch.Tensor, act: torch.Tensor, commands: to
                     integrator: Optional[str] = None, wrenches: Optional[torch.Tensor] = None,
                     params: Optional[dict] = None, record_every: int = 1):
     """``engine.rollout(...)``, in the C kernel wherever it applies: no gradient wanted, CPU
-    float32/64 tensors, a semi-implicit or implicitfast model (`NATIVE_INTEGRATORS`; an rk4
-    model runs in torch), the engine's own ground. The same numbers to rounding, ~20x faster
+    float32/64 tensors, a semi-implicit, implicitfast or rk4 model (`MODEL_INTEGRATORS`),
+    the engine's own ground. The same numbers to rounding, ~20x faster
     at evaluation batch sizes. A missing C compiler
     raises `NativeBuildError` (nothing falls back silently)."""
     integrator = engine.robot.integrator if integrator is None else integrator
     tensors = [state, act, commands] + ([] if wrenches is None else [wrenches])
-    applies = (integrator in NATIVE_INTEGRATORS and engine.native_kernel_applies
+    applies = (integrator in MODEL_INTEGRATORS and engine.native_kernel_applies
                and not torch.is_grad_enabled() and state.dtype in LANES
                and all(t.device.type == "cpu" for t in tensors))
     if not applies:

@@ -1,6 +1,7 @@
 /* Fused forward-only rollout of TensegrityEngine's semi-implicit step (physics/integrators.py),
  * or of its implicitfast step (`implicitfast`: the velocity update implicit per rod in the
- * rod's own cable damping and gyroscopic torque, a 6x6 solve per rod).
+ * rod's own cable damping and gyroscopic torque, a 6x6 solve per rod), or of its rk4 step
+ * (`rk4`: four stages of the semi-implicit step's accelerations, integrators.RungeKutta4).
  *
  * One call runs `steps` steps of `_step_soa(..., integrator="semi_implicit")` for a batch
  * of samples: actuator filter, cables, ground contacts (normal, rolling and torsional
@@ -81,6 +82,8 @@ typedef struct {
     real angular_eps2, friction_eps2;
     const real *inertia_t, *inertia_a;   /* [R]: transverse and axial inertia (implicitfast, soft ground) */
     int32_t implicitfast;          /* step implicit per rod in its cable damping and gyroscopic torque */
+    int32_t rk4;                   /* four Runge-Kutta stages (RungeKutta4) */
+    real quarter_h, magnus;        /* rk4: half a half step (its stage rotations), h / 12 */
     /* soft ground (contact.law soft, soft_contact.SoftGroundContact): condim, the reference
      * spring-damper B and K (time constant clamped to two steps), the regulariser's factor
      * on (1 - imp) / (imp m), and solimp */
@@ -115,6 +118,9 @@ typedef struct {
     real *cable_dir;             /* [4][C]: implicitfast, each cable's unit vector and clamped force */
     real *soft_prev;             /* [7][R]: soft ground, each rod's last solution and whether it has one */
     real *soft_set;              /* [20][R]: soft ground, each rod's last active rows (1 / 0) */
+    real *st0;                   /* [13][R]: rk4, the state at the start of the step */
+    real *rk_pose, *rk_sum;      /* [6][R]: rk4, the stages' weighted velocities and accelerations */
+    real *rk_vel;                /* [6][R]: rk4, the next stage's (or the step's) velocities */
     int *pair_touch;             /* [P]: some lane of the pair in contact */
     idx_t sample[LANES];         /* batch index of each lane (padding lanes repeat the last) */
     void *block;                 /* the allocation holding all of the above */
@@ -125,13 +131,13 @@ static int work_alloc(tg_work *w, const tg_model *m)
     const size_t R = m->rods, C = m->cables, A = m->actuated, P = m->pairs;
     const size_t rows[] = {13 * R, A, A, A, A, C, 3 * R, 3 * R, 3 * R, 3 * R, 3 * R, 3 * R, 3 * R,
                            3 * R, 6 * R, 6 * R, 2 * R, 2 * R, 2 * R, 6 * R, 3 * P, 3 * P, 3 * P, P,
-                           3 * R, 3 * R, 3 * R, 6 * R, 21 * R, 4 * C, 7 * R, 20 * R};
+                           3 * R, 3 * R, 3 * R, 6 * R, 21 * R, 4 * C, 7 * R, 20 * R, 13 * R, 6 * R, 6 * R, 6 * R};
     real **ptr[] = {&w->st, &w->act, &w->cmd, &w->act_end, &w->act_used, &w->rest, &w->axis,
                     &w->axis_rate, &w->gen_pos, &w->gen_axis, &w->force, &w->torque, &w->acc,
                     &w->alpha, &w->node, &w->node_rate, &w->normal, &w->slip_x, &w->slip_y,
                     &w->lever, &w->point_a, &w->point_b, &w->pnormal, &w->depth, &w->pair_force,
                     &w->pair_torque_a, &w->pair_torque_b, &w->wrench, &w->damp, &w->cable_dir,
-                    &w->soft_prev, &w->soft_set};
+                    &w->soft_prev, &w->soft_set, &w->st0, &w->rk_pose, &w->rk_sum, &w->rk_vel};
     const size_t n = sizeof(rows) / sizeof(rows[0]);
     size_t total = 0;
     for (size_t i = 0; i < n; ++i) total += rows[i] + 1;   /* + 1: no zero-size arrays */
@@ -1251,6 +1257,172 @@ static void load_wrench(const tg_model *m, const tg_io *io, tg_work *w, idx_t st
         }
 }
 
+/* The step's accelerations (acc, alpha) at the state st and the rest lengths rest: forces,
+ * contacts, the ground (friction velocity-implicit over h, or the soft ground solved over
+ * it), Newton-Euler or implicitfast's per-rod solve. */
+static void derivatives(const tg_model *m, tg_work *w, int with_wrench)
+{
+    kinematics(m, w);
+    cables(m, w);
+    if (m->floor || m->pairs) nodes(m, w);
+    if (m->floor && !m->soft_ground) ground(m, w);
+    if (m->pairs && pair_geometry(m, w)) pair_response(m, w);
+    external(m, w, with_wrench);
+    if (m->floor && m->soft_ground) {
+        accelerations(m, w);                      /* without the ground */
+        soft_ground(m, w, !m->implicitfast);
+        if (m->implicitfast) accelerations_implicit(m, w);
+    } else {
+        if (m->implicitfast) accelerations_implicit(m, w); else accelerations(m, w);
+        if (m->floor) {
+            ground_friction(m, w);
+            if (m->implicitfast) accelerations_implicit(m, w); else accelerations(m, w);
+        }
+    }
+}
+
+/* rk4: st = st0's pose moved by the velocities `pose` [6][R] over hp (the orientation by the
+ * exponential of the angular part over half_hp = hp / 2), with velocities `vel` [6][R]
+ * (RigidRods.advance, then RungeKutta4._moved; fixed rods masked in both). */
+static void rk4_place(const tg_model *m, tg_work *w, const real *pose, const real *vel, real hp, real half_hp)
+{
+    const int R = m->rods;
+    const int fixed = m->has_fixed;
+    for (int r = 0; r < R; ++r) {
+        real *s[13];
+        const real *s0[7];
+        for (int k = 0; k < 13; ++k) s[k] = ROW(w->st, k * R + r);
+        for (int k = 0; k < 7; ++k) s0[k] = ROW(w->st0, k * R + r);
+        const real fr = m->free[r];
+        real p[6][LANES], angle[LANES], dw[LANES], sinc[LANES];
+        int large = 0;
+        for (int k = 0; k < 6; ++k) {
+            const real *src = ROW(pose, k * R + r), *nv = ROW(vel, k * R + r);
+            real *dst = s[7 + k];
+            LANE_LOOP {
+                p[k][l] = fixed ? src[l] * fr : src[l];
+                dst[l] = fixed ? nv[l] * fr : nv[l];
+            }
+        }
+        LANE_LOOP {
+            s[0][l] = s0[0][l] + hp * p[0][l]; s[1][l] = s0[1][l] + hp * p[1][l]; s[2][l] = s0[2][l] + hp * p[2][l];
+        }
+        _Pragma("omp simd reduction(|:large)")
+        for (int l = 0; l < LANES; ++l) {
+            const real x0 = half_hp * p[3][l], x1 = half_hp * p[4][l], x2 = half_hp * p[5][l];
+            const real z = x0 * x0 + x1 * x1 + x2 * x2 + (real)1e-30;
+            angle[l] = SQRT(z);
+            dw[l] = cos_series(z);
+            sinc[l] = sinc_series(z);
+            large |= angle[l] > (real)SMALL_ANGLE;
+        }
+        if (large) {
+            for (int l = 0; l < LANES; ++l) {
+                if (angle[l] > (real)SMALL_ANGLE) {
+                    const real x = angle[l] / (real)TG_PI;
+                    const real prod = (real)TG_PI * x;
+                    dw[l] = COS(angle[l]);
+                    sinc[l] = SIN(prod) / prod;
+                }
+            }
+        }
+        LANE_LOOP {
+            const real x0 = half_hp * p[3][l], x1 = half_hp * p[4][l], x2 = half_hp * p[5][l];
+            const real dv0 = x0 * sinc[l], dv1 = x1 * sinc[l], dv2 = x2 * sinc[l];
+            const real qw = s0[3][l], q0 = s0[4][l], q1 = s0[5][l], q2 = s0[6][l];
+            const real nw = dw[l] * qw - (dv0 * q0 + dv1 * q1 + dv2 * q2);
+            const real n0 = (dw[l] * q0 + qw * dv0) + (dv1 * q2 - dv2 * q1);
+            const real n1 = (dw[l] * q1 + qw * dv1) + (dv2 * q0 - dv0 * q2);
+            const real n2 = (dw[l] * q2 + qw * dv2) + (dv0 * q1 - dv1 * q0);
+            const real norm = SQRT(nw * nw + (n0 * n0 + n1 * n1 + n2 * n2));
+            s[3][l] = nw / norm; s[4][l] = n0 / norm; s[5][l] = n1 / norm; s[6][l] = n2 / norm;
+        }
+    }
+}
+
+/* rk4: the next stage's velocities, st0's + c (acc, alpha), into `out` [6][R]. */
+static void rk4_stage_velocity(const tg_model *m, tg_work *w, real c, real *out)
+{
+    const int R = m->rods;
+    for (int k = 0; k < 6; ++k)
+        for (int r = 0; r < R; ++r) {
+            const real *v0 = ROW(w->st0, (7 + k) * R + r);
+            const real *a = k < 3 ? ROW(w->acc, k * R + r) : ROW(w->alpha, (k - 3) * R + r);
+            real *o = ROW(out, k * R + r);
+            LANE_LOOP o[l] = v0[l] + c * a[l];
+        }
+}
+
+/* Adds weight x (the stage's velocities in st, its accelerations) to rk_pose and rk_sum
+ * (the first stage sets them), in the torch code's operand order. */
+static void rk4_accumulate(const tg_model *m, tg_work *w, int first, real weight)
+{
+    const int R = m->rods;
+    for (int k = 0; k < 6; ++k)
+        for (int r = 0; r < R; ++r) {
+            const real *v = ROW(w->st, (7 + k) * R + r);
+            const real *a = k < 3 ? ROW(w->acc, k * R + r) : ROW(w->alpha, (k - 3) * R + r);
+            real *ps = ROW(w->rk_pose, k * R + r), *as = ROW(w->rk_sum, k * R + r);
+            if (first) {
+                LANE_LOOP { ps[l] = v[l]; as[l] = a[l]; }
+            } else if (weight == (real)1) {
+                LANE_LOOP { ps[l] = ps[l] + v[l]; as[l] = as[l] + a[l]; }
+            } else {
+                LANE_LOOP { ps[l] = ps[l] + weight * v[l]; as[l] = as[l] + weight * a[l]; }
+            }
+        }
+}
+
+/* One classic Runge-Kutta step at the rest lengths `actuators` left (integrators.RungeKutta4):
+ * stages at st0, st0 moved half a step by the stage velocities, and a whole step; the pose
+ * moves by the stages' weighted velocities (the orientation with the Magnus term
+ * h / 12 w_end x w0), the velocities by their weighted accelerations. */
+static void rk4_step(const tg_model *m, tg_work *w, int with_wrench)
+{
+    const int R = m->rods;
+    const real h = m->h, half_h = m->half_h, quarter_h = m->quarter_h;
+    real *vel = w->rk_vel;
+    memcpy(w->st0, w->st, sizeof(real) * 13 * R * LANES);
+    derivatives(m, w, with_wrench);
+    rk4_accumulate(m, w, 1, (real)1);
+    rk4_stage_velocity(m, w, half_h, vel);
+    rk4_place(m, w, ROW(w->st, 7 * R), vel, half_h, quarter_h);        /* pose by v1 over h / 2 */
+    derivatives(m, w, with_wrench);
+    rk4_accumulate(m, w, 0, (real)2);
+    rk4_stage_velocity(m, w, half_h, vel);
+    rk4_place(m, w, ROW(w->st, 7 * R), vel, half_h, quarter_h);        /* pose by v2 over h / 2 */
+    derivatives(m, w, with_wrench);
+    rk4_accumulate(m, w, 0, (real)2);
+    rk4_stage_velocity(m, w, h, vel);
+    rk4_place(m, w, ROW(w->st, 7 * R), vel, h, half_h);                /* pose by v3 over h */
+    derivatives(m, w, with_wrench);
+    rk4_accumulate(m, w, 0, (real)1);
+    /* v_end = v0 + h * sum / 6; pose velocity sum / 6 (+ Magnus on the angular part) */
+    for (int k = 0; k < 6; ++k)
+        for (int r = 0; r < R; ++r) {
+            const real *v0 = ROW(w->st0, (7 + k) * R + r);
+            real *ps = ROW(w->rk_pose, k * R + r), *as = ROW(w->rk_sum, k * R + r);
+            real *o = ROW(vel, k * R + r);
+            LANE_LOOP {
+                o[l] = v0[l] + h * as[l] / (real)6;
+                ps[l] = ps[l] / (real)6;
+            }
+        }
+    const real magnus = m->magnus;
+    for (int r = 0; r < R; ++r) {
+        const real *a0 = ROW(vel, 3 * R + r), *a1 = ROW(vel, 4 * R + r), *a2 = ROW(vel, 5 * R + r);
+        const real *b0 = ROW(w->st0, 10 * R + r), *b1 = ROW(w->st0, 11 * R + r), *b2 = ROW(w->st0, 12 * R + r);
+        real *p0 = ROW(w->rk_pose, 3 * R + r), *p1 = ROW(w->rk_pose, 4 * R + r), *p2 = ROW(w->rk_pose, 5 * R + r);
+        LANE_LOOP {
+            const real c0 = a1[l] * b2[l] - a2[l] * b1[l];
+            const real c1 = a2[l] * b0[l] - a0[l] * b2[l];
+            const real c2 = a0[l] * b1[l] - a1[l] * b0[l];
+            p0[l] = p0[l] + magnus * c0; p1[l] = p1[l] + magnus * c1; p2[l] = p2[l] + magnus * c2;
+        }
+    }
+    rk4_place(m, w, w->rk_pose, vel, h, half_h);
+}
+
 /* All steps of the samples first .. first + LANES - 1 (fewer at the end of the batch). */
 static void run_chunk(const tg_model *m, const tg_io *io, tg_work *w, idx_t first)
 {
@@ -1271,25 +1443,13 @@ static void run_chunk(const tg_model *m, const tg_io *io, tg_work *w, idx_t firs
     for (idx_t step = 0; step < io->steps; ++step) {
         if (step % io->hold == 0) load_commands(m, io, w, step / io->hold);
         actuators(m, w);
-        kinematics(m, w);
-        cables(m, w);
-        if (m->floor || m->pairs) nodes(m, w);
-        if (m->floor && !m->soft_ground) ground(m, w);
-        if (m->pairs && pair_geometry(m, w)) pair_response(m, w);
         if (io->wrenches) load_wrench(m, io, w, step);
-        external(m, w, io->wrenches != NULL);
-        if (m->floor && m->soft_ground) {
-            accelerations(m, w);                      /* without the ground */
-            soft_ground(m, w, !m->implicitfast);
-            if (m->implicitfast) accelerations_implicit(m, w);
+        if (m->rk4) {
+            rk4_step(m, w, io->wrenches != NULL);
         } else {
-            if (m->implicitfast) accelerations_implicit(m, w); else accelerations(m, w);
-            if (m->floor) {
-                ground_friction(m, w);
-                if (m->implicitfast) accelerations_implicit(m, w); else accelerations(m, w);
-            }
+            derivatives(m, w, io->wrenches != NULL);
+            advance(m, w);
         }
-        advance(m, w);
         real *swap = w->act; w->act = w->act_end; w->act_end = swap;
         if ((step + 1) % io->record_every == 0) {
             const idx_t rec = (step + 1) / io->record_every - 1;
