@@ -277,16 +277,20 @@ def run_structure(z, hang: dict, roll: dict, cfg: dict, identified: dict) -> tup
     for line in laws.lines():
         _line("   contact " + line)
     c = laws.params
-    # what contact data added (a mass per rod, slack damping) was held at its nominal value
-    # in the hanging fit: its values refitted with them, kept only if no worse on both regimes
+    # what contact data added (a mass per rod, slack damping) was missing from the hanging
+    # fit: the hanging values refitted in the structure it left, kept if they predict both
+    # regimes' validation data better (the mean of the two error ratios: the model is used in both)
     refit = refit_noncontact(laws, hang["train"], hang["val"], idf.IdentificationConfig(**cfg),
                              chosen=sel.chosen.options)
     if refit is not None:
-        name, c, verdicts = select([("hanging values refitted", refit.params)], c,
-                                   {"hanging": hang["val"], "rolling": roll["val"]})
-        _line("   contact options' hanging refit: " + ("kept" if name != "incumbent" else "refused") + " ("
-              + ", ".join(f"{r} {v}" for r, v in verdicts["hanging values refitted"].items()) + ")")
-        if name != "incumbent":
+        held = {"hanging": hang["val"], "rolling": roll["val"]}
+        ratios = {regime: validation_error(refit.params, trajs) / validation_error(c, trajs)
+                  for regime, trajs in held.items()}
+        kept = float(np.mean(list(ratios.values()))) < 1.0
+        _line(f"   contact options' hanging refit: {'kept' if kept else 'refused'} (validation error / the contact "
+              "stage's: " + ", ".join(f"{r} {v:.3f}" for r, v in ratios.items()) + ")")
+        if kept:
+            c = refit.params
             laws = dataclasses.replace(laws, chosen=dataclasses.replace(laws.chosen, params=c))
     verdict = judge(c, chosen, roll["val"])
     if not verdict.accepted:

@@ -159,11 +159,12 @@ def test_contact_data_reveals_a_payload_on_the_hung_rod(tmp_path):
     assert even.chosen.options == ("soft_contact",)
 
 
-def test_a_payload_found_on_contact_data_is_held_while_the_hanging_values_are_refitted(tmp_path):
+def test_hanging_values_are_refitted_around_a_payload_found_on_contact_data(tmp_path):
     """The contact stage found a mass per rod (a payload on the hung rod) on a model whose
     hanging values were fitted with one mean mass (here: cable stiffness and damping 20 %
-    off): the refit on hanging data holds the masses and the contact values, moves the
-    hanging values to the robot's and predicts the hanging data better."""
+    off, the free rods 5 % light): the refit on hanging data keeps the masses per rod,
+    leaves the hung rod's (which the data cannot move) and the contact values alone, moves
+    the other values to the robot's and predicts the hanging data better."""
     from tensegrity_engine.identification.structure import Candidate, StructureSelection, refit_noncontact
     from tensegrity_engine.physics.params import PhysicalParameters
 
@@ -175,7 +176,8 @@ def test_a_payload_found_on_contact_data_is_held_while_the_hanging_values_are_re
                         truth=robot, duration=2.0)
     train, heldout = (ds.load_split(tmp_path / "noncontact", s, robot=base) for s in ("train", "val"))
     friction = 0.55
-    found = PhysicalParameters(base, values={"rod_mass": masses, "cable_stiffness": 1.2 * base.cable_stiffness,
+    start_masses = masses * np.array([1.0, 0.95, 0.95])
+    found = PhysicalParameters(base, values={"rod_mass": start_masses, "cable_stiffness": 1.2 * base.cable_stiffness,
                                              "cable_damping": 0.8 * base.cable_damping,
                                              "friction_sliding": friction}, per_element=("rod_mass",))
     cand = Candidate(("per_rod_mass",), found, np.ones(4), 0.0)
@@ -184,10 +186,17 @@ def test_a_payload_found_on_contact_data_is_held_while_the_hanging_values_are_re
     assert refit_noncontact(nothing, train, heldout, cfg) is None          # the contact stage added nothing
     refit = refit_noncontact(StructureSelection(chosen=cand, base=cand, tried=[], horizon=1.0), train, heldout, cfg)
     values = refit.params.as_dict()
-    np.testing.assert_allclose(values["rod_mass"], masses, rtol=1e-9)
-    assert values["friction_sliding"] == pytest.approx([friction], rel=1e-9)
-    assert np.mean(values["cable_stiffness"]) == pytest.approx(np.mean(base.cable_stiffness), rel=0.03)
-    assert np.mean(values["cable_damping"]) == pytest.approx(np.mean(base.cable_damping), rel=0.05)
+    assert values["rod_mass"][0] == pytest.approx(start_masses[0], rel=1e-12)       # the hung rod
+    assert values["friction_sliding"] == pytest.approx([friction], rel=1e-12)
+    # hanging data fixes stiffness and damping per mass well, their common scale (gravity
+    # against the pushes) less so: the ratios to 2 %, each value to 5 %
+    free_mass = np.mean(values["rod_mass"][1:])
+    assert np.mean(values["cable_stiffness"]) / free_mass == pytest.approx(
+        np.mean(base.cable_stiffness) / masses[1], rel=0.02)
+    assert np.mean(values["cable_damping"]) / free_mass == pytest.approx(
+        np.mean(base.cable_damping) / masses[1], rel=0.02)
+    np.testing.assert_allclose(values["rod_mass"][1:], masses[1:], rtol=0.05)
+    assert np.mean(values["cable_stiffness"]) == pytest.approx(np.mean(base.cable_stiffness), rel=0.05)
     before = horizon_errors(found, [with_estimated_velocity(t) for t in heldout], (1.0,), stride=0.5)[1.0]
     assert refit.error < 0.5 * float(np.mean(before))
 

@@ -350,18 +350,20 @@ def refit_noncontact(contact: StructureSelection, train: Sequence[Trajectory], h
                      config: IdentificationConfig, *, chosen: Sequence[str] = (), base_learn: Sequence[str] = BASE_LEARN,
                      horizon: float = 1.0, stride: float = 0.5) -> Optional[Candidate]:
     """The non-contact values refitted on non-contact data (``train``, judged ``horizon``
-    ahead on ``heldout``) with what the contact stage (``contact``, `select_contact_law`)
-    added held: its options' values (a mass per rod, the slack share) and the contact
-    values. The values a hanging fit found without those options carry their compensation
-    (measured on the zoo's three-bar ``payload``: hanging 1 s ahead 5.5 mm with the
-    hanging stage's values and the rolling stage's masses per rod). ``chosen`` are the
-    non-contact options the structure was selected with. None if the contact stage added
-    no option."""
+    ahead on ``heldout``) in the structure the contact stage (``contact``,
+    `select_contact_law`) left: its splits kept (a mass per rod, each refitted where the
+    data moves it: a hung rod's mass, which it cannot, stays the contact stage's), the
+    values its options added held (the slack share) and the contact values held. The
+    values a hanging fit found without those options carry their compensation, and the
+    rolling fit's masses theirs (measured on the zoo's three-bar ``payload``: hanging 1 s
+    ahead 5.5 mm with the hanging stage's values and the rolling stage's masses per rod).
+    ``chosen`` are the non-contact options the structure was selected with. None if the
+    contact stage added no option."""
     added = [name for name in contact.chosen.options if name in CONTACT_OPTIONS]
     if not added:
         return None
     params = contact.params
-    held = {n for name in added for n in OPTIONS[name].learn + OPTIONS[name].per_element}
+    held = {n for name in added for n in OPTIONS[name].learn}
     learn, _, _ = structure_config(chosen, params.robot, base_learn)
     learn = tuple(n for n in learn if n not in held)
     cfg = dataclasses.replace(config, learn=learn, per_element=tuple(params.per_element),
