@@ -10,7 +10,7 @@ import torch
 from tensegrity_engine.export import calibrated_mjcf, init_command_history, write_mjcf
 from tensegrity_engine.groundtruth import environments
 from tensegrity_engine.physics.actuators import delayed_commands
-from tensegrity_engine.physics.config import load_robot
+from tensegrity_engine.physics.config import MUJOCO_INTEGRATORS, load_robot
 from tensegrity_engine.physics.engine import TensegrityEngine
 from tensegrity_engine.physics.params import PhysicalParameters
 from tensegrity_engine.physics.state import center_of_mass
@@ -78,18 +78,19 @@ def _mujoco_com(path, robot, s0, a0, commands):
 
 
 @pytest.mark.parametrize("delay, integrator", [(0.0, "semi_implicit"), (0.0345, "semi_implicit"),
-                                               (0.0345, "implicitfast")])
+                                               (0.0345, "implicitfast"), (0.0, "rk4")])
 def test_exported_model_rolls_out_as_the_identified_engine(tmp_path, delay, integrator):
     """Hanging SUPERball, 1 s of random commands then every cable let out: the exported
     file, loaded by plain MuJoCo, keeps the identified engine's CoM within 5 mm (the
     issue's target; measured ~1e-15 m, a fractional dead time included, for a model stepped
-    semi-implicitly or with implicitfast), while the config's values land far off (the
+    semi-implicitly or with implicitfast; MuJoCo's RK4 is no round-off twin of the
+    engine's rk4, within a millimetre), while the config's values land far off (the
     export carries the values, not the config) and so does the same file without its dead
     time."""
     robot = load_robot("superball").replace(integrator=integrator)
     params = _identified(robot, np.random.default_rng(3), delay)
     export = write_mjcf(params, tmp_path / "identified.xml", floor=False, fixed_rods=FIXED)
-    assert f'integrator="{"Euler" if integrator == "semi_implicit" else integrator}"' in export.xml
+    assert f'integrator="{MUJOCO_INTEGRATORS[integrator]}"' in export.xml
     assert export.notes == ()                                # nothing left out without contact
     s0, a0, commands = _episode(robot, 1000, seed=5)
     engine = _engine_com(params, s0, a0, commands, export.timestep)
@@ -97,7 +98,7 @@ def test_exported_model_rolls_out_as_the_identified_engine(tmp_path, delay, inte
     path = np.linalg.norm(np.diff(engine, axis=0), axis=1).sum()
     assert path > 0.1                                        # it moved
     assert np.linalg.norm(engine[-1] - mj[-1]) < 5e-3
-    assert np.abs(engine - mj).max() < 5e-3
+    assert np.abs(engine - mj).max() < (1e-3 if integrator == "rk4" else 1e-9)
     nominal = write_mjcf(PhysicalParameters(robot), tmp_path / "nominal.xml", floor=False, fixed_rods=FIXED)
     assert nominal.timestep == robot.dt
     config_com = _mujoco_com(tmp_path / "nominal.xml", robot, s0, a0, commands)
