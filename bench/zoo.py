@@ -92,7 +92,7 @@ def machine() -> str:
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return f"{cpu}, {isa}, {torch.get_num_threads()} torch thread(s), {gpu}"
+    return f"{cpu}, {isa}, {torch.get_num_threads()} torch / C kernel thread(s), {gpu}"
 
 
 def zoo_selection(robot: str, zoo: str, threads: int = 1):
@@ -206,7 +206,7 @@ def run_robot(name, base, args, out: Path) -> dict:
     roll = record(z, "contact", root, args.seed + 100, args.pose_only)
     _line(f"   data recorded in {time.perf_counter() - t0:.1f} s")
     cfg = dict(max_seconds=args.budget, epoch_tuples=args.epoch_tuples, batch_size=16, val_tuples=32,
-               patience=2, max_stage_epochs=2, seed=args.seed)
+               patience=2, max_stage_epochs=2, seed=args.seed, native_threads=args.threads)
     if args.start == "config":
         cfg.update(init="given", schedule="fine_only")
     identified, walls = {}, {}
@@ -432,7 +432,8 @@ def main(argv=None) -> int:
                          "random: the paper's progressive schedule from random starts")
     ap.add_argument("--out", default="runs/bench_zoo")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch's and the C kernel's threads (2: the cores mujoco.sysid's --peer-threads 2 use)")
     args = ap.parse_args(argv)
     if args.peer:
         sysid, why = peer_sysid.sysid_module()

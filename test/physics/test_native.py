@@ -372,7 +372,7 @@ def test_fast_spin_takes_the_exact_exponential(three_bar):
 @pytest.mark.parametrize("integrator", ["semi_implicit", "implicitfast", "rk4"])
 def test_float32_agrees_like_torch_float32(superball, integrator):
     """float32 (the planner's default) native rollouts stay as close to float64 as torch's
-    float32 does, for either model integrator (the penalty law; the soft law's float32:
+    float32 does, for every model integrator (the penalty law; the soft law's float32:
     `test_soft_contact`)."""
     robot = superball.replace(integrator=integrator,
                               contact=dataclasses.replace(superball.contact, law="penalty"))

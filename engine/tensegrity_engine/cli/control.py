@@ -216,7 +216,7 @@ def add_planner_args(p: argparse.ArgumentParser) -> None:
                    help="default: the robot config's engine.integrator")
     p.add_argument("--device", default="cpu")
     p.add_argument("--backend", choices=("native", "torch"), default=None,
-                   help="engine rollouts in the fused C kernel (native: semi-implicit on CPU, needs a C "
+                   help="engine rollouts in the fused C kernel (native: the model integrators on CPU, needs a C "
                         "compiler, the default there) or in torch (any integrator or device; "
                         "torch.compile'd unless --eager)")
     p.add_argument("--eager", action="store_true",

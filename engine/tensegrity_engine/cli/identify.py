@@ -151,7 +151,7 @@ def cmd_identify(args) -> int:
         max_stage_epochs=args.max_stage_epochs or None, max_epochs=args.max_epochs,
         max_seconds=args.max_seconds, batch_size=args.batch_size, epoch_tuples=args.epoch_tuples or None,
         val_tuples=args.val_tuples or None, seed=args.seed, n_starts=args.starts,
-        fine_optimizer=args.fine_optimizer, init=args.init,
+        fine_optimizer=args.fine_optimizer, init=args.init, native_threads=max(1, args.threads),
         compile_training={"auto": None, "on": True, "off": False}[args.compile])
     dtype = {"float64": torch.float64, "float32": torch.float32}[args.dtype]
     out = Path(args.out)
@@ -391,7 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gradient epochs step a torch.compile'd engine step (2.5x faster per epoch on the CPU, "
                         "after 27-60 s of compiling per integrator and batch shape: worth it for long runs); "
                         "auto: on CUDA only")
-    i.add_argument("--threads", type=int, default=2)
+    i.add_argument("--threads", type=int, default=2, help="torch's and the C kernel's threads")
     i.add_argument("--truth", help="the robot's true values for the report, when known: twin, zoo/<name> or a "
                                    "robot YAML (default: what generated data says it came from)")
     i.add_argument("--quiet", action="store_true")

@@ -1,6 +1,6 @@
 """Dynamics adapters for planning: `EngineDynamics` runs the differentiable engine
 (`physics.engine.TensegrityEngine`) at a configurable planning step and integrator (by
-default the semi-implicit step in the fused C kernel of `tensegrity_engine.physics.native`);
+default the model's own step in the fused C kernel of `tensegrity_engine.physics.native`);
 `MujocoDynamics` runs ``mujoco.rollout`` on the MuJoCo twin (the ground-truth baseline).
 Both have the signature of `interfaces.Dynamics`."""
 from __future__ import annotations
@@ -60,7 +60,7 @@ class EngineDynamics:
     MuJoCo): 1 ms with a 0.5 s horizon reaches 0.85 m/s and ends 0.76 m from the goal;
     2 ms (stable, half the steps) only 0.45 m/s at 0.5 s horizon and 0.05 m/s at 1 s.
 
-    ``backend``: "native" runs the semi-implicit rollouts in the fused C kernel
+    ``backend``: "native" runs the rollouts (semi-implicit, implicitfast or rk4) in the fused C kernel
     (`tensegrity_engine.physics.native`, compiled with the system C compiler on first use and
     cached per user): the same step to rounding, ~40x faster than the compiled torch step
     at 40 samples (MPPI at the paper's sizes, 5 it x 40 samples x 1 s: ~0.03 s per control

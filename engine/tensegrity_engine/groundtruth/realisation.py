@@ -112,8 +112,8 @@ class Realisation:
     def twin_of(robot) -> "Realisation":
         """The engine's twin of ``robot``: its equations, stepped as the robot model says
         (``engine.integrator``: semi_implicit is MuJoCo's Euler, implicitfast and rk4 its
-        implicitfast and RK4, the one twin that is not the engine to round-off: its stages
-        do not hold the rest lengths as the engine's rk4 does); a
+        implicitfast and RK4, the one twin that is not the engine to round-off: its rollouts
+        of varying commands converge at first order, the engine's rk4 at fourth); a
         robot with the soft contact law gets its solref, solimp and condim (rod-rod contacts
         stay MuJoCo's there, the engine's penalty law in the engine)."""
         integrator = MUJOCO_INTEGRATORS[robot.integrator]

@@ -64,7 +64,7 @@ class IdentificationConfig:
     lr_min: float = 1e-4
     coarse_integrator: str = "implicit"
     fine_integrator: Optional[str] = None    # None: the robot model's (engine.integrator);
-                                        # semi_implicit / implicitfast: fit a model stepped so
+                                        # semi_implicit / implicitfast / rk4: fit a model stepped so
                                         # (the structure, `structure.py`); "ani"
     patience: int = 2                   # non-improving epochs before a stage change
     min_rel_improvement: float = 1e-3   # val loss must fall by this fraction to count
@@ -117,11 +117,11 @@ class IdentificationConfig:
                                         # (forward and backward fused; 27-60 s to compile per
                                         # integrator and batch shape, then a CPU epoch ~2.5x
                                         # faster); None: on CUDA only
-    native_threads: Optional[int] = None    # threads of the C kernel's gradient-free rollouts (84 % of
-                                        # a Levenberg-Marquardt fit's time, measured); None: torch's
-                                        # (torch.get_num_threads(), which the CLI's --threads sets)
+    native_threads: int = 1             # threads of the C kernel's gradient-free rollouts (84 % of a
+                                        # Levenberg-Marquardt fit's time, measured); 1 beside a
+                                        # controller (the identifier node), the CLI's --threads offline
     forward_backend: Optional[str] = None   # gradient-free rollouts (Levenberg-Marquardt residuals,
-                                        # validation): "native" (C kernel, CPU, semi-implicit),
+                                        # validation): "native" (C kernel, CPU, a model integrator),
                                         # "torch", None: native where it applies
 
     def __post_init__(self):
@@ -134,9 +134,8 @@ class IdentificationConfig:
             raise ValueError(f"fine_optimizer must be 'lm' or 'adam', got {self.fine_optimizer!r}")
         if self.collision not in ("differentiable", "mujoco"):
             raise ValueError(f"collision must be 'differentiable' or 'mujoco', got {self.collision!r}")
-        if self.native_threads is not None and (int(self.native_threads) != self.native_threads
-                                                or self.native_threads < 1):
-            raise ValueError(f"native_threads must be None or a positive integer, got {self.native_threads!r}")
+        if int(self.native_threads) != self.native_threads or self.native_threads < 1:
+            raise ValueError(f"native_threads must be a positive integer, got {self.native_threads!r}")
         if self.forward_backend not in (None, "native", "torch"):
             raise ValueError(f"forward_backend must be None, 'native' or 'torch', got {self.forward_backend!r}")
         if self.jacobian not in (None, "central", "one_sided", "forward"):

@@ -143,8 +143,7 @@ class RecurrentObjective:
             raise ValueError("forward_backend='native' runs on the CPU with the engine's own ground "
                              "collision; use forward_backend='torch'")
         native.load_library(torch.float64)
-        threads = config.native_threads or torch.get_num_threads()
-        return native.NativeRollout(engine, integrator=_stepped(config), threads=int(threads))
+        return native.NativeRollout(engine, integrator=_stepped(config), threads=int(config.native_threads))
 
     def step_for(self, p: dict, log: Optional[Callable[[str], None]] = None) -> int:
         """Set (and return) the sub-steps the semi-implicit rollouts of ``p`` need; ``log``

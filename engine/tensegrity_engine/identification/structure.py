@@ -357,17 +357,20 @@ def refit_noncontact(contact: StructureSelection, train: Sequence[Trajectory], h
     values a hanging fit found without those options carry their compensation, and the
     rolling fit's masses theirs (measured on the zoo's three-bar ``payload``: hanging 1 s
     ahead 5.5 mm with the hanging stage's values and the rolling stage's masses per rod).
-    ``chosen`` are the non-contact options the structure was selected with. None if the
-    contact stage added no option."""
+    ``chosen`` are the non-contact options the structure was selected with; the values
+    refitted are ``config.learn``'s (else ``base_learn``) and theirs. None if the contact
+    stage added no option."""
     added = [name for name in contact.chosen.options if name in CONTACT_OPTIONS]
     if not added:
         return None
     params = contact.params
     held = {n for name in added for n in OPTIONS[name].learn}
-    learn, _, _ = structure_config(chosen, params.robot, base_learn)
+    learn, _, _ = structure_config(chosen, params.robot, tuple(config.learn) if config.learn else base_learn)
     learn = tuple(n for n in learn if n not in held)
+    # Levenberg-Marquardt from the fitted values: no coarse stage, whose force-scale search
+    # would scale every mass, a hung rod's too
     cfg = dataclasses.replace(config, learn=learn, per_element=tuple(params.per_element),
-                              fine_integrator=params.robot.integrator, init="given")
+                              fine_integrator=params.robot.integrator, init="given", schedule="fine_only")
     heldout = [with_estimated_velocity(t) for t in heldout]
     return _fitted_candidate(contact.chosen.options, params.robot, params, cfg, (tuples_from(list(train), config.period),),
                              heldout, horizon, stride)

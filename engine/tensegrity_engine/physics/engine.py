@@ -7,9 +7,10 @@ Pipeline of one step, all batched over any leading dimensions of the state:
   DCC + CRG         capsule/ground and capsule/capsule contacts, penalty normal force,
                     smooth Coulomb friction (sliding, torsional, rolling)
   RAG               Newton-Euler accelerations of the rigid rods (gyroscopic term included)
-  integrator        semi-implicit Euler, linearised backward Euler ("implicit"), ANI, or
-                    "implicitfast" (implicit per rod in cable damping and gyroscopic terms);
-                    a robot model says which of semi-implicit / implicitfast it steps with
+  integrator        semi-implicit Euler, linearised backward Euler ("implicit"), ANI,
+                    "implicitfast" (implicit per rod in cable damping and gyroscopic terms),
+                    or "rk4" (four Runge-Kutta stages); a robot model says which of
+                    semi-implicit / implicitfast / rk4 it steps with
 
 Where each stage lives: `actuators` (cable actuator), `forces` (CFG, DCC + CRG, with the
 force conventions) and `jacobians` (their linearisation), `rigid_body` (RAG),

@@ -22,9 +22,9 @@ Integrators
                    ``RK4``): each stage takes the accelerations the semi-implicit step would
                    (ground friction velocity-implicit over the step, the soft ground solved
                    over it) at the step's rest lengths (the actuators' ``timing``, held over
-                   the step as a motor loop holds them, and as MuJoCo's RK4 does: measured,
-                   its 1 ms rollouts of varying commands converge at first order, with
-                   constant rest lengths at fourth); poses move by the stages' weighted
+                   the step as a motor loop holds them; MuJoCo's RK4, whose stages move the
+                   activation, is not this step to round-off: measured, its 1 ms rollouts of
+                   varying commands converge at first order); poses move by the stages' weighted
                    velocities, the orientation by the exponential of their weighted angular
                    velocity plus the Magnus term h/12 w_end x w0 (fourth order; tested).
                    Four force evaluations a step: a robot simulated (or built) with more

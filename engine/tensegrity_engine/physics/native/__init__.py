@@ -212,7 +212,7 @@ def _ptr(t: torch.Tensor, ctype):
 
 # ----------------------------------------------------------------------------- rollouts
 class NativeRollout:
-    """Semi-implicit or implicitfast (``integrator``, default the robot model's) rollouts of
+    """Semi-implicit, implicitfast or rk4 (``integrator``, default the robot model's) rollouts of
     ``engine`` (a `TensegrityEngine`) in native code.
 
     Uses the engine's topology, floor, fixed rods, actuator timing and smoothing settings;

@@ -3,7 +3,7 @@
  * rod's own cable damping and gyroscopic torque, a 6x6 solve per rod), or of its rk4 step
  * (`rk4`: four stages of the semi-implicit step's accelerations, integrators.RungeKutta4).
  *
- * One call runs `steps` steps of `_step_soa(..., integrator="semi_implicit")` for a batch
+ * One call runs `steps` steps of `_step_soa(..., integrator=...)` for a batch
  * of samples: actuator filter, cables, ground contacts (normal, rolling and torsional
  * friction), capsule-capsule contacts, Newton-Euler accelerations, the velocity-implicit
  * ground sliding friction pass, and the exponential-map orientation update.  Every
@@ -979,7 +979,7 @@ static void soft_minimise(soft_rod *restrict s, real mass)
 /* Soft ground (SoftGroundContact): per rod, for all lanes at once, the accelerations
  * minimising 1/2 (a - a0)'M(a - a0) + sum 1/2 D min(0, J a - aref)^2 over the pyramid rows
  * of its end spheres, a0 = (acc, alpha) as accelerations() left them. A lane in contact
- * the step before starts from that step's solution, and its first Newton step uses that
+ * the step (rk4: the stage) before starts from that solution, and its first Newton step uses that
  * step's active rows (the minimum is unique, so this changes only the path): the rows seldom
  * change in 1 ms, and then the first step is exact. Measured on SUPERball rolling, this
  * leaves 80 % of the lanes done after one step, against 56 % with the rows re-evaluated
