@@ -118,17 +118,14 @@ def test_floor_contacts_sliding_rolling_spinning(superball):
     assert roll[loaded].max() > 10 * engine.angular_smoothing          # rolling friction
 
 
-@pytest.mark.parametrize("floor", [False, True])
-def test_implicitfast_steps(superball, floor):
-    """A model stepped with implicitfast (8x the config's cable damping, 30 % of it on slack
-    cables, spinning rods): native follows torch, hanging with pushes and rolling on the
-    floor; the semi-implicit kernel on the same values runs away, so the implicit step is
-    what the comparison exercises."""
-    robot = superball.replace(cable_damping=superball.cable_damping * 8,
-                              cable_slack_damping=np.full(superball.num_cables, 0.3), integrator="implicitfast")
+def _model_runs(robot, floor: bool, seed: int):
+    """Rollouts of ``robot``'s own integrator, torch and native, and native semi-implicit on
+    the same inputs: three robots launched on the floor under random commands, or two
+    hanging from a fixed rod with pushes and spinning rods. Returns (state, native, torch,
+    native semi-implicit), each rollout (states, acts)."""
     if floor:
         rest, act0 = environments.rest_pose(robot)
-        rng = np.random.default_rng(2)
+        rng = np.random.default_rng(seed)
         state = torch.tensor(np.stack([launched(robot, rest, np.r_[rng.uniform(-1.5, 1.5, 2), 0.0],
                                                 np.r_[rng.uniform(-0.5, 0.5, 2), rng.uniform(-2.0, 2.0)])
                                        for _ in range(3)]))
@@ -142,12 +139,24 @@ def test_implicitfast_steps(superball, floor):
         state[..., 1:, 10:13] += 3.0
         engine = TensegrityEngine(robot, floor=False, fixed_rods=(environments.NONCONTACT_FIXED_ROD,))
     with torch.no_grad():
-        ref = engine.rollout(state, act, commands, 1e-3, wrenches=wrenches)          # the model's: implicitfast
+        ref = engine.rollout(state, act, commands, 1e-3, wrenches=wrenches)          # the model's own step
         runner = native.NativeRollout(engine)
-        assert runner.integrator == "implicitfast"
+        assert runner.integrator == robot.integrator
         out = runner.rollout(state, act, commands, 1e-3, wrenches=wrenches)
         semi = native.NativeRollout(engine, integrator="semi_implicit").rollout(state, act, commands, 1e-3,
                                                                                  wrenches=wrenches)
+    return state, out, ref, semi
+
+
+@pytest.mark.parametrize("floor", [False, True])
+def test_implicitfast_steps(superball, floor):
+    """A model stepped with implicitfast (8x the config's cable damping, 30 % of it on slack
+    cables, spinning rods): native follows torch, hanging with pushes and rolling on the
+    floor; the semi-implicit kernel on the same values runs away, so the implicit step is
+    what the comparison exercises."""
+    robot = superball.replace(cable_damping=superball.cable_damping * 8,
+                              cable_slack_damping=np.full(superball.num_cables, 0.3), integrator="implicitfast")
+    _, out, ref, semi = _model_runs(robot, floor, seed=2)
     assert_states_close(out[0], ref[0], 1e-9)
     gap = (semi[0][..., :3] - ref[0][..., :3]).abs()
     assert not torch.isfinite(gap).all() or gap.max() > 1e-2
@@ -162,27 +171,7 @@ def test_rk4_steps(superball, law):
     robot = superball.replace(integrator="rk4")
     if law is not None:
         robot = robot.replace(contact=dataclasses.replace(robot.contact, law=law))
-        rest, act0 = environments.rest_pose(robot)
-        rng = np.random.default_rng(4)
-        state = torch.tensor(np.stack([launched(robot, rest, np.r_[rng.uniform(-1.5, 1.5, 2), 0.0],
-                                                np.r_[rng.uniform(-0.5, 0.5, 2), rng.uniform(-2.0, 2.0)])
-                                       for _ in range(3)]))
-        commands = torch.tensor(np.stack([environments.random_commands(robot, rng, 300, hold_range=(0.05, 0.1))
-                                          for _ in range(3)]))
-        act, wrenches = torch.tensor(act0).expand(3, -1), None
-        engine = TensegrityEngine(robot)
-    else:
-        episodes = [environments.sample_noncontact_episode(robot, np.random.default_rng(s), 400) for s in (0, 1)]
-        state, act, commands, wrenches = (torch.tensor(np.stack(x)) for x in zip(*episodes, strict=True))
-        state[..., 1:, 10:13] += 3.0
-        engine = TensegrityEngine(robot, floor=False, fixed_rods=(environments.NONCONTACT_FIXED_ROD,))
-    with torch.no_grad():
-        ref = engine.rollout(state, act, commands, 1e-3, wrenches=wrenches)          # the model's: rk4
-        runner = native.NativeRollout(engine)
-        assert runner.integrator == "rk4"
-        out = runner.rollout(state, act, commands, 1e-3, wrenches=wrenches)
-        semi = native.NativeRollout(engine, integrator="semi_implicit").rollout(state, act, commands, 1e-3,
-                                                                                 wrenches=wrenches)
+    state, out, ref, semi = _model_runs(robot, law is not None, seed=4)
     assert_states_close(out[0], ref[0], 1e-9)
     torch.testing.assert_close(out[1], ref[1], rtol=1e-12, atol=1e-14)
     if law is not None:

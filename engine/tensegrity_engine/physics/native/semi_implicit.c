@@ -1102,6 +1102,45 @@ static inline real sinc_series(real z)
 }
 
 /* v+ = v + h a, w+ = w + h alpha; p+ = p + h v+; q+ = exp(h w+ / 2) q, renormalised. */
+/* q_out = exp(half w) q_in, normalised, per lane (RigidRods.advance's orientation update:
+ * half = h / 2 of the step it turns over); q_out may be q_in. */
+static void rotate(real *const q_out[4], const real *const q_in[4], const real *const w[3], real half)
+{
+    real angle[LANES], dw[LANES], sinc[LANES];
+    int large = 0;
+    _Pragma("omp simd reduction(|:large)")
+    for (int l = 0; l < LANES; ++l) {
+        const real x0 = half * w[0][l], x1 = half * w[1][l], x2 = half * w[2][l];
+        const real z = x0 * x0 + x1 * x1 + x2 * x2 + (real)1e-30;
+        angle[l] = SQRT(z);
+        dw[l] = cos_series(z);
+        sinc[l] = sinc_series(z);
+        large |= angle[l] > (real)SMALL_ANGLE;
+    }
+    if (large) {
+        for (int l = 0; l < LANES; ++l) {
+            if (angle[l] > (real)SMALL_ANGLE) {
+                /* torch.sinc(angle / pi) = sin(pi x) / (pi x) */
+                const real x = angle[l] / (real)TG_PI;
+                const real prod = (real)TG_PI * x;
+                dw[l] = COS(angle[l]);
+                sinc[l] = SIN(prod) / prod;
+            }
+        }
+    }
+    LANE_LOOP {
+        const real x0 = half * w[0][l], x1 = half * w[1][l], x2 = half * w[2][l];
+        const real dv0 = x0 * sinc[l], dv1 = x1 * sinc[l], dv2 = x2 * sinc[l];
+        const real qw = q_in[0][l], q0 = q_in[1][l], q1 = q_in[2][l], q2 = q_in[3][l];
+        const real nw = dw[l] * qw - (dv0 * q0 + dv1 * q1 + dv2 * q2);
+        const real n0 = (dw[l] * q0 + qw * dv0) + (dv1 * q2 - dv2 * q1);
+        const real n1 = (dw[l] * q1 + qw * dv1) + (dv2 * q0 - dv0 * q2);
+        const real n2 = (dw[l] * q2 + qw * dv2) + (dv0 * q1 - dv1 * q0);
+        const real norm = SQRT(nw * nw + (n0 * n0 + n1 * n1 + n2 * n2));
+        q_out[0][l] = nw / norm; q_out[1][l] = n0 / norm; q_out[2][l] = n1 / norm; q_out[3][l] = n2 / norm;
+    }
+}
+
 static void advance(const tg_model *m, tg_work *w)
 {
     const int R = m->rods;
@@ -1113,10 +1152,7 @@ static void advance(const tg_model *m, tg_work *w)
         const real *a0 = ROW(w->acc, r), *a1 = ROW(w->acc, R + r), *a2 = ROW(w->acc, 2 * R + r);
         const real *b0 = ROW(w->alpha, r), *b1 = ROW(w->alpha, R + r), *b2 = ROW(w->alpha, 2 * R + r);
         const real fr = m->free[r];
-        real angle[LANES], dw[LANES], sinc[LANES];
-        int large = 0;
-        _Pragma("omp simd reduction(|:large)")
-        for (int l = 0; l < LANES; ++l) {
+        LANE_LOOP {
             real v0 = s[7][l] + h * a0[l], v1 = s[8][l] + h * a1[l], v2 = s[9][l] + h * a2[l];
             real w0 = s[10][l] + h * b0[l], w1 = s[11][l] + h * b1[l], w2 = s[12][l] + h * b2[l];
             if (fixed) {
@@ -1126,35 +1162,8 @@ static void advance(const tg_model *m, tg_work *w)
             s[0][l] = s[0][l] + h * v0; s[1][l] = s[1][l] + h * v1; s[2][l] = s[2][l] + h * v2;
             s[7][l] = v0; s[8][l] = v1; s[9][l] = v2;
             s[10][l] = w0; s[11][l] = w1; s[12][l] = w2;
-            const real x0 = half_h * w0, x1 = half_h * w1, x2 = half_h * w2;
-            const real z = x0 * x0 + x1 * x1 + x2 * x2 + (real)1e-30;
-            angle[l] = SQRT(z);
-            dw[l] = cos_series(z);
-            sinc[l] = sinc_series(z);
-            large |= angle[l] > (real)SMALL_ANGLE;
         }
-        if (large) {
-            for (int l = 0; l < LANES; ++l) {
-                if (angle[l] > (real)SMALL_ANGLE) {
-                    /* torch.sinc(angle / pi) = sin(pi x) / (pi x) */
-                    const real x = angle[l] / (real)TG_PI;
-                    const real prod = (real)TG_PI * x;
-                    dw[l] = COS(angle[l]);
-                    sinc[l] = SIN(prod) / prod;
-                }
-            }
-        }
-        LANE_LOOP {
-            const real x0 = half_h * s[10][l], x1 = half_h * s[11][l], x2 = half_h * s[12][l];
-            const real dv0 = x0 * sinc[l], dv1 = x1 * sinc[l], dv2 = x2 * sinc[l];
-            const real qw = s[3][l], q0 = s[4][l], q1 = s[5][l], q2 = s[6][l];
-            const real nw = dw[l] * qw - (dv0 * q0 + dv1 * q1 + dv2 * q2);
-            const real n0 = (dw[l] * q0 + qw * dv0) + (dv1 * q2 - dv2 * q1);
-            const real n1 = (dw[l] * q1 + qw * dv1) + (dv2 * q0 - dv0 * q2);
-            const real n2 = (dw[l] * q2 + qw * dv2) + (dv0 * q1 - dv1 * q0);
-            const real norm = SQRT(nw * nw + (n0 * n0 + n1 * n1 + n2 * n2));
-            s[3][l] = nw / norm; s[4][l] = n0 / norm; s[5][l] = n1 / norm; s[6][l] = n2 / norm;
-        }
+        rotate(s + 3, (const real *const *)(s + 3), (const real *const *)(s + 10), half_h);
     }
 }
 
@@ -1294,8 +1303,7 @@ static void rk4_place(const tg_model *m, tg_work *w, const real *pose, const rea
         for (int k = 0; k < 13; ++k) s[k] = ROW(w->st, k * R + r);
         for (int k = 0; k < 7; ++k) s0[k] = ROW(w->st0, k * R + r);
         const real fr = m->free[r];
-        real p[6][LANES], angle[LANES], dw[LANES], sinc[LANES];
-        int large = 0;
+        real p[6][LANES];
         for (int k = 0; k < 6; ++k) {
             const real *src = ROW(pose, k * R + r), *nv = ROW(vel, k * R + r);
             real *dst = s[7 + k];
@@ -1307,36 +1315,8 @@ static void rk4_place(const tg_model *m, tg_work *w, const real *pose, const rea
         LANE_LOOP {
             s[0][l] = s0[0][l] + hp * p[0][l]; s[1][l] = s0[1][l] + hp * p[1][l]; s[2][l] = s0[2][l] + hp * p[2][l];
         }
-        _Pragma("omp simd reduction(|:large)")
-        for (int l = 0; l < LANES; ++l) {
-            const real x0 = half_hp * p[3][l], x1 = half_hp * p[4][l], x2 = half_hp * p[5][l];
-            const real z = x0 * x0 + x1 * x1 + x2 * x2 + (real)1e-30;
-            angle[l] = SQRT(z);
-            dw[l] = cos_series(z);
-            sinc[l] = sinc_series(z);
-            large |= angle[l] > (real)SMALL_ANGLE;
-        }
-        if (large) {
-            for (int l = 0; l < LANES; ++l) {
-                if (angle[l] > (real)SMALL_ANGLE) {
-                    const real x = angle[l] / (real)TG_PI;
-                    const real prod = (real)TG_PI * x;
-                    dw[l] = COS(angle[l]);
-                    sinc[l] = SIN(prod) / prod;
-                }
-            }
-        }
-        LANE_LOOP {
-            const real x0 = half_hp * p[3][l], x1 = half_hp * p[4][l], x2 = half_hp * p[5][l];
-            const real dv0 = x0 * sinc[l], dv1 = x1 * sinc[l], dv2 = x2 * sinc[l];
-            const real qw = s0[3][l], q0 = s0[4][l], q1 = s0[5][l], q2 = s0[6][l];
-            const real nw = dw[l] * qw - (dv0 * q0 + dv1 * q1 + dv2 * q2);
-            const real n0 = (dw[l] * q0 + qw * dv0) + (dv1 * q2 - dv2 * q1);
-            const real n1 = (dw[l] * q1 + qw * dv1) + (dv2 * q0 - dv0 * q2);
-            const real n2 = (dw[l] * q2 + qw * dv2) + (dv0 * q1 - dv1 * q0);
-            const real norm = SQRT(nw * nw + (n0 * n0 + n1 * n1 + n2 * n2));
-            s[3][l] = nw / norm; s[4][l] = n0 / norm; s[5][l] = n1 / norm; s[6][l] = n2 / norm;
-        }
+        const real *turn[3] = {p[3], p[4], p[5]};
+        rotate(s + 3, s0 + 3, turn, half_hp);
     }
 }
 
