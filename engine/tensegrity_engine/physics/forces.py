@@ -33,21 +33,30 @@ class ForceModel:
     block uses that depth as a constant (no gradient through the contact geometry);
     everything else is unchanged. Used by the identification ablation (c).
 
-    Under the soft contact law (``contact.law: soft``) the ground is not a force here: the
-    integrators solve it with the accelerations (`soft_contact.SoftGroundContact`).
+    Under the soft contact law (``contact.law: soft``) neither the ground nor the rod pairs
+    are forces here: the integrators solve them with the accelerations
+    (`soft_pairs.SoftContacts`).
     """
 
     def __init__(self, topology: Topology, *, floor: bool, friction_smoothing: float,
                  angular_smoothing: float, ground_contact_fn: Optional[Callable] = None):
         self.topology = topology
         self.floor = floor
-        self.soft_ground = bool(floor and topology.robot.contact.law == "soft")
+        soft = topology.robot.contact.law == "soft"
+        self.soft_ground = bool(floor and soft)
+        # rod pairs under the soft law are constraints too (`soft_pairs.SoftContacts`)
+        self.soft_pairs = bool(soft and topology.num_pairs)
         if self.soft_ground and ground_contact_fn is not None:
             raise ValueError("the soft contact law solves the engine's own floor plane; an external "
                              "ground_contact_fn needs contact.law 'penalty'")
         self.friction_smoothing = friction_smoothing
         self.angular_smoothing = angular_smoothing
         self.ground_contact_fn = ground_contact_fn
+
+    @property
+    def soft_contacts(self) -> bool:
+        """Whether the integrators solve soft-constraint contacts (ground or rod pairs)."""
+        return self.soft_ground or self.soft_pairs
 
     @property
     def has_contacts(self) -> bool:
@@ -134,7 +143,7 @@ class ForceModel:
         if ground_force is not None:
             force, torque = force + ground_force, torque + ground_torque
         # ---- rod-rod contacts (capsule-capsule)
-        if self.topology.num_pairs:
+        if self.topology.num_pairs and not self.soft_pairs:
             if X is None:
                 X = Y @ k["Nt"]
             contact = collision.capsule_contacts(

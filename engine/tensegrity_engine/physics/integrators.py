@@ -55,7 +55,7 @@ from tensegrity_engine.physics.actuators import CableActuators
 from tensegrity_engine.physics.forces import ForceModel
 from tensegrity_engine.physics.jacobians import skew, block_diag, force_jacobians, own_cable_damping_blocks
 from tensegrity_engine.physics.rigid_body import RigidRods
-from tensegrity_engine.physics.soft_contact import SoftGroundContact
+from tensegrity_engine.physics.soft_pairs import SoftContacts
 from tensegrity_engine.physics.stability import explicit_step_limit
 from tensegrity_engine.physics.state import ANG_VEL, LIN_VEL
 
@@ -66,7 +66,7 @@ class SemiImplicitEuler:
     """Symplectic Euler with velocity-implicit ground friction."""
 
     def __init__(self, forces: ForceModel, rods: RigidRods, actuators: CableActuators,
-                 soft: Optional[SoftGroundContact] = None):
+                 soft: Optional[SoftContacts] = None):
         self.forces, self.rods, self.actuators, self.soft = forces, rods, actuators, soft
 
     def accelerations(self, S, rest, p, h, wrench):
@@ -97,7 +97,7 @@ class LinearizedBackwardEuler:
     """Linearised backward Euler on the rod-major system (see the module docstring)."""
 
     def __init__(self, forces: ForceModel, rods: RigidRods, actuators: CableActuators,
-                 soft: Optional[SoftGroundContact] = None):
+                 soft: Optional[SoftContacts] = None):
         self.forces, self.rods, self.actuators, self.soft = forces, rods, actuators, soft
 
     def advance(self, S, rest, p, h, wrench):
@@ -134,7 +134,7 @@ class ImplicitFast:
     (see the module docstring)."""
 
     def __init__(self, forces: ForceModel, rods: RigidRods, actuators: CableActuators,
-                 soft: Optional[SoftGroundContact] = None):
+                 soft: Optional[SoftContacts] = None):
         self.forces, self.rods, self.actuators, self.soft = forces, rods, actuators, soft
 
     def _solve(self, A, force, torque):
@@ -239,7 +239,7 @@ class AdaptiveNaive:
         return S, act
 
 
-def add_soft_contact(soft: SoftGroundContact, rods: RigidRods, S, out, p, h) -> None:
+def add_soft_contact(soft: SoftContacts, rods: RigidRods, S, out, p, h) -> None:
     """Add the soft ground contact's wrench at the explicit accelerations to ``out``."""
     acc, alpha = rods.accelerations(S, out)
     force, torque = soft.wrench(S, out, p, h, acc, alpha)
@@ -249,7 +249,8 @@ def add_soft_contact(soft: SoftGroundContact, rods: RigidRods, S, out, p, h) -> 
 def make_integrators(forces: ForceModel, rods: RigidRods, actuators: CableActuators, *,
                      ani_safety: float) -> dict:
     """The name -> integrator table, in `INTEGRATORS` order."""
-    soft = SoftGroundContact(forces.topology, rods) if forces.soft_ground else None
+    soft = (SoftContacts(forces.topology, rods, ground=forces.soft_ground, pairs=forces.soft_pairs)
+            if forces.soft_contacts else None)
     semi = SemiImplicitEuler(forces, rods, actuators, soft)
     return {"semi_implicit": semi, "implicit": LinearizedBackwardEuler(forces, rods, actuators, soft),
             "ani": AdaptiveNaive(semi, ani_safety), "implicitfast": ImplicitFast(forces, rods, actuators, soft),

@@ -30,8 +30,8 @@ predicts the centre of mass 0.1 / 0.5 / 1 s ahead within 0.2 / 2.1 / 5.7 mm with
 against 5.4 / 46.6 / 130.9 mm with the penalty law; the same robot restarted with a 1 %
 velocity error (the chaos floor) is 0.7 / 2.3 / 3.4 mm off.
 
-Rod-rod contacts keep the penalty law (they would couple two rods' problems); a ground
-given by ``ground_contact_fn`` is not supported. MuJoCo's ``refsafe`` applies: the time
+Rod-rod contacts under this law are MuJoCo's too (`soft_pairs`: they couple the rods'
+problems while a pair touches); a ground given by ``ground_contact_fn`` is not supported. MuJoCo's ``refsafe`` applies: the time
 constant is at least two steps.
 """
 from __future__ import annotations
@@ -56,10 +56,28 @@ def impedance(violation: torch.Tensor, solimp) -> torch.Tensor:
     return dmin + (dmax - dmin) * torch.where(x <= mid, low, high)
 
 
+def solref_gains(p: dict, solimp, h: float):
+    """(B, K) of the reference acceleration aref = -B v - K imp dist, from solref (the
+    parameters' time constant and damping ratio) and solimp's dmax; MuJoCo's ``refsafe``
+    holds the time constant at two steps or more."""
+    dmax = float(solimp[1])
+    tc = p["contact_time_constant"].reshape(()).clamp(min=2.0 * h)
+    ratio = p["contact_damping_ratio"].reshape(())
+    return 2.0 / (dmax * tc), 1.0 / (dmax * dmax * tc * tc * ratio * ratio)
+
+
+def regulariser_scale(imp: torch.Tensor, mu_sliding):
+    """MuJoCo's regulariser R per unit of ``diagApprox``'s translational inverse weight:
+    (1 - imp)/imp for a frictionless contact (``mu_sliding`` None); for every edge of a
+    pyramid 2 mu^2 (1 - imp)/imp (1 + mu^2) (``Rpy`` at impratio 1)."""
+    if mu_sliding is None:
+        return (1.0 - imp) / imp
+    return 2.0 * mu_sliding * mu_sliding * (1.0 - imp) / imp * (1.0 + mu_sliding * mu_sliding)
+
+
 class SoftGroundContact:
-    """The soft-constraint ground contact of every rod: `accelerations` with the contact
-    (semi-implicit steps) or the contact's `wrench` (integrators that solve their own
-    velocity update)."""
+    """The soft-constraint ground contact of every rod: its pyramid `rows` and the Newton
+    `solve` (the integrators use both through `soft_pairs.SoftContacts`)."""
 
     def __init__(self, topology, rods):
         contact = topology.robot.contact
@@ -115,18 +133,10 @@ class SoftGroundContact:
         else:                                # condim 1: the normal row alone
             J = J_n.unsqueeze(-3)
         speed = (J * torch.cat([vel, w], -2).repeat_interleave(2, dim=-1).unsqueeze(-3)).sum(-2)   # [..., E', 2R]
-        dmax = self.solimp[1]
-        tc = p["contact_time_constant"].reshape(()).clamp(min=2.0 * h)      # MuJoCo's refsafe
-        ratio = p["contact_damping_ratio"].reshape(())
-        B = 2.0 / (dmax * tc)
-        K = 1.0 / (dmax * dmax * tc * tc * ratio * ratio)
+        B, K = solref_gains(p, self.solimp, h)
         imp = impedance(dist, self.solimp)
         aref = -B * speed - (K * imp * dist).unsqueeze(-2)
-        inv_mass = 1.0 / out["mass"].repeat_interleave(2)
-        if directions:                       # one R for the whole pyramid (MuJoCo's Rpy)
-            regulariser = 2.0 * mu_s * mu_s * (1.0 - imp) / imp * (1.0 + mu_s * mu_s) * inv_mass
-        else:
-            regulariser = (1.0 - imp) / imp * inv_mass
+        regulariser = regulariser_scale(imp, mu_s if directions else None) * (1.0 / out["mass"].repeat_interleave(2))
         D = torch.where(dist < 0, 1.0 / regulariser, torch.zeros_like(dist)).unsqueeze(-2).expand_as(aref)
 
         # per rod: end sphere 2r's rows, then 2r+1's
@@ -176,27 +186,3 @@ class SoftGroundContact:
                                     alpha).clamp(min=0.0)
             a = a + alpha.unsqueeze(-1) * step
         return a
-
-    # ------------------------------------------------------------------ for the integrators
-    def _solved(self, S, out, p, h, acc, alpha):
-        """(M, a0, a) [..., R, 6(, 6)]: each rod's mass matrix, its accelerations without
-        the ground and with it."""
-        J, aref, D = self.rows(S, out, p, h)
-        M = self.rods.mass_matrix(S, out)
-        a0 = torch.cat([acc, alpha], -2).transpose(-1, -2)
-        return M, a0, self.solve(M, a0, J, aref, D)
-
-    def accelerations(self, S, out, p, h, acc, alpha):
-        """(acc, alpha) [..., 3, R] with the ground contact, from those without it."""
-        a = self._solved(S, out, p, h, acc, alpha)[2].transpose(-1, -2)
-        acc, alpha = a[..., :3, :], a[..., 3:, :]
-        if self.topology.fixed_rods:
-            free = self.topology.constants(S.dtype, S.device)["free"]
-            acc, alpha = acc * free, alpha * free
-        return acc, alpha
-
-    def wrench(self, S, out, p, h, acc, alpha):
-        """(force, torque) [..., 3, R] the contact applies: M (a - a0), with a0 = (acc, alpha)."""
-        M, a0, a = self._solved(S, out, p, h, acc, alpha)
-        w = (M @ (a - a0).unsqueeze(-1)).squeeze(-1).transpose(-1, -2)
-        return w[..., :3, :], w[..., 3:, :]
