@@ -102,7 +102,7 @@ class TensegrityEngine(nn.Module):
     def native_kernel_applies(self) -> bool:
         """Whether the C kernel (`native`) can step this engine: its own floor (either
         contact law), not an external ground checker."""
-        return self.ground_contact_fn is None and not self.force_model.soft_pairs
+        return self.ground_contact_fn is None
 
     @property
     def actuator_timing(self) -> str:

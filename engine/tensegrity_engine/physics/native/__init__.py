@@ -189,7 +189,8 @@ def _structs(real):
                     + [("quarter_h", real), ("magnus", real)]
                     + [("soft_ground", i32), ("soft_condim", i32)]
                     + [(n, real) for n in ("soft_b", "soft_k", "soft_reg", "soft_dmin", "soft_dmax",
-                                           "soft_width", "soft_mid", "soft_power")])
+                                           "soft_width", "soft_mid", "soft_power")]
+                    + [("soft_pairs", i32)])
 
     class IO(ctypes.Structure):
         _fields_ = ([(n, i64) for n in ("batch", "steps", "hold", "record_every")]
@@ -320,10 +321,12 @@ class NativeRollout:
         return built
 
     def _soft_ground(self, p: dict, dtype: torch.dtype, dt: float) -> dict:
-        """The soft contact law's constants (`soft_contact.SoftGroundContact.rows`), or off."""
+        """The soft contact law's constants (`soft_contact.SoftGroundContact.rows`, and
+        `soft_pairs.SoftPairRows.rows` for rod pairs), or off."""
         engine = self.engine
-        if not engine.force_model.soft_ground:
-            return {"soft_ground": 0}
+        forces = engine.force_model
+        if not forces.soft_contacts:
+            return {"soft_ground": 0, "soft_pairs": 0}
         contact = engine.robot.contact
         dmin, dmax, width, mid, power = (float(v) for v in contact.solimp)
         with torch.no_grad():
@@ -331,7 +334,7 @@ class NativeRollout:
             ratio = p["contact_damping_ratio"].detach().to(dtype).reshape(())
             mu = p["friction_sliding"].detach().to(dtype).reshape(())
             condim = contact.soft_condim
-            return {"soft_ground": 1, "soft_condim": condim, "soft_b": float(2.0 / (dmax * tc)),
+            return {"soft_ground": int(forces.soft_ground), "soft_pairs": int(forces.soft_pairs), "soft_condim": condim, "soft_b": float(2.0 / (dmax * tc)),
                     "soft_k": float(1.0 / (dmax * dmax * tc * tc * ratio * ratio)),
                     "soft_reg": float(2.0 * mu * mu * (1.0 + mu * mu)) if condim >= 3 else 1.0,
                     "soft_dmin": dmin, "soft_dmax": dmax, "soft_width": width, "soft_mid": mid,

@@ -89,6 +89,9 @@ typedef struct {
      * on (1 - imp) / (imp m), and solimp */
     int32_t soft_ground, soft_condim;
     real soft_b, soft_k, soft_reg, soft_dmin, soft_dmax, soft_width, soft_mid, soft_power;
+    /* soft rod pairs (soft_pairs.SoftPairRows): the same constants, the pairs' contacts solved
+     * with the ground's (the floor's soft_ground may be off: no floor) */
+    int32_t soft_pairs;
 } tg_model;
 
 /* Strided views of the caller's tensors, in elements (a stride may be 0: broadcast). */
@@ -122,9 +125,14 @@ typedef struct {
     real *rk_pose, *rk_sum;      /* [6][R]: rk4, the stages' weighted velocities and accelerations */
     real *rk_vel;                /* [6][R]: rk4, the next stage's (or the step's) velocities */
     int *pair_touch;             /* [P]: some lane of the pair in contact */
+    struct soft_row_s *pair_rows; /* soft pairs: each lane's rows of the coupled solve */
+    int *pair_count;             /* [LANES]: soft pairs, each lane's rows (0: not coupled) */
+    real *pair_scratch;          /* soft pairs: each lane's a0, a, saved wrench; the solver's matrices */
     idx_t sample[LANES];         /* batch index of each lane (padding lanes repeat the last) */
     void *block;                 /* the allocation holding all of the above */
 } tg_work;
+
+static int soft_pairs_alloc(tg_work *w, const tg_model *m);
 
 static int work_alloc(tg_work *w, const tg_model *m)
 {
@@ -150,7 +158,8 @@ static int work_alloc(tg_work *w, const tg_model *m)
         *ptr[i] = at;
         at += (rows[i] + 1) * LANES;
     }
-    return 0;
+    w->pair_rows = NULL; w->pair_count = NULL; w->pair_scratch = NULL;
+    return m->soft_pairs ? soft_pairs_alloc(w, m) : 0;
 }
 
 /* ------------------------------------------------------------------ forces */
@@ -1045,6 +1054,357 @@ static void soft_ground(const tg_model *m, tg_work *w, int write_acc)
     }
 }
 
+/* ------------------------------------------------------------------ soft rod pairs */
+/* MuJoCo's capsule-capsule contacts under the soft law (soft_pairs.SoftPairRows) couple
+ * two rods' problems, so a lane with a pair touching is solved whole: the minimiser of
+ * 1/2 (a - a0)'M(a - a0) + sum 1/2 D min(0, J a - aref)^2 over all 6R accelerations, the
+ * ground's rows of every rod (as soft_rows builds them) and the pairs' rows together. Such
+ * lanes are rare (rods seldom touch), so this runs one lane at a time in scalar code: a
+ * dense Cholesky Newton step with an exact line search, to the minimum's own tolerance. */
+#define PAIR_EDGES 10                 /* rows of one contact's pyramid at most (condim 6) */
+#define PAIR_NEWTON 50
+#define PAIR_LINE_SEARCH 30
+
+typedef struct soft_row_s {
+    int a, b;                         /* rods; b < 0: a ground row on rod a alone */
+    real Ja[6], Jb[6], aref, D;
+} soft_row;
+
+static size_t soft_pair_rows_max(const tg_model *m)
+{
+    return (size_t)(m->floor && m->soft_ground ? 2 * m->rods : 0) * PAIR_EDGES + (size_t)m->pairs * PAIR_EDGES;
+}
+
+/* The work area of the coupled solve: every lane's rows, results and saved wrench, and one
+ * lane's Newton matrices. */
+static int soft_pairs_alloc(tg_work *w, const tg_model *m)
+{
+    const size_t n = 6 * (size_t)m->rods, rows = soft_pair_rows_max(m);
+    w->pair_rows = malloc(sizeof(soft_row) * (LANES * rows + 1));
+    w->pair_count = malloc(sizeof(int) * LANES);
+    w->pair_scratch = malloc(sizeof(real) * (LANES * 3 * n + n * n + 6 * n + 3 * rows + 1));
+    return w->pair_rows && w->pair_count && w->pair_scratch ? 0 : -1;
+}
+
+static real soft_impedance1(const tg_model *m, real dist, real low, real high)
+{
+    real in[LANES], out[LANES];
+    for (int l = 0; l < LANES; ++l) in[l] = dist;
+    soft_impedance(m, in, out, low, high);
+    return out[0];
+}
+
+/* Append lane l's pyramid rows of pair p (SoftPairRows.rows) if the capsules touch. */
+static void soft_pair_lane_rows(const tg_model *m, tg_work *w, int p, int l, real low, real high)
+{
+    const int R = m->rods, N = 2 * R, ia = m->pair_a[p], ib = m->pair_b[p];
+    const int na = 2 * ia, nb = 2 * ib;
+    real A0[3], A1[3], B0[3], B1[3], ca[3], cb[3], tw[12];
+    for (int i = 0; i < 3; ++i) {
+        A0[i] = ROW(w->node, i * N + na)[l]; A1[i] = ROW(w->node, i * N + na + 1)[l];
+        B0[i] = ROW(w->node, i * N + nb)[l]; B1[i] = ROW(w->node, i * N + nb + 1)[l];
+        ca[i] = ROW(w->st, i * R + ia)[l]; cb[i] = ROW(w->st, i * R + ib)[l];
+        tw[i] = ROW(w->st, (7 + i) * R + ia)[l]; tw[3 + i] = ROW(w->st, (10 + i) * R + ia)[l];
+        tw[6 + i] = ROW(w->st, (7 + i) * R + ib)[l]; tw[9 + i] = ROW(w->st, (10 + i) * R + ib)[l];
+    }
+    const real inv_pair = m->free[ia] / m->mass[ia] + m->free[ib] / m->mass[ib];
+    /* closest points of the axis segments (collision.segment_closest_points) */
+    const real d1[3] = {A1[0] - A0[0], A1[1] - A0[1], A1[2] - A0[2]};
+    const real d2[3] = {B1[0] - B0[0], B1[1] - B0[1], B1[2] - B0[2]};
+    const real r[3] = {A0[0] - B0[0], A0[1] - B0[1], A0[2] - B0[2]};
+    const real a = d1[0] * d1[0] + d1[1] * d1[1] + d1[2] * d1[2];
+    const real e = d2[0] * d2[0] + d2[1] * d2[1] + d2[2] * d2[2];
+    const real f = d2[0] * r[0] + d2[1] * r[1] + d2[2] * r[2];
+    const real c = d1[0] * r[0] + d1[1] * r[1] + d1[2] * r[2];
+    const real b = d1[0] * d2[0] + d1[1] * d2[1] + d1[2] * d2[2];
+    const real denom = a * e - b * b;
+    const int parallel = denom <= (real)1e-9 * a * e;
+    real s = clamp01(parallel ? (real)0 : (b * f - c * e) / denom);
+    const real t = (b * s + f) / e, tc = clamp01(t);
+    if (t != tc) s = clamp01((b * tc - c) / a);
+    real pa[3], pb[3], nv[3], pt[3], la[3], lb[3];
+    for (int i = 0; i < 3; ++i) { pa[i] = A0[i] + s * d1[i]; pb[i] = B0[i] + tc * d2[i]; }
+    const real g0 = pb[0] - pa[0], g1 = pb[1] - pa[1], g2 = pb[2] - pa[2];
+    real len2 = g0 * g0 + g1 * g1 + g2 * g2;
+    len2 = len2 < (real)1e-30 ? (real)1e-30 : len2;
+    const real len = SQRT(len2);
+    nv[0] = g0 / len; nv[1] = g1 / len; nv[2] = g2 / len;
+    const real ra = m->pair_radius_a[p], rb = m->pair_radius_b[p];
+    const real dist = len - ra - rb;
+    if (!(dist < 0) || !(inv_pair > 0)) return;
+    for (int i = 0; i < 3; ++i) {
+        pt[i] = pa[i] + (ra + (real)0.5 * dist) * nv[i];
+        la[i] = pt[i] - ca[i]; lb[i] = pt[i] - cb[i];
+    }
+    /* mju_makeFrame: (0, 1, 0), or (0, 0, 1) within 60 degrees of the normal */
+    const real side = FABS(nv[1]) < (real)0.5 ? (real)1 : (real)0;
+    const real seed[3] = {0, side, 1 - side};
+    const real sn = nv[0] * seed[0] + nv[1] * seed[1] + nv[2] * seed[2];
+    real tg[3] = {seed[0] - sn * nv[0], seed[1] - sn * nv[1], seed[2] - sn * nv[2]};
+    const real tn = SQRT(tg[0] * tg[0] + tg[1] * tg[1] + tg[2] * tg[2]);
+    tg[0] /= tn; tg[1] /= tn; tg[2] /= tn;
+    const real bn[3] = {nv[1] * tg[2] - nv[2] * tg[1], nv[2] * tg[0] - nv[0] * tg[2], nv[0] * tg[1] - nv[1] * tg[0]};
+    /* rows on (a's velocities, b's): a point direction d is [-d, -la x d | d, lb x d], an
+     * angular one [0, -d | 0, d] */
+    real dirs[6][12];
+    const real *pd[3] = {nv, tg, bn};
+    for (int k = 0; k < 3; ++k) {
+        const real *d = pd[k];
+        real *o = dirs[k];
+        o[0] = -d[0]; o[1] = -d[1]; o[2] = -d[2];
+        o[3] = -(la[1] * d[2] - la[2] * d[1]); o[4] = -(la[2] * d[0] - la[0] * d[2]); o[5] = -(la[0] * d[1] - la[1] * d[0]);
+        o[6] = d[0]; o[7] = d[1]; o[8] = d[2];
+        o[9] = lb[1] * d[2] - lb[2] * d[1]; o[10] = lb[2] * d[0] - lb[0] * d[2]; o[11] = lb[0] * d[1] - lb[1] * d[0];
+    }
+    const real *ad[3] = {nv, tg, bn};               /* torsion about n, rolling about t, b */
+    for (int k = 0; k < 3; ++k) {
+        real *o = dirs[3 + k];
+        for (int i = 0; i < 3; ++i) { o[i] = 0; o[3 + i] = -ad[k][i]; o[6 + i] = 0; o[9 + i] = ad[k][i]; }
+    }
+    const int condim = m->soft_condim;
+    const int nd = condim == 6 ? 5 : condim == 4 ? 3 : condim == 3 ? 2 : 0;
+    const int which[5] = {1, 2, 3, 4, 5};           /* the cone's directions among dirs */
+    const real mus[5] = {m->mu, m->mu, m->mu_torsional, m->mu_rolling, m->mu_rolling};
+    const real imp = soft_impedance1(m, dist, low, high);
+    const real drow = imp / (((real)1 - imp) * m->soft_reg * inv_pair);
+    const real pos = m->soft_k * imp * dist;
+    const int edges = nd ? 2 * nd : 1;
+    soft_row *out = w->pair_rows + (size_t)l * soft_pair_rows_max(m) + w->pair_count[l];
+    for (int q = 0; q < edges; ++q) {
+        real J[12];
+        const real mu = nd ? (q & 1 ? -mus[q / 2] : mus[q / 2]) : (real)0;
+        for (int i = 0; i < 12; ++i) J[i] = nd ? dirs[0][i] + mu * dirs[which[q / 2]][i] : dirs[0][i];
+        real speed = 0;
+        for (int i = 0; i < 12; ++i) speed += J[i] * tw[i];
+        soft_row *row = out + q;
+        row->a = ia; row->b = ib;
+        for (int i = 0; i < 6; ++i) { row->Ja[i] = J[i] * m->free[ia]; row->Jb[i] = J[6 + i] * m->free[ib]; }
+        row->aref = -m->soft_b * speed - pos;
+        row->D = drow;
+    }
+    w->pair_count[l] += edges;
+}
+
+/* x = H^-1 b in place, H [n][n] symmetric positive definite (lower triangle read and
+ * overwritten by its Cholesky factor). */
+static void soft_cholesky_solve(real *H, int n, real *x)
+{
+    for (int j = 0; j < n; ++j) {
+        real d = H[j * n + j];
+        for (int k = 0; k < j; ++k) d -= H[j * n + k] * H[j * n + k];
+        d = SQRT(d);
+        H[j * n + j] = d;
+        for (int i = j + 1; i < n; ++i) {
+            real v = H[i * n + j];
+            for (int k = 0; k < j; ++k) v -= H[i * n + k] * H[j * n + k];
+            H[i * n + j] = v / d;
+        }
+    }
+    for (int i = 0; i < n; ++i) {
+        real v = x[i];
+        for (int k = 0; k < i; ++k) v -= H[i * n + k] * x[k];
+        x[i] = v / H[i * n + i];
+    }
+    for (int i = n - 1; i >= 0; --i) {
+        real v = x[i];
+        for (int k = i + 1; k < n; ++k) v -= H[k * n + i] * x[k];
+        x[i] = v / H[i * n + i];
+    }
+}
+
+static real soft_row_dot(const soft_row *row, const real *v)
+{
+    const real *va = v + 6 * row->a;
+    real z = 0;
+    for (int i = 0; i < 6; ++i) z += row->Ja[i] * va[i];
+    if (row->b >= 0) {
+        const real *vb = v + 6 * row->b;
+        for (int i = 0; i < 6; ++i) z += row->Jb[i] * vb[i];
+    }
+    return z;
+}
+
+/* M v for the block-diagonal mass matrix (mass, world inertia it I + (ia - it) axis axis'). */
+static void soft_mass_times(const tg_model *m, const real *axis, const real *v, real *out)
+{
+    for (int r = 0; r < m->rods; ++r) {
+        const real *ax = axis + 3 * r, *u = v + 6 * r;
+        const real it = m->inertia_t[r], dia = m->inertia_a[r] - it;
+        const real along = dia * (ax[0] * u[3] + ax[1] * u[4] + ax[2] * u[5]);
+        for (int i = 0; i < 3; ++i) {
+            out[6 * r + i] = m->mass[r] * u[i];
+            out[6 * r + 3 + i] = it * u[3 + i] + along * ax[i];
+        }
+    }
+}
+
+/* Lane l's coupled minimum from a0 into a (both [6R]). */
+static void soft_pair_solve(const tg_model *m, tg_work *w, int l, const real *a0, real *a)
+{
+    const int R = m->rods, n = 6 * R, rows = w->pair_count[l];
+    const size_t rmax = soft_pair_rows_max(m);
+    const soft_row *row = w->pair_rows + (size_t)l * rmax;
+    real *H = w->pair_scratch + LANES * 3 * (size_t)n, *g = H + (size_t)n * n, *step = g + n, *Mda = step + n;
+    real *Ms = Mda + n, *axis = Ms + n, *diff = axis + n;
+    real *jar = diff + n, *Js = jar + rmax, *used = Js + rmax;
+    for (int r = 0; r < R; ++r)
+        for (int i = 0; i < 3; ++i) axis[3 * r + i] = ROW(w->axis, i * R + r)[l];
+    for (int i = 0; i < n; ++i) a[i] = a0[i];
+    real last_alpha = 0;
+    for (int q = 0; q < rows; ++q) used[q] = -1;
+    for (int it_n = 0; it_n < PAIR_NEWTON; ++it_n) {
+        int same = 1;
+        for (int q = 0; q < rows; ++q) {
+            jar[q] = soft_row_dot(row + q, a) - row[q].aref;
+            const real on = jar[q] < 0 ? (real)1 : (real)0;
+            same &= on == used[q];
+            used[q] = on;
+        }
+        /* a whole Newton step whose rows still hold is the minimum of that quadratic piece */
+        if (it_n > 0 && same && FABS(last_alpha - 1) <= SOFT_ALPHA) break;
+        for (int i = 0; i < n; ++i) diff[i] = a[i] - a0[i];
+        soft_mass_times(m, axis, diff, Mda);
+        memset(H, 0, sizeof(real) * (size_t)n * n);
+        for (int r = 0; r < R; ++r) {
+            const real *ax = axis + 3 * r;
+            const real it = m->inertia_t[r], dia = m->inertia_a[r] - it;
+            for (int i = 0; i < 3; ++i) {
+                H[(6 * r + i) * n + 6 * r + i] = m->mass[r];
+                for (int k = 0; k < 3; ++k)
+                    H[(6 * r + 3 + i) * n + 6 * r + 3 + k] = (i == k ? it : (real)0) + dia * ax[i] * ax[k];
+            }
+        }
+        for (int i = 0; i < n; ++i) g[i] = Mda[i];
+        for (int q = 0; q < rows; ++q) {
+            if (used[q] == 0) continue;
+            const soft_row *o = row + q;
+            const int blocks = o->b >= 0 ? 2 : 1;
+            const int at[2] = {6 * o->a, 6 * o->b};
+            const real *Jp[2] = {o->Ja, o->Jb};
+            for (int u = 0; u < blocks; ++u)
+                for (int i = 0; i < 6; ++i) {
+                    const real cj = o->D * Jp[u][i];
+                    g[at[u] + i] += cj * jar[q];
+                    for (int v = 0; v < blocks; ++v)
+                        for (int k = 0; k < 6; ++k) H[(at[u] + i) * n + at[v] + k] += cj * Jp[v][k];
+                }
+        }
+        real big = 1, small = 0;
+        for (int i = 0; i < n; ++i) step[i] = -g[i];
+        soft_cholesky_solve(H, n, step);
+        for (int i = 0; i < n; ++i) {
+            const real ai = FABS(a[i]), si = FABS(step[i]);
+            big = ai > big ? ai : big;
+            small = si > small ? si : small;
+        }
+        if (small <= SOFT_ROUNDING * big) break;
+        /* exact line search: Newton on the piecewise-linear derivative along the step */
+        soft_mass_times(m, axis, step, Ms);
+        real curv = 0, slope = 0;
+        for (int i = 0; i < n; ++i) { curv += step[i] * Ms[i]; slope += step[i] * Mda[i]; }
+        for (int q = 0; q < rows; ++q) Js[q] = soft_row_dot(row + q, step);
+        real alpha = 1;
+        for (int ls = 0; ls < PAIR_LINE_SEARCH; ++ls) {
+            real first = alpha * curv + slope, second = curv;
+            for (int q = 0; q < rows; ++q) {
+                const real z = jar[q] + alpha * Js[q];
+                if (z < 0) { first += row[q].D * z * Js[q]; second += row[q].D * Js[q] * Js[q]; }
+            }
+            real next = second > 0 ? alpha - first / second : alpha;
+            next = next < 0 ? (real)0 : next;
+            const real change = next - alpha;
+            alpha = next;
+            if (FABS(change) <= SOFT_ALPHA * (alpha > 1 ? alpha : (real)1)) break;
+        }
+        for (int i = 0; i < n; ++i) a[i] += alpha * step[i];
+        last_alpha = alpha;
+    }
+}
+
+/* Lanes with a rod pair touching: their rows (the pairs', and the ground's when the floor is
+ * soft), the coupled minimum from a0 = (acc, alpha) and the force and torque before the
+ * ground; returns whether there is any such lane. soft_pairs_write puts the result in. */
+static int soft_pairs_solve(const tg_model *m, tg_work *w, real low, real high)
+{
+    const int R = m->rods, N = 2 * R, P = m->pairs, n = 6 * R;
+    int any = 0;
+    for (int l = 0; l < LANES; ++l) w->pair_count[l] = 0;
+    for (int p = 0; p < P; ++p) {
+        const int na = 2 * m->pair_a[p], nb = 2 * m->pair_b[p];
+        if (pair_far(w, N, na, nb, (m->pair_radius_a[p] + m->pair_radius_b[p]) * (real)1.01)) continue;
+        for (int l = 0; l < LANES; ++l) soft_pair_lane_rows(m, w, p, l, low, high);
+    }
+    for (int l = 0; l < LANES; ++l) any |= w->pair_count[l] > 0;
+    if (!any) return 0;
+    const size_t rmax = soft_pair_rows_max(m);
+    if (m->floor && m->soft_ground) {
+        soft_rod s;
+        for (int r = 0; r < R; ++r) {
+            soft_rows(m, w, r, &s, low, high);
+            for (int l = 0; l < LANES; ++l) {
+                if (!w->pair_count[l]) continue;
+                for (int q = 0; q < s.rows; ++q) {
+                    if (!(s.D[q][l] > 0)) continue;
+                    soft_row *row = w->pair_rows + (size_t)l * rmax + w->pair_count[l]++;
+                    row->a = r; row->b = -1;
+                    for (int i = 0; i < 6; ++i) { row->Ja[i] = s.J[q][i][l] * m->free[r]; row->Jb[i] = 0; }
+                    row->aref = s.aref[q][l];
+                    row->D = s.D[q][l];
+                }
+            }
+        }
+    }
+    for (int l = 0; l < LANES; ++l) {
+        if (!w->pair_count[l]) continue;
+        real *a0 = w->pair_scratch + (size_t)l * 3 * n, *a = a0 + n, *saved = a + n;
+        for (int r = 0; r < R; ++r)
+            for (int i = 0; i < 3; ++i) {
+                a0[6 * r + i] = ROW(w->acc, i * R + r)[l];
+                a0[6 * r + 3 + i] = ROW(w->alpha, i * R + r)[l];
+                saved[6 * r + i] = ROW(w->force, i * R + r)[l];
+                saved[6 * r + 3 + i] = ROW(w->torque, i * R + r)[l];
+            }
+        soft_pair_solve(m, w, l, a0, a);
+    }
+    return 1;
+}
+
+/* The coupled lanes' result over what soft_ground left: accelerations (write_acc), or the
+ * force and torque before the ground plus the contacts' wrench M (a - a0). */
+static void soft_pairs_write(const tg_model *m, tg_work *w, int write_acc)
+{
+    const int R = m->rods, n = 6 * R;
+    real *axis = w->pair_scratch + LANES * 3 * (size_t)n + (size_t)n * n + 5 * (size_t)n;
+    for (int l = 0; l < LANES; ++l) {
+        if (!w->pair_count[l]) continue;
+        const real *a0 = w->pair_scratch + (size_t)l * 3 * n, *a = a0 + n, *saved = a + n;
+        if (write_acc) {
+            for (int r = 0; r < R; ++r)
+                for (int i = 0; i < 3; ++i) {
+                    const real fr = m->has_fixed ? m->free[r] : (real)1;
+                    ROW(w->acc, i * R + r)[l] = m->has_fixed ? a[6 * r + i] * fr : a[6 * r + i];
+                    ROW(w->alpha, i * R + r)[l] = m->has_fixed ? a[6 * r + 3 + i] * fr : a[6 * r + 3 + i];
+                }
+            continue;
+        }
+        real diff[6], Md[6];
+        for (int r = 0; r < R; ++r) {
+            for (int i = 0; i < 3; ++i) axis[3 * r + i] = ROW(w->axis, i * R + r)[l];
+        }
+        for (int r = 0; r < R; ++r) {
+            for (int i = 0; i < 6; ++i) diff[i] = a[6 * r + i] - a0[6 * r + i];
+            const real *ax = axis + 3 * r;
+            const real it = m->inertia_t[r], dia = m->inertia_a[r] - it;
+            const real along = dia * (ax[0] * diff[3] + ax[1] * diff[4] + ax[2] * diff[5]);
+            for (int i = 0; i < 3; ++i) { Md[i] = m->mass[r] * diff[i]; Md[3 + i] = it * diff[3 + i] + along * ax[i]; }
+            for (int i = 0; i < 3; ++i) {
+                ROW(w->force, i * R + r)[l] = saved[6 * r + i] + Md[i];
+                ROW(w->torque, i * R + r)[l] = saved[6 * r + 3 + i] + Md[3 + i];
+            }
+        }
+    }
+}
+
 /* Velocity-implicit smooth Coulomb sliding friction at the ground contacts
  * (ForceModel.ground_friction with a step h), added to force and torque. */
 static void ground_friction(const tg_model *m, tg_work *w)
@@ -1275,11 +1635,18 @@ static void derivatives(const tg_model *m, tg_work *w, int with_wrench)
     cables(m, w);
     if (m->floor || m->pairs) nodes(m, w);
     if (m->floor && !m->soft_ground) ground(m, w);
-    if (m->pairs && pair_geometry(m, w)) pair_response(m, w);
+    if (m->pairs && !m->soft_pairs && pair_geometry(m, w)) pair_response(m, w);
     external(m, w, with_wrench);
-    if (m->floor && m->soft_ground) {
-        accelerations(m, w);                      /* without the ground */
-        soft_ground(m, w, !m->implicitfast);
+    if ((m->floor && m->soft_ground) || m->soft_pairs) {
+        accelerations(m, w);                      /* without the contacts */
+        int coupled = 0;
+        if (m->soft_pairs) {
+            const real low = soft_power(m->soft_mid, m->soft_power - 1);
+            const real high = soft_power(1 - m->soft_mid, m->soft_power - 1);
+            coupled = soft_pairs_solve(m, w, low, high);
+        }
+        if (m->floor && m->soft_ground) soft_ground(m, w, !m->implicitfast);
+        if (coupled) soft_pairs_write(m, w, !m->implicitfast);
         if (m->implicitfast) accelerations_implicit(m, w);
     } else {
         if (m->implicitfast) accelerations_implicit(m, w); else accelerations(m, w);
@@ -1466,7 +1833,12 @@ int tg_rollout(const tg_model *m, const tg_io *io, int threads)
             run_chunk(m, io, mine, chunk * LANES);
         }
     }
-    for (int t = 0; t < threads; ++t) free(work[t].block);
+    for (int t = 0; t < threads; ++t) {
+        free(work[t].block);
+        free(work[t].pair_rows);
+        free(work[t].pair_count);
+        free(work[t].pair_scratch);
+    }
     free(work);
     return failed ? -1 : 0;
 }
