@@ -40,9 +40,11 @@ class SoftPairRows:
         self.solimp = tuple(float(v) for v in contact.solimp)
         self.condim = contact.soft_condim
 
-    def rows(self, S, out, p, h):
+    def rows(self, S, out, p, h, *, skip_apart: bool = False):
         """(J [..., P, E, 2, 6], aref [..., P, E], D [..., P, E]): each pair's rows on (rod a's,
-        rod b's) velocities, E = 2 (condim - 1) (1 for condim 1), D = 0 where the pair is apart."""
+        rod b's) velocities, E = 2 (condim - 1) (1 for condim 1), D = 0 where the pair is apart.
+        ``skip_apart``: None when no pair touches anywhere in the batch (checked on the host,
+        so not on CUDA or in compiled graphs, where the rows are always built)."""
         topology = self.topology
         k = topology.constants(S.dtype, S.device)
         pos, vel, w = S[..., 0:3, :], S[..., 7:10, :], S[..., 10:13, :]
@@ -55,6 +57,8 @@ class SoftPairRows:
         length = dot(diff, diff).clamp(min=1e-30).sqrt()
         normal = diff / length.unsqueeze(-2)
         dist = length - ra - rb
+        if skip_apart and not (S.is_cuda or torch.compiler.is_compiling() or bool((dist < 0).any())):
+            return None
         point = pa + (ra + 0.5 * dist).unsqueeze(-2) * normal
         ia, ib = k["pair_a"], k["pair_b"]
         lever_a, lever_b = point - pos.index_select(-1, ia), point - pos.index_select(-1, ib)
@@ -111,18 +115,15 @@ class SoftContacts:
         self.ground = SoftGroundContact(topology, rods) if ground else None
         self.pairs = SoftPairRows(topology) if pairs and topology.num_pairs else None
 
-    def _pairs_touch(self, S, D) -> bool:
-        # With no pair touching, the coupled solve equals the per-rod one; on CUDA and in
-        # compiled graphs the host sync would cost more than solving coupled.
-        return S.is_cuda or torch.compiler.is_compiling() or bool((D > 0).any())
-
     def _solved(self, S, out, p, h, acc, alpha):
         """(M, a0, a) [..., R, 6(, 6)]: mass matrices, accelerations without the contacts
         and with them."""
         M = self.rods.mass_matrix(S, out)
         a0 = torch.cat([acc, alpha], -2).transpose(-1, -2)
-        pair_rows = self.pairs.rows(S, out, p, h) if self.pairs is not None else None
-        if pair_rows is None or not self._pairs_touch(S, pair_rows[2]):
+        # With no pair touching the coupled solve is the per-rod one (or none); on CUDA and
+        # in compiled graphs the host sync would cost more than solving coupled
+        pair_rows = self.pairs.rows(S, out, p, h, skip_apart=True) if self.pairs is not None else None
+        if pair_rows is None:
             if self.ground is None:
                 return M, a0, a0
             return M, a0, SoftGroundContact.solve(M, a0, *self.ground.rows(S, out, p, h))
