@@ -201,6 +201,35 @@ def test_hanging_values_are_refitted_around_a_payload_found_on_contact_data(tmp_
     assert refit.error < 0.5 * float(np.mean(before))
 
 
+def test_hanging_values_are_refitted_under_a_law_that_acts_between_rods(tmp_path):
+    """The contact stage chose the soft law; its rod pairs act in hanging data too (thick
+    rods that touch while they hang): the hanging values, fitted under the penalty law's
+    pairs (here: stiffness 10 % off), are refitted under the soft law and predict the
+    hanging data better. A stage that kept the law and added nothing refits nothing."""
+    from tensegrity_engine.identification.structure import Candidate, StructureSelection, refit_noncontact
+    from tensegrity_engine.physics.params import PhysicalParameters
+
+    thin = load_robot("three_bar")
+    base = thin.replace(rod_radius=3.0 * thin.rod_radius)
+    soft = base.replace(contact=dataclasses.replace(base.contact, law="soft"))
+    robot = ZooRobot("thick_test", "", base, soft, Realisation(), SensorModel())
+    ds.generate_dataset(base, "noncontact", tmp_path, counts={"train": 3, "val": 2}, seed=5, dense=False,
+                        truth=robot, duration=2.0)
+    train, heldout = (ds.load_split(tmp_path / "noncontact", s, robot=base) for s in ("train", "val"))
+    penalty = Candidate((), PhysicalParameters(base, values={"cable_stiffness": 1.1 * base.cable_stiffness}),
+                        np.ones(4), 0.0)
+    found = Candidate(("soft_contact",), PhysicalParameters(soft, values={"cable_stiffness": 1.1 * base.cable_stiffness}),
+                      np.ones(4), 0.0)
+    cfg = IdentificationConfig(init="given", schedule="fine_only", lm_max_iters=8, max_seconds=120)
+    assert refit_noncontact(StructureSelection(chosen=penalty, base=penalty, tried=[], horizon=1.0),
+                            train, heldout, cfg) is None
+    refit = refit_noncontact(StructureSelection(chosen=found, base=penalty, tried=[], horizon=1.0), train, heldout, cfg)
+    assert refit.params.robot.contact.law == "soft"
+    assert np.mean(refit.params.as_dict()["cable_stiffness"]) == pytest.approx(np.mean(base.cable_stiffness), rel=0.02)
+    before = horizon_errors(found.params, [with_estimated_velocity(t) for t in heldout], (1.0,), stride=0.5)[1.0]
+    assert refit.error < 0.5 * float(np.mean(before))
+
+
 @pytest.fixture(scope="module")
 def rolling_three_bar(tmp_path_factory):
     """Tuples of a three-bar rolling in MuJoCo (its default soft contacts)."""
