@@ -292,6 +292,18 @@ def run_structure(z, hang: dict, roll: dict, cfg: dict, identified: dict) -> tup
         if kept:
             c = refit.params
             laws = dataclasses.replace(laws, chosen=dataclasses.replace(laws.chosen, params=c))
+            # the contact values were fitted beside the hanging values the refit moved: once
+            # more beside the new ones (the law's contact values alone), kept on the same terms
+            again = select_contact_law(c, roll["train"], roll["val"], idf.IdentificationConfig(**cfg),
+                                       laws=(c.robot.contact.law,), options=()).params
+            ratios = {regime: validation_error(again, trajs) / validation_error(c, trajs)
+                      for regime, trajs in held.items()}
+            kept = float(np.mean(list(ratios.values()))) < 1.0
+            _line(f"   contact values refitted after it: {'kept' if kept else 'refused'} (validation error / "
+                  "before: " + ", ".join(f"{r} {v:.3f}" for r, v in ratios.items()) + ")")
+            if kept:
+                c = again
+                laws = dataclasses.replace(laws, chosen=dataclasses.replace(laws.chosen, params=c))
     verdict = judge(c, chosen, roll["val"])
     if not verdict.accepted:
         c = chosen
