@@ -645,6 +645,8 @@ def test_learn_lists_follow_the_contact_law(superball, data):
         "contact_stiffness", "contact_damping", "friction_sliding")
     with pytest.raises(ValueError, match="soft contact law"):
         resolve_learn(("contact_time_constant",), "penalty")
+    with pytest.raises(ValueError, match="penalty contact law"):         # rod pairs are soft there too
+        resolve_learn(("contact_stiffness",), "soft")
     with pytest.raises(ValueError, match="unknown"):
         resolve_learn(("cable_stifness",), "soft")
     tr = _trainer(soft, data, learn=("cable_stiffness", "contact"), schedule="implicit_only", max_epochs=1)

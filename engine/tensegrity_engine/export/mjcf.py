@@ -27,8 +27,8 @@ it (and the file's header comment repeats them):
   equivalent; the export keeps MuJoCo's soft contacts with the identified friction
   coefficients (MuJoCo's torsional and rolling coefficients are lengths, as the engine's).
   A model with the soft contact law (``contact.law: soft``) is exported with its identified
-  solref, its solimp and condim: on the floor it then takes the engine's steps too (rod-rod
-  contacts stay MuJoCo's soft ones, the engine's penalty law).
+  solref, its solimp and condim, on the floor and between the rods: it then takes the
+  engine's steps too.
 
 A model with a dead time has an actuator history: call `init_command_history` after
 ``mj_resetData`` so the dead time starts from the command then held (MuJoCo's history
@@ -92,8 +92,7 @@ def calibrated_mjcf(params: PhysicalParameters, *, floor: bool = True, fixed_rod
     if floor and robot.contact.law == "soft":
         con = robot.contact
         notes.append(f"contact: the engine's soft law is MuJoCo's (solref {list(con.solref)}, solimp "
-                     f"{list(con.solimp)}, pyramidal condim {con.soft_condim}) on the floor; rod-rod contacts, "
-                     f"the engine's penalty law (stiffness {con.stiffness:.4g} N/m), are MuJoCo's soft ones here")
+                     f"{list(con.solimp)}, pyramidal condim {con.soft_condim}), on the floor and between the rods")
     elif floor:
         notes.append("contact: MuJoCo soft contacts (default solref/solimp) with the identified friction; "
                      f"the engine's penalty contact (stiffness {robot.contact.stiffness:.4g} N/m, damping "

@@ -114,8 +114,8 @@ class Realisation:
         (``engine.integrator``: semi_implicit is MuJoCo's Euler, implicitfast and rk4 its
         implicitfast and RK4, the one twin that is not the engine to round-off: its rollouts
         of varying commands converge at first order, the engine's rk4 at fourth); a
-        robot with the soft contact law gets its solref, solimp and condim (rod-rod contacts
-        stay MuJoCo's there, the engine's penalty law in the engine)."""
+        robot with the soft contact law gets its solref, solimp and condim (on the floor and
+        between the rods, as in the engine)."""
         integrator = MUJOCO_INTEGRATORS[robot.integrator]
         con = robot.contact
         if con.law == "soft":

@@ -11,8 +11,7 @@ NONCONTACT_PARAMS = ("cable_stiffness", "cable_damping", "cable_slack_damping", 
                      "actuator_offset")
 CONTACT_PARAMS = ("contact_stiffness", "contact_damping", "friction_sliding",
                   "friction_torsional", "friction_rolling")
-# under the soft contact law the ground's normal response is its solref (rod-rod contacts keep
-# the penalty values, which contact data rarely reveals)
+# under the soft contact law the normal response of the ground and the rod pairs is its solref
 SOFT_CONTACT_PARAMS = SOFT_LAW_PARAMS + ("friction_sliding", "friction_torsional", "friction_rolling")
 SCHEDULES = ("progressive", "implicit_only", "feedforward", "fine_only", "online")
 INITS = ("random", "given", "given+random")
@@ -31,8 +30,8 @@ CONTACT_TOKEN = "contact"
 def resolve_learn(names, law: str, floor: bool = True) -> tuple[str, ...]:
     """``names`` with `CONTACT_TOKEN` expanded for ``law`` (None: `default_learnable`); a
     ValueError for an unknown name or one the law ignores (the soft law's solref under the
-    penalty law). Under the soft law the penalty values still set rod-rod contacts, so they
-    are allowed there."""
+    penalty law, the penalty stiffness and damping under the soft law, whose rod pairs are
+    soft constraints too)."""
     if names is None:
         return default_learnable(floor, law)
     out = []
@@ -44,6 +43,9 @@ def resolve_learn(names, law: str, floor: bool = True) -> tuple[str, ...]:
     if law == "penalty" and (inert := [n for n in out if n in SOFT_LAW_PARAMS]):
         raise ValueError(f"{', '.join(inert)} act only under the soft contact law; this robot's contact.law is "
                          f"'penalty' (learn {', '.join(CONTACT_PARAMS[:2])} there, or '{CONTACT_TOKEN}' for either law)")
+    if law == "soft" and (inert := [n for n in out if n in CONTACT_PARAMS[:2]]):
+        raise ValueError(f"{', '.join(inert)} act only under the penalty contact law; this robot's contact.law is "
+                         f"'soft' (learn {', '.join(SOFT_LAW_PARAMS)} there, or '{CONTACT_TOKEN}' for either law)")
     return tuple(dict.fromkeys(out))
 
 

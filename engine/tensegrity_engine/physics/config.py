@@ -41,7 +41,7 @@ DEFAULT_SOLIMP = (0.9, 0.95, 0.001, 0.5, 2.0)       # dmin, dmax, width (m), mid
 class ContactConfig:
     ground_height: float
     rod_rod: bool
-    stiffness: float                 # penalty law; rod-rod contacts under either law
+    stiffness: float                 # penalty law (ground and rod pairs)
     damping: float
     friction: Friction
     law: str = "penalty"             # ground contact law, one of CONTACT_LAWS

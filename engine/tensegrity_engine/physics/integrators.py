@@ -36,10 +36,11 @@ Integrators
                    differentiable, so gradients are those of a stable explicit simulation
                    at any requested step, which is what the paper asks of ANI.
 
-Under the soft contact law (`soft_contact`) the semi-implicit step takes the accelerations
-the ground's soft constraint leaves; ``implicitfast`` and ``implicit`` add the wrench that
-constraint applies at the explicit accelerations and then solve their own velocity update
-(as MuJoCo's implicit integrators do with its constraint force).
+Under the soft contact law (`soft_contact`, `soft_pairs`) the semi-implicit step takes the
+accelerations the soft constraints of the ground and the rod pairs leave; ``implicitfast``
+and ``implicit`` add the wrench those constraints apply at the explicit accelerations and
+then solve their own velocity update (as MuJoCo's implicit integrators do with its
+constraint force).
 
 Every integrator's ``step(S, act, command, dt, wrench, p)`` advances the components-first
 state S [..., 13, R] and the filtered commands act [..., A] by dt under a clamped command.
@@ -240,7 +241,7 @@ class AdaptiveNaive:
 
 
 def add_soft_contact(soft: SoftContacts, rods: RigidRods, S, out, p, h) -> None:
-    """Add the soft ground contact's wrench at the explicit accelerations to ``out``."""
+    """Add the soft contacts' wrench at the explicit accelerations to ``out``."""
     acc, alpha = rods.accelerations(S, out)
     force, torque = soft.wrench(S, out, p, h, acc, alpha)
     out["force"], out["torque"] = out["force"] + force, out["torque"] + torque

@@ -1,4 +1,5 @@
-"""MuJoCo's soft-constraint ground contact (``contact.law: soft``), solved exactly per rod.
+"""MuJoCo's soft-constraint ground contact (``contact.law: soft``), solved exactly per rod
+(the rod pairs' contacts under the same law, and the solve they couple: `soft_pairs`).
 
 The paper's penalty law (`forces.ForceModel`) is a spring-damper per end sphere with smooth
 Coulomb friction. MuJoCo instead treats a contact as a soft constraint in acceleration
@@ -31,8 +32,8 @@ against 5.4 / 46.6 / 130.9 mm with the penalty law; the same robot restarted wit
 velocity error (the chaos floor) is 0.7 / 2.3 / 3.4 mm off.
 
 Rod-rod contacts under this law are MuJoCo's too (`soft_pairs`: they couple the rods'
-problems while a pair touches); a ground given by ``ground_contact_fn`` is not supported. MuJoCo's ``refsafe`` applies: the time
-constant is at least two steps.
+problems while a pair touches); a ground given by ``ground_contact_fn`` is not supported.
+MuJoCo's ``refsafe`` applies: the time constant is at least two steps.
 """
 from __future__ import annotations
 
@@ -73,6 +74,25 @@ def regulariser_scale(imp: torch.Tensor, mu_sliding):
     if mu_sliding is None:
         return (1.0 - imp) / imp
     return 2.0 * mu_sliding * mu_sliding * (1.0 - imp) / imp * (1.0 + mu_sliding * mu_sliding)
+
+
+def pyramid(condim: int, p: dict, sliding, turning, normal, tangent, binormal, dim: int):
+    """(J, mu) of a contact's pyramidal cone: the rows J_n +- mu_k J_k stacked on ``dim``,
+    k over the sliding (tangent, binormal), torsional (normal) and rolling (tangent,
+    binormal) directions as ``condim`` 3, 4 or 6 has them, ``sliding`` and ``turning`` giving
+    a point or angular direction's row; condim 1: J_n alone and mu None. mu is the sliding
+    friction (the regulariser's, `regulariser_scale`)."""
+    mu_s = p["friction_sliding"].reshape(())
+    directions = [(sliding(tangent), mu_s), (sliding(binormal), mu_s)] if condim >= 3 else []
+    if condim >= 4:
+        directions.append((turning(normal), p["friction_torsional"].reshape(())))
+    if condim == 6:
+        directions += [(turning(tangent), p["friction_rolling"].reshape(())),
+                       (turning(binormal), p["friction_rolling"].reshape(()))]
+    J_n = sliding(normal)
+    if not directions:
+        return J_n.unsqueeze(dim), None
+    return torch.stack([J_n + sign * mu * J_k for J_k, mu in directions for sign in (1.0, -1.0)], dim), mu_s
 
 
 class SoftGroundContact:
@@ -120,23 +140,12 @@ class SoftGroundContact:
         def turning(d):                      # an angular direction: [0; d]
             return torch.cat([zeros, d], -2)
 
-        mu_s = p["friction_sliding"].reshape(())
-        directions = [(sliding(tangent), mu_s), (sliding(binormal), mu_s)] if self.condim >= 3 else []
-        if self.condim >= 4:
-            directions.append((turning(normal), p["friction_torsional"].reshape(())))
-        if self.condim == 6:
-            directions += [(turning(tangent), p["friction_rolling"].reshape(())),
-                           (turning(binormal), p["friction_rolling"].reshape(()))]
-        J_n = sliding(normal)
-        if directions:
-            J = torch.stack([J_n + sign * mu * J_k for J_k, mu in directions for sign in (1.0, -1.0)], -3)
-        else:                                # condim 1: the normal row alone
-            J = J_n.unsqueeze(-3)
+        J, mu_s = pyramid(self.condim, p, sliding, turning, normal, tangent, binormal, dim=-3)
         speed = (J * torch.cat([vel, w], -2).repeat_interleave(2, dim=-1).unsqueeze(-3)).sum(-2)   # [..., E', 2R]
         B, K = solref_gains(p, self.solimp, h)
         imp = impedance(dist, self.solimp)
         aref = -B * speed - (K * imp * dist).unsqueeze(-2)
-        regulariser = regulariser_scale(imp, mu_s if directions else None) * (1.0 / out["mass"].repeat_interleave(2))
+        regulariser = regulariser_scale(imp, mu_s) * (1.0 / out["mass"].repeat_interleave(2))
         D = torch.where(dist < 0, 1.0 / regulariser, torch.zeros_like(dist)).unsqueeze(-2).expand_as(aref)
 
         # per rod: end sphere 2r's rows, then 2r+1's

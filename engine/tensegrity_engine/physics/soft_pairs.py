@@ -27,7 +27,8 @@ import torch
 
 from tensegrity_engine.physics.collision import segment_closest_points
 from tensegrity_engine.physics.jacobians import block_diag
-from tensegrity_engine.physics.soft_contact import SoftGroundContact, impedance, regulariser_scale, solref_gains
+from tensegrity_engine.physics.soft_contact import (SoftGroundContact, impedance, pyramid, regulariser_scale,
+                                                     solref_gains)
 from tensegrity_engine.physics.vectors import cross, dot
 
 
@@ -76,18 +77,7 @@ class SoftPairRows:
         def turning(d):             # relative angular velocity along d
             return torch.stack([torch.cat([zeros, -d], -2), torch.cat([zeros, d], -2)], -3)
 
-        mu_s = p["friction_sliding"].reshape(())
-        directions = [(sliding(tangent), mu_s), (sliding(binormal), mu_s)] if self.condim >= 3 else []
-        if self.condim >= 4:
-            directions.append((turning(normal), p["friction_torsional"].reshape(())))
-        if self.condim == 6:
-            directions += [(turning(tangent), p["friction_rolling"].reshape(())),
-                           (turning(binormal), p["friction_rolling"].reshape(()))]
-        J_n = sliding(normal)                                                 # [..., 2, 6, P]
-        if directions:
-            J = torch.stack([J_n + sign * mu * J_k for J_k, mu in directions for sign in (1.0, -1.0)], -4)
-        else:
-            J = J_n.unsqueeze(-4)                                             # [..., E, 2, 6, P]
+        J, mu_s = pyramid(self.condim, p, sliding, turning, normal, tangent, binormal, dim=-4)   # [..., E, 2, 6, P]
         twist = torch.stack([torch.cat([vel.index_select(-1, ia), w.index_select(-1, ia)], -2),
                              torch.cat([vel.index_select(-1, ib), w.index_select(-1, ib)], -2)], -3)
         speed = (J * twist.unsqueeze(-4)).sum((-3, -2))                      # [..., E, P]
@@ -98,7 +88,7 @@ class SoftPairRows:
         inv_mass = k["free"] / out["mass"]
         inv_pair = inv_mass.index_select(-1, ia) + inv_mass.index_select(-1, ib)
         touching = (dist < 0) & (inv_pair > 0)
-        regulariser = regulariser_scale(imp, mu_s if directions else None) * inv_pair.clamp(min=1e-30)
+        regulariser = regulariser_scale(imp, mu_s) * inv_pair.clamp(min=1e-30)
         D = torch.where(touching, 1.0 / regulariser, torch.zeros_like(dist)).unsqueeze(-2).expand_as(aref)
         return J.movedim(-1, -4), aref.movedim(-1, -2), D.movedim(-1, -2)
 

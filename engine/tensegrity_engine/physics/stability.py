@@ -13,9 +13,9 @@ clips the overshoot) and diverges within a second of its own rollout.
 
 Under the soft contact law (`physics.soft_contact`) the ground is a constraint solved
 implicitly within the step, stable at any step (its time constant is held at >= 2 h), so
-only the penalty law's ground stiffness and damping enter these bounds. Rod-rod contacts
-(the penalty law under either) are left out as before: they are brief and, at the
-config's values, far inside the step.
+only the penalty law's ground stiffness and damping enter these bounds; so are the rod
+pairs' contacts under it (`physics.soft_pairs`). Penalty rod-rod contacts are left out as
+before: they are brief and, at the config's values, far inside the step.
 """
 from __future__ import annotations
 

@@ -390,9 +390,9 @@ static int pair_far(const tg_work *w, int N, int na, int nb, real limit)
 }
 
 /* Closest points of the rod axes of every pair (collision.capsule_contacts); marks the
- * pairs with a lane in contact (the others' response is exactly zero) and returns
- * whether there is any. */
-static int pair_geometry(const tg_model *m, tg_work *w)
+ * pairs with a lane deeper than -margin (in contact for margin 0: the others' penalty
+ * response is exactly zero) and returns whether there is any. */
+static int pair_geometry(const tg_model *m, tg_work *w, real margin)
 {
     const int N = 2 * m->rods, P = m->pairs;
     int touching = 0;
@@ -439,7 +439,7 @@ static int pair_geometry(const tg_model *m, tg_work *w)
             pa[0][l] = pa0 - rad_a * u0; pa[1][l] = pa1 - rad_a * u1; pa[2][l] = pa2 - rad_a * u2;
             pb[0][l] = pb0 + rad_b * u0; pb[1][l] = pb1 + rad_b * u1; pb[2][l] = pb2 + rad_b * u2;
             depth[l] = rad_sum - dist;
-            any |= depth[l] > 0;
+            any |= depth[l] > -margin;
         }
         w->pair_touch[p] = any;
         touching |= any;
@@ -1064,6 +1064,7 @@ static void soft_ground(const tg_model *m, tg_work *w, int write_acc)
 #define PAIR_EDGES 10                 /* rows of one contact's pyramid at most (condim 6) */
 #define PAIR_NEWTON 50
 #define PAIR_LINE_SEARCH 30
+#define SOFT_PAIR_NEAR ((real)1e-6)   /* m: a lane this close is checked exactly */
 
 typedef struct soft_row_s {
     int a, b;                         /* rods; b < 0: a ground row on rod a alone */
@@ -1326,13 +1327,17 @@ static void soft_pair_solve(const tg_model *m, tg_work *w, int l, const real *a0
  * ground; returns whether there is any such lane. soft_pairs_write puts the result in. */
 static int soft_pairs_solve(const tg_model *m, tg_work *w, real low, real high)
 {
-    const int R = m->rods, N = 2 * R, P = m->pairs, n = 6 * R;
+    const int R = m->rods, P = m->pairs, n = 6 * R;
     int any = 0;
     for (int l = 0; l < LANES; ++l) w->pair_count[l] = 0;
+    /* the penalty law's vector geometry finds the lanes that come near (its distance has a
+     * 1e-12 m^2 softening: a margin far above it and rounding); the rows decide exactly */
+    if (!pair_geometry(m, w, SOFT_PAIR_NEAR)) return 0;
     for (int p = 0; p < P; ++p) {
-        const int na = 2 * m->pair_a[p], nb = 2 * m->pair_b[p];
-        if (pair_far(w, N, na, nb, (m->pair_radius_a[p] + m->pair_radius_b[p]) * (real)1.01)) continue;
-        for (int l = 0; l < LANES; ++l) soft_pair_lane_rows(m, w, p, l, low, high);
+        if (!w->pair_touch[p]) continue;
+        const real *depth = ROW(w->depth, p);
+        for (int l = 0; l < LANES; ++l)
+            if (depth[l] > -SOFT_PAIR_NEAR) soft_pair_lane_rows(m, w, p, l, low, high);
     }
     for (int l = 0; l < LANES; ++l) any |= w->pair_count[l] > 0;
     if (!any) return 0;
@@ -1635,7 +1640,7 @@ static void derivatives(const tg_model *m, tg_work *w, int with_wrench)
     cables(m, w);
     if (m->floor || m->pairs) nodes(m, w);
     if (m->floor && !m->soft_ground) ground(m, w);
-    if (m->pairs && !m->soft_pairs && pair_geometry(m, w)) pair_response(m, w);
+    if (m->pairs && !m->soft_pairs && pair_geometry(m, w, 0)) pair_response(m, w);
     external(m, w, with_wrench);
     if ((m->floor && m->soft_ground) || m->soft_pairs) {
         accelerations(m, w);                      /* without the contacts */
