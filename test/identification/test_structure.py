@@ -91,6 +91,27 @@ def test_cli_identify_with_structure(tmp_path):
     assert f'integrator="{"Euler" if integrator == "semi_implicit" else integrator}"' in xml.read_text()
 
 
+def test_cli_identify_with_structure_on_floor_data(tmp_path):
+    """On floor data `--structure` chooses the contact law (and the options only contact data
+    shows) from the config's values, writes what it tried and exports the law it chose."""
+    import yaml
+
+    from tensegrity_engine.cli.identify import main as cli_main
+
+    out = tmp_path / "runs"
+    assert cli_main(["generate", "--robot", "three_bar", "--out", str(out), "--env", "contact",
+                     "--counts", "2,2,1", "--duration", "1.0", "--no-dense"]) == 0
+    ident = out / "id"
+    code = cli_main(["identify", "--data", str(out / "contact"), "--out", str(ident), "--max-epochs", "2",
+                     "--quiet", "--structure"])
+    assert code in (0, 1)                     # 1: the gate kept the config (the twin's truth)
+    text = (ident / "structure.txt").read_text()
+    assert "soft_contact" in text and "per_rod_mass" in text and "chosen:" in text
+    chosen = text.strip().splitlines()[-1]
+    exported = yaml.safe_load((ident / ("identified.yaml" if code == 0 else "candidate.yaml")).read_text())
+    assert (exported["contact"].get("law", "penalty") == "soft") == ("soft_contact" in chosen)
+
+
 def test_a_stable_option_beats_a_diverging_structure():
     from tensegrity_engine.identification.structure import _paired_verdict
 

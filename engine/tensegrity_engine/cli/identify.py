@@ -233,9 +233,11 @@ def _select_structure(args, robot, cfg, initial, train, val, out: Path):
 
     from tensegrity_engine.identification.structure import BASE_LEARN, select_structure, structure_config
 
-    if train[0].floor and not args.learn:
-        raise SystemExit("--structure selects the robot's structure from hanging (no-floor) data; for floor "
-                         "data name the values to learn with --learn")
+    if train[0].floor:
+        if args.learn or args.fine_integrator:
+            print("--structure on floor data learns the chosen law's contact values (and an option's) in the "
+                  "start's step: --learn and --fine-integrator are not used")
+        return _select_contact_structure(robot, cfg, initial, train, val, out)
     if args.fine_integrator:
         print(f"--structure chooses the integrator; --fine-integrator {args.fine_integrator} is the base's")
         robot = robot.replace(integrator=args.fine_integrator) if args.fine_integrator != "ani" else robot
@@ -246,6 +248,32 @@ def _select_structure(args, robot, cfg, initial, train, val, out: Path):
     learn, per_element, integrator = structure_config(sel.chosen.options, robot, cfg.learn or BASE_LEARN)
     cfg = dataclasses.replace(cfg, learn=learn, per_element=per_element, fine_integrator=integrator, init="given")
     return sel.params.robot, cfg, sel.params
+
+
+def _select_contact_structure(robot, cfg, initial, train, val, out: Path):
+    """--structure on floor data: the contact law and the options only contact data shows (a
+    mass per rod, slack damping; `select_contact_law`), each fitted from --initial's values
+    (a hanging identification's, say) or the config's, then that structure identified
+    (warm-started from its fit). Returns (robot, config, initial)."""
+    import dataclasses
+
+    from tensegrity_engine.identification.config import contact_params
+    from tensegrity_engine.identification.structure import CONTACT_OPTIONS, select_contact_law, structure_config
+    from tensegrity_engine.physics.params import PhysicalParameters
+
+    start = initial if initial is not None else PhysicalParameters.keeping_elements(robot)
+    sel = select_contact_law(start, train, val, cfg, log=lambda m: print(m, flush=True))
+    lines = sel.lines()
+    print("\n".join(lines))
+    (out / "structure.txt").write_text("\n".join(lines) + "\n")
+    chosen = sel.params
+    options = [name for name in sel.chosen.options if name in CONTACT_OPTIONS]
+    learn, split, _ = structure_config(options, chosen.robot, contact_params(chosen.robot.contact.law))
+    learn += tuple(n for n in split if n not in learn)          # the values an option splits are learnt
+    per_element = tuple(dict.fromkeys(tuple(chosen.per_element) + split))
+    cfg = dataclasses.replace(cfg, learn=learn, per_element=per_element, fine_integrator=chosen.robot.integrator,
+                              init="given")
+    return chosen.robot, cfg, chosen
 
 
 def _truth(args, data_robot, train):
@@ -359,8 +387,10 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--fine-integrator", default=None, choices=["semi_implicit", "implicitfast", "rk4", "ani"],
                    help="default: the robot config's engine.integrator")
     i.add_argument("--structure", action="store_true",
-                   help="first choose the model structure (integrator, slack damping, end-heavy inertia, winch "
-                        "speed, per-cable / per-rod values) on the val split (identification.structure)")
+                   help="first choose the model structure on the val split (identification.structure): on "
+                        "hanging data the integrator, slack damping, end-heavy inertia, winch speed, per-cable / "
+                        "per-rod values; on floor data the contact law and a mass per rod or slack damping, "
+                        "from --initial's values (e.g. the hanging identification's) or the config's")
     i.add_argument("--patience", type=int, default=2)
     from tensegrity_engine.identification.config import IdentificationConfig
 

@@ -89,7 +89,7 @@ def calibrated_mjcf(params: PhysicalParameters, *, floor: bool = True, fixed_rod
         notes.append(f"actuator_delay {delay:.4g} s is negative (a pose clock ahead of the command clock, "
                      f"a sensor property): the exported robot has no dead time")
         delay = 0.0
-    if floor and robot.contact.law == "soft":
+    if robot.contact.law == "soft" and (floor or robot.contact.rod_rod):
         con = robot.contact
         notes.append(f"contact: the engine's soft law is MuJoCo's (solref {list(con.solref)}, solimp "
                      f"{list(con.solimp)}, pyramidal condim {con.soft_condim}), on the floor and between the rods")

@@ -171,7 +171,9 @@ def physics_fingerprint(params) -> str:
     inert = () if contact.law == "soft" else SOFT_LAW_PARAMS
     values = {name: [float(f"{float(x):.10g}") for x in v] for name, v in sorted(params.as_dict().items())
               if name not in inert}
-    structure = [params.robot.integrator] + ([contact.law, list(contact.solimp), contact.soft_condim]
+    # "soft_pairs": since the soft law covers the rod pairs too, a residual trained on the soft
+    # ground with penalty pairs is on other physics
+    structure = [params.robot.integrator] + ([contact.law, list(contact.solimp), contact.soft_condim, "soft_pairs"]
                                               if contact.law == "soft" else [])
     return hashlib.sha1(json.dumps([structure, values]).encode()).hexdigest()[:16]
 

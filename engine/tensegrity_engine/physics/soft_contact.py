@@ -154,7 +154,7 @@ class SoftGroundContact:
         return J, per_rod(aref), per_rod(D)
 
     @staticmethod
-    def solve(M, a0, J, aref, D):
+    def solve(M, a0, J, aref, D, iterations: int = NEWTON_ITERATIONS):
         """argmin_a 1/2 (a - a0)'M(a - a0) + sum 1/2 D min(0, J a - aref)^2, per rod:
         M [..., R, 6, 6], a0 [..., R, 6], J [..., R, E, 6], aref and D [..., R, E].
 
@@ -163,7 +163,7 @@ class SoftGroundContact:
         and its derivative is the implicit function theorem's, -H^-1 dg (on the solution's
         active rows): what differentiating every iteration converges to, at the cost of one
         (measured: SUPERball's forward-mode parameter Jacobian 3.5x faster, same values)."""
-        a = SoftGroundContact._minimise(M.detach(), a0.detach(), J.detach(), aref.detach(), D.detach())
+        a = SoftGroundContact._minimise(M.detach(), a0.detach(), J.detach(), aref.detach(), D.detach(), iterations)
         jar = (J @ a.unsqueeze(-1)).squeeze(-1) - aref
         active = D * (jar.detach() < 0).to(a.dtype)
         H = M + J.transpose(-1, -2) @ (active.unsqueeze(-1) * J)
@@ -171,10 +171,10 @@ class SoftGroundContact:
         return a - torch.linalg.solve_ex(H, g.unsqueeze(-1))[0].squeeze(-1)
 
     @staticmethod
-    def _minimise(M, a0, J, aref, D):
+    def _minimise(M, a0, J, aref, D, iterations: int = NEWTON_ITERATIONS):
         """The Newton iterations with an exact line search (`solve`'s problem)."""
         a = a0
-        for _ in range(NEWTON_ITERATIONS):
+        for _ in range(iterations):
             jar = (J @ a.unsqueeze(-1)).squeeze(-1) - aref
             active = D * (jar < 0).to(a.dtype)
             H = M + J.transpose(-1, -2) @ (active.unsqueeze(-1) * J)

@@ -32,6 +32,13 @@ from tensegrity_engine.physics.soft_contact import (SoftGroundContact, impedance
 from tensegrity_engine.physics.vectors import cross, dot
 
 
+# Newton iterations of the coupled solve: one step length serves every rod of a lane (and
+# every lane of the batch solves coupled while one pair touches), so a kink on one rod
+# shortens the step of all; more than the per-rod solve's 10, which the C kernel's coupled
+# solve (to its own tolerance, only where a pair touches) agrees with to rounding.
+COUPLED_NEWTON_ITERATIONS = 30
+
+
 class SoftPairRows:
     """The pyramid rows of every rod pair's capsule-capsule contact."""
 
@@ -58,10 +65,14 @@ class SoftPairRows:
         length = dot(diff, diff).clamp(min=1e-30).sqrt()
         normal = diff / length.unsqueeze(-2)
         dist = length - ra - rb
-        if skip_apart and not (S.is_cuda or torch.compiler.is_compiling() or bool((dist < 0).any())):
+        # diagApprox: both sides' translational inverse weights (0 for a rod welded to the world)
+        ia, ib = k["pair_a"], k["pair_b"]
+        inv_mass = k["free"] / out["mass"]
+        inv_pair = inv_mass.index_select(-1, ia) + inv_mass.index_select(-1, ib)
+        touching = (dist < 0) & (inv_pair > 0)      # two welded rods do not collide (MuJoCo's static bodies)
+        if skip_apart and not (S.is_cuda or torch.compiler.is_compiling() or bool(touching.any())):
             return None
         point = pa + (ra + 0.5 * dist).unsqueeze(-2) * normal
-        ia, ib = k["pair_a"], k["pair_b"]
         lever_a, lever_b = point - pos.index_select(-1, ia), point - pos.index_select(-1, ib)
         # mju_makeFrame: (0, 1, 0) unless the normal is within 60 degrees of it, then (0, 0, 1)
         side = (normal[..., 1, :].abs() < 0.5).to(S.dtype)
@@ -84,11 +95,9 @@ class SoftPairRows:
         B, K = solref_gains(p, self.solimp, h)
         imp = impedance(dist, self.solimp)
         aref = -B * speed - (K * imp * dist).unsqueeze(-2)
-        # diagApprox: both sides' translational inverse weights (0 for a rod welded to the world)
-        inv_mass = k["free"] / out["mass"]
-        inv_pair = inv_mass.index_select(-1, ia) + inv_mass.index_select(-1, ib)
-        touching = (dist < 0) & (inv_pair > 0)
-        regulariser = regulariser_scale(imp, mu_s) * inv_pair.clamp(min=1e-30)
+        # where the pair is apart (or both rods welded) the regulariser is replaced before the
+        # division: 1 / (a clamped 0) would overflow float32 in the backward pass even unused
+        regulariser = torch.where(touching, regulariser_scale(imp, mu_s) * inv_pair, torch.ones_like(dist))
         D = torch.where(touching, 1.0 / regulariser, torch.zeros_like(dist)).unsqueeze(-2).expand_as(aref)
         return J.movedim(-1, -4), aref.movedim(-1, -2), D.movedim(-1, -2)
 
@@ -134,7 +143,7 @@ class SoftContacts:
                 [D.expand(*batch, D.shape[-1]), D_g.flatten(-2)], -1)
         if self.topology.fixed_rods:        # a welded rod does not move: its columns vanish
             J = J * k["free"].repeat_interleave(6)
-        a = SoftGroundContact.solve(block_diag(M), a0.flatten(-2), J, aref, D)
+        a = SoftGroundContact.solve(block_diag(M), a0.flatten(-2), J, aref, D, COUPLED_NEWTON_ITERATIONS)
         return M, a0, a.unflatten(-1, (R, 6))
 
     def accelerations(self, S, out, p, h, acc, alpha):
