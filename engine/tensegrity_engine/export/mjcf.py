@@ -89,11 +89,8 @@ def calibrated_mjcf(params: PhysicalParameters, *, floor: bool = True, fixed_rod
         notes.append(f"actuator_delay {delay:.4g} s is negative (a pose clock ahead of the command clock, "
                      f"a sensor property): the exported robot has no dead time")
         delay = 0.0
-    if robot.contact.law == "soft" and (floor or robot.contact.rod_rod):
-        con = robot.contact
-        notes.append(f"contact: the engine's soft law is MuJoCo's (solref {list(con.solref)}, solimp "
-                     f"{list(con.solimp)}, pyramidal condim {con.soft_condim}), on the floor and between the rods")
-    elif floor:
+    # the soft law is MuJoCo's on the floor and between the rods: nothing of it is lost
+    if floor and robot.contact.law != "soft":
         notes.append("contact: MuJoCo soft contacts (default solref/solimp) with the identified friction; "
                      f"the engine's penalty contact (stiffness {robot.contact.stiffness:.4g} N/m, damping "
                      f"{robot.contact.damping:.4g} N s/m) has no MJCF equivalent")
