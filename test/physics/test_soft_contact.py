@@ -15,6 +15,8 @@ from tensegrity_engine.physics.params import PhysicalParameters
 from tensegrity_engine.physics.soft_contact import SoftGroundContact
 from tensegrity_engine.physics.state import center_of_mass
 
+from step_checks import one_step_gradcheck
+
 torch.set_num_threads(2)
 
 
@@ -104,17 +106,8 @@ def test_gradcheck_through_the_soft_contact():
     nodes = engine.end_nodes(state)
     assert (nodes[..., 2] < torch.as_tensor(robot.rod_radius)[:, None]).sum() >= 3      # the contact is there
     act = torch.as_tensor(act0)
-    base = engine.param_values(torch.float64, "cpu")
     names = ("contact_time_constant", "contact_damping_ratio", "friction_sliding", "friction_rolling")
-
-    def one_step(S, *values):
-        p = dict(base)
-        p.update(zip(names, values))
-        nxt, _ = engine.step(S, act, act, 1e-3, params=p)
-        return nxt
-
-    inputs = (state.requires_grad_(True), *[base[n].detach().clone().requires_grad_(True) for n in names])
-    assert torch.autograd.gradcheck(one_step, inputs, eps=1e-7, atol=1e-5, rtol=1e-4)
+    assert one_step_gradcheck(engine, state, act, names)
 
 
 def test_soft_law_config_round_trip_and_validation():

@@ -16,6 +16,8 @@ from tensegrity_engine.physics.jacobians import block_diag
 from tensegrity_engine.physics.soft_contact import SoftGroundContact
 from tensegrity_engine.physics.state import center_of_mass
 
+from step_checks import one_step_gradcheck
+
 torch.set_num_threads(2)
 
 
@@ -159,17 +161,8 @@ def test_gradcheck_through_a_soft_rod_pair():
     k = int(torch.nonzero(_touching(engine, states)).flatten()[-1])
     state, act = states[k].clone(), acts[k].clone()
     assert _touching(engine, state) and (engine.end_nodes(state)[..., 2] < torch.as_tensor(robot.rod_radius)[:, None]).any()
-    base = engine.param_values(torch.float64, "cpu")
     names = ("contact_time_constant", "contact_damping_ratio", "friction_sliding", "friction_torsional", "rod_mass")
-
-    def one_step(S, *values):
-        p = dict(base)
-        p.update(zip(names, values))
-        nxt, _ = engine.step(S, act, act, 1e-3, params=p)
-        return nxt
-
-    inputs = (state.requires_grad_(True), *[base[n].detach().clone().requires_grad_(True) for n in names])
-    assert torch.autograd.gradcheck(one_step, inputs, eps=1e-7, atol=1e-5, rtol=1e-4)
+    assert one_step_gradcheck(engine, state, act, names)
 
 
 def test_six_rods_solved_coupled_agree_with_the_kernel():
