@@ -59,3 +59,34 @@ def test_a_late_slow_winch_model_predicts_its_own_motion_exactly(superball):
     plain = PhysicalParameters(superball)
     e_plain = horizon_errors(plain, [traj], (0.1, 0.5), stride=0.3)
     assert float(np.mean(e_plain[0.5])) > 1e-3
+
+
+def test_model_commands_equal_the_chained_filter_steps(superball):
+    """`model_commands` evaluates each stretch of one command in closed form; chaining the
+    filter step by step (as the objective and the planner run it) gives the same states, with
+    the speed limit binding on some stretches and not on others, and a fractional delay's
+    blended step between stretches."""
+    from tensegrity_engine.physics.actuators import actuator_update, delayed_commands
+    params = PhysicalParameters(superball)
+    params.set_value("actuator_delay", np.array([0.0234]))
+    params.set_value("actuator_max_speed", np.array([0.3]))
+    traj = _robot_run(superball, params, seconds=0.8, seed=3)
+    steps = int(round((traj.t[-1] - traj.t[0]) / superball.dt))
+    acts, acting = model_commands(params, traj, steps)
+    v = {k: torch.as_tensor(np.asarray(x, dtype=np.float64)) for k, x in params.as_dict().items()}
+    cmd = np.clip(traj.command_grid(traj.t[0], steps, superball.dt), superball.command_low, superball.command_high)
+    chained_acting = delayed_commands(torch.as_tensor(cmd), v["actuator_delay"], superball.dt)
+    a = torch.as_tensor(traj.initial_act(), dtype=torch.float64)
+    chained = [a]
+    for k in range(steps):
+        a = actuator_update(a, chained_acting[k], v["actuator_time_constant"], superball.dt,
+                            v["actuator_max_speed"])[0]
+        chained.append(a)
+    chained = torch.stack(chained).numpy()
+    assert np.array_equal(acting, chained_acting.numpy())
+    rate = np.abs(np.diff(acts, axis=0)) / superball.dt
+    assert rate.max() >= 0.3 * (1 - 1e-6)                          # the limit binds somewhere
+    assert (rate < 0.3 * 0.5).mean() > 0.2                          # and is off elsewhere
+    blended = ~np.isin(acting, cmd).all(-1)
+    assert blended.any()                                            # the delay's blended steps
+    assert np.abs(acts - chained).max() < 1e-12
