@@ -295,7 +295,7 @@ def run_structure(z, hang: dict, roll: dict, cfg: dict, identified: dict) -> tup
             # the contact values were fitted beside the hanging values the refit moved: once
             # more beside the new ones (the law's contact values alone), kept on the same terms
             again = select_contact_law(c, roll["train"], roll["val"], idf.IdentificationConfig(**cfg),
-                                       laws=(c.robot.contact.law,), options=()).params
+                                       laws=(c.robot.contact.law,), condims=(), options=()).params
             ratios = {regime: validation_error(again, trajs) / validation_error(c, trajs)
                       for regime, trajs in held.items()}
             kept = float(np.mean(list(ratios.values()))) < 1.0

@@ -166,7 +166,7 @@ def test_contact_data_reveals_a_payload_on_the_hung_rod(tmp_path):
     assert contact_options(start) == ("per_rod_mass", "slack_damping")
     assert contact_options(start, chosen=("slack_damping",)) == ("per_rod_mass",)
     cfg = IdentificationConfig(init="given", schedule="fine_only", lm_max_iters=6, max_seconds=120)
-    sel = select_contact_law(start, train, heldout, cfg, laws=("soft",), chosen=("slack_damping",))
+    sel = select_contact_law(start, train, heldout, cfg, laws=("soft",), condims=(), chosen=("slack_damping",))
     assert sel.base.options == ("soft_contact",)
     assert sel.chosen.options == ("soft_contact", "per_rod_mass")
     assert sel.chosen.error < 0.3 * sel.base.error
@@ -176,8 +176,39 @@ def test_contact_data_reveals_a_payload_on_the_hung_rod(tmp_path):
     # the same data with the masses right: a mass per rod has nothing to add and is refused
     right = PhysicalParameters(base, values={"rod_mass": masses}, per_element=("rod_mass",))
     assert contact_options(right) == ("slack_damping",)
-    even = select_contact_law(right, train, heldout, cfg, laws=("soft",), options=("per_rod_mass",))
+    even = select_contact_law(right, train, heldout, cfg, laws=("soft",), condims=(), options=("per_rod_mass",))
     assert even.chosen.options == ("soft_contact",)
+
+
+def test_contact_data_reveals_the_contacts_dimensionality(tmp_path):
+    """A three-bar rolling in MuJoCo on condim-4 contacts (sliding and torsional friction, no
+    rolling friction), its model the true values under the soft law at the engine's default
+    for a config with rolling friction (condim 6): the condim-6 fit is off (its normal force
+    at rest differs), the condim-4 fit is kept and predicts 1 s ahead far better; condim 3
+    (no torsional friction) is no better than 4 (measured 1 s ahead: condim 6 3.3 mm, 4 at
+    round-off, 3 94 mm). With ``condims=()`` the robot's own stays."""
+    from tensegrity_engine.groundtruth.realisation import Contact
+    from tensegrity_engine.identification.structure import select_contact_law, with_contact_law
+    from tensegrity_engine.physics.params import PhysicalParameters
+
+    base = with_contact_law(PhysicalParameters(load_robot("three_bar")), "soft").robot
+    assert base.contact.soft_condim == 6
+    robot = ZooRobot("condim_test", "", base, base, Realisation(contact=Contact(condim=4)), SensorModel())
+    ds.generate_dataset(base, "contact", tmp_path, counts={"train": 3, "val": 2}, seed=5, dense=False,
+                        truth=robot, duration=2.0, contact_commands="random")
+    train, heldout = (ds.load_split(tmp_path / "contact", s, robot=base) for s in ("train", "val"))
+    start = PhysicalParameters(base)
+    cfg = IdentificationConfig(init="given", schedule="fine_only", lm_max_iters=6, max_seconds=120)
+    sel = select_contact_law(start, train, heldout, cfg, laws=("soft",), options=())
+    labels = [c.options for _, c, _ in sel.tried]
+    assert sel.base.options == ("soft_contact",) and set(labels) == {("soft_contact", "condim3"),
+                                                                   ("soft_contact", "condim4")}
+    assert sel.chosen.options == ("soft_contact", "condim4")
+    assert sel.params.robot.contact.soft_condim == 4
+    assert sel.chosen.error < 0.5 * sel.base.error
+    assert sel.chosen.error <= min(c.error for _, c, _ in sel.tried)
+    kept = select_contact_law(start, train, heldout, cfg, laws=("soft",), condims=(), options=())
+    assert not kept.tried and kept.params.robot.contact.soft_condim == 6
 
 
 def test_hanging_values_are_refitted_around_a_payload_found_on_contact_data(tmp_path):

@@ -41,9 +41,11 @@ themselves on data they were not fitted on; an unstable candidate (any window di
 never wins.
 
 `select_contact_law` then fits the contact values on rolling data under each ground contact
-law, alone and with each of `CONTACT_OPTIONS` that selection left out (its caller says which
-it chose; a mass per rod, slack-cable damping: options whose evidence is mostly in contact
-data), and keeps another law by the paired verdict, an option by the verdict and the floor.
+law (under the soft law, each contact dimensionality: MuJoCo's condim 3, 4, 6) and keeps
+another by the paired verdict; then, on top of the contact it kept, each of
+`CONTACT_OPTIONS` that selection left out (its caller says which it chose; a mass per rod,
+slack-cable damping: options whose evidence is mostly in contact data), an option kept by
+the verdict and the floor.
 """
 from __future__ import annotations
 
@@ -64,6 +66,7 @@ from tensegrity_engine.physics.params import PhysicalParameters
 
 __all__ = ["StructureOption", "OPTIONS", "BASE_LEARN", "SCREEN_PATIENCE", "Candidate", "StructureSelection", "select_structure",
            "structure_options", "structure_config", "with_contact_law", "select_contact_law", "CONTACT_OPTIONS",
+           "SOFT_CONDIMS",
            "contact_options", "refit_noncontact"]
 
 # Values every structure fits (the robot's core physics without contact).
@@ -270,15 +273,24 @@ def select_structure(robot: RobotConfig, train: Sequence[Trajectory], heldout: S
     return StructureSelection(chosen=best, base=base, tried=tried, horizon=horizon)
 
 
-def with_contact_law(params: PhysicalParameters, law: str) -> PhysicalParameters:
+def with_contact_law(params: PhysicalParameters, law: str, condim: Optional[int] = None) -> PhysicalParameters:
     """``params`` (every value and the per-element split kept: the soft law's solref
     values are ``params``' own, the robot's unless set) on its robot with the ground
-    contact ``law``."""
+    contact ``law`` and, when given, the soft law's contact dimensionality ``condim``
+    (MuJoCo's: 3 sliding friction, 4 also torsional, 6 also rolling; None keeps the robot's)."""
     robot = params.robot
-    if robot.contact.law == law:
+    contact = robot.contact
+    if contact.law == law and (condim is None or contact.soft_condim == condim):
         return params
-    robot = robot.replace(contact=dataclasses.replace(robot.contact, law=law))
+    changes = {"law": law} | ({"condim": int(condim)} if condim is not None else {})
+    robot = robot.replace(contact=dataclasses.replace(contact, **changes))
     return PhysicalParameters(robot, values=params.as_dict(), per_element=params.per_element)
+
+
+def _contact_structure(robot: RobotConfig) -> tuple:
+    """What of a robot's ground contact acts on its dynamics besides values: the law and,
+    under the soft law, the contact dimensionality."""
+    return (robot.contact.law, robot.contact.soft_condim if robot.contact.law == "soft" else None)
 
 
 # Structure options that contact data may reveal where the non-contact data could not. The
@@ -290,6 +302,14 @@ def with_contact_law(params: PhysicalParameters, law: str) -> PhysicalParameters
 # selection left the option out by 0.17 mm, under its 0.39 mm floor, and the model predicted
 # rolling 1 s ahead 5.9 mm off, where a run that kept it was 1.1 mm off).
 CONTACT_OPTIONS = ("per_rod_mass", "slack_damping")
+
+# The soft law's contact dimensionalities (MuJoCo's condim) selection tries: the engine's
+# default for a config with torsional or rolling friction is 6, and a robot on condim 4
+# rolls differently (measured on the zoo's ``noisy_mocap``, condim-4 MuJoCo contacts: its
+# true values under condim 6 are 0.11 mm off 0.1 s ahead and 0.85 mm 1 s ahead, under
+# condim 4 0.001 and 0.005 mm; the normal force at rest was 1.2 % off with 20 rows instead
+# of 12 per rod).
+SOFT_CONDIMS = (3, 4, 6)
 
 
 def contact_options(params: PhysicalParameters, chosen: Sequence[str] = ()) -> tuple[str, ...]:
@@ -308,6 +328,7 @@ def contact_options(params: PhysicalParameters, chosen: Sequence[str] = ()) -> t
 
 def select_contact_law(params: PhysicalParameters, train: Sequence[Trajectory], heldout: Sequence[Trajectory],
                        config: IdentificationConfig, *, laws: Sequence[str] = ("penalty", "soft"),
+                       condims: Sequence[int] = SOFT_CONDIMS,
                        options: Optional[Sequence[str]] = None, chosen: Sequence[str] = (),
                        horizon: float = 1.0, stride: float = 0.5, min_gain: float = 0.05, sigmas: float = 2.0,
                        min_base_share: float = 0.02, min_path_share: float = 1e-3,
@@ -325,7 +346,12 @@ def select_contact_law(params: PhysicalParameters, train: Sequence[Trajectory], 
     also by the absolute floor, ``min_base_share`` of the base's error and ``min_path_share``
     of the path). ``config`` sets the budget and solver (``screen_patience`` as in
     `select_structure`); its ``learn`` is each law's contact values (plus the option's).
-    Candidates are labelled by their law ("soft_contact" for the soft law) and options."""
+    Under the soft law the contact dimensionality is structure too: the robot's own and each
+    other of ``condims`` (MuJoCo's condim 3, 4, 6; () keeps the robot's). Two rounds: the
+    laws and dimensionalities alone, each replacing the best so far on those terms; then each
+    option on top of the one kept.
+    Candidates are labelled by their law ("soft_contact" for the soft law), a dimensionality
+    other than the robot's own ("condim4") and options."""
     unknown = set(options or ()) - set(OPTIONS)
     if unknown:
         raise ValueError(f"unknown structure options {sorted(unknown)}; known: {sorted(OPTIONS)}")
@@ -340,27 +366,51 @@ def select_contact_law(params: PhysicalParameters, train: Sequence[Trajectory], 
     # the held-out tuples also stop each fit and pick its best iterate, as a single contact
     # fit does (`ProgressiveTrainer.set_data`'s validation data)
     val_tuples = tuples_from(list(heldout), config.period)
-    candidates = []
+    unknown_dims = set(condims) - set(SOFT_CONDIMS)
+    if unknown_dims:
+        raise ValueError(f"unknown contact dimensionalities {sorted(unknown_dims)}; known: {list(SOFT_CONDIMS)}")
+
+    def fit(start: PhysicalParameters, law_label: tuple, added: tuple) -> Candidate:
+        law = start.robot.contact.law
+        learn, split, _ = structure_config(added, start.robot, contact_params(law))
+        learn += tuple(n for n in split if n not in learn)        # the values it splits are learnt here
+        per_element = tuple(dict.fromkeys(tuple(start.per_element) + split))   # the trainer splits start
+        cfg = dataclasses.replace(config, learn=learn, per_element=per_element,
+                                  fine_integrator=start.robot.integrator, init="given")
+        cand = _fitted_candidate(law_label + added, start.robot, start, cfg, (train_tuples, val_tuples), heldout,
+                                 horizon, stride)
+        log(f"contact {'+'.join(law_label + added) or law}: {1e3 * cand.error:.2f} mm {horizon:g} s ahead "
+            f"({cand.wall:.0f} s)")
+        return cand
+
+    # round 1: the contact itself (each law; under the soft law each dimensionality)
+    structures = []
     for law in order:
         start = with_contact_law(params, law)
-        for added in [()] + [(name,) for name in extra]:
-            learn, split, _ = structure_config(added, start.robot, contact_params(law))
-            learn += tuple(n for n in split if n not in learn)        # the values it splits are learnt here
-            per_element = tuple(dict.fromkeys(tuple(start.per_element) + split))   # the trainer splits start
-            cfg = dataclasses.replace(config, learn=learn, per_element=per_element,
-                                      fine_integrator=start.robot.integrator, init="given")
-            label = (() if law == "penalty" else (f"{law}_contact",)) + added
-            candidates.append(_fitted_candidate(label, start.robot, start, cfg, (train_tuples, val_tuples), heldout,
-                                                horizon, stride))
-            log(f"contact law {law}{' + ' + '+'.join(added) if added else ''}: "
-                f"{1e3 * candidates[-1].error:.2f} mm {horizon:g} s ahead ({candidates[-1].wall:.0f} s)")
-    base = best = candidates[0]
-    floor = _gain_floor(base, heldout, horizon, min_base_share, min_path_share)
+        label = () if law == "penalty" else (f"{law}_contact",)
+        structures.append((start, label))
+        if law == "soft":
+            dim = start.robot.contact.soft_condim
+            structures += [(with_contact_law(start, law, c), label + (f"condim{c}",))
+                           for c in condims if c != dim]
+    base = best = fit(*structures[0], ())
+    starts = {base.options: structures[0][0]}
     tried = []
-    for cand in candidates[1:]:
-        adds = any(name in cand.options for name in extra)
-        ok, verdict = _paired_verdict(cand.errors, best.errors, min_gain, sigmas, floor if adds else 0.0)
+    for start, label in structures[1:]:
+        cand = fit(start, label, ())
+        starts[cand.options] = start
+        ok, verdict = _paired_verdict(cand.errors, best.errors, min_gain, sigmas, 0.0)
         tried.append((1, cand, verdict))
+        if ok:
+            best = cand
+    # round 2: each option on top of that contact, from the same start; an option adds
+    # values, so it also needs the absolute floor
+    floor = _gain_floor(base, heldout, horizon, min_base_share, min_path_share)
+    kept, kept_start = best.options, starts[best.options]
+    for name in extra:
+        cand = fit(kept_start, kept, (name,))
+        ok, verdict = _paired_verdict(cand.errors, best.errors, min_gain, sigmas, floor)
+        tried.append((2, cand, verdict))
         if ok:
             best = cand
     return StructureSelection(chosen=best, base=base, tried=tried, horizon=horizon)
@@ -386,7 +436,8 @@ def refit_noncontact(contact: StructureSelection, train: Sequence[Trajectory], h
     stage added no option and changed no law that acts between rods."""
     added = [name for name in contact.chosen.options if name in CONTACT_OPTIONS]
     robot, before = contact.chosen.params.robot, contact.base.params.robot
-    law_between_rods = (robot.contact.law != before.contact.law and robot.contact.rod_rod and robot.num_rods > 1)
+    law_between_rods = (_contact_structure(robot) != _contact_structure(before) and robot.contact.rod_rod
+                        and robot.num_rods > 1)
     if not added and not law_between_rods:
         return None
     params = contact.params
