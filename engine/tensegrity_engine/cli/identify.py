@@ -251,8 +251,9 @@ def _select_structure(args, robot, cfg, initial, train, val, out: Path):
 
 
 def _select_contact_structure(robot, cfg, initial, train, val, out: Path):
-    """--structure on floor data: the contact law and the options only contact data shows (a
-    mass per rod, slack damping; `select_contact_law`), each fitted from --initial's values
+    """--structure on floor data: the contact law (under the soft law, its condim) and the
+    options only contact data shows (a mass per rod, slack damping; `select_contact_law`),
+    each fitted from --initial's values
     (a hanging identification's, say) or the config's, then that structure identified
     (warm-started from its fit). Returns (robot, config, initial)."""
     import dataclasses
@@ -389,7 +390,8 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--structure", action="store_true",
                    help="first choose the model structure on the val split (identification.structure): on "
                         "hanging data the integrator, slack damping, end-heavy inertia, winch speed, per-cable / "
-                        "per-rod values; on floor data the contact law and a mass per rod or slack damping, "
+                        "per-rod values; on floor data the contact law (under the soft law its condim 3, 4 or 6) and "
+                        "a mass per rod or slack damping, "
                         "from --initial's values (e.g. the hanging identification's) or the config's")
     i.add_argument("--patience", type=int, default=2)
     from tensegrity_engine.identification.config import IdentificationConfig
