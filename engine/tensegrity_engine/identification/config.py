@@ -110,11 +110,13 @@ class IdentificationConfig:
                                         # (MuJoCo's mj_collision per state, no geometry gradient:
                                         # ablation (c) only, much slower)
     jacobian: Optional[str] = None      # Levenberg-Marquardt Jacobians: "central" (finite differences,
-                                        # in the C kernel on the CPU), "one_sided" (per tuple or window
-                                        # the smaller of the forward and backward difference: robust to
-                                        # the soft contact law's jumps), "forward" (forward-mode AD, all
-                                        # columns in one torch pass), None: forward on CUDA, else
-                                        # one_sided under the soft law, central under the penalty law
+                                        # in the C kernel on the CPU), "forward_difference" (P rollouts,
+                                        # not 2P), "one_sided" (per tuple or window the smaller of the
+                                        # forward and backward difference: robust to the soft contact
+                                        # law's jumps), "forward" (forward-mode AD, all columns in one
+                                        # torch pass), None: forward on CUDA, else one_sided under the
+                                        # soft law, central under the penalty law, forward_difference
+                                        # without a floor
     compile_training: Optional[bool] = None # rollouts with gradient step a torch.compile'd engine step
                                         # (forward and backward fused; 27-60 s to compile per
                                         # integrator and batch shape, then a CPU epoch ~2.5x
@@ -140,8 +142,9 @@ class IdentificationConfig:
             raise ValueError(f"native_threads must be a positive integer, got {self.native_threads!r}")
         if self.forward_backend not in (None, "native", "torch"):
             raise ValueError(f"forward_backend must be None, 'native' or 'torch', got {self.forward_backend!r}")
-        if self.jacobian not in (None, "central", "one_sided", "forward"):
-            raise ValueError(f"jacobian must be None, 'central', 'one_sided' or 'forward', got {self.jacobian!r}")
+        if self.jacobian not in (None, "central", "forward_difference", "one_sided", "forward"):
+            raise ValueError("jacobian must be None, 'central', 'forward_difference', 'one_sided' or 'forward', "
+                             f"got {self.jacobian!r}")
         if self.init not in INITS:
             raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
         for name in ("period", "lr0", "lr_min"):
