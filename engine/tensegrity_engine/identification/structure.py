@@ -355,6 +355,9 @@ def select_contact_law(params: PhysicalParameters, train: Sequence[Trajectory], 
     unknown = set(options or ()) - set(OPTIONS)
     if unknown:
         raise ValueError(f"unknown structure options {sorted(unknown)}; known: {sorted(OPTIONS)}")
+    unknown_dims = set(condims) - set(SOFT_CONDIMS)
+    if unknown_dims:
+        raise ValueError(f"unknown contact dimensionalities {sorted(unknown_dims)}; known: {list(SOFT_CONDIMS)}")
     extra = tuple(options) if options is not None else contact_options(params, chosen)
     if any(OPTIONS[name].integrator for name in extra):
         raise ValueError("the contact stage keeps the structure's step: no integrator options")
@@ -366,9 +369,6 @@ def select_contact_law(params: PhysicalParameters, train: Sequence[Trajectory], 
     # the held-out tuples also stop each fit and pick its best iterate, as a single contact
     # fit does (`ProgressiveTrainer.set_data`'s validation data)
     val_tuples = tuples_from(list(heldout), config.period)
-    unknown_dims = set(condims) - set(SOFT_CONDIMS)
-    if unknown_dims:
-        raise ValueError(f"unknown contact dimensionalities {sorted(unknown_dims)}; known: {list(SOFT_CONDIMS)}")
 
     def fit(start: PhysicalParameters, law_label: tuple, added: tuple) -> Candidate:
         law = start.robot.contact.law
