@@ -41,11 +41,11 @@ themselves on data they were not fitted on; an unstable candidate (any window di
 never wins.
 
 `select_contact_law` then fits the contact values on rolling data under each ground contact
-law (under the soft law, each contact dimensionality: MuJoCo's condim 3, 4, 6) and keeps
-another by the paired verdict; then, on top of the contact it kept, each of
-`CONTACT_OPTIONS` that selection left out (its caller says which it chose; a mass per rod,
-slack-cable damping: options whose evidence is mostly in contact data), an option kept by
-the verdict and the floor.
+law, alone and with each of `CONTACT_OPTIONS` that selection left out (its caller says which
+it chose; a mass per rod, slack-cable damping: options whose evidence is mostly in contact
+data), and keeps another law by the paired verdict, an option by the verdict and the floor;
+under the soft law it then tries the other contact dimensionalities (MuJoCo's condim 3, 4,
+6) with what it kept.
 """
 from __future__ import annotations
 
@@ -347,9 +347,8 @@ def select_contact_law(params: PhysicalParameters, train: Sequence[Trajectory], 
     of the path). ``config`` sets the budget and solver (``screen_patience`` as in
     `select_structure`); its ``learn`` is each law's contact values (plus the option's).
     Under the soft law the contact dimensionality is structure too: the robot's own and each
-    other of ``condims`` (MuJoCo's condim 3, 4, 6; () keeps the robot's). Two rounds: the
-    laws and dimensionalities alone, each replacing the best so far on those terms; then each
-    option on top of the one kept.
+    other of ``condims`` (MuJoCo's condim 3, 4, 6; () keeps the robot's), tried once the law
+    and options are chosen, with them.
     Candidates are labelled by their law ("soft_contact" for the soft law), a dimensionality
     other than the robot's own ("condim4") and options."""
     unknown = set(options or ()) - set(OPTIONS)
@@ -383,36 +382,37 @@ def select_contact_law(params: PhysicalParameters, train: Sequence[Trajectory], 
             f"({cand.wall:.0f} s)")
         return cand
 
-    # round 1: the contact itself (each law; under the soft law each dimensionality)
-    structures = []
+    # round 1: each law alone and with each option (laws and options interact: a payload's
+    # masses are what make the soft law fit on the zoo's `payload`, which alone fits worse
+    # than the penalty law), each judged against the best so far
+    candidates = []
     for law in order:
         start = with_contact_law(params, law)
-        label = () if law == "penalty" else (f"{law}_contact",)
-        structures.append((start, label))
-        if law == "soft":
-            dim = start.robot.contact.soft_condim
-            structures += [(with_contact_law(start, law, c), label + (f"condim{c}",))
-                           for c in condims if c != dim]
-    base = best = fit(*structures[0], ())
-    starts = {base.options: structures[0][0]}
+        for added in [()] + [(name,) for name in extra]:
+            candidates.append((start, fit(start, () if law == "penalty" else (f"{law}_contact",), added)))
+    (best_start, base), best = candidates[0], candidates[0][1]
+    floor = _gain_floor(base, heldout, horizon, min_base_share, min_path_share)
     tried = []
-    for start, label in structures[1:]:
-        cand = fit(start, label, ())
-        starts[cand.options] = start
-        ok, verdict = _paired_verdict(cand.errors, best.errors, min_gain, sigmas, 0.0)
+    for start, cand in candidates[1:]:
+        adds = any(name in cand.options for name in extra)
+        ok, verdict = _paired_verdict(cand.errors, best.errors, min_gain, sigmas, floor if adds else 0.0)
         tried.append((1, cand, verdict))
         if ok:
-            best = cand
-    # round 2: each option on top of that contact, from the same start; an option adds
-    # values, so it also needs the absolute floor
-    floor = _gain_floor(base, heldout, horizon, min_base_share, min_path_share)
-    kept, kept_start = best.options, starts[best.options]
-    for name in extra:
-        cand = fit(kept_start, kept, (name,))
-        ok, verdict = _paired_verdict(cand.errors, best.errors, min_gain, sigmas, floor)
-        tried.append((2, cand, verdict))
-        if ok:
-            best = cand
+            best, best_start = cand, start
+    # round 2: under the soft law, the other contact dimensionalities with what round 1 kept
+    # (no values added: the paired verdict alone)
+    if best_start.robot.contact.law == "soft":
+        law_label = tuple(o for o in best.options if o.endswith("_contact"))
+        added = tuple(o for o in best.options if not o.endswith("_contact"))
+        dim = best_start.robot.contact.soft_condim
+        for c in condims:
+            if c == dim:
+                continue
+            cand = fit(with_contact_law(best_start, "soft", c), law_label + (f"condim{c}",), added)
+            ok, verdict = _paired_verdict(cand.errors, best.errors, min_gain, sigmas, 0.0)
+            tried.append((2, cand, verdict))
+            if ok:
+                best = cand
     return StructureSelection(chosen=best, base=base, tried=tried, horizon=horizon)
 
 
