@@ -29,7 +29,8 @@ validation trajectories better beyond noise), fits contact on top of it under th
 and the soft (MuJoCo's) contact law, each alone and with a mass per rod (the hung rod's
 mass is not in hanging data) or slack-cable damping if selection left them out, and keeps
 another law or an option only if it predicts the
-rolling validation data better beyond noise (`select_contact_law`), and prints it as
+rolling validation data better beyond noise, then under the soft law the other condims
+(3, 4, 6) with what it kept (`select_contact_law`), and prints it as
 "structure" beside "identified" (every non-contact value learnt, semi-implicit), with the
 structure each robot revealed next to its true realisation (issue 19). The all-values fit
 is a structure too: "structure" is whichever of the two predicts the validation data of
