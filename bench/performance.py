@@ -166,7 +166,8 @@ def section_epoch(robot, data) -> None:
 # ----------------------------------------------------------------------------- jacobian
 def section_jacobian(robot, data) -> None:
     _line("\n== jacobian: one Levenberg-Marquardt Jacobian, 256 tuples x 100 steps, 9 parameters (float64)")
-    configs = [("cpu", "central, C kernel (CPU default)", dict(jacobian="central")),
+    configs = [("cpu", "central, C kernel (CPU default under the penalty law's floor)", dict(jacobian="central")),
+               ("cpu", "forward differences, C kernel (CPU default without a floor)", dict(jacobian="forward_difference")),
                ("cpu", "central, torch", dict(jacobian="central", forward_backend="torch")),
                ("cpu", "forward-mode AD, torch", dict(jacobian="forward"))]
     if CUDA:

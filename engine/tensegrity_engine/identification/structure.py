@@ -399,17 +399,17 @@ def select_contact_law(params: PhysicalParameters, train: Sequence[Trajectory], 
         tried.append((1, cand, verdict))
         if ok:
             best, best_start = cand, start
-    # round 2: under the soft law, the other contact dimensionalities with what round 1 kept
-    # (no values added: the paired verdict alone)
+    # round 2: under the soft law, the other contact dimensionalities with what round 1 kept;
+    # a higher one brings friction values to life (torsional, rolling): the floor too
     if best_start.robot.contact.law == "soft":
         law_label = tuple(o for o in best.options if o.endswith("_contact"))
         added = tuple(o for o in best.options if not o.endswith("_contact"))
         dim = best_start.robot.contact.soft_condim
-        for c in condims:
+        for c in dict.fromkeys(condims):
             if c == dim:
                 continue
             cand = fit(with_contact_law(best_start, "soft", c), law_label + (f"condim{c}",), added)
-            ok, verdict = _paired_verdict(cand.errors, best.errors, min_gain, sigmas, 0.0)
+            ok, verdict = _paired_verdict(cand.errors, best.errors, min_gain, sigmas, floor if c > dim else 0.0)
             tried.append((2, cand, verdict))
             if ok:
                 best = cand
