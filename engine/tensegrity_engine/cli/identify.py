@@ -256,10 +256,7 @@ def _select_contact_structure(robot, cfg, initial, train, val, out: Path):
     each fitted from --initial's values
     (a hanging identification's, say) or the config's, then that structure identified
     (warm-started from its fit). Returns (robot, config, initial)."""
-    import dataclasses
-
-    from tensegrity_engine.identification.config import contact_params
-    from tensegrity_engine.identification.structure import CONTACT_OPTIONS, select_contact_law, structure_config
+    from tensegrity_engine.identification.structure import CONTACT_OPTIONS, contact_fit_config, select_contact_law
     from tensegrity_engine.physics.params import PhysicalParameters
 
     start = initial if initial is not None else PhysicalParameters.keeping_elements(robot)
@@ -269,12 +266,7 @@ def _select_contact_structure(robot, cfg, initial, train, val, out: Path):
     (out / "structure.txt").write_text("\n".join(lines) + "\n")
     chosen = sel.params
     options = [name for name in sel.chosen.options if name in CONTACT_OPTIONS]
-    learn, split, _ = structure_config(options, chosen.robot, contact_params(chosen.robot.contact.law))
-    learn += tuple(n for n in split if n not in learn)          # the values an option splits are learnt
-    per_element = tuple(dict.fromkeys(tuple(chosen.per_element) + split))
-    cfg = dataclasses.replace(cfg, learn=learn, per_element=per_element, fine_integrator=chosen.robot.integrator,
-                              init="given")
-    return chosen.robot, cfg, chosen
+    return chosen.robot, contact_fit_config(chosen, options, cfg), chosen
 
 
 def _truth(args, data_robot, train):

@@ -66,6 +66,7 @@ from tensegrity_engine.physics.params import PhysicalParameters
 
 __all__ = ["StructureOption", "OPTIONS", "BASE_LEARN", "SCREEN_PATIENCE", "Candidate", "StructureSelection", "select_structure",
            "structure_options", "structure_config", "with_contact_law", "select_contact_law", "CONTACT_OPTIONS",
+           "contact_fit_config",
            "SOFT_CONDIMS",
            "contact_options", "refit_noncontact"]
 
@@ -326,6 +327,17 @@ def contact_options(params: PhysicalParameters, chosen: Sequence[str] = ()) -> t
     return tuple(names)
 
 
+def contact_fit_config(start: PhysicalParameters, options: Sequence[str],
+                       config: IdentificationConfig) -> IdentificationConfig:
+    """``config`` for fitting ``start``'s contact law's values plus ``options``' (the values an
+    option splits per element are learnt, on top of ``start``'s own splits), in its step."""
+    learn, split, _ = structure_config(options, start.robot, contact_params(start.robot.contact.law))
+    learn += tuple(n for n in split if n not in learn)
+    per_element = tuple(dict.fromkeys(tuple(start.per_element) + split))   # the trainer splits start
+    return dataclasses.replace(config, learn=learn, per_element=per_element, fine_integrator=start.robot.integrator,
+                               init="given")
+
+
 def select_contact_law(params: PhysicalParameters, train: Sequence[Trajectory], heldout: Sequence[Trajectory],
                        config: IdentificationConfig, *, laws: Sequence[str] = ("penalty", "soft"),
                        condims: Sequence[int] = SOFT_CONDIMS,
@@ -371,11 +383,7 @@ def select_contact_law(params: PhysicalParameters, train: Sequence[Trajectory], 
 
     def fit(start: PhysicalParameters, law_label: tuple, added: tuple) -> Candidate:
         law = start.robot.contact.law
-        learn, split, _ = structure_config(added, start.robot, contact_params(law))
-        learn += tuple(n for n in split if n not in learn)        # the values it splits are learnt here
-        per_element = tuple(dict.fromkeys(tuple(start.per_element) + split))   # the trainer splits start
-        cfg = dataclasses.replace(config, learn=learn, per_element=per_element,
-                                  fine_integrator=start.robot.integrator, init="given")
+        cfg = contact_fit_config(start, added, config)
         cand = _fitted_candidate(law_label + added, start.robot, start, cfg, (train_tuples, val_tuples), heldout,
                                  horizon, stride)
         log(f"contact {'+'.join(law_label + added) or law}: {1e3 * cand.error:.2f} mm {horizon:g} s ahead "
