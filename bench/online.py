@@ -51,9 +51,9 @@ from tensegrity_engine.groundtruth.sensors import SensorModel
 from tensegrity_engine.groundtruth.zoo import ZOO_PREFIX, ground_truth, zoo_names
 from tensegrity_engine.identification.config import IdentificationConfig, contact_params, resolve_learn
 from tensegrity_engine.identification.online import OnlineIdentification
-from tensegrity_engine.identification.online_structure import ONLINE_OPTIONS, online_options
+from tensegrity_engine.identification.online_structure import ONLINE_OPTIONS, online_options, structure_key
 from tensegrity_engine.identification.solvers.windows import chain_windows, fit_start_velocities
-from tensegrity_engine.identification.streaming import StreamAligner, StreamConfig, TupleBatch
+from tensegrity_engine.identification.streaming import StreamAligner, StreamConfig
 from tensegrity_engine.physics.config import load_robot
 from tensegrity_engine.physics.params import PhysicalParameters
 
@@ -181,7 +181,8 @@ def run_session(z, args, seed: int, learn) -> dict:
             _, values = improved
             verdict = session.gate(values)
             if verdict.accepted:
-                session.best_values = published = values
+                session.mark_published(values)
+                published = values
                 u = session.uncertainty(max_tuples=64, at=values)
                 sigma = None if u is None else {n: float(np.max(s)) for n, s in u.sigma.items()}
                 spread = None if u is None or not u.sigma_spread else {
@@ -189,7 +190,8 @@ def run_session(z, args, seed: int, learn) -> dict:
                 undetermined = () if u is None else u.undetermined
                 trace.append((clock, values, sigma))
             elif verdict.revert:                 # as the node: the config's values again
-                session.best_values = published = sigma = spread = None
+                session.mark_published(None)
+                published = sigma = spread = None
                 undetermined = ()
                 reverts += 1
                 trace.append((clock, PhysicalParameters(robot).as_dict(), None))
@@ -206,12 +208,13 @@ def run_session(z, args, seed: int, learn) -> dict:
     com = {k: math.nan for k in ("nominal", "identified", "true", "true_all")}
     objective = {"identified": math.nan, "true": math.nan}
     if session.heldout and session.trainer is not None:
-        held = session._tuple_set(TupleBatch.cat(list(session.heldout)))
         true_learnt = {**final, **{n: truth[n] for n in learn if n in truth and n in final}}
         true_all = {**final, **{n: v for n, v in truth.items() if n in final}}
         for name, values in (("nominal", nominal), ("identified", final), ("true", true_learnt),
                              ("true_all", true_all)):
-            com[name] = session.trainer.heldout_loss(held, values, chain=session.holdout_block)[1]
+            # each in its structure: the config's, the published model's
+            com[name] = session.heldout_scores(values, session.config_robot if name == "nominal"
+                                               else session.incumbent_robot)[1]
         for name, values in (("identified", final), ("true", true_learnt)):
             objective[name] = training_objective(session.trainer, values, cfg.pose_window)
     reported = [n for n in TARGETS if n in learn]
@@ -234,7 +237,8 @@ def run_session(z, args, seed: int, learn) -> dict:
             "relative_spread": None if spread is None else {n: spread[n] / abs(np.mean(final[n])) for n in reported},
             "within_tol_from": within, "tol": tol, "publications": len(trace), "reverts": reverts,
             "epochs": session.epochs, "status": session.status, "tuples": session.window_len,
-            "structure": list(session.trials.adopted), "structure_log": list(session.trials.log)}
+            "structure": list(session.trials.adopted), "structure_log": list(session.trials.log),
+            "published_structure": list(structure_key(session.incumbent_robot))}
 
 
 def main(argv=None) -> int:
@@ -318,7 +322,8 @@ def main(argv=None) -> int:
                   f"true values {1e3 * r['heldout_com_1s']['true_all']:.1f} mm; training objective identified "
                   f"{r['training_objective']['identified']:.4f} / true learnt {r['training_objective']['true']:.4f}; "
                   f"{r['publications']} publications ({r['reverts']} to the config), {r['epochs']} epochs, {r['status']}"
-                  + (f", structure {'+'.join(r['structure']) or 'base'} (tried: "
+                  + (f", structure {'+'.join(r['structure']) or 'base'}, published in "
+                     f"{'/'.join(str(k) for k in r['published_structure'] if k is not None)} (tried: "
                      + ", ".join(f"{o} {v}" for o, v in r["structure_log"]) + ")" if args.structure_options else "")
                   + " "
                   f"({time.perf_counter() - t0:.0f} s wall)")

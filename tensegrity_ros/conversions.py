@@ -11,6 +11,7 @@ Conventions (docs/ros_interface.md):
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Optional, Sequence
 
@@ -192,6 +193,9 @@ def params_to_msg(params, robot_name: str, stamp_ns_: int, *, train_loss=float("
     m.train_loss = float(train_loss)
     m.validation_loss = float(validation_loss)
     m.heldout_com_error, m.replaced_com_error = float(heldout_com_error), float(replaced_com_error)
+    m.integrator = params.robot.integrator
+    contact = params.robot.contact
+    m.contact_condim = int(contact.soft_condim) if contact.law == "soft" else 0
     m.stage = stage
     m.engine_dt = float(engine_dt)
     m.epoch = int(max(0, epoch))
@@ -248,11 +252,14 @@ def msg_to_params(msg, robot):
     """IdentifiedParameters -> PhysicalParameters after every check a consumer needs: the
     robot name, the message's shape (`msg_to_param_values`) and the values against the
     project's bounds (`checked_parameters`; the message's own bounds may only narrow
-    them); a model message names every parameter, so a partial one is refused. Raises `ParameterError` whose ``reason`` names what was wrong."""
+    them); a model message names every parameter, so a partial one is refused. The values
+    come on ``robot`` built in the message's structure (integrator, soft-law condim: what
+    they were fitted in). Raises `ParameterError` whose ``reason`` names what was wrong."""
     from tensegrity_engine.physics.params import ParameterError, checked_parameters
 
     if msg.robot_name != robot.name:
         raise ParameterError("wrong_robot", f"parameters for robot {msg.robot_name[:64]!r}, not {robot.name!r}")
+    robot = _in_message_structure(msg, robot)
     values = msg_to_param_values(msg)
     n = len(msg.names)
     if len(msg.lower_bounds) not in (0, n) or len(msg.upper_bounds) not in (0, n):
@@ -265,6 +272,24 @@ def msg_to_params(msg, robot):
         if bounds.setdefault(base, (float(lo), float(hi))) != (float(lo), float(hi)):
             raise ParameterError("bad_bounds", f"{base}: different bounds for its elements")
     return checked_parameters(robot, values, bounds=bounds, complete=True)
+
+
+def _in_message_structure(msg, robot):
+    """``robot`` with the message's integrator and contact dimensionality (checked)."""
+    from tensegrity_engine.physics.config import MODEL_INTEGRATORS
+    from tensegrity_engine.physics.params import ParameterError
+
+    integrator, condim = str(msg.integrator), int(msg.contact_condim)
+    if integrator and integrator != robot.integrator:
+        if integrator not in MODEL_INTEGRATORS:
+            raise ParameterError("bad_structure", f"unknown integrator {integrator[:32]!r}")
+        robot = robot.replace(integrator=integrator)
+    if condim and condim != (robot.contact.soft_condim if robot.contact.law == "soft" else 0):
+        if robot.contact.law != "soft" or condim not in (1, 3, 4, 6):
+            raise ParameterError("bad_structure", f"contact dimensionality {condim} for a robot under the "
+                                 f"{robot.contact.law} ground law")
+        robot = robot.replace(contact=dataclasses.replace(robot.contact, condim=condim))
+    return robot
 
 
 # ----------------------------------------------------------------------------- markers

@@ -29,7 +29,7 @@ from visualization_msgs.msg import MarkerArray
 from tensegrity_engine.export import write_mjcf
 from tensegrity_engine.identification.checkpoint import load_checkpoint, save_checkpoint
 from tensegrity_engine.identification.config import INITS
-from tensegrity_engine.identification.online import OnlineIdentification, default_trainer_factory
+from tensegrity_engine.identification.online import OnlineIdentification, default_trainer_factory, robot_in_structure
 from tensegrity_engine.identification.streaming import StreamAligner, StreamConfig
 from tensegrity_engine.physics.params import PhysicalParameters, checked_parameters
 
@@ -186,8 +186,10 @@ class IdentifierNode(Node):
                 self._stop.wait(1.0)
 
     def _epoch(self) -> None:
-        before = self.session.rollbacks
+        before, structure = self.session.rollbacks, self.session.robot
         improved = self.session.step()
+        if self.session.robot is not structure:     # a challenger was adopted: older candidates
+            self._unpublished = None                # were fitted in the structure it replaced
         if self.session.rollbacks > before:
             self.diag.count("divergences")
             self.diag.warn_throttled("diverged", "identification diverged: rolled back; publishing the "
@@ -215,14 +217,16 @@ class IdentifierNode(Node):
                 revert_to_config(self, m)
 
     def _publish(self, m: dict, values: dict, stage: str = "", params=None, heldout_loss: float = math.nan,
-                 com: tuple = (math.nan, math.nan)) -> None:
-        """Publish ``values`` (the best so far) with the metrics ``m`` (latched); the
-        message's validation loss is ``heldout_loss`` where there is one."""
+                 com: tuple = (math.nan, math.nan), robot=None) -> None:
+        """Publish ``values`` (the best so far, fitted in the structure ``robot``: the
+        session's by default) with the metrics ``m`` (latched); the message's validation
+        loss is ``heldout_loss`` where there is one."""
         self._last_publish = time.monotonic()
-        self.session.best_values = values
+        robot = params.robot if params is not None else robot or self.session.robot
+        self.session.mark_published(values, robot)
         if params is None:
             cur = self.trainer.parameters
-            params = PhysicalParameters(self.robot, values, per_element=getattr(cur, "per_element", ()),
+            params = PhysicalParameters(robot, values, per_element=getattr(cur, "per_element", ()),
                                         bounds={n: (sp.lower, sp.upper) for n, sp in cur.specs.items()})
             sigma = published_uncertainty(self, params, values)
         else:
@@ -252,10 +256,12 @@ class IdentifierNode(Node):
             if g.revert:
                 revert_to_config(self, m, stage + "; ")
                 return self._save_checkpoint()
-            values = self.session.best_values or PhysicalParameters(self.robot).as_dict()
+            robot = self.session.incumbent_robot
+            values = self.session.best_values or PhysicalParameters(robot).as_dict()
             stage, held = stage + "; last candidate refused by the hold-out gate", g.incumbent_loss
             com = (g.incumbent_com_error, g.incumbent_com_error)
-        self._publish(m, values, stage=stage, heldout_loss=held, com=com)
+        self._publish(m, values, stage=stage, heldout_loss=held, com=com,
+                      robot=None if accepted else robot)
         self.get_logger().info(f"identification {self.session.status} after {self.epochs} epochs: "
                                f"{self.trainer.format_parameters()}")
         self._save_checkpoint()
@@ -297,7 +303,9 @@ class IdentifierNode(Node):
             if best is not None:
                 # publish the checkpoint's model first: rebuilding the trainer on its
                 # window takes seconds the controller need not wait for
-                early = checked_parameters(self.robot, best)
+                shape = data.get("published_structure")
+                early = checked_parameters(self.robot if shape is None else
+                                           robot_in_structure(self.robot, tuple(shape)), best)
                 self._publish({"val_loss": data.get("best_loss", math.nan), "epoch": data.get("epochs", 0)},
                               early.as_dict(), stage=str(data.get("status", "final"))[:120] if data.get("converged") else "resumed",
                               params=early)
@@ -385,7 +393,9 @@ def declare_identification(d) -> dict:
         "structure_options": d("structure_options", ["none"], "structural options fitted on top, one at a "
                                "time, whenever the solver has converged, each kept only if it predicts the "
                                "held-out blocks better by 2 standard errors and 5 %: end_heavy, "
-                               "slack_damping, winch_speed (['none'] = the robot YAML's structure)"),
+                               "slack_damping, winch_speed (values), implicitfast, rk4 (the integrator), "
+                               "condim_3, condim_4, condim_6 (soft ground law; the published message "
+                               "carries the structure) (['none'] = the robot YAML's structure)"),
     }
     out["config"] = declare_solver(d, out["interval"])
     return out
@@ -461,7 +471,7 @@ def export_mjcf(node, response):
         return response
     path = (Path(node.export_path) if node.export_path else Path(node.ckpt_dir or ".") / "identified.xml").expanduser()
     try:
-        params = PhysicalParameters.keeping_elements(node.robot, values)
+        params = PhysicalParameters.keeping_elements(node.session.incumbent_robot, values)
         export = write_mjcf(params, path, floor=node.session.floor,
                             fixed_rods=node.session.fixed_rods, source=f"identifier node, {node.published} "
                             "parameter messages published")
@@ -510,10 +520,10 @@ def revert_to_config(node, m: dict, stage: str = "") -> None:
     node.diag.count("reverted_to_config")
     node.get_logger().warning("the published model predicts the held-out blocks worse than the config: "
                               "publishing the config's values again")
-    node._publish(m, PhysicalParameters(node.robot).as_dict(),
+    node._publish(m, PhysicalParameters(node.session.config_robot).as_dict(),
                   stage=stage + "reverted to the config's values (the published model predicts the held-out "
-                  "blocks worse)")
-    node.session.best_values = None
+                  "blocks worse)", robot=node.session.config_robot)
+    node.session.mark_published(None)
 
 
 def end_stage(node, status: str, values: dict) -> str:

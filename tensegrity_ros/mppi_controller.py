@@ -78,8 +78,8 @@ class MppiControllerNode(Node):
         noise = d("noise_scale", 0.25, "sampling std / command range width", range=(0.0, 1.0))
         temperature = d("temperature", 0.05, "MPPI temperature lambda (cost units)", range=(1e-6, 1e3))
         engine_dt = d("engine_dt", 0.0, "planning step (s); 0 = the robot's step", range=(0.0, 0.1))
-        integrator = d("integrator", "model", "engine integrator; model = the robot config's "
-                       "(engine.integrator)", choices=("model", "semi_implicit", "implicitfast", "rk4", "implicit", "ani"))
+        integrator = d("integrator", "model", "engine integrator; model = the identified model's "
+                       "(the parameter message's integrator), else the robot config's (engine.integrator)", choices=("model", "semi_implicit", "implicitfast", "rk4", "implicit", "ani"))
         vx = d("goal_vx", 1.0, "initial desired CoM velocity x (m/s) until a goal arrives", range=(-10.0, 10.0))
         vy = d("goal_vy", 0.0, "initial desired CoM velocity y (m/s)", range=(-10.0, 10.0))
         self.pose_frame = d("pose_frame", "world", "frame the rod poses and goals are given in; "

@@ -364,10 +364,90 @@ def test_a_structure_option_must_beat_the_base_fit_it_started_from(three_bar):
     assert s.trials.adopted == [] and s.trials.log[0][1].startswith("no better than the base fit")
 
 
-def test_only_value_options_are_tried_online():
+def test_per_element_splits_are_not_tried_online():
     from tensegrity_engine.identification.online_structure import online_options
 
-    assert online_options(["winch_speed", "end_heavy", "winch_speed"]) == ("winch_speed", "end_heavy")
-    for name in ("implicitfast", "per_cable", "wings"):
+    assert online_options(["winch_speed", "implicitfast", "winch_speed", "condim_4"]) == (
+        "winch_speed", "implicitfast", "condim_4")
+    for name in ("per_cable", "per_rod_mass", "wings"):
         with pytest.raises(ValueError, match="offline"):
             online_options([name])
+
+
+class _StepTrainer(_StructureTrainer):
+    """A scripted fit whose structure is its robot's integrator; the stand-in robot steps
+    with ``implicitfast``: a model fitted with another step ends at K 2500 and scores its
+    values 500 worse (the structure's own error); one with ``implicitfast`` reaches 3000."""
+
+    def __init__(self, robot, config, initial=None):
+        super().__init__(robot, config, initial)
+        self.robot, self.fine_integrator = robot, config.fine_integrator
+        self.target = 3000.0 if robot.integrator == "implicitfast" else 2500.0
+
+    def heldout_loss(self, data, values, chain=0, per_block=False):
+        loss, com = super().heldout_loss(data, values, chain, per_block=True)
+        extra = 0.0 if self.robot.integrator == "implicitfast" else 500.0
+        loss, com = loss + extra, com + extra / 1e4
+        return (loss, com) if per_block else (float(loss.mean()), float(com.mean()))
+
+
+def test_an_integrator_is_tried_online_and_each_model_is_scored_in_its_own_structure(three_bar):
+    made = []
+
+    def factory(robot_, config, device, initial=None, log=None):
+        made.append(_StepTrainer(robot_, config, initial))
+        return made[-1]
+
+    def session():
+        s = OnlineIdentification(three_bar, IdentificationConfig(learn=("cable_stiffness",)), min_tuples=2,
+                                 holdout_every=3, max_holdout=40, reopen_tuples=0, trainer_factory=factory,
+                                 structure_options=("implicitfast", "rk4", "condim_4"))
+        s._tuple_set = lambda batch: batch
+        return s
+
+    assert three_bar.integrator != "implicitfast" and three_bar.contact.law != "soft"
+    s = session()
+    s.add(_batch(three_bar, 0, 91))
+    while s.training:
+        s.step()
+    _, values = s.finish()
+    assert values["cable_stiffness"][0] == pytest.approx(2500.0) and s.gate(values).accepted
+    s.mark_published(values)                              # K 2500, stepped semi-implicitly
+    base = s.trainer
+    challenger = made[-1]
+    assert s.trials.option == "implicitfast" and challenger.robot.integrator == "implicitfast"
+    assert challenger.fine_integrator is None             # it steps with its robot's integrator
+    while s.training:
+        s.step()
+    assert s.trials.log == [("implicitfast", "adopted")] and s.trainer is challenger
+    assert s.robot.integrator == "implicitfast" and s.config_robot.integrator == three_bar.integrator
+    _, values = s.finish()
+    # the new model is judged against the published one scored in *its* structure (by the
+    # trainer it came from): 0 against 1000, not 0 against 500
+    verdict = s.gate(values)
+    assert verdict.accepted and verdict.incumbent_loss == pytest.approx(1000.0)
+    assert s.scores.scorer(s, three_bar) is base
+    s.mark_published(values)
+    assert s.incumbent_robot.integrator == "implicitfast"
+    # one integrator at most; no contact dimensionality without the soft ground law
+    assert not s.trials.active and s.trials.next_option(10**6, s.robot, s.floor) is None
+    r = session()
+    r.restore(s.checkpoint())                             # a restart keeps the structure
+    assert r.robot.integrator == "implicitfast" and r.trainer.robot.integrator == "implicitfast"
+    assert r.incumbent_robot.integrator == "implicitfast"
+    assert r.best_values["cable_stiffness"][0] == pytest.approx(3000.0)
+
+
+def test_a_contact_dimensionality_is_tried_only_on_the_floor_under_the_soft_law(three_bar):
+    import dataclasses
+
+    from tensegrity_engine.identification.online_structure import StructureTrials, structure_robot
+
+    soft = three_bar.replace(contact=dataclasses.replace(three_bar.contact, law="soft", condim=6))
+    trials = StructureTrials(("condim_6", "condim_4", "condim_3"))
+    assert trials.next_option(0, soft, floor=True) == "condim_4"          # 6 is the robot's own
+    assert trials.next_option(0, soft, floor=False) is None
+    assert trials.next_option(0, three_bar, floor=True) is None             # the penalty law
+    assert structure_robot(soft, ("condim_4",)).contact.soft_condim == 4
+    trials.adopted = ["condim_4"]
+    assert trials.next_option(0, structure_robot(soft, ("condim_4",)), floor=True) is None

@@ -23,6 +23,24 @@ def test_round_trip_keeps_every_value(three_bar):
     assert got["rod_mass"] == pytest.approx(PhysicalParameters(three_bar).as_dict()["rod_mass"])
 
 
+def test_the_values_come_in_the_structure_they_were_fitted_in(three_bar):
+    """An integrator and a soft-law contact dimensionality adopted online travel with the
+    values; a message without them (an older publisher) keeps the consumer's own."""
+    import dataclasses
+
+    soft = three_bar.replace(contact=dataclasses.replace(three_bar.contact, law="soft", condim=6))
+    fitted = soft.replace(integrator="implicitfast",
+                          contact=dataclasses.replace(soft.contact, condim=4))
+    msg = conv.params_to_msg(PhysicalParameters(fitted), soft.name, 0)
+    assert (msg.integrator, msg.contact_condim) == ("implicitfast", 4)
+    got = conv.msg_to_params(msg, soft).robot
+    assert (got.integrator, got.contact.soft_condim) == ("implicitfast", 4)
+    old = _forge(conv.params_to_msg(PhysicalParameters(fitted), soft.name, 0), integrator="", contact_condim=0)
+    got = conv.msg_to_params(old, soft).robot
+    assert (got.integrator, got.contact.soft_condim) == (soft.integrator, 6)
+    assert conv.params_to_msg(PhysicalParameters(three_bar), three_bar.name, 0).contact_condim == 0
+
+
 def _forge(msg, **changes):
     for key, value in changes.items():
         setattr(msg, key, value)
@@ -69,12 +87,15 @@ FORGERIES = {
                                          lower_bounds=list(m.lower_bounds)[1:],
                                          upper_bounds=list(m.upper_bounds)[1:]),
     "empty": lambda m, r: _forge(m, names=[], values=[], lower_bounds=[], upper_bounds=[]),
+    "unknown_integrator": lambda m, r: _forge(m, integrator="warp"),
+    "condim_without_soft_law": lambda m, r: _forge(m, contact_condim=4),
 }
 REASON = {"wrong_robot": "wrong_robot", "negative_stiffness": "out_of_bounds", "huge_mass": "out_of_bounds",
           "nan": "non_finite", "inf": "non_finite", "more_names_than_values": "wrong_length",
           "unknown_name": "unknown_name", "unparsable_name": "bad_name", "duplicate_name": "duplicate_name",
           "index_gap": "wrong_length", "widened_bounds": "bad_bounds", "bounds_length": "wrong_length",
-          "degenerate_bounds": "bad_bounds", "partial_model": "missing_name", "empty": "missing_name"}
+          "degenerate_bounds": "bad_bounds", "partial_model": "missing_name", "empty": "missing_name",
+          "unknown_integrator": "bad_structure", "condim_without_soft_law": "bad_structure"}
 
 
 @pytest.mark.parametrize("kind", sorted(FORGERIES))

@@ -12,8 +12,10 @@ trainer, best values) across a restart.
 
 With ``structure_options``, each time the solver has converged a challenger fits one
 structural option on top (`online_structure`: the robot's end-heavy rods, slack-cable
-damping, a winch speed limit), judged by the gate with a stricter test; adopted, it
-becomes the session's trainer.
+damping, a winch speed limit, another integrator or contact dimensionality), judged by the
+gate with a stricter test; adopted, it becomes the session's trainer and its structure the
+session's (``robot``). Every model is scored in the structure it was fitted in: the config
+in the config's (``config_robot``), the published one in ``published_robot``.
 """
 from __future__ import annotations
 
@@ -26,10 +28,12 @@ import numpy as np
 import torch
 
 from tensegrity_engine.identification.config import IdentificationConfig, resolve_learn
-from tensegrity_engine.identification.online_structure import StructureTrials, healthy_values
+from tensegrity_engine.identification.heldout_scoring import StructuredScores
+from tensegrity_engine.identification.online_structure import (StructureTrials, healthy_values, robot_in_structure,
+                                                                structure_key, structure_robot)
 from tensegrity_engine.identification.streaming import TupleBatch, to_tuple_set
 from tensegrity_engine.physics.actuators import delayed_commands
-from tensegrity_engine.physics.config import RobotConfig
+from tensegrity_engine.physics.config import MODEL_INTEGRATORS, RobotConfig
 from tensegrity_engine.physics.params import PhysicalParameters, checked_parameters
 
 HOLDOUT_SECONDS = 1.0      # held out in blocks this long: the gate also says the CoM error this far ahead
@@ -108,7 +112,9 @@ class OnlineIdentification:
                  holdout_every: int = 5, max_holdout: int = 200, reopen_tuples: int = 50,
                  trainer_factory: TrainerFactory = default_trainer_factory, structure_options=(),
                  log: Callable[[str], None] = lambda msg: None):
-        self.robot, self.config, self.device = robot, config, device
+        if config.fine_integrator in MODEL_INTEGRATORS and config.fine_integrator != robot.integrator:
+            robot = robot.replace(integrator=config.fine_integrator)     # as the trainer builds it
+        self.config_robot, self.config, self.device = robot, config, device
         self.min_tuples, self.max_tuples = int(min_tuples), int(max_tuples)
         self.holdout_every, self.max_holdout = int(holdout_every), int(max_holdout)
         self.reopen_tuples = int(reopen_tuples)
@@ -116,10 +122,13 @@ class OnlineIdentification:
         self.floor, self.fixed_rods = bool(floor), tuple(fixed_rods)
         self.trainer_factory, self.log = trainer_factory, log
         self.trials = StructureTrials(structure_options)
+        self.scores = StructuredScores()
         self.reset()
 
     def reset(self) -> None:
-        """Forget everything: no data, no trainer, no best values."""
+        """Forget everything: no data, no trainer, no best values, the config's structure."""
+        self.robot = self.config_robot           # the session's structure (the trainer's)
+        self.published_robot: Optional[RobotConfig] = None   # the structure of best_values
         self.window: collections.deque = collections.deque()   # TupleBatch chunks in the trainer
         self.window_len = 0
         self.heldout: collections.deque = collections.deque()  # TupleBatch chunks never trained on
@@ -138,7 +147,7 @@ class OnlineIdentification:
         self.status = "waiting for data"
         self.converged = False
         self.since_end = 0                   # training tuples added after the schedule's end
-        self._reference_scores = {}          # {key: held-out scores} of the incumbent and config: see gate
+        self.scores.reset()                  # scorers per structure, the reference models' scores
         self.trials.reset()                  # structure: adopted options, the running challenger
         self._challenger_turn = False        # the next epoch is the challenger's (both training)
 
@@ -157,8 +166,11 @@ class OnlineIdentification:
     def _new_trainer(self, batch: TupleBatch) -> None:
         config = self.config
         if self.trials.adopted:          # a restored session: the structure it had adopted
-            base = resolve_learn(config.learn, self.robot.contact.law, floor=self.floor)
+            base = resolve_learn(config.learn, self.config_robot.contact.law, floor=self.floor)
             config = dataclasses.replace(config, learn=self.trials.learn_with(base, self.trials.adopted))
+            self.robot = structure_robot(self.config_robot, self.trials.adopted)
+            if self.robot is not self.config_robot:
+                config = dataclasses.replace(config, fine_integrator=None)
         self.trainer = self.trainer_factory(self.robot, config, self.device, None, self.log)
         self.trainer.set_data(self._tuple_set(batch))
 
@@ -180,7 +192,8 @@ class OnlineIdentification:
                 self.heldout_len -= len(self.heldout.popleft())
         return new.slice(~held) if not bool(held.all()) else None
 
-    def gate(self, values: dict, significance: float = GATE_SIGNIFICANCE, min_gain: float = 0.0) -> HeldOutVerdict:
+    def gate(self, values: dict, significance: float = GATE_SIGNIFICANCE, min_gain: float = 0.0,
+             run=None) -> HeldOutVerdict:
         """May ``values`` replace the published model (``best_values``, else the config's)?
         Only if their loss on the held-out blocks is finite and lower by more than
         ``significance`` standard errors of the per-block difference (and by ``min_gain`` of
@@ -189,24 +202,26 @@ class OnlineIdentification:
         config's (``revert``: the config now beats the published model); not before there are
         ``MIN_GATE_BLOCKS`` held-out blocks (an early fit to a few seconds would become the
         incumbent every later model is judged against), unless the gate is off
-        (``holdout_every`` < 2)."""
+        (``holdout_every`` < 2). ``values`` are scored by ``run`` (a trainer of their structure:
+        a structure challenger; the session's trainer by default), each reference model in
+        its own structure."""
         if self.holdout_every < 2:
             return HeldOutVerdict(True, "gate_off", math.nan, math.nan, 0)
         if self.trainer is None or not self.heldout:
             return HeldOutVerdict(False, "no_heldout_yet", math.nan, math.nan, 0)
         data = self._tuple_set(TupleBatch.cat(list(self.heldout)))
-        config = PhysicalParameters(self.robot).as_dict()
+        config = PhysicalParameters(self.config_robot).as_dict()
         incumbent = self.best_values if self.best_values is not None else config
-        candidate = self.trainer.heldout_loss(data, values, chain=self.holdout_block, per_block=True)
+        candidate = self.scores.scores(self, run or self.trainer, data, values)
         if np.asarray(candidate[0]).size < MIN_GATE_BLOCKS:
             return HeldOutVerdict(False, "no_heldout_yet", _mean(candidate[0]), math.nan, self.heldout_len)
-        reference = self._reference_score(data, incumbent)
+        reference = self.scores.reference(self, data, incumbent, self.incumbent_robot)
         cand, cand_com, inc, inc_com = (_mean(a) for a in candidate + reference)
         if not math.isfinite(cand):
             return HeldOutVerdict(False, "unstable", math.inf, inc, self.heldout_len, math.inf, inc_com)
         # a chain of models, each better than the last on the data of its day, can end worse
         # than the config on today's: never publish one that does, nor keep one that is
-        configured = None if incumbent is config else self._reference_score(data, config)
+        configured = None if incumbent is config else self.scores.reference(self, data, config, self.config_robot)
         revert = configured is not None and _compare(configured, reference) == "better"
         reason = _compare(candidate, configured if revert else reference, significance, min_gain)
         if (reason == "better" and configured is not None and not revert
@@ -221,22 +236,32 @@ class OnlineIdentification:
         return self.holdout_every >= 2 and self.heldout_len >= MIN_GATE_BLOCKS * self.holdout_block
 
     def compare_on_heldout(self, values: dict, reference: dict, significance: float = GATE_SIGNIFICANCE,
-                           min_gain: float = 0.0) -> str:
-        """`_compare` of two models on today's held-out blocks ("better": ``values`` win)."""
+                           min_gain: float = 0.0, run=None) -> str:
+        """`_compare` of two models on today's held-out blocks ("better": ``values``, scored
+        by ``run`` as in `gate`, win over ``reference`` in the session's structure)."""
         data = self._tuple_set(TupleBatch.cat(list(self.heldout)))
-        candidate = self.trainer.heldout_loss(data, values, chain=self.holdout_block, per_block=True)
-        return _compare(candidate, self._reference_score(data, reference), significance, min_gain)
+        candidate = self.scores.scores(self, run or self.trainer, data, values)
+        return _compare(candidate, self.scores.reference(self, data, reference, self.robot), significance, min_gain)
 
-    def _reference_score(self, data, values: dict) -> tuple[np.ndarray, np.ndarray]:
-        """Held-out (loss, CoM error) per block of a model the gate compares with;
-        recomputed only when the held-out data or the model changes."""
-        key = (self.heldout_len, int(self.heldout[-1].t0[-1]),
-               repr(sorted((k, list(map(float, np.ravel(v)))) for k, v in values.items())))
-        if key not in self._reference_scores:
-            fresh = {k: v for k, v in self._reference_scores.items() if k[:2] == key[:2]}
-            fresh[key] = self.trainer.heldout_loss(data, values, chain=self.holdout_block, per_block=True)
-            self._reference_scores = fresh
-        return self._reference_scores[key]
+    @property
+    def incumbent_robot(self) -> RobotConfig:
+        """The structure of the model in use: the published one's, else the config's."""
+        if self.best_values is None:
+            return self.config_robot
+        return self.published_robot if self.published_robot is not None else self.robot
+
+    def mark_published(self, values: Optional[dict], robot: Optional[RobotConfig] = None) -> None:
+        """``values`` (fitted in ``robot``: the session's structure by default) are the model
+        in use now; None: the config's again."""
+        self.best_values = values
+        self.published_robot = None if values is None else (robot or self.robot)
+
+    def heldout_scores(self, values: dict, robot: Optional[RobotConfig] = None) -> tuple[float, float]:
+        """(loss, CoM error 1 s ahead) of ``values`` in the structure ``robot`` (the session's
+        by default) on the held-out blocks, means over blocks."""
+        data = self._tuple_set(TupleBatch.cat(list(self.heldout)))
+        loss, com = self.scores.scores(self, self.scores.scorer(self, robot or self.robot), data, values)
+        return _mean(loss), _mean(com)
 
     def add(self, new: TupleBatch) -> None:
         """Append new tuples (less the held-out ones); the oldest leave the window beyond
@@ -320,6 +345,8 @@ class OnlineIdentification:
             self.rollback()
             return None
         self.good_state = self.trainer.state_dict()
+        if not self.trials.active and not self.trainer.done:     # an integrator, a condim: beside it
+            self.trials.maybe_start(self)
         if loss < self.best_loss:
             self.best_loss = loss
             return m, values
@@ -357,6 +384,10 @@ class OnlineIdentification:
         """A structure challenger won (`online_structure`): it becomes the session's trainer.
         Its end is taken like the solver's (`finished`, then `finish`): the caller's gate and
         convergence test see its values before they are published."""
+        old = self.trainer
+        self.robot = getattr(trainer, "robot", self.robot)
+        if old is not None and structure_key(getattr(old, "robot", self.robot)) != structure_key(self.robot):
+            self.scores.keep(old)                # scores the model it fitted
         self.trainer = trainer
         self.good_state = trainer.state_dict()
         self.best_loss = float(val_loss)
@@ -386,23 +417,10 @@ class OnlineIdentification:
         self._uncertainty_memo = (key, u)
         return u
 
-    @torch.no_grad()
     def predict_newest(self) -> Optional[tuple[np.ndarray, int]]:
         """The identified model's prediction X_t+T [R, 13] of the newest tuple and its
         start stamp (ns), or None (no model or data yet, or a non-finite prediction)."""
-        engine = getattr(self.trainer, "engine", None)
-        if engine is None or not self.window:
-            return None
-        last = self.window[-1].slice(slice(-1, None))
-        device = self.trainer.device
-        p = engine.param_values(torch.float64, device)
-        S = last.commands.shape[1]
-        timed = delayed_commands(torch.cat([last.prev_commands, last.commands], 1).to(device),
-                                 p["actuator_delay"], self.robot.dt)[:, S:]
-        pred, _ = engine.rollout(last.x0.to(device), timed[:, 0], timed, self.robot.dt,
-                                 record_every=S, params=p)
-        rs = pred[0, -1].cpu().double().numpy()
-        return (rs, int(last.t0[0])) if np.isfinite(rs).all() else None
+        return predict_newest(self)
 
     # ------------------------------------------------------------------ checkpoint
     def checkpoint(self) -> Optional[dict]:
@@ -419,6 +437,24 @@ class OnlineIdentification:
             raise
 
 
+@torch.no_grad()
+def predict_newest(s: OnlineIdentification) -> Optional[tuple[np.ndarray, int]]:
+    """`OnlineIdentification.predict_newest`."""
+    engine = getattr(s.trainer, "engine", None)
+    if engine is None or not s.window:
+        return None
+    last = s.window[-1].slice(slice(-1, None))
+    device = s.trainer.device
+    p = engine.param_values(torch.float64, device)
+    S = last.commands.shape[1]
+    timed = delayed_commands(torch.cat([last.prev_commands, last.commands], 1).to(device),
+                             p["actuator_delay"], s.robot.dt)[:, S:]
+    pred, _ = engine.rollout(last.x0.to(device), timed[:, 0], timed, s.robot.dt,
+                             record_every=S, params=p)
+    rs = pred[0, -1].cpu().double().numpy()
+    return (rs, int(last.t0[0])) if np.isfinite(rs).all() else None
+
+
 def session_state(s: OnlineIdentification) -> Optional[dict]:
     """`OnlineIdentification.checkpoint`: JSON and tensors only."""
     if s.trainer is None:
@@ -429,7 +465,8 @@ def session_state(s: OnlineIdentification) -> Optional[dict]:
             "seen": s.seen, "trainer": state,
             "best_loss": s.best_loss, "best_values": s.best_values, "epochs": s.epochs,
             "converged": s.converged, "status": s.status, "rollbacks": s.rollbacks,
-            "structure": s.trials.state(), "heldout_total": s.heldout_total}
+            "structure": s.trials.state(), "heldout_total": s.heldout_total,
+            "published_structure": None if s.best_values is None else list(structure_key(s.incumbent_robot))}
 
 
 def restore_session(s: OnlineIdentification, data: dict) -> None:
@@ -451,9 +488,11 @@ def restore_session(s: OnlineIdentification, data: dict) -> None:
         s.trainer.load_state_dict(data["trainer"])
         s.good_state = data["trainer"]
     s.best_loss = float(data["best_loss"])
-    s.best_values = data["best_values"]
-    if s.best_values is not None:   # a file is no more trusted than a topic
-        s.best_values = checked_parameters(s.robot, s.best_values).as_dict()
+    best = data["best_values"]
+    if best is not None:            # a file is no more trusted than a topic
+        published = data.get("published_structure")
+        robot = s.robot if published is None else robot_in_structure(s.config_robot, tuple(published))
+        s.mark_published(checked_parameters(robot, best).as_dict(), robot)
     s.epochs = int(data["epochs"])
     s.rollbacks = int(data.get("rollbacks", 0))
     s.converged = bool(data.get("converged"))

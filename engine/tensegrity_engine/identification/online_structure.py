@@ -15,9 +15,18 @@ and ends like the solver (the caller's gate and convergence test, then publicati
 values are learnt from then on. Refused, failed or over its own budget, the option waits
 until twice the held-out tuples have been seen before it is tried again.
 
-Only options that add *values* can be tried online: the parameter message carries them.
-An integrator or a per-element split changes how the planner must build the model and is
-chosen offline (`tensegrity-identify identify --structure`).
+Options of two kinds can be tried online:
+- *value* options add values the parameter message carries (end-heavy rods, slack-cable
+  damping, a winch speed limit);
+- *structure* options change how the model is built: its integrator (``implicitfast``,
+  ``rk4``: MuJoCo's) and, under the soft ground law, the contact dimensionality (``condim_3``,
+  ``condim_4``, ``condim_6``). The message carries them too (``integrator``,
+  ``contact_condim``), and a consumer plans with the structure the values were fitted in. A
+  challenger of another structure is scored in its own structure, the model it would
+  replace in that model's (`OnlineIdentification.gate`). At most one integrator and one
+  contact dimensionality are adopted, as offline (`structure.select_structure`,
+  `structure.select_contact_law`). Per-element splits stay offline
+  (`tensegrity-identify identify --structure`).
 """
 from __future__ import annotations
 
@@ -28,16 +37,30 @@ from typing import Optional, Sequence
 import numpy as np
 
 from tensegrity_engine.identification.config import IdentificationConfig
+from tensegrity_engine.physics.config import MODEL_INTEGRATORS, RobotConfig
 from tensegrity_engine.physics.params import PhysicalParameters
 
-__all__ = ["ONLINE_OPTIONS", "online_options", "StructureTrials", "healthy_values", "STRUCTURE_SIGNIFICANCE",
-           "STRUCTURE_MIN_GAIN"]
+__all__ = ["ONLINE_OPTIONS", "OnlineOption", "online_options", "StructureTrials", "healthy_values",
+           "STRUCTURE_SIGNIFICANCE", "STRUCTURE_MIN_GAIN", "structure_robot", "structure_key", "robot_in_structure"]
 
-# option -> the values it adds (`structure.OPTIONS`, the value-only ones)
+
+@dataclasses.dataclass(frozen=True)
+class OnlineOption:
+    learn: tuple = ()                  # values the option adds
+    integrator: Optional[str] = None   # the model's step
+    condim: Optional[int] = None       # the soft ground law's contact dimensionality
+
+
+# `structure.OPTIONS` and `structure.SOFT_CONDIMS`, but for the per-element splits
 ONLINE_OPTIONS = {
-    "end_heavy": ("rod_inertia_factor",),
-    "slack_damping": ("cable_slack_damping",),
-    "winch_speed": ("actuator_max_speed",),
+    "end_heavy": OnlineOption(learn=("rod_inertia_factor",)),
+    "slack_damping": OnlineOption(learn=("cable_slack_damping",)),
+    "winch_speed": OnlineOption(learn=("actuator_max_speed",)),
+    "implicitfast": OnlineOption(integrator="implicitfast"),
+    "rk4": OnlineOption(integrator="rk4"),
+    "condim_3": OnlineOption(condim=3),
+    "condim_4": OnlineOption(condim=4),
+    "condim_6": OnlineOption(condim=6),
 }
 # As offline selection (`select_structure`: 2 standard errors, 5 % gain).
 STRUCTURE_SIGNIFICANCE = 2.0
@@ -53,13 +76,53 @@ def healthy_values(values: dict) -> bool:
     return all(np.isfinite(np.asarray(v, dtype=np.float64)).all() for v in values.values())
 
 
+def structure_key(robot: RobotConfig) -> tuple:
+    """What of a model's build its values do not say: the integrator and the ground law
+    with, under the soft law, its contact dimensionality."""
+    contact = robot.contact
+    return robot.integrator, contact.law, contact.soft_condim if contact.law == "soft" else None
+
+
+def structure_robot(robot: RobotConfig, names: Sequence[str]) -> RobotConfig:
+    """``robot`` built with the structure options ``names`` (value options change nothing
+    here; a later step or condim option overrides an earlier one)."""
+    for name in names:
+        option = ONLINE_OPTIONS[name]
+        if option.integrator is not None and option.integrator != robot.integrator:
+            robot = robot.replace(integrator=option.integrator)
+        if option.condim is not None and option.condim != robot.contact.soft_condim:
+            robot = robot.replace(contact=dataclasses.replace(robot.contact, condim=option.condim))
+    return robot
+
+
+def robot_in_structure(robot: RobotConfig, key) -> RobotConfig:
+    """``robot`` built in the structure ``key`` (`structure_key`'s (integrator, ground law,
+    soft-law condim), e.g. from a checkpoint: checked)."""
+    integrator, law, condim = key
+    if integrator not in MODEL_INTEGRATORS:
+        raise ValueError(f"unknown integrator {str(integrator)[:32]!r}")
+    if law != robot.contact.law:
+        raise ValueError(f"a model under the {str(law)[:32]!r} ground law, not {robot.contact.law!r}")
+    if condim is not None and (law != "soft" or int(condim) not in (1, 3, 4, 6)):
+        raise ValueError(f"contact dimensionality {condim!r}")
+    if integrator != robot.integrator:
+        robot = robot.replace(integrator=integrator)
+    if condim is not None and int(condim) != robot.contact.soft_condim:
+        robot = robot.replace(contact=dataclasses.replace(robot.contact, condim=int(condim)))
+    return robot
+
+
+def _kind(option: OnlineOption) -> Optional[str]:
+    return "integrator" if option.integrator else "condim" if option.condim else None
+
+
 def online_options(names: Sequence[str]) -> tuple[str, ...]:
-    """``names`` checked: known, value-only options, each once (ValueError otherwise)."""
+    """``names`` checked: known online options, each once (ValueError otherwise)."""
     out = []
     for name in names:
         if name not in ONLINE_OPTIONS:
             raise ValueError(f"structure option {name!r} cannot be tried online; online options: "
-                             f"{', '.join(ONLINE_OPTIONS)} (integrators and per-element splits: "
+                             f"{', '.join(ONLINE_OPTIONS)} (per-element splits: "
                              "tensegrity-identify identify --structure, offline)")
         if name not in out:
             out.append(name)
@@ -86,11 +149,24 @@ class StructureTrials:
     def active(self) -> bool:
         return self.challenger is not None
 
-    def next_option(self, heldout_total: int) -> Optional[str]:
-        """The next option worth a challenger: neither adopted nor running, and, if refused
-        (or failed), refused on at most half of the held-out tuples seen since the start."""
+    def next_option(self, heldout_total: int, robot: Optional[RobotConfig] = None,
+                    floor: bool = True, structural_only: bool = False) -> Optional[str]:
+        """The next option worth a challenger: neither adopted nor running, one that changes
+        ``robot`` (the session's structure; a contact dimensionality only on the floor under
+        the soft law; none of a kind already adopted) and, if refused (or failed), refused
+        on at most half of the held-out tuples seen since the start (``structural_only``:
+        an integrator or contact dimensionality, not a value option)."""
+        taken = {_kind(ONLINE_OPTIONS[n]) for n in self.adopted} - {None}
         for name in self.options:
-            if name in self.adopted or name == self.option:
+            option = ONLINE_OPTIONS[name]
+            if name in self.adopted or name == self.option or _kind(option) in taken:
+                continue
+            if structural_only and _kind(option) is None:
+                continue
+            if robot is not None and option.learn == () and structure_key(structure_robot(robot, (name,))) \
+                    == structure_key(robot):
+                continue
+            if option.condim is not None and (not floor or (robot is not None and robot.contact.law != "soft")):
                 continue
             if name in self.refused and heldout_total < 2 * self.refused[name]:
                 continue
@@ -101,25 +177,36 @@ class StructureTrials:
     def learn_with(learn: Sequence[str], names: Sequence[str]) -> tuple[str, ...]:
         out = list(learn)
         for name in names:
-            out += [n for n in ONLINE_OPTIONS[name] if n not in out]
+            out += [n for n in ONLINE_OPTIONS[name].learn if n not in out]
         return tuple(out)
 
     def maybe_start(self, session) -> None:
-        """Start a challenger for the next option worth one while ``session``'s solver waits
-        for new data (done, its values finite, enough held-out blocks for the gate)."""
+        """Start a challenger for the next option worth one once the gate can judge it
+        (enough held-out blocks) and ``session``'s solver has values to start it from
+        (finite): a value option once the solver waits for new data (done), an integrator
+        or contact dimensionality at once, fitted beside the solver. A structure is the
+        first thing to get right: values fitted in the wrong one are biased (measured on the
+        zoo's implicitfast robots, `bench/online.py`), and 60 s of data leave no time to
+        wait for the solver first. A value option starts from the solver's values; a
+        structure from the config's, as offline selection's fits do: values fitted in
+        another structure carry its compensations (measured: `noisy_mocap`'s solver in a
+        soft-contact damping ratio at its bound of 20, which a challenger started there kept)."""
         main = session.trainer
-        if self.active or main is None or not main.done or not session.can_judge:
+        if self.active or main is None or not session.can_judge:
             return
-        option = self.next_option(session.heldout_total)
+        option = self.next_option(session.heldout_total, session.robot, session.floor, structural_only=not main.done)
         values = main.parameters.as_dict() if option is not None else {}
         if option is None or not healthy_values(values):
             return
         config = session.config
+        robot = structure_robot(session.robot, (option,))
+        # fine_integrator None: the challenger steps with its robot's integrator
         cfg = dataclasses.replace(config, learn=self.learn_with(main.learn, (option,)), init="given",
+                                  fine_integrator=None,
                                   max_epochs=min(config.max_epochs, CHALLENGER_MAX_EPOCHS),
                                   max_seconds=min(config.max_seconds or math.inf, CHALLENGER_MAX_SECONDS))
-        trainer = session.trainer_factory(session.robot, cfg, session.device,
-                                          PhysicalParameters(session.robot, values), session.log)
+        start = PhysicalParameters(robot, None if _kind(ONLINE_OPTIONS[option]) else values)
+        trainer = session.trainer_factory(robot, cfg, session.device, start, session.log)
         trainer.set_data(session.window_tuples())
         self.challenger, self.option, self.base_values = trainer, option, values
         session.log(f"structure: fitting {option} on top of {'+'.join(self.adopted) or 'the base'}")
@@ -136,7 +223,8 @@ class StructureTrials:
     def step(self, session) -> None:
         """One epoch of the challenger; at its end the verdict: adopted (``session.adopt``)
         only if the gate passes it at the stricter test *and* it beats, by the same test, the
-        base fit it started from (the option, not more solver time, must have earned it)."""
+        session's fit as it stands now (the option, not more solver time, must have earned
+        it: the solver may have trained on beside it)."""
         challenger, option = self.challenger, self.option
         try:
             m = challenger.train_epoch()
@@ -145,11 +233,14 @@ class StructureTrials:
                 raise FloatingPointError("diverged")
             if not challenger.done:
                 return
-            verdict = session.gate(values, significance=STRUCTURE_SIGNIFICANCE, min_gain=STRUCTURE_MIN_GAIN)
+            verdict = session.gate(values, significance=STRUCTURE_SIGNIFICANCE, min_gain=STRUCTURE_MIN_GAIN,
+                                   run=challenger)
             reason = verdict.reason
             if verdict.accepted:
-                reason = session.compare_on_heldout(values, self.base_values, STRUCTURE_SIGNIFICANCE,
-                                                    STRUCTURE_MIN_GAIN)
+                current = session.trainer.parameters.as_dict()
+                base = current if healthy_values(current) else self.base_values
+                reason = session.compare_on_heldout(values, base, STRUCTURE_SIGNIFICANCE,
+                                                    STRUCTURE_MIN_GAIN, run=challenger)
                 if reason != "better":
                     reason = f"no better than the base fit ({reason})"
         except Exception as exc:  # noqa: BLE001 - a failed challenger must not stop identification
