@@ -390,11 +390,11 @@ def declare_identification(d) -> dict:
         "fixed_rods": d("fixed_rods", [-1], "rods welded to the world ([-1] = none)"),
         "reopen_tuples": d("reopen_tuples", 50, "schedule 'online': new tuples after convergence that resume "
                            "it (0 = never)", range=(0, 10**6)),
-        "structure_options": d("structure_options", ["none"], "structural options fitted on top, one at a "
-                               "time, whenever the solver has converged, each kept only if it predicts the "
-                               "held-out blocks better by 2 standard errors and 5 %: end_heavy, "
-                               "slack_damping, winch_speed (values), implicitfast, rk4 (the integrator), "
-                               "condim_3, condim_4, condim_6 (soft ground law; the published message "
+        "structure_options": d("structure_options", ["none"], "structural options fitted one at a time by a "
+                               "second trainer, each kept only if it predicts the held-out blocks better by 2 "
+                               "standard errors and 5 %: end_heavy, slack_damping, winch_speed (values: once "
+                               "the solver has converged), implicitfast, rk4 (the integrator), condim_3, "
+                               "condim_4, condim_6 (soft ground law) (beside the solver; the published message "
                                "carries the structure) (['none'] = the robot YAML's structure)"),
     }
     out["config"] = declare_solver(d, out["interval"])

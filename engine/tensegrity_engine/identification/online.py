@@ -287,11 +287,8 @@ class OnlineIdentification:
                 self.window_len = len(keep)
             window = self._tuple_set(self.window_batch())
             self.trainer.set_data(window)                                  # keeps the parameters
-            self.trials.feed(window, replace=True)
         else:
-            data = self._tuple_set(new)
-            self.trainer.add_tuples(data)
-            self.trials.feed(data, replace=False)
+            self.trainer.add_tuples(self._tuple_set(new))
         self._maybe_reopen(len(new))
         if self.converged:             # the solver waits: a refused option may have its evidence now
             self.trials.maybe_start(self)
@@ -383,8 +380,10 @@ class OnlineIdentification:
     def adopt(self, trainer, val_loss: float) -> None:
         """A structure challenger won (`online_structure`): it becomes the session's trainer.
         Its end is taken like the solver's (`finished`, then `finish`): the caller's gate and
-        convergence test see its values before they are published."""
+        convergence test see its values before they are published. It fitted the window it
+        started with; it takes the window as it is now (its values kept)."""
         old = self.trainer
+        trainer.set_data(self.window_tuples())
         self.robot = getattr(trainer, "robot", self.robot)
         if old is not None and structure_key(getattr(old, "robot", self.robot)) != structure_key(self.robot):
             self.scores.keep(old)                # scores the model it fitted

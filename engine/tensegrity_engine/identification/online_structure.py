@@ -1,19 +1,20 @@
 """Structure options tried while the robot works (`OnlineIdentification`'s challengers).
 
 Offline, `structure.select_structure` fits every option on hanging data. Online there is
-only what the robot does on the floor, and no time to fit every option at once. Here, each
-time the session's solver has converged on the data so far, one option is fitted on top
-of the current structure by a *challenger*: a second trainer on the same data, started
-from the current values, with the option's values learnt as well, run in the time the
-session would otherwise wait for new tuples. When its schedule ends, the challenger is
-judged on the held-out blocks by the session's gate with a stricter test than a candidate
-of the same structure (more parameters must pay for themselves: a lower held-out loss by
-``STRUCTURE_SIGNIFICANCE`` standard errors of the per-block difference *and* by
-``STRUCTURE_MIN_GAIN`` of the loss, no larger CoM error, better than the published model,
-the config, and the base fit it started from). Adopted, it becomes the session's trainer
-and ends like the solver (the caller's gate and convergence test, then publication); its
-values are learnt from then on. Refused, failed or over its own budget, the option waits
-until twice the held-out tuples have been seen before it is tried again.
+only what the robot does on the floor, and no time to fit every option at once. Here one
+option at a time is fitted by a *challenger*: a second trainer on the training window as it
+was when it started (a problem that grows under it every 5 s of data does not converge on
+one core: measured, `bench/online.py` at 120 s), with the option's values learnt as well.
+It takes every other epoch while the solver trains and every epoch while the solver waits
+for new tuples. When its schedule ends, the challenger is judged on the held-out blocks by
+the session's gate with a stricter test than a candidate of the same structure (more
+parameters must pay for themselves: a lower held-out loss by ``STRUCTURE_SIGNIFICANCE``
+standard errors of the per-block difference *and* by ``STRUCTURE_MIN_GAIN`` of the loss, no
+larger CoM error, better than the published model, the config, and the solver's current
+fit). Adopted, it becomes the session's trainer on the window as it is now and ends like the
+solver (the caller's gate and convergence test, then publication); its values are learnt
+from then on. Refused, failed or over its own budget, the option waits until twice the
+held-out tuples have been seen before it is tried again.
 
 Options of two kinds can be tried online:
 - *value* options add values the parameter message carries (end-heavy rods, slack-cable
@@ -210,15 +211,6 @@ class StructureTrials:
         trainer.set_data(session.window_tuples())
         self.challenger, self.option, self.base_values = trainer, option, values
         session.log(f"structure: fitting {option} on top of {'+'.join(self.adopted) or 'the base'}")
-
-    def feed(self, data, *, replace: bool) -> None:
-        """New tuples for the challenger (``replace``: the whole window changed)."""
-        if self.challenger is None:
-            return
-        if replace:
-            self.challenger.set_data(data)
-        else:
-            self.challenger.add_tuples(data)
 
     def step(self, session) -> None:
         """One epoch of the challenger; at its end the verdict: adopted (``session.adopt``)
