@@ -78,8 +78,8 @@ def finish(proc: subprocess.Popen, timeout: float = 60.0) -> tuple[int, str]:
     ("mppi_controller", "planner:=foo", "parameter planner='foo': must be one of"),
     ("identifier", "robot:=/nonexistent/robot.yaml", "config '/nonexistent/robot.yaml' not found"),
     ("identifier", "learn:=[cable_stifness]", "parameter learn: unknown parameter(s) to learn: cable_stifness"),
-    ("identifier", "structure_options:=[implicitfast]",
-     "parameter structure_options: structure option 'implicitfast' cannot be tried online"),
+    ("identifier", "structure_options:=[per_cable]",
+     "parameter structure_options: structure option 'per_cable' cannot be tried online"),
 ])
 def test_bad_parameter_is_one_line_and_exit_code_2(node_env, entry, override, expected):
     rc, err = finish(spawn(entry, node_env, "-p", override))
