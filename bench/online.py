@@ -215,8 +215,9 @@ def run_session(z, args, seed: int, learn) -> dict:
             # each in its structure: the config's, the published model's
             com[name] = session.heldout_scores(values, session.config_robot if name == "nominal"
                                                else session.incumbent_robot)[1]
-        for name, values in (("identified", final), ("true", true_learnt)):
-            objective[name] = training_objective(session.trainer, values, cfg.pose_window)
+        if structure_key(session.incumbent_robot) == structure_key(session.robot):   # the trainer's structure
+            for name, values in (("identified", final), ("true", true_learnt)):
+                objective[name] = training_objective(session.trainer, values, cfg.pose_window)
     reported = [n for n in TARGETS if n in learn]
     err = relative_errors(final, truth, reported)
     within = None                     # sim time from which every published value stays within tol

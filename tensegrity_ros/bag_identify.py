@@ -87,6 +87,9 @@ def identify_bag(path, robot, values: dict, *, start: float = 0.0, end: Optional
     sigma = session.uncertainty(at=values_out)
     summary = {"bag": str(path), "tuples": len(tuples), "messages": counts, "epochs": session.epochs,
                "floor": session.floor, "fixed_rods": list(session.fixed_rods),
+               # the structure the values were fitted in (a structure option may have been adopted)
+               "structure": {"integrator": session.robot.integrator, "contact_law": session.robot.contact.law,
+                             "condim": int(session.robot.contact.soft_condim)},
                "status": session.status, "seconds": round(time.monotonic() - t0, 1),
                "values": {k: np.asarray(v, dtype=float).tolist() for k, v in values_out.items()},
                "sigma": {} if sigma is None else {k: np.asarray(v).tolist() for k, v in sigma.sigma.items()},
@@ -149,10 +152,13 @@ def main(argv=None) -> int:
                   f"gate ({g['reason']})", file=sys.stderr)
             return 1
         from tensegrity_engine.export import write_mjcf
+        from tensegrity_engine.identification.online_structure import robot_in_structure
         from tensegrity_engine.physics.params import PhysicalParameters
 
         try:
-            export = write_mjcf(PhysicalParameters.keeping_elements(robot, summary["values"]), args.mjcf,
+            fitted = robot_in_structure(robot, (summary["structure"]["integrator"], summary["structure"]["contact_law"],
+                                                summary["structure"]["condim"] if robot.contact.law == "soft" else None))
+            export = write_mjcf(PhysicalParameters.keeping_elements(fitted, summary["values"]), args.mjcf,
                                 floor=summary["floor"], fixed_rods=summary["fixed_rods"], source=str(args.bag))
         except (OSError, ValueError) as exc:
             print(f"tensegrity-identify-bag: cannot write {args.mjcf}: {exc}", file=sys.stderr)

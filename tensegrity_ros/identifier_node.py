@@ -29,7 +29,8 @@ from visualization_msgs.msg import MarkerArray
 from tensegrity_engine.export import write_mjcf
 from tensegrity_engine.identification.checkpoint import load_checkpoint, save_checkpoint
 from tensegrity_engine.identification.config import INITS
-from tensegrity_engine.identification.online import OnlineIdentification, default_trainer_factory, robot_in_structure
+from tensegrity_engine.identification.online import OnlineIdentification, default_trainer_factory
+from tensegrity_engine.identification.online_structure import robot_in_structure, structure_key
 from tensegrity_engine.identification.streaming import StreamAligner, StreamConfig
 from tensegrity_engine.physics.params import PhysicalParameters, checked_parameters
 
@@ -228,7 +229,9 @@ class IdentifierNode(Node):
             cur = self.trainer.parameters
             params = PhysicalParameters(robot, values, per_element=getattr(cur, "per_element", ()),
                                         bounds={n: (sp.lower, sp.upper) for n, sp in cur.specs.items()})
-            sigma = published_uncertainty(self, params, values)
+            # sigma comes from the session's trainer: only for values of its structure
+            same = structure_key(robot) == structure_key(self.session.robot)
+            sigma = published_uncertainty(self, params, values) if same else None
         else:
             sigma = None                     # a checkpoint's values: no data behind them yet
         stage = stage or f"{m.get('stage', '')} {m.get('integrator', '')} dt={m.get('dt', 0) * 1e3:g}ms"

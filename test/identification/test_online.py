@@ -421,6 +421,11 @@ def test_an_integrator_is_tried_online_and_each_model_is_scored_in_its_own_struc
         s.step()
     assert s.trials.log == [("implicitfast", "adopted")] and s.trainer is challenger
     assert s.robot.integrator == "implicitfast" and s.config_robot.integrator == three_bar.integrator
+    mid = session()                                       # a restart before it is published: the
+    mid.restore(s.checkpoint())                           # adopted fit, the published model's structure
+    assert mid.trainer.parameters.as_dict()["cable_stiffness"][0] == pytest.approx(3000.0)
+    assert mid.incumbent_robot.integrator == three_bar.integrator
+    assert mid.best_values["cable_stiffness"][0] == pytest.approx(2500.0)
     _, values = s.finish()
     # the new model is judged against the published one scored in *its* structure (by the
     # trainer it came from): 0 against 1000, not 0 against 500

@@ -356,7 +356,7 @@ class OnlineIdentification:
         try:
             self.trainer.load_state_dict(self.good_state)
         except Exception:  # noqa: BLE001 - data changed shape: restore parameters only
-            if self.best_values is not None:
+            if self.best_values is not None and structure_key(self.incumbent_robot) == structure_key(self.robot):
                 for k, v in self.best_values.items():
                     self.trainer.parameters.set_value(k, v)
 
@@ -497,6 +497,6 @@ def restore_session(s: OnlineIdentification, data: dict) -> None:
     s.converged = bool(data.get("converged"))
     # a finished session says how it finished (text from a file: bounded)
     s.status = str(data.get("status", "final"))[:120] if s.converged else "resumed"
-    if s.best_values is not None:
-        for k, v in s.best_values.items():
+    if s.best_values is not None and structure_key(s.incumbent_robot) == structure_key(s.robot):
+        for k, v in s.best_values.items():   # not into a trainer of another structure (an adopted one)
             s.trainer.parameters.set_value(k, v)

@@ -201,9 +201,11 @@ class StructureTrials:
             return
         config = session.config
         robot = structure_robot(session.robot, (option,))
-        # fine_integrator None: the challenger steps with its robot's integrator
+        # the challenger steps with its robot's integrator once that is not the config's (the
+        # config's fine_integrator would override it), else as the session's solver does
+        own_step = ONLINE_OPTIONS[option].integrator or robot.integrator != session.config_robot.integrator
         cfg = dataclasses.replace(config, learn=self.learn_with(main.learn, (option,)), init="given",
-                                  fine_integrator=None,
+                                  fine_integrator=None if own_step else config.fine_integrator,
                                   max_epochs=min(config.max_epochs, CHALLENGER_MAX_EPOCHS),
                                   max_seconds=min(config.max_seconds or math.inf, CHALLENGER_MAX_SECONDS))
         start = PhysicalParameters(robot, None if _kind(ONLINE_OPTIONS[option]) else values)
