@@ -185,4 +185,7 @@ def test_identify_bag_hands_on_no_mjcf_that_failed_the_gate(recording, three_bar
                             "--out", str(tmp_path / "summary.json")])
     assert rc == 1 and not xml.exists()
     assert "did not pass the hold-out gate" in capsys.readouterr().err
-    assert (tmp_path / "summary.json").exists()
+    import json
+
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["structure"]["integrator"] == three_bar.integrator     # what the values were fitted in
