@@ -282,19 +282,25 @@ class _StructureTrainer(_ScriptedTrainer):
         return m
 
 
-def test_structure_options_are_fitted_by_challengers_and_adopted_only_when_they_pay(three_bar):
+def _structure_sessions(robot, trainer_class, options):
+    """(made trainers, a maker of sessions that try ``options`` with ``trainer_class``)."""
     made = []
 
     def factory(robot_, config, device, initial=None, log=None):
-        made.append(_StructureTrainer(robot_, config, initial))
+        made.append(trainer_class(robot_, config, initial))
         return made[-1]
 
     def session():
-        s = OnlineIdentification(three_bar, IdentificationConfig(learn=("cable_stiffness",)), min_tuples=2,
+        s = OnlineIdentification(robot, IdentificationConfig(learn=("cable_stiffness",)), min_tuples=2,
                                  holdout_every=3, max_holdout=40, reopen_tuples=0, trainer_factory=factory,
-                                 structure_options=("winch_speed", "slack_damping", "end_heavy"))
+                                 structure_options=options)
         s._tuple_set = lambda batch: batch
         return s
+    return made, session
+
+
+def test_structure_options_are_fitted_by_challengers_and_adopted_only_when_they_pay(three_bar):
+    made, session = _structure_sessions(three_bar, _StructureTrainer, ("winch_speed", "slack_damping", "end_heavy"))
 
     early = session()
     early.add(_batch(three_bar, 0, 61))              # two held-out blocks: the gate could not judge one
@@ -392,18 +398,7 @@ class _StepTrainer(_StructureTrainer):
 
 
 def test_an_integrator_is_tried_online_and_each_model_is_scored_in_its_own_structure(three_bar):
-    made = []
-
-    def factory(robot_, config, device, initial=None, log=None):
-        made.append(_StepTrainer(robot_, config, initial))
-        return made[-1]
-
-    def session():
-        s = OnlineIdentification(three_bar, IdentificationConfig(learn=("cable_stiffness",)), min_tuples=2,
-                                 holdout_every=3, max_holdout=40, reopen_tuples=0, trainer_factory=factory,
-                                 structure_options=("implicitfast", "rk4", "condim_4"))
-        s._tuple_set = lambda batch: batch
-        return s
+    made, session = _structure_sessions(three_bar, _StepTrainer, ("implicitfast", "rk4", "condim_4"))
 
     assert three_bar.integrator != "implicitfast" and three_bar.contact.law != "soft"
     s = session()
