@@ -229,17 +229,17 @@ class IdentifierNode(Node):
             cur = self.trainer.parameters
             params = PhysicalParameters(robot, values, per_element=getattr(cur, "per_element", ()),
                                         bounds={n: (sp.lower, sp.upper) for n, sp in cur.specs.items()})
-            # sigma comes from the session's trainer: only for values of its structure
+            # sigma and the step come from the session's trainer: only for values of its structure
             same = structure_key(robot) == structure_key(self.session.robot)
             sigma = published_uncertainty(self, params, values) if same else None
         else:
-            sigma = None                     # a checkpoint's values: no data behind them yet
+            sigma, same = None, False        # a checkpoint's values: no data behind them yet
         stage = stage or f"{m.get('stage', '')} {m.get('integrator', '')} dt={m.get('dt', 0) * 1e3:g}ms"
         held = float(heldout_loss) if math.isfinite(heldout_loss) else float(m.get("val_loss", math.nan))
         msg = conv.params_to_msg(params, self.robot.name, self.get_clock().now().nanoseconds,
                                  train_loss=float(m.get("loss", math.nan)), validation_loss=held,
                                  stage=stage.strip(),
-                                 engine_dt=float(m.get("dt", self.robot.dt)), epoch=int(m.get("epoch", 0)),
+                                 engine_dt=float(m.get("dt", robot.dt) if same else robot.dt), epoch=int(m.get("epoch", 0)),
                                  tuples_used=self.session.window_len, uncertainty=sigma,
                                  heldout_com_error=com[0], replaced_com_error=com[1])
         self.pub_params.publish(msg)
