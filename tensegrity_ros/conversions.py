@@ -11,7 +11,6 @@ Conventions (docs/ros_interface.md):
 """
 from __future__ import annotations
 
-import dataclasses
 import re
 from typing import Optional, Sequence
 
@@ -275,21 +274,16 @@ def msg_to_params(msg, robot):
 
 
 def _in_message_structure(msg, robot):
-    """``robot`` with the message's integrator and contact dimensionality (checked)."""
-    from tensegrity_engine.physics.config import MODEL_INTEGRATORS
+    """``robot`` with the message's integrator and contact dimensionality (checked; empty / 0:
+    the robot's own)."""
+    from tensegrity_engine.identification.online_structure import robot_in_structure
     from tensegrity_engine.physics.params import ParameterError
 
     integrator, condim = str(msg.integrator), int(msg.contact_condim)
-    if integrator and integrator != robot.integrator:
-        if integrator not in MODEL_INTEGRATORS:
-            raise ParameterError("bad_structure", f"unknown integrator {integrator[:32]!r}")
-        robot = robot.replace(integrator=integrator)
-    if condim and condim != (robot.contact.soft_condim if robot.contact.law == "soft" else 0):
-        if robot.contact.law != "soft" or condim not in (1, 3, 4, 6):
-            raise ParameterError("bad_structure", f"contact dimensionality {condim} for a robot under the "
-                                 f"{robot.contact.law} ground law")
-        robot = robot.replace(contact=dataclasses.replace(robot.contact, condim=condim))
-    return robot
+    try:
+        return robot_in_structure(robot, (integrator or robot.integrator, robot.contact.law, condim or None))
+    except ValueError as exc:
+        raise ParameterError("bad_structure", f"{exc} (robot under the {robot.contact.law} ground law)") from None
 
 
 # ----------------------------------------------------------------------------- markers

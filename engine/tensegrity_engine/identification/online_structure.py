@@ -89,10 +89,17 @@ def structure_robot(robot: RobotConfig, names: Sequence[str]) -> RobotConfig:
     here; a later step or condim option overrides an earlier one)."""
     for name in names:
         option = ONLINE_OPTIONS[name]
-        if option.integrator is not None and option.integrator != robot.integrator:
-            robot = robot.replace(integrator=option.integrator)
-        if option.condim is not None and option.condim != robot.contact.soft_condim:
-            robot = robot.replace(contact=dataclasses.replace(robot.contact, condim=option.condim))
+        robot = _rebuilt(robot, option.integrator or robot.integrator, option.condim)
+    return robot
+
+
+def _rebuilt(robot: RobotConfig, integrator: str, condim: Optional[int]) -> RobotConfig:
+    """``robot`` stepped with ``integrator`` and, unless None, of contact dimensionality
+    ``condim`` (``robot`` itself when nothing changes)."""
+    if integrator != robot.integrator:
+        robot = robot.replace(integrator=integrator)
+    if condim is not None and int(condim) != robot.contact.soft_condim:
+        robot = robot.replace(contact=dataclasses.replace(robot.contact, condim=int(condim)))
     return robot
 
 
@@ -106,11 +113,7 @@ def robot_in_structure(robot: RobotConfig, key) -> RobotConfig:
         raise ValueError(f"a model under the {str(law)[:32]!r} ground law, not {robot.contact.law!r}")
     if condim is not None and (law != "soft" or int(condim) not in (1, 3, 4, 6)):
         raise ValueError(f"contact dimensionality {condim!r}")
-    if integrator != robot.integrator:
-        robot = robot.replace(integrator=integrator)
-    if condim is not None and int(condim) != robot.contact.soft_condim:
-        robot = robot.replace(contact=dataclasses.replace(robot.contact, condim=int(condim)))
-    return robot
+    return _rebuilt(robot, integrator, condim)
 
 
 def _kind(option: OnlineOption) -> Optional[str]:
