@@ -91,6 +91,7 @@ class IdentifierNode(Node):
         self._next_gate = -math.inf          # gates are spaced by 4x their own duration
         self._unpublished = None             # an improvement waiting for min_publish_interval
         self.undetermined: tuple = ()        # parameters the data cannot determine yet
+        self.at_bound: tuple = ()            # parameters the data pushed against a bound
         self.last_gate = None                # HeldOutVerdict of the newest candidate
         self.last_refused = None             # {name: mean value} of the newest refused candidate
 
@@ -332,6 +333,7 @@ class IdentifierNode(Node):
                "rollbacks": s.rollbacks, "published": self.published, "window_tuples": s.window_len,
                "best_loss": s.best_loss, "stage": m.get("stage", ""), "dt": m.get("dt", ""),
                "lr": m.get("lr", ""), "undetermined": ", ".join(self.undetermined),
+               "at_bound": ", ".join(self.at_bound),
                "heldout_tuples": s.heldout_len}
         if self.last_gate is not None:
             g = self.last_gate
@@ -574,6 +576,12 @@ def published_uncertainty(node, params, values: dict):
         node.diag.warn_throttled("undetermined", "the data does not determine "
                                  f"{', '.join(u.undetermined)} yet: excite the motions they act on")
     node.undetermined = u.undetermined
+    if u.at_bound and u.at_bound != node.at_bound:
+        node.diag.warn_throttled("at_bound", f"{', '.join(u.at_bound)} pinned at a bound of the model's range: the "
+                                 "data asks for values the model does not allow (structure the robot has and the "
+                                 "model lacks: `tensegrity-identify identify --structure` on a recording; or a "
+                                 "bound too tight: identification bounds)")
+    node.at_bound = u.at_bound
     # the groups' scatter included: on robots unlike the engine the truth lies within 2 of
     # these for 67 % of the published values, 43 % with the estimate's own sigma
     # (bench/online.py, 2026-11-25); convergence (not_yet_determined) is the estimate's

@@ -102,6 +102,24 @@ def test_two_parameters_only_their_sum_matters_are_both_undetermined(superball):
     assert u.sigma["rod_mass"][0] == pytest.approx(raw_sigma * slope, rel=1e-9)
 
 
+def test_a_value_pinned_at_its_bound_is_reported_and_a_free_one_is_not(superball):
+    """The data pushed the time constant into its lower bound (the sigmoid saturated): it
+    is reported at_bound, whatever its sigma; a value inside its range is not (on a log
+    range of 500x, 0.5 % above the bound is 0.08 % of the way in: pinned; 2 % is 0.3 %: not)."""
+    spec = PhysicalParameters(superball).specs["actuator_time_constant"]
+    rng = np.random.default_rng(2)
+    J = torch.as_tensor(rng.standard_normal((100, 2)))
+    r = torch.as_tensor(0.01 * rng.standard_normal(100))
+    names = ("actuator_time_constant", "cable_stiffness")
+    for factor, pinned in ((1.0001, True), (1.005, True), (1.02, False)):
+        params = PhysicalParameters(superball, {"actuator_time_constant": [spec.lower * factor]})
+        u = gauss_newton_uncertainty(params, names, J, r)
+        assert u.at_bound == (("actuator_time_constant",) if pinned else ()), factor
+        assert u.undetermined == ()                      # a pinned value is not an excitation problem
+    upper = PhysicalParameters(superball, {"cable_stiffness": [params.specs["cable_stiffness"].upper * 0.9999]})
+    assert gauss_newton_uncertainty(upper, names, J, r).at_bound == ("cable_stiffness",)
+
+
 def test_correlation_of_the_estimate_follows_the_columns(superball):
     """Two nearly parallel Jacobian columns trade off: their estimates are strongly
     negatively correlated (covariance ~ (J'J)^-1); an orthogonal third is uncorrelated."""

@@ -207,6 +207,31 @@ def test_the_published_sigma_includes_the_groups_scatter_and_convergence_does_no
         assert not_yet_determined(node, values) == ()                  # 1 %: converged either way
 
 
+def test_a_value_pinned_at_its_bound_is_warned_about_once_and_in_the_diagnostics(three_bar):
+    """The data pushed a value against its bound: the node says so (a warning naming it and
+    what to do, once while it stays so; the `at_bound` diagnostic) and still publishes its sigma."""
+    from types import SimpleNamespace
+
+    from tensegrity_engine.identification.uncertainty import ParameterUncertainty
+    from tensegrity_ros.identifier_node import published_uncertainty
+
+    params = PhysicalParameters(three_bar)
+    values = params.as_dict()
+    names, _ = params.flat()
+    warnings = []
+    node = SimpleNamespace(sigma_tuples=64, undetermined=(), at_bound=(), robot=three_bar,
+                           diag=SimpleNamespace(count=lambda *a: None, warn_throttled=lambda *a: warnings.append(a)))
+    for at_bound in (("actuator_time_constant",), ("actuator_time_constant",), ()):
+        u = ParameterUncertainty(sigma={"actuator_time_constant": np.array([0.001])}, undetermined=(),
+                                 residual_sigma=1.0, dof=10, at_bound=at_bound)
+        node.session = SimpleNamespace(uncertainty=lambda max_tuples, at: u)
+        flat = published_uncertainty(node, params, values)
+        assert flat[names.index("actuator_time_constant")] == pytest.approx(0.001)
+        assert node.at_bound == at_bound
+    assert len(warnings) == 1 and warnings[0][0] == "at_bound"
+    assert "actuator_time_constant" in warnings[0][1] and "--structure" in warnings[0][1]
+
+
 def test_a_schedule_ended_by_a_limit_keeps_the_excitation_while_sigma_is_wide(three_bar):
     """An iteration or time limit ends the schedule with "final (...)", a word the controller
     takes for done: said only when every sigma is narrow; otherwise "keep exciting"."""

@@ -12,6 +12,13 @@ J^T J that the data does not constrain (eigenvalues of the column-scaled matrix 
 then mostly theirs is *undetermined* (sigma = inf) until the robot moves in a way that
 reveals it; the others keep their share of them.
 
+A value pinned against a bound of its range (``at_bound``: within ``AT_BOUND`` of the range
+in raw units) is a different verdict: the data asks for a value the model does not allow,
+so the model lacks structure the robot has, or the bound is too tight. Its sigma is the
+curvature's there, one-sided in truth (measured: a SUPERball whose cable stiffnesses spread
++-20 %, fitted with one shared stiffness, drives the actuator's time constant to its 2 ms
+bound, 25 ms true, in either integrator; every time constant up to 17 ms fits within 4 %).
+
 Residuals of one tuple are correlated and model mismatch is not noise, so sigma is a lower
 bound on the real error: trust it to rank parameters and to flag missing excitation.
 """
@@ -31,6 +38,9 @@ from tensegrity_engine.identification.solvers.windows import WindowLevenbergMarq
 from tensegrity_engine.physics.params import PhysicalParameters
 
 SINGULAR = 1e-8        # relative eigenvalue below which a direction counts as unconstrained
+# A value whose position in its range (sigmoid of its raw value) is within this of 0 or 1 is
+# pinned at a bound: 0.6 % of a range of 500x on a log scale.
+AT_BOUND = 1e-3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +59,8 @@ class ParameterUncertainty:
     # model's variance, and the mean is uncertain by sigma): how much the answer depends on
     # what the robot happened to do; = sigma when the groups agree; empty without groups
     sigma_spread: dict = dataclasses.field(default_factory=dict)
+    # learnt names with an element pinned at a bound of its range (`pinned_at_bound`)
+    at_bound: tuple = ()
 
     def flat(self, params: PhysicalParameters, spread: bool = False) -> list[float]:
         """1-sigma aligned with ``params.flat()`` names; NaN for parameters not identified.
@@ -71,6 +83,17 @@ class ParameterUncertainty:
         size = {n: np.abs(np.asarray(values[n])).mean() if np.size(s) == 1 else np.abs(np.asarray(values[n]))
                 for n, s in self.sigma.items()}
         return {n: float(np.max(s / np.maximum(size[n], 1e-300))) for n, s in self.sigma.items()}
+
+
+def pinned_at_bound(params: PhysicalParameters, names, fraction: float = AT_BOUND) -> tuple:
+    """Learnt ``names`` with an element within ``fraction`` of either end of its range
+    (in the reparameterisation's units: where the data pushed it into the bound)."""
+    out = []
+    for name in names:
+        frac = torch.sigmoid(getattr(params, name).detach())
+        if bool(((frac < fraction) | (frac > 1.0 - fraction)).any()):
+            out.append(name)
+    return tuple(out)
 
 
 def value_slopes(params: PhysicalParameters, names) -> torch.Tensor:
@@ -179,7 +202,8 @@ def normal_matrix_uncertainty(params: PhysicalParameters, names, H: torch.Tensor
             flagged.append(name)
         i += k
     return ParameterUncertainty(sigma=sigma, undetermined=tuple(flagged), residual_sigma=math.sqrt(s2), dof=dof,
-                                correlation=corr.numpy(), labels=tuple(labels), sigma_spread=spread)
+                                correlation=corr.numpy(), labels=tuple(labels), sigma_spread=spread,
+                                at_bound=pinned_at_bound(params, names))
 
 
 def jackknife_variance(H: torch.Tensor, HG: torch.Tensor, G: torch.Tensor, floor: float) -> torch.Tensor:
