@@ -1,6 +1,7 @@
 """mujoco_bridge: MuJoCo as the robot (ground truth) over ROS topics.
 
-``robot_truth`` picks the robot MuJoCo plays: the config's twin, a zoo robot
+``robot_truth`` picks the robot MuJoCo plays: the config's twin, one with other values
+(``twin/<name>``, config/zoo.yaml's twins: the engine's equations), a zoo robot
 (``zoo/<name>``: other values, integrator, contacts, actuators; see
 `tensegrity_engine.groundtruth.zoo`) or another robot YAML of the same topology. The
 other nodes only ever see ``robot`` (the nominal config), as on a real robot.
@@ -85,6 +86,7 @@ class MujocoBridge(Node):
                             range=(0.0, 1e6))
         truth_spec = d("robot_truth", "twin",
                        "the robot MuJoCo plays: 'twin' (the config's values, the engine's equations), "
+                       "'twin/<name>' (config/zoo.yaml's twins: the engine's equations, other values), "
                        "'zoo/<name>' (a config/zoo.yaml robot: other values, integrator, contacts, "
                        "actuators) or a robot-config YAML path of the same topology", read_only=True)
         self.robot = load_robot(robot_name)

@@ -259,7 +259,7 @@ def realtime_figures(mon, rolling_start, period: float) -> dict:
 
 
 def true_values(robot, robot_truth: str = "twin") -> dict:
-    """The values of the robot the bridge plays (``robot_truth``: twin, zoo/<name> or a YAML)."""
+    """The values of the robot the bridge plays (``robot_truth``: twin, twin/<name>, zoo/<name> or a YAML)."""
     from tensegrity_engine.groundtruth.zoo import ground_truth
     from tensegrity_engine.physics.params import nominal_values
 
@@ -314,6 +314,8 @@ def summarize(robot, mon: Monitor, rolling_start, out_dir: Path, wall_s: float, 
     t = np.array(mon.pose_t)
     com = np.array(mon.com) if mon.com else np.zeros((0, 3))
     truth = true_values(robot, robot_truth)
+    from tensegrity_engine.physics.params import nominal_values
+    config = nominal_values(robot)          # what the user had before identifying: beside the result
     final = mon.params[-1] if mon.params else None
     start_vals = mon.params[0][2] if mon.params else None
     rows = []
@@ -327,8 +329,10 @@ def summarize(robot, mon: Monitor, rolling_start, out_dir: Path, wall_s: float, 
             # sigma of the mean over elements, as if independent (shared values: their sigma)
             sig = np.asarray(final[4].get(name, [np.nan]), dtype=np.float64)
             sigma = float(np.sqrt(np.sum(sig ** 2)) / sig.size)
+            nominal = float(np.mean(config[name])) if name in config else float("nan")
             rows.append({"name": name, "true": ref, "identified": got, "sigma": sigma, "first_published": first,
-                         "rel_error": abs(got - ref) / abs(ref)})
+                         "rel_error": abs(got - ref) / abs(ref), "config": nominal,
+                         "config_rel_error": abs(nominal - ref) / abs(ref)})
     names = [r["name"] for r in rows]
     within = None          # sim time from which every published value stays within 5 % of the truth
     for entry in mon.params:
@@ -435,17 +439,22 @@ def print_summary(s: dict) -> None:
     if s.get("robot_truth", "twin") == "twin":
         print("  the twin is MuJoCo with the config's own values: a check of the pipeline, not of accuracy "
               "(robots unlike the engine: -p mujoco_bridge:robot_truth:=zoo/<name>; bench/online.py)")
+    elif str(s.get("robot_truth")).startswith("twin/"):
+        print("  the engine's own equations with values unlike the config's: a check of identification alone "
+              "(robots unlike the engine: -p mujoco_bridge:robot_truth:=zoo/<name>; bench/online.py)")
     print(f"wall time {s['wall_seconds']} s, sim time {s['sim_seconds']:.1f} s, {s['poses']} poses "
           f"({s.get('pose_rate_sim_hz', float('nan')):.2f} Hz sim), {s['parameters_published']} parameter "
           f"messages, final stage: {s['final_stage']}")
     if s["parameters"]:
-        print(f"{'parameter':28s} {'true':>12s} {'start':>12s} {'identified':>12s} {'1-sigma':>10s} "
-              f"{'rel.err':>8s} {'err/sigma':>9s}")
+        print(f"{'parameter':28s} {'true':>12s} {'config':>12s} {'start':>12s} {'identified':>12s} {'1-sigma':>10s} "
+              f"{'rel.err':>8s} {'err/sigma':>9s} {'config err':>10s}")
         for r in s["parameters"]:
             sigma = r.get("sigma", float("nan"))
             ratio = abs(r["identified"] - r["true"]) / sigma if sigma > 0 else float("nan")
-            print(f"{r['name']:28s} {r['true']:12.5g} {r['first_published']:12.5g} {r['identified']:12.5g} "
-                  f"{sigma:10.3g} {100 * r['rel_error']:7.1f}% {ratio:9.1f}")
+            print(f"{r['name']:28s} {r['true']:12.5g} {r.get('config', float('nan')):12.5g} "
+                  f"{r['first_published']:12.5g} {r['identified']:12.5g} "
+                  f"{sigma:10.3g} {100 * r['rel_error']:7.1f}% {ratio:9.1f} "
+                  f"{100 * r.get('config_rel_error', float('nan')):9.1f}%")
         within = s.get("within_5_percent_from_sim_t")
         print("all within 5 % of the truth " + (f"from sim t={within:.1f} s" if within is not None else "never"))
         com, old = s.get("heldout_com_error_1s"), s.get("replaced_com_error_1s")

@@ -9,7 +9,7 @@ from tensegrity_engine.groundtruth import environments as envs
 from tensegrity_engine.groundtruth.mujoco_twin import GroundTruthDiverged, MujocoTwin, build_mjcf
 from tensegrity_engine.groundtruth.realisation import Actuation, Contact, Realisation
 from tensegrity_engine.groundtruth.sensors import SensorModel
-from tensegrity_engine.groundtruth.zoo import ground_truth, zoo_names, zoo_robot
+from tensegrity_engine.groundtruth.zoo import ground_truth, twin_names, twin_robot, zoo_names, zoo_robot
 from tensegrity_engine.physics.config import ConfigError
 from tensegrity_engine.physics.state import center_of_mass
 
@@ -158,6 +158,27 @@ def test_zoo_errors_are_clear(tmp_path, three_bar):
         ground_truth("superball", three_bar)
     assert ground_truth("twin", three_bar).realisation.is_twin
     assert ground_truth("zoo/payload", three_bar).truth.rod_mass[0] > three_bar.rod_mass[0] * 1.5
+
+
+def test_a_twin_entry_is_the_engines_twin_with_values_far_from_the_config(superball, tmp_path):
+    """``twin/<name>``: the entry's values on the engine's own equations (the realisation
+    `Realisation.twin_of` gives the config's twin), an ideal mocap; not a zoo robot; a twin
+    entry that names a realisation or sensing is refused."""
+    z = ground_truth("twin/as_built", superball)
+    assert "as_built" in twin_names() and "as_built" not in zoo_names()
+    assert z.realisation == Realisation.twin_of(z.truth) == Realisation.twin_of(superball)
+    assert z.sensing.ideal and z.name == "twin/as_built"
+    far = {n: np.mean(z.true_values()[n]) / np.mean(v) for n, v in (
+        ("cable_stiffness", superball.cable_stiffness), ("cable_damping", superball.cable_damping),
+        ("actuator_time_constant", [superball.actuator.time_constant]))}
+    assert all(abs(f - 1.0) >= 0.3 for f in far.values()), far
+    np.testing.assert_array_equal(z.truth.rod_mass, superball.rod_mass)     # weighed
+    with pytest.raises(ConfigError, match="no twin"):
+        ground_truth("twin/nope", superball)
+    bad = tmp_path / "zoo.yaml"
+    bad.write_text("robots:\n  r: {}\ntwins:\n  t: {realisation: {integrator: RK4}}\n")
+    with pytest.raises(ConfigError, match="unknown key"):
+        twin_robot("t", superball, path=bad)
 
 
 def test_sensor_model_delays_drops_and_blurs():

@@ -2,7 +2,9 @@
 
 A zoo entry (``config/zoo.yaml``) scales a robot config's values far from nominal and picks
 a `Realisation` and a `SensorModel`; `zoo_robot(name, base)` applies it to ``base`` (any
-topology). The result carries the base (nominal) config, the true config and how MuJoCo
+topology). The file's ``twins`` are entries of the same form without those two: the engine's
+own equations with values far from the config's (``twin/<name>``, `twin_robot`), for the
+sim2sim and for checks of the solver alone; `zoo_names` lists the robots only. The result carries the base (nominal) config, the true config and how MuJoCo
 realises it; benches compare identified values with `ZooRobot.true_values`, which the
 identification never sees.
 """
@@ -23,10 +25,12 @@ from tensegrity_engine.groundtruth.sensors import SensorModel
 from tensegrity_engine.physics.config import (CONFIG_DIR, ActuatorConfig, ConfigError, RobotConfig, load_robot,
                                              topology_fingerprint)
 
-__all__ = ["ZooRobot", "zoo_names", "zoo_robot", "ground_truth", "ZOO_FILE", "ZOO_PREFIX"]
+__all__ = ["ZooRobot", "zoo_names", "zoo_robot", "twin_names", "twin_robot", "ground_truth", "ZOO_FILE",
+           "ZOO_PREFIX", "TWIN_PREFIX"]
 
 ZOO_FILE = CONFIG_DIR / "zoo.yaml"
 ZOO_PREFIX = "zoo/"
+TWIN_PREFIX = "twin/"
 SCALED = ("cable_stiffness", "cable_damping", "rod_mass", "actuator_time_constant")
 ENTRY_KEYS = {"description", "scale", "friction_sliding", "cable_spread", "payload", "radius_scale",
               "realisation", "sensing"}
@@ -79,20 +83,26 @@ class ZooRobot:
                 "friction_sliding": np.array([t.contact.friction.sliding])}
 
 
-def _entries(path: Optional[Path]) -> dict:
+def _entries(path: Optional[Path], section: str = "robots") -> dict:
     path = Path(path) if path is not None else ZOO_FILE
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as err:
         raise ConfigError(f"{path}: cannot read the zoo: {err}") from None
-    robots = (data or {}).get("robots")
-    if not isinstance(robots, dict) or not robots:
+    entries = (data or {}).get(section)
+    if section == "robots" and (not isinstance(entries, dict) or not entries):
         raise ConfigError(f"{path}: needs a non-empty 'robots' mapping")
-    return robots
+    if entries is not None and not isinstance(entries, dict):
+        raise ConfigError(f"{path}: '{section}' must be a mapping")
+    return entries or {}
 
 
 def zoo_names(path: Optional[Path] = None) -> list[str]:
     return list(_entries(path))
+
+
+def twin_names(path: Optional[Path] = None) -> list[str]:
+    return list(_entries(path, "twins"))
 
 
 def _factor(value, where: str) -> float:
@@ -107,13 +117,23 @@ def _factor(value, where: str) -> float:
 
 def zoo_robot(name: str, base: RobotConfig | str, path: Optional[Path] = None) -> ZooRobot:
     """The zoo entry ``name`` applied to ``base`` (a config or its name/path)."""
+    return _entry_robot(name, base, path, twin=False)
+
+
+def twin_robot(name: str, base: RobotConfig | str, path: Optional[Path] = None) -> ZooRobot:
+    """The ``twins`` entry ``name`` applied to ``base``: its values, the engine's own
+    equations (`Realisation.twin_of`), an ideal mocap."""
+    return _entry_robot(name, base, path, twin=True)
+
+
+def _entry_robot(name: str, base: RobotConfig | str, path: Optional[Path], twin: bool) -> ZooRobot:
     base = load_robot(base) if not isinstance(base, RobotConfig) else base
-    entries = _entries(path)
+    entries = _entries(path, "twins" if twin else "robots")
     if name not in entries:
-        raise ConfigError(f"no zoo robot {name!r}; known: {sorted(entries)}")
+        raise ConfigError(f"no {'twin' if twin else 'zoo robot'} {name!r}; known: {sorted(entries)}")
     e = dict(entries[name] or {})
-    where = f"zoo/{name}"
-    unknown = set(e) - ENTRY_KEYS
+    where = f"{TWIN_PREFIX if twin else ZOO_PREFIX}{name}"
+    unknown = set(e) - (ENTRY_KEYS - {"realisation", "sensing"} if twin else ENTRY_KEYS)
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}")
     scale = dict(e.get("scale") or {})
@@ -145,20 +165,23 @@ def zoo_robot(name: str, base: RobotConfig | str, path: Optional[Path] = None) -
                                 gain=base.actuator.gain, offset=base.actuator.offset),
         contact=dataclasses.replace(base.contact, friction=friction))
     try:
-        realisation = Realisation.from_dict(e.get("realisation") or {})
+        realisation = Realisation.twin_of(truth) if twin else Realisation.from_dict(e.get("realisation") or {})
         sensing = SensorModel(**{k: float(v) for k, v in (e.get("sensing") or {}).items()})
     except (TypeError, ValueError) as err:
         raise ConfigError(f"{where}: {err}") from None
-    return ZooRobot(name=name, description=str(e.get("description", "")), nominal=base, truth=truth,
-                    realisation=realisation, sensing=sensing)
+    return ZooRobot(name=where if twin else name, description=str(e.get("description", "")), nominal=base,
+                    truth=truth, realisation=realisation, sensing=sensing)
 
 
 def ground_truth(spec: str, base: RobotConfig) -> ZooRobot:
     """``zoo/<name>`` (a zoo entry applied to ``base``), ``twin`` (the engine's twin of
-    ``base``), or a robot-config YAML path (its values, realised as the twin). The topology
-    must be ``base``'s."""
+    ``base``), ``twin/<name>`` (a twins entry: the engine's twin with values far from
+    ``base``'s), or a robot-config YAML path (its values, realised as the twin). The
+    topology must be ``base``'s."""
     if spec.startswith(ZOO_PREFIX):
         return zoo_robot(spec[len(ZOO_PREFIX):], base)
+    if spec.startswith(TWIN_PREFIX):
+        return twin_robot(spec[len(TWIN_PREFIX):], base)
     truth = base if spec in ("", "twin") else load_robot(spec)
     if topology_fingerprint(truth) != topology_fingerprint(base):
         raise ConfigError(f"ground truth {spec!r} has another topology than {base.name!r}")
