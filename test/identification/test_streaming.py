@@ -1,4 +1,5 @@
 """engine/streaming.py: time alignment, validation and bounded buffering (no ROS)."""
+import dataclasses
 import math
 
 import numpy as np
@@ -272,3 +273,49 @@ def test_tuple_set_for_trainer():
     # TupleBatch round trip (checkpoints)
     b2 = TupleBatch.from_dict(b.to_dict())
     assert torch.equal(b2.x0, b.x0) and len(TupleBatch.cat([b, b2])) == 22
+
+
+def test_streamed_appends_continue_their_chains_as_the_whole_stream_does():
+    """Tuples appended a few at a time (as an online session does) join the chain they
+    continue: the same chains and actuator starts as the whole stream converted at once
+    (each append restarted the motor settled at the command in force, a bias in tau and
+    damping for a motor slower than the interval); a chain never grows past max_chain
+    trajectories' worth, and a batch that does not continue any chain stays its own."""
+    from tensegrity_engine.identification.dataset import TupleSet, concat_continuing
+
+    robot = load_robot("three_bar")
+    A_ = robot.num_actuated
+    al = StreamAligner(StreamConfig.for_robot(robot))
+    low, high = robot.command_low, robot.command_high
+    batches = []
+    for k in range(40):
+        t = k * T_NS
+        al.add_pose(t, poses_at(t / NS))
+        al.add_command(t, low + (high - low) * (0.5 + 0.4 * np.sin(0.7 * k + np.arange(A_))))
+        if k % 3 == 2:                                    # an append every few tuples
+            b = al.pop_tuples()
+            if b is not None:
+                batches.append(b)
+    al.flush()
+    batches.append(al.pop_tuples())
+    assert len(batches) > 10
+    whole = to_tuple_set(TupleBatch.cat(batches), robot, max_chain=15)
+    streamed = to_tuple_set(batches[0], robot, max_chain=15)
+    plain = streamed
+    for b in batches[1:]:
+        part = to_tuple_set(b, robot, max_chain=15)
+        streamed = concat_continuing(streamed, part, max_chain=15)
+        plain = TupleSet.concat([plain, part])
+    assert len(plain.traj_act0) == len(batches)             # each append a settled restart
+    assert len(streamed.traj_act0) == len(whole.traj_act0) == 3
+    for name in ("traj", "start_step", "prev", "next"):
+        np.testing.assert_array_equal(getattr(streamed, name), getattr(whole, name), err_msg=name)
+    for a, b in zip(streamed.traj_commands, whole.traj_commands):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(np.stack(streamed.traj_act0), np.stack(whole.traj_act0))
+    # a batch from elsewhere (no chain ends where it starts) is appended as it is
+    other = to_tuple_set(batches[1], robot, max_chain=15)
+    other = dataclasses.replace(other, x0=other.x0 + 1.0, x1=other.x1 + 1.0)
+    joined = concat_continuing(whole, other, max_chain=15)
+    assert len(joined.traj_act0) == len(whole.traj_act0) + len(other.traj_act0)
+    assert joined.prev[len(whole)] == -1

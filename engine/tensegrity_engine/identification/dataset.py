@@ -411,6 +411,60 @@ class TupleSet:
             fixed_rods=first.fixed_rods, floor=first.floor, robot=first.robot)
 
 
+def concat_continuing(old: TupleSet, new: TupleSet, max_chain: int = 50) -> TupleSet:
+    """``old`` then ``new`` (streamed tuples appended), with each trajectory of ``new`` that
+    continues one of ``old`` joined to it: its first tuple starts at the exact pose an
+    open chain of ``old`` ends at, and its command interval before that tuple is that
+    chain's last command; a trajectory takes up to ``max_chain`` tuples, the rest start their
+    own there (as `streaming.to_tuple_set` cuts chains: the same result as converting the
+    whole stream at once). Joined, the chain's actuator state runs on
+    through the new commands instead of restarting settled at the command then in force:
+    a motor slower than the interval is still moving there (tau 0.1 s, T 0.1 s: 37 % of
+    the step left), and an online session that appends every few tuples restarted it at
+    every append (measured, the SUPERball twin with tau 0.1 s, 60 s streamed: 158
+    trajectories for 480 tuples, damping +33 %, tau -24 %; joined: as if fed at once)."""
+    out = TupleSet.concat([old, new])
+    n_old, t_old, S = len(old), len(old.traj_act0), old.steps
+    # the pose: a streamed tuple's velocity estimate may differ (one-sided at the stream's end)
+    ends = {old.x1[i][..., :7].tobytes(): int(i) for i in np.flatnonzero(old.next < 0)}
+    length = np.bincount(old.traj, minlength=t_old)
+    traj, start = out.traj.copy(), out.start_step.copy()
+    prev, nxt = out.prev.copy(), out.next.copy()
+    commands, act0 = list(out.traj_commands), list(out.traj_act0)
+    gone = []
+    for first in np.flatnonzero(new.prev < 0) + n_old:
+        j = int(traj[first])
+        a = ends.get(out.x0[first][..., :7].tobytes())
+        if a is None or not np.array_equal(commands[j][:S], out.commands[a]):
+            continue
+        prev[first], nxt[a] = a, first          # one chain, as `to_tuple_set` links past its cut
+        k = int(traj[a])
+        room = max_chain - int(length[k])
+        if room <= 0:
+            continue
+        members = np.flatnonzero(traj == j)
+        members = members[np.argsort(start[members])]
+        joined, rest = members[:room], members[room:]
+        start[joined] += start[a]
+        traj[joined] = k
+        commands[k] = np.concatenate([commands[k], commands[j][S:(len(joined) + 1) * S]])
+        length[k] += len(joined)
+        if len(rest):               # past the cut: its own trajectory from there, as `to_tuple_set`
+            start[rest] -= len(joined) * S
+            act0[j] = commands[j][len(joined) * S].copy()
+            commands[j] = commands[j][len(joined) * S:]
+        else:
+            gone.append(j)
+    if not gone:
+        return dataclasses.replace(out, traj=traj, start_step=start, prev=prev, next=nxt,
+                                   traj_act0=act0, traj_commands=commands)
+    keep = np.setdiff1d(np.arange(len(commands)), gone)
+    renumber = np.full(len(commands), -1, dtype=np.int64)
+    renumber[keep] = np.arange(len(keep))
+    return dataclasses.replace(out, traj=renumber[traj], start_step=start, prev=prev, next=nxt,
+                               traj_act0=[act0[i] for i in keep], traj_commands=[commands[i] for i in keep])
+
+
 def to_tuples(traj: Trajectory, period: float = 0.1, dt: Optional[float] = None) -> TupleSet:
     """Split a trajectory into tuples (X_t, U_t, X_t+T) on the grid t[0] + k T.
 

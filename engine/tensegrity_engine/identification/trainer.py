@@ -44,7 +44,7 @@ from tensegrity_engine.identification.acceptance import heldout_scores
 from tensegrity_engine.identification.bounds import bound_for_stability
 from tensegrity_engine.identification.config import IdentificationConfig, resolve_learn
 from tensegrity_engine.identification.data import TrainingData, as_tuple_set
-from tensegrity_engine.identification.dataset import TupleSet
+from tensegrity_engine.identification.dataset import TupleSet, concat_continuing
 from tensegrity_engine.identification.multistart import multi_start
 from tensegrity_engine.identification.objective import RecurrentObjective
 from tensegrity_engine.identification.scale import scale_search, speed_limit_search
@@ -162,7 +162,7 @@ class ProgressiveTrainer:
         if self.train is None:
             return self.set_data(ts)
         old = self.train
-        self.train = self._to_data(TupleSet.concat([old.ts, ts]))
+        self.train = self._to_data(concat_continuing(old.ts, ts))
         self.window_lm.grow()
         if old.latent is not None:
             with torch.no_grad():
