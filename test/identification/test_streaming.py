@@ -280,7 +280,9 @@ def test_streamed_appends_continue_their_chains_as_the_whole_stream_does():
     continue: the same chains and actuator starts as the whole stream converted at once
     (each append restarted the motor settled at the command in force, a bias in tau and
     damping for a motor slower than the interval); a chain never grows past max_chain
-    trajectories' worth, and a batch that does not continue any chain stays its own."""
+    tuples in one trajectory, also when one append brings more than that, and a batch that
+    does not continue any chain, or is not laid out as `to_tuple_set` lays chains out (a
+    trajectory file's tuples), stays its own."""
     from tensegrity_engine.identification.dataset import TupleSet, concat_continuing
 
     robot = load_robot("three_bar")
@@ -292,13 +294,13 @@ def test_streamed_appends_continue_their_chains_as_the_whole_stream_does():
         t = k * T_NS
         al.add_pose(t, poses_at(t / NS))
         al.add_command(t, low + (high - low) * (0.5 + 0.4 * np.sin(0.7 * k + np.arange(A_))))
-        if k % 3 == 2:                                    # an append every few tuples
+        if k in (2, 5, 8, 30, 33, 36):                    # appends of 3 tuples, and one of 22 (> max_chain)
             b = al.pop_tuples()
             if b is not None:
                 batches.append(b)
     al.flush()
     batches.append(al.pop_tuples())
-    assert len(batches) > 10
+    assert len(batches) == 7
     whole = to_tuple_set(TupleBatch.cat(batches), robot, max_chain=15)
     streamed = to_tuple_set(batches[0], robot, max_chain=15)
     plain = streamed
@@ -306,8 +308,9 @@ def test_streamed_appends_continue_their_chains_as_the_whole_stream_does():
         part = to_tuple_set(b, robot, max_chain=15)
         streamed = concat_continuing(streamed, part, max_chain=15)
         plain = TupleSet.concat([plain, part])
-    assert len(plain.traj_act0) == len(batches)             # each append a settled restart
+    assert len(plain.traj_act0) >= len(batches) > 3          # each append a settled restart
     assert len(streamed.traj_act0) == len(whole.traj_act0) == 3
+    assert np.bincount(whole.traj).tolist() == [15, 15, 9]
     for name in ("traj", "start_step", "prev", "next"):
         np.testing.assert_array_equal(getattr(streamed, name), getattr(whole, name), err_msg=name)
     for a, b in zip(streamed.traj_commands, whole.traj_commands):
@@ -319,3 +322,12 @@ def test_streamed_appends_continue_their_chains_as_the_whole_stream_does():
     joined = concat_continuing(whole, other, max_chain=15)
     assert len(joined.traj_act0) == len(whole.traj_act0) + len(other.traj_act0)
     assert joined.prev[len(whole)] == -1
+    # a continuing chain laid out as a trajectory file's (its grid starts at its first tuple)
+    start = batches[0]
+    head = to_tuple_set(start, robot, max_chain=15)
+    tail = to_tuple_set(batches[1], robot, max_chain=15)
+    file_like = dataclasses.replace(tail, start_step=tail.start_step - tail.steps,
+                                    traj_commands=[c[tail.steps:] for c in tail.traj_commands])
+    assert concat_continuing(head, tail, max_chain=15).prev[len(head)] == len(head) - 1    # joined
+    kept = concat_continuing(head, file_like, max_chain=15)
+    assert kept.prev[len(head)] == -1 and len(kept.traj_act0) == len(head.traj_act0) + len(tail.traj_act0)

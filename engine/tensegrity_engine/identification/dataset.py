@@ -411,58 +411,72 @@ class TupleSet:
             fixed_rods=first.fixed_rods, floor=first.floor, robot=first.robot)
 
 
-def concat_continuing(old: TupleSet, new: TupleSet, max_chain: int = 50) -> TupleSet:
-    """``old`` then ``new`` (streamed tuples appended), with each trajectory of ``new`` that
-    continues one of ``old`` joined to it: its first tuple starts at the exact pose an
-    open chain of ``old`` ends at, and its command interval before that tuple is that
-    chain's last command; a trajectory takes up to ``max_chain`` tuples, the rest start their
-    own there (as `streaming.to_tuple_set` cuts chains: the same result as converting the
-    whole stream at once). Joined, the chain's actuator state runs on
-    through the new commands instead of restarting settled at the command then in force:
-    a motor slower than the interval is still moving there (tau 0.1 s, T 0.1 s: 37 % of
-    the step left), and an online session that appends every few tuples restarted it at
-    every append (measured, the SUPERball twin with tau 0.1 s, 60 s streamed: 158
-    trajectories for 480 tuples, damping +33 %, tau -24 %; joined: as if fed at once)."""
+# Tuples per trajectory of streamed data (`streaming.to_tuple_set`, `concat_continuing`): its
+# actuator state is rebuilt over its whole command grid.
+MAX_CHAIN = 50
+
+
+def concat_continuing(old: TupleSet, new: TupleSet, max_chain: int = MAX_CHAIN) -> TupleSet:
+    """``old`` then ``new`` (streamed tuples appended), with each chain of ``new`` that
+    continues one of ``old`` joined to it: its first tuple starts at the exact pose an open
+    chain of ``old`` ends at, and its command interval before that tuple is that chain's last
+    command. The joined chain fills the old trajectory up to ``max_chain`` tuples and its
+    rest is cut into trajectories of ``max_chain`` as `streaming.to_tuple_set` cuts chains:
+    the same result as converting the whole stream at once. Only `to_tuple_set`'s layout is
+    joined (a trajectory per chain piece, its grid one interval ahead of its first tuple);
+    other sets are appended as they are. Joined, the chain's actuator state runs on through
+    the new commands instead of restarting settled at the command then in force: a motor
+    slower than the interval is still moving there (tau 0.1 s, T 0.1 s: 37 % of the step
+    left), and an online session that appends every few tuples restarted it at every append
+    (measured, the SUPERball twin with tau 0.1 s, 60 s streamed: 158 trajectories for 480
+    tuples, damping +33 %, tau -24 %; joined: as if fed at once, +4 / -3 %)."""
     out = TupleSet.concat([old, new])
-    n_old, t_old, S = len(old), len(old.traj_act0), old.steps
+    n_old, S = len(old), old.steps
     # the pose: a streamed tuple's velocity estimate may differ (one-sided at the stream's end)
     ends = {old.x1[i][..., :7].tobytes(): int(i) for i in np.flatnonzero(old.next < 0)}
-    length = np.bincount(old.traj, minlength=t_old)
+    length = np.bincount(old.traj, minlength=len(old.traj_act0))
     traj, start = out.traj.copy(), out.start_step.copy()
     prev, nxt = out.prev.copy(), out.next.copy()
     commands, act0 = list(out.traj_commands), list(out.traj_act0)
-    gone = []
+    joined_any = False
     for first in np.flatnonzero(new.prev < 0) + n_old:
-        j = int(traj[first])
         a = ends.get(out.x0[first][..., :7].tobytes())
-        if a is None or not np.array_equal(commands[j][:S], out.commands[a]):
+        if a is None:
             continue
-        prev[first], nxt[a] = a, first          # one chain, as `to_tuple_set` links past its cut
         k = int(traj[a])
-        room = max_chain - int(length[k])
-        if room <= 0:
+        chain = [int(first)]
+        while nxt[chain[-1]] >= 0:
+            chain.append(int(nxt[chain[-1]]))
+        chain = np.asarray(chain)
+        own = np.unique(traj[chain])
+        if (start[first] != S or start[a] + S != len(commands[k]) or np.isin(traj, own).sum() != len(chain)
+                or not np.array_equal(commands[traj[first]][:S], out.commands[a])):
             continue
-        members = np.flatnonzero(traj == j)
-        members = members[np.argsort(start[members])]
-        joined, rest = members[:room], members[room:]
-        start[joined] += start[a]
-        traj[joined] = k
-        commands[k] = np.concatenate([commands[k], commands[j][S:(len(joined) + 1) * S]])
-        length[k] += len(joined)
-        if len(rest):               # past the cut: its own trajectory from there, as `to_tuple_set`
-            start[rest] -= len(joined) * S
-            act0[j] = commands[j][len(joined) * S].copy()
-            commands[j] = commands[j][len(joined) * S:]
-        else:
-            gone.append(j)
-    if not gone:
-        return dataclasses.replace(out, traj=traj, start_step=start, prev=prev, next=nxt,
-                                   traj_act0=act0, traj_commands=commands)
-    keep = np.setdiff1d(np.arange(len(commands)), gone)
+        joined_any = True
+        prev[first], nxt[a] = a, first
+        room = max(max_chain - int(length[k]), 0)
+        head = chain[:room]
+        if len(head):
+            start[head] = start[a] + S * np.arange(1, len(head) + 1)
+            traj[head] = k
+            commands[k] = np.concatenate([commands[k]] + [out.commands[c] for c in head])
+            length[k] += len(head)
+        for p in range(room, len(chain), max_chain):           # the rest, cut as `to_tuple_set` cuts
+            piece = chain[p:p + max_chain]
+            before = out.commands[chain[p - 1]] if p > 0 else out.commands[a]
+            traj[piece] = len(commands)
+            start[piece] = S * np.arange(1, len(piece) + 1)
+            commands.append(np.concatenate([before] + [out.commands[c] for c in piece]))
+            act0.append(before[0].copy())
+    if not joined_any:
+        return out
+    # trajectories numbered in the order of their first tuple (those emptied by a join drop out)
+    ids, first_of = np.unique(traj, return_index=True)
+    ids = ids[np.argsort(first_of)]
     renumber = np.full(len(commands), -1, dtype=np.int64)
-    renumber[keep] = np.arange(len(keep))
+    renumber[ids] = np.arange(len(ids))
     return dataclasses.replace(out, traj=renumber[traj], start_step=start, prev=prev, next=nxt,
-                               traj_act0=[act0[i] for i in keep], traj_commands=[commands[i] for i in keep])
+                               traj_act0=[act0[i] for i in ids], traj_commands=[commands[i] for i in ids])
 
 
 def to_tuples(traj: Trajectory, period: float = 0.1, dt: Optional[float] = None) -> TupleSet:

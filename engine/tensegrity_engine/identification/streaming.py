@@ -511,7 +511,7 @@ def actuator_estimate(act: np.ndarray, command: np.ndarray, tau: float, duration
 
 
 def to_tuple_set(batch: TupleBatch, robot, *, period: Optional[float] = None, floor: bool = True,
-                 fixed_rods=(), max_chain: int = 50, has_velocity: bool = False):
+                 fixed_rods=(), max_chain: Optional[int] = None, has_velocity: bool = False):
     """`TupleBatch` -> `dataset.TupleSet` (what `ProgressiveTrainer` consumes).
 
     Consecutive tuples of one segment (t0 exactly T apart) form chains (``prev``/``next``
@@ -521,8 +521,9 @@ def to_tuple_set(batch: TupleBatch, robot, *, period: Optional[float] = None, fl
     then (settled-actuator assumption, forgotten within that interval). Pose-only data:
     ``has_velocity=False`` lets the trainer optimise latent velocities.
     """
-    from tensegrity_engine.identification.dataset import TupleSet
+    from tensegrity_engine.identification.dataset import MAX_CHAIN, TupleSet
 
+    max_chain = MAX_CHAIN if max_chain is None else max_chain
     n = len(batch)
     S = batch.commands.shape[1]
     T = S * batch.engine_dt if period is None else float(period)
