@@ -2,11 +2,13 @@
 
 A zoo entry (``config/zoo.yaml``) scales a robot config's values far from nominal and picks
 a `Realisation` and a `SensorModel`; `zoo_robot(name, base)` applies it to ``base`` (any
-topology). The file's ``twins`` are entries of the same form without those two: the engine's
-own equations with values far from the config's (``twin/<name>``, `twin_robot`), for the
-sim2sim and for checks of the solver alone; `zoo_names` lists the robots only. The result carries the base (nominal) config, the true config and how MuJoCo
+topology). The result carries the base (nominal) config, the true config and how MuJoCo
 realises it; benches compare identified values with `ZooRobot.true_values`, which the
 identification never sees.
+
+The file's ``twins`` are entries of the same form without realisation and sensing: the
+engine's own equations with values far from the config's (``twin/<name>``, `twin_robot`),
+for the sim2sim and for checks of the solver alone; `zoo_names` lists the robots only.
 """
 from __future__ import annotations
 
