@@ -39,8 +39,8 @@ class _ScriptedTrainer:
     def set_data(self, batch):
         self.calls.append(("set", batch.t0.tolist()))
 
-    def add_tuples(self, batch):
-        self.calls.append(("add", batch.t0.tolist()))
+    def extend_data(self, batch):
+        self.calls.append(("extend", batch.t0.tolist()))
 
     def train_epoch(self):
         loss = self.script.pop(0)
@@ -82,7 +82,7 @@ def _session(robot, script, **kw):
         return made[-1]
 
     s = OnlineIdentification(robot, IdentificationConfig(), trainer_factory=factory, **kw)
-    s._tuple_set = lambda batch: batch        # the window logic, not the conversion
+    s._tuple_set = lambda batch, context=(): batch        # the window logic, not the conversion
     return s, made
 
 
@@ -92,8 +92,8 @@ def test_window_starts_at_min_tuples_appends_then_slides(three_bar):
     assert s.trainer is None and not s.training
     s.add(_batch(three_bar, 3, 3))                                     # 6 >= 5: a trainer
     assert made[0].calls == [("set", [t * 100_000_000 for t in range(6)])]
-    s.add(_batch(three_bar, 6, 2))                                     # 8 <= 8: appended
-    assert made[0].calls[-1] == ("add", [600_000_000, 700_000_000])
+    s.add(_batch(three_bar, 6, 2))                                     # 8 <= 8: the window grown
+    assert made[0].calls[-1] == ("extend", [t * 100_000_000 for t in range(8)])
     s.add(_batch(three_bar, 8, 3))                                     # 11 > 8: oldest leave
     kind, stamps = made[0].calls[-1]
     assert kind == "set" and len(stamps) == s.window_len <= 8
@@ -121,7 +121,7 @@ def test_divergence_rolls_back_to_the_last_healthy_state(three_bar):
 def test_converged_is_said_only_when_a_convergence_test_ended_it(three_bar):
     s = OnlineIdentification(three_bar, IdentificationConfig(), min_tuples=1,
                              trainer_factory=lambda robot, *a: _ScriptedTrainer(robot, [1.0], converges=True))
-    s._tuple_set = lambda batch: batch
+    s._tuple_set = lambda batch, context=(): batch
     s.add(_batch(three_bar, 0, 2))
     s.step()
     s.finish()
@@ -129,7 +129,7 @@ def test_converged_is_said_only_when_a_convergence_test_ended_it(three_bar):
     data = s.checkpoint()
     r = OnlineIdentification(three_bar, IdentificationConfig(), min_tuples=1,
                              trainer_factory=lambda robot, *a: _ScriptedTrainer(robot, []))
-    r._tuple_set = lambda batch: batch
+    r._tuple_set = lambda batch, context=(): batch
     r.restore(data)
     assert r.status == "converged" and r.converged                   # a resumed session says how it ended
 
@@ -294,7 +294,7 @@ def _structure_sessions(robot, trainer_class, options):
         s = OnlineIdentification(robot, IdentificationConfig(learn=("cable_stiffness",)), min_tuples=2,
                                  holdout_every=3, max_holdout=40, reopen_tuples=0, trainer_factory=factory,
                                  structure_options=options)
-        s._tuple_set = lambda batch: batch
+        s._tuple_set = lambda batch, context=(): batch
         return s
     return made, session
 
@@ -359,7 +359,7 @@ def test_a_structure_option_must_beat_the_base_fit_it_started_from(three_bar):
     s = OnlineIdentification(three_bar, IdentificationConfig(learn=("cable_stiffness",)), min_tuples=2,
                              holdout_every=3, reopen_tuples=0, trainer_factory=factory,
                              structure_options=("end_heavy",))
-    s._tuple_set = lambda batch: batch
+    s._tuple_set = lambda batch, context=(): batch
     s.add(_batch(three_bar, 0, 91))
     while s.training:
         s.step()

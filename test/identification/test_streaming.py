@@ -259,11 +259,10 @@ def test_tuple_set_for_trainer():
     ts = to_tuple_set(b, robot, max_chain=5)
     assert len(ts) == 11 and ts.steps == 100
     assert list(ts.prev[:3]) == [-1, 0, 1] and ts.next[-1] == -1
-    assert len(ts.traj_commands) == 3                    # chains of at most 5
-    for j, cmds in enumerate(ts.traj_commands):
-        n = int((ts.traj == j).sum())
-        assert cmds.shape == ((n + 1) * 100, robot.num_actuated)
-    assert (ts.start_step % 100 == 0).all() and ts.start_step.min() == 100
+    # one record of 12 intervals (the one before the first tuple too) in pieces of at most 5
+    assert [len(c) for c in ts.traj_commands] == [500, 500, 200] and ts.traj_prev.tolist() == [-1, 0, 1]
+    assert np.bincount(ts.traj).tolist() == [4, 5, 2]
+    assert (ts.start_step % 100 == 0).all() and ts.start_step[0] == 100 and ts.start_step[4] == 0
     identification = pytest.importorskip("tensegrity_engine.identification.trainer")
     cfg = identification.IdentificationConfig(learn=("cable_stiffness",), max_epochs=1, batch_size=16)
     tr = identification.ProgressiveTrainer(robot, cfg)
@@ -275,59 +274,97 @@ def test_tuple_set_for_trainer():
     assert torch.equal(b2.x0, b.x0) and len(TupleBatch.cat([b, b2])) == 22
 
 
-def test_streamed_appends_continue_their_chains_as_the_whole_stream_does():
-    """Tuples appended a few at a time (as an online session does) join the chain they
-    continue: the same chains and actuator starts as the whole stream converted at once
-    (each append restarted the motor settled at the command in force, a bias in tau and
-    damping for a motor slower than the interval); a chain never grows past max_chain
-    tuples in one trajectory, also when one append brings more than that, and a batch that
-    does not continue any chain, or is not laid out as `to_tuple_set` lays chains out (a
-    trajectory file's tuples), stays its own."""
-    from tensegrity_engine.identification.dataset import TupleSet, concat_continuing
-
-    robot = load_robot("three_bar")
-    A_ = robot.num_actuated
-    al = StreamAligner(StreamConfig.for_robot(robot))
+def _commanded_stream(robot, n: int) -> list:
+    """n tuples of three_bar's analytic motion under commands that change within intervals
+    too (every 30 ms), popped a few at a time as an online session does."""
     low, high = robot.command_low, robot.command_high
+    rng = np.random.default_rng(3)
+    al = StreamAligner(StreamConfig.for_robot(robot))
     batches = []
-    for k in range(40):
+    for k in range(n + 1):
         t = k * T_NS
-        al.add_pose(t, poses_at(t / NS))
-        al.add_command(t, low + (high - low) * (0.5 + 0.4 * np.sin(0.7 * k + np.arange(A_))))
-        if k in (2, 5, 8, 30, 33, 36):                    # appends of 3 tuples, and one of 22 (> max_chain)
-            b = al.pop_tuples()
-            if b is not None:
-                batches.append(b)
+        for j in range(0, T_NS, 30_000_000):
+            if k < n or j == 0:
+                assert al.add_command(t + j, low + (high - low) * rng.uniform(0.2, 0.8, robot.num_actuated))[0]
+        assert al.add_pose(t, poses_at(t / NS))[0]
+        if k % 4 == 3:
+            batches.append(al.pop_tuples())
     al.flush()
     batches.append(al.pop_tuples())
-    assert len(batches) == 7
-    whole = to_tuple_set(TupleBatch.cat(batches), robot, max_chain=15)
-    streamed = to_tuple_set(batches[0], robot, max_chain=15)
-    plain = streamed
-    for b in batches[1:]:
-        part = to_tuple_set(b, robot, max_chain=15)
-        streamed = concat_continuing(streamed, part, max_chain=15)
-        plain = TupleSet.concat([plain, part])
-    assert len(plain.traj_act0) >= len(batches) > 3          # each append a settled restart
-    assert len(streamed.traj_act0) == len(whole.traj_act0) == 3
-    assert np.bincount(whole.traj).tolist() == [15, 15, 9]
-    for name in ("traj", "start_step", "prev", "next"):
-        np.testing.assert_array_equal(getattr(streamed, name), getattr(whole, name), err_msg=name)
-    for a, b in zip(streamed.traj_commands, whole.traj_commands):
-        np.testing.assert_array_equal(a, b)
-    np.testing.assert_array_equal(np.stack(streamed.traj_act0), np.stack(whole.traj_act0))
-    # a batch from elsewhere (no chain ends where it starts) is appended as it is
-    other = to_tuple_set(batches[1], robot, max_chain=15)
-    other = dataclasses.replace(other, x0=other.x0 + 1.0, x1=other.x1 + 1.0)
-    joined = concat_continuing(whole, other, max_chain=15)
-    assert len(joined.traj_act0) == len(whole.traj_act0) + len(other.traj_act0)
-    assert joined.prev[len(whole)] == -1
-    # a continuing chain laid out as a trajectory file's (its grid starts at its first tuple)
-    start = batches[0]
-    head = to_tuple_set(start, robot, max_chain=15)
-    tail = to_tuple_set(batches[1], robot, max_chain=15)
-    file_like = dataclasses.replace(tail, start_step=tail.start_step - tail.steps,
-                                    traj_commands=[c[tail.steps:] for c in tail.traj_commands])
-    assert concat_continuing(head, tail, max_chain=15).prev[len(head)] == len(head) - 1    # joined
-    kept = concat_continuing(head, file_like, max_chain=15)
-    assert kept.prev[len(head)] == -1 and len(kept.traj_act0) == len(head.traj_act0) + len(tail.traj_act0)
+    return [b for b in batches if b is not None]
+
+
+def _act_starts(trainer, ts, values: dict) -> dict:
+    """{t0 stamp: filtered command at the tuple start} of ``ts`` (its tuples in stamp order)."""
+    data = trainer._to_data(ts)
+    p = {k: v.detach() for k, v in trainer.engine.param_values(torch.float64, "cpu").items()}
+    p.update({k: torch.as_tensor(np.atleast_1d(v), dtype=torch.float64) for k, v in values.items()})
+    return trainer.objective.act_starts(data, p).numpy()
+
+
+@pytest.mark.parametrize("limit", [None, 0.05])
+def test_actuator_state_runs_on_across_cuts_and_held_out_blocks(limit):
+    """A streamed record cut into pieces of max_chain intervals, or broken by held-out
+    blocks (their commands known from the context, only their poses held out), starts every
+    tuple with the actuator state of the whole stream converted as one trajectory: the
+    unlimited filter chained by pointer jumping, the rate-limited one piece by piece, with
+    a command delay shifting commands across the cuts (either sign). Without the context
+    each block restarts the motor settled, which the slow motor has not forgotten."""
+    identification = pytest.importorskip("tensegrity_engine.identification.trainer")
+    robot = load_robot("three_bar")
+    batches = _commanded_stream(robot, 40)
+    stream = TupleBatch.cat(batches)
+    whole = to_tuple_set(stream, robot, max_chain=1000)
+    assert len(whole) == 40 and len(whole.traj_act0) == 1
+    cut = to_tuple_set(stream, robot, max_chain=7)
+    assert len(cut.traj_act0) == 6 and cut.traj_prev.tolist() == [-1, 0, 1, 2, 3, 4]
+    held = (np.arange(40) // 5) % 3 == 2                     # blocks of 5: [10, 15), [25, 30)
+    train_b, held_b = stream.slice(torch.as_tensor(~held)), stream.slice(torch.as_tensor(held))
+    train = to_tuple_set(train_b, robot, max_chain=7, context=held_b)
+    heldout = to_tuple_set(held_b, robot, max_chain=7, context=train_b)
+    alone = to_tuple_set(train_b, robot, max_chain=7)
+    assert (train.prev < 0).sum() == 3 and (alone.traj_prev < 0).sum() == 3   # chains break, records not
+    assert (train.traj_prev < 0).sum() == 1 and (heldout.traj_prev < 0).sum() == 1
+
+    cfg = identification.IdentificationConfig(learn=("actuator_time_constant",), max_epochs=1)
+    tr = identification.ProgressiveTrainer(robot, cfg)
+    tr.set_data(whole)
+    for delay in (0.0, 0.037, -0.021):
+        values = {"actuator_time_constant": 0.3, "actuator_delay": delay}
+        if limit is not None:
+            values["actuator_max_speed"] = limit
+        ref = _act_starts(tr, whole, values)
+        np.testing.assert_allclose(_act_starts(tr, cut, values), ref, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(_act_starts(tr, train, values), ref[~held], rtol=0, atol=1e-12)
+        np.testing.assert_allclose(_act_starts(tr, heldout, values), ref[held], rtol=0, atol=1e-12)
+        assert np.abs(_act_starts(tr, alone, values) - ref[~held]).max() > 1e-3
+    if limit is not None:
+        from tensegrity_engine.physics.actuators import speed_limit_binds
+        assert speed_limit_binds(torch.tensor([0.3]), torch.tensor([limit]), tr.objective.cmd_high - tr.objective.cmd_low)
+
+
+def test_a_stream_converted_anew_extends_the_trainers_data():
+    """An online session converts its window anew on every append: the old tuples come
+    first in their order, so the trainer keeps their latents; other data starts afresh."""
+    identification = pytest.importorskip("tensegrity_engine.identification.trainer")
+    robot = load_robot("three_bar")
+    batches = _commanded_stream(robot, 24)
+    cfg = identification.IdentificationConfig(learn=("cable_stiffness",), max_epochs=1, batch_size=8)
+    tr = identification.ProgressiveTrainer(robot, cfg)
+    first = to_tuple_set(TupleBatch.cat(batches[:3]), robot, max_chain=5)
+    tr.set_data(first)
+    with torch.no_grad():
+        tr.train.latent.add_(0.25)
+    kept = tr.train.latent.detach().clone()
+    grown = to_tuple_set(TupleBatch.cat(batches), robot, max_chain=5)
+    tr.extend_data(grown)
+    assert len(tr.train) == 24 > len(first)
+    np.testing.assert_array_equal(tr.train.ts.traj, grown.traj)
+    np.testing.assert_array_equal(tr.train.ts.traj_prev, grown.traj_prev)
+    torch.testing.assert_close(tr.train.latent[:len(first)], kept)
+    assert math.isfinite(tr.train_epoch()["loss"])
+    shifted = dataclasses.replace(grown, x0=grown.x0 + 1.0, x1=grown.x1 + 1.0)
+    tr.extend_data(shifted)                                  # not a continuation: new data
+    assert not torch.allclose(tr.train.latent[:len(first)], kept[:len(first)])
+
+

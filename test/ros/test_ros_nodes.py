@@ -304,8 +304,8 @@ class _DivergingTrainer:
     def set_data(self, ts):
         self.n = len(ts)
 
-    def add_tuples(self, ts):
-        self.n += len(ts)
+    def extend_data(self, ts):
+        self.n = len(ts)
 
     def state_dict(self):
         return {"k": float(self.parameters.value("cable_stiffness")[0]), "epoch": self.epoch}

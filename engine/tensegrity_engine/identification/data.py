@@ -40,6 +40,36 @@ def finite_difference_velocity(x0: np.ndarray, x1: np.ndarray, prev: np.ndarray,
     return np.concatenate([v, axis * angle / span], -1)
 
 
+def piece_depths(prev: np.ndarray) -> np.ndarray:
+    """How many trajectories each one continues, back to its record's first (``prev`` < index)."""
+    depth = np.zeros(len(prev), dtype=np.int64)
+    for j in np.flatnonzero(prev >= 0):
+        depth[j] = depth[prev[j]] + 1
+    return depth
+
+
+def _padded_grids(ts: TupleSet) -> np.ndarray:
+    """[traj, K + 2, S, A] every trajectory's command grid in chunks of an interval, padded to
+    the longest (K): between the last chunk of the trajectory it continues (else its own
+    first command held) and the first of the one continuing it (else its own last held),
+    so a command delay shifts commands across the pieces of one record."""
+    S, A = ts.steps, ts.commands.shape[-1]
+    chunks = [len(c) // S for c in ts.traj_commands]
+    K = max(chunks)
+    following = -np.ones(len(chunks), dtype=np.int64)
+    linked = np.flatnonzero(ts.traj_prev >= 0)
+    following[ts.traj_prev[linked]] = linked
+    grid = np.empty((len(chunks), K + 2, S, A))
+    for j, c in enumerate(ts.traj_commands):
+        k, p, q = chunks[j], ts.traj_prev[j], following[j]
+        grid[j, 1:k + 1] = c[:k * S].reshape(k, S, A)
+        grid[j, 0] = ts.traj_commands[p][(chunks[p] - 1) * S:chunks[p] * S] if p >= 0 else c[0]
+        grid[j, k + 1:] = ts.traj_commands[q][S - 1] if q >= 0 else c[k * S - 1]
+        if q >= 0:
+            grid[j, k + 1] = ts.traj_commands[q][:S]
+    return grid
+
+
 class TrainingData:
     """A TupleSet as device tensors plus what the loss needs."""
 
@@ -51,14 +81,12 @@ class TrainingData:
         self.wrenches = None if ts.wrenches is None else f(ts.wrenches)
         self.next = torch.as_tensor(ts.next, device=device)
         S = ts.steps
-        K = max(len(c) // S for c in ts.traj_commands)
-        grid = np.zeros((len(ts.traj_commands), K, S, ts.commands.shape[-1]))
-        for j, c in enumerate(ts.traj_commands):
-            k = len(c) // S
-            grid[j, :k] = c[:k * S].reshape(k, S, -1)
-            grid[j, k:] = c[-1]
-        self.cmd_grid = f(grid)
+        self.cmd_grid_wide = f(_padded_grids(ts))
+        self.cmd_grid = self.cmd_grid_wide[:, 1:-1]
         self.traj_act0 = f(np.stack(ts.traj_act0))
+        self.traj_prev = torch.as_tensor(ts.traj_prev, device=device)
+        self.traj_chunks = torch.as_tensor([len(c) // S for c in ts.traj_commands], device=device)
+        self.piece_depth = piece_depths(ts.traj_prev)
         self.traj = torch.as_tensor(ts.traj, device=device)
         self.chunk = torch.as_tensor(ts.start_step // S, device=device)
         self.latent = None

@@ -346,7 +346,10 @@ class TupleSet:
     from which the actuator state at each tuple start is rebuilt (it depends on the
     actuator time constant being identified); ``start_step`` [N] engine steps from the
     trajectory start; ``prev`` / ``next`` [N] index of the neighbouring tuple of the same
-    trajectory or -1; ``has_velocity`` says whether x0/x1 carry measured velocities.
+    trajectory or -1; ``has_velocity`` says whether x0/x1 carry measured velocities;
+    ``traj_prev`` [traj] the trajectory whose command grid this one's continues (its actuator
+    state starts where that one's ends: a long streamed record cut into pieces, or bridged
+    over held-out tuples), or -1 where ``traj_act0`` is the start (all -1 when None).
     """
 
     x0: np.ndarray
@@ -365,6 +368,14 @@ class TupleSet:
     fixed_rods: tuple
     floor: bool
     robot: RobotConfig
+    traj_prev: Optional[np.ndarray] = None
+
+    def __post_init__(self):
+        n = len(self.traj_act0)
+        prev = -np.ones(n, dtype=np.int64) if self.traj_prev is None else np.asarray(self.traj_prev, dtype=np.int64)
+        if prev.shape != (n,) or np.any(prev >= np.arange(n)) or np.any(prev < -1):
+            raise DatasetError("traj_prev: each trajectory continues an earlier one or none (-1)")
+        self.traj_prev = prev
 
     def __len__(self) -> int:
         return len(self.x0)
@@ -408,75 +419,14 @@ class TupleSet:
             traj_act0=[a for s in sets for a in s.traj_act0],
             traj_commands=[c for s in sets for c in s.traj_commands],
             has_velocity=first.has_velocity, period=first.period, dt=first.dt,
-            fixed_rods=first.fixed_rods, floor=first.floor, robot=first.robot)
+            fixed_rods=first.fixed_rods, floor=first.floor, robot=first.robot,
+            traj_prev=np.concatenate([shift(s.traj_prev, o) for s, o in zip(sets, traj_off)]))
 
 
-# Tuples per trajectory of streamed data (`streaming.to_tuple_set`, `concat_continuing`): its
-# actuator state is rebuilt over its whole command grid.
+# Engine intervals per trajectory of streamed data (`streaming.to_tuple_set` cuts a long
+# record into pieces this long, each continuing the last): the command grids of a set are
+# padded to the longest trajectory.
 MAX_CHAIN = 50
-
-
-def concat_continuing(old: TupleSet, new: TupleSet, max_chain: int = MAX_CHAIN) -> TupleSet:
-    """``old`` then ``new`` (streamed tuples appended), with each chain of ``new`` that
-    continues one of ``old`` joined to it: its first tuple starts at the exact pose an open
-    chain of ``old`` ends at, and its command interval before that tuple is that chain's last
-    command. The joined chain fills the old trajectory up to ``max_chain`` tuples and its
-    rest is cut into trajectories of ``max_chain`` as `streaming.to_tuple_set` cuts chains:
-    the same result as converting the whole stream at once. Only `to_tuple_set`'s layout is
-    joined (a trajectory per chain piece, its grid one interval ahead of its first tuple);
-    other sets are appended as they are. Joined, the chain's actuator state runs on through
-    the new commands instead of restarting settled at the command then in force: a motor
-    slower than the interval is still moving there (tau 0.1 s, T 0.1 s: 37 % of the step
-    left), and an online session that appends every few tuples restarted it at every append
-    (measured, the SUPERball twin with tau 0.1 s, 60 s streamed: 158 trajectories for 480
-    tuples, damping +33 %, tau -24 %; joined: as if fed at once, +4 / -3 %)."""
-    out = TupleSet.concat([old, new])
-    n_old, S = len(old), old.steps
-    # the pose: a streamed tuple's velocity estimate may differ (one-sided at the stream's end)
-    ends = {old.x1[i][..., :7].tobytes(): int(i) for i in np.flatnonzero(old.next < 0)}
-    length = np.bincount(old.traj, minlength=len(old.traj_act0))
-    traj, start = out.traj.copy(), out.start_step.copy()
-    prev, nxt = out.prev.copy(), out.next.copy()
-    commands, act0 = list(out.traj_commands), list(out.traj_act0)
-    joined_any = False
-    for first in np.flatnonzero(new.prev < 0) + n_old:
-        a = ends.get(out.x0[first][..., :7].tobytes())
-        if a is None:
-            continue
-        k = int(traj[a])
-        chain = [int(first)]
-        while nxt[chain[-1]] >= 0:
-            chain.append(int(nxt[chain[-1]]))
-        chain = np.asarray(chain)
-        own = np.unique(traj[chain])
-        if (start[first] != S or start[a] + S != len(commands[k]) or np.isin(traj, own).sum() != len(chain)
-                or not np.array_equal(commands[traj[first]][:S], out.commands[a])):
-            continue
-        joined_any = True
-        prev[first], nxt[a] = a, first
-        room = max(max_chain - int(length[k]), 0)
-        head = chain[:room]
-        if len(head):
-            start[head] = start[a] + S * np.arange(1, len(head) + 1)
-            traj[head] = k
-            commands[k] = np.concatenate([commands[k]] + [out.commands[c] for c in head])
-            length[k] += len(head)
-        for p in range(room, len(chain), max_chain):           # the rest, cut as `to_tuple_set` cuts
-            piece = chain[p:p + max_chain]
-            before = out.commands[chain[p - 1]] if p > 0 else out.commands[a]
-            traj[piece] = len(commands)
-            start[piece] = S * np.arange(1, len(piece) + 1)
-            commands.append(np.concatenate([before] + [out.commands[c] for c in piece]))
-            act0.append(before[0].copy())
-    if not joined_any:
-        return out
-    # trajectories numbered in the order of their first tuple (those emptied by a join drop out)
-    ids, first_of = np.unique(traj, return_index=True)
-    ids = ids[np.argsort(first_of)]
-    renumber = np.full(len(commands), -1, dtype=np.int64)
-    renumber[ids] = np.arange(len(ids))
-    return dataclasses.replace(out, traj=renumber[traj], start_step=start, prev=prev, next=nxt,
-                               traj_act0=[act0[i] for i in ids], traj_commands=[commands[i] for i in ids])
 
 
 def to_tuples(traj: Trajectory, period: float = 0.1, dt: Optional[float] = None) -> TupleSet:

@@ -92,6 +92,24 @@ def command_stretches(grid: torch.Tensor, S: int):
     return begins, durations, rank[:, ::S]
 
 
+def chained_starts(act0: torch.Tensor, prev: torch.Tensor, forced_end: torch.Tensor,
+                   decay: torch.Tensor, longest: int) -> torch.Tensor:
+    """[traj, A] start state of each trajectory of a linear filter: ``act0`` where ``prev`` is
+    -1, else the end state of trajectory ``prev``, ``decay[prev] * start[prev] +
+    forced_end[prev]``. Pointer jumping: log2 of the ``longest`` chain of pieces in vectorised
+    steps (differentiable), instead of one step per piece."""
+    linked = (prev >= 0)[:, None]
+    ptr = torch.where(prev >= 0, prev, torch.arange(len(prev), device=prev.device))
+    gain = torch.where(linked, decay[ptr], torch.zeros_like(decay[ptr]))
+    offset = torch.where(linked, forced_end[ptr], act0)
+    # a count from the data's links (no test on the values: torch.func traces this)
+    for _ in range(int(longest).bit_length()):
+        offset = offset + gain * offset[ptr]     # start = gain * start[ptr] + offset
+        gain = gain * gain[ptr]
+        ptr = ptr[ptr]
+    return offset
+
+
 def _stepped(config: IdentificationConfig) -> str:
     """The model integrator the fine stage's rollouts step with ("ani" sub-steps semi_implicit)."""
     return config.fine_integrator if config.fine_integrator in MODEL_INTEGRATORS else "semi_implicit"
@@ -216,8 +234,10 @@ class RecurrentObjective:
         if key is not None and self._timed is not None and self._timed[0] is data and self._timed[1] == key:
             return self._timed[2], self._timed[3]
         traj, chunks, S, A = data.cmd_grid.shape
-        grid = delayed_commands(data.cmd_grid.reshape(traj, chunks * S, A), delay,
-                                self.robot.dt).reshape(traj, chunks, S, A)
+        # the padded grids run on into the neighbouring pieces of a record (`data._padded_grids`):
+        # a delay of up to an interval shifts commands across the cut
+        grid = delayed_commands(data.cmd_grid_wide.reshape(traj, (chunks + 2) * S, A), delay,
+                                self.robot.dt).reshape(traj, chunks + 2, S, A)[:, 1:-1]
         commands = grid[data.traj, data.chunk]
         if key is not None:
             self._timed = (data, key, commands, grid)
@@ -253,13 +273,18 @@ class RecurrentObjective:
         grid = torch.maximum(torch.minimum(cmd_grid, self.cmd_high), self.cmd_low)
         contrib = torch.einsum("s,tksa->tka", weights, grid)
         dS = d ** S
-        a = data.traj_act0
-        acts = [a]
-        for k in range(cmd_grid.shape[1] - 1):
+        a = torch.zeros_like(data.traj_act0)
+        forced = [a]                      # each trajectory's response from rest
+        for k in range(cmd_grid.shape[1]):
             a = dS * a + contrib[:, k]
-            acts.append(a)
-        acts = torch.stack(acts, 1)
-        return acts[data.traj, data.chunk]
+            forced.append(a)
+        forced = torch.stack(forced, 1)                                          # [traj, K + 1, A]
+        rows = torch.arange(len(forced), device=forced.device)
+        decay = dS ** data.traj_chunks.to(self.dtype)[:, None]                   # [traj, 1 or A]
+        starts = chained_starts(data.traj_act0, data.traj_prev, forced[rows, data.traj_chunks], decay,
+                                int(data.piece_depth.max()))
+        k = data.chunk.to(self.dtype)[:, None]
+        return forced[data.traj, data.chunk] + dS ** k * starts[data.traj]
 
     def _limited_act_starts(self, data: TrainingData, cmd_grid: torch.Tensor, tau: torch.Tensor,
                             speed: torch.Tensor) -> torch.Tensor:
@@ -272,8 +297,23 @@ class RecurrentObjective:
         rows = torch.arange(traj, device=grid.device)[:, None]
         held = grid[rows, begins]                                      # [traj, L, A]
         h = durations.to(self.dtype) * self.robot.dt                   # [traj, L]; padding lasts 0 s
-        acts = limited_filter_states(data.traj_act0, held, h, tau, speed,       # [traj, L + 1, A]
-                                     scan=not self._functional)
+        L = held.shape[1]
+        ends = torch.cat([tuple_stretch, tuple_stretch.new_full((traj, 1), L)], 1)[rows[:, 0], data.traj_chunks]
+        # pieces of one record in order: each starts where the one it continues ends
+        prev, depth = data.ts.traj_prev, data.piece_depth
+        place = np.zeros(traj, dtype=np.int64)
+        levels, states, last_ends = [], [], None
+        for level in range(int(depth.max()) + 1):
+            sel = np.flatnonzero(depth == level)
+            place[sel] = np.arange(len(sel))
+            idx = torch.as_tensor(sel, device=grid.device)
+            a0 = data.traj_act0[idx] if level == 0 else last_ends[torch.as_tensor(place[prev[sel]], device=grid.device)]
+            acts = limited_filter_states(a0, held[idx], h[idx], tau, speed, scan=not self._functional)
+            last_ends = acts[torch.arange(len(sel), device=grid.device), ends[idx]]
+            levels.append(sel)
+            states.append(acts)
+        inverse = torch.as_tensor(np.argsort(np.concatenate(levels)), device=grid.device)
+        acts = torch.cat(states)[inverse]                                        # [traj, L + 1, A]
         return acts[rows, tuple_stretch][data.traj, data.chunk]
 
     def batch_loss(self, data: TrainingData, idx: torch.Tensor, p: dict, n_steps: int, integrator: str, *,

@@ -152,16 +152,22 @@ class OnlineIdentification:
         self._challenger_turn = False        # the next epoch is the challenger's (both training)
 
     # ------------------------------------------------------------------ data window
-    def _tuple_set(self, batch: TupleBatch):
+    def _tuple_set(self, batch: TupleBatch, context=()):
         return to_tuple_set(batch, self.robot, period=self.config.period, floor=self.floor,
-                            fixed_rods=self.fixed_rods)
+                            fixed_rods=self.fixed_rods, context=context)
 
     def window_batch(self) -> TupleBatch:
         return TupleBatch.cat(list(self.window))
 
     def window_tuples(self):
-        """The training window as the trainer takes it."""
-        return self._tuple_set(self.window_batch())
+        """The training window as the trainer takes it: the held-out blocks' commands carry
+        the actuator state across them (only their poses are held out)."""
+        return self._tuple_set(self.window_batch(), context=list(self.heldout))
+
+    def heldout_tuples(self):
+        """The held-out blocks, each starting with the actuator state the commands before it
+        (in the window) leave."""
+        return self._tuple_set(TupleBatch.cat(list(self.heldout)), context=list(self.window))
 
     def _new_trainer(self, batch: TupleBatch) -> None:
         config = self.config
@@ -172,7 +178,7 @@ class OnlineIdentification:
             if self.robot is not self.config_robot:
                 config = dataclasses.replace(config, fine_integrator=None)
         self.trainer = self.trainer_factory(self.robot, config, self.device, None, self.log)
-        self.trainer.set_data(self._tuple_set(batch))
+        self.trainer.set_data(self._tuple_set(batch, context=list(self.heldout)))
 
     def _hold_out(self, new: TupleBatch) -> Optional[TupleBatch]:
         """Keep every ``holdout_every``-th block of ``holdout_block`` tuples aside; returns
@@ -209,7 +215,7 @@ class OnlineIdentification:
             return HeldOutVerdict(True, "gate_off", math.nan, math.nan, 0)
         if self.trainer is None or not self.heldout:
             return HeldOutVerdict(False, "no_heldout_yet", math.nan, math.nan, 0)
-        data = self._tuple_set(TupleBatch.cat(list(self.heldout)))
+        data = self.heldout_tuples()
         config = PhysicalParameters(self.config_robot).as_dict()
         incumbent = self.best_values if self.best_values is not None else config
         candidate = self.scores.scores(self, run or self.trainer, data, values)
@@ -239,7 +245,7 @@ class OnlineIdentification:
                            min_gain: float = 0.0, run=None) -> str:
         """`_compare` of two models on today's held-out blocks ("better": ``values``, scored
         by ``run`` as in `gate`, win over ``reference`` in the session's structure)."""
-        data = self._tuple_set(TupleBatch.cat(list(self.heldout)))
+        data = self.heldout_tuples()
         candidate = self.scores.scores(self, run or self.trainer, data, values)
         return _compare(candidate, self.scores.reference(self, data, reference, self.robot), significance, min_gain)
 
@@ -259,7 +265,7 @@ class OnlineIdentification:
     def heldout_scores(self, values: dict, robot: Optional[RobotConfig] = None) -> tuple[float, float]:
         """(loss, CoM error 1 s ahead) of ``values`` in the structure ``robot`` (the session's
         by default) on the held-out blocks, means over blocks."""
-        data = self._tuple_set(TupleBatch.cat(list(self.heldout)))
+        data = self.heldout_tuples()
         loss, com = self.scores.scores(self, self.scores.scorer(self, robot or self.robot), data, values)
         return _mean(loss), _mean(com)
 
@@ -285,10 +291,10 @@ class OnlineIdentification:
                 keep = only.slice(slice(len(only) - self.max_tuples, None))
                 self.window.appendleft(keep)
                 self.window_len = len(keep)
-            window = self._tuple_set(self.window_batch())
-            self.trainer.set_data(window)                                  # keeps the parameters
+            self.trainer.set_data(self.window_tuples())                    # keeps the parameters
         else:
-            self.trainer.add_tuples(self._tuple_set(new))
+            # the window converted anew: the new tuples continue the record they belong to
+            self.trainer.extend_data(self.window_tuples())
         self._maybe_reopen(len(new))
         if self.converged:             # the solver waits: a refused option may have its evidence now
             self.trials.maybe_start(self)

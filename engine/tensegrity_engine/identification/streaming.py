@@ -510,58 +510,117 @@ def actuator_estimate(act: np.ndarray, command: np.ndarray, tau: float, duration
     return held_command_update(act, command, max(tau, 1e-9), duration, max_speed)
 
 
+# Known commands walked back before a record's first tuple: 5x the time constant's upper bound
+# (1 s), so even the slowest motor has forgotten the settled start (to e^-5 of a step).
+HISTORY_SECONDS = 5.0
+
+
 def to_tuple_set(batch: TupleBatch, robot, *, period: Optional[float] = None, floor: bool = True,
-                 fixed_rods=(), max_chain: Optional[int] = None, has_velocity: bool = False):
+                 fixed_rods=(), max_chain: Optional[int] = None, has_velocity: bool = False,
+                 context=(), history: float = HISTORY_SECONDS):
     """`TupleBatch` -> `dataset.TupleSet` (what `ProgressiveTrainer` consumes).
 
     Consecutive tuples of one segment (t0 exactly T apart) form chains (``prev``/``next``
-    linked, for the recurrent multiple-shooting loss); each chain of at most ``max_chain``
-    tuples is one "trajectory" whose command grid starts one interval before its first
-    tuple (``prev_commands``) and whose initial actuator state is the command in force
-    then (settled-actuator assumption, forgotten within that interval). Pose-only data:
-    ``has_velocity=False`` lets the trainer optimise latent velocities.
+    linked, for the recurrent multiple-shooting loss). The actuator state follows the
+    command record instead, which runs on where the chains break for tuples that are known
+    elsewhere: ``context`` (`TupleBatch` es of the same stream, e.g. the held-out tuples
+    between training blocks, or the training tuples before a held-out block) gives the
+    commands of intervals without a tuple here. A record runs over every interval of a
+    segment whose commands are known, across gaps of up to ``history`` s; it starts at most
+    ``history`` s of known commands before its first tuple, with the actuator settled at the
+    command in force one interval earlier (``prev_commands``), and is cut into trajectories
+    of ``max_chain`` intervals, each continuing the last (``traj_prev``). Restarting the
+    motor settled at every break instead biased a motor slower than the interval (the
+    SUPERball twin, tau 0.1 s, 60 s with a held-out second in five: damping +4.2 %,
+    tau -3.4 %; one unbroken record: +1.3 / -0.9 %). Tuples come out ordered by segment
+    (in order of appearance) and time, so appending to a stream appends to the set.
+    Pose-only data: ``has_velocity=False`` lets the trainer optimise latent velocities.
     """
     from tensegrity_engine.identification.dataset import MAX_CHAIN, TupleSet
 
-    max_chain = MAX_CHAIN if max_chain is None else max_chain
+    max_chain = MAX_CHAIN if max_chain is None else int(max_chain)
+    if max_chain < 1:
+        raise ValueError("max_chain must be >= 1")
     n = len(batch)
     S = batch.commands.shape[1]
     T = S * batch.engine_dt if period is None else float(period)
     T_ns = int(round(T * NS))
+    reach = max(0, int(math.ceil(history / T - 1e-9)))
     t0 = batch.t0.numpy()
     seg = batch.segment.numpy()
-    order = np.lexsort((t0, seg))
-    x0 = batch.x0.numpy()[order]
-    x1 = batch.x1.numpy()[order]
-    cmd = batch.commands.numpy()[order]
-    prev_cmd = batch.prev_commands.numpy()[order]
-    t0, seg = t0[order], seg[order]
+    _, first_seen, seg_rank = np.unique(seg, return_index=True, return_inverse=True)
+    order = np.lexsort((t0, np.argsort(np.argsort(first_seen))[seg_rank]))
+    ordered = bool(np.all(order == np.arange(n)))        # a stream's window: no copies
+    take = (lambda x: x) if ordered else (lambda x: x[order])      # noqa: E731
+    x0, x1, cmd = take(batch.x0.numpy()), take(batch.x1.numpy()), take(batch.commands.numpy())
+    prev_cmd = batch.prev_commands.numpy()               # [order[i]]: only records' first rows are read
+    t0, seg = take(t0), take(seg)
     linked = np.zeros(n, dtype=bool)
     if n > 1:
         linked[1:] = (seg[1:] == seg[:-1]) & (t0[1:] - t0[:-1] == T_ns)
     prev = np.where(linked, np.arange(n) - 1, -1)
     nxt = -np.ones(n, dtype=np.int64)
     nxt[:-1] = np.where(linked[1:], np.arange(1, n), -1)
+    record = _command_record(context, set(seg.tolist()), t0.min() - (reach + 1) * T_ns, t0.max()) if n else {}
+    for i in range(n):
+        record[(int(seg[i]), int(t0[i]))] = (cmd[i], prev_cmd[order[i]])
+
+    runs = []            # [grid chunks (the first: the interval before the record), act0, [(tuple, chunk)]]
+    end = None           # (segment, stamp) where the current record ends
+    for i in range(n):
+        s, t = int(seg[i]), int(t0[i])
+        gap = None if end is None or end[0] != s or t < end[1] else (t - end[1]) // T_ns
+        bridged = (gap is not None and (t - end[1]) % T_ns == 0 and gap <= reach
+                   and all((s, end[1] + g * T_ns) in record for g in range(gap)))
+        if bridged:
+            runs[-1][0].extend(record[(s, end[1] + g * T_ns)][0] for g in range(gap))
+        else:
+            back = 0
+            while back < reach and (s, t - (back + 1) * T_ns) in record:
+                back += 1
+            before = record[(s, t - back * T_ns)][1]
+            runs.append([[before] + [record[(s, t - g * T_ns)][0] for g in range(back, 0, -1)], before[0].copy(), []])
+        runs[-1][2].append((i, len(runs[-1][0])))
+        runs[-1][0].append(cmd[i])
+        end = (s, t + T_ns)
+
     traj = np.zeros(n, dtype=np.int64)
     start = np.zeros(n, dtype=np.int64)
-    traj_act0, traj_commands = [], []
-    j, k = -1, 0
-    for i in range(n):
-        if not linked[i] or k >= max_chain:
-            j += 1
-            k = 0
-            traj_act0.append(prev_cmd[i, 0].copy())
-            traj_commands.append([prev_cmd[i]])
-        k += 1
-        traj[i] = j
-        start[i] = k * S
-        traj_commands[j].append(cmd[i])
-    traj_commands = [np.concatenate(c) for c in traj_commands]
+    traj_act0, traj_commands, traj_prev = [], [], []
+    for chunks, act0, members in runs:
+        first = len(traj_commands)
+        for p in range(0, len(chunks), max_chain):
+            piece = chunks[p:p + max_chain]
+            traj_prev.append(-1 if p == 0 else len(traj_commands) - 1)
+            traj_act0.append(act0 if p == 0 else piece[0][0].copy())
+            traj_commands.append(np.concatenate(piece))
+        for i, c in members:
+            traj[i] = first + c // max_chain
+            start[i] = (c % max_chain) * S
     return TupleSet(
         x0=x0, x1=x1, commands=cmd, wrenches=None, traj=traj, start_step=start,
         prev=prev.astype(np.int64), next=nxt, traj_act0=traj_act0, traj_commands=traj_commands,
         has_velocity=has_velocity, period=T, dt=batch.engine_dt, fixed_rods=tuple(fixed_rods),
-        floor=bool(floor), robot=robot)
+        floor=bool(floor), robot=robot, traj_prev=np.asarray(traj_prev, dtype=np.int64))
+
+
+def _command_record(context, segments: set, lo: int, hi: int) -> dict:
+    """{(segment, t0): (commands [S, A], prev_commands [S, A])} of the context's tuples in
+    ``segments`` with lo <= t0 <= hi."""
+    if isinstance(context, TupleBatch):
+        context = [context]
+    record = {}
+    for b in context:
+        if b is None or not len(b):
+            continue
+        t, g = b.t0.numpy(), b.segment.numpy()
+        rows = np.flatnonzero((t >= lo) & (t <= hi) & np.isin(g, list(segments)))
+        if not len(rows):
+            continue
+        cmd, prev_cmd = b.commands.numpy(), b.prev_commands.numpy()
+        for r in rows:
+            record[(int(g[r]), int(t[r]))] = (cmd[r], prev_cmd[r])
+    return record
 
 
 def stamp_to_ns(sec: int, nanosec: int) -> int:

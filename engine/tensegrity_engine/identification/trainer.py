@@ -6,6 +6,7 @@ Public API (the ROS identifier node uses exactly this)::
                                  initial=None)          # initial: PhysicalParameters / dict of values
     trainer.set_data(train, val)       # lists of Trajectory or TupleSet (see dataset.py)
     trainer.add_tuples(tuples)         # streaming: append training tuples (TupleSet / Trajectory)
+    trainer.extend_data(tuples)        # streaming: the old tuples first, then new ones (one record)
     while not trainer.done:
         m = trainer.train_epoch()      # {'loss','val_loss','stage','integrator','dt','lr','epoch',
                                        #  'tuples','seconds','diverged', ...}
@@ -44,7 +45,7 @@ from tensegrity_engine.identification.acceptance import heldout_scores
 from tensegrity_engine.identification.bounds import bound_for_stability
 from tensegrity_engine.identification.config import IdentificationConfig, resolve_learn
 from tensegrity_engine.identification.data import TrainingData, as_tuple_set
-from tensegrity_engine.identification.dataset import TupleSet, concat_continuing
+from tensegrity_engine.identification.dataset import TupleSet
 from tensegrity_engine.identification.multistart import multi_start
 from tensegrity_engine.identification.objective import RecurrentObjective
 from tensegrity_engine.identification.scale import scale_search, speed_limit_search
@@ -157,12 +158,25 @@ class ProgressiveTrainer:
         self.adam.rebuild(self)
 
     def add_tuples(self, data) -> None:
-        """Append training tuples (streaming); latents of old tuples are kept."""
+        """Append training tuples (their own trajectories); latents of old tuples are kept."""
         ts = as_tuple_set(data, self.config.period, self.robot.dt)
         if self.train is None:
             return self.set_data(ts)
+        self.extend_data(TupleSet.concat([self.train.ts, ts]))
+
+    def extend_data(self, data) -> None:
+        """The training data grown (streaming): ``data`` begins with the tuples trained so far,
+        in their order (a stream converted anew with what arrived since, its records and
+        trajectories as they now run); their latents and the optimiser's state are kept.
+        Anything else is new data (`set_data`)."""
+        ts = as_tuple_set(data, self.config.period, self.robot.dt)
         old = self.train
-        self.train = self._to_data(concat_continuing(old.ts, ts))
+        if old is None or len(ts) < len(old) or not (
+                np.array_equal(ts.x0[:len(old)], old.ts.x0) and np.array_equal(ts.x1[:len(old)], old.ts.x1)):
+            if old is not None:
+                self.log("new training data does not extend the old: latents start afresh")
+            return self.set_data(ts)
+        self.train = self._to_data(ts)
         self.window_lm.grow()
         if old.latent is not None:
             with torch.no_grad():
