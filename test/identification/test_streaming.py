@@ -53,8 +53,10 @@ def test_tuples_zero_order_hold_and_states():
         k = int(b.t0[i]) // T_NS
         assert torch.allclose(b.commands[i], torch.as_tensor(command_at(k)).expand(100, A))
         np.testing.assert_allclose(b.x1[i, :, :3].numpy(), poses_at((k + 1) * 0.1)[:, :3])
-        if k > 0:
-            np.testing.assert_allclose(b.prev_commands[i, 0].numpy(), command_at(k - 1))
+        # the two intervals before t0; before the first command, that command held
+        assert b.prev_commands.shape[1] == 200
+        np.testing.assert_allclose(b.prev_commands[i, 0].numpy(), command_at(max(k - 2, 0)))
+        np.testing.assert_allclose(b.prev_commands[i, 199].numpy(), command_at(max(k - 1, 0)))
     # velocities: exact for linear motion / constant rotation; central difference at x0
     assert bool(b.vel_known0[1:].all()) and not bool(b.vel_known0[0])
     np.testing.assert_allclose(b.x0[3, :, 7:10].numpy(), np.broadcast_to(V, (R, 3)), atol=1e-9)
@@ -259,10 +261,10 @@ def test_tuple_set_for_trainer():
     ts = to_tuple_set(b, robot, max_chain=5)
     assert len(ts) == 11 and ts.steps == 100
     assert list(ts.prev[:3]) == [-1, 0, 1] and ts.next[-1] == -1
-    # one record of 12 intervals (the one before the first tuple too) in pieces of at most 5
-    assert [len(c) for c in ts.traj_commands] == [500, 500, 200] and ts.traj_prev.tolist() == [-1, 0, 1]
-    assert np.bincount(ts.traj).tolist() == [4, 5, 2]
-    assert (ts.start_step % 100 == 0).all() and ts.start_step[0] == 100 and ts.start_step[4] == 0
+    # one record of 13 intervals (the two before the first tuple too) in pieces of at most 5
+    assert [len(c) for c in ts.traj_commands] == [500, 500, 300] and ts.traj_prev.tolist() == [-1, 0, 1]
+    assert np.bincount(ts.traj).tolist() == [3, 5, 3]
+    assert (ts.start_step % 100 == 0).all() and ts.start_step[0] == 200 and ts.start_step[3] == 0
     identification = pytest.importorskip("tensegrity_engine.identification.trainer")
     cfg = identification.IdentificationConfig(learn=("cable_stiffness",), max_epochs=1, batch_size=16)
     tr = identification.ProgressiveTrainer(robot, cfg)
@@ -274,9 +276,10 @@ def test_tuple_set_for_trainer():
     assert torch.equal(b2.x0, b.x0) and len(TupleBatch.cat([b, b2])) == 22
 
 
-def _commanded_stream(robot, n: int) -> list:
+def _commanded_stream(robot, n: int, dropped=()) -> list:
     """n tuples of three_bar's analytic motion under commands that change within intervals
-    too (every 30 ms), popped a few at a time as an online session does."""
+    too (every 30 ms), popped a few at a time as an online session does; the poses of
+    intervals ``dropped`` never arrive."""
     low, high = robot.command_low, robot.command_high
     rng = np.random.default_rng(3)
     al = StreamAligner(StreamConfig.for_robot(robot))
@@ -286,7 +289,8 @@ def _commanded_stream(robot, n: int) -> list:
         for j in range(0, T_NS, 30_000_000):
             if k < n or j == 0:
                 assert al.add_command(t + j, low + (high - low) * rng.uniform(0.2, 0.8, robot.num_actuated))[0]
-        assert al.add_pose(t, poses_at(t / NS))[0]
+        if k not in dropped:
+            assert al.add_pose(t, poses_at(t / NS))[0]
         if k % 4 == 3:
             batches.append(al.pop_tuples())
     al.flush()
@@ -304,8 +308,9 @@ def _act_starts(trainer, ts, values: dict) -> dict:
 
 @pytest.mark.parametrize("limit", [None, 0.05])
 def test_actuator_state_runs_on_across_cuts_and_held_out_blocks(limit):
-    """A streamed record cut into pieces of max_chain intervals, or broken by held-out
-    blocks (their commands known from the context, only their poses held out), starts every
+    """A streamed record cut into pieces of max_chain intervals, broken by held-out blocks
+    (their commands known from the context, only their poses held out) or by a dropped pose
+    (its interval known from the tuple after it), starts every
     tuple with the actuator state of the whole stream converted as one trajectory: the
     unlimited filter chained by pointer jumping, the rate-limited one piece by piece, with
     a command delay shifting commands across the cuts (either sign). Without the context
@@ -325,6 +330,12 @@ def test_actuator_state_runs_on_across_cuts_and_held_out_blocks(limit):
     alone = to_tuple_set(train_b, robot, max_chain=7)
     assert (train.prev < 0).sum() == 3 and (alone.traj_prev < 0).sum() == 3   # chains break, records not
     assert (train.traj_prev < 0).sum() == 1 and (heldout.traj_prev < 0).sum() == 1
+    # a dropped pose splits the segment (its two tuples are lost), not the record
+    dropped_b = TupleBatch.cat(_commanded_stream(robot, 40, dropped=(17,)))
+    assert len(set(dropped_b.segment.tolist())) == 2 and len(set(dropped_b.record.tolist())) == 1
+    dropped = to_tuple_set(dropped_b, robot, max_chain=7)
+    assert len(dropped) == 38 and (dropped.prev < 0).sum() == 2 and (dropped.traj_prev < 0).sum() == 1
+    kept = ~np.isin(np.arange(40), (16, 17))
 
     cfg = identification.IdentificationConfig(learn=("actuator_time_constant",), max_epochs=1)
     tr = identification.ProgressiveTrainer(robot, cfg)
@@ -337,6 +348,7 @@ def test_actuator_state_runs_on_across_cuts_and_held_out_blocks(limit):
         np.testing.assert_allclose(_act_starts(tr, cut, values), ref, rtol=0, atol=1e-12)
         np.testing.assert_allclose(_act_starts(tr, train, values), ref[~held], rtol=0, atol=1e-12)
         np.testing.assert_allclose(_act_starts(tr, heldout, values), ref[held], rtol=0, atol=1e-12)
+        np.testing.assert_allclose(_act_starts(tr, dropped, values), ref[kept], rtol=0, atol=1e-12)
         assert np.abs(_act_starts(tr, alone, values) - ref[~held]).max() > 1e-3
     if limit is not None:
         from tensegrity_engine.physics.actuators import speed_limit_binds

@@ -453,7 +453,7 @@ def predict_newest(s: OnlineIdentification) -> Optional[tuple[np.ndarray, int]]:
     p = engine.param_values(torch.float64, device)
     S = last.commands.shape[1]
     timed = delayed_commands(torch.cat([last.prev_commands, last.commands], 1).to(device),
-                             p["actuator_delay"], s.robot.dt)[:, S:]
+                             p["actuator_delay"], s.robot.dt)[:, -S:]
     pred, _ = engine.rollout(last.x0.to(device), timed[:, 0], timed, s.robot.dt,
                              record_every=S, params=p)
     rs = pred[0, -1].cpu().double().numpy()

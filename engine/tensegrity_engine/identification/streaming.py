@@ -15,8 +15,10 @@ Inputs (stamps are integer nanoseconds, the measurement / application time):
 Output: `TupleBatch` from ``pop_tuples()`` -- N tuples with ``x0 [N, R, 13]`` (state at a
 pose stamp t0), ``commands [N, S, A]`` (the zero-order-held command at t0 + j dt,
 j = 0..S-1, dt the engine step, S = T / dt), ``x1 [N, R, 13]`` (state at t1 = t0 + T),
-``prev_commands [N, S, A]`` (the commands of the interval before t0, to warm up the
-actuator filter), velocity masks and stamps. Velocities are not measured by motion
+``prev_commands [N, 2 S, A]`` (the commands of the two intervals before t0: the actuator
+filter's history, which bridges a dropped pose), velocity masks, stamps, the segment (a
+chain of poses) and the record (one command timeline: a new one only where the clocks
+restart). Velocities are not measured by motion
 capture: they are finite differences of the poses (central at x0 when the pose before
 t0 is in the same segment: ``vel_known0``; backward at x1: ``vel_known1`` is False),
 angular velocities come from the IMU when one matches the pose stamp (within
@@ -55,6 +57,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+import os
 from typing import Optional
 
 import numpy as np
@@ -70,6 +73,10 @@ __all__ = ["StreamConfig", "TupleBatch", "StreamAligner", "StateEstimator", "REA
            "actuator_estimate"]
 
 NS = 1_000_000_000
+# Intervals of commands before each tuple (``prev_commands``): the second bridges a dropped
+# pose, whose interval no tuple covers (5 % of frames in the zoo's mocaps; each drop restarted
+# the motor settled).
+PREV_INTERVALS = 2
 REASONS = ("nonfinite", "rod_count", "unknown_rod", "wrong_length", "bad_quaternion",
            "out_of_range", "duplicate", "out_of_order", "clock_jump", "gap", "decimated",
            "no_command", "late_command", "overflow")
@@ -117,13 +124,20 @@ class TupleBatch:
     x0: torch.Tensor             # [N, R, 13]
     commands: torch.Tensor       # [N, S, A] zero-order hold at engine_dt from t0
     x1: torch.Tensor             # [N, R, 13] state at t0 + S * engine_dt
-    prev_commands: torch.Tensor  # [N, S, A] commands over [t0 - T, t0)
+    prev_commands: torch.Tensor  # [N, P S, A] commands over [t0 - P T, t0) (P = PREV_INTERVALS; 1 in old files)
     vel_known0: torch.Tensor     # [N] bool: x0 velocity from a central difference
     vel_known1: torch.Tensor     # [N] bool: x1 velocity from a central difference
     omega_measured0: torch.Tensor  # [N, R] bool: x0 angular velocity from the IMU
     t0: torch.Tensor             # [N] int64 ns
     segment: torch.Tensor        # [N] int64: tuples of one segment are consecutive in time
     engine_dt: float = 0.001
+    # [N] int64: tuples of one record share one command timeline (a segment split by a dropped
+    # pose does not end it; a restarted clock does); unique per aligner (None: the segment)
+    record: Optional[torch.Tensor] = None
+
+    def __post_init__(self):
+        if self.record is None:
+            self.record = self.segment.clone()
 
     def __len__(self) -> int:
         return int(self.x0.shape[0])
@@ -181,6 +195,9 @@ class StreamAligner:
         self.accepted: collections.Counter = collections.Counter()
         self.last_reason: Optional[str] = None
         self._segment_id = 0
+        # records of different aligners never share an id (a restored session's window holds
+        # tuples of an earlier run, whose stamps a restarted sim clock repeats)
+        self._record_id = int.from_bytes(os.urandom(6), "little") << 8
         self._poses: collections.deque = collections.deque(maxlen=3)   # current segment
         self._pending: collections.deque = collections.deque(maxlen=64)  # (p_prev, p0, p1)
         self._cmd_t: collections.deque = collections.deque()
@@ -218,6 +235,7 @@ class StreamAligner:
     def reset(self) -> None:
         """Forget all stream state (finished tuples stay in the output queue)."""
         self._new_segment()
+        self._record_id += 1
         self._cmd_t.clear()
         self._cmd_u.clear()
         self._imu.clear()
@@ -265,7 +283,7 @@ class StreamAligner:
         self._poses.append(pose)
         if len(self._poses) >= 2:
             p_prev = self._poses[-3] if len(self._poses) >= 3 else None
-            self._pending.append((p_prev, self._poses[-2], self._poses[-1], self._segment_id))
+            self._pending.append((p_prev, self._poses[-2], self._poses[-1], self._segment_id, self._record_id))
         self._advance_watermark(stamp - self.wait_ns)
         self._flush_pending()
         return True, "ok"
@@ -349,12 +367,12 @@ class StreamAligner:
     def _advance_watermark(self, t: int) -> None:
         self._final_before = max(self._final_before, t)
 
-    def _commands_over(self, t_start: int) -> Optional[np.ndarray]:
-        """[S, A] zero-order-held commands at t_start + j dt, or None if none is known."""
+    def _commands_over(self, t_start: int, intervals: int = 1) -> Optional[np.ndarray]:
+        """[intervals S, A] zero-order-held commands at t_start + j dt, or None if none is known."""
         if not self._cmd_t or self._cmd_t[0] > t_start:
             return None
         stamps = np.fromiter(self._cmd_t, dtype=np.int64, count=len(self._cmd_t))
-        grid = t_start + self.dt_ns * np.arange(self.S, dtype=np.int64)
+        grid = t_start + self.dt_ns * np.arange(intervals * self.S, dtype=np.int64)
         # a command stamped within half a step of a grid time applies from that step
         idx = np.searchsorted(stamps, grid + self.dt_ns // 2, side="right") - 1
         U = np.stack(list(self._cmd_u))
@@ -377,35 +395,43 @@ class StreamAligner:
     def _flush_pending(self, force: bool = False) -> None:
         keep = collections.deque(maxlen=self._pending.maxlen)
         made = []
-        for p_prev, p0, p1, seg in self._pending:
+        for p_prev, p0, p1, seg, rec in self._pending:
             if p1.stamp > self._final_before and not force:
-                keep.append((p_prev, p0, p1, seg))
+                keep.append((p_prev, p0, p1, seg, rec))
                 continue
             cmd = self._commands_over(p0.stamp)
             if cmd is None:
                 self._event("no_command")
                 continue
-            prev = self._commands_over(p0.stamp - self.T_ns)
-            if prev is None:
-                prev = np.broadcast_to(cmd[0], cmd.shape)
+            prev = self._prev_commands(p0.stamp, cmd)
             x0, known0 = self._state(p0, p_prev, p1)
             x1, known1 = self._state(p1, p0, None)
             made.append((x0, cmd, x1, prev, known0, known1, np.isfinite(p0.omega_imu).all(-1),
-                         p0.stamp, seg))
+                         p0.stamp, seg, rec))
         self._pending = keep
         if made:
             self._emit(made)
         self._trim_commands()
 
+    def _prev_commands(self, t0: int, cmd: np.ndarray) -> np.ndarray:
+        """[PREV_INTERVALS S, A] commands before t0; where the stream began later, the first
+        known one held before it (the actuator assumed settled there)."""
+        for k in range(PREV_INTERVALS, 0, -1):
+            known = self._commands_over(t0 - k * self.T_ns, k)
+            if known is not None:
+                head = np.broadcast_to(known[0], ((PREV_INTERVALS - k) * self.S, self.A))
+                return np.concatenate([head, known])
+        return np.broadcast_to(cmd[0], (PREV_INTERVALS * self.S, self.A)).copy()
+
     def _trim_commands(self) -> None:
-        # keep what pending tuples (and the next one, which needs the previous interval)
-        # still need: commands from the one in force at (oldest needed stamp - T) on
-        needed = [p0.stamp for _, p0, _, _ in self._pending]
+        # keep what pending tuples (and the next one, which needs the previous intervals)
+        # still need: commands from the one in force at (oldest needed stamp - P T) on
+        needed = [p0.stamp for _, p0, _, _, _ in self._pending]
         if self._poses:
             needed.append(self._poses[-1].stamp)
         if not needed:
             return
-        t_keep = min(needed) - self.T_ns
+        t_keep = min(needed) - PREV_INTERVALS * self.T_ns
         while len(self._cmd_t) >= 2 and self._cmd_t[1] <= t_keep:
             self._cmd_t.popleft()
             self._cmd_u.popleft()
@@ -446,6 +472,7 @@ class StreamAligner:
             t0=torch.as_tensor(np.array(cols[7], dtype=np.int64)),
             segment=torch.as_tensor(np.array(cols[8], dtype=np.int64)),
             engine_dt=self.cfg.engine_dt,
+            record=torch.as_tensor(np.array(cols[9], dtype=np.int64)),
         )
 
 
@@ -522,19 +549,20 @@ def to_tuple_set(batch: TupleBatch, robot, *, period: Optional[float] = None, fl
 
     Consecutive tuples of one segment (t0 exactly T apart) form chains (``prev``/``next``
     linked, for the recurrent multiple-shooting loss). The actuator state follows the
-    command record instead, which runs on where the chains break for tuples that are known
-    elsewhere: ``context`` (`TupleBatch` es of the same stream, e.g. the held-out tuples
-    between training blocks, or the training tuples before a held-out block) gives the
-    commands of intervals without a tuple here. A record runs over every interval of a
-    segment whose commands are known, across gaps of up to ``history`` s; it starts at most
-    ``history`` s of known commands before its first tuple, with the actuator settled at the
-    command in force one interval earlier (``prev_commands``), and is cut into trajectories
-    of ``max_chain`` intervals, each continuing the last (``traj_prev``). Restarting the
-    motor settled at every break instead biased a motor slower than the interval (the
-    SUPERball twin, tau 0.1 s, 60 s with a held-out second in five: damping +4.2 %,
-    tau -3.4 %; one unbroken record: +1.3 / -0.9 %). Tuples come out ordered by segment
-    (in order of appearance) and time, so appending to a stream appends to the set.
-    Pose-only data: ``has_velocity=False`` lets the trainer optimise latent velocities.
+    command record instead (`TupleBatch.record`), which runs on where the chains break:
+    each tuple knows the commands of its interval and of the intervals before it
+    (``prev_commands``: across a dropped pose), and ``context`` (`TupleBatch` es of the same
+    stream, e.g. the held-out tuples between training blocks, or the training tuples before
+    a held-out block) gives the commands of intervals without a tuple here. A record runs on
+    across gaps of up to ``history`` s whose commands are all known; it starts with the
+    earliest known commands at most ``history`` s before its first tuple, with the actuator
+    settled at the first of them, and is cut into trajectories of ``max_chain`` intervals,
+    each continuing the last (``traj_prev``). Restarting the motor settled at every break
+    instead biased a motor slower than the interval (the SUPERball twin, tau 0.1 s, 60 s
+    with a held-out second in five: damping +4.2 %, tau -3.4 %; one unbroken record: +1.3 /
+    -0.9 %). Tuples come out ordered by segment (in order of appearance) and time, so
+    appending to a stream appends to the set. Pose-only data: ``has_velocity=False`` lets
+    the trainer optimise latent velocities.
     """
     from tensegrity_engine.identification.dataset import MAX_CHAIN, TupleSet
 
@@ -545,7 +573,7 @@ def to_tuple_set(batch: TupleBatch, robot, *, period: Optional[float] = None, fl
     S = batch.commands.shape[1]
     T = S * batch.engine_dt if period is None else float(period)
     T_ns = int(round(T * NS))
-    reach = max(0, int(math.ceil(history / T - 1e-9)))
+    reach = max(1, int(math.ceil(history / T - 1e-9)))
     t0 = batch.t0.numpy()
     seg = batch.segment.numpy()
     _, first_seen, seg_rank = np.unique(seg, return_index=True, return_inverse=True)
@@ -553,36 +581,34 @@ def to_tuple_set(batch: TupleBatch, robot, *, period: Optional[float] = None, fl
     ordered = bool(np.all(order == np.arange(n)))        # a stream's window: no copies
     take = (lambda x: x) if ordered else (lambda x: x[order])      # noqa: E731
     x0, x1, cmd = take(batch.x0.numpy()), take(batch.x1.numpy()), take(batch.commands.numpy())
-    prev_cmd = batch.prev_commands.numpy()               # [order[i]]: only records' first rows are read
-    t0, seg = take(t0), take(seg)
+    t0, seg, rec = take(t0), take(seg), take(batch.record.numpy())
     linked = np.zeros(n, dtype=bool)
     if n > 1:
         linked[1:] = (seg[1:] == seg[:-1]) & (t0[1:] - t0[:-1] == T_ns)
     prev = np.where(linked, np.arange(n) - 1, -1)
     nxt = -np.ones(n, dtype=np.int64)
     nxt[:-1] = np.where(linked[1:], np.arange(1, n), -1)
-    record = _command_record(context, set(seg.tolist()), t0.min() - (reach + 1) * T_ns, t0.max()) if n else {}
-    for i in range(n):
-        record[(int(seg[i]), int(t0[i]))] = (cmd[i], prev_cmd[order[i]])
+    known = _known_intervals([batch] + _batches(context), set(rec.tolist()),
+                             int(t0.min()) - reach * T_ns if n else 0, int(t0.max()) if n else -1, T_ns)
 
-    runs = []            # [grid chunks (the first: the interval before the record), act0, [(tuple, chunk)]]
-    end = None           # (segment, stamp) where the current record ends
+    runs = []            # [grid chunks, act0, [(tuple, chunk)]]
+    end = None           # (record, stamp) where the current run's commands end
     for i in range(n):
-        s, t = int(seg[i]), int(t0[i])
-        gap = None if end is None or end[0] != s or t < end[1] else (t - end[1]) // T_ns
+        r, t = int(rec[i]), int(t0[i])
+        gap = None if end is None or end[0] != r or t < end[1] else (t - end[1]) // T_ns
         bridged = (gap is not None and (t - end[1]) % T_ns == 0 and gap <= reach
-                   and all((s, end[1] + g * T_ns) in record for g in range(gap)))
+                   and all((r, end[1] + g * T_ns) in known for g in range(gap)))
         if bridged:
-            runs[-1][0].extend(record[(s, end[1] + g * T_ns)][0] for g in range(gap))
+            runs[-1][0].extend(known[(r, end[1] + g * T_ns)] for g in range(gap))
         else:
             back = 0
-            while back < reach and (s, t - (back + 1) * T_ns) in record:
+            while back < reach and (r, t - (back + 1) * T_ns) in known:
                 back += 1
-            before = record[(s, t - back * T_ns)][1]
-            runs.append([[before] + [record[(s, t - g * T_ns)][0] for g in range(back, 0, -1)], before[0].copy(), []])
+            before = [known[(r, t - g * T_ns)] for g in range(back, 0, -1)] or [np.broadcast_to(cmd[i][0], cmd[i].shape)]
+            runs.append([before, before[0][0].copy(), []])
         runs[-1][2].append((i, len(runs[-1][0])))
         runs[-1][0].append(cmd[i])
-        end = (s, t + T_ns)
+        end = (r, t + T_ns)
 
     traj = np.zeros(n, dtype=np.int64)
     start = np.zeros(n, dtype=np.int64)
@@ -604,23 +630,33 @@ def to_tuple_set(batch: TupleBatch, robot, *, period: Optional[float] = None, fl
         floor=bool(floor), robot=robot, traj_prev=np.asarray(traj_prev, dtype=np.int64))
 
 
-def _command_record(context, segments: set, lo: int, hi: int) -> dict:
-    """{(segment, t0): (commands [S, A], prev_commands [S, A])} of the context's tuples in
-    ``segments`` with lo <= t0 <= hi."""
+def _batches(context) -> list:
     if isinstance(context, TupleBatch):
-        context = [context]
-    record = {}
-    for b in context:
-        if b is None or not len(b):
-            continue
-        t, g = b.t0.numpy(), b.segment.numpy()
-        rows = np.flatnonzero((t >= lo) & (t <= hi) & np.isin(g, list(segments)))
+        return [context]
+    return [b for b in context if b is not None and len(b)]
+
+
+def _known_intervals(batches, records: set, lo: int, hi: int, T_ns: int) -> dict:
+    """{(record, interval start): its commands [S, A]} known from the tuples of ``batches``
+    (each tuple's own interval, then those its ``prev_commands`` cover) in ``records``
+    within [lo, hi]."""
+    known, before = {}, {}
+    for b in batches:
+        t, g = b.t0.numpy(), b.record.numpy()
+        rows = np.flatnonzero((t >= lo - T_ns) & (t <= hi + 2 * T_ns) & np.isin(g, list(records)))
         if not len(rows):
             continue
         cmd, prev_cmd = b.commands.numpy(), b.prev_commands.numpy()
-        for r in rows:
-            record[(int(g[r]), int(t[r]))] = (cmd[r], prev_cmd[r])
-    return record
+        S = cmd.shape[1]
+        P = prev_cmd.shape[1] // S
+        for row in rows:
+            key_t, key_g = int(t[row]), int(g[row])
+            known[(key_g, key_t)] = cmd[row]
+            for k in range(P):
+                before.setdefault((key_g, key_t - (P - k) * T_ns), prev_cmd[row, k * S:(k + 1) * S])
+    for key, value in before.items():
+        known.setdefault(key, value)
+    return known
 
 
 def stamp_to_ns(sec: int, nanosec: int) -> int:
