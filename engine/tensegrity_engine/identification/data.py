@@ -2,12 +2,14 @@
 estimates (and the per-tuple latents of the Adam formulation) when the data has poses only."""
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import numpy as np
 import torch
 
 from tensegrity_engine.identification.dataset import Trajectory, TupleSet, to_tuples
+from tensegrity_engine.physics.params import SPEC_BY_NAME
 from tensegrity_engine.physics.state import POS, QUAT
 
 
@@ -48,26 +50,41 @@ def piece_depths(prev: np.ndarray) -> np.ndarray:
     return depth
 
 
-def _padded_grids(ts: TupleSet) -> np.ndarray:
-    """[traj, K + 2, S, A] every trajectory's command grid in chunks of an interval, padded to
-    the longest (K): between the last chunk of the trajectory it continues (else its own
-    first command held) and the first of the one continuing it (else its own last held),
-    so a command delay shifts commands across the pieces of one record."""
+def _padded_grids(ts: TupleSet) -> tuple[np.ndarray, int]:
+    """([traj, pad + K + pad, S, A], pad): every trajectory's command grid in chunks of an
+    interval, padded to the longest (K), between ``pad`` chunks of the record before it (the
+    trajectories it continues; else its own first command held) and ``pad`` after it (the
+    ones continuing it; else its own last held), enough for the longest command delay
+    (`physics.params`' bound on ``actuator_delay``) to shift commands across the cuts."""
     S, A = ts.steps, ts.commands.shape[-1]
+    reach = max(abs(SPEC_BY_NAME["actuator_delay"].lower), abs(SPEC_BY_NAME["actuator_delay"].upper))
+    pad = max(1, int(math.ceil(reach / ts.period - 1e-9)))
     chunks = [len(c) // S for c in ts.traj_commands]
     K = max(chunks)
     following = -np.ones(len(chunks), dtype=np.int64)
     linked = np.flatnonzero(ts.traj_prev >= 0)
     following[ts.traj_prev[linked]] = linked
-    grid = np.empty((len(chunks), K + 2, S, A))
+    grid = np.empty((len(chunks), pad + K + pad, S, A))
     for j, c in enumerate(ts.traj_commands):
-        k, p, q = chunks[j], ts.traj_prev[j], following[j]
-        grid[j, 1:k + 1] = c[:k * S].reshape(k, S, A)
-        grid[j, 0] = ts.traj_commands[p][(chunks[p] - 1) * S:chunks[p] * S] if p >= 0 else c[0]
-        grid[j, k + 1:] = ts.traj_commands[q][S - 1] if q >= 0 else c[k * S - 1]
-        if q >= 0:
-            grid[j, k + 1] = ts.traj_commands[q][:S]
-    return grid
+        k = chunks[j]
+        grid[j, pad:pad + k] = c[:k * S].reshape(k, S, A)
+        lead, p = [], ts.traj_prev[j]
+        while len(lead) < pad and p >= 0:
+            lead = list(ts.traj_commands[p][:chunks[p] * S].reshape(chunks[p], S, A)) + lead
+            p = ts.traj_prev[p]
+        lead = lead[-pad:]
+        grid[j, :pad - len(lead)] = (lead[0] if lead else c[:S])[0]
+        if lead:
+            grid[j, pad - len(lead):pad] = np.stack(lead)
+        trail, q = [], following[j]
+        while len(trail) < pad and q >= 0:
+            trail += list(ts.traj_commands[q][:chunks[q] * S].reshape(chunks[q], S, A))
+            q = following[q]
+        trail = trail[:pad]
+        if trail:
+            grid[j, pad + k:pad + k + len(trail)] = np.stack(trail)
+        grid[j, pad + k + len(trail):] = (trail[-1] if trail else c[:k * S])[-1]
+    return grid, pad
 
 
 class TrainingData:
@@ -81,8 +98,9 @@ class TrainingData:
         self.wrenches = None if ts.wrenches is None else f(ts.wrenches)
         self.next = torch.as_tensor(ts.next, device=device)
         S = ts.steps
-        self.cmd_grid_wide = f(_padded_grids(ts))
-        self.cmd_grid = self.cmd_grid_wide[:, 1:-1]
+        grid, self.pad = _padded_grids(ts)
+        self.cmd_grid_wide = f(grid)
+        self.cmd_grid = self.cmd_grid_wide[:, self.pad:-self.pad]
         self.traj_act0 = f(np.stack(ts.traj_act0))
         self.traj_prev = torch.as_tensor(ts.traj_prev, device=device)
         self.traj_chunks = torch.as_tensor([len(c) // S for c in ts.traj_commands], device=device)

@@ -31,7 +31,7 @@ from tensegrity_engine.identification.config import IdentificationConfig, resolv
 from tensegrity_engine.identification.heldout_scoring import StructuredScores
 from tensegrity_engine.identification.online_structure import (StructureTrials, healthy_values, robot_in_structure,
                                                                 structure_key, structure_robot)
-from tensegrity_engine.identification.streaming import TupleBatch, to_tuple_set
+from tensegrity_engine.identification.streaming import HISTORY_SECONDS, TupleBatch, to_tuple_set
 from tensegrity_engine.physics.actuators import delayed_commands
 from tensegrity_engine.physics.config import MODEL_INTEGRATORS, RobotConfig
 from tensegrity_engine.physics.params import PhysicalParameters, checked_parameters
@@ -134,6 +134,9 @@ class OnlineIdentification:
         self.heldout: collections.deque = collections.deque()  # TupleBatch chunks never trained on
         self.heldout_len = 0
         self.heldout_total = 0               # held-out tuples ever (the window above keeps max_holdout)
+        # held-out chunks the gate no longer scores: their commands still carry the actuator
+        # state across their gaps in the training window (not checkpointed)
+        self.retired: collections.deque = collections.deque()
         self.seen = 0                        # tuples received (picks the held-out ones)
         self.trainer = None
         self.good_state = None               # last healthy trainer.state_dict()
@@ -162,7 +165,7 @@ class OnlineIdentification:
     def window_tuples(self):
         """The training window as the trainer takes it: the held-out blocks' commands carry
         the actuator state across them (only their poses are held out)."""
-        return self._tuple_set(self.window_batch(), context=list(self.heldout))
+        return self._tuple_set(self.window_batch(), context=list(self.retired) + list(self.heldout))
 
     def heldout_tuples(self):
         """The held-out blocks, each starting with the actuator state the commands before it
@@ -178,7 +181,7 @@ class OnlineIdentification:
             if self.robot is not self.config_robot:
                 config = dataclasses.replace(config, fine_integrator=None)
         self.trainer = self.trainer_factory(self.robot, config, self.device, None, self.log)
-        self.trainer.set_data(self._tuple_set(batch, context=list(self.heldout)))
+        self.trainer.set_data(self._tuple_set(batch, context=list(self.retired) + list(self.heldout)))
 
     def _hold_out(self, new: TupleBatch) -> Optional[TupleBatch]:
         """Keep every ``holdout_every``-th block of ``holdout_block`` tuples aside; returns
@@ -195,7 +198,8 @@ class OnlineIdentification:
             self.heldout_len += int(held.sum())
             self.heldout_total += int(held.sum())
             while self.heldout_len > self.max_holdout and len(self.heldout) > 1:
-                self.heldout_len -= len(self.heldout.popleft())
+                self.retired.append(self.heldout.popleft())
+                self.heldout_len -= len(self.retired[-1])
         return new.slice(~held) if not bool(held.all()) else None
 
     def gate(self, values: dict, significance: float = GATE_SIGNIFICANCE, min_gain: float = 0.0,
@@ -291,6 +295,7 @@ class OnlineIdentification:
                 keep = only.slice(slice(len(only) - self.max_tuples, None))
                 self.window.appendleft(keep)
                 self.window_len = len(keep)
+            self._prune_retired()
             self.trainer.set_data(self.window_tuples())                    # keeps the parameters
         else:
             # the window converted anew: the new tuples continue the record they belong to
@@ -298,6 +303,14 @@ class OnlineIdentification:
         self._maybe_reopen(len(new))
         if self.converged:             # the solver waits: a refused option may have its evidence now
             self.trials.maybe_start(self)
+
+    def _prune_retired(self) -> None:
+        """Retired held-out chunks older than the window (by more than the history a record
+        walks back) carry nothing any more; at most a window's worth is kept."""
+        oldest = int(self.window[0].t0.min()) - int(HISTORY_SECONDS * 1e9)
+        while self.retired and (int(self.retired[0].t0.max()) < oldest
+                                or sum(len(b) for b in self.retired) > self.max_tuples):
+            self.retired.popleft()
 
     def _maybe_reopen(self, added: int) -> None:
         """Schedule "online": resume the finished solver once ``reopen_tuples`` new tuples

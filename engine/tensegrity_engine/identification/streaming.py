@@ -138,6 +138,10 @@ class TupleBatch:
     def __post_init__(self):
         if self.record is None:
             self.record = self.segment.clone()
+        S, width = self.commands.shape[1], self.prev_commands.shape[1]
+        if width < PREV_INTERVALS * S:        # an older checkpoint's: its first command held before it
+            head = self.prev_commands[:, :1].expand(-1, PREV_INTERVALS * S - width, -1)
+            self.prev_commands = torch.cat([head, self.prev_commands], 1)
 
     def __len__(self) -> int:
         return int(self.x0.shape[0])
@@ -575,13 +579,15 @@ def to_tuple_set(batch: TupleBatch, robot, *, period: Optional[float] = None, fl
     T_ns = int(round(T * NS))
     reach = max(1, int(math.ceil(history / T - 1e-9)))
     t0 = batch.t0.numpy()
-    seg = batch.segment.numpy()
-    _, first_seen, seg_rank = np.unique(seg, return_index=True, return_inverse=True)
-    order = np.lexsort((t0, np.argsort(np.argsort(first_seen))[seg_rank]))
+    # segments of different records (aligners) may share an id: group by both
+    _, first_seen, group = np.unique(np.stack([batch.record.numpy(), batch.segment.numpy()], 1), axis=0,
+                                     return_index=True, return_inverse=True)
+    group = np.argsort(np.argsort(first_seen))[group.reshape(-1)]
+    order = np.lexsort((t0, group))
     ordered = bool(np.all(order == np.arange(n)))        # a stream's window: no copies
     take = (lambda x: x) if ordered else (lambda x: x[order])      # noqa: E731
     x0, x1, cmd = take(batch.x0.numpy()), take(batch.x1.numpy()), take(batch.commands.numpy())
-    t0, seg, rec = take(t0), take(seg), take(batch.record.numpy())
+    t0, seg, rec = take(t0), take(group), take(batch.record.numpy())
     linked = np.zeros(n, dtype=bool)
     if n > 1:
         linked[1:] = (seg[1:] == seg[:-1]) & (t0[1:] - t0[:-1] == T_ns)
