@@ -451,3 +451,36 @@ def test_a_contact_dimensionality_is_tried_only_on_the_floor_under_the_soft_law(
     assert structure_robot(soft, ("condim_4",)).contact.soft_condim == 4
     trials.adopted = ["condim_4"]
     assert trials.next_option(0, structure_robot(soft, ("condim_4",)), floor=True) is None
+
+
+def test_the_window_is_one_record_across_held_out_blocks_also_those_the_gate_dropped(three_bar):
+    """The training window converted with the held-out blocks as context is one command
+    record (the motor's state carried across every held-out block), also across blocks
+    the gate no longer keeps (``max_holdout``); the held-out set starts from the window's
+    commands before each block; the trainer's data only ever grows by extension."""
+    fed = []
+
+    class _Keeper:
+        def __init__(self, robot, *a, **k):
+            self.parameters = PhysicalParameters(robot)
+
+        def set_data(self, ts):
+            fed.append(("set", ts))
+
+        def extend_data(self, ts):
+            fed.append(("extend", ts))
+
+    s = OnlineIdentification(three_bar, IdentificationConfig(), min_tuples=5, max_tuples=1000,
+                             holdout_every=3, max_holdout=20, trainer_factory=_Keeper)
+    for k in range(0, 120, 4):
+        s.add(_batch(three_bar, k, 4))
+    assert s.retired and s.heldout_len <= 20 + s.holdout_block
+    kinds = [kind for kind, _ in fed]
+    assert kinds[0] == "set" and set(kinds[1:]) == {"extend"}
+    window = fed[-1][1]
+    assert len(window) == s.window_len and (window.prev < 0).sum() > 3      # chains break at the blocks
+    assert (window.traj_prev < 0).sum() == 1                                # the record does not
+    heldout = s.heldout_tuples()
+    assert (heldout.prev < 0).sum() == s.heldout_len // s.holdout_block and (heldout.traj_prev < 0).sum() == 1
+    s.retired.clear()                                                        # without the old blocks
+    assert (s.window_tuples().traj_prev < 0).sum() > 1
