@@ -205,7 +205,7 @@ def test_held_out_tuples_never_train_and_gate_every_publication(three_bar):
     data = s.checkpoint()
     r, _ = _session(three_bar, [1.0], min_tuples=2, holdout_every=3)
     r.restore(data)
-    assert (r.heldout_len, r.seen) == (40, 120)
+    assert (r.heldout_len, r.holdout.seen) == (40, 120)
 
 
 def test_the_gate_never_publishes_a_model_worse_than_the_config_on_todays_data(three_bar):
@@ -474,7 +474,7 @@ def test_the_window_is_one_record_across_held_out_blocks_also_those_the_gate_dro
                              holdout_every=3, max_holdout=20, trainer_factory=_Keeper)
     for k in range(0, 120, 4):
         s.add(_batch(three_bar, k, 4))
-    assert s.retired and s.heldout_len <= 20 + s.holdout_block
+    assert s.holdout.retired and s.heldout_len <= 20 + s.holdout_block
     kinds = [kind for kind, _ in fed]
     assert kinds[0] == "set" and set(kinds[1:]) == {"extend"}
     window = fed[-1][1]
@@ -482,5 +482,5 @@ def test_the_window_is_one_record_across_held_out_blocks_also_those_the_gate_dro
     assert (window.traj_prev < 0).sum() == 1                                # the record does not
     heldout = s.heldout_tuples()
     assert (heldout.prev < 0).sum() == s.heldout_len // s.holdout_block and (heldout.traj_prev < 0).sum() == 1
-    s.retired.clear()                                                        # without the old blocks
+    s.holdout.retired.clear()                                                # without the old blocks
     assert (s.window_tuples().traj_prev < 0).sum() > 1

@@ -31,7 +31,8 @@ from tensegrity_engine.identification.config import IdentificationConfig, resolv
 from tensegrity_engine.identification.heldout_scoring import StructuredScores
 from tensegrity_engine.identification.online_structure import (StructureTrials, healthy_values, robot_in_structure,
                                                                 structure_key, structure_robot)
-from tensegrity_engine.identification.streaming import HISTORY_SECONDS, TupleBatch, to_tuple_set
+from tensegrity_engine.identification.holdout import HeldOutBlocks
+from tensegrity_engine.identification.streaming import TupleBatch, to_tuple_set
 from tensegrity_engine.physics.actuators import delayed_commands
 from tensegrity_engine.physics.config import MODEL_INTEGRATORS, RobotConfig
 from tensegrity_engine.physics.params import PhysicalParameters, checked_parameters
@@ -131,13 +132,7 @@ class OnlineIdentification:
         self.published_robot: Optional[RobotConfig] = None   # the structure of best_values
         self.window: collections.deque = collections.deque()   # TupleBatch chunks in the trainer
         self.window_len = 0
-        self.heldout: collections.deque = collections.deque()  # TupleBatch chunks never trained on
-        self.heldout_len = 0
-        self.heldout_total = 0               # held-out tuples ever (the window above keeps max_holdout)
-        # held-out chunks the gate no longer scores: their commands still carry the actuator
-        # state across their gaps in the training window (not checkpointed)
-        self.retired: collections.deque = collections.deque()
-        self.seen = 0                        # tuples received (picks the held-out ones)
+        self.holdout = HeldOutBlocks(self.holdout_every, self.holdout_block, self.max_holdout)
         self.trainer = None
         self.good_state = None               # last healthy trainer.state_dict()
         self.best_loss = math.inf
@@ -165,12 +160,12 @@ class OnlineIdentification:
     def window_tuples(self):
         """The training window as the trainer takes it: the held-out blocks' commands carry
         the actuator state across them (only their poses are held out)."""
-        return self._tuple_set(self.window_batch(), context=list(self.retired) + list(self.heldout))
+        return self._tuple_set(self.window_batch(), context=self.holdout.context())
 
     def heldout_tuples(self):
         """The held-out blocks, each starting with the actuator state the commands before it
         (in the window) leave."""
-        return self._tuple_set(TupleBatch.cat(list(self.heldout)), context=list(self.window))
+        return self._tuple_set(self.holdout.batch(), context=list(self.window))
 
     def _new_trainer(self, batch: TupleBatch) -> None:
         config = self.config
@@ -181,26 +176,7 @@ class OnlineIdentification:
             if self.robot is not self.config_robot:
                 config = dataclasses.replace(config, fine_integrator=None)
         self.trainer = self.trainer_factory(self.robot, config, self.device, None, self.log)
-        self.trainer.set_data(self._tuple_set(batch, context=list(self.retired) + list(self.heldout)))
-
-    def _hold_out(self, new: TupleBatch) -> Optional[TupleBatch]:
-        """Keep every ``holdout_every``-th block of ``holdout_block`` tuples aside; returns
-        the rest (None if none)."""
-        k = self.holdout_every
-        if k < 2:
-            return new
-        # in blocks: the training tuples between them stay chains long enough for the
-        # multiple-shooting windows of pose-only identification
-        held = (torch.arange(len(new)) + self.seen) // self.holdout_block % k == k - 1
-        self.seen += len(new)
-        if bool(held.any()):
-            self.heldout.append(new.slice(held))
-            self.heldout_len += int(held.sum())
-            self.heldout_total += int(held.sum())
-            while self.heldout_len > self.max_holdout and len(self.heldout) > 1:
-                self.retired.append(self.heldout.popleft())
-                self.heldout_len -= len(self.retired[-1])
-        return new.slice(~held) if not bool(held.all()) else None
+        self.trainer.set_data(self._tuple_set(batch, context=self.holdout.context()))
 
     def gate(self, values: dict, significance: float = GATE_SIGNIFICANCE, min_gain: float = 0.0,
              run=None) -> HeldOutVerdict:
@@ -240,6 +216,10 @@ class OnlineIdentification:
         return HeldOutVerdict(reason == "better", reason, cand, inc, self.heldout_len, cand_com, inc_com,
                               revert=revert and reason != "better")
 
+    heldout = property(lambda self: self.holdout.chunks)       # the gate's held-out chunks
+    heldout_len = property(lambda self: self.holdout.length)
+    heldout_total = property(lambda self: self.holdout.total)
+
     @property
     def can_judge(self) -> bool:
         """Enough held-out tuples for the gate (``MIN_GATE_BLOCKS`` blocks), or no gate."""
@@ -276,7 +256,7 @@ class OnlineIdentification:
     def add(self, new: TupleBatch) -> None:
         """Append new tuples (less the held-out ones); the oldest leave the window beyond
         ``max_tuples``."""
-        new = self._hold_out(new)
+        new = self.holdout.split(new)
         if new is None:
             return
         self.batches_added += 1
@@ -295,7 +275,7 @@ class OnlineIdentification:
                 keep = only.slice(slice(len(only) - self.max_tuples, None))
                 self.window.appendleft(keep)
                 self.window_len = len(keep)
-            self._prune_retired()
+            self.holdout.prune(int(self.window[0].t0.min()), self.max_tuples)
             self.trainer.set_data(self.window_tuples())                    # keeps the parameters
         else:
             # the window converted anew: the new tuples continue the record they belong to
@@ -303,14 +283,6 @@ class OnlineIdentification:
         self._maybe_reopen(len(new))
         if self.converged:             # the solver waits: a refused option may have its evidence now
             self.trials.maybe_start(self)
-
-    def _prune_retired(self) -> None:
-        """Retired held-out chunks older than the window (by more than the history a record
-        walks back) carry nothing any more; at most a window's worth is kept."""
-        oldest = int(self.window[0].t0.min()) - int(HISTORY_SECONDS * 1e9)
-        while self.retired and (int(self.retired[0].t0.max()) < oldest
-                                or sum(len(b) for b in self.retired) > self.max_tuples):
-            self.retired.popleft()
 
     def _maybe_reopen(self, added: int) -> None:
         """Schedule "online": resume the finished solver once ``reopen_tuples`` new tuples
@@ -478,9 +450,9 @@ def session_state(s: OnlineIdentification) -> Optional[dict]:
     if s.trainer is None:
         return None
     state = s.trainer.state_dict() if healthy_values(s.trainer.parameters.as_dict()) else None
-    heldout = TupleBatch.cat(list(s.heldout)).to_dict() if s.heldout else None
+    heldout = s.holdout.batch().to_dict() if s.heldout else None
     return {"robot": s.robot.name, "window": s.window_batch().to_dict(), "heldout": heldout,
-            "seen": s.seen, "trainer": state,
+            "seen": s.holdout.seen, "trainer": state,
             "best_loss": s.best_loss, "best_values": s.best_values, "epochs": s.epochs,
             "converged": s.converged, "status": s.status, "rollbacks": s.rollbacks,
             "structure": s.trials.state(), "heldout_total": s.heldout_total,
@@ -494,11 +466,8 @@ def restore_session(s: OnlineIdentification, data: dict) -> None:
     window = TupleBatch.from_dict(data["window"])
     s.window = collections.deque([window])
     s.window_len = len(window)
-    if data.get("heldout") is not None:
-        held = TupleBatch.from_dict(data["heldout"])
-        s.heldout, s.heldout_len = collections.deque([held]), len(held)
-    s.seen = int(data.get("seen", 0))
-    s.heldout_total = int(data.get("heldout_total", s.heldout_len))
+    held = TupleBatch.from_dict(data["heldout"]) if data.get("heldout") is not None else None
+    s.holdout.restore(held, int(data.get("seen", 0)), data.get("heldout_total"))
     s._uncertainty_memo = None
     s.trials.restore(data.get("structure"))
     s._new_trainer(window)

@@ -610,7 +610,8 @@ def to_tuple_set(batch: TupleBatch, robot, *, period: Optional[float] = None, fl
             back = 0
             while back < reach and (r, t - (back + 1) * T_ns) in known:
                 back += 1
-            before = [known[(r, t - g * T_ns)] for g in range(back, 0, -1)] or [np.broadcast_to(cmd[i][0], cmd[i].shape)]
+            before = ([known[(r, t - g * T_ns)] for g in range(back, 0, -1)]
+                      or [np.broadcast_to(cmd[i][0], cmd[i].shape)])      # no interval before it known
             runs.append([before, before[0][0].copy(), []])
         runs[-1][2].append((i, len(runs[-1][0])))
         runs[-1][0].append(cmd[i])

@@ -31,7 +31,6 @@ trained with Adam); it does not converge from random starts.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 import time
@@ -50,6 +49,7 @@ from tensegrity_engine.identification.multistart import multi_start
 from tensegrity_engine.identification.objective import RecurrentObjective
 from tensegrity_engine.identification.scale import scale_search, speed_limit_search
 from tensegrity_engine.identification.schedule import ProgressiveSchedule
+from tensegrity_engine.identification.trainer_state import load_trainer_state, trainer_state
 from tensegrity_engine.identification.solvers import (AdamSolver, TupleLevenbergMarquardt,
                                                       WindowLevenbergMarquardt)
 from tensegrity_engine.physics.config import MODEL_INTEGRATORS, RobotConfig
@@ -361,48 +361,11 @@ class ProgressiveTrainer:
 
     # ------------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict:
-        lm = self.window_lm if self.schedule.pose_stage == "window" else self.tuple_lm
-        return self.schedule.state_dict() | {
-            "config": dataclasses.asdict(self.config), "params": copy.deepcopy(self.params.state_dict()),
-            # the raw values mean something only with the bounds they were stored under
-            "param_bounds": {n: list(self.params.bounds_of(n)) for n in self.params.specs},
-            "learn": self.learn, "optimizer": self.adam.state_dict(), "epoch": self.epoch,
-            "elapsed": self.elapsed, "history": self.history, "rng": self.rng.bit_generator.state,
-            "latent": None if not self.latent else self.train.latent.detach().clone(),
-            "val_latent": None if self.val is None or self.val.latent is None else self.val.latent.detach().clone(),
-            "rollbacks": self.rollbacks, "coarse_params": self.coarse_params,
-            "loss_scale": self.loss_scale, "lm_lambda": lm.lm_lambda,
-            **{k: getattr(self.window_lm, k) for k in ("windows", "window_vel", "latent_jac", "jac_age")}}
+        return trainer_state(self)
 
     def load_state_dict(self, sd: dict) -> None:
         """Resume (call after `set_data` with the same data)."""
-        if self.engine is None:
-            raise RuntimeError("call set_data() before load_state_dict()")
-        for name, (lo, hi) in (sd.get("param_bounds") or {}).items():
-            if name in self.params.specs and self.params.bounds_of(name) != (lo, hi):
-                self.params.specs[name] = dataclasses.replace(self.params.specs[name], lower=float(lo), upper=float(hi))
-        with torch.no_grad():
-            self.params.load_state_dict(sd["params"])
-        self.learn = tuple(sd["learn"])
-        for name, raw in self.params.named_parameters():
-            raw.requires_grad_(name in self.learn)
-        for key in ("epoch", "elapsed", "history", "rollbacks", "coarse_params"):
-            setattr(self, key, sd[key])
-        self.schedule.load_state_dict(sd)
-        if sd.get("loss_scale") is not None:
-            self.objective.loss_scale = sd["loss_scale"]
-        lm = self.window_lm if self.schedule.pose_stage == "window" else self.tuple_lm
-        lm.lm_lambda = sd.get("lm_lambda", lm.lm_lambda)
-        self.window_lm.load(self, sd.get("windows"), sd.get("window_vel"), sd.get("latent_jac"), sd.get("jac_age"))
-        self.rng.bit_generator.state = sd["rng"]
-        with torch.no_grad():
-            if sd["latent"] is not None and self.latent and sd["latent"].shape == self.train.latent.shape:
-                self.train.latent.copy_(sd["latent"])
-            if sd["val_latent"] is not None and self.val is not None and self.val.latent is not None:
-                self.val.latent.copy_(sd["val_latent"])
-        self.adam.rebuild(self)
-        if sd["optimizer"] is not None:
-            self.adam.optimizer.load_state_dict(sd["optimizer"])
+        load_trainer_state(self, sd)
 
     def save_checkpoint(self, path) -> None:
         """`state_dict` as a pickle-free checkpoint file (see `checkpoint`)."""
