@@ -405,3 +405,24 @@ def test_old_checkpoints_and_other_aligners_stay_apart():
     both = to_tuple_set(TupleBatch.cat([restored, again]), robot)
     assert len(both) == 24 and (both.prev < 0).sum() == 2 and (both.traj_prev < 0).sum() == 2
     np.testing.assert_array_equal(both.x0[:12], restored.x0.numpy())
+
+
+def test_a_clock_a_little_off_the_interval_still_links_its_tuples():
+    """A mocap stamped by its own clock at 99.98 Hz decimated to 10 Hz: poses 100.02 ms apart,
+    which the aligner accepts as consecutive. They chain and run as one command record;
+    linking only exact multiples of T left every tuple alone (no multiple-shooting window)."""
+    robot = load_robot("three_bar")
+    al = StreamAligner(StreamConfig.for_robot(robot))
+    period = 100_020_000
+    for k in range(31):
+        t = k * period
+        assert al.add_command(t, robot.command_low + (robot.command_high - robot.command_low) * (0.3 + 0.01 * k))[0]
+        assert al.add_pose(t, poses_at(t / NS))[0]
+    al.flush()
+    b = al.pop_tuples()
+    assert len(b) == 30 and set(np.diff(b.t0.numpy()).tolist()) == {period}
+    ts = to_tuple_set(b, robot, max_chain=7)
+    assert (ts.prev < 0).sum() == 1 and (ts.traj_prev < 0).sum() == 1
+    held = torch.arange(30) % 10 >= 7
+    train = to_tuple_set(b.slice(~held), robot, context=b.slice(held))
+    assert (train.prev < 0).sum() == 3 and (train.traj_prev < 0).sum() == 1

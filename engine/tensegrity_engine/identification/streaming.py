@@ -588,34 +588,34 @@ def to_tuple_set(batch: TupleBatch, robot, *, period: Optional[float] = None, fl
     take = (lambda x: x) if ordered else (lambda x: x[order])      # noqa: E731
     x0, x1, cmd = take(batch.x0.numpy()), take(batch.x1.numpy()), take(batch.commands.numpy())
     t0, seg, rec = take(t0), take(group), take(batch.record.numpy())
+    known, index = _known_intervals([batch] + _batches(context), set(rec.tolist()),
+                                    int(t0.min()) - reach * T_ns if n else 0, int(t0.max()) if n else -1, T_ns)
+    k0 = np.array([index[(int(r), int(t))] for r, t in zip(rec, t0)], dtype=np.int64)
     linked = np.zeros(n, dtype=bool)
     if n > 1:
-        linked[1:] = (seg[1:] == seg[:-1]) & (t0[1:] - t0[:-1] == T_ns)
+        linked[1:] = (seg[1:] == seg[:-1]) & (k0[1:] - k0[:-1] == 1)
     prev = np.where(linked, np.arange(n) - 1, -1)
     nxt = -np.ones(n, dtype=np.int64)
     nxt[:-1] = np.where(linked[1:], np.arange(1, n), -1)
-    known = _known_intervals([batch] + _batches(context), set(rec.tolist()),
-                             int(t0.min()) - reach * T_ns if n else 0, int(t0.max()) if n else -1, T_ns)
 
     runs = []            # [grid chunks, act0, [(tuple, chunk)]]
-    end = None           # (record, stamp) where the current run's commands end
+    end = None           # (record, interval) where the current run's commands end
     for i in range(n):
-        r, t = int(rec[i]), int(t0[i])
-        gap = None if end is None or end[0] != r or t < end[1] else (t - end[1]) // T_ns
-        bridged = (gap is not None and (t - end[1]) % T_ns == 0 and gap <= reach
-                   and all((r, end[1] + g * T_ns) in known for g in range(gap)))
+        r, k = int(rec[i]), int(k0[i])
+        gap = None if end is None or end[0] != r or k < end[1] else k - end[1]
+        bridged = gap is not None and gap <= reach and all((r, end[1] + g) in known for g in range(gap))
         if bridged:
-            runs[-1][0].extend(known[(r, end[1] + g * T_ns)] for g in range(gap))
+            runs[-1][0].extend(known[(r, end[1] + g)] for g in range(gap))
         else:
             back = 0
-            while back < reach and (r, t - (back + 1) * T_ns) in known:
+            while back < reach and (r, k - back - 1) in known:
                 back += 1
-            before = ([known[(r, t - g * T_ns)] for g in range(back, 0, -1)]
+            before = ([known[(r, k - g)] for g in range(back, 0, -1)]
                       or [np.broadcast_to(cmd[i][0], cmd[i].shape)])      # no interval before it known
             runs.append([before, before[0][0].copy(), []])
         runs[-1][2].append((i, len(runs[-1][0])))
         runs[-1][0].append(cmd[i])
-        end = (r, t + T_ns)
+        end = (r, k + 1)
 
     traj = np.zeros(n, dtype=np.int64)
     start = np.zeros(n, dtype=np.int64)
@@ -643,27 +643,35 @@ def _batches(context) -> list:
     return [b for b in context if b is not None and len(b)]
 
 
-def _known_intervals(batches, records: set, lo: int, hi: int, T_ns: int) -> dict:
-    """{(record, interval start): its commands [S, A]} known from the tuples of ``batches``
-    (each tuple's own interval, then those its ``prev_commands`` cover) in ``records``
-    within [lo, hi]."""
-    known, before = {}, {}
+def _known_intervals(batches, records: set, lo: int, hi: int, T_ns: int) -> tuple[dict, dict]:
+    """({(record, interval): its commands [S, A]}, {(record, t0): interval}) known from the
+    tuples of ``batches`` in ``records`` with t0 in [lo, hi] (and a little after: their
+    ``prev_commands`` reach back): each tuple's own interval, then those its
+    ``prev_commands`` cover. Intervals are counted along each record's stamps, each step
+    their spacing in whole intervals: a clock a little off T (a mocap at 99.98 Hz stamped by
+    its own clock) still tiles the record, where exact multiples of T would link nothing."""
+    rows = []            # (record, t0, commands, prev_commands)
     for b in batches:
         t, g = b.t0.numpy(), b.record.numpy()
-        rows = np.flatnonzero((t >= lo - T_ns) & (t <= hi + 2 * T_ns) & np.isin(g, list(records)))
-        if not len(rows):
-            continue
+        pick = np.flatnonzero((t >= lo - T_ns) & (t <= hi + 2 * T_ns) & np.isin(g, list(records)))
         cmd, prev_cmd = b.commands.numpy(), b.prev_commands.numpy()
-        S = cmd.shape[1]
-        P = prev_cmd.shape[1] // S
-        for row in rows:
-            key_t, key_g = int(t[row]), int(g[row])
-            known[(key_g, key_t)] = cmd[row]
-            for k in range(P):
-                before.setdefault((key_g, key_t - (P - k) * T_ns), prev_cmd[row, k * S:(k + 1) * S])
+        rows += [(int(g[i]), int(t[i]), cmd[i], prev_cmd[i]) for i in pick]
+    index = {}
+    for r in {row[0] for row in rows}:
+        stamps = np.unique([row[1] for row in rows if row[0] == r])
+        steps = np.maximum(np.rint(np.diff(stamps) / T_ns).astype(np.int64), 1)
+        index.update(zip(((r, int(t)) for t in stamps), np.concatenate([[0], np.cumsum(steps)]).tolist()))
+    known, before = {}, {}
+    for r, t, cmd, prev_cmd in rows:
+        k = index[(r, t)]
+        known[(r, k)] = cmd
+        S = cmd.shape[0]
+        P = prev_cmd.shape[0] // S
+        for j in range(P):
+            before.setdefault((r, k - (P - j)), prev_cmd[j * S:(j + 1) * S])
     for key, value in before.items():
         known.setdefault(key, value)
-    return known
+    return known, index
 
 
 def stamp_to_ns(sec: int, nanosec: int) -> int:
