@@ -301,12 +301,12 @@ class RecurrentObjective:
         L = held.shape[1]
         ends = torch.cat([tuple_stretch, tuple_stretch.new_full((traj, 1), L)], 1)[rows[:, 0], data.traj_chunks]
         # pieces of one record: each starts where the one it continues ends. All pieces run
-        # side by side from the last pass's ends until no start moves (the filter forgets a
-        # start within a piece, so 2-3 passes, not one per piece in order); under torch.func
-        # (no test on values) one pass per piece of the longest record, exact as well
-        prev = torch.as_tensor(data.ts.traj_prev, device=grid.device)
-        linked = (prev >= 0)[:, None]
-        source = prev.clamp(min=0)
+        # side by side from the last pass's ends until no start moves: a few passes where the
+        # filter forgets its start within a piece, at most one per piece of the longest record
+        # (a winch that never catches up; exact either way); under torch.func (no test on
+        # values) always that many
+        linked = (data.traj_prev >= 0)[:, None]
+        source = data.traj_prev.clamp(min=0)
         tolerance = 1e-14 * float((self.cmd_high - self.cmd_low).abs().max())
         a0 = data.traj_act0
         for _ in range(int(data.piece_depth.max()) + 1):
