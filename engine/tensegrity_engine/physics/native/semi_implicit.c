@@ -624,7 +624,7 @@ static void accelerations_implicit(const tg_model *m, tg_work *w)
  * per step (pow is most of the cost otherwise). */
 static real soft_power(real x, real pw)
 {
-    return pw == (real)2 ? x * x : (real)pow(x, pw);
+    return pw == (real)2 ? x * x : pw == (real)1 ? x : (real)pow(x, pw);
 }
 
 /* MuJoCo's impedance of a violation (soft_contact.impedance) for every lane of `dist`
@@ -668,25 +668,55 @@ static void soft_impedance(const tg_model *m, const real dist[LANES], real imp[L
 #define SOFT_ALPHA ((real)1e-10)
 #endif
 
-/* The soft ground's arrays are [..][LANES] with every lane loop innermost and straight-line
- * (no loop inside a lane loop): GCC vectorises only innermost loops, and a 6-long loop
- * inside a lane loop left the whole solver scalar. Flags are reals (0 / 1) so that every
- * lane loop works on one element width. */
-
-/* init + sum_i A[i][l] B[i][l] over i < 6, fused (the solver needs no bitwise agreement
- * with torch, only the minimum, and its chains are latency-bound) */
-#define SOFT_DOT6(A, B, init) FMA((A)[5][l], (B)[5][l], FMA((A)[4][l], (B)[4][l], FMA((A)[3][l], (B)[3][l], \
-    FMA((A)[2][l], (B)[2][l], FMA((A)[1][l], (B)[1][l], FMA((A)[0][l], (B)[0][l], (init)))))))
+/* The solver works in the compiler's vector types (GCC / Clang vector extensions), one
+ * native vector of VL lanes at a time (VL <= LANES; lanes are independent, so a chunk is
+ * solved part by part, each part stopping on its own). Its flags and accumulators then stay
+ * in registers across the loops over rows, where [LANES] arrays went through memory at
+ * every row (a store-to-load chain per row; measured on an AMD Zen 4, MPPI at the paper's
+ * sizes as AVX2 code: 0.095 -> 0.076 s per plan on one thread). Vectors wider than the
+ * target's registers were no faster, and 2x slower in float64 on AVX2 (GCC moves them
+ * through memory). Flags are reals 0 / 1; masks are compare results (all bits set: true). */
+#if defined(__AVX512F__)
+#define VBYTES 64
+#elif defined(__AVX__)
+#define VBYTES 32
+#else
+#define VBYTES 16
+#endif
+#define VL (LANES * sizeof(real) < VBYTES ? LANES : VBYTES / sizeof(real))
+typedef real vreal __attribute__((vector_size(VL * sizeof(real))));
+#ifdef TG_FLOAT
+typedef int32_t vmask __attribute__((vector_size(VL * sizeof(real))));
+#else
+typedef int64_t vmask __attribute__((vector_size(VL * sizeof(real))));
+#endif
+_Static_assert(LANES % VL == 0, "a chunk is whole vectors");
+static inline vreal vload(const real *p) { vreal v; memcpy(&v, p, sizeof v); return v; }
+static inline void vstore(real *p, vreal v) { memcpy(p, &v, sizeof v); }
+static inline vreal vsel(vmask m, vreal a, vreal b) { return (vreal)(((vmask)a & m) | ((vmask)b & ~m)); }
+static inline vreal vflag(vmask m) { const vreal zero = {0}; return vsel(m, zero + 1, zero); }
+static inline vreal vabs(vreal a) { const vreal zero = {0}; return (vreal)((vmask)a & ~(vmask)(-zero)); }
+static inline int vany(vmask m) { int any = 0; for (int l = 0; l < (int)VL; ++l) any |= m[l] != 0; return any; }
+/* a * b + c, fused where the target has FMA: the solver's functions are compiled with
+ * contraction (below; the solver needs no bitwise agreement with torch, only the minimum,
+ * and its chains are latency-bound) */
+#define VFMA(a, b, c) ((a) * (b) + (c))
+/* init + sum_i A[i] B[i] over i < 6 */
+#define SOFT_DOT6(A, B, init) VFMA((A)[5], (B)[5], VFMA((A)[4], (B)[4], VFMA((A)[3], (B)[3], \
+    VFMA((A)[2], (B)[2], VFMA((A)[1], (B)[1], VFMA((A)[0], (B)[0], (init)))))))
 
 /* The inverse of a symmetric 3x3 (upper triangle a00 a01 a02 a11 a12 a22) by cofactors,
  * into i00 .. i22. */
 #define SOFT_SYM3_INVERSE(a00, a01, a02, a11, a12, a22, i00, i01, i02, i11, i12, i22) { \
-    const real c00 = FMA(a11, a22, -a12 * a12), c01 = FMA(a02, a12, -a01 * a22), c02 = FMA(a01, a12, -a02 * a11); \
-    const real c11 = FMA(a00, a22, -a02 * a02), c12 = FMA(a01, a02, -a00 * a12), c22 = FMA(a00, a11, -a01 * a01); \
-    const real inv_det = (real)1 / FMA(a02, c02, FMA(a01, c01, a00 * c00)); \
+    const vreal c00 = VFMA(a11, a22, -a12 * a12), c01 = VFMA(a02, a12, -a01 * a22), c02 = VFMA(a01, a12, -a02 * a11); \
+    const vreal c11 = VFMA(a00, a22, -a02 * a02), c12 = VFMA(a01, a02, -a00 * a12), c22 = VFMA(a00, a11, -a01 * a01); \
+    const vreal inv_det = 1 / VFMA(a02, c02, VFMA(a01, c01, a00 * c00)); \
     i00 = c00 * inv_det; i01 = c01 * inv_det; i02 = c02 * inv_det; \
     i11 = c11 * inv_det; i12 = c12 * inv_det; i22 = c22 * inv_det; }
-#define SOFT_DOT3(a0, a1, a2, b0, b1, b2) FMA(a2, b2, FMA(a1, b1, (a0) * (b0)))
+#define SOFT_DOT3(a0, a1, a2, b0, b1, b2) VFMA(a2, b2, VFMA(a1, b1, (a0) * (b0)))
+
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=fast")
 
 /* x = -H^-1 g per lane, H symmetric positive definite (a rod's mass matrix plus active
  * rows; its lower triangle is read), by 3x3 blocks [A B; B' C]: A^-1 and the Schur
@@ -695,42 +725,40 @@ static void soft_impedance(const tg_model *m, const real dist[LANES], real imp[L
  * such matrices in float32: 222 against 575 cycles per 8 lanes (the Cholesky's 6 square
  * roots and divisions are one serial chain; here two independent divisions), with a
  * residual |Hx + g| / (|H||x|) of 4e-7 against 2e-7. */
-static void soft_newton_step(real H[6][6][LANES], real g[6][LANES], real x[6][LANES])
+static inline void soft_newton_step(vreal H[6][6], const vreal g[6], vreal x[6])
 {
-    LANE_LOOP {
-        real i00, i01, i02, i11, i12, i22;
-        SOFT_SYM3_INVERSE(H[0][0][l], H[1][0][l], H[2][0][l], H[1][1][l], H[2][1][l], H[2][2][l],
-                          i00, i01, i02, i11, i12, i22)
-        const real b00 = H[3][0][l], b01 = H[4][0][l], b02 = H[5][0][l];    /* B[i][j] = H[3 + j][i] */
-        const real b10 = H[3][1][l], b11 = H[4][1][l], b12 = H[5][1][l];
-        const real b20 = H[3][2][l], b21 = H[4][2][l], b22 = H[5][2][l];
-        const real y00 = SOFT_DOT3(i00, i01, i02, b00, b10, b20), y01 = SOFT_DOT3(i00, i01, i02, b01, b11, b21);
-        const real y02 = SOFT_DOT3(i00, i01, i02, b02, b12, b22), y10 = SOFT_DOT3(i01, i11, i12, b00, b10, b20);
-        const real y11 = SOFT_DOT3(i01, i11, i12, b01, b11, b21), y12 = SOFT_DOT3(i01, i11, i12, b02, b12, b22);
-        const real y20 = SOFT_DOT3(i02, i12, i22, b00, b10, b20), y21 = SOFT_DOT3(i02, i12, i22, b01, b11, b21);
-        const real y22 = SOFT_DOT3(i02, i12, i22, b02, b12, b22);                /* Y = A^-1 B */
-        const real s00 = H[3][3][l] - SOFT_DOT3(b00, b10, b20, y00, y10, y20);   /* S = C - B'Y */
-        const real s01 = H[4][3][l] - SOFT_DOT3(b00, b10, b20, y01, y11, y21);
-        const real s02 = H[5][3][l] - SOFT_DOT3(b00, b10, b20, y02, y12, y22);
-        const real s11 = H[4][4][l] - SOFT_DOT3(b01, b11, b21, y01, y11, y21);
-        const real s12 = H[5][4][l] - SOFT_DOT3(b01, b11, b21, y02, y12, y22);
-        const real s22 = H[5][5][l] - SOFT_DOT3(b02, b12, b22, y02, y12, y22);
-        real t00, t01, t02, t11, t12, t22;
-        SOFT_SYM3_INVERSE(s00, s01, s02, s11, s12, s22, t00, t01, t02, t11, t12, t22)
-        const real g0 = -g[0][l], g1 = -g[1][l], g2 = -g[2][l];
-        const real u0 = SOFT_DOT3(i00, i01, i02, g0, g1, g2), u1 = SOFT_DOT3(i01, i11, i12, g0, g1, g2);
-        const real u2 = SOFT_DOT3(i02, i12, i22, g0, g1, g2);                     /* u = A^-1 (-g1) */
-        const real r0 = -g[3][l] - SOFT_DOT3(b00, b10, b20, u0, u1, u2);          /* -g2 - B'u */
-        const real r1 = -g[4][l] - SOFT_DOT3(b01, b11, b21, u0, u1, u2);
-        const real r2 = -g[5][l] - SOFT_DOT3(b02, b12, b22, u0, u1, u2);
-        const real x3 = SOFT_DOT3(t00, t01, t02, r0, r1, r2), x4 = SOFT_DOT3(t01, t11, t12, r0, r1, r2);
-        const real x5 = SOFT_DOT3(t02, t12, t22, r0, r1, r2);
-        x[0][l] = u0 - SOFT_DOT3(y00, y01, y02, x3, x4, x5);
-        x[1][l] = u1 - SOFT_DOT3(y10, y11, y12, x3, x4, x5);
-        x[2][l] = u2 - SOFT_DOT3(y20, y21, y22, x3, x4, x5);
-        x[3][l] = x3; x[4][l] = x4; x[5][l] = x5;
-    }
+    vreal i00, i01, i02, i11, i12, i22;
+    SOFT_SYM3_INVERSE(H[0][0], H[1][0], H[2][0], H[1][1], H[2][1], H[2][2], i00, i01, i02, i11, i12, i22)
+    const vreal b00 = H[3][0], b01 = H[4][0], b02 = H[5][0];    /* B[i][j] = H[3 + j][i] */
+    const vreal b10 = H[3][1], b11 = H[4][1], b12 = H[5][1];
+    const vreal b20 = H[3][2], b21 = H[4][2], b22 = H[5][2];
+    const vreal y00 = SOFT_DOT3(i00, i01, i02, b00, b10, b20), y01 = SOFT_DOT3(i00, i01, i02, b01, b11, b21);
+    const vreal y02 = SOFT_DOT3(i00, i01, i02, b02, b12, b22), y10 = SOFT_DOT3(i01, i11, i12, b00, b10, b20);
+    const vreal y11 = SOFT_DOT3(i01, i11, i12, b01, b11, b21), y12 = SOFT_DOT3(i01, i11, i12, b02, b12, b22);
+    const vreal y20 = SOFT_DOT3(i02, i12, i22, b00, b10, b20), y21 = SOFT_DOT3(i02, i12, i22, b01, b11, b21);
+    const vreal y22 = SOFT_DOT3(i02, i12, i22, b02, b12, b22);                /* Y = A^-1 B */
+    const vreal s00 = H[3][3] - SOFT_DOT3(b00, b10, b20, y00, y10, y20);      /* S = C - B'Y */
+    const vreal s01 = H[4][3] - SOFT_DOT3(b00, b10, b20, y01, y11, y21);
+    const vreal s02 = H[5][3] - SOFT_DOT3(b00, b10, b20, y02, y12, y22);
+    const vreal s11 = H[4][4] - SOFT_DOT3(b01, b11, b21, y01, y11, y21);
+    const vreal s12 = H[5][4] - SOFT_DOT3(b01, b11, b21, y02, y12, y22);
+    const vreal s22 = H[5][5] - SOFT_DOT3(b02, b12, b22, y02, y12, y22);
+    vreal t00, t01, t02, t11, t12, t22;
+    SOFT_SYM3_INVERSE(s00, s01, s02, s11, s12, s22, t00, t01, t02, t11, t12, t22)
+    const vreal g0 = -g[0], g1 = -g[1], g2 = -g[2];
+    const vreal u0 = SOFT_DOT3(i00, i01, i02, g0, g1, g2), u1 = SOFT_DOT3(i01, i11, i12, g0, g1, g2);
+    const vreal u2 = SOFT_DOT3(i02, i12, i22, g0, g1, g2);                     /* u = A^-1 (-g1) */
+    const vreal r0 = -g[3] - SOFT_DOT3(b00, b10, b20, u0, u1, u2);             /* -g2 - B'u */
+    const vreal r1 = -g[4] - SOFT_DOT3(b01, b11, b21, u0, u1, u2);
+    const vreal r2 = -g[5] - SOFT_DOT3(b02, b12, b22, u0, u1, u2);
+    const vreal x3 = SOFT_DOT3(t00, t01, t02, r0, r1, r2), x4 = SOFT_DOT3(t01, t11, t12, r0, r1, r2);
+    const vreal x5 = SOFT_DOT3(t02, t12, t22, r0, r1, r2);
+    x[0] = u0 - SOFT_DOT3(y00, y01, y02, x3, x4, x5);
+    x[1] = u1 - SOFT_DOT3(y10, y11, y12, x3, x4, x5);
+    x[2] = u2 - SOFT_DOT3(y20, y21, y22, x3, x4, x5);
+    x[3] = x3; x[4] = x4; x[5] = x5;
 }
+#pragma GCC pop_options
 
 /* One rod's soft ground problem, all lanes: the pyramid rows of both end spheres (D = 0 on
  * a sphere out of the floor), its rotational mass matrix, a0 and the starting point. */
@@ -829,161 +857,140 @@ static void soft_rows(const tg_model *m, const tg_work *w, int r, soft_rod *rest
     }
 }
 
-/* The minimiser of 1/2 (a - a0)'M(a - a0) + sum 1/2 D min(0, J a - aref)^2 per lane:
- * Newton with an exact line search (as the engine), from s->a. A lane stops once its whole
- * Newton step keeps the active rows it was computed with and the line search would keep it
- * whole (then it is the minimum; the search itself is skipped), or once a step it took whole
- * keeps its rows at the next point, or once its step is rounding; the rod once all its lanes
- * have. Lanes never read each other's values. */
-static void soft_minimise(soft_rod *restrict s, real mass)
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=fast")
+
+/* The minimiser of 1/2 (a - a0)'M(a - a0) + sum 1/2 D min(0, J a - aref)^2 per lane, for
+ * the VL lanes from lane o: Newton with an exact line search (as the engine), from s->a. A
+ * lane stops once its whole Newton step keeps the active rows it was computed with and the
+ * line search would keep it whole (then it is the minimum; the search itself is skipped),
+ * or once a step it took whole keeps its rows at the next point, or once its step is
+ * rounding; the part once all its lanes have. Lanes never read each other's values. */
+static void soft_minimise(soft_rod *restrict s, real mass, int o)
 {
     const int rows = s->rows;
-    real was[SOFT_ROWS][LANES], full[LANES];   /* full: the last step was whole (alpha 1) */
-    for (int q = 0; q < rows; ++q) LANE_LOOP was[q][l] = -1;
-    LANE_LOOP full[l] = 0;
+    const vreal zero = {0}, one = zero + 1;
+    vreal was[SOFT_ROWS];                /* the active rows the Newton step is built with */
+    vreal jar[SOFT_ROWS], Js[SOFT_ROWS], J[SOFT_ROWS][6], D[SOFT_ROWS];
+    vreal a[6], a0[6], Mr[3][3];
+    vreal full = zero;                   /* 1: the last step was whole (alpha 1) */
+    vreal done = vload(s->done + o);
+    const vreal from_last = vload(s->from_last + o);
+    for (int i = 0; i < 6; ++i) { a[i] = vload(s->a[i] + o); a0[i] = vload(s->a0[i] + o); }
+    for (int i = 0; i < 3; ++i)
+        for (int k = 0; k < 3; ++k) Mr[i][k] = vload(s->Mr[i][k] + o);
+    for (int q = 0; q < rows; ++q) {
+        was[q] = zero - 1;
+        if (!s->live[q]) continue;
+        D[q] = vload(s->D[q] + o);
+        for (int i = 0; i < 6; ++i) J[q][i] = vload(s->J[q][i] + o);
+    }
     for (int it_n = 0; it_n < SOFT_NEWTON; ++it_n) {
-        int all = 1;
-        for (int l = 0; l < LANES; ++l) all &= s->done[l] != 0;
-        if (all) break;
-        real H[6][6][LANES], g[6][LANES], Mda[6][LANES], jar[SOFT_ROWS][LANES], step[6][LANES];
-        real same[LANES];
-        LANE_LOOP same[l] = 1;
+        if (!vany(done == 0)) break;
+        vreal same = one;
+        const vmask none = {0}, use_last = it_n == 0 ? (vmask)(from_last != 0) : none;
         for (int q = 0; q < rows; ++q) {
             if (!s->live[q]) continue;
-            const real (*Jq)[LANES] = s->J[q];
-            LANE_LOOP {
-                const real z = SOFT_DOT6(Jq, s->a, -s->aref[q][l]);
-                jar[q][l] = z;
-                const real now = z < 0 && s->D[q][l] > 0 ? (real)1 : (real)0;
-                const real on = it_n == 0 && s->from_last[l] != 0 ? (s->D[q][l] > 0 ? s->set[q][l] : (real)0) : now;
-                same[l] = on == was[q][l] ? same[l] : (real)0;
-                was[q][l] = on;
-            }
+            const vreal z = SOFT_DOT6(J[q], a, -vload(s->aref[q] + o));
+            jar[q] = z;
+            const vreal now = vflag((z < 0) & (D[q] > 0));
+            const vreal on = vsel(use_last, vsel(D[q] > 0, vload(s->set[q] + o), zero), now);
+            same = vsel(on == was[q], same, zero);
+            was[q] = on;
         }
         /* the exact minimum: the last step was the whole Newton step of the rows active
          * here (the minimum of that quadratic piece, and the piece holds) */
-        all = 1;
-        LANE_LOOP s->done[l] = same[l] != 0 && full[l] != 0 ? (real)1 : s->done[l];
-        for (int l = 0; l < LANES; ++l) all &= s->done[l] != 0;
-        if (all) break;
-        LANE_LOOP {
-            const real d0 = s->a[0][l] - s->a0[0][l], d1 = s->a[1][l] - s->a0[1][l], d2 = s->a[2][l] - s->a0[2][l];
-            const real d3 = s->a[3][l] - s->a0[3][l], d4 = s->a[4][l] - s->a0[4][l], d5 = s->a[5][l] - s->a0[5][l];
-            Mda[0][l] = mass * d0; Mda[1][l] = mass * d1; Mda[2][l] = mass * d2;
-            Mda[3][l] = s->Mr[0][0][l] * d3 + s->Mr[0][1][l] * d4 + s->Mr[0][2][l] * d5;
-            Mda[4][l] = s->Mr[1][0][l] * d3 + s->Mr[1][1][l] * d4 + s->Mr[1][2][l] * d5;
-            Mda[5][l] = s->Mr[2][0][l] * d3 + s->Mr[2][1][l] * d4 + s->Mr[2][2][l] * d5;
-        }
-        for (int i = 0; i < 6; ++i) {                    /* the lower triangle: the solve reads it */
-            LANE_LOOP g[i][l] = Mda[i][l];
-            for (int k = 0; k <= i; ++k) {
-                if (i < 3) LANE_LOOP H[i][k][l] = i == k ? mass : (real)0;
-                else if (k < 3) LANE_LOOP H[i][k][l] = 0;
-                else LANE_LOOP H[i][k][l] = s->Mr[i - 3][k - 3][l];
+        done = vsel((same != 0) & (full != 0), one, done);
+        if (!vany(done == 0)) break;
+        vreal Mda[6], H[6][6], g[6], step[6];
+        {
+            const vreal d3 = a[3] - a0[3], d4 = a[4] - a0[4], d5 = a[5] - a0[5];
+            for (int i = 0; i < 3; ++i) {
+                Mda[i] = mass * (a[i] - a0[i]);
+                Mda[3 + i] = Mr[i][0] * d3 + Mr[i][1] * d4 + Mr[i][2] * d5;
             }
         }
+        for (int i = 0; i < 6; ++i) {                    /* the lower triangle: the solve reads it */
+            g[i] = Mda[i];
+            for (int k = 0; k <= i; ++k)
+                H[i][k] = i < 3 ? (i == k ? zero + mass : zero) : (k < 3 ? zero : Mr[i - 3][k - 3]);
+        }
         for (int q = 0; q < rows; ++q) {
-            if (!s->live[q]) continue;
-            real c[LANES], cj[LANES];
-            int any_on = 0;
-            for (int l = 0; l < LANES; ++l) any_on |= was[q][l] != 0;
-            if (!any_on) continue;
-            LANE_LOOP c[l] = was[q][l] != 0 ? s->D[q][l] : (real)0;
+            if (!s->live[q] || !vany(was[q] != 0)) continue;
+            const vreal c = vsel(was[q] != 0, D[q], zero);
             for (int i = 0; i < 6; ++i) {
-                LANE_LOOP {
-                    cj[l] = c[l] * s->J[q][i][l];
-                    g[i][l] = FMA(cj[l], jar[q][l], g[i][l]);
-                }
-                for (int k = 0; k <= i; ++k) LANE_LOOP H[i][k][l] = FMA(cj[l], s->J[q][k][l], H[i][k][l]);
+                const vreal cj = c * J[q][i];
+                g[i] = VFMA(cj, jar[q], g[i]);
+                for (int k = 0; k <= i; ++k) H[i][k] = VFMA(cj, J[q][k], H[i][k]);
             }
         }
         soft_newton_step(H, g, step);
-        real curv[LANES], slope[LANES], alpha[LANES], Js[SOFT_ROWS][LANES];
-        LANE_LOOP {
-            const real s3 = step[3][l], s4 = step[4][l], s5 = step[5][l];
-            real c = 0;
-            c += step[0][l] * mass * step[0][l];
-            c += s3 * (s->Mr[0][0][l] * s3 + s->Mr[0][1][l] * s4 + s->Mr[0][2][l] * s5);
-            c += step[1][l] * mass * step[1][l];
-            c += s4 * (s->Mr[1][0][l] * s3 + s->Mr[1][1][l] * s4 + s->Mr[1][2][l] * s5);
-            c += step[2][l] * mass * step[2][l];
-            c += s5 * (s->Mr[2][0][l] * s3 + s->Mr[2][1][l] * s4 + s->Mr[2][2][l] * s5);
-            curv[l] = c;
-            slope[l] = SOFT_DOT6(step, Mda, (real)0);
-            alpha[l] = 1;
-        }
-        for (int q = 0; q < rows; ++q) {
-            if (!s->live[q]) continue;
-            const real (*Jq)[LANES] = s->J[q];
-            LANE_LOOP Js[q][l] = SOFT_DOT6(Jq, step, (real)0);
-        }
+        const vreal s3 = step[3], s4 = step[4], s5 = step[5];
+        vreal curv = zero;
+        for (int i = 0; i < 3; ++i)
+            curv += step[i] * mass * step[i] + step[3 + i] * (Mr[i][0] * s3 + Mr[i][1] * s4 + Mr[i][2] * s5);
+        const vreal slope = SOFT_DOT6(step, Mda, zero);
+        vreal alpha = one;
         /* a lane whose rows at the whole step are the rows it stepped with is at the exact
          * minimum (of that quadratic piece, and the piece holds): done, no line search */
-        real keeps[LANES], settled[LANES], first[LANES], second[LANES];
-        LANE_LOOP { keeps[l] = 1; first[l] = curv[l] + slope[l]; second[l] = curv[l]; }
+        vreal keeps = one, first = curv + slope, second = curv;
         for (int q = 0; q < rows; ++q) {
             if (!s->live[q]) continue;
-            LANE_LOOP {
-                const real z = jar[q][l] + Js[q][l];
-                const real on = z < 0 && s->D[q][l] > 0 ? (real)1 : (real)0;
-                keeps[l] = on == was[q][l] ? keeps[l] : (real)0;
-                const real cjs = (z < 0 ? s->D[q][l] : (real)0) * Js[q][l];
-                first[l] = FMA(cjs, z, first[l]);
-                second[l] = FMA(cjs, Js[q][l], second[l]);
-            }
+            const vreal js = SOFT_DOT6(J[q], step, zero);
+            Js[q] = js;
+            const vreal z = jar[q] + js;
+            keeps = vsel(vflag((z < 0) & (D[q] > 0)) == was[q], keeps, zero);
+            const vreal cjs = vsel(z < 0, D[q], zero) * js;
+            first = VFMA(cjs, z, first);
+            second = VFMA(cjs, js, second);
         }
         /* ... and the line search would keep alpha 1 (the derivative along the step vanishes
          * there to its tolerance): in float32 a stiff contact's solve is off by up to 1e-2
          * relative, and then the next Newton step, not this one, ends at the minimum */
-        LANE_LOOP keeps[l] = keeps[l] != 0 && FABS(first[l]) <= SOFT_ALPHA * second[l] ? (real)1 : (real)0;
-        int search = 0;
-        for (int l = 0; l < LANES; ++l) search |= s->done[l] == 0 && keeps[l] == 0;
-        LANE_LOOP settled[l] = keeps[l];
+        keeps = vflag((keeps != 0) & (vabs(first) <= SOFT_ALPHA * second));
+        vreal settled = keeps;
+        const int search = vany((done == 0) & (keeps == 0));
         for (int ls = 0; search && ls < SOFT_LINE_SEARCH; ++ls) {
-            /* at alpha 1 (the first round) the check above has the derivatives */
-            if (ls) LANE_LOOP { first[l] = alpha[l] * curv[l] + slope[l]; second[l] = curv[l]; }
-            for (int q = 0; ls && q < rows; ++q) {
-                if (!s->live[q]) continue;
-                LANE_LOOP {
-                    const real z = FMA(alpha[l], Js[q][l], jar[q][l]);
-                    const real cjs = (z < 0 ? s->D[q][l] : (real)0) * Js[q][l];
-                    first[l] = FMA(cjs, z, first[l]);
-                    second[l] = FMA(cjs, Js[q][l], second[l]);
+            if (ls) {                    /* at alpha 1 (the first round) the check above has them */
+                first = alpha * curv + slope;
+                second = curv;
+                for (int q = 0; q < rows; ++q) {
+                    if (!s->live[q]) continue;
+                    const vreal z = VFMA(alpha, Js[q], jar[q]);
+                    const vreal cjs = vsel(z < 0, D[q], zero) * Js[q];
+                    first = VFMA(cjs, z, first);
+                    second = VFMA(cjs, Js[q], second);
                 }
             }
-            LANE_LOOP {                                     /* a zero step keeps alpha */
-                real al = second[l] > 0 ? alpha[l] - first[l] / second[l] : alpha[l];
-                al = al < 0 ? (real)0 : al;
-                const real change = al - alpha[l];
-                /* within one linear piece the next update is rounding: the lane keeps its
-                 * alpha from then on (its own history alone: lanes stay independent) */
-                settled[l] = FABS(change) <= SOFT_ALPHA * (al > 1 ? al : (real)1) ? (real)1 : settled[l];
-                alpha[l] = settled[l] != 0 ? alpha[l] : al;
-            }
-            int moved = 0;
-            for (int l = 0; l < LANES; ++l) moved |= settled[l] == 0;
-            if (!moved) break;
+            /* a zero step keeps alpha */
+            vreal al = vsel(second > 0, alpha - first / vsel(second > 0, second, one), alpha);
+            al = vsel(al < 0, zero, al);
+            /* within one linear piece the next update is rounding: the lane keeps its
+             * alpha from then on (its own history alone: lanes stay independent) */
+            settled = vsel(vabs(al - alpha) <= SOFT_ALPHA * vsel(al > 1, al, one), one, settled);
+            alpha = vsel(settled != 0, alpha, al);
+            if (!vany(settled == 0)) break;
         }
-        LANE_LOOP {
-            const real al = s->done[l] != 0 ? (real)0 : alpha[l];
-            real big = 1, small = 0;
-            /* the whole step (1 up to rounding; a kink crossed stops it well short) is
-             * checked against the next point's rows; a step that is rounding ends it now:
-             * the gradient at a (its own active rows) vanishes, whatever a row at z = 0
-             * flickering in float32 does to the rows */
-#define SOFT_UPDATE(i) { \
-                s->a[i][l] += al * step[i][l]; \
-                const real ai = FABS(s->a[i][l]), si = FABS(step[i][l]); \
-                big = ai > big ? ai : big; \
-                small = si > small ? si : small; }
-            SOFT_UPDATE(0) SOFT_UPDATE(1) SOFT_UPDATE(2) SOFT_UPDATE(3) SOFT_UPDATE(4) SOFT_UPDATE(5)
-#undef SOFT_UPDATE
-            full[l] = FABS(alpha[l] - 1) <= SOFT_ALPHA ? (real)1 : (real)0;
-            s->done[l] = keeps[l] != 0 || small <= SOFT_ROUNDING * big ? (real)1 : s->done[l];
+        /* the whole step (1 up to rounding; a kink crossed stops it well short) is checked
+         * against the next point's rows; a step that is rounding ends it now: the gradient
+         * at a (its own active rows) vanishes, whatever a row at z = 0 flickering in float32
+         * does to the rows */
+        const vreal al = vsel(done != 0, zero, alpha);
+        vreal big = one, small = zero;
+        for (int i = 0; i < 6; ++i) {
+            a[i] += al * step[i];
+            const vreal ai = vabs(a[i]), si = vabs(step[i]);
+            big = vsel(ai > big, ai, big);
+            small = vsel(si > small, si, small);
         }
+        full = vflag(vabs(alpha - 1) <= SOFT_ALPHA);
+        done = vsel((keeps != 0) | (small <= SOFT_ROUNDING * big), one, done);
     }
-    for (int q = 0; q < rows; ++q) LANE_LOOP s->set[q][l] = was[q][l] > 0 ? (real)1 : (real)0;
+    for (int i = 0; i < 6; ++i) vstore(s->a[i] + o, a[i]);
+    vstore(s->done + o, done);
+    for (int q = 0; q < rows; ++q) vstore(s->set[q] + o, vflag(was[q] > 0));
 }
+#pragma GCC pop_options
 
 /* Soft ground (SoftGroundContact): per rod, for all lanes at once, the accelerations
  * minimising 1/2 (a - a0)'M(a - a0) + sum 1/2 D min(0, J a - aref)^2 over the pyramid rows
@@ -1026,7 +1033,7 @@ static void soft_ground(const tg_model *m, tg_work *w, int write_acc)
             const real *set = ROW(w->soft_set, q * R + r);
             LANE_LOOP s.set[q][l] = set[l];
         }
-        soft_minimise(&s, mass);
+        for (int o = 0; o < LANES; o += VL) soft_minimise(&s, mass, o);
         for (int q = 0; q < s.rows; ++q) {
             real *set = ROW(w->soft_set, q * R + r);
             LANE_LOOP set[l] = s.set[q][l];
@@ -1451,8 +1458,19 @@ static void ground_friction(const tg_model *m, tg_work *w)
 }
 
 /* cos(x) and sin(x)/x by their Taylor series in z = x^2, exact to rounding for
- * x <= SMALL_ANGLE (the next term is below 1e-22); larger angles call libm. */
+ * x <= SMALL_ANGLE (the first term left out is below 1e-22 in float64, 4e-10 in float32);
+ * larger angles call libm. */
 #define SMALL_ANGLE 0.25
+#ifdef TG_FLOAT
+static inline real cos_series(real z)
+{
+    return 1 + z * ((real)(-1.0 / 2) + z * ((real)(1.0 / 24) + z * (real)(-1.0 / 720)));
+}
+static inline real sinc_series(real z)
+{
+    return 1 + z * ((real)(-1.0 / 6) + z * ((real)(1.0 / 120) + z * (real)(-1.0 / 5040)));
+}
+#else
 static inline real cos_series(real z)
 {
     return 1 + z * ((real)(-1.0 / 2) + z * ((real)(1.0 / 24) + z * ((real)(-1.0 / 720)
@@ -1465,6 +1483,7 @@ static inline real sinc_series(real z)
            + z * ((real)(1.0 / 362880) + z * ((real)(-1.0 / 39916800) + z * ((real)(1.0 / 6227020800.0)
            + z * (real)(-1.0 / 1307674368000.0)))))));
 }
+#endif
 
 /* v+ = v + h a, w+ = w + h alpha; p+ = p + h v+; q+ = exp(h w+ / 2) q, renormalised. */
 /* q_out = exp(half w) q_in, normalised, per lane (RigidRods.advance's orientation update:
