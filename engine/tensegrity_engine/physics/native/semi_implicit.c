@@ -13,11 +13,12 @@
  * correctly rounded, and the actuator's exponential here is a series).  Build without
  * implicit contraction (-ffp-contract=off) to keep it so. The soft ground's Newton solve is
  * the exception: an iterative minimisation, it agrees with torch's to its tolerance, and
- * fuses its dot products freely.
+ * fuses its multiply-adds freely.
  *
  * Layout: samples are processed in chunks of LANES.  Every per-chunk quantity is an array
  * [n][LANES] with the sample innermost, and every arithmetic loop runs over the lanes of
- * one chunk under `omp simd`, which the compiler turns into straight vector code.  A chunk
+ * one chunk under `omp simd`, which the compiler turns into straight vector code (the soft
+ * ground's solver works in vector types instead, see there).  A chunk
  * is independent of the others for the whole rollout, so it runs all its steps while its
  * working set stays in L1, and threads take whole chunks.
  *
@@ -673,7 +674,7 @@ static void soft_impedance(const tg_model *m, const real dist[LANES], real imp[L
  * solved part by part, each part stopping on its own). Its flags and accumulators then stay
  * in registers across the loops over rows, where [LANES] arrays went through memory at
  * every row (a store-to-load chain per row; measured on an AMD Zen 4, MPPI at the paper's
- * sizes as AVX2 code: 0.095 -> 0.076 s per plan on one thread). Vectors wider than the
+ * sizes as AVX2 code: 0.095 -> 0.076 s per plan on one thread, this change alone). Vectors wider than the
  * target's registers were no faster, and 2x slower in float64 on AVX2 (GCC moves them
  * through memory). Flags are reals 0 / 1; masks are compare results (all bits set: true). */
 #if defined(__AVX512F__)
@@ -697,9 +698,10 @@ static inline vreal vsel(vmask m, vreal a, vreal b) { return (vreal)(((vmask)a &
 static inline vreal vflag(vmask m) { const vreal zero = {0}; return vsel(m, zero + 1, zero); }
 static inline vreal vabs(vreal a) { const vreal zero = {0}; return (vreal)((vmask)a & ~(vmask)(-zero)); }
 static inline int vany(vmask m) { int any = 0; for (int l = 0; l < (int)VL; ++l) any |= m[l] != 0; return any; }
-/* a * b + c, fused where the target has FMA: the solver's functions are compiled with
- * contraction (below; the solver needs no bitwise agreement with torch, only the minimum,
- * and its chains are latency-bound) */
+/* a * b + c, fused where the target has FMA: GCC compiles the solver's functions with
+ * contraction (the pragma below; Clang ignores it and leaves them unfused: slower, as
+ * correct). The solver needs no bitwise agreement with torch, only the minimum, and its
+ * chains are latency-bound. */
 #define VFMA(a, b, c) ((a) * (b) + (c))
 /* init + sum_i A[i] B[i] over i < 6 */
 #define SOFT_DOT6(A, B, init) VFMA((A)[5], (B)[5], VFMA((A)[4], (B)[4], VFMA((A)[3], (B)[3], \
@@ -865,7 +867,10 @@ static void soft_rows(const tg_model *m, const tg_work *w, int r, soft_rod *rest
  * lane stops once its whole Newton step keeps the active rows it was computed with and the
  * line search would keep it whole (then it is the minimum; the search itself is skipped),
  * or once a step it took whole keeps its rows at the next point, or once its step is
- * rounding; the part once all its lanes have. Lanes never read each other's values. */
+ * rounding; the part once all its lanes have. Lanes never read each other's values, but a
+ * lane's rows for the next step's start (s->set) are those at the last point its part
+ * evaluated: a lane done earlier than its part keeps evaluating them (rounding-sized
+ * differences between VL = 4 and 8, as before between chunks). */
 static void soft_minimise(soft_rod *restrict s, real mass, int o)
 {
     const int rows = s->rows;
