@@ -310,21 +310,21 @@ def test_structure_options_are_fitted_by_challengers_and_adopted_only_when_they_
     assert not early.trials.active and not early.trials.log
     s = session()
     s.add(_batch(three_bar, 0, 91))                  # three held-out blocks
-    while s.training:
-        s.step()
-    assert s.finished and not s.trials.active        # no challenger before the solver's end is taken
+    main = s.trainer
+    s.step()                                         # the gate can judge: a challenger beside the solver
+    assert s.trials.option == "winch_speed" and not main.done
+    challenger = made[-1]
+    assert challenger.learn == ("cable_stiffness", "actuator_max_speed")
+    assert challenger.config.max_epochs <= 60 and challenger.config.max_seconds <= 120     # its own budget
+    config_k = PhysicalParameters(three_bar).as_dict()["cable_stiffness"][0]
+    assert main.parameters.as_dict()["cable_stiffness"][0] == pytest.approx(2500.0)
+    # from the config's values, not the solver's (which carry what the option would explain)
+    assert challenger.parameters.as_dict()["cable_stiffness"][0] == pytest.approx(config_k) != 2500.0
+    s.step()
+    s.step()                                         # they take turns
+    assert (main.epoch, challenger.epoch) == (2, 1) and main.done and s.trials.active
     _, values = s.finish()
     s.best_values = values                           # published: K 2500
-    assert s.trials.option == "winch_speed" and s.training
-    assert made[-1].learn == ("cable_stiffness", "actuator_max_speed")
-    assert made[-1].config.max_epochs <= 60 and made[-1].config.max_seconds <= 120     # its own budget
-    assert made[-1].parameters.as_dict()["cable_stiffness"][0] == pytest.approx(2500.0)  # from the fit so far
-    main, challenger = s.trainer, made[-1]
-    main.script, main.done = [1.0], False             # new data reopened the solver: they take turns
-    s.step()
-    s.step()
-    assert (main.epoch, challenger.epoch) == (3, 1) and main.done and s.trials.active
-    s.converged = True                                # as after `finish`
     while s.training:
         assert s.step() is None
     # the winch limit gained 4 %: refused; slack damping diverged: refused; end-heavy rods
@@ -345,6 +345,42 @@ def test_structure_options_are_fitted_by_challengers_and_adopted_only_when_they_
     r.restore(s.checkpoint())                        # a restart keeps the adopted structure
     assert r.trials.adopted == ["end_heavy"] and r.trainer.learn == ("cable_stiffness", "rod_inertia_factor")
     assert r.trials.refused == {"winch_speed": 30, "slack_damping": 30} and r.heldout_total == 60
+
+
+class _LongStructureTrainer(_StructureTrainer):
+    """`_StructureTrainer` whose options' fits take 12 epochs (the base's 20)."""
+
+    def __init__(self, robot, config, initial=None):
+        super().__init__(robot, config, initial)
+        self.script = [1.0] * (20 if self.learn == ("cable_stiffness",) else 12)
+
+
+def test_a_challenger_is_judged_while_it_runs_and_refused_only_at_its_end(three_bar):
+    """Every JUDGE_EVERY of its epochs a challenger is judged: end-heavy rods (2990 against
+    the solver's 2500) are adopted at the first look, before their fit ends; a winch limit
+    (2520: 4 %, under the 5 % an option must bring) is not refused at the looks, only at its
+    end."""
+    from tensegrity_engine.identification.online_structure import JUDGE_EVERY
+
+    made, session = _structure_sessions(three_bar, _LongStructureTrainer, ("winch_speed", "end_heavy"))
+    s = session()
+    s.add(_batch(three_bar, 0, 91))
+    main = s.trainer
+    s.step()
+    winch = made[-1]
+    assert s.trials.option == "winch_speed"
+    while s.trials.option == "winch_speed":
+        s.step()
+        assert not s.trials.log or winch.done             # no verdict before its end
+    # it beats the config (nothing published yet), not the solver's fit
+    assert s.trials.log == [("winch_speed", "no better than the base fit (not_significant)")] and winch.epoch == 12
+    heavy = made[-1]
+    assert s.trials.option == "end_heavy" and not main.done
+    while s.trials.active:
+        s.step()
+    assert s.trials.log[-1] == ("end_heavy", "adopted") and heavy.epoch == JUDGE_EVERY and not heavy.done
+    assert s.trainer is heavy and s.training                 # it trains on as the session's solver
+    assert s.trials.adopted == ["end_heavy"]
 
 
 def test_a_structure_option_must_beat_the_base_fit_it_started_from(three_bar):

@@ -10,11 +10,11 @@ exception) rolls back to the last healthy trainer state; the best healthy parame
 are what a caller publishes. `checkpoint` / `restore` carry the whole session (window,
 trainer, best values) across a restart.
 
-With ``structure_options``, each time the solver has converged a challenger fits one
-structural option on top (`online_structure`: the robot's end-heavy rods, slack-cable
-damping, a winch speed limit, another integrator or contact dimensionality), judged by the
-gate with a stricter test; adopted, it becomes the session's trainer and its structure the
-session's (``robot``). Every model is scored in the structure it was fitted in: the config
+With ``structure_options``, a challenger fits one structural option at a time beside the
+solver (`online_structure`: the robot's end-heavy rods, slack-cable damping, a winch speed
+limit, another integrator or contact dimensionality), judged by the gate with a stricter
+test; adopted, it becomes the session's trainer and its structure the session's
+(``robot``). Every model is scored in the structure it was fitted in: the config
 in the config's (``config_robot``), the published one in ``published_robot``.
 """
 from __future__ import annotations
@@ -333,7 +333,7 @@ class OnlineIdentification:
             self.rollback()
             return None
         self.good_state = self.trainer.state_dict()
-        if not self.trials.active and not self.trainer.done:     # an integrator, a condim: beside it
+        if not self.trials.active and not self.trainer.done:     # a challenger beside the solver
             self.trials.maybe_start(self)
         if loss < self.best_loss:
             self.best_loss = loss
