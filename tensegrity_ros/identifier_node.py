@@ -397,10 +397,10 @@ def declare_identification(d) -> dict:
                            "it (0 = never)", range=(0, 10**6)),
         "structure_options": d("structure_options", ["none"], "structural options fitted one at a time by a "
                                "second trainer, each kept only if it predicts the held-out blocks better by 2 "
-                               "standard errors and 5 %: end_heavy, slack_damping, winch_speed (values: once "
-                               "the solver has converged), implicitfast, rk4 (the integrator), condim_3, "
-                               "condim_4, condim_6 (soft ground law) (beside the solver; the published message "
-                               "carries the structure) (['none'] = the robot YAML's structure)"),
+                               "standard errors and 5 %: end_heavy, slack_damping, winch_speed (values), "
+                               "implicitfast, rk4 (the integrator), condim_3, condim_4, condim_6 (soft ground "
+                               "law); each from the config's values, beside the solver; the published message "
+                               "carries the structure (['none'] = the robot YAML's structure)"),
     }
     out["config"] = declare_solver(d, out["interval"])
     return out

@@ -5,16 +5,18 @@ only what the robot does on the floor, and no time to fit every option at once. 
 option at a time is fitted by a *challenger*: a second trainer on the training window as it
 was when it started (a problem that grows under it every 5 s of data does not converge on
 one core: measured, `bench/online.py` at 120 s), with the option's values learnt as well.
-It takes every other epoch while the solver trains and every epoch while the solver waits
-for new tuples. When its schedule ends, the challenger is judged on the held-out blocks by
-the session's gate with a stricter test than a candidate of the same structure (more
-parameters must pay for themselves: a lower held-out loss by ``STRUCTURE_SIGNIFICANCE``
-standard errors of the per-block difference *and* by ``STRUCTURE_MIN_GAIN`` of the loss, no
-larger CoM error, better than the published model, the config, and the solver's current
-fit). Adopted, it becomes the session's trainer on the window as it is now and ends like the
-solver (the caller's gate and convergence test, then publication); its values are learnt
-from then on. Refused, failed or over its own budget, the option waits until twice the
-held-out tuples have been seen before it is tried again.
+It starts from the config's values once the gate can judge, takes every other epoch while
+the solver trains and every epoch while the solver waits for new tuples. Every
+``JUDGE_EVERY`` of its epochs and when its schedule ends, it is judged on the held-out
+blocks by the session's gate with a stricter test than a candidate of the same structure
+(more parameters must pay for themselves: a lower held-out loss by
+``STRUCTURE_SIGNIFICANCE`` standard errors of the per-block difference *and* by
+``STRUCTURE_MIN_GAIN`` of the loss, no larger CoM error, better than the published model,
+the config, and the solver's current fit). Adopted, it becomes the session's trainer on the
+window as it is now and ends like the solver (the caller's gate and convergence test, then
+publication); its values are learnt from then on. Only its end refuses it. Refused, failed
+or over its own budget, the option waits until twice the held-out tuples have been seen
+before it is tried again.
 
 Options of two kinds can be tried online:
 - *value* options add values the parameter message carries (end-heavy rods, slack-cable
