@@ -314,8 +314,8 @@ class OnlineIdentification:
         """One epoch. Returns (metrics, parameter values) when the validation loss improved
         on the best so far, None otherwise; a diverged epoch is rolled back and counted in
         ``rollbacks`` (compare it before and after to tell). Once the solver is done, an
-        epoch of the structure challenger, and every other epoch while both train (None: an
-        adopted one ends like the solver, `finished`)."""
+        epoch of the structure challenger, and every other epoch while both train (None; an
+        adopted one becomes the solver)."""
         if self.trials.active and (self.trainer.done or self._challenger_turn):
             self._challenger_turn = False
             self.trials.step(self)
@@ -372,15 +372,19 @@ class OnlineIdentification:
         """A structure challenger won (`online_structure`): it becomes the session's trainer.
         Its end is taken like the solver's (`finished`, then `finish`): the caller's gate and
         convergence test see its values before they are published. It fitted the window it
-        started with; it takes the window as it is now (its values kept)."""
+        started with; it takes the window as it is now (its values kept). One adopted before
+        its end trains on under the session's budget, and its next epoch is a candidate
+        (its loss on its own window does not compare with the window's)."""
         old = self.trainer
         trainer.set_data(self.window_tuples())
         self.robot = getattr(trainer, "robot", self.robot)
         if old is not None and structure_key(getattr(old, "robot", self.robot)) != structure_key(self.robot):
             self.scores.keep(old)                # scores the model it fitted
         self.trainer = trainer
+        if not trainer.done and hasattr(trainer, "set_budget"):
+            trainer.set_budget(self.config.max_epochs, self.config.max_seconds)
         self.good_state = trainer.state_dict()
-        self.best_loss = float(val_loss)
+        self.best_loss = float(val_loss) if trainer.done else math.inf
         self._uncertainty_memo = None
         self.converged = False
 

@@ -14,9 +14,9 @@ blocks by the session's gate with a stricter test than a candidate of the same s
 ``STRUCTURE_MIN_GAIN`` of the loss, no larger CoM error, better than the published model,
 the config, and the solver's current fit). Adopted, it becomes the session's trainer on the
 window as it is now and ends like the solver (the caller's gate and convergence test, then
-publication); its values are learnt from then on. Only its end refuses it. Refused, failed
-or over its own budget, the option waits until twice the held-out tuples have been seen
-before it is tried again.
+publication); its values are learnt from then on, under the session's budget. Only its end
+(or a divergence) refuses it. Refused, failed or over its own budget, the option waits until
+twice the held-out tuples have been seen before it is tried again.
 
 Options of two kinds can be tried online:
 - *value* options add values the parameter message carries (end-heavy rods, slack-cable
@@ -73,11 +73,11 @@ STRUCTURE_MIN_GAIN = 0.05
 CHALLENGER_MAX_EPOCHS = 60
 CHALLENGER_MAX_SECONDS = 120.0
 # A running challenger is also judged every this many of its epochs, and adopted then if it
-# already wins; only its end refuses it. On the floor the solver seldom waits, and a
-# challenger that fits everything anew may end after the robot's first minute (measured:
-# slow_winch's winch speed, started at 16-29 s, converged at 55 s and later). The looks
-# reuse the held-out data, so they pass a useless option more often than one test would;
-# the 5 % minimum gain on held-out data keeps that rare (`bench/online.py`, README).
+# already wins; only its end (or a divergence) refuses it. On the floor the solver seldom
+# waits, and a challenger that fits everything anew may end after the robot's first minute
+# (measured: slow_winch's winch speed, started at 16-29 s, converged at 55 s and later). The
+# looks reuse the held-out data, so they pass a useless option more often than one test
+# would; the 5 % minimum gain on held-out data keeps that rare (`bench/online.py`, README).
 JUDGE_EVERY = 5
 
 
@@ -230,7 +230,7 @@ class StructureTrials:
         the verdict: adopted (``session.adopt``) only if the gate passes it at the stricter
         test *and* it beats, by the same test, the session's fit as it stands now (the
         option, not more solver time, must have earned it: the solver trains on beside it).
-        Only its end refuses it."""
+        Only its end, a divergence or a failure refuses it."""
         challenger, option = self.challenger, self.option
         interim = False
         try:

@@ -316,6 +316,12 @@ class ProgressiveTrainer:
         elif kind == "lr":
             self.adam.set_lr(self.lr)
 
+    def set_budget(self, max_epochs: int, max_seconds: Optional[float]) -> None:
+        """Another budget for the schedule (a structure challenger adopted before its end
+        takes the session's)."""
+        self.config = dataclasses.replace(self.config, max_epochs=max_epochs, max_seconds=max_seconds)
+        self.schedule.config = self.config
+
     def reopen(self, why: str) -> None:
         """Schedule "online": resume after the end on all the data (new windows join)."""
         if self.config.schedule != "online":
