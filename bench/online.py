@@ -24,7 +24,8 @@ that structure options learn: inertia factor, slack damping, winch speed), with 
 objective of the first two (where the true learnt values predict the held-out data worse
 than the published ones, the model's structure limits the values; where they predict better
 and also fit the training windows better, the solver stopped in a worse local minimum),
-their 1-sigma (and `sigma_spread`, which the node publishes), whether the truth is within
+their 1-sigma (the spread, and what the node publishes: the spread and the horizon shift,
+`ParameterUncertainty.published`), whether the truth is within
 2 of each, the learnt values pinned at a bound of their range, the sim time after which all learnt
 values stay within 5 % (10 % with noise), the session's state. Then the medians over seeds
 and the 2-sigma coverage. Targets (printed, never asserted): K, c, m, tau within 5 %
@@ -163,7 +164,7 @@ def run_session(z, args, seed: int, learn) -> dict:
     clock, i_event = 0.0, 0
     trace = []                        # (sim time, published values, sigma) per publication
     candidate_trace = []              # (sim time, the trainer's values) per epoch
-    published, sigma, spread, undetermined, at_bound, reverts = None, None, None, (), (), 0
+    published, sigma, spread, full, shift, undetermined, at_bound, reverts = None, None, None, None, None, (), (), 0
     while clock < args.duration:
         while i_event < len(events) and events[i_event][0] <= clock * NS:
             stamp, kind, value = events[i_event]
@@ -194,12 +195,15 @@ def run_session(z, args, seed: int, learn) -> dict:
                 sigma = None if u is None else {n: float(np.max(s)) for n, s in u.sigma.items()}
                 spread = None if u is None or not u.sigma_spread else {
                     n: float(np.max(s)) for n, s in u.sigma_spread.items()}
+                full = None if u is None else {n: float(np.max(s)) for n, s in u.published().items()}
+                shift = None if u is None or not u.sigma_structure else {
+                    n: float(np.max(s)) for n, s in u.sigma_structure.items()}
                 undetermined = () if u is None else u.undetermined
                 at_bound = () if u is None else u.at_bound
                 trace.append((clock, values, sigma))
             elif verdict.revert:                 # as the node: the config's values again
                 session.mark_published(None)
-                published = sigma = spread = None
+                published = sigma = spread = full = shift = None
                 undetermined = at_bound = ()
                 reverts += 1
                 trace.append((clock, PhysicalParameters(robot).as_dict(), None))
@@ -245,7 +249,8 @@ def run_session(z, args, seed: int, learn) -> dict:
             "relative_sigma": None if sigma is None else {n: sigma[n] / abs(np.mean(final[n])) for n in reported},
             "all_errors": relative_errors(final, truth, [n for n in learn if n in truth and n != "actuator_delay"]), "undetermined": undetermined, "at_bound": at_bound,
             "delay_ms": (1e3 * float(np.mean(final["actuator_delay"])), 1e3 * float(np.mean(truth["actuator_delay"]))),
-            "covered": within_2(sigma), "covered_spread": within_2(spread),
+            "covered": within_2(sigma), "covered_spread": within_2(spread), "covered_published": within_2(full),
+            "relative_shift": None if shift is None else {n: shift[n] / abs(np.mean(final[n])) for n in reported},
             "relative_spread": None if spread is None else {n: spread[n] / abs(np.mean(final[n])) for n in reported},
             "within_tol_from": within, "tol": tol, "publications": len(trace), "reverts": reverts,
             "epochs": session.epochs, "status": session.status, "tuples": session.window_len,
@@ -325,6 +330,8 @@ def main(argv=None) -> int:
                 f"{100 * s:.1f}%" for s in r["relative_sigma"].values()))
             sig += ("" if r["relative_spread"] is None else " (spread " + " ".join(
                 f"{100 * s:.1f}%" for s in r["relative_spread"].values()) + ")")
+            sig += ("" if r["relative_shift"] is None else " (horizon shift " + " ".join(
+                f"{100 * s:.1f}%" for s in r["relative_shift"].values()) + ")")
             if r["at_bound"]:
                 sig += " (at a bound: " + ", ".join(r["at_bound"]) + ")"
             if "actuator_delay" in learn or args.latency == "declared":
@@ -344,17 +351,18 @@ def main(argv=None) -> int:
     _line("")
     reported = [n for n in TARGETS if n in learn]
     _line(f"| robot | {' | '.join(f'{n} identified / nominal' for n in reported)} | held-out CoM error 1 s "
-          f"ahead, nominal / identified / true learnt values / all true values (mm) | 2-sigma coverage: sigma / spread | within tol by {args.duration:g} s |")
+          f"ahead, nominal / identified / true learnt values / all true values (mm) | 2-sigma coverage: sigma / spread / published | within tol by {args.duration:g} s |")
     _line("|---|" + "---|" * (len(reported) + 3))
     for name in dict.fromkeys(r["robot"] for r in results):
         rs = [r for r in results if r["robot"] == name]
         med = lambda key, n: 100 * float(np.median([abs(r[key][n]) for r in rs]))     # noqa: E731
         cells = [f"{med('error', n):.1f} / {med('nominal_error', n):.0f} %" for n in reported]
         com = {k: 1e3 * float(np.nanmedian([r["heldout_com_1s"][k] for r in rs])) for k in ("nominal", "identified", "true", "true_all")}
-        cov = [np.mean([r[k][n] for r in rs for n in reported]) for k in ("covered", "covered_spread")]
+        cov = [np.mean([r[k][n] for r in rs for n in reported]) for k in ("covered", "covered_spread",
+                                                                             "covered_published")]
         ok = sum(r["within_tol_from"] is not None for r in rs)
         _line(f"| {name} | {' | '.join(cells)} | {com['nominal']:.1f} / {com['identified']:.1f} / {com['true']:.1f} / {com['true_all']:.1f} | "
-              f"{100 * cov[0]:.0f} / {100 * cov[1]:.0f} % | {ok}/{len(rs)} |")
+              f"{100 * cov[0]:.0f} / {100 * cov[1]:.0f} / {100 * cov[2]:.0f} % | {ok}/{len(rs)} |")
     # beyond 10 %: two fits of the same model on the same blocks differ by a few percent
     com = lambda r, k: r["heldout_com_1s"][k]                               # noqa: E731
     fit = lambda r, k: r["training_objective"][k]                           # noqa: E731
@@ -374,7 +382,8 @@ def main(argv=None) -> int:
     gain = [r for r in results if com(r, "true_all") < com(r, "true") / 1.1]
     _line(f"all true values (structure options' included) predict >10 % better than the true learnt ones on "
           f"{len(gain)} of {len(results)} runs ({', '.join(sorted({r['robot'] for r in gain})) or 'none'})")
-    for key, label in (("covered", "sigma"), ("covered_spread", "spread sigma")):
+    for key, label in (("covered", "sigma"), ("covered_spread", "spread sigma"),
+                       ("covered_published", "published sigma (spread and horizon shift)")):
         published = [r for r in results if r["sigma"] is not None]
         _line(f"2-{label} coverage over all: {100 * np.mean([r[key][n] for r in results for n in reported]):.0f} % "
               f"(target >= 90 %); over the published models: "

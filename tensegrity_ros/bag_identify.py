@@ -95,6 +95,11 @@ def identify_bag(path, robot, values: dict, *, start: float = 0.0, end: Optional
                "sigma": {} if sigma is None else {k: np.asarray(v).tolist() for k, v in sigma.sigma.items()},
                "sigma_spread": {} if sigma is None else {k: np.asarray(v).tolist()
                                                          for k, v in sigma.sigma_spread.items()},
+               # what the node publishes: the spread and the horizon shift in quadrature
+               "sigma_published": {} if sigma is None else {k: np.asarray(v).tolist()
+                                                            for k, v in sigma.published().items()},
+               "horizon_shift": {} if sigma is None else {k: np.asarray(v).tolist()
+                                                          for k, v in sigma.sigma_structure.items()},
                "gate": {"accepted": verdict.accepted, "reason": verdict.reason,
                         "heldout_loss": verdict.candidate_loss, "config_loss": verdict.incumbent_loss,
                         "heldout_com_error": verdict.candidate_com_error,

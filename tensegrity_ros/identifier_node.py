@@ -91,6 +91,7 @@ class IdentifierNode(Node):
         self._next_gate = -math.inf          # gates are spaced by 4x their own duration
         self._unpublished = None             # an improvement waiting for min_publish_interval
         self.undetermined: tuple = ()        # parameters the data cannot determine yet
+        self.structure_suspect: tuple = ()   # parameters whose values move with the horizon
         self.at_bound: tuple = ()            # parameters the data pushed against a bound
         self.last_gate = None                # HeldOutVerdict of the newest candidate
         self.last_refused = None             # {name: mean value} of the newest refused candidate
@@ -333,7 +334,7 @@ class IdentifierNode(Node):
                "rollbacks": s.rollbacks, "published": self.published, "window_tuples": s.window_len,
                "best_loss": s.best_loss, "stage": m.get("stage", ""), "dt": m.get("dt", ""),
                "lr": m.get("lr", ""), "undetermined": ", ".join(self.undetermined),
-               "at_bound": ", ".join(self.at_bound),
+               "at_bound": ", ".join(self.at_bound), "structure_suspect": ", ".join(self.structure_suspect),
                "heldout_tuples": s.heldout_len}
         if self.last_gate is not None:
             g = self.last_gate
@@ -582,10 +583,16 @@ def published_uncertainty(node, params, values: dict):
                                  "model lacks: `tensegrity-identify identify --structure` on a recording; or a "
                                  "bound too tight: identification bounds)")
     node.at_bound = u.at_bound
-    # the groups' scatter included: on robots unlike the engine the truth lies within 2 of
-    # these for 67 % of the published values, 43 % with the estimate's own sigma
-    # (bench/online.py, 2026-11-25); convergence (not_yet_determined) is the estimate's
-    return u.flat(params, spread=True)
+    suspect = u.structure_suspect()
+    if suspect and suspect != node.structure_suspect:
+        node.diag.warn_throttled("structure_suspect", f"{', '.join(suspect)} move with the horizon (fitted over "
+                                 "windows twice as long) by more than twice their spread: the model's structure, "
+                                 "not the data, sets them (structure_options, or `tensegrity-identify identify "
+                                 "--structure` on a recording)")
+    node.structure_suspect = suspect
+    # the groups' scatter and the horizon shift included (`ParameterUncertainty.published`:
+    # mismatch every group shares); convergence (not_yet_determined) is the estimate's
+    return u.flat(params, structure=True)
 
 
 def main(args=None) -> int:

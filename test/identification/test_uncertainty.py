@@ -365,6 +365,10 @@ def test_pose_only_sigma_comes_from_the_windows_in_every_stage(superball, sigma_
     state = tr.rng.bit_generator.state
     values = tr.parameters.as_dict()
     u = trainer_uncertainty(tr)
+    # the solver's windows, then the horizon shift's windows twice as long (a scratch solver)
+    longer = [c for c in calls if c[0].config.pose_window == 2 * cfg.pose_window]
+    assert len(longer) == 1 and longer[0][0] is not tr.window_lm and longer[0][1]
+    calls[:] = [c for c in calls if c not in longer]
     assert len(calls) == 1 and calls[0][0] is not tr.window_lm and calls[0][1]       # a scratch solver, refitted
     assert tr.window_lm.windows is None and tr.rng.bit_generator.state == state
     assert all(np.array_equal(v, values[k]) for k, v in tr.parameters.as_dict().items())
@@ -375,4 +379,69 @@ def test_pose_only_sigma_comes_from_the_windows_in_every_stage(superball, sigma_
     tr.run()
     assert tr.done
     trainer_uncertainty(tr)
+    calls[:] = [c for c in calls if c[0].config.pose_window == cfg.pose_window]
     assert len(calls) == 2 and calls[1][0] is tr.window_lm and not calls[1][1]       # the solver's own windows
+
+
+def test_gauss_newton_step_reaches_a_linear_problems_minimum_and_skips_unconstrained_directions():
+    """For residuals linear in theta one step lands on the least-squares minimum; a
+    direction the data does not constrain (a zero column) gets no step."""
+    from tensegrity_engine.identification.uncertainty import gauss_newton_step
+
+    rng = np.random.default_rng(3)
+    A = torch.as_tensor(rng.standard_normal((50, 3)) * np.array([1.0, 1e3, 1e-2]))      # badly scaled columns
+    y = torch.as_tensor(rng.standard_normal(50))
+    theta0 = torch.as_tensor(rng.standard_normal(3))
+    r = A @ theta0 - y
+    step = gauss_newton_step(A.T @ A, A.T @ r)
+    best = torch.linalg.lstsq(A, y[:, None]).solution[:, 0]
+    assert torch.allclose(theta0 + step, best, rtol=1e-8, atol=1e-10)
+    A[:, 1] = 0.0
+    step = gauss_newton_step(A.T @ A, A.T @ (A @ theta0 - y))
+    assert step[1] == 0.0 and torch.isfinite(step).all() and step.abs().sum() > 0
+
+
+def test_published_sigma_adds_the_horizon_shift_and_flags_structure(superball):
+    """What the node publishes is the spread and the horizon shift in quadrature; a value
+    that moves with the horizon by more than twice its spread is flagged."""
+    from tensegrity_engine.identification.uncertainty import ParameterUncertainty
+
+    params = PhysicalParameters(superball)
+    u = ParameterUncertainty(sigma={"cable_stiffness": np.array([3.0]), "cable_damping": np.array([1.0])},
+                             undetermined=(), residual_sigma=1.0, dof=10,
+                             sigma_spread={"cable_stiffness": np.array([4.0]), "cable_damping": np.array([2.0])},
+                             sigma_structure={"cable_stiffness": np.array([3.0]), "cable_damping": np.array([5.0])})
+    assert u.published()["cable_stiffness"][0] == pytest.approx(5.0)
+    assert u.structure_suspect() == ("cable_damping",)
+    names, _ = params.flat()
+    flat = u.flat(params, structure=True)
+    assert flat[names.index("cable_stiffness")] == pytest.approx(5.0)
+    assert flat[names.index("cable_damping")] == pytest.approx(np.hypot(2.0, 5.0))
+    assert u.flat(params, spread=True)[names.index("cable_damping")] == pytest.approx(2.0)
+    bare = dataclasses.replace(u, sigma_structure={})
+    assert bare.structure_suspect() == () and bare.published()["cable_damping"][0] == 2.0
+
+
+def test_the_horizon_shift_shows_a_structure_the_model_lacks_and_not_an_exact_one(superball, sigma_data):
+    """Pose-only data of the SUPERball hanging, fitted over windows of 3 tuples by the exact
+    model and by one that assumes a 20 ms command delay the robot does not have. Fitted over
+    windows of 6 the wrong model's values move (its compromise depends on the horizon), the
+    exact model's stay where they are (noise-free data: the truth fits at every horizon)."""
+    pose = {k: ds.tuples_from([t.without_velocity() for t in v], period=PERIOD) for k, v in sigma_data.items()}
+    learn = ("cable_stiffness", "cable_damping", "actuator_time_constant")
+    late = superball.replace(actuator=dataclasses.replace(superball.actuator, delay=0.02))
+    shifts = {}
+    for label, robot in (("exact", superball), ("delayed", late)):
+        cfg = idf.IdentificationConfig(period=PERIOD, learn=learn, schedule="online", init="given",
+                                       lm_max_iters=60, lm_windows=64, seed=0)
+        tr = idf.ProgressiveTrainer(robot, cfg, log=lambda m: None)
+        tr.set_data(pose["train"], pose["val"])
+        tr.run()
+        u = trainer_uncertainty(tr)
+        here = tr.parameters.as_dict()
+        shifts[label] = {n: float(u.sigma_structure[n][0]) / here[n][0] for n in learn}
+        published = u.published()
+        for n in learn:
+            assert published[n][0] == pytest.approx(np.hypot(u.sigma_spread[n][0], u.sigma_structure[n][0]))
+    assert max(shifts["delayed"].values()) > 0.005, shifts
+    assert max(shifts["exact"].values()) < 1e-4, shifts

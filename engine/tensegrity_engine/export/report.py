@@ -83,16 +83,19 @@ def _relative(got: np.ndarray, ref: np.ndarray, unit: str) -> str:
 def _parameter_rows(params, nominal, learn, uncertainty, truth) -> list[str]:
     got, nom = params.as_dict(), nominal.as_dict()
     true = nominal_values(truth) if truth is not None else None        # the config's own numbers
-    head = "| parameter | unit | nominal | identified | 1-sigma | change vs nominal |"
-    head += " true | error vs true |" if true else ""
-    rows = [head, "|" + "---|" * (8 if true else 6)]
+    shifts = uncertainty.sigma_structure if uncertainty is not None else {}
+    head = "| parameter | unit | nominal | identified | 1-sigma |" + (" horizon shift |" if shifts else "")
+    head += " change vs nominal |" + (" true | error vs true |" if true else "")
+    rows = [head, "|" + "---|" * (6 + bool(shifts) + 2 * bool(true))]
     for name in learn:
         unit = SPEC_BY_NAME[name].unit
         size = max(np.size(got[name]), np.size(nom[name]), np.size(true[name]) if true else 1)
         g, n = (np.broadcast_to(np.asarray(x[name], dtype=np.float64), (size,)) for x in (got, nom))
         sigma = uncertainty.sigma.get(name) if uncertainty is not None else None
-        row = (f"| {name} | {unit} | {_fmt(n)} | {_fmt(g)} | "
-               f"{_fmt(sigma) if sigma is not None else '—'} | {_relative(g, n, unit)} |")
+        row = f"| {name} | {unit} | {_fmt(n)} | {_fmt(g)} | {_fmt(sigma) if sigma is not None else '—'} |"
+        if shifts:
+            row += f" {_fmt(shifts[name]) if name in shifts else '—'} |"
+        row += f" {_relative(g, n, unit)} |"
         if true:
             t = np.broadcast_to(np.asarray(true[name], dtype=np.float64), (size,))
             row += f" {_fmt(t)} | {_relative(g, t, unit)} |"
@@ -202,7 +205,11 @@ def write_report(out_dir, *, params: PhysicalParameters, nominal: PhysicalParame
         lines.append(f"| {name} | {span} | {100 * cover['taut'][c]:.0f} % |")
     lines += ["", "## Parameters", ""] + _parameter_rows(params, nominal, learn, uncertainty, truth)
     lines += ["", "1-sigma: Gauss-Newton at the identified values (residual scale standing in for the noise); "
-              "model mismatch is not noise, so treat it as a lower bound. inf: the data cannot determine it.", ""]
+              "model mismatch is not noise, so treat it as a lower bound. inf: the data cannot determine it."
+              + (" Horizon shift: how far the value moves when the same data is fitted over windows twice as "
+                 "long; a model whose structure is the robot's has the same values at any horizon, so a shift "
+                 "beyond the 1-sigma is mismatch the sigma cannot see." if uncertainty is not None
+                 and uncertainty.sigma_structure else ""), ""]
     corr = _plot_correlation(uncertainty, out / "report_correlation.png")
     if corr is not None:
         strong = _strong_pairs(uncertainty)
