@@ -53,8 +53,7 @@ from tensegrity_engine.groundtruth.sensors import SensorModel
 from tensegrity_engine.groundtruth.zoo import ZOO_PREFIX, ground_truth, zoo_names
 from tensegrity_engine.identification.config import IdentificationConfig, contact_params, resolve_learn
 from tensegrity_engine.identification.online import OnlineIdentification
-from tensegrity_engine.identification.online_structure import (DEFAULT_ONLINE_OPTIONS, ONLINE_OPTIONS,
-                                                               resolve_online_options, structure_key)
+from tensegrity_engine.identification.online_structure import ONLINE_OPTIONS, online_options, structure_key
 from tensegrity_engine.identification.solvers.windows import chain_windows, fit_start_velocities
 from tensegrity_engine.identification.streaming import StreamAligner, StreamConfig
 from tensegrity_engine.physics.config import load_robot
@@ -281,9 +280,8 @@ def main(argv=None) -> int:
     ap.add_argument("--latency", choices=("declared", "learnt"), default="declared",
                     help="declared: the config carries the mocap's latency as actuator.delay (a data "
                     "sheet or a timing test gives it); learnt: actuator_delay is identified from 0")
-    ap.add_argument("--structure", default="default", help="comma-separated structure options the session "
-                    f"tries online ({', '.join(ONLINE_OPTIONS)}; 'default': as the identifier node, "
-                    f"{', '.join(DEFAULT_ONLINE_OPTIONS)}; 'none')")
+    ap.add_argument("--structure", default="", help="comma-separated structure options the session tries "
+                    f"online once converged ({', '.join(ONLINE_OPTIONS)}; default none)")
     ap.add_argument("--min-tuples", type=int, default=30)
     ap.add_argument("--max-tuples", type=int, default=1500)
     ap.add_argument("--holdout-every", type=int, default=5)
@@ -297,7 +295,7 @@ def main(argv=None) -> int:
                     help="wall seconds of identification per second of robot time (1: real time on this "
                     "machine; more: a faster machine, or a loaded one)")
     args = ap.parse_args(argv)
-    args.structure_options = resolve_online_options([n for n in args.structure.split(",") if n])
+    args.structure_options = online_options([n for n in args.structure.split(",") if n])
     torch.set_num_threads(args.threads)
     robot = load_robot(args.robot)
     specs = [s for part in args.truth.split(",") for s in

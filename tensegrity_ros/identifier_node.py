@@ -396,13 +396,12 @@ def declare_identification(d) -> dict:
         "fixed_rods": d("fixed_rods", [-1], "rods welded to the world ([-1] = none)"),
         "reopen_tuples": d("reopen_tuples", 50, "schedule 'online': new tuples after convergence that resume "
                            "it (0 = never)", range=(0, 10**6)),
-        "structure_options": d("structure_options", ["default"], "structural options fitted one at a time by "
-                               "a second trainer, each kept only if it predicts the held-out blocks better by 2 "
+        "structure_options": d("structure_options", ["none"], "structural options fitted one at a time by a "
+                               "second trainer, each kept only if it predicts the held-out blocks better by 2 "
                                "standard errors and 5 %: end_heavy, slack_damping, winch_speed (values), "
                                "implicitfast, rk4 (the integrator), condim_3, condim_4, condim_6 (soft ground "
                                "law); each from the config's values, beside the solver; the published message "
-                               "carries the structure (['default'] = implicitfast then winch_speed; ['none'] = "
-                               "the robot YAML's structure only)"),
+                               "carries the structure (['none'] = the robot YAML's structure)"),
     }
     out["config"] = declare_solver(d, out["interval"])
     return out
@@ -416,7 +415,7 @@ def stream_config(robot, setting: dict) -> StreamConfig:
 def make_session(robot, setting: dict, device, *, log, trainer_factory=default_trainer_factory
                  ) -> OnlineIdentification:
     from tensegrity_engine.identification.config import resolve_learn
-    from tensegrity_engine.identification.online_structure import resolve_online_options
+    from tensegrity_engine.identification.online_structure import online_options
 
     if setting["config"].learn is not None:          # a bad name is a start-up error, not a failed epoch
         try:
@@ -424,7 +423,7 @@ def make_session(robot, setting: dict, device, *, log, trainer_factory=default_t
         except ValueError as err:
             raise ConfigurationError(f"parameter learn: {err}") from None
     try:
-        structure = resolve_online_options(setting["structure_options"])
+        structure = online_options([n for n in setting["structure_options"] if n != "none"])
     except ValueError as err:
         raise ConfigurationError(f"parameter structure_options: {err}") from None
     return OnlineIdentification(

@@ -527,13 +527,3 @@ def test_the_window_is_one_record_across_held_out_blocks_also_those_the_gate_dro
     assert (heldout.prev < 0).sum() == s.heldout_len // s.holdout_block and (heldout.traj_prev < 0).sum() == 1
     s.holdout.retired.clear()                                                # without the old blocks
     assert (s.window_tuples().traj_prev < 0).sum() > 1
-
-
-def test_structure_option_settings_expand_default_and_none_and_refuse_unknown_names():
-    from tensegrity_engine.identification.online_structure import DEFAULT_ONLINE_OPTIONS, resolve_online_options
-
-    assert resolve_online_options(["default"]) == DEFAULT_ONLINE_OPTIONS
-    assert resolve_online_options(["none"]) == ()
-    assert resolve_online_options(["end_heavy", "default", "implicitfast"]) == ("end_heavy",) + DEFAULT_ONLINE_OPTIONS
-    with pytest.raises(ValueError, match="per_cable"):
-        resolve_online_options(["default", "per_cable"])

@@ -43,8 +43,7 @@ from tensegrity_engine.identification.config import IdentificationConfig
 from tensegrity_engine.physics.config import MODEL_INTEGRATORS, RobotConfig
 from tensegrity_engine.physics.params import PhysicalParameters
 
-__all__ = ["ONLINE_OPTIONS", "OnlineOption", "online_options", "resolve_online_options", "DEFAULT_ONLINE_OPTIONS",
-           "StructureTrials", "healthy_values",
+__all__ = ["ONLINE_OPTIONS", "OnlineOption", "online_options", "StructureTrials", "healthy_values",
            "STRUCTURE_SIGNIFICANCE", "STRUCTURE_MIN_GAIN", "structure_robot", "structure_key", "robot_in_structure"]
 
 
@@ -66,14 +65,6 @@ ONLINE_OPTIONS = {
     "condim_4": OnlineOption(condim=4),
     "condim_6": OnlineOption(condim=6),
 }
-# What the identifier node and `bench/online.py` try unless told otherwise ("default"):
-# MuJoCo's implicit-damping step, then a winch speed limit (tried only after the first ends;
-# skipped where the robot YAML already has that structure). Measured on 8 robots x 3 seeds,
-# 60 s (README): implicitfast adopted on noisy_mocap 3/3 (held-out CoM 1 s 9.5 / 20.4 / 6.9
-# mm against 19.1 / 24.8 / 19.7 without), stiff_light 1/3 (82.6 against 161.6), end_heavy
-# 2/3; never on the engine's twin, whose values converge a little later (a challenger takes
-# every other epoch). Other options stay opt-in: each more delays the ones after it.
-DEFAULT_ONLINE_OPTIONS = ("implicitfast", "winch_speed")
 # As offline selection (`select_structure`: 2 standard errors, 5 % gain).
 STRUCTURE_SIGNIFICANCE = 2.0
 STRUCTURE_MIN_GAIN = 0.05
@@ -149,15 +140,6 @@ def online_options(names: Sequence[str]) -> tuple[str, ...]:
         if name not in out:
             out.append(name)
     return tuple(out)
-
-
-def resolve_online_options(names: Sequence[str]) -> tuple[str, ...]:
-    """Node / bench setting -> checked options: "default" stands for `DEFAULT_ONLINE_OPTIONS`,
-    "none" for nothing (ValueError on an unknown name)."""
-    expanded = []
-    for name in names:
-        expanded += list(DEFAULT_ONLINE_OPTIONS) if name == "default" else [] if name == "none" else [name]
-    return online_options(expanded)
 
 
 class StructureTrials:
