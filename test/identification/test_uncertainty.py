@@ -7,7 +7,8 @@ import torch
 
 from tensegrity_engine import identification as idf
 from tensegrity_engine.identification import dataset as ds
-from tensegrity_engine.identification.uncertainty import gauss_newton_uncertainty, trainer_uncertainty
+from tensegrity_engine.identification.solvers.levenberg_marquardt import raw_vector
+from tensegrity_engine.identification.uncertainty import gauss_newton_uncertainty, horizon_shift, trainer_uncertainty
 from tensegrity_engine.physics.params import PhysicalParameters
 
 PERIOD = 0.02
@@ -378,7 +379,12 @@ def test_pose_only_sigma_comes_from_the_windows_in_every_stage(superball, sigma_
         assert 0 < u.sigma[name][0] <= u.sigma_spread[name][0] < 0.2 * truth[name][0]
     tr.run()
     assert tr.done
+    monkeypatch.setattr("tensegrity_engine.identification.uncertainty.MIN_WARM", 2)     # 12 windows only here
     trainer_uncertainty(tr)
+    longer = [c for c in calls if c[0].config.pose_window == 2 * cfg.pose_window]
+    assert len(longer) == 1 and not longer[0][1]            # warm: the solver's latents where windows start alike
+    starts = set(tr.window_lm.windows[:, 0].tolist())
+    assert set(longer[0][0].windows[:, 0].tolist()) <= starts
     calls[:] = [c for c in calls if c[0].config.pose_window == cfg.pose_window]
     assert len(calls) == 2 and calls[1][0] is tr.window_lm and not calls[1][1]       # the solver's own windows
 
@@ -440,6 +446,9 @@ def test_the_horizon_shift_shows_a_structure_the_model_lacks_and_not_an_exact_on
         u = trainer_uncertainty(tr)
         here = tr.parameters.as_dict()
         shifts[label] = {n: float(u.sigma_structure[n][0]) / here[n][0] for n in learn}
+        if label == "delayed":     # the latents fitted afresh: the same verdict
+            cold = horizon_shift(tr, learn, raw_vector(tr.params, learn), warm=False)
+            assert max(cold[n][0] / here[n][0] for n in learn) > 0.005, cold
         published = u.published()
         for n in learn:
             assert published[n][0] == pytest.approx(np.hypot(u.sigma_spread[n][0], u.sigma_structure[n][0]))
