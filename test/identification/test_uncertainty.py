@@ -380,7 +380,9 @@ def test_pose_only_sigma_comes_from_the_windows_in_every_stage(superball, sigma_
     tr.run()
     assert tr.done
     monkeypatch.setattr("tensegrity_engine.identification.uncertainty.MIN_WARM", 2)     # 12 windows only here
+    solver_state = (tr.window_lm.windows.clone(), tr.window_lm.window_vel.clone())
     trainer_uncertainty(tr)
+    assert torch.equal(tr.window_lm.windows, solver_state[0]) and torch.equal(tr.window_lm.window_vel, solver_state[1])
     longer = [c for c in calls if c[0].config.pose_window == 2 * cfg.pose_window]
     assert len(longer) == 1 and not longer[0][1]            # warm: the solver's latents where windows start alike
     starts = set(tr.window_lm.windows[:, 0].tolist())
@@ -447,7 +449,7 @@ def test_the_horizon_shift_shows_a_structure_the_model_lacks_and_not_an_exact_on
         here = tr.parameters.as_dict()
         shifts[label] = {n: float(u.sigma_structure[n][0]) / here[n][0] for n in learn}
         if label == "delayed":     # the latents fitted afresh: the same verdict
-            cold = horizon_shift(tr, learn, raw_vector(tr.params, learn), warm=False)
+            cold = horizon_shift(tr, raw_vector(tr.params, tr.learn), warm=False)
             assert max(cold[n][0] / here[n][0] for n in learn) > 0.005, cold
         published = u.published()
         for n in learn:

@@ -208,7 +208,8 @@ def write_report(out_dir, *, params: PhysicalParameters, nominal: PhysicalParame
               "model mismatch is not noise, so treat it as a lower bound. inf: the data cannot determine it."
               + (" Horizon shift: how far the value moves when the same data is fitted over windows twice as "
                  "long; a model whose structure is the robot's has the same values at any horizon, so a shift "
-                 "beyond the 1-sigma is mismatch the sigma cannot see." if uncertainty is not None
+                 "beyond the 1-sigma is mismatch the sigma cannot see (the identifier node publishes the groups' "
+                 "spread and the shift in quadrature)." if uncertainty is not None
                  and uncertainty.sigma_structure else ""), ""]
     corr = _plot_correlation(uncertainty, out / "report_correlation.png")
     if corr is not None:
