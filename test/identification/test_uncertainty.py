@@ -428,6 +428,9 @@ def test_published_sigma_adds_the_horizon_shift_and_flags_structure(superball):
     assert u.flat(params, spread=True)[names.index("cable_damping")] == pytest.approx(2.0)
     bare = dataclasses.replace(u, sigma_structure={})
     assert bare.structure_suspect() == () and bare.published()["cable_damping"][0] == 2.0
+    stepped = dataclasses.replace(bare, sigma_step={"cable_damping": np.array([1.5])})
+    assert stepped.published()["cable_damping"][0] == pytest.approx(2.5)
+    assert stepped.published()["cable_stiffness"][0] == pytest.approx(4.0)
 
 
 def test_the_horizon_shift_shows_a_structure_the_model_lacks_and_not_an_exact_one(superball, sigma_data):
@@ -453,6 +456,11 @@ def test_the_horizon_shift_shows_a_structure_the_model_lacks_and_not_an_exact_on
             assert max(cold[n][0] / here[n][0] for n in learn) > 0.005, cold
         published = u.published()
         for n in learn:
-            assert published[n][0] == pytest.approx(np.hypot(u.sigma_spread[n][0], u.sigma_structure[n][0]))
+            assert published[n][0] == pytest.approx(np.sqrt(u.sigma_spread[n][0] ** 2 + u.sigma_structure[n][0] ** 2
+                                                            + u.sigma_step[n][0] ** 2))
+        if label == "exact":       # converged at the truth: no step left; 3 % off: about 3 % left
+            assert max(u.sigma_step[n][0] / here[n][0] for n in learn) < 1e-4, u.sigma_step
+            off = trainer_uncertainty(tr, at={**here, "cable_stiffness": [1.03 * here["cable_stiffness"][0]]})
+            assert off.sigma_step["cable_stiffness"][0] == pytest.approx(0.03 * here["cable_stiffness"][0], rel=0.3)
     assert max(shifts["delayed"].values()) > 0.005, shifts
     assert max(shifts["exact"].values()) < 1e-4, shifts

@@ -80,13 +80,17 @@ class ParameterUncertainty:
     # (`horizon_shift`): mismatch every group shares; empty where not estimated (data with
     # velocities, no chains long enough, a non-finite longer problem)
     sigma_structure: dict = dataclasses.field(default_factory=dict)
+    # learnt name -> |value after one Gauss-Newton step of the solver's own problem - value|
+    # per element: how far the values are from the optimum of their own objective (a solver
+    # stopped early, data arrived since); empty where not estimated
+    sigma_step: dict = dataclasses.field(default_factory=dict)
 
     def published(self) -> dict:
         """Learnt name -> the 1-sigma the node publishes: the spread (sigma where there is
-        none) and the horizon shift added in quadrature."""
+        none), the horizon shift and the solver's remaining step added in quadrature."""
         base = self.sigma_spread or self.sigma
-        return {n: np.hypot(s, self.sigma_structure[n]) if n in self.sigma_structure else s
-                for n, s in base.items()}
+        return {n: np.sqrt(np.square(s) + np.square(self.sigma_structure.get(n, 0.0))
+                           + np.square(self.sigma_step.get(n, 0.0))) for n, s in base.items()}
 
     def structure_suspect(self) -> tuple:
         """Learnt names whose values move with the horizon by more than twice their spread:
@@ -300,9 +304,12 @@ def _windowed_uncertainty(trainer, names, theta0, seed: int) -> ParameterUncerta
                                   group_information=info["HG"])
     try:
         shift = horizon_shift(trainer, theta0, short=info, seed=seed)
+        step = bounded_step(gauss_newton_step(info["H"], info["G"].sum(0)))
+        remaining = (_value_changes(trainer, theta0, torch.zeros_like(step), step)
+                     if bool(torch.isfinite(step).all()) else {})
     except (RuntimeError, ValueError):        # a failed shift must not cost the sigma
-        shift = {}
-    return dataclasses.replace(u, sigma_structure=shift)
+        shift, remaining = {}, {}
+    return dataclasses.replace(u, sigma_structure=shift, sigma_step=remaining)
 
 
 def horizon_shift(trainer, theta0: torch.Tensor, short: Optional[dict] = None, seed: int = 0,
@@ -344,10 +351,17 @@ def horizon_shift(trainer, theta0: torch.Tensor, short: Optional[dict] = None, s
                   else torch.zeros_like(long_step))
     if not bool(torch.isfinite(long_step).all() and torch.isfinite(short_step).all()):
         return {}
+    return _value_changes(trainer, theta0, short_step, long_step)
+
+
+def _value_changes(trainer, theta0: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> dict:
+    """Learnt name -> per raw element |value at theta0 + b - value at theta0 + a| (raw
+    steps of ``trainer.learn``); the trainer's values are left as they were."""
+    names = tuple(trainer.learn)
     params, before = trainer.params, raw_vector(trainer.params, names)
     try:
         values = []
-        for step in (short_step, long_step):
+        for step in (a, b):
             set_raw_vector(params, names, theta0 + step.to(theta0))
             values.append({n: params.shared_value(n).detach().double().cpu().numpy().reshape(-1) for n in names})
     finally:
