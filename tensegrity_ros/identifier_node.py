@@ -590,8 +590,9 @@ def published_uncertainty(node, params, values: dict):
                                  "not the data, sets them (structure_options, or `tensegrity-identify identify "
                                  "--structure` on a recording)")
     node.structure_suspect = suspect
-    # the groups' scatter and the horizon shift included (`ParameterUncertainty.published`:
-    # mismatch every group shares); convergence (not_yet_determined) is the estimate's
+    # the groups' scatter, the horizon shift (mismatch every group shares) and the solver's
+    # remaining step included (`ParameterUncertainty.published`); convergence
+    # (not_yet_determined) is the estimate's
     return u.flat(params, structure=True)
 
 
