@@ -30,7 +30,8 @@ compromises differently over 0.3 s and over 0.6 s. On pose-only data ``sigma_str
 is how far the values move when the same data is fitted over windows `HORIZON_FACTOR` times
 as long (one Gauss-Newton step of each problem from the values: a specification check in
 the spirit of Hausman's; it carries the noise of a fit on a subset too, so it is not zero
-for a right model on noisy data), and what the node publishes adds it to the spread.
+for a right model on noisy data). ``sigma_step`` is how far one more step of the solver's
+own problem would move the values. What the node publishes adds both to the spread.
 """
 from __future__ import annotations
 
