@@ -304,20 +304,21 @@ def _windowed_uncertainty(trainer, names, theta0, seed: int) -> ParameterUncerta
     u = normal_matrix_uncertainty(trainer.params, names, info["H"], info["rss"], info["dof"], scores=info["G"],
                                   group_information=info["HG"])
     try:
-        shift = horizon_shift(trainer, theta0, short=info, seed=seed)
         step = bounded_step(gauss_newton_step(info["H"], info["G"].sum(0)))
-        remaining = (_value_changes(trainer, theta0, torch.zeros_like(step), step)
-                     if bool(torch.isfinite(step).all()) else {})
+        if not bool(torch.isfinite(step).all()):
+            raise ValueError("non-finite Gauss-Newton step")
+        remaining = _value_changes(trainer, theta0, torch.zeros_like(step), step)
+        shift = horizon_shift(trainer, theta0, short_step=step, seed=seed)
     except (RuntimeError, ValueError):        # a failed shift must not cost the sigma
         shift, remaining = {}, {}
     return dataclasses.replace(u, sigma_structure=shift, sigma_step=remaining)
 
 
-def horizon_shift(trainer, theta0: torch.Tensor, short: Optional[dict] = None, seed: int = 0,
+def horizon_shift(trainer, theta0: torch.Tensor, short_step: Optional[torch.Tensor] = None, seed: int = 0,
                   factor: int = HORIZON_FACTOR, warm: bool = True) -> dict:
     """Learnt name -> per raw element |value after one Gauss-Newton step of the windowed
-    problem with windows ``factor`` x the solver's length - value after one step of the
-    solver's own problem (``short``: its `reduced_information` at ``theta0``; else no step)|,
+    problem with windows ``factor`` x the solver's length - value after ``short_step``, one
+    bounded step of the solver's own problem from ``theta0`` (None: no step)|,
     both from the raw values ``theta0`` of ``trainer.learn``
     (`ParameterUncertainty.sigma_structure`). The short step takes out how far ``theta0``
     is from the solver's own optimum; what is left is the horizon's effect plus the noise of
@@ -348,9 +349,9 @@ def horizon_shift(trainer, theta0: torch.Tensor, short: Optional[dict] = None, s
     if info is None:
         return {}
     long_step = bounded_step(gauss_newton_step(info["H"], info["G"].sum(0)))
-    short_step = (bounded_step(gauss_newton_step(short["H"], short["G"].sum(0))) if short is not None
-                  else torch.zeros_like(long_step))
-    if not bool(torch.isfinite(long_step).all() and torch.isfinite(short_step).all()):
+    if short_step is None:
+        short_step = torch.zeros_like(long_step)
+    if not bool(torch.isfinite(long_step).all()):
         return {}
     return _value_changes(trainer, theta0, short_step, long_step)
 
