@@ -46,7 +46,7 @@ def test_hold_latches_until_an_explicit_resume_with_fresh_poses():
     latch.pose_received(1 * NS)
     assert not latch.check(int(1.4 * NS))
     assert latch.check(int(1.6 * NS)) and latch.reason == STALE_POSES
-    assert "0.60 s old" in latch.detail
+    assert "0.60 s old" in latch.detail and latch.age_at_trip_s == pytest.approx(0.6)
     assert not latch.trip(MODEL_REJECTED, "later reason", 2 * NS)   # the first reason stays
     assert latch.reason == STALE_POSES
     ok, why = latch.resume(2 * NS)                          # poses still stale
@@ -55,7 +55,9 @@ def test_hold_latches_until_an_explicit_resume_with_fresh_poses():
     assert latch.holding
     ok, why = latch.resume(int(2.2 * NS))                   # ... until resumed
     assert ok and not latch.holding and STALE_POSES in why
+    assert latch.age_at_trip_s == pytest.approx(0.6)         # poses during the hold leave it
     assert latch.trip(OPERATOR, "hold service", 3 * NS) and latch.trips[OPERATOR] == 1
+    assert latch.age_at_trip_s is None
 
 
 def test_without_a_watchdog_only_trips_hold():

@@ -17,7 +17,7 @@ from ros_harness import NS, Recorder, Ros, wait_for  # noqa: E402
 
 from tensegrity_engine.identification.dataset import generate_dataset  # noqa: E402
 
-POSE_TIMEOUT = 0.5
+POSE_TIMEOUT = 1.0     # all nodes share one process and 2 cores: a tighter one trips on a busy CI runner
 PERIOD = 0.1
 
 
@@ -79,8 +79,9 @@ def test_driver_identifier_controller_flow_and_watchdog(ros, recording, three_ba
     assert wait_for(lambda: ctrl.latch.holding, 10 * POSE_TIMEOUT), "no hold after the poses stopped"
     latch = ctrl.latch
     assert latch.reason == "stale_poses"
-    waited = (latch.since_ns - latch.last_pose_ns) / NS
-    assert POSE_TIMEOUT < waited <= POSE_TIMEOUT + PERIOD + 0.25, waited
+    # the age at the trip, not since_ns - last_pose_ns: if a starved executor tripped the hold
+    # mid-recording, poses that came later moved last_pose_ns past since_ns
+    assert POSE_TIMEOUT < latch.age_at_trip_s <= POSE_TIMEOUT + PERIOD + 0.25, latch.age_at_trip_s
     n_hold = len(rec.commands)
     assert wait_for(lambda: len(rec.commands) >= n_hold + 3, 10)          # the hold command, every period
     with rec.lock:

@@ -77,6 +77,9 @@ class HoldLatch:
         self.detail = ""
         self.since_ns: Optional[int] = None
         self.last_pose_ns: Optional[int] = None
+        # the newest pose's age when the watchdog started this hold (None for other reasons):
+        # kept, since poses that arrive during the hold move last_pose_ns
+        self.age_at_trip_s: Optional[float] = None
         self.trips = {r: 0 for r in HOLD_REASONS}
 
     @property
@@ -96,6 +99,7 @@ class HoldLatch:
         if self.holding:
             return False
         self.reason, self.detail, self.since_ns = reason, detail, int(now_ns)
+        self.age_at_trip_s = None
         self.trips[reason] += 1
         return True
 
@@ -104,8 +108,11 @@ class HoldLatch:
         age = self.pose_age_s(now_ns)
         if self.pose_timeout_ns <= 0 or age is None or age * NS <= self.pose_timeout_ns:
             return False
-        return self.trip(STALE_POSES, f"newest pose {age:.2f} s old (timeout "
-                         f"{self.pose_timeout_ns / NS:g} s)", now_ns)
+        started = self.trip(STALE_POSES, f"newest pose {age:.2f} s old (timeout "
+                            f"{self.pose_timeout_ns / NS:g} s)", now_ns)
+        if started:
+            self.age_at_trip_s = age
+        return started
 
     def resume(self, now_ns: int) -> tuple[bool, str]:
         """Clear the hold if the poses are fresh again: (resumed, why / why not)."""
