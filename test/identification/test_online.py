@@ -352,11 +352,45 @@ def test_structure_options_are_fitted_by_challengers_and_adopted_only_when_they_
 
 
 class _LongStructureTrainer(_StructureTrainer):
-    """`_StructureTrainer` whose options' fits take 12 epochs (the base's 20)."""
+    """`_StructureTrainer` whose options' fits take 12 epochs (the base's 40)."""
+    option_epochs = 12
 
     def __init__(self, robot, config, initial=None):
         super().__init__(robot, config, initial)
-        self.script = [1.0] * (20 if self.learn == ("cable_stiffness",) else 12)
+        self.script = [1.0] * (40 if self.learn == ("cable_stiffness",) else self.option_epochs)
+
+
+class _WorseStructureTrainer(_LongStructureTrainer):
+    """Slack-cable damping that does not diverge but ends at 1800, further from the stand-in
+    truth (3000) than the config (2000) and the base (2500), after 30 epochs."""
+    option_epochs = 30
+
+    def __init__(self, robot, config, initial=None):
+        super().__init__(robot, config, initial)
+        if "cable_slack_damping" in self.learn:
+            self.script, self.target = [1.0] * self.option_epochs, 1800.0
+
+
+def test_a_challenger_takes_one_epoch_in_its_share_and_is_refused_when_it_trails(three_bar):
+    """A challenger worse than the fit it must beat at FUTILE_LOOKS looks in a row is refused
+    then, not at its end; meanwhile the solver trained CHALLENGER_SHARE - 1 epochs to each of
+    its own."""
+    from tensegrity_engine.identification.online_structure import CHALLENGER_SHARE, FUTILE_LOOKS, JUDGE_EVERY
+
+    made, session = _structure_sessions(three_bar, _WorseStructureTrainer, ("slack_damping",))
+    s = session()
+    s.add(_batch(three_bar, 0, 91))
+    main = s.trainer
+    s.step()                                                # the solver's first epoch starts the challenger
+    slack = made[-1]
+    assert s.trials.option == "slack_damping"
+    while s.trials.active:
+        s.step()
+    option, verdict = s.trials.log[0]
+    assert option == "slack_damping" and verdict.startswith(f"futile: trailed at {FUTILE_LOOKS} looks in a row")
+    assert slack.epoch == FUTILE_LOOKS * JUDGE_EVERY < _WorseStructureTrainer.option_epochs and not slack.done
+    assert main.epoch == 1 + (CHALLENGER_SHARE - 1) * slack.epoch and not main.done
+    assert s.trials.refused == {"slack_damping": 30} and s.trainer is main
 
 
 def test_a_challenger_is_judged_while_it_runs_and_refused_only_at_its_end(three_bar):

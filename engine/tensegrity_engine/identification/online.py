@@ -29,8 +29,8 @@ import torch
 
 from tensegrity_engine.identification.config import IdentificationConfig, resolve_learn
 from tensegrity_engine.identification.heldout_scoring import StructuredScores
-from tensegrity_engine.identification.online_structure import (StructureTrials, healthy_values, robot_in_structure,
-                                                                structure_key, structure_robot)
+from tensegrity_engine.identification.online_structure import (CHALLENGER_SHARE, StructureTrials, healthy_values,
+                                                                robot_in_structure, structure_key, structure_robot)
 from tensegrity_engine.identification.holdout import HeldOutBlocks
 from tensegrity_engine.identification.streaming import TupleBatch, to_tuple_set
 from tensegrity_engine.physics.actuators import delayed_commands
@@ -147,7 +147,7 @@ class OnlineIdentification:
         self.since_end = 0                   # training tuples added after the schedule's end
         self.scores.reset()                  # scorers per structure, the reference models' scores
         self.trials.reset()                  # structure: adopted options, the running challenger
-        self._challenger_turn = False        # the next epoch is the challenger's (both training)
+        self._solver_turns = 0               # solver epochs since the challenger's last (both training)
 
     # ------------------------------------------------------------------ data window
     def _tuple_set(self, batch: TupleBatch, context=()):
@@ -314,15 +314,15 @@ class OnlineIdentification:
         """One epoch. Returns (metrics, parameter values) when the validation loss improved
         on the best so far, None otherwise; a diverged epoch is rolled back and counted in
         ``rollbacks`` (compare it before and after to tell). Once the solver is done, an
-        epoch of the structure challenger, and every other epoch while both train (None; an
-        adopted one becomes the solver)."""
-        if self.trials.active and (self.trainer.done or self._challenger_turn):
-            self._challenger_turn = False
+        epoch of the structure challenger, and one epoch in ``CHALLENGER_SHARE`` while both
+        train (None; an adopted one becomes the solver)."""
+        if self.trials.active and (self.trainer.done or self._solver_turns >= CHALLENGER_SHARE - 1):
+            self._solver_turns = 0
             self.trials.step(self)
             return None
         # on the floor the solver rarely waits (it reopens on every reopen_tuples new
-        # tuples and trains until then): a running challenger takes every other epoch
-        self._challenger_turn = self.trials.active
+        # tuples and trains until then): a running challenger takes its share of the epochs
+        self._solver_turns = self._solver_turns + 1 if self.trials.active else 0
         m = self.trainer.train_epoch()
         self.epochs += 1
         self.last_metrics = {k: v for k, v in m.items() if k != "params"}
