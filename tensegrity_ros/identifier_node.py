@@ -93,6 +93,7 @@ class IdentifierNode(Node):
         self.undetermined: tuple = ()        # parameters the data cannot determine yet
         self.structure_suspect: tuple = ()   # parameters whose values move with the horizon
         self.at_bound: tuple = ()            # parameters the data pushed against a bound
+        self.sigma_state = "none published yet"   # the published values' sigma: estimated, or why not
         self.last_gate = None                # HeldOutVerdict of the newest candidate
         self.last_refused = None             # {name: mean value} of the newest refused candidate
 
@@ -234,8 +235,11 @@ class IdentifierNode(Node):
             # sigma and the step come from the session's trainer: only for values of its structure
             same = structure_key(robot) == structure_key(self.session.robot)
             sigma = published_uncertainty(self, params, values) if same else None
+            if not same:
+                clear_uncertainty_flags(self, "not estimated (values of another structure)")
         else:
             sigma, same = None, False        # a checkpoint's values: no data behind them yet
+            clear_uncertainty_flags(self, "not estimated (values from a checkpoint)")
         stage = stage or f"{m.get('stage', '')} {m.get('integrator', '')} dt={m.get('dt', 0) * 1e3:g}ms"
         held = float(heldout_loss) if math.isfinite(heldout_loss) else float(m.get("val_loss", math.nan))
         msg = conv.params_to_msg(params, self.robot.name, self.get_clock().now().nanoseconds,
@@ -335,7 +339,7 @@ class IdentifierNode(Node):
                "best_loss": s.best_loss, "stage": m.get("stage", ""), "dt": m.get("dt", ""),
                "lr": m.get("lr", ""), "undetermined": ", ".join(self.undetermined),
                "at_bound": ", ".join(self.at_bound), "structure_suspect": ", ".join(self.structure_suspect),
-               "heldout_tuples": s.heldout_len}
+               "uncertainty": self.sigma_state, "heldout_tuples": s.heldout_len}
         if self.last_gate is not None:
             g = self.last_gate
             out.update(gate=g.reason, heldout_loss=g.candidate_loss, heldout_improvement=g.improvement)
@@ -565,14 +569,24 @@ def not_yet_determined(node, values: dict) -> tuple:
     return tuple(n for n in learnt if n in u.undetermined or not rel.get(n, math.inf) <= node.converged_sigma)
 
 
+def clear_uncertainty_flags(node, why: str) -> None:
+    """The published values have no sigma (``why``): the flags of an earlier estimate are
+    not theirs."""
+    node.undetermined = node.at_bound = node.structure_suspect = ()
+    node.sigma_state = why
+
+
 def published_uncertainty(node, params, values: dict):
     """1-sigma at ``values`` per flat name of ``params`` (the same values), or None."""
     if not node.sigma_tuples:
+        clear_uncertainty_flags(node, "off (uncertainty_tuples 0)")
         return None
     u = node.session.uncertainty(max_tuples=node.sigma_tuples, at=values)
     if u is None:
         node.diag.count("uncertainty_failed")
+        clear_uncertainty_flags(node, "failed")
         return None
+    node.sigma_state = "estimated"
     if u.undetermined and u.undetermined != node.undetermined:
         node.diag.warn_throttled("undetermined", "the data does not determine "
                                  f"{', '.join(u.undetermined)} yet: excite the motions they act on")

@@ -230,6 +230,15 @@ def test_a_value_pinned_at_its_bound_is_warned_about_once_and_in_the_diagnostics
         assert node.at_bound == at_bound
     assert len(warnings) == 1 and warnings[0][0] == "at_bound"
     assert "actuator_time_constant" in warnings[0][1] and "--structure" in warnings[0][1]
+    # pinned again, then the estimate for newer values fails: its flags are not theirs
+    node.session = SimpleNamespace(uncertainty=lambda max_tuples, at: u)
+    u = ParameterUncertainty(sigma={"actuator_time_constant": np.array([0.001])}, undetermined=("cable_damping",),
+                             residual_sigma=1.0, dof=10, at_bound=("actuator_time_constant",))
+    published_uncertainty(node, params, values)
+    assert node.at_bound and node.undetermined and node.sigma_state == "estimated"
+    node.session = SimpleNamespace(uncertainty=lambda max_tuples, at: None)
+    assert published_uncertainty(node, params, values) is None
+    assert node.at_bound == node.undetermined == node.structure_suspect == () and node.sigma_state == "failed"
 
 
 def test_a_schedule_ended_by_a_limit_keeps_the_excitation_while_sigma_is_wide(three_bar):
