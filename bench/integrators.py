@@ -13,7 +13,9 @@ random commands), or "diverged", and the damping step c dt / m (the largest cabl
 times the step over the lightest rod's mass; a cable's end moved sideways sees a quarter of
 a uniform rod's mass, so the cables' own ratio is several times larger: implicit damping
 adds inertia c dt along each cable). Rolling is chaotic: at 1 s the distances mix the
-step's error with its growth.
+step's error with its growth. A few tenths of a millimetre are not the mechanical step's:
+RK4 at the step is no closer than Euler there (the motors' command filter, stepped with the
+rest, is discretised too).
 """
 from __future__ import annotations
 
@@ -29,8 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from zoo import machine  # noqa: E402  (bench/zoo.py prints the machine the same way)
 
-from tensegrity_engine.groundtruth.environments import (contact_twin, noncontact_twin,  # noqa: E402
-                                                        sample_contact_episode, sample_noncontact_episode)
+from tensegrity_engine.groundtruth.environments import (NONCONTACT_FIXED_ROD, contact_twin,  # noqa: E402
+                                                        noncontact_twin, sample_contact_episode,
+                                                        sample_noncontact_episode)
 from tensegrity_engine.groundtruth.mujoco_twin import GroundTruthDiverged  # noqa: E402
 from tensegrity_engine.groundtruth.realisation import INTEGRATORS  # noqa: E402
 from tensegrity_engine.groundtruth.zoo import ground_truth, zoo_names  # noqa: E402
@@ -88,7 +91,13 @@ def main(argv=None) -> int:
         for regime in ("hanging", "rolling"):
             start = time.perf_counter()
             data = episodes(zr, regime, args.episodes, steps, args.seed)
-            fine = rod_centres(zr, regime, data, "RK4", FINE)
+            try:
+                fine = rod_centres(zr, regime, data, "RK4", FINE)
+            except GroundTruthDiverged:
+                print(f"  {regime:8s} RK4 at 1/{FINE} of the step diverged: no reference")
+                continue
+            # the welded rod never moves: it is left out of the mean
+            moving = [r for r in range(t.num_rods) if regime == "rolling" or r != NONCONTACT_FIXED_ROD]
             cells = []
             for integrator in INTEGRATORS:
                 own = "*" if integrator == zr.realisation.integrator else ""
@@ -97,8 +106,9 @@ def main(argv=None) -> int:
                 except GroundTruthDiverged:
                     cells.append(f"{integrator}{own} diverged")
                     continue
-                err = [float(np.linalg.norm(x[:, int(round(h / t.dt)) - 1] - fine[:, int(round(h / t.dt)) - 1],
-                                            axis=-1).mean()) * 1e3 for h in HORIZONS]
+                err = [float(np.linalg.norm(x[:, int(round(h / t.dt)) - 1, moving]
+                                            - fine[:, int(round(h / t.dt)) - 1, moving], axis=-1).mean()) * 1e3
+                       for h in HORIZONS]
                 cells.append(f"{integrator}{own} {' / '.join(f'{e:.2f}' for e in err)}")
             print(f"  {regime:8s} " + ";  ".join(cells) + f"  ({time.perf_counter() - start:.0f} s)")
     print("\n* the robot's own integrator")

@@ -47,15 +47,15 @@ def test_hold_latches_until_an_explicit_resume_with_fresh_poses():
     assert not latch.check(int(1.4 * NS))
     assert latch.check(int(1.6 * NS)) and latch.reason == STALE_POSES
     assert "0.60 s old" in latch.detail and latch.age_at_trip_s == pytest.approx(0.6)
+    assert not latch.check(int(1.9 * NS)) and latch.age_at_trip_s == pytest.approx(0.6)   # the trip's age stays
     assert not latch.trip(MODEL_REJECTED, "later reason", 2 * NS)   # the first reason stays
     assert latch.reason == STALE_POSES
     ok, why = latch.resume(2 * NS)                          # poses still stale
     assert not ok and latch.holding and "still holding" in why
     latch.pose_received(int(2.1 * NS))                      # poses back: still holding ...
-    assert latch.holding
+    assert latch.holding and latch.age_at_trip_s == pytest.approx(0.6)   # poses during the hold leave it
     ok, why = latch.resume(int(2.2 * NS))                   # ... until resumed
-    assert ok and not latch.holding and STALE_POSES in why
-    assert latch.age_at_trip_s == pytest.approx(0.6)         # poses during the hold leave it
+    assert ok and not latch.holding and STALE_POSES in why and latch.age_at_trip_s is None
     assert latch.trip(OPERATOR, "hold service", 3 * NS) and latch.trips[OPERATOR] == 1
     assert latch.age_at_trip_s is None
 

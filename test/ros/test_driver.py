@@ -74,13 +74,17 @@ def test_driver_identifier_controller_flow_and_watchdog(ros, recording, three_ba
     assert len(planned["planned/cables"].colors) == len(planned["planned/cables"].points) == 2 * three_bar.num_cables
     assert len(planned["planned/com_path"].points) == 3 + 1                 # horizon 3 knots + the start
 
-    # the recording ends: the watchdog holds within its timeout (node clock, exact)
+    # the recording ends: the watchdog holds within its timeout (node clock, exact). All nodes
+    # share one process: an executor starved past the timeout while poses still flowed trips
+    # a hold too (CI saw one); that one is resumed, so the hold judged is the recording's end's
+    if ctrl.latch.holding and driver.index < driver.traj.num_samples:
+        assert ctrl.latch.reason == "stale_poses" and _call(caller, resume).success
+    trips = ctrl.latch.trips["stale_poses"]
     assert wait_for(lambda: driver.index >= driver.traj.num_samples, 30)
     assert wait_for(lambda: ctrl.latch.holding, 10 * POSE_TIMEOUT), "no hold after the poses stopped"
     latch = ctrl.latch
-    assert latch.reason == "stale_poses"
-    # the age at the trip, not since_ns - last_pose_ns: if a starved executor tripped the hold
-    # mid-recording, poses that came later moved last_pose_ns past since_ns
+    assert latch.reason == "stale_poses" and latch.trips["stale_poses"] <= trips + 1
+    assert latch.since_ns > latch.last_pose_ns                               # after the last pose
     assert POSE_TIMEOUT < latch.age_at_trip_s <= POSE_TIMEOUT + PERIOD + 0.25, latch.age_at_trip_s
     n_hold = len(rec.commands)
     assert wait_for(lambda: len(rec.commands) >= n_hold + 3, 10)          # the hold command, every period

@@ -123,5 +123,5 @@ class HoldLatch:
             return False, ("no pose received yet" if age is None else
                            f"poses are {age:.2f} s old (timeout {self.pose_timeout_ns / NS:g} s): still holding")
         was = self.reason
-        self.reason, self.detail, self.since_ns = None, "", None
+        self.reason, self.detail, self.since_ns, self.age_at_trip_s = None, "", None, None
         return True, f"resumed (was holding: {was})"

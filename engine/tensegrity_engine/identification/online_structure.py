@@ -5,8 +5,9 @@ only what the robot does on the floor, and no time to fit every option at once. 
 option at a time is fitted by a *challenger*: a second trainer on the training window as it
 was when it started (a problem that grows under it every 5 s of data does not converge on
 one core: measured, `bench/online.py` at 120 s), with the option's values learnt as well.
-It starts from the config's values once the gate can judge, takes every other epoch while
-the solver trains and every epoch while the solver waits for new tuples. Every
+It starts from the config's values once the gate can judge, takes one epoch in
+``CHALLENGER_SHARE`` while the solver trains and every epoch while the solver waits for new
+tuples. Every
 ``JUDGE_EVERY`` of its epochs and when its schedule ends, it is judged on the held-out
 blocks by the session's gate with a stricter test than a candidate of the same structure
 (more parameters must pay for themselves: a lower held-out loss by
@@ -14,8 +15,9 @@ blocks by the session's gate with a stricter test than a candidate of the same s
 ``STRUCTURE_MIN_GAIN`` of the loss, no larger CoM error, better than the published model,
 the config, and the solver's current fit). Adopted, it becomes the session's trainer on the
 window as it is now and ends like the solver (the caller's gate and convergence test, then
-publication); its values are learnt from then on, under the session's budget. Only its end
-(or a divergence) refuses it. Refused, failed or over its own budget, the option waits until
+publication); its values are learnt from then on, under the session's budget. Its end, a
+divergence, or ``FUTILE_LOOKS`` looks in a row with a held-out loss above the model it must
+beat refuse it. Refused, failed or over its own budget, the option waits until
 twice the held-out tuples have been seen before it is tried again.
 
 Options of two kinds can be tried online:
@@ -73,7 +75,7 @@ STRUCTURE_MIN_GAIN = 0.05
 CHALLENGER_MAX_EPOCHS = 60
 CHALLENGER_MAX_SECONDS = 120.0
 # A running challenger is also judged every this many of its epochs, and adopted then if it
-# already wins; only its end (or a divergence) refuses it. On the floor the solver seldom
+# already wins; refused then only once it trails (`FUTILE_LOOKS`). On the floor the solver seldom
 # waits, and a challenger that fits everything anew may end after the robot's first minute
 # (measured: slow_winch's winch speed, started at 16-29 s, converged at 55 s and later). The
 # looks reuse the held-out data, so they pass a useless option more often than one test
@@ -94,7 +96,9 @@ FUTILE_LOOKS = 3
 def _trails(reason: str) -> bool:
     """A verdict (`StructureTrials._verdict`'s) whose held-out mean loss is above the model's
     it was compared with (`online._compare`'s "worse", the gate's "unstable"): not merely not
-    significantly lower, nor lower with the CoM further off."""
+    significantly lower, nor lower with the CoM further off. The gate's "worse_than_config"
+    (better than the published model, not than the config) does not count: the challenger is
+    not behind the model it would replace."""
     if reason.startswith(_NOT_BETTER):
         reason = reason[len(_NOT_BETTER):].strip(" ()")
     return reason in ("worse", "unstable")
@@ -250,7 +254,7 @@ class StructureTrials:
         the verdict: adopted (``session.adopt``) only if the gate passes it at the stricter
         test *and* it beats, by the same test, the session's fit as it stands now (the
         option, not more solver time, must have earned it: the solver trains on beside it).
-        Only its end, a divergence or a failure refuses it."""
+        Its end, a divergence, a failure or `FUTILE_LOOKS` trailing looks in a row refuse it."""
         challenger, option = self.challenger, self.option
         interim = False
         try:
