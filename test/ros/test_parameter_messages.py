@@ -233,12 +233,19 @@ def test_a_value_pinned_at_its_bound_is_warned_about_once_and_in_the_diagnostics
     # pinned again, then the estimate for newer values fails: its flags are not theirs
     node.session = SimpleNamespace(uncertainty=lambda max_tuples, at: u)
     u = ParameterUncertainty(sigma={"actuator_time_constant": np.array([0.001])}, undetermined=("cable_damping",),
-                             residual_sigma=1.0, dof=10, at_bound=("actuator_time_constant",))
+                             residual_sigma=1.0, dof=10, at_bound=("actuator_time_constant",),
+                             sigma_structure={"actuator_time_constant": np.array([0.01])})     # moves with the horizon
     published_uncertainty(node, params, values)
-    assert node.at_bound and node.undetermined and node.sigma_state == "estimated"
+    assert node.at_bound and node.undetermined and node.structure_suspect and node.sigma_state == "estimated"
     node.session = SimpleNamespace(uncertainty=lambda max_tuples, at: None)
     assert published_uncertainty(node, params, values) is None
     assert node.at_bound == node.undetermined == node.structure_suspect == () and node.sigma_state == "failed"
+    node.session = SimpleNamespace(uncertainty=lambda max_tuples, at: u)   # flags again, then sigma turned off
+    published_uncertainty(node, params, values)
+    assert node.structure_suspect
+    node.sigma_tuples = 0
+    assert published_uncertainty(node, params, values) is None
+    assert node.at_bound == node.structure_suspect == () and node.sigma_state.startswith("off")
 
 
 def test_a_schedule_ended_by_a_limit_keeps_the_excitation_while_sigma_is_wide(three_bar):
