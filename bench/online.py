@@ -63,7 +63,7 @@ from tensegrity_engine.physics.config import load_robot
 from tensegrity_engine.physics.params import PhysicalParameters
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from zoo import machine  # noqa: E402  (bench/zoo.py prints the machine the same way)
+from zoo import kicked_com_gaps, machine  # noqa: E402  (bench/zoo.py: the same machine line and chaos floor)
 
 TARGETS = ("cable_stiffness", "cable_damping", "rod_mass", "actuator_time_constant")
 # Floor data: the cables, the motor and the contact. Structure parameters (slack share,
@@ -115,22 +115,12 @@ def chaos_floor(z, twin, dense: np.ndarray, acts: np.ndarray, steps: np.ndarray)
     there with every velocity 1 % larger (``dense`` [S+1, R, 13] and ``acts`` [S+1, A] at
     t = k dt, ``steps`` [S, A] its commands; as `bench/zoo.py`'s: both restarted, so what a
     restart loses, MuJoCo's warm start, is in neither)."""
-    from tensegrity_engine.physics.state import ANG_VEL, LIN_VEL
-
     span = int(round(HOLDOUT_SECONDS / z.truth.dt))
     starts = np.arange(span, dense.shape[0] - span, span)
     if starts.size == 0:
         return math.nan
-    s0 = dense[starts]
-    kicked = s0.copy()
-    kicked[..., LIN_VEL] *= 1.01
-    kicked[..., ANG_VEL] *= 1.01
     cmd = np.stack([steps[k:k + span] for k in starts])
-    n = starts.size
-    out, _ = twin.rollout(np.concatenate([s0, kicked]), np.concatenate([acts[starts]] * 2), np.concatenate([cmd] * 2))
-    w = z.truth.rod_mass / z.truth.rod_mass.sum()
-    com = (out[:, -1, :, 0:3] * w[:, None]).sum(-2)
-    return float(np.linalg.norm(com[n:] - com[:n], axis=-1).mean())
+    return float(kicked_com_gaps(twin, dense[starts], acts[starts], cmd, z.truth.rod_mass, [span]).mean())
 
 
 def shared_like(truth, model):

@@ -234,8 +234,10 @@ class IdentifierNode(Node):
                                         bounds={n: (sp.lower, sp.upper) for n, sp in cur.specs.items()})
             # sigma and the step come from the session's trainer: only for values of its structure
             same = structure_key(robot) == structure_key(self.session.robot)
-            sigma = published_uncertainty(self, params, values) if same else None
-            if not same:
+            if same:
+                sigma = published_uncertainty(self, params, values)
+            else:
+                sigma = None
                 clear_uncertainty_flags(self, "not estimated (values of another structure)")
         else:
             sigma, same = None, False        # a checkpoint's values: no data behind them yet

@@ -46,7 +46,8 @@ from tensegrity_engine.physics.config import MODEL_INTEGRATORS, RobotConfig
 from tensegrity_engine.physics.params import PhysicalParameters
 
 __all__ = ["ONLINE_OPTIONS", "OnlineOption", "online_options", "StructureTrials", "healthy_values",
-           "CHALLENGER_SHARE", "FUTILE_LOOKS", "JUDGE_EVERY", "STRUCTURE_SIGNIFICANCE", "STRUCTURE_MIN_GAIN", "structure_robot", "structure_key", "robot_in_structure"]
+           "CHALLENGER_SHARE", "FUTILE_LOOKS", "JUDGE_EVERY", "STRUCTURE_SIGNIFICANCE", "STRUCTURE_MIN_GAIN",
+           "structure_robot", "structure_key", "robot_in_structure"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,12 +87,12 @@ JUDGE_EVERY = 5
 # truth than one in two and left every challenger later; the futility stop (below) is what
 # saves the solver's time.
 CHALLENGER_SHARE = 2
-_NOT_BETTER = "no better than the base fit"
 # A challenger whose held-out loss is above the fit it must beat at this many looks in a row
 # (its point estimate, not its significance) is refused then: an option that changes nothing
 # (the twin's own integrator's neighbour) or explains nothing would otherwise hold the solver's
 # share for its whole budget. A refused option is tried again on twice the held-out data.
 FUTILE_LOOKS = 3
+_NOT_BETTER = "no better than the base fit"     # `_verdict`'s prefix when the base fit wins
 
 
 def _trails(reason: str) -> bool:

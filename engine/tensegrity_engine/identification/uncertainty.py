@@ -328,7 +328,6 @@ def horizon_shift(trainer, theta0: torch.Tensor, short_step: Optional[torch.Tens
     its windows do not constrain (`SINGULAR`) and moves each raw value at most
     `bounded_step`'s limit (the solver's trust region). ``warm``: latents from the solver's
     windows that start alike (`_warm_start`), else all fitted afresh."""
-    names = tuple(trainer.learn)
     base = int(trainer.config.pose_window)
     # every window first: the pairing with the solver's windows, then the cap (`_warm_start`)
     lm = WindowLevenbergMarquardt(dataclasses.replace(trainer.config, pose_window=factor * base,
