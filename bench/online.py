@@ -158,7 +158,7 @@ def training_objective(trainer, values: dict, width: int, max_windows: int = 256
     model = PhysicalParameters(trainer.robot, values, per_element=[k for k, v in values.items() if len(v) > 1])
     p = {k: v.to(trainer.dtype).to(trainer.device) for k, v in model.values().items()}
     with trainer.objective.stepped_for(p):
-        vel = fit_start_velocities(trainer.objective, data, chains, p)
+        vel = fit_start_velocities(trainer.objective, data, chains, p, chain=trainer.config.chain_latents)
         r = trainer.objective.window_residual(data, chains, vel, p)
     return float((r ** 2).sum())
 
@@ -172,7 +172,8 @@ def run_session(z, args, seed: int, learn) -> dict:
         robot = robot.replace(actuator=dataclasses.replace(robot.actuator, delay=z.sensing.latency))
     events, floor = record(z, seed, args.duration, noisy)
     cfg = IdentificationConfig(period=CONTROL_DT, learn=learn, init=args.init, seed=seed,
-                               schedule=args.schedule, lm_windows=args.lm_windows, pose_window=args.pose_window)
+                               schedule=args.schedule, lm_windows=args.lm_windows, pose_window=args.pose_window,
+                               chain_latents=args.chain_latents == "on")
     session = OnlineIdentification(robot, cfg, min_tuples=args.min_tuples, max_tuples=args.max_tuples,
                                    floor=True, holdout_every=args.holdout_every,
                                    structure_options=args.structure_options,
@@ -307,6 +308,9 @@ def main(argv=None) -> int:
     ap.add_argument("--lm-windows", type=int, default=256, help="as the identifier node's lm_windows")
     ap.add_argument("--pose-window", type=int, default=IdentificationConfig().pose_window, help="as the identifier node's "
                     "pose_window: tuples per multiple-shooting window")
+    ap.add_argument("--chain-latents", choices=("on", "off"), default="on",
+                    help="new pose windows start from their predecessor's predicted end velocity "
+                    "(IdentificationConfig.chain_latents)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="runs/bench_online")
     ap.add_argument("--verbose", action="store_true")
@@ -326,7 +330,7 @@ def main(argv=None) -> int:
         learn += ("actuator_delay",)
     _line(f"machine: {machine()}")
     _line(f"online identification of {', '.join(learn)} on {args.robot}: {args.duration:g} s of sim time, "
-          f"contact law {law}, masses {args.masses}, noise {args.noise}, latency {args.latency}, init {args.init}, schedule {args.schedule}, pose windows of {args.pose_window}, seeds {args.seeds}"
+          f"contact law {law}, masses {args.masses}, noise {args.noise}, latency {args.latency}, init {args.init}, schedule {args.schedule}, pose windows of {args.pose_window} (latents chained: {args.chain_latents}), seeds {args.seeds}"
           + (f", structure options tried online: {', '.join(args.structure_options)}" if args.structure_options else ""))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -90,6 +90,9 @@ class IdentificationConfig:
     pose_window: int = 3
     lm_windows: int = 64                # pose-only LM: windows (fixed subset) per iteration
     latent_jacobian_reuse: int = 4      # pose-only LM: iterations a window's latent Jacobian is reused
+    # pose-only LM: a new window that continues another starts from that one's predicted end
+    # velocity where it fits better (`solvers.chaining`: 10 Hz poses alias a rod's spin)
+    chain_latents: bool = True
     max_raw: float = 12.0               # |raw| beyond this = saturated/exploded -> rollback
     init: str = "random"                # "random" (within bounds), "given" (initial values) or
                                         # "given+random" (multi-start: the given values among the random ones)

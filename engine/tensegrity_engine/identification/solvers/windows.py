@@ -29,6 +29,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from tensegrity_engine.identification.solvers.chaining import chain_latents
 from tensegrity_engine.identification.solvers.levenberg_marquardt import (bounded_step, jacobian_mode,
                                                                           one_sided_jacobian, parameter_jacobian,
                                                                           raw_vector, set_raw_vector)
@@ -44,6 +45,8 @@ LATENT_SWEEPS = 3       # per iteration: Gauss-Newton sweeps on the latents alon
 # objective 0.032 from 1e-6 (/3), 1.7e-3 from 1e-3 (/10), 6.5e-4 from 0.1 (/10), 4.8e-4 from
 # 0.1 (/3, but a hanging window's exact model then kept 6e-8 where it reaches 1e-10).
 START_DAMPING = 0.1
+# Gauss-Newton iterations of a new window chained from its predecessor (`chaining`)
+CHAIN_ITERATIONS = 2
 
 
 def chain_windows(nxt, width: int) -> tuple[np.ndarray, int]:
@@ -171,7 +174,8 @@ def reduced_information(A: torch.Tensor, B: torch.Tensor, r: torch.Tensor, rtol:
 
 
 @torch.no_grad()
-def fit_start_velocities(objective, data, windows: torch.Tensor, p: dict, iterations: int = 6) -> torch.Tensor:
+def fit_start_velocities(objective, data, windows: torch.Tensor, p: dict, iterations: int = 6,
+                         start: Optional[torch.Tensor] = None, chain: bool = False) -> torch.Tensor:
     """[N, R, 6] initial velocities of ``windows`` (chains of tuples) that make the model
     ``p`` best reproduce their poses: Gauss-Newton per window, the parameters fixed, from
     the finite-difference estimates. What the model predicts *after* them is then a fair
@@ -181,8 +185,12 @@ def fit_start_velocities(objective, data, windows: torch.Tensor, p: dict, iterat
     was refused computed the same step again at every later iteration and never moved
     (measured on the SUPERball twin rolling, 30 s of online data: the exact model's 78
     windows fitted 0.066 in all, their true start velocities 1.4e-4; now 6.5e-4, and the
-    held-out CoM error 1 s ahead of the exact model fell from 36.8 to 1.6 mm)."""
-    vel = data.x0[windows[:, 0]][..., 7:].clone()
+    held-out CoM error 1 s ahead of the exact model fell from 36.8 to 1.6 mm). ``start``
+    [N, R, 6]: start there instead. ``chain``: then each window that continues another of
+    ``windows`` also tries its predecessor's predicted end velocity (`chaining.chain_latents`):
+    the spin about a rod's axis, which 10 Hz poses alias, otherwise stays where the finite
+    differences put it."""
+    vel = (data.x0[windows[:, 0]][..., 7:] if start is None else start).clone()
     N, R = vel.shape[0], vel.shape[1]
     cols = torch.as_tensor([r * 6 + j for r in range(R) for j in range(6)
                             if float(objective.free[r]) > 0], device=vel.device)
@@ -194,6 +202,9 @@ def fit_start_velocities(objective, data, windows: torch.Tensor, p: dict, iterat
         normal = latent_normal(latent_jacobian(residual, windows, vel, r0, cols, N))
         vel, r0, f0, better = latent_step(residual, windows, vel, r0, f0, cols, normal, damping)
         damping = torch.where(better, damping / 10.0, damping * 10.0).clamp(1e-12, 1e9)
+    if chain:
+        vel, _ = chain_latents(objective, data, windows, vel, p, torch.ones(len(windows), dtype=torch.bool),
+                               iterations=iterations)
     return vel
 
 
@@ -207,6 +218,7 @@ class WindowLevenbergMarquardt:
         self.stale = False                               # data appended since setup
         self.latent_jac: Optional[torch.Tensor] = None   # [N, M, L] cached latent blocks
         self.jac_age: Optional[torch.Tensor] = None      # iterations since each was computed
+        self.chained = 0                                 # new windows' latents taken from their predecessor
 
     def reset(self) -> None:
         """New data (tuple indices changed): the windows are drawn again at the next epoch."""
@@ -238,6 +250,7 @@ class WindowLevenbergMarquardt:
         vel = run.train.x0[windows[:, 0]][..., 7:].detach().clone()
         reuse = max(1, int(cfg.latent_jacobian_reuse))
         jac, age = None, torch.full((len(pool),), reuse, dtype=torch.long)     # new: due now
+        pairs = []
         if self.stale and self.windows.shape[1] == width:
             known = {tuple(w): i for i, w in enumerate(self.windows.tolist())}
             pairs = [(j, known[tuple(w)]) for j, w in enumerate(pool.tolist()) if tuple(w) in known]
@@ -248,6 +261,10 @@ class WindowLevenbergMarquardt:
                     jac = self.latent_jac.new_zeros((len(pool),) + self.latent_jac.shape[1:])
                     jac[new_idx] = self.latent_jac[old_idx]
                     age[new_idx.cpu()] = self.jac_age[old_idx.cpu()]
+        fresh = torch.ones(len(pool), dtype=torch.bool, device=run.device)
+        if self.stale and self.windows.shape[1] == width and pairs:
+            fresh[new_idx] = False
+        vel = self._chained(run, windows, vel, fresh)
         first = self.windows is None
         self.windows, self.window_vel, self.stale = windows, vel, False
         self.latent_jac, self.jac_age = jac, age
@@ -255,6 +272,19 @@ class WindowLevenbergMarquardt:
         if first and announce:
             run.log(f"pose-only Levenberg-Marquardt: {len(pool)} windows of {width} x "
                     f"{cfg.period * 1e3:g} ms, {len(self.latent_cols)} latent velocities each")
+
+    @torch.no_grad()
+    def _chained(self, run, windows: torch.Tensor, vel: torch.Tensor, fresh: torch.Tensor) -> torch.Tensor:
+        """New windows' latents: those that continue another window start from its predicted
+        end velocity where that fits them better (`chaining.chain_latents`; 10 Hz poses alias
+        the spin about a rod's axis)."""
+        if not bool(fresh.any()) or not run.config.chain_latents:
+            return vel
+        p = {k: v.detach() for k, v in run.engine.param_values(run.dtype, run.device).items()}
+        vel, replaced = chain_latents(run.objective, run.train, windows, vel, p, fresh,
+                                      iterations=CHAIN_ITERATIONS)
+        self.chained += replaced
+        return vel
 
     def _set_latent_cols(self, run) -> None:
         free = np.flatnonzero(run.objective.free.cpu().numpy() > 0)
@@ -417,7 +447,9 @@ class WindowLevenbergMarquardt:
         try:
             if refit:       # Gauss-Newton with a fresh block every iteration: no polish needed
                 set_raw_vector(run.params, run.learn, theta)
-                vel = fit_start_velocities(run.objective, run.train, windows, run.engine.param_values(run.dtype, run.device))
+                vel = fit_start_velocities(run.objective, run.train, windows,
+                                           run.engine.param_values(run.dtype, run.device),
+                                           chain=run.config.chain_latents)
                 r0 = residual(windows, vel)
             else:
                 r0 = residual(windows, vel)

@@ -1,0 +1,103 @@
+"""Pose-only windows' latents chained along the record (`solvers.chaining`)."""
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from tensegrity_engine.control.excitation import ExcitationPolicy
+from tensegrity_engine.groundtruth.environments import rest_pose
+from tensegrity_engine.groundtruth.zoo import ground_truth
+from tensegrity_engine.identification import IdentificationConfig
+from tensegrity_engine.identification.online import default_trainer_factory
+from tensegrity_engine.identification.solvers.chaining import chain_latents, window_predecessors
+from tensegrity_engine.identification.solvers.windows import chain_windows, fit_start_velocities
+from tensegrity_engine.identification.streaming import StreamAligner, StreamConfig, to_tuple_set
+from tensegrity_engine.physics.params import PhysicalParameters
+from tensegrity_engine.physics.state import quat_axis
+
+PERIOD = 0.1
+
+
+def test_a_window_knows_the_one_it_continues():
+    nxt = np.array([1, 2, 3, 4, 5, -1, 7, 8, -1])          # chains 0..5 and 6..8
+    windows = torch.as_tensor([[6, 7], [0, 1], [4, 5], [2, 3]])
+    assert window_predecessors(nxt, windows).tolist() == [-1, -1, 3, 1]
+
+
+@pytest.fixture(scope="module")
+def rolling_twin(superball):
+    """8 s of the SUPERball twin rolling under a multisine, as 10 Hz poses and commands
+    through the stream aligner; the true states at every tuple start."""
+    z = ground_truth("twin/as_built", superball)
+    robot = z.nominal.replace(rod_mass=z.truth.rod_mass.copy())
+    n_cmd = 82
+    cmd = ExcitationPolicy(robot, seed=1, kind="multisine", amplitude=0.8, control_dt=PERIOD).command_at(
+        np.arange(n_cmd) * PERIOD)
+    rs, act = rest_pose(z.truth, realisation=z.realisation)
+    held = int(round(PERIOD / robot.dt))
+    with z.twin(floor=True, nthread=1) as twin:
+        states, _ = twin.rollout(rs, act, np.repeat(cmd, held, 0))
+    dense = np.concatenate([rs[None], states[0]])
+    aligner = StreamAligner(StreamConfig.for_robot(robot, interval=PERIOD))
+    for k in range(n_cmd):
+        aligner.add_command(int(round(k * PERIOD * 1e9)), cmd[k])
+        if 0 < k < n_cmd - 1:
+            aligner.add_pose(int(round(k * PERIOD * 1e9)), dense[k * held, :, :7])
+    batch = aligner.pop_tuples()
+    start = (batch.t0.numpy() // 1_000_000).astype(int)        # ms: the dense index
+    config = IdentificationConfig(period=PERIOD, learn=("cable_stiffness",), init="given")
+    run = default_trainer_factory(robot, config, "cpu", PhysicalParameters(robot, {
+        k: v for k, v in z.true_values().items() if k in PhysicalParameters(robot).as_dict()}))
+    run.set_data(to_tuple_set(batch, robot, period=PERIOD, floor=True))
+    return run, torch.as_tensor(dense[start])
+
+
+def test_chained_latents_find_the_spin_the_poses_alias(rolling_twin):
+    """On the floor at the true values: the finite-difference spin about the rod axes is
+    far off (aliased at 10 Hz), Gauss-Newton from it stalls, and latents chained from each
+    window's predecessor fit the poses many times better."""
+    run, true_states = rolling_twin
+    data, objective = run.train, run.objective
+    windows = torch.as_tensor(chain_windows(data.ts.next, 3)[0])
+    windows = windows[windows[:, 0] >= 10]      # after the first second: the motors settled from rest
+    with torch.no_grad():
+        p = {k: v.detach() for k, v in run.engine.param_values(torch.float64, "cpu").items()}
+        truth = true_states[windows[:, 0]][..., 7:]
+        axis = quat_axis(true_states[windows[:, 0]][..., 3:7])
+        spin = lambda v: (v[..., 3:] * axis).sum(-1)                     # noqa: E731
+        fd = data.x0[windows[:, 0]][..., 7:]
+        # what the test is about: rods that spin fast, which finite differences miss
+        assert float(spin(truth).abs().mean()) > 3.0
+        assert float((spin(fd) - spin(truth)).abs().mean()) > 2.0
+        loss = lambda v: float((objective.window_residual(data, windows, v, p) ** 2).sum())   # noqa: E731
+        assert loss(truth) < 1e-9                                        # the model is the robot
+        alone = fit_start_velocities(objective, data, windows, p, iterations=4)
+        chained = fit_start_velocities(objective, data, windows, p, iterations=4, chain=True)
+        assert loss(chained) < loss(alone) / 5.0
+        # only windows with a predecessor change, and none fits worse
+        first = window_predecessors(data.ts.next, windows) < 0
+        assert torch.equal(chained[first], alone[first])
+        per = lambda v: (objective.window_residual(data, windows, v, p) ** 2).sum(-1)   # noqa: E731
+        assert bool((per(chained) <= per(alone)).all())
+
+
+def test_the_solver_chains_its_new_windows_and_only_them(rolling_twin):
+    run, _ = rolling_twin
+    solver = run.window_lm
+    solver.reset()
+    solver.setup(run, announce=False)
+    assert solver.chained > 0
+    kept = solver.window_vel.clone()
+    before = solver.chained
+    solver.grow()
+    solver.setup(run, announce=False)               # the same windows: latents kept, none chained
+    assert solver.chained == before
+    assert torch.equal(solver.window_vel, kept)
+    off = dataclasses.replace(run.config, chain_latents=False)
+    solver.config, run.config = off, off
+    solver.reset()
+    solver.setup(run, announce=False)
+    assert solver.chained == before
+    fd = run.train.x0[solver.windows[:, 0]][..., 7:]
+    assert torch.equal(solver.window_vel, fd)
