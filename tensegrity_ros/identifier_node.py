@@ -462,7 +462,7 @@ def declare_solver(d, period: float):
                      "(0 = all; the offline CLI's default)", range=(0, 10**7))
     max_epochs = d("max_epochs", 10000, "epoch limit", range=(1, 10**7))
     max_seconds = d("max_seconds", 0.0, "training time limit (s, 0 = none)", range=(0.0, 1e7))
-    init = d("init", "random", "start from random values within bounds, the config's, or the best of "
+    init = d("init", "given", "start from random values within bounds, the config's, or the best of "
              "both (given+random)", choices=INITS)
     seed = d("seed", 0, "random start seed", range=(0, 2**31 - 1))
     return IdentificationConfig(
