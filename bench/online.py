@@ -173,7 +173,7 @@ def run_session(z, args, seed: int, learn) -> dict:
     events, floor = record(z, seed, args.duration, noisy)
     cfg = IdentificationConfig(period=CONTROL_DT, learn=learn, init=args.init, seed=seed,
                                schedule=args.schedule, lm_windows=args.lm_windows, pose_window=args.pose_window,
-                               chain_latents=args.chain_latents == "on")
+                               chain_latents=args.chain_latents == "on", window_refresh=args.window_refresh)
     session = OnlineIdentification(robot, cfg, min_tuples=args.min_tuples, max_tuples=args.max_tuples,
                                    floor=True, holdout_every=args.holdout_every,
                                    structure_options=args.structure_options,
@@ -311,6 +311,9 @@ def main(argv=None) -> int:
     ap.add_argument("--chain-latents", choices=("on", "off"), default="on",
                     help="new pose windows start from their predecessor's predicted end velocity "
                     "(IdentificationConfig.chain_latents)")
+    ap.add_argument("--window-refresh", type=float, default=IdentificationConfig().window_refresh,
+                    help="a running windowed stage restarts on all the data once it has grown this many "
+                    "times (IdentificationConfig.window_refresh; 0: only after its end)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="runs/bench_online")
     ap.add_argument("--verbose", action="store_true")
@@ -330,7 +333,7 @@ def main(argv=None) -> int:
         learn += ("actuator_delay",)
     _line(f"machine: {machine()}")
     _line(f"online identification of {', '.join(learn)} on {args.robot}: {args.duration:g} s of sim time, "
-          f"contact law {law}, masses {args.masses}, noise {args.noise}, latency {args.latency}, init {args.init}, schedule {args.schedule}, pose windows of {args.pose_window} (latents chained: {args.chain_latents}), seeds {args.seeds}"
+          f"contact law {law}, masses {args.masses}, noise {args.noise}, latency {args.latency}, init {args.init}, schedule {args.schedule}, pose windows of {args.pose_window} (latents chained: {args.chain_latents}, windows redrawn at {args.window_refresh:g}x), seeds {args.seeds}"
           + (f", structure options tried online: {', '.join(args.structure_options)}" if args.structure_options else ""))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

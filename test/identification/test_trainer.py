@@ -348,6 +348,35 @@ def test_online_schedule_resumes_on_new_data_with_the_old_windows_latents(superb
         _trainer(superball, po, init="given", schedule="fine_only").reopen("x")
 
 
+def test_a_running_windowed_stage_restarts_once_its_data_has_doubled(superball, data):
+    """Online, the first windows come from the first seconds: a running windowed stage
+    takes the new windows once the data has grown ``window_refresh`` times, keeps the old
+    windows' latents and starts its stage afresh; below that, or with 0, it keeps its problem."""
+    po = {k: [t.without_velocity() for t in v] for k, v in data.items() if k != "root"}
+    for growth, redrawn in ((2.0, True), (0.0, False), (3.0, False)):
+        tr = _trainer(superball, {"train": po["train"][:1], "val": po["val"]}, init="given", schedule="online",
+                      learn=("cable_stiffness", "cable_damping"), lm_max_iters=50, val_tuples=8,
+                      window_refresh=growth)
+        while not tr.schedule.windows:
+            tr.train_epoch()
+        tr.train_epoch()
+        lm = tr.window_lm
+        assert not tr.done and lm.drawn_from == len(tr.train)
+        old = {tuple(w): v.clone() for w, v in zip(lm.windows.tolist(), lm.window_vel)}
+        stages = len(tr.stage_log)
+        tr.add_tuples(po["train"][1])                       # twice the tuples
+        assert (len(lm.windows) > len(old)) is redrawn
+        assert (len(tr.stage_log) == stages + 1) is redrawn
+        if redrawn:
+            assert tr.stage_log[-1]["from"] == tr.stage_log[-1]["to"] and tr.schedule.stage_epochs == 0
+            for w, v in zip(lm.windows.tolist(), lm.window_vel):
+                if tuple(w) in old:
+                    assert torch.equal(v, old[tuple(w)])
+        assert np.isfinite(tr.train_epoch()["loss"])
+    with pytest.raises(ValueError, match="window_refresh"):
+        idf.IdentificationConfig(window_refresh=0.5)
+
+
 def test_native_and_torch_residuals_agree(superball, data):
     """The Levenberg-Marquardt residuals run in the C kernel by default: the same numbers
     as the torch engine (tuples and multiple-shooting windows)."""

@@ -93,6 +93,9 @@ class IdentificationConfig:
     # pose-only LM: a new window that continues another starts from that one's predicted end
     # velocity where it fits better (`solvers.chaining`: 10 Hz poses alias a rod's spin)
     chain_latents: bool = True
+    # pose-only LM: a running windowed stage whose training data has grown this many times
+    # since its windows were drawn starts again on all of it (0: only after its end)
+    window_refresh: float = 2.0
     max_raw: float = 12.0               # |raw| beyond this = saturated/exploded -> rollback
     init: str = "random"                # "random" (within bounds), "given" (initial values) or
                                         # "given+random" (multi-start: the given values among the random ones)
@@ -153,6 +156,8 @@ class IdentificationConfig:
         for name in ("period", "lr0", "lr_min"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")
+        if not (self.window_refresh == 0.0 or self.window_refresh > 1.0):
+            raise ValueError(f"window_refresh must be 0 (off) or > 1, not {self.window_refresh}")
         if self.pose_window < 2 or self.lm_windows < 1:
             raise ValueError("pose_window must be >= 2 (one pose per latent velocity does not "
                              "identify) and lm_windows >= 1")

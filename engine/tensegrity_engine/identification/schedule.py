@@ -238,6 +238,15 @@ class ProgressiveSchedule:
         self.stage_log.append(entry)
         self.host.log_stage(entry)
 
+    def restart(self, epoch: int, why: str) -> None:
+        """The running stage starts again on a new problem (more windows): its best and its
+        counters from scratch, the values kept."""
+        self._reset_best()
+        self.bad_epochs, self.stage_epochs = 0, 0
+        entry = {"epoch": epoch, "from": self.stage_name(), "to": self.stage_name(), "why": why}
+        self.stage_log.append(entry)
+        self.host.log_stage(entry)
+
     def finish(self, why: str, epoch: int) -> None:
         self._restore_best()
         before = self.stage_name()

@@ -219,6 +219,7 @@ class WindowLevenbergMarquardt:
         self.latent_jac: Optional[torch.Tensor] = None   # [N, M, L] cached latent blocks
         self.jac_age: Optional[torch.Tensor] = None      # iterations since each was computed
         self.chained = 0                                 # new windows' latents taken from their predecessor
+        self.drawn_from = 0                              # training tuples when the windows were drawn
 
     def reset(self) -> None:
         """New data (tuple indices changed): the windows are drawn again at the next epoch."""
@@ -267,6 +268,7 @@ class WindowLevenbergMarquardt:
         vel = self._chained(run, windows, vel, fresh)
         first = self.windows is None
         self.windows, self.window_vel, self.stale = windows, vel, False
+        self.drawn_from = len(run.train)
         self.latent_jac, self.jac_age = jac, age
         self._set_latent_cols(run)
         if first and announce:
