@@ -94,10 +94,13 @@ def test_the_solver_chains_its_new_windows_and_only_them(rolling_twin):
     solver.setup(run, announce=False)               # the same windows: latents kept, none chained
     assert solver.chained == before
     assert torch.equal(solver.window_vel, kept)
-    off = dataclasses.replace(run.config, chain_latents=False)
-    solver.config, run.config = off, off
-    solver.reset()
-    solver.setup(run, announce=False)
-    assert solver.chained == before
-    fd = run.train.x0[solver.windows[:, 0]][..., 7:]
-    assert torch.equal(solver.window_vel, fd)
+    on = run.config
+    solver.config = dataclasses.replace(on, chain_latents=False)
+    try:
+        solver.reset()
+        solver.setup(run, announce=False)
+        assert solver.chained == before
+        fd = run.train.x0[solver.windows[:, 0]][..., 7:]
+        assert torch.equal(solver.window_vel, fd)
+    finally:
+        solver.config = on

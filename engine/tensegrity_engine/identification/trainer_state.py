@@ -21,7 +21,8 @@ def trainer_state(trainer) -> dict:
                        else trainer.val.latent.detach().clone()),
         "rollbacks": trainer.rollbacks, "coarse_params": trainer.coarse_params,
         "loss_scale": trainer.loss_scale, "lm_lambda": lm.lm_lambda,
-        **{k: getattr(trainer.window_lm, k) for k in ("windows", "window_vel", "latent_jac", "jac_age")}}
+        **{k: getattr(trainer.window_lm, k) for k in ("windows", "window_vel", "latent_jac", "jac_age")},
+        "windows_drawn_from": trainer.window_lm.drawn_from}
 
 
 def load_trainer_state(trainer, sd: dict) -> None:
@@ -44,7 +45,8 @@ def load_trainer_state(trainer, sd: dict) -> None:
         trainer.objective.loss_scale = sd["loss_scale"]
     lm = trainer.window_lm if trainer.schedule.pose_stage == "window" else trainer.tuple_lm
     lm.lm_lambda = sd.get("lm_lambda", lm.lm_lambda)
-    trainer.window_lm.load(trainer, sd.get("windows"), sd.get("window_vel"), sd.get("latent_jac"), sd.get("jac_age"))
+    trainer.window_lm.load(trainer, sd.get("windows"), sd.get("window_vel"), sd.get("latent_jac"), sd.get("jac_age"),
+                           sd.get("windows_drawn_from"))
     trainer.rng.bit_generator.state = sd["rng"]
     with torch.no_grad():
         if sd["latent"] is not None and trainer.latent and sd["latent"].shape == trainer.train.latent.shape:

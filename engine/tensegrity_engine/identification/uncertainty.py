@@ -296,7 +296,7 @@ def _windowed_uncertainty(trainer, names, theta0, seed: int) -> ParameterUncerta
     lm, refit = trainer.window_lm, False
     if lm.windows is None:
         lm, refit = WindowLevenbergMarquardt(trainer.config), True
-        lm.setup(trainer, rng=np.random.default_rng(seed), announce=False)
+        lm.setup(trainer, rng=np.random.default_rng(seed), announce=False, chain=False)   # refit below
     with trainer.objective.stepped_for(trainer.engine.param_values(trainer.dtype, trainer.device)):
         info = lm.information_at(trainer, theta0, refit=refit)
     if info is None:
@@ -334,7 +334,7 @@ def horizon_shift(trainer, theta0: torch.Tensor, short_step: Optional[torch.Tens
                                                       lm_windows=10 ** 9))
     rng = np.random.default_rng(seed + 1)
     try:
-        lm.setup(trainer, rng=rng, announce=False)
+        lm.setup(trainer, rng=rng, announce=False, chain=False)     # warm-started below
     except ValueError:                     # isolated tuples only
         return {}
     if lm.windows.shape[1] <= base:

@@ -231,13 +231,15 @@ class WindowLevenbergMarquardt:
         schedule "online" resuming) adds the new windows, the old ones keep their latents."""
         self.stale = self.windows is not None
 
-    def setup(self, run, rng: Optional[np.random.Generator] = None, announce: bool = True) -> None:
+    def setup(self, run, rng: Optional[np.random.Generator] = None, announce: bool = True,
+              chain: bool = True) -> None:
         """The multiple-shooting windows: every chain of consecutive tuples cut into
         non-overlapping pieces of ``pose_window`` (shorter if the data has no chain that
         long), so each tuple is in at most one window; at most ``lm_windows`` of them (a
         random subset, drawn again when data arrives, from ``rng`` or the run's). Latent
         initial velocities: kept for windows seen before, the finite-difference estimates for
-        new ones."""
+        new ones, or (``chain`` and the config's ``chain_latents``) chained from the window they
+        continue (`_chained`)."""
         cfg = self.config
         pool, width = chain_windows(run.train.ts.next, cfg.pose_window)
         if width < 2:
@@ -265,7 +267,8 @@ class WindowLevenbergMarquardt:
         fresh = torch.ones(len(pool), dtype=torch.bool, device=run.device)
         if self.stale and self.windows.shape[1] == width and pairs:
             fresh[new_idx] = False
-        vel = self._chained(run, windows, vel, fresh)
+        if chain:
+            vel = self._chained(run, windows, vel, fresh)
         first = self.windows is None
         self.windows, self.window_vel, self.stale = windows, vel, False
         self.drawn_from = len(run.train)
@@ -279,8 +282,10 @@ class WindowLevenbergMarquardt:
     def _chained(self, run, windows: torch.Tensor, vel: torch.Tensor, fresh: torch.Tensor) -> torch.Tensor:
         """New windows' latents: those that continue another window start from its predicted
         end velocity where that fits them better (`chaining.chain_latents`; 10 Hz poses alias
-        the spin about a rod's axis)."""
-        if not bool(fresh.any()) or not run.config.chain_latents:
+        the spin about a rod's axis). A new window's own latents are the raw finite
+        differences here, so the chained start, fitted for `CHAIN_ITERATIONS`, nearly always
+        wins; the first window of a chain keeps them (the solver's iterations fit it)."""
+        if not bool(fresh.any()) or not self.config.chain_latents:
             return vel
         p = {k: v.detach() for k, v in run.engine.param_values(run.dtype, run.device).items()}
         vel, replaced = chain_latents(run.objective, run.train, windows, vel, p, fresh,
@@ -466,7 +471,8 @@ class WindowLevenbergMarquardt:
             set_raw_vector(run.params, run.learn, before)
 
     def load(self, run, windows: Optional[torch.Tensor], window_vel: Optional[torch.Tensor],
-             latent_jac: Optional[torch.Tensor] = None, jac_age: Optional[torch.Tensor] = None) -> None:
+             latent_jac: Optional[torch.Tensor] = None, jac_age: Optional[torch.Tensor] = None,
+             drawn_from: Optional[int] = None) -> None:
         """Resume saved windows (and the cached latent Jacobians: a resumed run takes the
         same steps) if they index the current data."""
         if windows is not None and run.latent and int(windows.max()) < len(run.train):
@@ -475,3 +481,4 @@ class WindowLevenbergMarquardt:
             self.latent_jac = latent_jac.to(run.device) if same else None
             self.jac_age = jac_age.cpu().long() if same else None
             self._set_latent_cols(run)
+            self.drawn_from = len(run.train) if drawn_from is None else int(drawn_from)
