@@ -182,25 +182,7 @@ class ProgressiveTrainer:
             with torch.no_grad():
                 self.train.latent[:len(old)] = old.latent
         self.adam.rebuild(self, keep_state=True)
-        self._maybe_refresh_windows()
-
-    def _maybe_refresh_windows(self) -> None:
-        """A running windowed stage keeps its windows (its losses compare one problem) until
-        its end, when "online" reopens on all the data. Online, the first windows are drawn
-        from the first seconds, and a stage on them ran on while the data grew many times:
-        the sim2sim's twin converged on 13 windows of the first 5 s (damping +25 %, tau -23 %)
-        with 70 new tuples waiting, and its controller took that for the model. So once the
-        data has grown ``window_refresh`` times since the windows were drawn, the stage starts
-        again on all of it (new windows join, old ones keep their latents)."""
-        lm, schedule, growth = self.window_lm, self.schedule, self.config.window_refresh
-        if not (growth and lm.stale and not self.done and schedule.windows):
-            return
-        if len(self.train) < growth * max(lm.drawn_from, 1) or lm.windows.shape[0] >= self.config.lm_windows:
-            return
-        before = lm.windows.shape[0]
-        lm.setup(self, announce=False)
-        lm.lm_lambda = 1e-3                       # a new problem: a fresh trust region
-        schedule.restart(self.epoch, f"{len(self.train)} tuples: {before} -> {lm.windows.shape[0]} windows")
+        self.window_lm.refresh(self)      # a running windowed stage on all the data, once it doubled
 
     def _to_data(self, ts: TupleSet) -> TrainingData:
         if (ts.fixed_rods, ts.floor) != (self.engine.fixed_rods, self.engine.floor):

@@ -278,6 +278,26 @@ class WindowLevenbergMarquardt:
             run.log(f"pose-only Levenberg-Marquardt: {len(pool)} windows of {width} x "
                     f"{cfg.period * 1e3:g} ms, {len(self.latent_cols)} latent velocities each")
 
+    def refresh(self, run) -> bool:
+        """A running windowed stage keeps its windows (its losses compare one problem) until
+        its end, when "online" reopens on all the data. Online, the first windows are drawn
+        from the first seconds, and a stage on them ran on while the data grew many times:
+        the sim2sim's twin converged on 13 windows of the first 5 s (damping +25 %, tau -23 %)
+        with 70 new tuples waiting, and its controller took that for the model. So once the
+        data has grown ``window_refresh`` times since the windows were drawn (and while they
+        are fewer than ``lm_windows``), the stage starts again on all of it: new windows join,
+        old ones keep their latents. True if it did."""
+        growth = self.config.window_refresh
+        if not (growth and self.stale and not run.done and run.schedule.windows):
+            return False
+        if len(run.train) < growth * max(self.drawn_from, 1) or self.windows.shape[0] >= self.config.lm_windows:
+            return False
+        before = self.windows.shape[0]
+        self.setup(run, announce=False)
+        self.lm_lambda = 1e-3                       # a new problem: a fresh trust region
+        run.schedule.restart(run.epoch, f"{len(run.train)} tuples: {before} -> {self.windows.shape[0]} windows")
+        return True
+
     @torch.no_grad()
     def _chained(self, run, windows: torch.Tensor, vel: torch.Tensor, fresh: torch.Tensor) -> torch.Tensor:
         """New windows' latents: those that continue another window start from its predicted
