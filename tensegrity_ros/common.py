@@ -10,6 +10,8 @@ TOPIC_POSES = "/tensegrity/rod_poses"
 TOPIC_IMU = "/tensegrity/imu"
 TOPIC_COMMAND = "/tensegrity/cable_command"
 TOPIC_APPLIED = "/tensegrity/applied_command"      # optional driver echo: stamp = when it took effect
+# words in a parameter message's ``stage`` that tell the controller identification is done
+DONE_WORDS = ("converged", "done", "final")
 TOPIC_PARAMS = "/tensegrity/identified_parameters"
 TOPIC_GOAL = "/tensegrity/goal"
 TOPIC_MARKERS = "/tensegrity/markers"

@@ -48,7 +48,7 @@ from tensegrity_engine.physics.params import ParameterError
 
 from . import conversions as conv
 from .common import (TOPIC_COMMAND, TOPIC_GOAL, TOPIC_IMU, TOPIC_MARKERS, TOPIC_PARAMS, TOPIC_POSES,
-                     goal_qos, latched_qos, resolve_device, run_node, stream_qos)
+                     DONE_WORDS, goal_qos, latched_qos, resolve_device, run_node, stream_qos)
 from .diagnostics import Diagnostics
 from .params import declare, load_robot
 
@@ -288,7 +288,7 @@ class MppiControllerNode(Node):
         self.model_stage = stage or "identified"
         self.diag.count("models_swapped")
         report_inactive_residual(self)
-        converged = any(k in (stage or "").lower() for k in ("converged", "done", "final"))
+        converged = any(k in (stage or "").lower() for k in DONE_WORDS)
         if self.mode == "excitation" and (self.excite_until == "first" or
                                           (self.excite_until == "converged" and converged)):
             self.mode = "mppi"

@@ -181,6 +181,18 @@ def test_converged_is_published_only_when_every_sigma_is_narrow(three_bar):
     assert not_yet_determined(none, values) == ("cable_stiffness", "cable_damping")
 
 
+def test_a_refused_fit_is_never_published_as_done():
+    """The schedule ended but the gate kept the model in use: its stage must not end the
+    controller's excitation (it would plan with a model that is not the one that converged)."""
+    from tensegrity_ros.common import DONE_WORDS
+    from tensegrity_ros.identifier_node import refused_stage
+
+    for status in ("converged", "final (Levenberg-Marquardt iteration limit)", "Converged"):
+        stage = refused_stage(status)
+        assert "refused by the hold-out gate" in stage and "keep exciting" in stage
+        assert not any(w in stage.lower() for w in DONE_WORDS), stage
+
+
 def test_the_published_sigma_includes_the_groups_scatter_and_convergence_does_not(three_bar):
     """The message carries sigma_spread where there is one (the groups disagree: model
     mismatch that varies with the motion), sigma otherwise; the convergence test judges the
