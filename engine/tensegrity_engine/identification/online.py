@@ -280,9 +280,7 @@ class OnlineIdentification:
         else:
             # the window converted anew: the new tuples continue the record they belong to
             # a stage restarted on more windows (`window_refresh`) keeps the best loss of the
-            # windows before: its candidates come at its end, converged. With it reset, MPPI
-            # started at 17.7 and 22.4 s in two of three sim2sims (39.5-91.5 s in four without),
-            # one ending at damping +10.7 %: early iterates published, and their sigma
+            # windows before, as a reopened one does: its candidates come mostly at its end
             self.trainer.extend_data(self.window_tuples())
         self._maybe_reopen(len(new))
         if self.converged:             # the solver waits: a refused option may have its evidence now
