@@ -377,18 +377,26 @@ class RecurrentObjective:
         """[N, M] weighted end-node position errors at every sample of each multiple-shooting
         window, from the window's first pose and latent velocity ``vel`` [N, R, 6];
         sum(r^2) is the normalised position loss averaged over windows and samples."""
-        S = data.commands.shape[1]
-        first = windows[:, 0]
-        x0 = torch.cat([data.x0[first][..., :7], vel], -1)
-        act = self.act_starts(data, p)[first]
-        cmd = self.timed_commands(data, p)[0][windows].flatten(1, 2)
-        wr = None if data.wrenches is None else data.wrenches[windows].flatten(1, 2)
-        pred, _ = self.rollout(x0, act, cmd, self.robot.dt, self.config.fine_integrator, wr, S, p)
+        pred = self.window_rollout(data, windows, p, vel, record_every=data.commands.shape[1])
         pos, _ = node_state(pred, self.half)                          # [N, W, R, 2, 3]
         target, _ = node_state(data.x1[windows], self.half)
         w = self.free / (2.0 * self.free.sum() * windows.shape[0] * windows.shape[1]
                          * (self.loss_scale or 1.0))
         return ((pos - target) * w.sqrt()[:, None, None]).flatten(1)
+
+    def window_rollout(self, data: TrainingData, windows: torch.Tensor, p: dict,
+                       vel: Optional[torch.Tensor] = None, record_every: Optional[int] = None) -> torch.Tensor:
+        """[N, K, R, 13] the model's states over each window of consecutive tuples, rolled out
+        open loop from its first tuple's pose and latent velocity ``vel`` [N, R, 6] (None: its
+        state as estimated), every ``record_every`` engine steps (None: the end only)."""
+        first = windows[:, 0]
+        x0 = data.x0[first] if vel is None else torch.cat([data.x0[first][..., :7], vel], -1)
+        act = self.act_starts(data, p)[first]
+        cmd = self.timed_commands(data, p)[0][windows].flatten(1, 2)
+        wr = None if data.wrenches is None else data.wrenches[windows].flatten(1, 2)
+        pred, _ = self.rollout(x0, act, cmd, self.robot.dt, self.config.fine_integrator, wr,
+                               record_every or cmd.shape[1], p)
+        return pred
 
     @torch.no_grad()
     def chain_com_error(self, data: TrainingData, chains: torch.Tensor, p: dict,
@@ -396,12 +404,7 @@ class RecurrentObjective:
         """[N] distance (m) between the predicted and the measured centre of mass of the free
         rods at the end of each chain of consecutive tuples, rolled out open loop from its
         first tuple's state as estimated (or its pose and ``vel`` [N, R, 6])."""
-        first = chains[:, 0]
-        act = self.act_starts(data, p)[first]
-        cmd = self.timed_commands(data, p)[0][chains].flatten(1, 2)
-        wr = None if data.wrenches is None else data.wrenches[chains].flatten(1, 2)
-        x0 = data.x0[first] if vel is None else torch.cat([data.x0[first][..., :7], vel], -1)
-        pred, _ = self.rollout(x0, act, cmd, self.robot.dt, self.config.fine_integrator, wr, cmd.shape[1], p)
+        pred = self.window_rollout(data, chains, p, vel)
         w = self.free * p["rod_mass"].to(self.dtype).reshape(-1).expand_as(self.free)
         com = lambda x: (x[..., :3] * w[:, None]).sum(-2) / w.sum()          # noqa: E731
         return (com(pred[:, -1]) - com(data.x1[chains[:, -1]])).norm(dim=-1)

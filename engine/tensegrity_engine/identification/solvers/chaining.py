@@ -42,15 +42,8 @@ def window_predecessors(nxt, windows: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def window_end_velocities(objective, data, windows: torch.Tensor, vel: torch.Tensor, p: dict) -> torch.Tensor:
     """[N, R, 6] the velocities the model ``p`` predicts at the end of each window, rolled
-    out from its first pose and latent velocity ``vel`` (as `RecurrentObjective.window_residual`)."""
-    first = windows[:, 0]
-    x0 = torch.cat([data.x0[first][..., :7], vel], -1)
-    act = objective.act_starts(data, p)[first]
-    cmd = objective.timed_commands(data, p)[0][windows].flatten(1, 2)
-    wr = None if data.wrenches is None else data.wrenches[windows].flatten(1, 2)
-    pred, _ = objective.rollout(x0, act, cmd, objective.robot.dt, objective.config.fine_integrator, wr,
-                                cmd.shape[1], p)
-    return pred[:, -1, :, 7:]
+    out from its first pose and latent velocity ``vel`` (`RecurrentObjective.window_rollout`)."""
+    return objective.window_rollout(data, windows, p, vel)[:, -1, :, 7:]
 
 
 @torch.no_grad()

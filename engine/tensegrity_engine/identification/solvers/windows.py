@@ -253,20 +253,18 @@ class WindowLevenbergMarquardt:
         vel = run.train.x0[windows[:, 0]][..., 7:].detach().clone()
         reuse = max(1, int(cfg.latent_jacobian_reuse))
         jac, age = None, torch.full((len(pool),), reuse, dtype=torch.long)     # new: due now
-        pairs = []
+        fresh = torch.ones(len(pool), dtype=torch.bool, device=run.device)   # latents not kept
         if self.stale and self.windows.shape[1] == width:
             known = {tuple(w): i for i, w in enumerate(self.windows.tolist())}
             pairs = [(j, known[tuple(w)]) for j, w in enumerate(pool.tolist()) if tuple(w) in known]
             if pairs:
                 new_idx, old_idx = (torch.as_tensor(x, device=run.device) for x in zip(*pairs))
+                fresh[new_idx] = False
                 vel[new_idx] = self.window_vel[old_idx]
                 if self.latent_jac is not None:
                     jac = self.latent_jac.new_zeros((len(pool),) + self.latent_jac.shape[1:])
                     jac[new_idx] = self.latent_jac[old_idx]
                     age[new_idx.cpu()] = self.jac_age[old_idx.cpu()]
-        fresh = torch.ones(len(pool), dtype=torch.bool, device=run.device)
-        if self.stale and self.windows.shape[1] == width and pairs:
-            fresh[new_idx] = False
         if chain:
             vel = self._chained(run, windows, vel, fresh)
         first = self.windows is None
