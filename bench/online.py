@@ -61,6 +61,7 @@ from tensegrity_engine.identification.solvers.windows import chain_windows, fit_
 from tensegrity_engine.identification.streaming import StreamAligner, StreamConfig
 from tensegrity_engine.physics.config import load_robot
 from tensegrity_engine.physics.params import PhysicalParameters
+from tensegrity_engine.physics.state import ANG_VEL, QUAT, quat_conjugate, quat_rotate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from zoo import kicked_com_gaps, machine  # noqa: E402  (bench/zoo.py: the same machine line and chaos floor)
@@ -79,6 +80,7 @@ LEARN = ("cable_stiffness", "cable_damping", "actuator_time_constant")
 def default_learn(law: str) -> tuple:
     return LEARN + contact_params(law)[:3]
 NS = 1_000_000_000
+GYRO_NOISE = 0.01          # rad/s: a MEMS gyro's white noise at 10 Hz, the order of a data sheet's
 CONTROL_DT = 0.1
 
 
@@ -86,9 +88,11 @@ def _line(*a):
     print(*a, flush=True)
 
 
-def record(z, seed: int, duration: float, noisy: bool):
+def record(z, seed: int, duration: float, noisy: bool, gyro_noise: Optional[float] = None):
     """The robot's run: command events [(stamp ns, targets)] and mocap events
-    [(stamp ns, poses [R, 7])], in time order of their stamps, and its chaos floor (m)."""
+    [(stamp ns, poses [R, 7])], in time order of their stamps, and its chaos floor (m).
+    ``gyro_noise`` (rad/s) not None: every rod's IMU too, with every pose (events
+    [(stamp ns, (rod, body-frame angular velocity, orientation))])."""
     robot = z.nominal
     excite = ExcitationPolicy(robot, seed=seed, kind="multisine", amplitude=0.8, control_dt=CONTROL_DT)
     n_cmd = int(round(duration / CONTROL_DT)) + 2
@@ -101,10 +105,17 @@ def record(z, seed: int, duration: float, noisy: bool):
         dense = np.concatenate([rs[None], states[0]])          # t = k dt
         floor = chaos_floor(z, twin, dense, np.concatenate([np.asarray(act)[None], acts[0]]), steps)
     sensing = z.sensing if noisy else SensorModel()
+    if gyro_noise is not None:
+        sensing = dataclasses.replace(sensing, gyro_noise=gyro_noise)
     stamps = np.arange(1, n_cmd) * CONTROL_DT
-    kept, poses = sensing.measure(dense, robot.dt, stamps, np.random.default_rng(seed + 7))
+    kept, poses = sensing.measure(dense, robot.dt, stamps, np.random.default_rng(seed + 7),
+                                  gyro=gyro_noise is not None)
     events = [(int(round(k * CONTROL_DT * NS)), "cmd", cmd[k]) for k in range(n_cmd)]
     events += [(int(round(t * NS)), "pose", p[:, :7]) for t, p in zip(kept, poses)]
+    if gyro_noise is not None:     # the IMU reports in its rod's frame, with its orientation
+        body = quat_rotate(quat_conjugate(poses[..., QUAT]), poses[..., ANG_VEL])
+        events += [(int(round(t * NS)), "imu", (r, b[r], p[r, QUAT])) for t, p, b in zip(kept, poses, body)
+                   for r in range(p.shape[0])]
     events.sort(key=lambda e: (e[0], e[1] != "cmd"))
     return events, floor
 
@@ -170,10 +181,11 @@ def run_session(z, args, seed: int, learn) -> dict:
     noisy = args.noise == "robot"
     if noisy and args.latency == "declared":      # the mocap's data sheet: the config's start value
         robot = robot.replace(actuator=dataclasses.replace(robot.actuator, delay=z.sensing.latency))
-    events, floor = record(z, seed, args.duration, noisy)
+    events, floor = record(z, seed, args.duration, noisy, None if args.imu == "off" else args.gyro_noise)
     cfg = IdentificationConfig(period=CONTROL_DT, learn=learn, init=args.init, seed=seed,
                                schedule=args.schedule, lm_windows=args.lm_windows, pose_window=args.pose_window,
-                               chain_latents=args.chain_latents == "on", window_refresh=args.window_refresh)
+                               chain_latents=args.chain_latents == "on", window_refresh=args.window_refresh,
+                               gyro_weight=args.gyro_weight)
     session = OnlineIdentification(robot, cfg, min_tuples=args.min_tuples, max_tuples=args.max_tuples,
                                    floor=True, holdout_every=args.holdout_every,
                                    structure_options=args.structure_options,
@@ -188,7 +200,10 @@ def run_session(z, args, seed: int, learn) -> dict:
     while clock < args.duration:
         while i_event < len(events) and events[i_event][0] <= clock * NS:
             stamp, kind, value = events[i_event]
-            (aligner.add_command if kind == "cmd" else aligner.add_pose)(stamp, value)
+            if kind == "imu":
+                aligner.add_imu(stamp, *value)
+            else:
+                (aligner.add_command if kind == "cmd" else aligner.add_pose)(stamp, value)
             i_event += 1
         t0 = time.perf_counter()
         new = aligner.pop_tuples()
@@ -314,6 +329,12 @@ def main(argv=None) -> int:
     ap.add_argument("--window-refresh", type=float, default=IdentificationConfig().window_refresh,
                     help="a running windowed stage restarts on all the data once it has grown this many "
                     "times (IdentificationConfig.window_refresh; 0: only after its end)")
+    ap.add_argument("--imu", choices=("off", "on"), default="off",
+                    help="on: every rod's gyro too, with every pose (the sim2sim's bridge does; the targets are pose-only)")
+    ap.add_argument("--gyro-noise", type=float, default=None,
+                    help=f"rad/s per axis (default {GYRO_NOISE} with --noise robot, else 0)")
+    ap.add_argument("--gyro-weight", type=float, default=IdentificationConfig().gyro_weight,
+                    help="as the identifier node's gyro_weight (0: the IMU unused)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="runs/bench_online")
     ap.add_argument("--verbose", action="store_true")
@@ -321,6 +342,8 @@ def main(argv=None) -> int:
                     help="wall seconds of identification per second of robot time (1: real time on this "
                     "machine; more: a faster machine, or a loaded one)")
     args = ap.parse_args(argv)
+    if args.gyro_noise is None:
+        args.gyro_noise = GYRO_NOISE if args.noise == "robot" else 0.0
     args.structure_options = online_options([n for n in args.structure.split(",") if n])
     torch.set_num_threads(args.threads)
     robot = load_robot(args.robot)
@@ -333,7 +356,9 @@ def main(argv=None) -> int:
         learn += ("actuator_delay",)
     _line(f"machine: {machine()}")
     _line(f"online identification of {', '.join(learn)} on {args.robot}: {args.duration:g} s of sim time, "
-          f"contact law {law}, masses {args.masses}, noise {args.noise}, latency {args.latency}, init {args.init}, schedule {args.schedule}, pose windows of {args.pose_window} (latents chained: {args.chain_latents}, windows redrawn at {args.window_refresh:g}x), seeds {args.seeds}"
+          f"contact law {law}, masses {args.masses}, noise {args.noise}, latency {args.latency}, init {args.init}, schedule {args.schedule}, pose windows of {args.pose_window} (latents chained: {args.chain_latents}, windows redrawn at {args.window_refresh:g}x), "
+          f"gyros {args.imu}" + (f" (noise {args.gyro_noise} rad/s, weight {args.gyro_weight:g})" if args.imu == "on" else "")
+          + f", seeds {args.seeds}"
           + (f", structure options tried online: {', '.join(args.structure_options)}" if args.structure_options else ""))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

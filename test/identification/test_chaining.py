@@ -5,18 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from tensegrity_engine.control.excitation import ExcitationPolicy
-from tensegrity_engine.groundtruth.environments import rest_pose
-from tensegrity_engine.groundtruth.zoo import ground_truth
-from tensegrity_engine.identification import IdentificationConfig
-from tensegrity_engine.identification.online import default_trainer_factory
+from rolling_records import rolling_twin_run
 from tensegrity_engine.identification.solvers.chaining import chain_latents, window_predecessors
 from tensegrity_engine.identification.solvers.windows import chain_windows, fit_start_velocities
-from tensegrity_engine.identification.streaming import StreamAligner, StreamConfig, to_tuple_set
-from tensegrity_engine.physics.params import PhysicalParameters
 from tensegrity_engine.physics.state import quat_axis
-
-PERIOD = 0.1
 
 
 def test_a_window_knows_the_one_it_continues():
@@ -27,30 +19,8 @@ def test_a_window_knows_the_one_it_continues():
 
 @pytest.fixture(scope="module")
 def rolling_twin(superball):
-    """8 s of the SUPERball twin rolling under a multisine, as 10 Hz poses and commands
-    through the stream aligner; the true states at every tuple start."""
-    z = ground_truth("twin/as_built", superball)
-    robot = z.nominal.replace(rod_mass=z.truth.rod_mass.copy())
-    n_cmd = 82
-    cmd = ExcitationPolicy(robot, seed=1, kind="multisine", amplitude=0.8, control_dt=PERIOD).command_at(
-        np.arange(n_cmd) * PERIOD)
-    rs, act = rest_pose(z.truth, realisation=z.realisation)
-    held = int(round(PERIOD / robot.dt))
-    with z.twin(floor=True, nthread=1) as twin:
-        states, _ = twin.rollout(rs, act, np.repeat(cmd, held, 0))
-    dense = np.concatenate([rs[None], states[0]])
-    aligner = StreamAligner(StreamConfig.for_robot(robot, interval=PERIOD))
-    for k in range(n_cmd):
-        aligner.add_command(int(round(k * PERIOD * 1e9)), cmd[k])
-        if 0 < k < n_cmd - 1:
-            aligner.add_pose(int(round(k * PERIOD * 1e9)), dense[k * held, :, :7])
-    batch = aligner.pop_tuples()
-    start = (batch.t0.numpy() // 1_000_000).astype(int)        # ms: the dense index
-    config = IdentificationConfig(period=PERIOD, learn=("cable_stiffness",), init="given")
-    run = default_trainer_factory(robot, config, "cpu", PhysicalParameters(robot, {
-        k: v for k, v in z.true_values().items() if k in PhysicalParameters(robot).as_dict()}))
-    run.set_data(to_tuple_set(batch, robot, period=PERIOD, floor=True))
-    return run, torch.as_tensor(dense[start])
+    """8 s of the SUPERball twin rolling, pose-only (`rolling_records`)."""
+    return rolling_twin_run(superball)
 
 
 def test_chained_latents_find_the_spin_the_poses_alias(rolling_twin):

@@ -5,7 +5,7 @@ import dataclasses
 
 import numpy as np
 
-from tensegrity_engine.physics.state import POS, QUAT, quat_multiply
+from tensegrity_engine.physics.state import ANG_VEL, POS, QUAT, quat_multiply
 
 
 def noisy_rod_poses(rod_state: np.ndarray, rng: np.random.Generator, *, pos_noise: float = 0.0,
@@ -31,7 +31,8 @@ class SensorModel:
     stamp error), rounded to the ground truth's step; positions get N(0, position_noise^2)
     m per axis and orientations a random rotation of N(0, rotation_noise^2) rad per axis;
     each frame but the first is lost with probability ``drop_rate``. No velocities: a
-    mocap measures poses.
+    mocap measures poses; with ``gyro`` each rod's IMU adds its angular velocity at the same
+    instant (N(0, gyro_noise^2) rad/s per axis).
     """
 
     position_noise: float = 0.0      # m
@@ -39,6 +40,7 @@ class SensorModel:
     latency: float = 0.0             # s
     jitter: float = 0.0              # s, standard deviation of the stamp error
     drop_rate: float = 0.0           # fraction of frames lost
+    gyro_noise: float = 0.0          # rad/s, per axis
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -52,9 +54,9 @@ class SensorModel:
         return self == SensorModel()
 
     def measure(self, dense_states: np.ndarray, dt: float, stamps: np.ndarray,
-                rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+                rng: np.random.Generator, gyro: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """dense_states [N, R, 13] at t = k dt; stamps [K] (s) -> (kept stamps, poses [K', R, 13]
-        with zero velocities)."""
+        with zero velocities, but for the gyros' world-frame angular velocity with ``gyro``)."""
         stamps = np.asarray(stamps, dtype=np.float64)
         seen = stamps - self.latency + (rng.normal(0.0, self.jitter, stamps.shape) if self.jitter else 0.0)
         idx = np.clip(np.rint(seen / dt).astype(int), 0, len(dense_states) - 1)
@@ -65,5 +67,8 @@ class SensorModel:
             pose = noisy_rod_poses(dense_states[idx[i]], rng, pos_noise=self.position_noise,
                                    rot_noise=self.rotation_noise)
             pose[:, 7:] = 0.0
+            if gyro:
+                omega = dense_states[idx[i]][:, ANG_VEL]
+                pose[:, ANG_VEL] = omega + (rng.normal(0.0, self.gyro_noise, omega.shape) if self.gyro_noise else 0.0)
             out.append(pose)
         return stamps[keep], np.stack(out)

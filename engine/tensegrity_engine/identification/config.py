@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Optional
 
 from tensegrity_engine.physics.params import SOFT_LAW_PARAMS, SPEC_BY_NAME
@@ -96,6 +97,11 @@ class IdentificationConfig:
     # pose-only LM: a running windowed stage whose training data has grown this many times
     # since its windows were drawn starts again on all of it (0: only after its end)
     window_refresh: float = 2.0
+    # pose-only: where rods carry IMUs, their gyro's angular velocity starts the latents and
+    # holds each window's start beside the poses (`objective.window_residual`), with this
+    # weight: an error of 1 rad/s counts as one of (half rod length x T) m per end node
+    # (0: the IMU unused)
+    gyro_weight: float = 1.0
     max_raw: float = 12.0               # |raw| beyond this = saturated/exploded -> rollback
     init: str = "random"                # "random" (within bounds), "given" (initial values) or
                                         # "given+random" (multi-start: the given values among the random ones)
@@ -156,6 +162,8 @@ class IdentificationConfig:
         for name in ("period", "lr0", "lr_min"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")
+        if not (math.isfinite(self.gyro_weight) and self.gyro_weight >= 0.0):
+            raise ValueError(f"gyro_weight must be finite and >= 0, not {self.gyro_weight}")
         if not (self.window_refresh == 0.0 or self.window_refresh > 1.0):
             raise ValueError(f"window_refresh must be 0 (off) or > 1, not {self.window_refresh}")
         if self.pose_window < 2 or self.lm_windows < 1:

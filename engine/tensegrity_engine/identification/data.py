@@ -10,7 +10,7 @@ import torch
 
 from tensegrity_engine.identification.dataset import Trajectory, TupleSet, to_tuples
 from tensegrity_engine.physics.params import SPEC_BY_NAME
-from tensegrity_engine.physics.state import POS, QUAT
+from tensegrity_engine.physics.state import ANG_VEL, POS, QUAT
 
 
 def as_tuple_set(data, period: float, dt: float) -> Optional[TupleSet]:
@@ -90,7 +90,7 @@ def _padded_grids(ts: TupleSet) -> tuple[np.ndarray, int]:
 class TrainingData:
     """A TupleSet as device tensors plus what the loss needs."""
 
-    def __init__(self, ts: TupleSet, dtype, device, latent: bool):
+    def __init__(self, ts: TupleSet, dtype, device, latent: bool, gyro: bool = True):
         f = lambda a: torch.as_tensor(np.asarray(a), dtype=dtype, device=device)
         self.ts = ts
         self.x0, self.x1 = f(ts.x0), f(ts.x1)
@@ -108,13 +108,30 @@ class TrainingData:
         self.traj = torch.as_tensor(ts.traj, device=device)
         self.chunk = torch.as_tensor(ts.start_step // S, device=device)
         self.latent = None
+        # [N, R] bool, where a gyro measured x0's / x1's angular velocity (None: nowhere, or
+        # ``gyro`` off): pose-only windows fit them too (`objective.window_residual`)
+        self.gyro0 = self.gyro1 = None
+        if gyro and ts.has_gyro:
+            self.gyro0, self.gyro1 = (torch.as_tensor(g, device=device) for g in ts.gyro_masks())
         if latent:
             # Velocity estimates by finite differences: x0 central (forward at a chain start),
             # x1 the next tuple's estimate (backward difference at a chain end). They stand in
-            # for measured velocities in the coarse stage and initialise the latents.
+            # for measured velocities in the coarse stage and initialise the latents. A gyro's
+            # angular velocity replaces the difference's: 10 Hz poses alias the spin about a
+            # rod's axis (measured, the SUPERball twin rolling: 6.2 rad/s off on average).
             v0 = finite_difference_velocity(ts.x0, ts.x1, ts.prev, ts.period)
             v_back = finite_difference_velocity(ts.x0, ts.x1, -np.ones(len(ts), dtype=np.int64), ts.period)
             v1 = np.where((ts.next >= 0)[:, None, None], v0[np.clip(ts.next, 0, None)], v_back)
+            if self.gyro0 is not None:
+                g0, g1 = ts.gyro_masks()
+                v0[..., 3:] = np.where(g0[..., None], ts.x0[..., ANG_VEL], v0[..., 3:])
+                v1[..., 3:] = np.where(g1[..., None], ts.x1[..., ANG_VEL], v1[..., 3:])
+                # x1 is the next tuple's x0, whose gyro rate a stream has (its IMU arrives
+                # after the pose that ends this tuple)
+                has_next = ts.next >= 0
+                g1 = g1 | (has_next[:, None] & g0[np.clip(ts.next, 0, None)])
+                v1 = np.where(has_next[:, None, None], v0[np.clip(ts.next, 0, None)], v1)
+                self.gyro1 = torch.as_tensor(g1, device=device)
             self.x0 = torch.cat([self.x0[..., :7], f(v0)], -1)
             self.x1 = torch.cat([self.x1[..., :7], f(v1)], -1)
             self.latent = torch.nn.Parameter(f(v0))

@@ -350,6 +350,9 @@ class TupleSet:
     ``traj_prev`` [traj] the trajectory whose command grid this one's continues (its actuator
     state starts where that one's ends: a long streamed record cut into pieces, or bridged
     over held-out tuples), or -1 where ``traj_act0`` is the start (all -1 when None).
+    ``gyro0`` / ``gyro1`` [N, R] bool (or None: none): the angular velocity of that rod in
+    x0 / x1 is a gyro's (world frame), not an estimate, also where the velocities are not
+    measured (pose-only data from rods with IMUs).
     """
 
     x0: np.ndarray
@@ -369,6 +372,8 @@ class TupleSet:
     floor: bool
     robot: RobotConfig
     traj_prev: Optional[np.ndarray] = None
+    gyro0: Optional[np.ndarray] = None
+    gyro1: Optional[np.ndarray] = None
 
     def __post_init__(self):
         n = len(self.traj_act0)
@@ -376,6 +381,22 @@ class TupleSet:
         if prev.shape != (n,) or np.any(prev >= np.arange(n)) or np.any(prev < -1):
             raise DatasetError("traj_prev: each trajectory continues an earlier one or none (-1)")
         self.traj_prev = prev
+        for name in ("gyro0", "gyro1"):
+            mask = getattr(self, name)
+            if mask is not None:
+                mask = np.asarray(mask, dtype=bool)
+                if mask.shape != self.x0.shape[:2]:
+                    raise DatasetError(f"{name}: one flag per tuple and rod {self.x0.shape[:2]}, got {mask.shape}")
+                setattr(self, name, mask)
+
+    @property
+    def has_gyro(self) -> bool:
+        return self.gyro0 is not None or self.gyro1 is not None
+
+    def gyro_masks(self) -> tuple[np.ndarray, np.ndarray]:
+        """(gyro0, gyro1) as arrays, all False where None."""
+        none = np.zeros(self.x0.shape[:2], dtype=bool)
+        return (none if self.gyro0 is None else self.gyro0), (none if self.gyro1 is None else self.gyro1)
 
     def __len__(self) -> int:
         return len(self.x0)
@@ -408,6 +429,7 @@ class TupleSet:
         traj_off = np.cumsum([0] + [len(s.traj_act0) for s in sets])[:-1]
         tup_off = np.cumsum([0] + [len(s) for s in sets])[:-1]
         shift = lambda a, o: np.where(a >= 0, a + o, -1)
+        gyro = [s.gyro_masks() for s in sets] if any(s.has_gyro for s in sets) else None
         return TupleSet(
             x0=np.concatenate([s.x0 for s in sets]), x1=np.concatenate([s.x1 for s in sets]),
             commands=np.concatenate([s.commands for s in sets]),
@@ -420,7 +442,9 @@ class TupleSet:
             traj_commands=[c for s in sets for c in s.traj_commands],
             has_velocity=first.has_velocity, period=first.period, dt=first.dt,
             fixed_rods=first.fixed_rods, floor=first.floor, robot=first.robot,
-            traj_prev=np.concatenate([shift(s.traj_prev, o) for s, o in zip(sets, traj_off)]))
+            traj_prev=np.concatenate([shift(s.traj_prev, o) for s, o in zip(sets, traj_off)]),
+            gyro0=None if gyro is None else np.concatenate([g[0] for g in gyro]),
+            gyro1=None if gyro is None else np.concatenate([g[1] for g in gyro]))
 
 
 # Engine intervals per trajectory of streamed data (`streaming.to_tuple_set` cuts a long

@@ -376,13 +376,28 @@ class RecurrentObjective:
                         p: dict) -> torch.Tensor:
         """[N, M] weighted end-node position errors at every sample of each multiple-shooting
         window, from the window's first pose and latent velocity ``vel`` [N, R, 6];
-        sum(r^2) is the normalised position loss averaged over windows and samples."""
+        sum(r^2) is the normalised position loss averaged over windows and samples. Where a
+        gyro measured a rod at the window's start (``data.gyro0``, with ``gyro_weight``), the
+        latent's angular velocity error follows, 1 rad/s weighed as (half rod length x T) m
+        per end node: only a gyro sees the spin about a rod's axis, which moves no node and
+        which 10 Hz poses alias. Not the gyro at the window's later samples: the rollout's
+        angular velocity after a contact event hangs on the latent start too steeply for
+        Gauss-Newton (measured, bench/online.py twin/as_built, seeds 0-2, damping / tau:
+        +5.9 / -9.0, +7.5 / -7.3, +1.2 / -2.1 % with them, +1.1 / -1.2, +3.2 / -2.8,
+        +1.7 / -1.7 % without the gyro, +1.0 / -1.0, +3.1 / -3.0, +1.9 / -2.1 % with this)."""
         pred = self.window_rollout(data, windows, p, vel, record_every=data.commands.shape[1])
         pos, _ = node_state(pred, self.half)                          # [N, W, R, 2, 3]
         target, _ = node_state(data.x1[windows], self.half)
         w = self.free / (2.0 * self.free.sum() * windows.shape[0] * windows.shape[1]
                          * (self.loss_scale or 1.0))
-        return ((pos - target) * w.sqrt()[:, None, None]).flatten(1)
+        r = ((pos - target) * w.sqrt()[:, None, None]).flatten(1)
+        if data.gyro0 is None or not self.config.gyro_weight:
+            return r
+        first = windows[:, 0]
+        # 2 end nodes per rod, as the positions: each node's share of the rod's angular error
+        scale = (2.0 * w).sqrt() * self.half * self.config.period * math.sqrt(self.config.gyro_weight)
+        gyro = (vel[..., 3:] - data.x0[first][..., ANG_VEL]) * (data.gyro0[first].to(vel.dtype) * scale)[..., None]
+        return torch.cat([r, gyro.flatten(1)], 1)
 
     def window_rollout(self, data: TrainingData, windows: torch.Tensor, p: dict,
                        vel: Optional[torch.Tensor] = None, record_every: Optional[int] = None) -> torch.Tensor:

@@ -134,10 +134,13 @@ class TupleBatch:
     # [N] int64: tuples of one record share one command timeline (a segment split by a dropped
     # pose does not end it; a restarted clock does); unique per aligner (None: the segment)
     record: Optional[torch.Tensor] = None
+    omega_measured1: Optional[torch.Tensor] = None  # [N, R] bool: x1 angular velocity from the IMU (None: none)
 
     def __post_init__(self):
         if self.record is None:
             self.record = self.segment.clone()
+        if self.omega_measured1 is None:
+            self.omega_measured1 = torch.zeros_like(self.omega_measured0)
         S, width = self.commands.shape[1], self.prev_commands.shape[1]
         if width < PREV_INTERVALS * S:        # an older checkpoint's: its first command held before it
             head = self.prev_commands[:, :1].expand(-1, PREV_INTERVALS * S - width, -1)
@@ -411,7 +414,7 @@ class StreamAligner:
             x0, known0 = self._state(p0, p_prev, p1)
             x1, known1 = self._state(p1, p0, None)
             made.append((x0, cmd, x1, prev, known0, known1, np.isfinite(p0.omega_imu).all(-1),
-                         p0.stamp, seg, rec))
+                         p0.stamp, seg, rec, np.isfinite(p1.omega_imu).all(-1)))
         self._pending = keep
         if made:
             self._emit(made)
@@ -477,6 +480,7 @@ class StreamAligner:
             segment=torch.as_tensor(np.array(cols[8], dtype=np.int64)),
             engine_dt=self.cfg.engine_dt,
             record=torch.as_tensor(np.array(cols[9], dtype=np.int64)),
+            omega_measured1=torch.as_tensor(np.stack(cols[10])),
         )
 
 
@@ -587,6 +591,7 @@ def to_tuple_set(batch: TupleBatch, robot, *, period: Optional[float] = None, fl
     ordered = bool(np.all(order == np.arange(n)))        # a stream's window: no copies
     take = (lambda x: x) if ordered else (lambda x: x[order])      # noqa: E731
     x0, x1, cmd = take(batch.x0.numpy()), take(batch.x1.numpy()), take(batch.commands.numpy())
+    gyro0, gyro1 = take(batch.omega_measured0.numpy()), take(batch.omega_measured1.numpy())
     t0, seg, rec = take(t0), take(group), take(batch.record.numpy())
     known, index = _known_intervals([batch] + _batches(context), set(rec.tolist()),
                                     int(t0.min()) - reach * T_ns if n else 0, int(t0.max()) if n else -1, T_ns)
@@ -634,7 +639,8 @@ def to_tuple_set(batch: TupleBatch, robot, *, period: Optional[float] = None, fl
         x0=x0, x1=x1, commands=cmd, wrenches=None, traj=traj, start_step=start,
         prev=prev.astype(np.int64), next=nxt, traj_act0=traj_act0, traj_commands=traj_commands,
         has_velocity=has_velocity, period=T, dt=batch.engine_dt, fixed_rods=tuple(fixed_rods),
-        floor=bool(floor), robot=robot, traj_prev=np.asarray(traj_prev, dtype=np.int64))
+        floor=bool(floor), robot=robot, traj_prev=np.asarray(traj_prev, dtype=np.int64),
+        gyro0=gyro0 if gyro0.any() else None, gyro1=gyro1 if gyro1.any() else None)
 
 
 def _batches(context) -> list:

@@ -195,7 +195,7 @@ class ProgressiveTrainer:
             latent = not ts.has_velocity
         if not latent and not ts.has_velocity:
             raise ValueError("the data has no velocities: enable latent_velocity")
-        return TrainingData(ts, self.dtype, self.device, latent)
+        return TrainingData(ts, self.dtype, self.device, latent, gyro=self.config.gyro_weight > 0)
 
     def _setup(self, ts: TupleSet) -> None:
         """On the first data: what is learnt, the engine for its environment, the objective."""
