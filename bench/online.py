@@ -57,7 +57,7 @@ from tensegrity_engine.groundtruth.zoo import ZOO_PREFIX, ground_truth, zoo_name
 from tensegrity_engine.identification.config import IdentificationConfig, contact_params, resolve_learn
 from tensegrity_engine.identification.online import HOLDOUT_SECONDS, OnlineIdentification
 from tensegrity_engine.identification.online_structure import ONLINE_OPTIONS, online_options, structure_key
-from tensegrity_engine.identification.solvers.windows import chain_windows, fit_start_velocities
+from tensegrity_engine.identification.solvers.windows import fit_start_velocities, settle_steps, training_windows
 from tensegrity_engine.identification.streaming import StreamAligner, StreamConfig
 from tensegrity_engine.physics.config import load_robot
 from tensegrity_engine.physics.params import PhysicalParameters
@@ -161,13 +161,14 @@ def training_objective(trainer, values: dict, width: int, max_windows: int = 256
     the position loss over windows of ``width`` tuples (an even subset of at most
     ``max_windows``), each window's start velocity fitted to it with the values fixed."""
     data = trainer.train
-    chains, got = chain_windows(data.ts.next, width)
+    model = PhysicalParameters(trainer.robot, values, per_element=[k for k, v in values.items() if len(v) > 1])
+    p = {k: v.to(trainer.dtype).to(trainer.device) for k, v in model.values().items()}
+    settle = trainer.config.motor_settle
+    chains, got = training_windows(data.ts, width, settle_steps(trainer.robot, p, settle) if settle else 0)
     if got < 2 or not len(chains):
         return math.nan
     chains = torch.as_tensor(chains[np.linspace(0, len(chains) - 1, min(len(chains), max_windows)).astype(int)],
                              device=trainer.device)
-    model = PhysicalParameters(trainer.robot, values, per_element=[k for k, v in values.items() if len(v) > 1])
-    p = {k: v.to(trainer.dtype).to(trainer.device) for k, v in model.values().items()}
     with trainer.objective.stepped_for(p):
         vel = fit_start_velocities(trainer.objective, data, chains, p, chain=trainer.config.chain_latents)
         r = trainer.objective.window_residual(data, chains, vel, p)
@@ -185,7 +186,7 @@ def run_session(z, args, seed: int, learn) -> dict:
     cfg = IdentificationConfig(period=CONTROL_DT, learn=learn, init=args.init, seed=seed,
                                schedule=args.schedule, lm_windows=args.lm_windows, pose_window=args.pose_window,
                                chain_latents=args.chain_latents == "on", window_refresh=args.window_refresh,
-                               gyro_weight=args.gyro_weight)
+                               gyro_weight=args.gyro_weight, motor_settle=args.motor_settle)
     session = OnlineIdentification(robot, cfg, min_tuples=args.min_tuples, max_tuples=args.max_tuples,
                                    floor=True, holdout_every=args.holdout_every,
                                    structure_options=args.structure_options,
@@ -335,6 +336,8 @@ def main(argv=None) -> int:
                     help=f"rad/s per axis (default {GYRO_NOISE} with --noise robot, else 0)")
     ap.add_argument("--gyro-weight", type=float, default=IdentificationConfig().gyro_weight,
                     help="as the identifier node's gyro_weight (0: the IMU unused)")
+    ap.add_argument("--motor-settle", type=float, default=IdentificationConfig().motor_settle,
+                    help="as IdentificationConfig.motor_settle (0: windows from a stream's first command on)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="runs/bench_online")
     ap.add_argument("--verbose", action="store_true")
@@ -356,7 +359,8 @@ def main(argv=None) -> int:
         learn += ("actuator_delay",)
     _line(f"machine: {machine()}")
     _line(f"online identification of {', '.join(learn)} on {args.robot}: {args.duration:g} s of sim time, "
-          f"contact law {law}, masses {args.masses}, noise {args.noise}, latency {args.latency}, init {args.init}, schedule {args.schedule}, pose windows of {args.pose_window} (latents chained: {args.chain_latents}, windows redrawn at {args.window_refresh:g}x), "
+          f"contact law {law}, masses {args.masses}, noise {args.noise}, latency {args.latency}, init {args.init}, schedule {args.schedule}, pose windows of {args.pose_window} (latents chained: {args.chain_latents}, windows redrawn at {args.window_refresh:g}x, "
+          f"none in the first {args.motor_settle:g} motor time constants), "
           f"gyros {args.imu}" + (f" (noise {args.gyro_noise} rad/s, weight {args.gyro_weight:g})" if args.imu == "on" else "")
           + f", seeds {args.seeds}"
           + (f", structure options tried online: {', '.join(args.structure_options)}" if args.structure_options else ""))

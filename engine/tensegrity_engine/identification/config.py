@@ -102,6 +102,9 @@ class IdentificationConfig:
     # weight: an error of 1 rad/s counts as one of (half rod length x T) m per end node
     # (0: the IMU unused)
     gyro_weight: float = 1.0
+    # pose-only LM: no window starts within this many actuator time constants (plus the
+    # delay) of a stream's first command, where the motors' state is assumed (0: no wait)
+    motor_settle: float = 5.0
     max_raw: float = 12.0               # |raw| beyond this = saturated/exploded -> rollback
     init: str = "random"                # "random" (within bounds), "given" (initial values) or
                                         # "given+random" (multi-start: the given values among the random ones)
@@ -162,6 +165,8 @@ class IdentificationConfig:
         for name in ("period", "lr0", "lr_min"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")
+        if not (math.isfinite(self.motor_settle) and self.motor_settle >= 0.0):
+            raise ValueError(f"motor_settle must be finite and >= 0, not {self.motor_settle}")
         if not (math.isfinite(self.gyro_weight) and self.gyro_weight >= 0.0):
             raise ValueError(f"gyro_weight must be finite and >= 0, not {self.gyro_weight}")
         if not (self.window_refresh == 0.0 or self.window_refresh > 1.0):

@@ -350,6 +350,9 @@ class TupleSet:
     ``traj_prev`` [traj] the trajectory whose command grid this one's continues (its actuator
     state starts where that one's ends: a long streamed record cut into pieces, or bridged
     over held-out tuples), or -1 where ``traj_act0`` is the start (all -1 when None).
+    ``traj_act0_assumed`` [traj] bool (or None: none): that trajectory's ``traj_act0`` is
+    not measured but assumed (a stream's motors taken as settled at the first command heard),
+    so its first tuples carry the motors' unknown start (`solvers.windows.settled_windows`).
     ``gyro0`` / ``gyro1`` [N, R] bool (or None: none): the angular velocity of that rod in
     x0 / x1 is a gyro's (world frame), not an estimate, also where the velocities are not
     measured (pose-only data from rods with IMUs).
@@ -374,6 +377,7 @@ class TupleSet:
     traj_prev: Optional[np.ndarray] = None
     gyro0: Optional[np.ndarray] = None
     gyro1: Optional[np.ndarray] = None
+    traj_act0_assumed: Optional[np.ndarray] = None
 
     def __post_init__(self):
         n = len(self.traj_act0)
@@ -388,6 +392,16 @@ class TupleSet:
                 if mask.shape != self.x0.shape[:2]:
                     raise DatasetError(f"{name}: one flag per tuple and rod {self.x0.shape[:2]}, got {mask.shape}")
                 setattr(self, name, mask)
+        if self.traj_act0_assumed is not None:
+            self.traj_act0_assumed = np.asarray(self.traj_act0_assumed, dtype=bool)
+            if self.traj_act0_assumed.shape != (n,):
+                raise DatasetError(f"traj_act0_assumed: one flag per trajectory ({n}), "
+                                   f"got {self.traj_act0_assumed.shape}")
+
+    def act0_assumed(self) -> np.ndarray:
+        """[traj] bool, all False where None."""
+        n = len(self.traj_act0)
+        return np.zeros(n, dtype=bool) if self.traj_act0_assumed is None else self.traj_act0_assumed
 
     @property
     def has_gyro(self) -> bool:
@@ -430,6 +444,7 @@ class TupleSet:
         tup_off = np.cumsum([0] + [len(s) for s in sets])[:-1]
         shift = lambda a, o: np.where(a >= 0, a + o, -1)
         gyro = [s.gyro_masks() for s in sets] if any(s.has_gyro for s in sets) else None
+        assumed = any(s.traj_act0_assumed is not None for s in sets)
         return TupleSet(
             x0=np.concatenate([s.x0 for s in sets]), x1=np.concatenate([s.x1 for s in sets]),
             commands=np.concatenate([s.commands for s in sets]),
@@ -444,7 +459,8 @@ class TupleSet:
             fixed_rods=first.fixed_rods, floor=first.floor, robot=first.robot,
             traj_prev=np.concatenate([shift(s.traj_prev, o) for s, o in zip(sets, traj_off)]),
             gyro0=None if gyro is None else np.concatenate([g[0] for g in gyro]),
-            gyro1=None if gyro is None else np.concatenate([g[1] for g in gyro]))
+            gyro1=None if gyro is None else np.concatenate([g[1] for g in gyro]),
+            traj_act0_assumed=np.concatenate([s.act0_assumed() for s in sets]) if assumed else None)
 
 
 # Engine intervals per trajectory of streamed data (`streaming.to_tuple_set` cuts a long

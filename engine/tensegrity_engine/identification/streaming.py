@@ -629,7 +629,7 @@ def to_tuple_set(batch: TupleBatch, robot, *, period: Optional[float] = None, fl
         first = len(traj_commands)
         for p in range(0, len(chunks), max_chain):
             piece = chunks[p:p + max_chain]
-            traj_prev.append(-1 if p == 0 else len(traj_commands) - 1)
+            traj_prev.append(-1 if p == 0 else len(traj_commands) - 1)      # a run's first: its motors assumed
             traj_act0.append(act0 if p == 0 else piece[0][0].copy())
             traj_commands.append(np.concatenate(piece))
         for i, c in members:
@@ -640,7 +640,8 @@ def to_tuple_set(batch: TupleBatch, robot, *, period: Optional[float] = None, fl
         prev=prev.astype(np.int64), next=nxt, traj_act0=traj_act0, traj_commands=traj_commands,
         has_velocity=has_velocity, period=T, dt=batch.engine_dt, fixed_rods=tuple(fixed_rods),
         floor=bool(floor), robot=robot, traj_prev=np.asarray(traj_prev, dtype=np.int64),
-        gyro0=gyro0 if gyro0.any() else None, gyro1=gyro1 if gyro1.any() else None)
+        gyro0=gyro0 if gyro0.any() else None, gyro1=gyro1 if gyro1.any() else None,
+        traj_act0_assumed=np.asarray(traj_prev, dtype=np.int64) < 0)
 
 
 def _batches(context) -> list:

@@ -1,0 +1,84 @@
+"""A stream's motors are assumed settled at the first command heard: the pose-only windows
+keep clear of that assumption (`solvers.windows.training_windows`)."""
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from rolling_records import rolling_twin_run
+from tensegrity_engine.identification import IdentificationConfig
+from tensegrity_engine.identification.dataset import DatasetError, TupleSet
+from tensegrity_engine.identification.solvers.windows import (chain_windows, motor_settled, settle_steps,
+                                                              training_windows)
+
+
+@pytest.fixture(scope="module")
+def rolling(superball):
+    return rolling_twin_run(superball)
+
+
+def test_only_a_records_first_piece_has_an_assumed_motor_state(rolling):
+    ts = rolling[0].train.ts
+    assert ts.traj_act0_assumed is not None
+    assert np.array_equal(ts.traj_act0_assumed, ts.traj_prev < 0)
+    steps = 500
+    settled = motor_settled(ts, steps)
+    root = ts.traj_act0_assumed[ts.traj]
+    assert np.array_equal(settled[root], ts.start_step[root] >= steps)
+    assert settled[~root].all()                              # a continued piece runs on from its record
+    assert not settled.all() and settled.any()
+    # measured motor states (offline trajectories) wait for nothing
+    assert motor_settled(dataclasses.replace(ts, traj_act0_assumed=None), steps).all()
+
+
+def test_the_windows_leave_out_what_no_start_velocity_can_fit(rolling):
+    """At the true values and true start velocities the model is the robot, but for the
+    windows whose motors the stream could only assume: their error stays; after five time
+    constants what is left of the assumption is far below a fitted window's misfit."""
+    run, true_states = rolling
+    data, objective = run.train, run.objective
+    with torch.no_grad():
+        p = {k: v.detach() for k, v in run.engine.param_values(torch.float64, "cpu").items()}
+        every = torch.as_tensor(chain_windows(data.ts.next, 3)[0])
+        settle = settle_steps(run.robot, p, IdentificationConfig().motor_settle)
+        kept = torch.as_tensor(training_windows(data.ts, 3, settle)[0])
+        per = lambda w: (objective.window_residual(data, w, true_states[w[:, 0]][..., 7:], p) ** 2).sum(-1)  # noqa: E731
+        left_out = every[~torch.isin(every[:, 0], kept[:, 0])]
+    assert 0 < len(left_out) < len(every) / 10
+    assert float(per(kept).max()) < 1e-7
+    assert float(per(left_out).max()) > 1e4 * float(per(kept).max())
+    # tau 0.1 s of the robot, 0.05 s in its config: five of the larger
+    assert settle == pytest.approx(5 * 0.1 / run.robot.dt, abs=1)
+
+
+def test_the_solver_draws_settled_windows_and_none_when_told_not_to_wait(rolling):
+    run, _ = rolling
+    solver = run.window_lm
+    on = run.config
+    try:
+        solver.reset()
+        solver.setup(run, announce=False)
+        waited = set(solver.windows[:, 0].tolist())
+        solver.config = dataclasses.replace(on, motor_settle=0.0)
+        solver.reset()
+        solver.setup(run, announce=False)
+        every = set(solver.windows[:, 0].tolist())
+    finally:
+        solver.config = on
+        solver.reset()
+    assert waited < every
+    assert min(every) == 0 and min(waited) > 0
+
+
+def test_tuple_sets_check_and_concatenate_their_motor_flags(rolling):
+    ts = rolling[0].train.ts
+    with pytest.raises(DatasetError, match="traj_act0_assumed"):
+        dataclasses.replace(ts, traj_act0_assumed=np.ones(len(ts.traj_act0) + 1, dtype=bool))
+    measured = dataclasses.replace(ts, traj_act0_assumed=None)
+    both = TupleSet.concat([measured, ts])
+    n = len(ts.traj_act0)
+    assert not both.traj_act0_assumed[:n].any() and np.array_equal(both.traj_act0_assumed[n:], ts.traj_act0_assumed)
+    assert TupleSet.concat([measured, measured]).traj_act0_assumed is None
+    with pytest.raises(ValueError, match="motor_settle"):
+        IdentificationConfig(motor_settle=-1.0)
