@@ -229,6 +229,13 @@ def test_imu_angular_velocity_and_unknown_rod():
     np.testing.assert_allclose(b.x0[i, 1, 10:13].numpy(), [2.0 * math.cos(yaw), 2.0 * math.sin(yaw), 0.0],
                                atol=1e-9)
     np.testing.assert_allclose(b.x0[i, 0, 10:13].numpy(), [0, 0, W], atol=1e-9)
+    # the tuple ending at t = 0.2 had its end's gyro (it came before the pose that closed it)
+    j = int(torch.nonzero(b.t0 == 1 * T_NS)[0, 0])
+    assert bool(b.omega_measured1[j, 1]) and not bool(b.omega_measured1[j, 0])
+    assert not bool(b.omega_measured1[i].any())
+    np.testing.assert_allclose(b.x1[j, 1, 10:13].numpy(), b.x0[i, 1, 10:13].numpy(), atol=1e-12)
+    ts = to_tuple_set(b, load_robot_stub(), floor=False)
+    assert ts.gyro0[i].tolist() == [False, True] + [False] * (R - 2) and ts.gyro1[j, 1]
 
 
 def test_state_estimator_and_actuator_estimate():
