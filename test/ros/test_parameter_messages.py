@@ -193,6 +193,37 @@ def test_a_refused_fit_is_never_published_as_done():
         assert not any(w in stage.lower() for w in DONE_WORDS), stage
 
 
+def test_a_refused_fit_that_is_the_published_model_again_is_done(three_bar):
+    """The finished fit lost to the published model only by not being significantly better,
+    and sits within 2 sigma of it: the published model is the converged one. Anything else
+    (a worse fit, one outside 2 sigma, a wide sigma, nothing published yet) keeps exciting."""
+    from types import SimpleNamespace
+
+    from tensegrity_engine.identification.uncertainty import ParameterUncertainty
+    from tensegrity_ros.identifier_node import ties_published
+
+    published = PhysicalParameters(three_bar).as_dict()
+    k, c = (float(published[n][0]) for n in ("cable_stiffness", "cable_damping"))
+
+    def node(sigma_k=0.01 * k, sigma_c=0.01 * c, undetermined=()):
+        u = ParameterUncertainty(sigma={"cable_stiffness": np.array([sigma_k]), "cable_damping": np.array([sigma_c])},
+                                 undetermined=undetermined, residual_sigma=1.0, dof=10)
+        session = SimpleNamespace(uncertainty=lambda max_tuples, at: u, robot=three_bar, incumbent_robot=three_bar)
+        return SimpleNamespace(converged_sigma=0.05, sigma_tuples=64, session=session,
+                               trainer=SimpleNamespace(learn=("cable_stiffness", "cable_damping")))
+
+    def fit(dk, dc):
+        return {**published, "cable_stiffness": np.array([k * (1 + dk)]), "cable_damping": np.array([c * (1 + dc)])}
+
+    tie = SimpleNamespace(reason="not_significant")
+    assert ties_published(node(), tie, fit(0.015, -0.01), published)
+    assert not ties_published(node(), tie, fit(0.03, 0.0), published)                  # 3 sigma off
+    assert not ties_published(node(), SimpleNamespace(reason="worse"), fit(0.0, 0.0), published)
+    assert not ties_published(node(), tie, fit(0.0, 0.0), None)                        # the config in use
+    assert not ties_published(node(sigma_c=0.2 * c), tie, fit(0.0, 0.0), published)   # not determined yet
+    assert not ties_published(node(undetermined=("cable_damping",)), tie, fit(0.0, 0.0), published)
+
+
 def test_the_published_sigma_includes_the_groups_scatter_and_convergence_does_not(three_bar):
     """The message carries sigma_spread where there is one (the groups disagree: model
     mismatch that varies with the motion), sigma otherwise; the convergence test judges the
