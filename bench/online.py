@@ -186,7 +186,8 @@ def run_session(z, args, seed: int, learn) -> dict:
     cfg = IdentificationConfig(period=CONTROL_DT, learn=learn, init=args.init, seed=seed,
                                schedule=args.schedule, lm_windows=args.lm_windows, pose_window=args.pose_window,
                                chain_latents=args.chain_latents == "on", window_refresh=args.window_refresh,
-                               gyro_weight=args.gyro_weight, motor_settle=args.motor_settle)
+                               gyro_weight=args.gyro_weight if args.imu == "on" else 0.0,
+                               motor_settle=args.motor_settle)
     session = OnlineIdentification(robot, cfg, min_tuples=args.min_tuples, max_tuples=args.max_tuples,
                                    floor=True, holdout_every=args.holdout_every,
                                    structure_options=args.structure_options,
@@ -334,8 +335,8 @@ def main(argv=None) -> int:
                     help="on: every rod's gyro too, with every pose (the sim2sim's bridge does; the targets are pose-only)")
     ap.add_argument("--gyro-noise", type=float, default=None,
                     help=f"rad/s per axis (default {GYRO_NOISE} with --noise robot, else 0)")
-    ap.add_argument("--gyro-weight", type=float, default=IdentificationConfig().gyro_weight,
-                    help="as the identifier node's gyro_weight (0: the IMU unused)")
+    ap.add_argument("--gyro-weight", type=float, default=1.0,
+                    help="with --imu on: as the identifier node's gyro_weight (its default 0 leaves the IMU unused)")
     ap.add_argument("--motor-settle", type=float, default=IdentificationConfig().motor_settle,
                     help="as IdentificationConfig.motor_settle (0: windows from a stream's first command on)")
     ap.add_argument("--threads", type=int, default=1)

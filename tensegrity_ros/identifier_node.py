@@ -457,11 +457,17 @@ def declare_solver(d, period: float):
                    range=(1, 10**5))
     pose_window = d("pose_window", IdentificationConfig().pose_window, "pose-only Levenberg-Marquardt: tuples per "
                     "multiple-shooting window (each with its own start velocity)", range=(2, 100))
+    defaults = IdentificationConfig()
+    gyro_weight = d("gyro_weight", defaults.gyro_weight, "pose-only: weight of the IMU's angular velocity at "
+                    "each window's start (1 rad/s as half a rod length x T of end-node error; 0 = the IMU unused "
+                    "by identification; README, Gyros)", range=(0.0, 1e6))
+    motor_settle = d("motor_settle", defaults.motor_settle, "pose-only: no window within this many actuator "
+                     "time constants of a stream's first command (the motors' state there is assumed)",
+                     range=(0.0, 1e3))
     lr0 = d("lr0", 0.1, "initial learning rate", range=(1e-6, 10.0))
     lr_min = d("lr_min", 1e-3, "stop when the learning rate falls below this", range=(1e-9, 10.0))
     patience = d("patience", 2, "non-improving epochs before a stage change", range=(1, 1000))
     batch = d("batch_size", 16, "tuples per gradient step", range=(1, 100000))
-    defaults = IdentificationConfig()
     epoch_tuples = d("epoch_tuples", defaults.epoch_tuples, "tuples per epoch of Algorithm 1's schedules "
                      "(0 = all; the offline CLI's default)", range=(0, 10**7))
     max_epochs = d("max_epochs", 10000, "epoch limit", range=(1, 10**7))
@@ -473,7 +479,7 @@ def declare_solver(d, period: float):
         period=period, learn=None if list(learn) == ["default"] else tuple(learn), schedule=schedule,
         lr0=lr0, lr_min=lr_min, patience=patience, batch_size=batch, epoch_tuples=epoch_tuples or None,
         max_epochs=max_epochs, max_seconds=max_seconds or None, init=init, seed=seed, lm_windows=lm_windows,
-        pose_window=pose_window)
+        pose_window=pose_window, gyro_weight=gyro_weight, motor_settle=motor_settle)
 
 
 def export_mjcf(node, response):

@@ -21,7 +21,7 @@ def pose_only(superball):
 
 @pytest.fixture(scope="module")
 def with_gyros(superball):
-    return rolling_twin_run(superball, gyro_noise=0.0)
+    return rolling_twin_run(superball, gyro_noise=0.0, config=dict(gyro_weight=1.0))
 
 
 def _windows(run):
