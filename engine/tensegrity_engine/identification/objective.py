@@ -115,6 +115,21 @@ def _stepped(config: IdentificationConfig) -> str:
     return config.fine_integrator if config.fine_integrator in MODEL_INTEGRATORS else "semi_implicit"
 
 
+def gyro_start_rows(data: TrainingData, windows: torch.Tensor, vel: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """[N, R 3] the latent start's angular velocity error where a gyro measured it
+    (``data.gyro0``), ``scale`` [R] per rod: (2 w)^1/2 x half rod length x T x gyro_weight^1/2,
+    so 1 rad/s weighs as (half rod length x T) m in each end node. Only a gyro sees the spin
+    about a rod's axis, which moves no node and which 10 Hz poses alias. Not the gyro at the
+    window's later samples: the rollout's angular velocity after a contact event hangs on the
+    latent start too steeply for Gauss-Newton (measured, bench/online.py twin/as_built, seeds
+    0-2, damping / tau: +5.9 / -9.0, +7.5 / -7.3, +1.2 / -2.1 % with them, +1.1 / -1.2,
+    +3.2 / -2.8, +1.7 / -1.7 % without the gyro, +1.0 / -1.0, +3.1 / -3.0, +1.9 / -2.1 % with
+    these rows)."""
+    first = windows[:, 0]
+    err = vel[..., 3:] - data.x0[first][..., ANG_VEL]
+    return (err * (data.gyro0[first].to(vel.dtype) * scale)[..., None]).flatten(1)
+
+
 class RecurrentObjective:
     """Engine predictions of tuples and their losses for one robot and environment.
 
@@ -376,15 +391,8 @@ class RecurrentObjective:
                         p: dict) -> torch.Tensor:
         """[N, M] weighted end-node position errors at every sample of each multiple-shooting
         window, from the window's first pose and latent velocity ``vel`` [N, R, 6];
-        sum(r^2) is the normalised position loss averaged over windows and samples. Where a
-        gyro measured a rod at the window's start (``data.gyro0``, with ``gyro_weight``), the
-        latent's angular velocity error follows, 1 rad/s weighed as (half rod length x T) m
-        per end node: only a gyro sees the spin about a rod's axis, which moves no node and
-        which 10 Hz poses alias. Not the gyro at the window's later samples: the rollout's
-        angular velocity after a contact event hangs on the latent start too steeply for
-        Gauss-Newton (measured, bench/online.py twin/as_built, seeds 0-2, damping / tau:
-        +5.9 / -9.0, +7.5 / -7.3, +1.2 / -2.1 % with them, +1.1 / -1.2, +3.2 / -2.8,
-        +1.7 / -1.7 % without the gyro, +1.0 / -1.0, +3.1 / -3.0, +1.9 / -2.1 % with this)."""
+        sum(r^2) is the normalised position loss averaged over windows and samples. Then,
+        where gyros measured the window's start, `gyro_start_rows`."""
         pred = self.window_rollout(data, windows, p, vel, record_every=data.commands.shape[1])
         pos, _ = node_state(pred, self.half)                          # [N, W, R, 2, 3]
         target, _ = node_state(data.x1[windows], self.half)
@@ -393,11 +401,8 @@ class RecurrentObjective:
         r = ((pos - target) * w.sqrt()[:, None, None]).flatten(1)
         if data.gyro0 is None or not self.config.gyro_weight:
             return r
-        first = windows[:, 0]
-        # 2 end nodes per rod, as the positions: each node's share of the rod's angular error
         scale = (2.0 * w).sqrt() * self.half * self.config.period * math.sqrt(self.config.gyro_weight)
-        gyro = (vel[..., 3:] - data.x0[first][..., ANG_VEL]) * (data.gyro0[first].to(vel.dtype) * scale)[..., None]
-        return torch.cat([r, gyro.flatten(1)], 1)
+        return torch.cat([r, gyro_start_rows(data, windows, vel, scale)], 1)
 
     def window_rollout(self, data: TrainingData, windows: torch.Tensor, p: dict,
                        vel: Optional[torch.Tensor] = None, record_every: Optional[int] = None) -> torch.Tensor:
