@@ -592,11 +592,16 @@ def ties_published(node, gate, fitted: dict, published) -> bool:
     start velocities. Measured: a sim2sim's twin within 0.5 % from sim t = 21.8 s had every
     later finish refused ("worse": loss 1.04e-4 against 8.5e-5 for values 0.1-0.9 % apart; "not
     significant": 0.4 against 0.4 mm CoM error 1 s ahead), and the controller excited on to
-    its 90 s limit. An unstable fit, and the config's values (nothing published), never tie."""
+    its 90 s limit. An unstable fit never ties, nor do the config's values (nothing
+    published yet, or published with an earlier refused finish)."""
     if gate is None or gate.reason not in TIE_REASONS or published is None or not node.converged_sigma:
         return False
     if structure_key(node.session.incumbent_robot) != structure_key(node.session.robot):
         return False
+    config = PhysicalParameters(node.session.config_robot).as_dict()
+    if all(np.array_equal(np.asarray(published[n]), np.asarray(config[n])) for n in node.trainer.learn or ()
+           if n in config):
+        return False                  # the config's values, published with a refused finish
     u = node.session.uncertainty(max_tuples=node.sigma_tuples or 64, at=published)
     if u is None or u.undetermined:
         return False

@@ -101,6 +101,30 @@ def test_gyro_weight_zero_leaves_the_imu_unused(with_gyros):
     assert torch.equal(off.x0[..., 7:10], on.x0[..., 7:10])        # the linear part: differences both
 
 
+def test_the_trainer_uses_the_gyro_only_with_a_weight(superball, with_gyros):
+    run, _ = with_gyros
+    assert run.train.gyro0 is not None
+    off, _ = rolling_twin_run(superball, gyro_noise=0.0, seconds=2.0)       # gyro_weight 0: the default
+    assert off.config.gyro_weight == 0.0 and off.train.ts.gyro0 is not None and off.train.gyro0 is None
+
+
+def test_the_residual_keeps_its_size_when_gyro_data_starts(with_gyros, pose_only):
+    """With a gyro weight the rows are there with or without gyro data (zero without), so
+    cached latent Jacobians keep their shape when an IMU starts reporting."""
+    run, true_states = with_gyros
+    bare = TrainingData(pose_only[0].train.ts, torch.float64, "cpu", latent=True, gyro=True)
+    assert bare.gyro0 is None
+    windows = _windows(run)[:3]
+    with torch.no_grad():
+        p = {k: v.detach() for k, v in run.engine.param_values(torch.float64, "cpu").items()}
+        vel = true_states[windows[:, 0]][..., 7:]
+        with_rows = run.objective.window_residual(run.train, windows, vel + 0.5, p)
+        without = run.objective.window_residual(bare, windows, vel + 0.5, p)
+    n_pos = windows.shape[1] * run.robot.num_rods * 6
+    assert with_rows.shape == without.shape
+    assert float(without[:, n_pos:].abs().max()) == 0.0 < float(with_rows[:, n_pos:].abs().max())
+
+
 def test_tuple_sets_check_and_concatenate_their_gyro_flags(with_gyros):
     ts = with_gyros[0].train.ts
     with pytest.raises(DatasetError, match="gyro0"):
@@ -125,3 +149,8 @@ def test_the_sensor_model_reports_gyro_rates_with_their_noise():
     _, noisy = SensorModel(gyro_noise=0.05).measure(dense, 0.001, stamps, rng, gyro=True)
     spread = (noisy[..., 10:] - exact[..., 10:]).std()
     assert 0.03 < spread < 0.07
+    # a gyro leaves the mocap's own noise as it was: runs with and without it compare
+    mocap = SensorModel(position_noise=0.002, drop_rate=0.2, gyro_noise=0.05)
+    kept, bare = mocap.measure(dense, 0.001, stamps, np.random.default_rng(5))
+    kept_too, with_gyro = mocap.measure(dense, 0.001, stamps, np.random.default_rng(5), gyro=True)
+    assert np.array_equal(kept, kept_too) and np.array_equal(bare[..., :7], with_gyro[..., :7])

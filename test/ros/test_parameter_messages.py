@@ -208,7 +208,8 @@ def test_a_refused_fit_that_is_the_published_model_again_is_done(three_bar):
     def node(sigma_k=0.01 * k, sigma_c=0.01 * c, undetermined=()):
         u = ParameterUncertainty(sigma={"cable_stiffness": np.array([sigma_k]), "cable_damping": np.array([sigma_c])},
                                  undetermined=undetermined, residual_sigma=1.0, dof=10)
-        session = SimpleNamespace(uncertainty=lambda max_tuples, at: u, robot=three_bar, incumbent_robot=three_bar)
+        session = SimpleNamespace(uncertainty=lambda max_tuples, at: u, robot=three_bar, incumbent_robot=three_bar,
+                                  config_robot=three_bar.replace(cable_damping=three_bar.cable_damping * 1.5))
         return SimpleNamespace(converged_sigma=0.05, sigma_tuples=64, session=session,
                                trainer=SimpleNamespace(learn=("cable_stiffness", "cable_damping")))
 
@@ -224,6 +225,10 @@ def test_a_refused_fit_that_is_the_published_model_again_is_done(three_bar):
     assert not ties_published(node(), tie, fit(0.0, 0.0), None)                        # the config in use
     assert not ties_published(node(sigma_c=0.2 * c), tie, fit(0.0, 0.0), published)   # not determined yet
     assert not ties_published(node(undetermined=("cable_damping",)), tie, fit(0.0, 0.0), published)
+    # the config's values, published with an earlier refused finish, are not a converged model
+    n = node()
+    n.session.config_robot = three_bar
+    assert not ties_published(n, tie, fit(0.0, 0.0), published)
 
 
 def test_the_published_sigma_includes_the_groups_scatter_and_convergence_does_not(three_bar):

@@ -68,7 +68,9 @@ class SensorModel:
                                    rot_noise=self.rotation_noise)
             pose[:, 7:] = 0.0
             if gyro:
-                omega = dense_states[idx[i]][:, ANG_VEL]
-                pose[:, ANG_VEL] = omega + (rng.normal(0.0, self.gyro_noise, omega.shape) if self.gyro_noise else 0.0)
+                pose[:, ANG_VEL] = dense_states[idx[i]][:, ANG_VEL]
             out.append(pose)
-        return stamps[keep], np.stack(out)
+        poses = np.stack(out)
+        if gyro and self.gyro_noise:      # drawn after the poses: their noise is the same with or without
+            poses[..., ANG_VEL] += rng.normal(0.0, self.gyro_noise, poses[..., ANG_VEL].shape)
+        return stamps[keep], poses

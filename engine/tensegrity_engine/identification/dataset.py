@@ -352,7 +352,7 @@ class TupleSet:
     over held-out tuples), or -1 where ``traj_act0`` is the start (all -1 when None).
     ``traj_act0_assumed`` [traj] bool (or None: none): that trajectory's ``traj_act0`` is
     not measured but assumed (a stream's motors taken as settled at the first command heard),
-    so its first tuples carry the motors' unknown start (`solvers.windows.settled_windows`).
+    so its first tuples carry the motors' unknown start (`solvers.windows.training_windows`).
     ``gyro0`` / ``gyro1`` [N, R] bool (or None: none): the angular velocity of that rod in
     x0 / x1 is a gyro's (world frame), not an estimate, also where the velocities are not
     measured (pose-only data from rods with IMUs).

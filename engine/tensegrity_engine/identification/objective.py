@@ -116,8 +116,9 @@ def _stepped(config: IdentificationConfig) -> str:
 
 
 def gyro_start_rows(data: TrainingData, windows: torch.Tensor, vel: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """[N, R 3] the latent start's angular velocity error where a gyro measured it
-    (``data.gyro0``), ``scale`` [R] per rod: (2 w)^1/2 x half rod length x T x gyro_weight^1/2,
+    """[N, R*3] the latent start's angular velocity error where a gyro measured it
+    (``data.gyro0``; zero rows where none did, so the residual keeps its size when gyro data
+    starts or stops), ``scale`` [R] per rod: (2 w)^1/2 x half rod length x T x gyro_weight^1/2,
     so 1 rad/s weighs as (half rod length x T) m in each end node. Only a gyro sees the spin
     about a rod's axis, which moves no node and which 10 Hz poses alias. Not the gyro at the
     window's later samples: the rollout's angular velocity after a contact event hangs on the
@@ -126,6 +127,8 @@ def gyro_start_rows(data: TrainingData, windows: torch.Tensor, vel: torch.Tensor
     +3.2 / -2.8, +1.7 / -1.7 % without the gyro, +1.0 / -1.0, +3.1 / -3.0, +1.9 / -2.1 % with
     these rows)."""
     first = windows[:, 0]
+    if data.gyro0 is None:
+        return vel.new_zeros(vel.shape[0], vel.shape[1] * 3)
     err = vel[..., 3:] - data.x0[first][..., ANG_VEL]
     return (err * (data.gyro0[first].to(vel.dtype) * scale)[..., None]).flatten(1)
 
@@ -399,7 +402,7 @@ class RecurrentObjective:
         w = self.free / (2.0 * self.free.sum() * windows.shape[0] * windows.shape[1]
                          * (self.loss_scale or 1.0))
         r = ((pos - target) * w.sqrt()[:, None, None]).flatten(1)
-        if data.gyro0 is None or not self.config.gyro_weight:
+        if not self.config.gyro_weight:
             return r
         scale = (2.0 * w).sqrt() * self.half * self.config.period * math.sqrt(self.config.gyro_weight)
         return torch.cat([r, gyro_start_rows(data, windows, vel, scale)], 1)

@@ -390,7 +390,7 @@ class WindowLevenbergMarquardt:
         computed, so the cost is spread evenly over iterations."""
         N = self.windows.shape[0]
         reuse = max(1, int(self.config.latent_jacobian_reuse))
-        if self.latent_jac is None or self.latent_jac.shape[0] != N:
+        if self.latent_jac is None or self.latent_jac.shape[:2] != (N, r0.shape[-1]):
             self.latent_jac = r0.new_zeros((N, r0.shape[-1], len(self.latent_cols)))
             self.jac_age = torch.full((N,), reuse, dtype=torch.long)
         stale = self.jac_age >= reuse
