@@ -163,8 +163,7 @@ def training_objective(trainer, values: dict, width: int, max_windows: int = 256
     data = trainer.train
     model = PhysicalParameters(trainer.robot, values, per_element=[k for k, v in values.items() if len(v) > 1])
     p = {k: v.to(trainer.dtype).to(trainer.device) for k, v in model.values().items()}
-    settle = trainer.config.motor_settle
-    chains, got = training_windows(data.ts, width, settle_steps(trainer.robot, p, settle) if settle else 0)
+    chains, got = training_windows(data.ts, width, settle_steps(trainer.robot, p, trainer.config.motor_settle))
     if got < 2 or not len(chains):
         return math.nan
     chains = torch.as_tensor(chains[np.linspace(0, len(chains) - 1, min(len(chains), max_windows)).astype(int)],

@@ -83,7 +83,10 @@ def motor_settled(ts, settle_steps: int) -> np.ndarray:
 
 def settle_steps(robot, p: dict, time_constants: float) -> int:
     """Engine steps after which an assumed motor state no longer shows: ``time_constants``
-    of the larger of the current and the config's actuator time constant, plus the delay."""
+    of the larger of the current and the config's actuator time constant, plus the delay
+    (0 when ``time_constants`` is 0: no wait)."""
+    if not time_constants:
+        return 0
     largest = lambda v: float(torch.as_tensor(v).detach().max())          # noqa: E731
     tau = max(largest(p["actuator_time_constant"]), float(robot.actuator.time_constant))
     delay = max(largest(p.get("actuator_delay", robot.actuator.delay)), 0.0)
@@ -282,8 +285,7 @@ class WindowLevenbergMarquardt:
         continue (`_chained`)."""
         cfg = self.config
         p = run.engine.param_values(run.dtype, run.device)
-        pool, width = training_windows(run.train.ts, cfg.pose_window,
-                                       settle_steps(run.robot, p, cfg.motor_settle) if cfg.motor_settle else 0)
+        pool, width = training_windows(run.train.ts, cfg.pose_window, settle_steps(run.robot, p, cfg.motor_settle))
         if width < 2:
             raise ValueError("pose-only identification needs consecutive tuples (chains of at "
                              "least 2 sample intervals); the data has only isolated tuples")
