@@ -30,6 +30,7 @@ from visualization_msgs.msg import MarkerArray
 from tensegrity_engine.export import write_mjcf
 from tensegrity_engine.identification.checkpoint import load_checkpoint, save_checkpoint
 from tensegrity_engine.identification.config import INITS
+from tensegrity_engine.identification.identifiability import advice_text
 from tensegrity_engine.identification.online import OnlineIdentification, default_trainer_factory
 from tensegrity_engine.identification.online_structure import robot_in_structure, structure_key
 from tensegrity_engine.identification.streaming import StreamAligner, StreamConfig
@@ -92,6 +93,7 @@ class IdentifierNode(Node):
         self._next_gate = -math.inf          # gates are spaced by 4x their own duration
         self._unpublished = None             # an improvement waiting for min_publish_interval
         self.undetermined: tuple = ()        # parameters the data cannot determine yet
+        self.excite = ""                     # what would determine them (`identifiability`)
         self.structure_suspect: tuple = ()   # parameters whose values move with the horizon
         self.at_bound: tuple = ()            # parameters the data pushed against a bound
         self.sigma_state = "none published yet"   # the published values' sigma: estimated, or why not
@@ -344,6 +346,7 @@ class IdentifierNode(Node):
                "rollbacks": s.rollbacks, "published": self.published, "window_tuples": s.window_len,
                "best_loss": s.best_loss, "stage": m.get("stage", ""), "dt": m.get("dt", ""),
                "lr": m.get("lr", ""), "undetermined": ", ".join(self.undetermined),
+               "excite": self.excite,
                "at_bound": ", ".join(self.at_bound), "structure_suspect": ", ".join(self.structure_suspect),
                "uncertainty": self.sigma_state, "heldout_tuples": s.heldout_len}
         if self.last_gate is not None:
@@ -630,6 +633,7 @@ def clear_uncertainty_flags(node, why: str) -> None:
     """The published values have no sigma (``why``): the flags of an earlier estimate are
     not theirs."""
     node.undetermined = node.at_bound = node.structure_suspect = ()
+    node.excite = ""
     node.sigma_state = why
 
 
@@ -644,9 +648,10 @@ def published_uncertainty(node, params, values: dict):
         clear_uncertainty_flags(node, "failed")
         return None
     node.sigma_state = "estimated"
+    node.excite = advice_text(u.weak_directions) if u.undetermined else ""
     if u.undetermined and u.undetermined != node.undetermined:
-        node.diag.warn_throttled("undetermined", "the data does not determine "
-                                 f"{', '.join(u.undetermined)} yet: excite the motions they act on")
+        node.diag.warn_throttled("undetermined", f"the data does not determine {', '.join(u.undetermined)} yet: "
+                                 + (node.excite or "excite the motions they act on"))
     node.undetermined = u.undetermined
     if u.at_bound and u.at_bound != node.at_bound:
         node.diag.warn_throttled("at_bound", f"{', '.join(u.at_bound)} pinned at a bound of the model's range: the "

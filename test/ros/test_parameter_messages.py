@@ -298,6 +298,41 @@ def test_a_value_pinned_at_its_bound_is_warned_about_once_and_in_the_diagnostics
     assert node.at_bound == node.structure_suspect == () and node.sigma_state.startswith("off")
 
 
+def test_an_undetermined_value_is_warned_about_with_what_would_determine_it(three_bar):
+    """The warning and the `excite` diagnostic say which motion determines an undetermined
+    value (`identifiability`), that no motion determines the force scale, and are cleared
+    with the estimate."""
+    from types import SimpleNamespace
+
+    from tensegrity_engine.identification.identifiability import REVEALED_BY
+    from tensegrity_engine.identification.uncertainty import ParameterUncertainty
+    from tensegrity_ros.identifier_node import published_uncertainty
+
+    params = PhysicalParameters(three_bar)
+    values = params.as_dict()
+    warnings = []
+    node = SimpleNamespace(sigma_tuples=64, undetermined=(), at_bound=(), structure_suspect=(), robot=three_bar,
+                           diag=SimpleNamespace(count=lambda *a: None, warn_throttled=lambda *a: warnings.append(a)))
+    inf = np.array([np.inf])
+    friction = ParameterUncertainty(sigma={"friction_sliding": inf}, undetermined=("friction_sliding",),
+                                    residual_sigma=1.0, dof=10, weak_directions=({"friction_sliding": 1.0},))
+    node.session = SimpleNamespace(uncertainty=lambda max_tuples, at: friction)
+    published_uncertainty(node, params, values)
+    assert node.excite.startswith("friction_sliding") and REVEALED_BY["friction_sliding"] in node.excite
+    assert len(warnings) == 1 and warnings[0][0] == "undetermined" and node.excite in warnings[0][1]
+    third = 1.0 / np.sqrt(3.0)
+    scale = ParameterUncertainty(sigma={n: inf for n in ("cable_stiffness", "cable_damping", "rod_mass")},
+                                 undetermined=("cable_stiffness", "cable_damping", "rod_mass"), residual_sigma=1.0,
+                                 dof=10, weak_directions=({"cable_stiffness": third, "cable_damping": third,
+                                                           "rod_mass": third},))
+    node.session = SimpleNamespace(uncertainty=lambda max_tuples, at: scale)
+    published_uncertainty(node, params, values)
+    assert "weigh the rods" in node.excite and "weigh the rods" in warnings[-1][1]
+    node.session = SimpleNamespace(uncertainty=lambda max_tuples, at: None)
+    assert published_uncertainty(node, params, values) is None
+    assert node.excite == "" and node.undetermined == ()
+
+
 def test_a_schedule_ended_by_a_limit_keeps_the_excitation_while_sigma_is_wide(three_bar):
     """An iteration or time limit ends the schedule with "final (...)", a word the controller
     takes for done: said only when every sigma is narrow; otherwise "keep exciting"."""

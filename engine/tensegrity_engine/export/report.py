@@ -24,6 +24,7 @@ import numpy as np
 
 from tensegrity_engine.identification.dataset import Trajectory
 from tensegrity_engine.identification.evaluation import evaluate, horizon_errors
+from tensegrity_engine.identification.identifiability import excitation_advice
 from tensegrity_engine.physics.config import RobotConfig
 from tensegrity_engine.physics.params import SPEC_BY_NAME, PhysicalParameters, nominal_values
 from tensegrity_engine.physics.state import end_nodes
@@ -233,6 +234,8 @@ def write_report(out_dir, *, params: PhysicalParameters, nominal: PhysicalParame
     undetermined = tuple(uncertainty.undetermined) if uncertainty is not None else ()
     lines.append("- undetermined by these data: " + (", ".join(undetermined) or "none" if uncertainty is not None
                                                      else "unknown (no uncertainty estimate was made)"))
+    if undetermined:
+        lines += [f"  - {a.text}" for a in excitation_advice(uncertainty.weak_directions)]
     fixed = [n for n in SPEC_BY_NAME if n not in learn]
     lines.append(f"- not identified (kept at the values it started from): {', '.join(fixed)}")
     idle = [robot.cable_names[c] for c in range(robot.num_cables)

@@ -85,6 +85,10 @@ class ParameterUncertainty:
     # per element: how far the values are from the optimum of their own objective (a solver
     # stopped early, data arrived since); empty where not estimated
     sigma_step: dict = dataclasses.field(default_factory=dict)
+    # the unconstrained directions themselves: each {label: component} (unit length, in the
+    # column-scaled raw units where each element's own curvature is 1, components below 1e-3
+    # left out); `identifiability.excitation_advice` says what would determine them
+    weak_directions: tuple = ()
 
     def published(self) -> dict:
         """Learnt name -> the 1-sigma the node publishes: the spread (sigma where there is
@@ -189,6 +193,7 @@ def normal_matrix_uncertainty(params: PhysicalParameters, names, H: torch.Tensor
     var = torch.full((P,), math.inf, dtype=torch.float64)
     corr = torch.full((P, P), math.nan, dtype=torch.float64)
     spread_var = None
+    weak_directions = []
     if bool(alive.any()):
         d = scale[alive]
         Hs = H[alive][:, alive] / (d[:, None] * d[None, :])
@@ -202,6 +207,10 @@ def normal_matrix_uncertainty(params: PhysicalParameters, names, H: torch.Tensor
         weak_var = (V[:, weak] ** 2 / floor).sum(-1)
         strong_var = (V[:, ~weak] ** 2 / lam[~weak]).sum(-1)
         determined = weak_var <= strong_var
+        alive_labels = [lab for lab, a in zip(element_labels(params, names), alive.tolist()) if a]
+        for v in V[:, weak].T:
+            v = v * (1.0 if float(v[v.abs().argmax()]) > 0 else -1.0)     # largest component positive
+            weak_directions.append({lab: float(c) for lab, c in zip(alive_labels, v.tolist()) if abs(c) > 1e-3})
         model_var = inv.diagonal() * s2 / d ** 2
         total_var = model_var
         if scores is not None and scores.shape[0] > len(d):
@@ -228,22 +237,34 @@ def normal_matrix_uncertainty(params: PhysicalParameters, names, H: torch.Tensor
         corr[idx[:, None], idx[None, :]] = block
         corr[var == math.inf] = math.nan
         corr[:, var == math.inf] = math.nan
+    # an element the data does not touch at all is a direction of its own
+    weak_directions += [{lab: 1.0} for lab, a in zip(element_labels(params, names), alive.tolist()) if not a]
     slopes = value_slopes(params, names).abs().cpu()
     sigma_value = var.sqrt() * slopes
     spread_value = None if spread_var is None else spread_var.sqrt() * slopes
-    sigma, spread, flagged, labels, i = {}, {}, [], [], 0
+    sigma, spread, flagged, i = {}, {}, [], 0
+    labels = element_labels(params, names)
     for name in names:
         k = getattr(params, name).numel()
         sigma[name] = sigma_value[i:i + k].numpy().copy()
         if spread_value is not None:
             spread[name] = spread_value[i:i + k].numpy().copy()
-        labels += [name] if k == 1 else [f"{name}[{j}]" for j in range(k)]
         if bool((var[i:i + k] == math.inf).any()):
             flagged.append(name)
         i += k
     return ParameterUncertainty(sigma=sigma, undetermined=tuple(flagged), residual_sigma=math.sqrt(s2), dof=dof,
                                 correlation=corr.numpy(), labels=tuple(labels), sigma_spread=spread,
-                                at_bound=pinned_at_bound(params, names))
+                                at_bound=pinned_at_bound(params, names), weak_directions=tuple(weak_directions))
+
+
+def element_labels(params: PhysicalParameters, names) -> list[str]:
+    """A label per raw element of ``names`` (`raw_vector` order): the name, or name[i] for
+    a parameter with several elements."""
+    out = []
+    for name in names:
+        k = getattr(params, name).numel()
+        out += [name] if k == 1 else [f"{name}[{j}]" for j in range(k)]
+    return out
 
 
 def jackknife_variance(H: torch.Tensor, HG: torch.Tensor, G: torch.Tensor, floor: float) -> torch.Tensor:
