@@ -30,7 +30,7 @@ from visualization_msgs.msg import MarkerArray
 from tensegrity_engine.export import write_mjcf
 from tensegrity_engine.identification.checkpoint import load_checkpoint, save_checkpoint
 from tensegrity_engine.identification.config import INITS
-from tensegrity_engine.identification.identifiability import advice_text
+from tensegrity_engine.identification.identifiability import advice_text, unfixed_force_scale
 from tensegrity_engine.identification.online import OnlineIdentification, default_trainer_factory
 from tensegrity_engine.identification.online_structure import robot_in_structure, structure_key
 from tensegrity_engine.identification.streaming import StreamAligner, StreamConfig
@@ -432,9 +432,15 @@ def make_session(robot, setting: dict, device, *, log, trainer_factory=default_t
 
     if setting["config"].learn is not None:          # a bad name is a start-up error, not a failed epoch
         try:
-            resolve_learn(setting["config"].learn, robot.contact.law, floor=setting["floor"])
+            learn = resolve_learn(setting["config"].learn, robot.contact.law, floor=setting["floor"])
         except ValueError as err:
             raise ConfigurationError(f"parameter learn: {err}") from None
+        if scaled := unfixed_force_scale(learn, robot.contact.law, setting["floor"]):   # could never converge
+            raise ConfigurationError(
+                f"parameter learn: {', '.join(scaled)} scale together: poses without a known force (these "
+                "topics carry none) fix only forces per unit mass, so their common scale could never be "
+                "determined; weigh the rods (the robot YAML's rod mass) and leave rod_mass out of learn, or "
+                "keep a force whose value you know (e.g. cable_stiffness from its data sheet) out of it")
     try:
         structure = online_options([n for n in setting["structure_options"] if n != "none"])
     except ValueError as err:

@@ -8,7 +8,7 @@ import torch
 from tensegrity_engine import identification as idf
 from tensegrity_engine.identification import dataset as ds
 from tensegrity_engine.identification.config import SPEC_BY_NAME
-from tensegrity_engine.identification.identifiability import REVEALED_BY, excitation_advice
+from tensegrity_engine.identification.identifiability import REVEALED_BY, excitation_advice, unfixed_force_scale
 from tensegrity_engine.identification.uncertainty import gauss_newton_uncertainty, trainer_uncertainty
 from tensegrity_engine.physics.params import PhysicalParameters
 
@@ -97,3 +97,18 @@ def test_on_real_tuples_the_known_pushes_fix_the_scale_and_without_them_the_advi
     undetermined, advice = verdicts["unpushed"]
     assert set(undetermined) == set(learn)
     assert len(advice) == 1 and advice[0].force_scale and set(advice[0].names) == set(learn)
+
+
+def test_masses_learnt_with_every_acting_force_have_no_scale_without_a_known_force():
+    """The cables' values with the mass: unfixed; a cable value kept (a data sheet's) fixes
+    it; on a floor under the penalty law its contact stiffness and damping (newtons) do too,
+    unless they are learnt; the soft law's contact values (per unit mass) never do."""
+    km = ("cable_stiffness", "cable_damping", "rod_mass")
+    assert unfixed_force_scale(km + ("actuator_time_constant",), "soft", True) == km
+    assert unfixed_force_scale(km + ("contact_time_constant",), "soft", True) == km
+    assert unfixed_force_scale(km, "penalty", False) == km
+    assert unfixed_force_scale(km, "penalty", True) == ()
+    assert unfixed_force_scale(km + ("contact_stiffness", "contact_damping"), "penalty", True) \
+        == km + ("contact_stiffness", "contact_damping")
+    assert unfixed_force_scale(("cable_stiffness", "rod_mass"), "soft", True) == ()
+    assert unfixed_force_scale(("cable_stiffness", "cable_damping"), "soft", True) == ()

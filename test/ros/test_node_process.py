@@ -80,6 +80,8 @@ def finish(proc: subprocess.Popen, timeout: float = 60.0) -> tuple[int, str]:
     ("identifier", "learn:=[cable_stifness]", "parameter learn: unknown parameter(s) to learn: cable_stifness"),
     ("identifier", "structure_options:=[per_cable]",
      "parameter structure_options: structure option 'per_cable' cannot be tried online"),
+    ("identifier", "learn:=[cable_stiffness,cable_damping,rod_mass]",
+     "parameter learn: cable_stiffness, cable_damping, rod_mass scale together"),
 ])
 def test_bad_parameter_is_one_line_and_exit_code_2(node_env, entry, override, expected):
     rc, err = finish(spawn(entry, node_env, "-p", override))

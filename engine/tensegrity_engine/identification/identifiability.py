@@ -19,7 +19,7 @@ import re
 
 from tensegrity_engine.identification.scale import SCALE_GROUP
 
-__all__ = ["Advice", "REVEALED_BY", "CARRIES", "excitation_advice", "advice_text"]
+__all__ = ["Advice", "REVEALED_BY", "CARRIES", "excitation_advice", "advice_text", "unfixed_force_scale"]
 
 # The motion (or measurement) that makes each learnable parameter act on the poses.
 REVEALED_BY = {
@@ -96,3 +96,18 @@ def excitation_advice(weak_directions) -> tuple[Advice, ...]:
 def advice_text(weak_directions) -> str:
     """`excitation_advice` as one line (empty when every direction is constrained)."""
     return " | ".join(a.text for a in excitation_advice(weak_directions))
+
+
+def unfixed_force_scale(learn, law: str, floor: bool) -> tuple[str, ...]:
+    """The learnt values whose common scale nothing fixes when the data carries no known
+    force: the rod mass learnt together with every force that acts on the poses (the cables'
+    stiffness and damping; on a floor under the penalty law also its stiffness and damping,
+    which are in newtons; the soft law's are per unit mass). Empty when some force that acts
+    is kept at a known value (then the masses are determined relative to it)."""
+    learn = tuple(learn)
+    acting = ["cable_stiffness", "cable_damping"]
+    if floor and law == "penalty":
+        acting += ["contact_stiffness", "contact_damping"]
+    if "rod_mass" not in learn or any(n not in learn for n in acting):
+        return ()
+    return tuple(n for n in learn if n in SCALE_GROUP)
