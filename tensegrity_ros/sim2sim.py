@@ -143,7 +143,9 @@ class Monitor:
         self.lowest_point, self.center_of_mass = lowest_point, center_of_mass
         self.robot = robot
         self.context = rclpy.Context()
-        rclpy.init(context=self.context)
+        # args=[]: the runner's own command line (its -p node:name:=value overrides) is not
+        # rcl's (rcl read them as old-style remap rules and warned)
+        rclpy.init(args=[], context=self.context)
         self.node = rclpy.create_node("sim2sim_monitor", context=self.context)
         self.lock = threading.Lock()
         self.pose_t, self.com, self.lowest = [], [], []     # lowest: the lowest capsule point (m)
@@ -344,7 +346,7 @@ def summarize(robot, mon: Monitor, rolling_start, out_dir: Path, wall_s: float, 
                "poses": int(len(t)), "parameters_published": len(mon.params),
                "final_stage": final[1] if final else None, "parameters": rows,
                "refused_candidate": refused_candidate(mon, truth),
-               "mppi_start_sim_t": rolling_start}
+               "mppi_start_sim_t": rolling_start, "per_unit_mass": per_unit_mass(rows, truth, config)}
     if len(t) > 1:
         summary["pose_rate_sim_hz"] = float((len(t) - 1) / (t[-1] - t[0]))
     if rolling_start is not None and len(t) > 1:
@@ -433,6 +435,21 @@ def refused_candidate(mon, truth: dict) -> dict:
     return out
 
 
+def per_unit_mass(rows: list, truth: dict, config: dict) -> Optional[dict]:
+    """Where rod mass was not learnt and the robot's differs from the config's (by > 1 %):
+    the config's and the robot's mean rod mass, and each identified force value's error per
+    unit mass (identified / config mass against true / true mass), which is what poses
+    without a known force determine. None otherwise."""
+    if any(r["name"] == "rod_mass" for r in rows) or "rod_mass" not in truth or "rod_mass" not in config:
+        return None
+    m_config, m_true = float(np.mean(config["rod_mass"])), float(np.mean(truth["rod_mass"]))
+    if abs(m_config / m_true - 1.0) <= 0.01:
+        return None
+    errors = {r["name"]: (r["identified"] / m_config) / (r["true"] / m_true) - 1.0
+              for r in rows if r["name"] in ("cable_stiffness", "cable_damping")}
+    return {"config_mass": m_config, "true_mass": m_true, "rel_error": errors}
+
+
 def print_summary(s: dict) -> None:
     print("\n=== sim2sim summary ===")
     print(f"the robot: {s.get('robot_truth', 'twin')} (values below are its true ones)")
@@ -457,6 +474,12 @@ def print_summary(s: dict) -> None:
                   f"{100 * r.get('config_rel_error', float('nan')):9.1f}%")
         within = s.get("within_5_percent_from_sim_t")
         print("all within 5 % of the truth " + (f"from sim t={within:.1f} s" if within is not None else "never"))
+        if per := s.get("per_unit_mass"):
+            print(f"rod mass not learnt: the config's {per['config_mass']:.4g} kg per rod, the robot's "
+                  f"{per['true_mass']:.4g} kg ({per['true_mass'] / per['config_mass']:.2f}x); poses without a known "
+                  "force determine forces per unit mass, and per unit mass the identified values are off by "
+                  + ", ".join(f"{n} {100 * e:+.1f}%" for n, e in per["rel_error"].items())
+                  + " (weigh the rods: the robot YAML's rod mass)")
         com, old = s.get("heldout_com_error_1s"), s.get("replaced_com_error_1s")
         if com is not None and np.isfinite(com):
             print(f"held-out CoM error 1 s ahead: {1e3 * com:.1f} mm (the model it replaced: {1e3 * old:.1f} mm)")

@@ -169,3 +169,30 @@ def test_sim2sim_reports_the_values_of_the_robot_the_bridge_plays():
     assert float(zoo["rod_mass"].mean()) != pytest.approx(float(robot.rod_mass.mean()))
     with pytest.raises(ConfigError):
         true_values(robot, "zoo/unicorn")
+
+
+def test_sim2sim_judges_unweighed_forces_per_unit_mass(capsys):
+    """zoo/soft_slow's rods are 1.3x the config's and rod mass is not learnt: cable values
+    identified exactly per unit mass are 1/1.3 of the truth, and the summary says they are
+    right per unit mass (and to weigh the rods); with the mass learnt, or the robot's rods
+    the config's, it says nothing."""
+    from tensegrity_engine.physics.config import load_robot
+    from tensegrity_engine.physics.params import nominal_values
+    from tensegrity_ros.sim2sim import per_unit_mass, print_summary, true_values
+
+    robot = load_robot("superball")
+    truth, config = true_values(robot, "zoo/soft_slow"), nominal_values(robot)
+    ratio = float(truth["rod_mass"].mean() / np.mean(config["rod_mass"]))
+    assert ratio == pytest.approx(1.3)
+    rows = [{"name": n, "true": float(truth[n].mean()), "identified": float(truth[n].mean()) / ratio * f}
+            for n, f in (("cable_stiffness", 1.0), ("cable_damping", 1.05))]
+    per = per_unit_mass(rows, truth, config)
+    assert per["rel_error"] == pytest.approx({"cable_stiffness": 0.0, "cable_damping": 0.05}, abs=1e-12)
+    assert per_unit_mass(rows + [{"name": "rod_mass", "true": 1.0, "identified": 1.0}], truth, config) is None
+    assert per_unit_mass(rows, true_values(robot, "twin/as_built"), config) is None
+    print_summary({"wall_seconds": 1.0, "sim_seconds": 1.0, "poses": 10, "parameters_published": 1,
+                   "final_stage": "converged", "parameters": [
+                       {**r, "sigma": 1.0, "first_published": r["true"], "rel_error": abs(r["identified"] / r["true"] - 1)}
+                       for r in rows], "per_unit_mass": per})
+    out = capsys.readouterr().out
+    assert "rod mass not learnt" in out and "(1.30x)" in out and "cable_damping +5.0%" in out
