@@ -11,6 +11,7 @@ exploding parameters, an exception) restores the last good parameters, which sta
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 import re
 import threading
@@ -430,23 +431,26 @@ def make_session(robot, setting: dict, device, *, log, trainer_factory=default_t
     from tensegrity_engine.identification.config import resolve_learn
     from tensegrity_engine.identification.online_structure import online_options
 
-    if setting["config"].learn is not None:          # a bad name is a start-up error, not a failed epoch
-        try:
-            learn = resolve_learn(setting["config"].learn, robot.contact.law, floor=setting["floor"])
-        except ValueError as err:
-            raise ConfigurationError(f"parameter learn: {err}") from None
-        if scaled := unfixed_force_scale(learn, robot.contact.law, setting["floor"]):   # could never converge
+    config = setting["config"]
+    try:                                             # a bad name is a start-up error, not a failed epoch
+        learn = resolve_learn(config.learn, robot.contact.law, floor=setting["floor"])
+    except ValueError as err:
+        raise ConfigurationError(f"parameter learn: {err}") from None
+    if scaled := unfixed_force_scale(learn, robot.contact.law):     # a session that could never converge
+        if config.learn is not None:
             raise ConfigurationError(
                 f"parameter learn: {', '.join(scaled)} scale together: poses without a known force (these "
                 "topics carry none) fix only forces per unit mass, so their common scale could never be "
                 "determined; weigh the rods (the robot YAML's rod mass) and leave rod_mass out of learn, or "
                 "keep a force whose value you know (e.g. cable_stiffness from its data sheet) out of it")
+        # the default (offline data has known pushes; these topics do not): the rods as weighed
+        config = dataclasses.replace(config, learn=tuple(n for n in learn if n != "rod_mass"))
     try:
         structure = online_options([n for n in setting["structure_options"] if n != "none"])
     except ValueError as err:
         raise ConfigurationError(f"parameter structure_options: {err}") from None
     return OnlineIdentification(
-        robot, setting["config"], device=device, min_tuples=setting["min_tuples"],
+        robot, config, device=device, min_tuples=setting["min_tuples"],
         max_tuples=setting["max_tuples"], holdout_every=setting["holdout_every"],
         max_holdout=setting["max_holdout"], reopen_tuples=setting["reopen_tuples"], floor=setting["floor"],
         fixed_rods=tuple(int(r) for r in setting["fixed_rods"] if int(r) >= 0), log=log,
@@ -654,7 +658,7 @@ def published_uncertainty(node, params, values: dict):
         clear_uncertainty_flags(node, "failed")
         return None
     node.sigma_state = "estimated"
-    node.excite = advice_text(u.weak_directions) if u.undetermined else ""
+    node.excite = advice_text(u) if u.undetermined else ""
     if u.undetermined and u.undetermined != node.undetermined:
         node.diag.warn_throttled("undetermined", f"the data does not determine {', '.join(u.undetermined)} yet: "
                                  + (node.excite or "excite the motions they act on"))

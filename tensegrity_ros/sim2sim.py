@@ -436,14 +436,16 @@ def refused_candidate(mon, truth: dict) -> dict:
 
 
 def per_unit_mass(rows: list, truth: dict, config: dict) -> Optional[dict]:
-    """Where rod mass was not learnt and the robot's differs from the config's (by > 1 %):
+    """Where rod mass was not learnt and the robot's rods are all one factor (> 1 % from 1) of the config's:
     the config's and the robot's mean rod mass, and each identified force value's error per
     unit mass (identified / config mass against true / true mass), which is what poses
     without a known force determine. None otherwise."""
     if any(r["name"] == "rod_mass" for r in rows) or "rod_mass" not in truth or "rod_mass" not in config:
         return None
     m_config, m_true = float(np.mean(config["rod_mass"])), float(np.mean(truth["rod_mass"]))
-    if abs(m_config / m_true - 1.0) <= 0.01:
+    ratio = np.asarray(truth["rod_mass"], dtype=np.float64) / np.asarray(config["rod_mass"], dtype=np.float64)
+    # one factor on every rod (a payload on one rod is not a scale: no per-unit-mass figure)
+    if abs(m_config / m_true - 1.0) <= 0.01 or np.ptp(ratio) > 0.01 * ratio.mean():
         return None
     errors = {r["name"]: (r["identified"] / m_config) / (r["true"] / m_true) - 1.0
               for r in rows if r["name"] in ("cable_stiffness", "cable_damping")}

@@ -9,20 +9,46 @@ from tensegrity_engine import identification as idf
 from tensegrity_engine.identification import dataset as ds
 from tensegrity_engine.identification.config import SPEC_BY_NAME
 from tensegrity_engine.identification.identifiability import REVEALED_BY, excitation_advice, unfixed_force_scale
-from tensegrity_engine.identification.uncertainty import gauss_newton_uncertainty, trainer_uncertainty
+from tensegrity_engine.identification.uncertainty import gauss_newton_uncertainty, trainer_uncertainty, value_slopes
 from tensegrity_engine.physics.params import PhysicalParameters
 
 PERIOD = 0.02
 
 
-def _uncertainty(robot, names, J):
+def _uncertainty(robot, names, J, per_element=()):
     rng = np.random.default_rng(0)
     r = torch.as_tensor(0.01 * rng.standard_normal(J.shape[0]))
-    return gauss_newton_uncertainty(PhysicalParameters(robot), names, torch.as_tensor(J), r)
+    return gauss_newton_uncertainty(PhysicalParameters(robot, per_element=per_element), names, torch.as_tensor(J), r)
 
 
 def _columns(n=3, rows=200, seed=1):
     return np.random.default_rng(seed).standard_normal((rows, n))
+
+
+def _per_scale(robot, names, per_element=()):
+    """d raw / d log(factor) per raw element of ``names``: the raw step of multiplying each
+    value by one factor (columns divided by it cancel along the force scale)."""
+    params = PhysicalParameters(robot, per_element=per_element)
+    values = torch.cat([params.shared_value(n).detach().reshape(-1) for n in names])
+    return (values / value_slopes(params, names)).numpy()
+
+
+def _scale_null(robot, names, rows=200, seed=1, per_element=()):
+    """A Jacobian [rows, raw elements of names] whose only null direction is the force scale."""
+    t = _per_scale(robot, names, per_element)
+    J = np.random.default_rng(seed).standard_normal((rows, len(t)))
+    J[:, -1] = -(J[:, :-1] * t[:-1]).sum(1) / t[-1]
+    return J
+
+
+def _rotated(u, seed):
+    """``u`` with its weak basis turned by a random rotation (what eigh may return)."""
+    labels = list(dict.fromkeys(lab for d in u.weak_directions for lab in d))
+    B = np.array([[d.get(lab, 0.0) for d in u.weak_directions] for lab in labels])
+    Q, _ = np.linalg.qr(np.random.default_rng(seed).standard_normal((B.shape[1], B.shape[1])))
+    turned = B @ Q
+    return dataclasses.replace(u, weak_directions=tuple({lab: float(c) for lab, c in zip(labels, col)}
+                                                         for col in turned.T))
 
 
 def test_every_learnable_parameter_has_the_motion_that_reveals_it():
@@ -30,17 +56,57 @@ def test_every_learnable_parameter_has_the_motion_that_reveals_it():
 
 
 def test_a_direction_that_scales_masses_and_forces_together_is_the_force_scale(superball):
-    """Columns a, b, -(a + b): only K, c and m moving up together leave the residuals
-    unchanged. The advice says that no motion determines it and what does."""
-    a, b, _ = _columns().T
-    J = np.stack([a, b, -(a + b)], 1)
-    u = _uncertainty(superball, ("cable_stiffness", "cable_damping", "rod_mass"), J)
-    assert set(u.undetermined) == {"cable_stiffness", "cable_damping", "rod_mass"}
+    """A Jacobian whose only null direction multiplies K, c and m by one factor: the advice
+    says that no motion determines it and what does."""
+    names = ("cable_stiffness", "cable_damping", "rod_mass")
+    u = _uncertainty(superball, names, _scale_null(superball, names))
+    assert set(u.undetermined) == set(names)
     assert len(u.weak_directions) == 1
-    advice = excitation_advice(u.weak_directions)
+    advice = excitation_advice(u)
     assert len(advice) == 1 and advice[0].force_scale
-    assert set(advice[0].names) == {"cable_stiffness", "cable_damping", "rod_mass"}
+    assert set(advice[0].names) == set(names)
     assert "weigh the rods" in advice[0].text and "no motion" in advice[0].text
+    # stiffness and mass up with damping down is a trade-off that motion can separate
+    a, b, _ = _columns().T
+    other = _uncertainty(superball, names, np.stack([a, b, b - a], 1))
+    advice = excitation_advice(other)
+    assert len(other.weak_directions) == 1 and len(advice) == 1 and not advice[0].force_scale
+    assert set(advice[0].names) == set(names) and "trade off" in advice[0].text
+
+
+def test_the_advice_does_not_depend_on_the_basis_of_the_weak_directions(superball):
+    """Two exact null directions at once, the force scale and actuator gain against offset:
+    whichever basis of them eigh returns, the force scale and the gain / offset trade-off."""
+    names = ("cable_stiffness", "cable_damping", "rod_mass", "actuator_gain", "actuator_offset")
+    J = np.hstack([_scale_null(superball, names[:3]), _columns(2, seed=3)])
+    J[:, 4] = -J[:, 3] * 0.7
+    u = _uncertainty(superball, names, J)
+    assert len(u.weak_directions) == 2
+    for seed in range(5):
+        advice = excitation_advice(_rotated(u, seed))
+        assert [a.force_scale for a in advice] == [True, False], advice
+        assert set(advice[0].names) == set(names[:3])
+        assert set(advice[1].names) == {"actuator_gain", "actuator_offset"} and "trade off" in advice[1].text
+
+
+def test_values_per_cable_and_per_rod_count_as_one_parameter(superball):
+    """24 damping values against one time constant: both named, though each damping element
+    holds a small share; the force scale over per-cable stiffness and damping and per-rod
+    masses (54 elements) is still the force scale."""
+    names = ("cable_damping", "actuator_time_constant", "cable_stiffness")
+    per = ("cable_damping",)
+    n = superball.num_cables
+    J = np.random.default_rng(4).standard_normal((400, n + 2))
+    J[:, n] = -J[:, :n].sum(1)
+    u = _uncertainty(superball, names, J, per_element=per)
+    advice = excitation_advice(u)
+    assert len(advice) == 1 and set(advice[0].names) == {"cable_damping", "actuator_time_constant"}, advice
+    names = ("cable_stiffness", "cable_damping", "rod_mass")
+    per = ("cable_stiffness", "cable_damping", "rod_mass")
+    u = _uncertainty(superball, names, _scale_null(superball, names, rows=400, per_element=per), per_element=per)
+    assert len(u.weak_directions) == 1 and len(u.weak_directions[0]) == 2 * n + superball.num_rods
+    advice = excitation_advice(u)
+    assert len(advice) == 1 and advice[0].force_scale and set(advice[0].names) == set(names)
 
 
 def test_masses_against_forces_or_forces_alone_are_not_the_force_scale(superball):
@@ -50,7 +116,7 @@ def test_masses_against_forces_or_forces_alone_are_not_the_force_scale(superball
     for names, J in ((("cable_stiffness", "rod_mass", "cable_damping"), np.stack([a, a, b], 1)),
                      (("cable_stiffness", "cable_damping", "actuator_time_constant"), np.stack([a, -a, c], 1))):
         u = _uncertainty(superball, names, J)
-        advice = excitation_advice(u.weak_directions)
+        advice = excitation_advice(u)
         assert len(advice) == 1 and not advice[0].force_scale, names
         assert set(advice[0].names) == set(names[:2]), advice
         assert "trade off" in advice[0].text
@@ -65,11 +131,11 @@ def test_a_parameter_the_data_never_touches_gets_its_own_motion(superball):
     J = np.stack([a, b, np.zeros_like(a)], 1)
     u = _uncertainty(superball, ("cable_stiffness", "cable_damping", "friction_sliding"), J)
     assert u.undetermined == ("friction_sliding",)
-    advice = excitation_advice(u.weak_directions)
+    advice = excitation_advice(u)
     assert [a.names for a in advice] == [("friction_sliding",)]
     assert "sliding on the floor" in advice[0].text
     full = _uncertainty(superball, ("cable_stiffness", "cable_damping"), np.stack([a, b], 1))
-    assert full.weak_directions == () and excitation_advice(full.weak_directions) == ()
+    assert full.weak_directions == () and excitation_advice(full) == ()
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +158,7 @@ def test_on_real_tuples_the_known_pushes_fix_the_scale_and_without_them_the_advi
         tr = idf.ProgressiveTrainer(superball, cfg, log=lambda m: None)
         tr.set_data(ts)
         u = trainer_uncertainty(tr)
-        verdicts[label] = (u.undetermined, excitation_advice(u.weak_directions))
+        verdicts[label] = (u.undetermined, excitation_advice(u))
     assert verdicts["pushed"] == ((), ())
     undetermined, advice = verdicts["unpushed"]
     assert set(undetermined) == set(learn)
@@ -101,14 +167,31 @@ def test_on_real_tuples_the_known_pushes_fix_the_scale_and_without_them_the_advi
 
 def test_masses_learnt_with_every_acting_force_have_no_scale_without_a_known_force():
     """The cables' values with the mass: unfixed; a cable value kept (a data sheet's) fixes
-    it; on a floor under the penalty law its contact stiffness and damping (newtons) do too,
-    unless they are learnt; the soft law's contact values (per unit mass) never do."""
+    it; under the penalty law its contact stiffness and damping (newtons) do too, unless
+    they are learnt; the soft law's contact values (per unit mass) never do."""
     km = ("cable_stiffness", "cable_damping", "rod_mass")
-    assert unfixed_force_scale(km + ("actuator_time_constant",), "soft", True) == km
-    assert unfixed_force_scale(km + ("contact_time_constant",), "soft", True) == km
-    assert unfixed_force_scale(km, "penalty", False) == km
-    assert unfixed_force_scale(km, "penalty", True) == ()
-    assert unfixed_force_scale(km + ("contact_stiffness", "contact_damping"), "penalty", True) \
-        == km + ("contact_stiffness", "contact_damping")
-    assert unfixed_force_scale(("cable_stiffness", "rod_mass"), "soft", True) == ()
-    assert unfixed_force_scale(("cable_stiffness", "cable_damping"), "soft", True) == ()
+    assert unfixed_force_scale(km + ("actuator_time_constant", "cable_slack_damping"), "soft") == km
+    assert unfixed_force_scale(km + ("contact_time_constant",), "soft") == km
+    assert unfixed_force_scale(km, "penalty") == ()
+    penalty = km + ("contact_stiffness", "contact_damping")
+    assert unfixed_force_scale(penalty, "penalty") == penalty
+    assert unfixed_force_scale(("cable_stiffness", "rod_mass"), "soft") == ()
+    assert unfixed_force_scale(("cable_stiffness", "cable_damping"), "soft") == ()
+
+
+def test_the_identifier_leaves_the_rod_mass_out_of_its_default_learn_and_refuses_it_asked(superball):
+    """Without a floor the trainer's default learns the rod mass with the cables (offline
+    data carries known pushes); the node's topics carry none, so its session learns the rest
+    with the rods as weighed, and an explicit request for all three is a start-up error."""
+    from tensegrity_engine.identification.config import NONCONTACT_PARAMS
+    from tensegrity_ros.identifier_node import declare_identification, make_session
+    from tensegrity_ros.params import ConfigurationError, file_declarer
+
+    assert {"rod_mass", "cable_stiffness", "cable_damping"} <= set(NONCONTACT_PARAMS)
+    setting = declare_identification(file_declarer({"floor": False}))
+    session = make_session(superball, setting, "cpu", log=lambda m: None)
+    assert "rod_mass" not in session.config.learn and "cable_stiffness" in session.config.learn
+    setting = declare_identification(file_declarer({"floor": False, "learn": ["cable_stiffness", "cable_damping",
+                                                                               "rod_mass"]}))
+    with pytest.raises(ConfigurationError, match="scale together"):
+        make_session(superball, setting, "cpu", log=lambda m: None)

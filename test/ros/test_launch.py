@@ -190,6 +190,7 @@ def test_sim2sim_judges_unweighed_forces_per_unit_mass(capsys):
     assert per["rel_error"] == pytest.approx({"cable_stiffness": 0.0, "cable_damping": 0.05}, abs=1e-12)
     assert per_unit_mass(rows + [{"name": "rod_mass", "true": 1.0, "identified": 1.0}], truth, config) is None
     assert per_unit_mass(rows, true_values(robot, "twin/as_built"), config) is None
+    assert per_unit_mass(rows, true_values(robot, "zoo/payload"), config) is None     # one rod heavier: no scale
     print_summary({"wall_seconds": 1.0, "sim_seconds": 1.0, "poses": 10, "parameters_published": 1,
                    "final_stage": "converged", "parameters": [
                        {**r, "sigma": 1.0, "first_published": r["true"], "rel_error": abs(r["identified"] / r["true"] - 1)}

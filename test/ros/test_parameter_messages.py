@@ -324,7 +324,8 @@ def test_an_undetermined_value_is_warned_about_with_what_would_determine_it(thre
     scale = ParameterUncertainty(sigma={n: inf for n in ("cable_stiffness", "cable_damping", "rod_mass")},
                                  undetermined=("cable_stiffness", "cable_damping", "rod_mass"), residual_sigma=1.0,
                                  dof=10, weak_directions=({"cable_stiffness": third, "cable_damping": third,
-                                                           "rod_mass": third},))
+                                                           "rod_mass": third},),
+                                 force_scale={"cable_stiffness": third, "cable_damping": third, "rod_mass": third})
     node.session = SimpleNamespace(uncertainty=lambda max_tuples, at: scale)
     published_uncertainty(node, params, values)
     assert "weigh the rods" in node.excite and "weigh the rods" in warnings[-1][1]

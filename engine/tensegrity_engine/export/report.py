@@ -235,7 +235,7 @@ def write_report(out_dir, *, params: PhysicalParameters, nominal: PhysicalParame
     lines.append("- undetermined by these data: " + (", ".join(undetermined) or "none" if uncertainty is not None
                                                      else "unknown (no uncertainty estimate was made)"))
     if undetermined:
-        lines += [f"  - {a.text}" for a in excitation_advice(uncertainty.weak_directions)]
+        lines += [f"  - {a.text}" for a in excitation_advice(uncertainty)]
     fixed = [n for n in SPEC_BY_NAME if n not in learn]
     lines.append(f"- not identified (kept at the values it started from): {', '.join(fixed)}")
     idle = [robot.cable_names[c] for c in range(robot.num_cables)

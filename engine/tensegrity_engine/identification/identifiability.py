@@ -1,25 +1,32 @@
 """What would determine the values the data leaves undetermined, in words an operator can act on.
 
-`ParameterUncertainty.weak_directions` are the directions of the Gauss-Newton normal matrix
-that the data does not constrain. Each is explained by the parameters it moves:
+`ParameterUncertainty.weak_directions` is a basis of the directions the data does not
+constrain (any rotation of it: `eigh` picks one when weak eigenvalues are equal), so
+everything here depends on the subspace only, never on one basis vector:
 
 - *The force scale.* Multiplying every mass, stiffness and damping by the same factor
-  leaves the motion unchanged (`scale.py`): a direction that moves only those, all the same
-  way, is that one. No motion determines it; a weighed mass in the robot YAML (rod_mass left
-  out of `learn`) or a known force (a wrench on the data) does.
-- *Anything else.* The parameters that carry the direction (a squared component of at least
-  `CARRIES`) and, for each, the motion that makes it act (`REVEALED_BY`): a friction the
-  robot never slid on, a winch speed the commands never reached, a contact never struck.
-  Two parameters in one direction trade off: the motion that reveals either separates them.
+  leaves the motion unchanged (`scale.py`). When `ParameterUncertainty.force_scale` lies in
+  the weak subspace (at least `SCALE_SHARE` of it), no motion determines it; a weighed mass
+  in the robot YAML (rod_mass left out of `learn`) or a known force (a wrench) does. It is
+  then projected out and the rest explained as below.
+- *Anything else.* Each parameter's share of the weak subspace (the projector's diagonal
+  summed over its elements, so a value per cable counts as one parameter); those with at
+  least `CARRIES` are undetermined, and two of them that the projector couples (a block of
+  norm at least `CARRIES`) trade off: one piece of advice per coupled group, with the motion
+  that makes each act (`REVEALED_BY`): a friction the robot never slid on, a winch speed the
+  commands never reached. The motion that reveals either member of a group separates them.
 """
 from __future__ import annotations
 
 import dataclasses
 import re
 
+import numpy as np
+
 from tensegrity_engine.identification.scale import SCALE_GROUP
 
-__all__ = ["Advice", "REVEALED_BY", "CARRIES", "excitation_advice", "advice_text", "unfixed_force_scale"]
+__all__ = ["Advice", "REVEALED_BY", "CARRIES", "SCALE_SHARE", "excitation_advice", "advice_text",
+           "unfixed_force_scale"]
 
 # The motion (or measurement) that makes each learnable parameter act on the poses.
 REVEALED_BY = {
@@ -42,10 +49,11 @@ REVEALED_BY = {
     "friction_rolling": "rods rolling on the floor",
 }
 
-_MASSES = {"rod_mass"}
-# A parameter carries a direction when its squared component is at least this (of 1).
+# A parameter is undetermined when its elements hold at least this share of the weak
+# subspace (1: all of one direction), and two are coupled when the projector's block
+# between them has at least this norm (a pure two-way trade-off: 0.5).
 CARRIES = 0.1
-# The force scale: its parameters hold at least this much of the direction, all one way.
+# The force scale is undetermined when at least this much of it lies in the weak subspace.
 SCALE_SHARE = 0.9
 
 
@@ -60,54 +68,71 @@ def _name(label: str) -> str:
     return re.sub(r"\[\d+\]$", "", label)
 
 
-def _force_scale(direction: dict) -> bool:
-    carried = {lab: c for lab, c in direction.items() if c * c >= CARRIES / 10.0}
-    share = sum(c * c for lab, c in direction.items() if _name(lab) in SCALE_GROUP)
-    names = {_name(lab) for lab in carried}
-    signs = {c > 0 for c in carried.values()}
-    return share >= SCALE_SHARE and bool(names & _MASSES) and bool(names - _MASSES) and len(signs) == 1
+def _basis(weak_directions) -> tuple[list, np.ndarray]:
+    """Labels and the [labels, k] matrix of the basis vectors."""
+    labels = list(dict.fromkeys(lab for d in weak_directions for lab in d))
+    B = np.array([[d.get(lab, 0.0) for d in weak_directions] for lab in labels], dtype=np.float64)
+    return labels, B.reshape(len(labels), len(weak_directions))
 
 
-def excitation_advice(weak_directions) -> tuple[Advice, ...]:
-    """One `Advice` per distinct explanation of the unconstrained ``weak_directions``
-    (`ParameterUncertainty.weak_directions`), the force scale first."""
-    out: list[Advice] = []
-    for direction in weak_directions:
-        if not direction:
-            continue
-        ranked = sorted(direction.items(), key=lambda kv: -kv[1] * kv[1])
-        names = tuple(dict.fromkeys(_name(lab) for lab, c in ranked if c * c >= CARRIES)) \
-            or (_name(ranked[0][0]),)
-        if _force_scale(direction):
-            moved = tuple(dict.fromkeys(_name(lab) for lab, _ in ranked if _name(lab) in SCALE_GROUP))
-            text = (f"the force scale ({', '.join(moved)} together): poses fix only forces per unit mass, so no "
-                    "motion determines it; weigh the rods (the robot YAML's rod mass, rod_mass left out of "
-                    "learn) or give the data a known force (a wrench)")
-            advice = Advice(moved, text, True)
-        else:
-            motions = list(dict.fromkeys(REVEALED_BY.get(n, f"motions that {n} acts on") for n in names))
-            lead = names[0] if len(names) == 1 else f"{' and '.join(names)} (they trade off)"
-            advice = Advice(names, f"{lead}: excite {'; or '.join(motions)}", False)
-        if all(a.text != advice.text for a in out):
-            out.append(advice)
-    return tuple(sorted(out, key=lambda a: not a.force_scale))
+def _without(B: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """An orthonormal basis of span(B) less the unit vector g (which lies in it)."""
+    rest = B - np.outer(g, g @ B)
+    U, sv, _ = np.linalg.svd(rest, full_matrices=False)
+    return U[:, sv > 0.5]
 
 
-def advice_text(weak_directions) -> str:
+def excitation_advice(u) -> tuple[Advice, ...]:
+    """What would determine the unconstrained directions of ``u`` (a `ParameterUncertainty`:
+    its ``weak_directions`` and ``force_scale``): the force scale first, then one `Advice`
+    per group of undetermined parameters that trade off."""
+    if not u.weak_directions:
+        return ()
+    labels, B = _basis(u.weak_directions)
+    out = []
+    scale = getattr(u, "force_scale", None) or {}
+    f = np.array([scale.get(lab, 0.0) for lab in labels])
+    projected = B @ (B.T @ f)
+    if scale and float(projected @ projected) >= SCALE_SHARE * float(np.dot(list(scale.values()), list(scale.values()))):
+        moved = tuple(dict.fromkeys(_name(lab) for lab in scale))
+        out.append(Advice(moved, f"the force scale ({', '.join(moved)} together): poses fix only forces per unit "
+                          "mass, so no motion determines it; weigh the rods (the robot YAML's rod mass, rod_mass "
+                          "left out of learn) or give the data a known force (a wrench)", True))
+        B = _without(B, projected / np.linalg.norm(projected))
+    if B.shape[1] == 0:
+        return tuple(out)
+    P = B @ B.T
+    names = list(dict.fromkeys(_name(lab) for lab in labels))
+    rows = {n: [i for i, lab in enumerate(labels) if _name(lab) == n] for n in names}
+    share = {n: float(np.diag(P)[rows[n]].sum()) for n in names}
+    weak = [n for n in names if share[n] >= CARRIES] or [max(names, key=share.get)]
+    groups: list[list[str]] = []
+    for n in sorted(weak, key=lambda n: -share[n]):
+        linked = [g for g in groups if any(np.linalg.norm(P[np.ix_(rows[n], rows[m])]) >= CARRIES for m in g)]
+        merged = [n] + [m for g in linked for m in g]
+        groups = [g for g in groups if g not in linked] + [merged]
+    for group in groups:
+        group = sorted(group, key=lambda n: -share[n])
+        motions = list(dict.fromkeys(REVEALED_BY.get(n, f"motions that {n} acts on") for n in group))
+        lead = group[0] if len(group) == 1 else f"{' and '.join(group)} (they trade off)"
+        out.append(Advice(tuple(group), f"{lead}: excite {'; or '.join(motions)}", False))
+    return tuple(out)
+
+
+def advice_text(u) -> str:
     """`excitation_advice` as one line (empty when every direction is constrained)."""
-    return " | ".join(a.text for a in excitation_advice(weak_directions))
+    return " | ".join(a.text for a in excitation_advice(u))
 
 
-def unfixed_force_scale(learn, law: str, floor: bool) -> tuple[str, ...]:
+def unfixed_force_scale(learn, law: str) -> tuple[str, ...]:
     """The learnt values whose common scale nothing fixes when the data carries no known
-    force: the rod mass learnt together with every force that acts on the poses (the cables'
-    stiffness and damping; on a floor under the penalty law also its stiffness and damping,
-    which are in newtons; the soft law's are per unit mass). Empty when some force that acts
-    is kept at a known value (then the masses are determined relative to it)."""
+    force: the rod mass learnt together with every force that may act on the poses (the
+    cables' stiffness and damping; under the penalty law also its contact stiffness and
+    damping, in newtons, which act on the floor and between touching rods even without one;
+    the soft law's contact values are per unit mass). Empty when some force that may act is
+    kept at a known value (the masses are then determined relative to it)."""
     learn = tuple(learn)
-    acting = ["cable_stiffness", "cable_damping"]
-    if floor and law == "penalty":
-        acting += ["contact_stiffness", "contact_damping"]
+    acting = ["cable_stiffness", "cable_damping"] + (["contact_stiffness", "contact_damping"] if law == "penalty" else [])
     if "rod_mass" not in learn or any(n not in learn for n in acting):
         return ()
     return tuple(n for n in learn if n in SCALE_GROUP)

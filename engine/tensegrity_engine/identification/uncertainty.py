@@ -85,10 +85,14 @@ class ParameterUncertainty:
     # per element: how far the values are from the optimum of their own objective (a solver
     # stopped early, data arrived since); empty where not estimated
     sigma_step: dict = dataclasses.field(default_factory=dict)
-    # the unconstrained directions themselves: each {label: component} (unit length, in the
-    # column-scaled raw units where each element's own curvature is 1, components below 1e-3
-    # left out); `identifiability.excitation_advice` says what would determine them
+    # an orthonormal basis of the unconstrained directions (any rotation of it: equal weak
+    # eigenvalues make eigh's choice arbitrary), each {label: component} in the column-scaled
+    # raw units where each element's own curvature is 1 (components below 1e-3 left out), and
+    # the force-scale direction in the same units (every mass, stiffness and damping learnt
+    # times one factor; empty unless a mass and a force are learnt);
+    # `identifiability.excitation_advice` says what would determine them
     weak_directions: tuple = ()
+    force_scale: dict = dataclasses.field(default_factory=dict)
 
     def published(self) -> dict:
         """Learnt name -> the 1-sigma the node publishes: the spread (sigma where there is
@@ -254,7 +258,28 @@ def normal_matrix_uncertainty(params: PhysicalParameters, names, H: torch.Tensor
         i += k
     return ParameterUncertainty(sigma=sigma, undetermined=tuple(flagged), residual_sigma=math.sqrt(s2), dof=dof,
                                 correlation=corr.numpy(), labels=tuple(labels), sigma_spread=spread,
-                                at_bound=pinned_at_bound(params, names), weak_directions=tuple(weak_directions))
+                                at_bound=pinned_at_bound(params, names), weak_directions=tuple(weak_directions),
+                                force_scale=force_scale_direction(params, names, scale))
+
+
+def force_scale_direction(params: PhysicalParameters, names, scale: torch.Tensor) -> dict:
+    """{label: component}, unit length: multiplying every learnt mass, stiffness and damping
+    (`scale.SCALE_GROUP`) by one factor, in the column-scaled raw units of
+    `normal_matrix_uncertainty` (``scale``: the square roots of the normal matrix's diagonal):
+    d_i v_i / (d v_i / d raw_i). Empty unless a mass and a force are learnt."""
+    from tensegrity_engine.identification.scale import SCALE_GROUP
+
+    group = [n for n in names if n in SCALE_GROUP]
+    if "rod_mass" not in group or len(group) < 2:
+        return {}
+    values = torch.cat([params.shared_value(n).detach().reshape(-1) for n in names]).double().cpu()
+    f = scale.double().cpu() * values / value_slopes(params, names).double().cpu()
+    in_group = torch.tensor([n in SCALE_GROUP for n in names for _ in range(getattr(params, n).numel())])
+    f = torch.where(in_group, f, torch.zeros_like(f))
+    norm = float(f.norm())
+    if not norm > 0 or not math.isfinite(norm):
+        return {}
+    return {lab: float(c) / norm for lab, c in zip(element_labels(params, names), f.tolist()) if abs(c) / norm > 1e-3}
 
 
 def element_labels(params: PhysicalParameters, names) -> list[str]:
