@@ -45,6 +45,7 @@ import torch
 from tensegrity_engine.identification.solvers.levenberg_marquardt import (bounded_step, jacobian_mode,
                                                                           one_sided_jacobian, raw_vector,
                                                                           residual_jacobian, set_raw_vector)
+from tensegrity_engine.identification.scale import SCALE_GROUP
 from tensegrity_engine.identification.solvers.windows import WindowLevenbergMarquardt, score_groups
 from tensegrity_engine.physics.params import PhysicalParameters
 
@@ -267,8 +268,6 @@ def force_scale_direction(params: PhysicalParameters, names, scale: torch.Tensor
     (`scale.SCALE_GROUP`) by one factor, in the column-scaled raw units of
     `normal_matrix_uncertainty` (``scale``: the square roots of the normal matrix's diagonal):
     d_i v_i / (d v_i / d raw_i). Empty unless a mass and a force are learnt."""
-    from tensegrity_engine.identification.scale import SCALE_GROUP
-
     group = [n for n in names if n in SCALE_GROUP]
     if "rod_mass" not in group or len(group) < 2:
         return {}
