@@ -186,7 +186,7 @@ def run_session(z, args, seed: int, learn) -> dict:
                                schedule=args.schedule, lm_windows=args.lm_windows, pose_window=args.pose_window,
                                chain_latents=args.chain_latents == "on", window_refresh=args.window_refresh,
                                gyro_weight=args.gyro_weight if args.imu == "on" else 0.0,
-                               motor_settle=args.motor_settle)
+                               motor_settle=args.motor_settle, per_element=args.per_element)
     session = OnlineIdentification(robot, cfg, min_tuples=args.min_tuples, max_tuples=args.max_tuples,
                                    floor=True, holdout_every=args.holdout_every,
                                    structure_options=args.structure_options,
@@ -338,6 +338,8 @@ def main(argv=None) -> int:
                     help="with --imu on: as the identifier node's gyro_weight (its default 0 leaves the IMU unused)")
     ap.add_argument("--motor-settle", type=float, default=IdentificationConfig().motor_settle,
                     help="as IdentificationConfig.motor_settle (0: windows from a stream's first command on)")
+    ap.add_argument("--per-element", default="", help="comma-separated learnt names identified per cable / per "
+                    "rod (as the identifier node's per_element)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="runs/bench_online")
     ap.add_argument("--verbose", action="store_true")
@@ -348,6 +350,7 @@ def main(argv=None) -> int:
     if args.gyro_noise is None:
         args.gyro_noise = GYRO_NOISE if args.noise == "robot" else 0.0
     args.structure_options = online_options([n for n in args.structure.split(",") if n])
+    args.per_element = tuple(n for n in args.per_element.split(",") if n)
     torch.set_num_threads(args.threads)
     robot = load_robot(args.robot)
     specs = [s for part in args.truth.split(",") for s in

@@ -436,6 +436,8 @@ def make_session(robot, setting: dict, device, *, log, trainer_factory=default_t
         learn = resolve_learn(config.learn, robot.contact.law, floor=setting["floor"])
     except ValueError as err:
         raise ConfigurationError(f"parameter learn: {err}") from None
+    if unknown := [n for n in config.per_element if n not in learn]:
+        raise ConfigurationError(f"parameter per_element: {', '.join(unknown)} not learnt (learn: {', '.join(learn)})")
     if scaled := unfixed_force_scale(learn, robot.contact.law):     # a session that could never converge
         if config.learn is not None:
             raise ConfigurationError(
@@ -488,11 +490,14 @@ def declare_solver(d, period: float):
     init = d("init", "given", "start from random values within bounds, the config's, or the best of "
              "both (given+random)", choices=INITS)
     seed = d("seed", 0, "random start seed", range=(0, 2**31 - 1))
+    per_element = d("per_element", ["none"], "learnt parameters identified per cable / per rod (['none'] = "
+                    "each shared): e.g. [cable_stiffness] for cables that differ")
     return IdentificationConfig(
         period=period, learn=None if list(learn) == ["default"] else tuple(learn), schedule=schedule,
         lr0=lr0, lr_min=lr_min, patience=patience, batch_size=batch, epoch_tuples=epoch_tuples or None,
         max_epochs=max_epochs, max_seconds=max_seconds or None, init=init, seed=seed, lm_windows=lm_windows,
-        pose_window=pose_window, gyro_weight=gyro_weight, motor_settle=motor_settle)
+        pose_window=pose_window, gyro_weight=gyro_weight, motor_settle=motor_settle,
+        per_element=tuple(n for n in per_element if n != "none"))
 
 
 def export_mjcf(node, response):

@@ -178,20 +178,3 @@ def test_masses_learnt_with_every_acting_force_have_no_scale_without_a_known_for
     assert unfixed_force_scale(("cable_stiffness", "rod_mass"), "soft") == ()
     assert unfixed_force_scale(("cable_stiffness", "cable_damping"), "soft") == ()
 
-
-def test_the_identifier_leaves_the_rod_mass_out_of_its_default_learn_and_refuses_it_asked(superball):
-    """Without a floor the trainer's default learns the rod mass with the cables (offline
-    data carries known pushes); the node's topics carry none, so its session learns the rest
-    with the rods as weighed, and an explicit request for all three is a start-up error."""
-    from tensegrity_engine.identification.config import NONCONTACT_PARAMS
-    from tensegrity_ros.identifier_node import declare_identification, make_session
-    from tensegrity_ros.params import ConfigurationError, file_declarer
-
-    assert {"rod_mass", "cable_stiffness", "cable_damping"} <= set(NONCONTACT_PARAMS)
-    setting = declare_identification(file_declarer({"floor": False}))
-    session = make_session(superball, setting, "cpu", log=lambda m: None)
-    assert "rod_mass" not in session.config.learn and "cable_stiffness" in session.config.learn
-    setting = declare_identification(file_declarer({"floor": False, "learn": ["cable_stiffness", "cable_damping",
-                                                                               "rod_mass"]}))
-    with pytest.raises(ConfigurationError, match="scale together"):
-        make_session(superball, setting, "cpu", log=lambda m: None)
