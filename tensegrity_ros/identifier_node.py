@@ -35,7 +35,7 @@ from tensegrity_engine.identification.identifiability import advice_text, unfixe
 from tensegrity_engine.identification.online import OnlineIdentification, default_trainer_factory
 from tensegrity_engine.identification.online_structure import robot_in_structure, structure_key
 from tensegrity_engine.identification.streaming import StreamAligner, StreamConfig
-from tensegrity_engine.physics.params import PhysicalParameters, checked_parameters
+from tensegrity_engine.physics.params import PhysicalParameters, checked_parameters, element_count
 
 from . import conversions as conv
 from .common import (TOPIC_APPLIED, TOPIC_COMMAND, TOPIC_IMU, TOPIC_MARKERS, TOPIC_PARAMS, TOPIC_POSES,
@@ -436,9 +436,8 @@ def make_session(robot, setting: dict, device, *, log, trainer_factory=default_t
         learn = resolve_learn(config.learn, robot.contact.law, floor=setting["floor"])
     except ValueError as err:
         raise ConfigurationError(f"parameter learn: {err}") from None
-    if unknown := [n for n in config.per_element if n not in learn]:
-        raise ConfigurationError(f"parameter per_element: {', '.join(unknown)} not learnt (learn: {', '.join(learn)})")
-    if scaled := unfixed_force_scale(learn, robot.contact.law):     # a session that could never converge
+    contact_acts = bool(setting["floor"] or robot.contact.rod_rod)
+    if scaled := unfixed_force_scale(learn, robot.contact.law, contact_acts):   # could never converge
         if config.learn is not None:
             raise ConfigurationError(
                 f"parameter learn: {', '.join(scaled)} scale together: poses without a known force (these "
@@ -446,7 +445,20 @@ def make_session(robot, setting: dict, device, *, log, trainer_factory=default_t
                 "determined; weigh the rods (the robot YAML's rod mass) and leave rod_mass out of learn, or "
                 "keep a force whose value you know (e.g. cable_stiffness from its data sheet) out of it")
         # the default (offline data has known pushes; these topics do not): the rods as weighed
-        config = dataclasses.replace(config, learn=tuple(n for n in learn if n != "rod_mass"))
+        learn = tuple(n for n in learn if n != "rod_mass")
+        config = dataclasses.replace(config, learn=learn)
+    if config.per_element:
+        try:
+            split = resolve_learn(config.per_element, robot.contact.law, floor=setting["floor"])
+        except ValueError as err:
+            raise ConfigurationError(f"parameter per_element: {err}") from None
+        if unknown := [n for n in split if n not in learn]:
+            raise ConfigurationError(f"parameter per_element: {', '.join(unknown)} not learnt (learn: "
+                                     f"{', '.join(learn)})")
+        if single := [n for n in split if element_count(robot, n) == 1]:
+            raise ConfigurationError(f"parameter per_element: {', '.join(single)} has one value for the whole "
+                                     "robot (only cable and rod values split)")
+        config = dataclasses.replace(config, per_element=split)
     try:
         structure = online_options([n for n in setting["structure_options"] if n != "none"])
     except ValueError as err:

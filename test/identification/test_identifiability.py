@@ -167,12 +167,14 @@ def test_on_real_tuples_the_known_pushes_fix_the_scale_and_without_them_the_advi
 
 def test_masses_learnt_with_every_acting_force_have_no_scale_without_a_known_force():
     """The cables' values with the mass: unfixed; a cable value kept (a data sheet's) fixes
-    it; under the penalty law its contact stiffness and damping (newtons) do too, unless
-    they are learnt; the soft law's contact values (per unit mass) never do."""
+    it; under the penalty law its contact stiffness and damping (newtons) do too where
+    contact can act, unless they are learnt; the soft law's contact values (per unit mass)
+    never do."""
     km = ("cable_stiffness", "cable_damping", "rod_mass")
     assert unfixed_force_scale(km + ("actuator_time_constant", "cable_slack_damping"), "soft") == km
     assert unfixed_force_scale(km + ("contact_time_constant",), "soft") == km
     assert unfixed_force_scale(km, "penalty") == ()
+    assert unfixed_force_scale(km, "penalty", contact_acts=False) == km       # no floor, rods never touch
     penalty = km + ("contact_stiffness", "contact_damping")
     assert unfixed_force_scale(penalty, "penalty") == penalty
     assert unfixed_force_scale(("cable_stiffness", "rod_mass"), "soft") == ()

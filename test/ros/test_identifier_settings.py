@@ -1,4 +1,6 @@
 """What the identifier node identifies: its learn and per_element settings checked at start-up."""
+import dataclasses
+
 import pytest
 
 from tensegrity_engine.identification.config import NONCONTACT_PARAMS
@@ -30,4 +32,28 @@ def test_per_element_values_are_learnt_per_cable_and_must_be_learnt(superball):
     assert declare_identification(file_declarer({}))["config"].per_element == ()
     setting = declare_identification(file_declarer({"learn": ["cable_stiffness"], "per_element": ["cable_damping"]}))
     with pytest.raises(ConfigurationError, match="per_element: cable_damping not learnt"):
+        make_session(superball, setting, "cpu", log=lambda m: None)
+
+
+def test_the_rod_mass_stays_in_the_default_learn_where_a_known_contact_force_may_act(three_bar):
+    """A penalty-law robot's contact stiffness (newtons, not learnt) fixes the scale where
+    rods may touch, so its default learn keeps the mass; with rod contacts off, nothing does."""
+    assert three_bar.contact.law == "penalty" and three_bar.contact.rod_rod
+    setting = declare_identification(file_declarer({"floor": False}))
+    kept = make_session(three_bar, setting, "cpu", log=lambda m: None).config.learn
+    assert kept is None and "rod_mass" in NONCONTACT_PARAMS           # the trainer's default, mass included
+    apart = three_bar.replace(contact=dataclasses.replace(three_bar.contact, rod_rod=False))
+    learnt = make_session(apart, setting, "cpu", log=lambda m: None).config.learn
+    assert "rod_mass" not in learnt and "cable_stiffness" in learnt
+
+
+def test_per_element_is_checked_against_what_is_learnt_in_the_end(superball):
+    """The mass left out of the default learn cannot be split; a value with one entry for
+    the whole robot cannot either."""
+    setting = declare_identification(file_declarer({"floor": False, "per_element": ["rod_mass"]}))
+    with pytest.raises(ConfigurationError, match="per_element: rod_mass not learnt"):
+        make_session(superball, setting, "cpu", log=lambda m: None)
+    setting = declare_identification(file_declarer({"learn": ["cable_stiffness", "actuator_time_constant"],
+                                                    "per_element": ["actuator_time_constant"]}))
+    with pytest.raises(ConfigurationError, match="one value for the whole robot"):
         make_session(superball, setting, "cpu", log=lambda m: None)

@@ -90,6 +90,8 @@ def excitation_advice(u) -> tuple[Advice, ...]:
         return ()
     labels, B = _basis(u.weak_directions)
     out = []
+    if not labels:
+        return ()
     scale = getattr(u, "force_scale", None) or {}
     f = np.array([scale.get(lab, 0.0) for lab in labels])
     projected = B @ (B.T @ f)
@@ -124,15 +126,17 @@ def advice_text(u) -> str:
     return " | ".join(a.text for a in excitation_advice(u))
 
 
-def unfixed_force_scale(learn, law: str) -> tuple[str, ...]:
+def unfixed_force_scale(learn, law: str, contact_acts: bool = True) -> tuple[str, ...]:
     """The learnt values whose common scale nothing fixes when the data carries no known
-    force: the rod mass learnt together with every force that may act on the poses (the
-    cables' stiffness and damping; under the penalty law also its contact stiffness and
-    damping, in newtons, which act on the floor and between touching rods even without one;
-    the soft law's contact values are per unit mass). Empty when some force that may act is
-    kept at a known value (the masses are then determined relative to it)."""
+    force: the rod mass learnt together with every force that acts on the poses (the cables'
+    stiffness and damping; under the penalty law, where contact can act (``contact_acts``: a
+    floor, or rods that may touch), also its contact stiffness and damping, in newtons; the
+    soft law's contact values are per unit mass). Empty when some force that acts is kept at
+    a known value (the masses are then determined relative to it)."""
     learn = tuple(learn)
-    acting = ["cable_stiffness", "cable_damping"] + (["contact_stiffness", "contact_damping"] if law == "penalty" else [])
+    acting = ["cable_stiffness", "cable_damping"]
+    if law == "penalty" and contact_acts:
+        acting += ["contact_stiffness", "contact_damping"]
     if "rod_mass" not in learn or any(n not in learn for n in acting):
         return ()
     return tuple(n for n in learn if n in SCALE_GROUP)
