@@ -180,3 +180,29 @@ def test_masses_learnt_with_every_acting_force_have_no_scale_without_a_known_for
     assert unfixed_force_scale(("cable_stiffness", "rod_mass"), "soft") == ()
     assert unfixed_force_scale(("cable_stiffness", "cable_damping"), "soft") == ()
 
+
+
+@pytest.mark.parametrize("per_element", [(), ("rod_mass", "cable_stiffness")])
+def test_the_force_scale_direction_is_one_factor_on_every_mass_and_force(superball, per_element):
+    """`force_scale` against a finite difference: every learnt mass, stiffness and damping
+    times 1 + eps, the raw step in the column-scaled units; rods weighed unequal (one shared
+    raw value scaled per rod) and values per element alike, the time constant untouched."""
+    from tensegrity_engine.identification.solvers.levenberg_marquardt import raw_vector
+    from tensegrity_engine.identification.uncertainty import element_labels, force_scale_direction
+
+    masses = np.linspace(8.0, 12.0, superball.num_rods)
+    names = ("cable_stiffness", "rod_mass", "actuator_time_constant", "cable_damping")
+    params = PhysicalParameters(superball, {"rod_mass": masses}, per_element=per_element)
+    d = torch.as_tensor(np.random.default_rng(5).uniform(0.5, 2.0, raw_vector(params, names).numel()))
+    before = raw_vector(params, names)
+    eps = 1e-6
+    for n in ("cable_stiffness", "rod_mass", "cable_damping"):
+        params.set_value(n, np.asarray(params.as_dict()[n]) * (1 + eps))
+    step = (d * (raw_vector(params, names) - before)).numpy()
+    params = PhysicalParameters(superball, {"rod_mass": masses}, per_element=per_element)
+    f = force_scale_direction(params, names, d)
+    labels = element_labels(params, names)
+    expected = step / np.linalg.norm(step)
+    got = np.array([f.get(lab, 0.0) for lab in labels])
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+    assert not any(lab.startswith("actuator") for lab in f)
