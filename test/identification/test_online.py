@@ -156,6 +156,32 @@ def test_checkpoint_restores_the_session_and_refuses_another_robot(three_bar, su
     assert other.trainer is None and other.window_len == 0
 
 
+def test_a_checkpoint_of_another_learn_restores_the_data_but_not_its_solver(three_bar):
+    """A checkpoint whose solver learnt other values (a changed `learn`): the window and the
+    published model come back, the solver state does not (said in the log); with the same
+    learn it does."""
+    s, _ = _session(three_bar, [1.0, 0.5], min_tuples=1)
+    s.add(_batch(three_bar, 0, 4))
+    m, values = s.step()
+    s.best_values = values
+    data = s.checkpoint()
+    data["trainer"] = dict(data["trainer"], learn=["cable_stiffness", "rod_mass"])
+    for learn, restored in ((("cable_stiffness",), False), (("cable_stiffness", "rod_mass"), True)):
+        r, _ = _session(three_bar, [0.4], min_tuples=1)
+        factory = r.trainer_factory
+        r.trainer_factory = lambda *a, **k: _learning(factory(*a, **k), learn)
+        logged = []
+        r.log = logged.append
+        r.restore(data)
+        assert r.window_len == 4 and r.best_values is not None
+        assert any("starts afresh" in line for line in logged) is not restored, (learn, logged)
+
+
+def _learning(trainer, learn):
+    trainer.learn = learn
+    return trainer
+
+
 def test_prediction_of_the_newest_tuple_uses_the_identified_engine(three_bar):
     s, _ = _session(three_bar, [1.0], min_tuples=1)
     assert s.predict_newest() is None                      # no model yet

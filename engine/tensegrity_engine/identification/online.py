@@ -477,9 +477,18 @@ def restore_session(s: OnlineIdentification, data: dict) -> None:
     s._uncertainty_memo = None
     s.trials.restore(data.get("structure"))
     s._new_trainer(window)
-    if data["trainer"] is not None:
-        s.trainer.load_state_dict(data["trainer"])
-        s.good_state = data["trainer"]
+    saved = data["trainer"]
+    learnt = None if saved is None else saved.get("learn")
+    now = getattr(s.trainer, "learn", None)
+    if learnt is not None and now is not None and tuple(learnt) != tuple(now):
+        # another learn (a changed setting): its solver state is not this session's; the data
+        # and the published model still are
+        s.log(f"checkpoint learnt {', '.join(map(str, learnt))[:300]}; this session learns {', '.join(now)}: "
+              "its solver starts afresh on the restored data")
+        saved = None
+    if saved is not None:
+        s.trainer.load_state_dict(saved)
+        s.good_state = saved
     s.best_loss = float(data["best_loss"])
     best = data["best_values"]
     if best is not None:            # a file is no more trusted than a topic
