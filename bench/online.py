@@ -351,6 +351,7 @@ def main(argv=None) -> int:
         args.gyro_noise = GYRO_NOISE if args.noise == "robot" else 0.0
     args.structure_options = online_options([n for n in args.structure.split(",") if n])
     args.per_element = tuple(n for n in args.per_element.split(",") if n)
+
     torch.set_num_threads(args.threads)
     robot = load_robot(args.robot)
     specs = [s for part in args.truth.split(",") for s in
@@ -360,6 +361,8 @@ def main(argv=None) -> int:
                           else default_learn(law) + (("rod_mass",) if args.masses == "learnt" else ()), law)
     if args.latency == "learnt" and "actuator_delay" not in learn:
         learn += ("actuator_delay",)
+    if unknown := [n for n in args.per_element if n not in learn]:
+        ap.error(f"--per-element: {', '.join(unknown)} not learnt (learn: {', '.join(learn)})")
     _line(f"machine: {machine()}")
     _line(f"online identification of {', '.join(learn)} on {args.robot}: {args.duration:g} s of sim time, "
           f"contact law {law}, masses {args.masses}, noise {args.noise}, latency {args.latency}, init {args.init}, schedule {args.schedule}, pose windows of {args.pose_window} (latents chained: {args.chain_latents}, windows redrawn at {args.window_refresh:g}x, "

@@ -274,7 +274,8 @@ def force_scale_direction(params: PhysicalParameters, names, scale: torch.Tensor
     values = torch.cat([params.shared_value(n).detach().reshape(-1) for n in names]).double().cpu()
     f = scale.double().cpu() * values / value_slopes(params, names).double().cpu()
     in_group = torch.tensor([n in SCALE_GROUP for n in names for _ in range(getattr(params, n).numel())])
-    f = torch.where(in_group, f, torch.zeros_like(f))
+    # an element saturated at a bound (slope 0) cannot follow the factor: it holds the scale
+    f = torch.where(in_group & torch.isfinite(f), f, torch.zeros_like(f))
     norm = float(f.norm())
     if not norm > 0 or not math.isfinite(norm):
         return {}
