@@ -351,7 +351,6 @@ def main(argv=None) -> int:
         args.gyro_noise = GYRO_NOISE if args.noise == "robot" else 0.0
     args.structure_options = online_options([n for n in args.structure.split(",") if n])
     args.per_element = tuple(n for n in args.per_element.split(",") if n)
-
     torch.set_num_threads(args.threads)
     robot = load_robot(args.robot)
     specs = [s for part in args.truth.split(",") for s in

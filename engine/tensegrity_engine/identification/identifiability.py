@@ -86,16 +86,14 @@ def excitation_advice(u) -> tuple[Advice, ...]:
     """What would determine the unconstrained directions of ``u`` (a `ParameterUncertainty`:
     its ``weak_directions`` and ``force_scale``): the force scale first, then one `Advice`
     per group of undetermined parameters that trade off."""
-    if not u.weak_directions:
-        return ()
     labels, B = _basis(u.weak_directions)
-    out = []
     if not labels:
         return ()
-    scale = getattr(u, "force_scale", None) or {}
+    out = []
+    scale = u.force_scale
     f = np.array([scale.get(lab, 0.0) for lab in labels])
     projected = B @ (B.T @ f)
-    if scale and float(projected @ projected) >= SCALE_SHARE * float(np.dot(list(scale.values()), list(scale.values()))):
+    if scale and float(projected @ projected) >= SCALE_SHARE * sum(c * c for c in scale.values()):
         moved = tuple(dict.fromkeys(_name(lab) for lab in scale))
         out.append(Advice(moved, f"the force scale ({', '.join(moved)} together): poses fix only forces per unit "
                           "mass, so no motion determines it; weigh the rods (the robot YAML's rod mass, rod_mass "

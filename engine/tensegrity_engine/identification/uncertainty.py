@@ -199,6 +199,7 @@ def normal_matrix_uncertainty(params: PhysicalParameters, names, H: torch.Tensor
     corr = torch.full((P, P), math.nan, dtype=torch.float64)
     spread_var = None
     weak_directions = []
+    labels = element_labels(params, names)
     if bool(alive.any()):
         d = scale[alive]
         Hs = H[alive][:, alive] / (d[:, None] * d[None, :])
@@ -212,9 +213,8 @@ def normal_matrix_uncertainty(params: PhysicalParameters, names, H: torch.Tensor
         weak_var = (V[:, weak] ** 2 / floor).sum(-1)
         strong_var = (V[:, ~weak] ** 2 / lam[~weak]).sum(-1)
         determined = weak_var <= strong_var
-        alive_labels = [lab for lab, a in zip(element_labels(params, names), alive.tolist()) if a]
+        alive_labels = [lab for lab, a in zip(labels, alive.tolist()) if a]
         for v in V[:, weak].T:
-            v = v * (1.0 if float(v[v.abs().argmax()]) > 0 else -1.0)     # largest component positive
             weak_directions.append({lab: float(c) for lab, c in zip(alive_labels, v.tolist()) if abs(c) > 1e-3})
         model_var = inv.diagonal() * s2 / d ** 2
         total_var = model_var
@@ -243,12 +243,11 @@ def normal_matrix_uncertainty(params: PhysicalParameters, names, H: torch.Tensor
         corr[var == math.inf] = math.nan
         corr[:, var == math.inf] = math.nan
     # an element the data does not touch at all is a direction of its own
-    weak_directions += [{lab: 1.0} for lab, a in zip(element_labels(params, names), alive.tolist()) if not a]
+    weak_directions += [{lab: 1.0} for lab, a in zip(labels, alive.tolist()) if not a]
     slopes = value_slopes(params, names).abs().cpu()
     sigma_value = var.sqrt() * slopes
     spread_value = None if spread_var is None else spread_var.sqrt() * slopes
     sigma, spread, flagged, i = {}, {}, [], 0
-    labels = element_labels(params, names)
     for name in names:
         k = getattr(params, name).numel()
         sigma[name] = sigma_value[i:i + k].numpy().copy()
