@@ -39,6 +39,13 @@ from tensegrity_engine.physics.vectors import cross, dot
 COUPLED_NEWTON_ITERATIONS = 30
 
 
+@torch.compiler.disable
+def _any_on_host(mask: torch.Tensor) -> bool:
+    """``mask.any()`` as a Python bool; in a compiled step a deliberate graph break (the
+    step resumes compiled on the branch taken) rather than dynamo's warning about it."""
+    return bool(mask.any())
+
+
 class SoftPairRows:
     """The pyramid rows of every rod pair's capsule-capsule contact."""
 
@@ -73,7 +80,7 @@ class SoftPairRows:
         inv_mass = k["free"] / out["mass"]
         inv_pair = inv_mass.index_select(-1, ia) + inv_mass.index_select(-1, ib)
         touching = (dist < 0) & (inv_pair > 0)      # two welded rods do not collide (MuJoCo's static bodies)
-        if skip_apart and not S.is_cuda and not bool(touching.any()):
+        if skip_apart and not S.is_cuda and not _any_on_host(touching):
             return None
         point = pa + (ra + 0.5 * dist).unsqueeze(-2) * normal
         lever_a, lever_b = point - pos.index_select(-1, ia), point - pos.index_select(-1, ib)
