@@ -49,7 +49,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from tensegrity_engine.control.excitation import ExcitationPolicy
+from tensegrity_engine.control.excitation import KINDS, ExcitationPolicy
 from tensegrity_engine.groundtruth.environments import rest_pose
 from tensegrity_engine.groundtruth.mujoco_twin import GroundTruthDiverged
 from tensegrity_engine.groundtruth.sensors import SensorModel
@@ -88,13 +88,14 @@ def _line(*a):
     print(*a, flush=True)
 
 
-def record(z, seed: int, duration: float, noisy: bool, gyro_noise: Optional[float] = None):
+def record(z, seed: int, duration: float, noisy: bool, gyro_noise: Optional[float] = None,
+           excitation: str = "multisine"):
     """The robot's run: command events [(stamp ns, targets)] and mocap events
     [(stamp ns, poses [R, 7])], in time order of their stamps, and its chaos floor (m).
     ``gyro_noise`` (rad/s) not None: every rod's IMU too, with every pose (events
     [(stamp ns, (rod, body-frame angular velocity, orientation))])."""
     robot = z.nominal
-    excite = ExcitationPolicy(robot, seed=seed, kind="multisine", amplitude=0.8, control_dt=CONTROL_DT)
+    excite = ExcitationPolicy(robot, seed=seed, kind=excitation, amplitude=0.8, control_dt=CONTROL_DT)
     n_cmd = int(round(duration / CONTROL_DT)) + 2
     held = int(round(CONTROL_DT / robot.dt))
     cmd = excite.command_at(np.arange(n_cmd) * CONTROL_DT)
@@ -181,7 +182,8 @@ def run_session(z, args, seed: int, learn) -> dict:
     noisy = args.noise == "robot"
     if noisy and args.latency == "declared":      # the mocap's data sheet: the config's start value
         robot = robot.replace(actuator=dataclasses.replace(robot.actuator, delay=z.sensing.latency))
-    events, floor = record(z, seed, args.duration, noisy, None if args.imu == "off" else args.gyro_noise)
+    events, floor = record(z, seed, args.duration, noisy, None if args.imu == "off" else args.gyro_noise,
+                           args.excitation)
     cfg = IdentificationConfig(period=CONTROL_DT, learn=learn, init=args.init, seed=seed,
                                schedule=args.schedule, lm_windows=args.lm_windows, pose_window=args.pose_window,
                                chain_latents=args.chain_latents == "on", window_refresh=args.window_refresh,
@@ -340,6 +342,9 @@ def main(argv=None) -> int:
                     help="as IdentificationConfig.motor_settle (0: windows from a stream's first command on)")
     ap.add_argument("--per-element", default="", help="comma-separated learnt names identified per cable / per "
                     "rod (as the identifier node's per_element)")
+    ap.add_argument("--excitation", choices=KINDS, default="multisine",
+                    help="the excitation the robot runs (`ExcitationPolicy` kind; the controller node's "
+                         "excitation_kind)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="runs/bench_online")
     ap.add_argument("--verbose", action="store_true")

@@ -38,6 +38,7 @@ from std_srvs.srv import Trigger
 from visualization_msgs.msg import MarkerArray
 from tensegrity_ros_interfaces.msg import CableCommand, IdentifiedParameters
 
+from tensegrity_engine.control.excitation import KINDS as EXCITATION_KINDS
 from tensegrity_engine.control.realtime import TickSchedule
 from tensegrity_engine.control.safety import (MODEL_REJECTED, NS, OPERATOR, PLANNING_FAILED, CommandLimits,
                                               HoldLatch)
@@ -91,7 +92,8 @@ class MppiControllerNode(Node):
         self.max_excitation = d("max_excitation_time", 0.0,
                                 "switch to MPPI after this much excitation even without a converged "
                                 "model (s, 0 = no limit)", range=(0.0, 1e6))
-        kind = d("excitation_kind", "multisine", "excitation signal", choices=("multisine", "chirp"))
+        kind = d("excitation_kind", "multisine", "excitation signal (steps: random levels held for random "
+                 "times, for what acts within a sample interval)", choices=EXCITATION_KINDS)
         amp = d("excitation_amplitude", 0.8, "excitation amplitude / half command range", range=(0.01, 1.0))
         fmin = d("excitation_fmin", 0.2, "lowest excitation frequency (Hz)", range=(0.001, 100.0))
         fmax = d("excitation_fmax", 2.0, "highest excitation frequency (Hz)", range=(0.001, 100.0))

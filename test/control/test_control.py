@@ -248,6 +248,26 @@ def test_excitation_policy(superball, kind):
     assert not np.allclose(other.command_at(1.0), pol.command_at(1.0))
 
 
+def test_step_excitation_holds_and_jumps(superball):
+    """``steps``: every cable holds a level for 0.25-2.5 s (f 0.2-2 Hz), then jumps across
+    the band; inside the command range; deterministic, and repeats after its period."""
+    from tensegrity_engine.control.excitation import STEPS_PERIOD
+    pol = mpc.ExcitationPolicy(superball, seed=3, kind="steps", amplitude=0.8)
+    dt = 0.001
+    u = pol.commands(60_000, dt)                             # a minute at 1 kHz
+    assert (u >= superball.command_low).all() and (u <= superball.command_high).all()
+    width = superball.command_high - superball.command_low
+    for a in range(u.shape[1]):
+        jumps = np.flatnonzero(np.abs(np.diff(u[:, a])) > 0)
+        holds = np.diff(jumps) * dt
+        assert len(jumps) >= 60 / 2.5 - 1 and holds.min() >= 0.25 - 2 * dt and holds.max() <= 2.5 + 2 * dt
+        assert np.ptp(u[:, a]) > 0.5 * 0.8 * width[a]       # levels spread over the band
+    assert np.abs(np.diff(u, axis=0)).max() > 0.2 * width.max()   # real steps, not a ramp
+    np.testing.assert_array_equal(pol.command_at(12.345), pol.command_at(12.345 + STEPS_PERIOD))
+    np.testing.assert_array_equal(mpc.ExcitationPolicy(superball, seed=3, kind="steps").commands(100, 0.1),
+                                  pol.commands(100, 0.1))
+
+
 def test_planning_data_points_paper():
     cfg = mpc.PlannerConfig(horizon=10, num_samples=40, iterations=5)
     assert mpc.planning_data_points(cfg, 50) == 100_000     # paper IV-C2

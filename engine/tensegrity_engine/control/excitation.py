@@ -6,6 +6,11 @@ import numpy as np
 from tensegrity_engine.physics.config import RobotConfig
 
 
+KINDS = ("multisine", "chirp", "steps")
+# The step schedule repeats after this long (s): a few hundred levels per cable.
+STEPS_PERIOD = 600.0
+
+
 class ExcitationPolicy:
     """Smooth random excitation for identification data (no model needed).
 
@@ -14,7 +19,11 @@ class ExcitationPolicy:
     weights (normalised so the sum stays within +-1), ``amp = amplitude * width / 2`` around
     the range centre ``mid``; ``kind="chirp"`` instead sweeps each cable's frequency
     log-linearly from ``freq_range[0]`` to ``freq_range[1]`` over ``duration`` s (random
-    phase). Always inside the command range. Same call as `MPPIController`:
+    phase); ``kind="steps"`` holds each cable at a random level in the same band for a
+    random time uniform in [1 / (2 f_hi), 1 / (2 f_lo)] s, then jumps: the classic
+    identification input for what acts within a step (a motor time constant shorter than
+    the sampling interval, damping, a winch speed limit), which smooth signals hardly
+    excite. Always inside the command range. Same call as `MPPIController`:
     ``plan(rod_state, act) -> command`` (state ignored), one call per ``control_dt``; or
     `command_at(t)` for any time, `commands(num_steps, dt)` for a whole open-loop run.
     """
@@ -22,8 +31,8 @@ class ExcitationPolicy:
     def __init__(self, robot: RobotConfig, *, seed: int = 0, kind: str = "multisine",
                  amplitude: float = 0.8, freq_range=(0.2, 2.0), num_sines: int = 3,
                  control_dt: float = 0.1, duration: float = 5.0):
-        if kind not in ("multisine", "chirp"):
-            raise ValueError(f"kind must be 'multisine' or 'chirp', got {kind!r}")
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         if not 0.0 < amplitude <= 1.0:
             raise ValueError("amplitude must be in (0, 1]")
         self.robot, self.kind, self.seed = robot, kind, int(seed)
@@ -40,6 +49,12 @@ class ExcitationPolicy:
         self._phase = rng.uniform(0, 2 * np.pi, (A, self.num_sines))
         w = rng.uniform(0.5, 1.0, (A, self.num_sines))
         self._weight = w / w.sum(-1, keepdims=True)
+        if self.kind == "steps":
+            shortest, longest = 0.5 / self.freq_range[1], 0.5 / self.freq_range[0]
+            count = int(np.ceil(STEPS_PERIOD / shortest)) + 1
+            holds = rng.uniform(shortest, longest, (A, count))
+            self._switch = np.concatenate([np.zeros((A, 1)), np.cumsum(holds, -1)[:, :-1]], -1)   # [A, count]
+            self._level = rng.uniform(-1.0, 1.0, (A, count))
         self._t = 0.0
 
     def command_at(self, t) -> np.ndarray:
@@ -47,6 +62,10 @@ class ExcitationPolicy:
         t = np.asarray(t, dtype=np.float64)[..., None, None]
         if self.kind == "multisine":
             s = (self._weight * np.sin(2 * np.pi * self._freq * t + self._phase)).sum(-1)
+        elif self.kind == "steps":
+            tt = np.mod(t[..., 0, 0], STEPS_PERIOD)
+            s = np.stack([level[np.searchsorted(switch, tt, side="right") - 1]
+                          for switch, level in zip(self._switch, self._level)], -1)
         else:
             f0, f1 = self.freq_range
             k = np.log(f1 / f0) / self.duration
