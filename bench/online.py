@@ -372,7 +372,7 @@ def main(argv=None) -> int:
           f"contact law {law}, masses {args.masses}, noise {args.noise}, latency {args.latency}, init {args.init}, schedule {args.schedule}, pose windows of {args.pose_window} (latents chained: {args.chain_latents}, windows redrawn at {args.window_refresh:g}x, "
           f"none in the first {args.motor_settle:g} motor time constants), "
           f"gyros {args.imu}" + (f" (noise {args.gyro_noise} rad/s, weight {args.gyro_weight:g})" if args.imu == "on" else "")
-          + f", seeds {args.seeds}"
+          + f", {args.excitation} excitation, seeds {args.seeds}"
           + (f", structure options tried online: {', '.join(args.structure_options)}" if args.structure_options else ""))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

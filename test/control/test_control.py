@@ -250,22 +250,30 @@ def test_excitation_policy(superball, kind):
 
 def test_step_excitation_holds_and_jumps(superball):
     """``steps``: every cable holds a level for 0.25-2.5 s (f 0.2-2 Hz), then jumps across
-    the band; inside the command range; deterministic, and repeats after its period."""
+    the band; inside the command range; deterministic per seed, and each cable repeats after
+    a whole number of holds (no short hold where the schedule wraps)."""
     from tensegrity_engine.control.excitation import STEPS_PERIOD
     pol = mpc.ExcitationPolicy(superball, seed=3, kind="steps", amplitude=0.8)
+    assert (pol.period >= STEPS_PERIOD).all() and len(np.unique(pol.period)) > 1
     dt = 0.001
-    u = pol.commands(60_000, dt)                             # a minute at 1 kHz
-    assert (u >= superball.command_low).all() and (u <= superball.command_high).all()
     width = superball.command_high - superball.command_low
-    for a in range(u.shape[1]):
-        jumps = np.flatnonzero(np.abs(np.diff(u[:, a])) > 0)
-        holds = np.diff(jumps) * dt
-        assert len(jumps) >= 60 / 2.5 - 1 and holds.min() >= 0.25 - 2 * dt and holds.max() <= 2.5 + 2 * dt
-        assert np.ptp(u[:, a]) > 0.5 * 0.8 * width[a]       # levels spread over the band
-    assert np.abs(np.diff(u, axis=0)).max() > 0.2 * width.max()   # real steps, not a ramp
-    np.testing.assert_array_equal(pol.command_at(12.345), pol.command_at(12.345 + STEPS_PERIOD))
+    for start in (0.0, float(pol.period.min()) - 30.0):      # the first minute, and one across the wraps
+        u = pol.command_at(start + np.arange(90_000) * dt)
+        assert (u >= superball.command_low).all() and (u <= superball.command_high).all()
+        for a in range(u.shape[1]):
+            jumps = np.flatnonzero(np.abs(np.diff(u[:, a])) > 0)
+            holds = np.diff(jumps) * dt
+            assert len(jumps) >= 90 / 2.5 - 1 and holds.min() >= 0.25 - 2 * dt and holds.max() <= 2.5 + 2 * dt
+            assert np.ptp(u[:, a]) > 0.5 * 0.8 * width[a]    # levels spread over the band
+        assert np.abs(np.diff(u, axis=0)).max() > 0.2 * width.max()   # real steps, not a ramp
+    a = int(np.argmin(pol.period))
+    assert pol.command_at(12.345)[a] == pol.command_at(12.345 + pol.period[a])[a]
+    planned = np.stack([pol.plan(None, None) for _ in range(30)])
+    pol.reset()
+    np.testing.assert_array_equal(np.stack([pol.plan(None, None) for _ in range(30)]), planned)
     np.testing.assert_array_equal(mpc.ExcitationPolicy(superball, seed=3, kind="steps").commands(100, 0.1),
                                   pol.commands(100, 0.1))
+    assert not np.allclose(mpc.ExcitationPolicy(superball, seed=4, kind="steps").commands(100, 0.1), pol.commands(100, 0.1))
 
 
 def test_planning_data_points_paper():

@@ -7,7 +7,7 @@ from tensegrity_engine.physics.config import RobotConfig
 
 
 KINDS = ("multisine", "chirp", "steps")
-# The step schedule repeats after this long (s): a few hundred levels per cable.
+# Each cable's step schedule repeats after at least this long (s): a few hundred levels.
 STEPS_PERIOD = 600.0
 
 
@@ -55,6 +55,8 @@ class ExcitationPolicy:
             holds = rng.uniform(shortest, longest, (A, count))
             self._switch = np.concatenate([np.zeros((A, 1)), np.cumsum(holds, -1)[:, :-1]], -1)   # [A, count]
             self._level = rng.uniform(-1.0, 1.0, (A, count))
+            # each cable repeats after its first switch past STEPS_PERIOD: whole holds only
+            self.period = np.array([sw[np.searchsorted(sw, STEPS_PERIOD)] for sw in self._switch])
         self._t = 0.0
 
     def command_at(self, t) -> np.ndarray:
@@ -63,9 +65,8 @@ class ExcitationPolicy:
         if self.kind == "multisine":
             s = (self._weight * np.sin(2 * np.pi * self._freq * t + self._phase)).sum(-1)
         elif self.kind == "steps":
-            tt = np.mod(t[..., 0, 0], STEPS_PERIOD)
-            s = np.stack([level[np.searchsorted(switch, tt, side="right") - 1]
-                          for switch, level in zip(self._switch, self._level)], -1)
+            s = np.stack([level[np.searchsorted(switch, np.mod(t[..., 0, 0], period), side="right") - 1]
+                          for switch, level, period in zip(self._switch, self._level, self.period)], -1)
         else:
             f0, f1 = self.freq_range
             k = np.log(f1 / f0) / self.duration

@@ -110,12 +110,12 @@ class LinearizedBackwardEuler:
         if self.soft is not None:
             add_soft_contact(self.soft, self.rods, S, out, p, h)
         Kmat, Dmat = force_jacobians(topology, state, out, p)
-        batch = Kmat.shape[:-2]
         w = state[..., ANG_VEL]
         I_world, gyro = self.rods.world_inertia(S, out)
         Q = torch.cat([out["force"], out["torque"] - gyro], -2).transpose(-1, -2)   # [..., R, 6]
-        M_blocks = self.rods.mass_matrix(S, out, I_world).expand(*batch, R, 6, 6)
         A = torch.add(h * Dmat, Kmat, alpha=h * h)
+        batch = A.shape[:-2]
+        M_blocks = self.rods.mass_matrix(S, out, I_world).expand(*batch, R, 6, 6)
         # The rods' mass blocks go on A's block diagonal in place (a fresh tensor), not as a
         # block-diagonal matrix of mostly zeros: A's size is what a step's ops cost here.
         A.view(*batch, R, 6, R, 6).diagonal(dim1=-4, dim2=-2).add_(M_blocks.permute(*range(len(batch)), -2, -1, -3))

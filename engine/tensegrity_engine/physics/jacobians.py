@@ -23,12 +23,6 @@ def skew(v: torch.Tensor) -> torch.Tensor:
                         torch.stack([-y, x, o], -1)], -2)
 
 
-def _point_jacobian(r: torch.Tensor) -> torch.Tensor:
-    """G = [I, -[r]x]: velocity of a point at lever arm r from (v, w). [..., 3, 6]"""
-    eye = torch.eye(3, dtype=r.dtype, device=r.device).expand(*r.shape[:-1], 3, 3)
-    return torch.cat([eye, -skew(r)], -1)
-
-
 def block_diag(blocks: torch.Tensor) -> torch.Tensor:
     """[..., R, 6, 6] -> block-diagonal [..., 6R, 6R]."""
     R = blocks.shape[-3]

@@ -39,10 +39,18 @@ from tensegrity_engine.physics.vectors import cross, dot
 COUPLED_NEWTON_ITERATIONS = 30
 
 
-@torch.compiler.disable
 def _any_on_host(mask: torch.Tensor) -> bool:
     """``mask.any()`` as a Python bool; in a compiled step a deliberate graph break (the
     step resumes compiled on the branch taken) rather than dynamo's warning about it."""
+    if torch.compiler.is_compiling():
+        return _any_uncompiled(mask)
+    return bool(mask.any())
+
+
+# torch's own lazy form of torch.compiler.disable (torch is pinned): the public decorator
+# imports dynamo (~1 s) in every process that imports the engine, compiled or not.
+@torch._disable_dynamo
+def _any_uncompiled(mask: torch.Tensor) -> bool:
     return bool(mask.any())
 
 
@@ -62,7 +70,7 @@ class SoftPairRows:
         (not on CUDA, where the rows are always built: a sync per step costs more there). In
         a compiled step on the CPU the check is a graph break, which costs far less than the
         coupled solve and its backward: a compiled implicit training epoch took 21 s with
-        the rows always built, 1.5 s with the break (eager: 2.3 s)."""
+        the rows always built, 1.4-1.5 s with the break (eager: 2.4 s)."""
         topology = self.topology
         k = topology.constants(S.dtype, S.device)
         pos, vel, w = S[..., 0:3, :], S[..., 7:10, :], S[..., 10:13, :]
