@@ -49,7 +49,7 @@ from tensegrity_engine.physics.params import ParameterError
 
 from . import conversions as conv
 from .common import (TOPIC_COMMAND, TOPIC_GOAL, TOPIC_IMU, TOPIC_MARKERS, TOPIC_PARAMS, TOPIC_POSES,
-                     DONE_WORDS, goal_qos, latched_qos, resolve_device, run_node, stream_qos)
+                     ConfigurationError, DONE_WORDS, goal_qos, latched_qos, resolve_device, run_node, stream_qos)
 from .diagnostics import Diagnostics
 from .params import declare, load_robot
 
@@ -97,6 +97,8 @@ class MppiControllerNode(Node):
         amp = d("excitation_amplitude", 0.8, "excitation amplitude / half command range", range=(0.01, 1.0))
         fmin = d("excitation_fmin", 0.2, "lowest excitation frequency (Hz)", range=(0.001, 100.0))
         fmax = d("excitation_fmax", 2.0, "highest excitation frequency (Hz)", range=(0.001, 100.0))
+        if fmin > fmax:
+            raise ConfigurationError(f"excitation_fmin ({fmin:g} Hz) is above excitation_fmax ({fmax:g} Hz)")
         seed = d("seed", 0, "excitation / sampling seed", range=(0, 2**31 - 1))
         threads = d("torch_threads", 0, "torch intra-op threads (0 = torch default)", range=(0, 256))
         backend = d("backend", "auto", "planning rollouts: the native C kernel (CPU, semi-implicit), "

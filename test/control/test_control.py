@@ -274,6 +274,8 @@ def test_step_excitation_holds_and_jumps(superball):
     np.testing.assert_array_equal(mpc.ExcitationPolicy(superball, seed=3, kind="steps").commands(100, 0.1),
                                   pol.commands(100, 0.1))
     assert not np.allclose(mpc.ExcitationPolicy(superball, seed=4, kind="steps").commands(100, 0.1), pol.commands(100, 0.1))
+    with pytest.raises(ValueError, match="f_min <= f_max"):
+        mpc.ExcitationPolicy(superball, kind="steps", freq_range=(2.0, 0.2))
 
 
 def test_planning_data_points_paper():

@@ -76,6 +76,7 @@ def finish(proc: subprocess.Popen, timeout: float = 60.0) -> tuple[int, str]:
 @pytest.mark.parametrize("entry,override,expected", [
     ("identifier", "lr0:=100.0", "parameter lr0=100.0 is outside [1e-06, 10.0]"),
     ("mppi_controller", "planner:=foo", "parameter planner='foo': must be one of"),
+    ("mppi_controller", "excitation_fmin:=3.0", "excitation_fmin (3 Hz) is above excitation_fmax (2 Hz)"),
     ("identifier", "robot:=/nonexistent/robot.yaml", "config '/nonexistent/robot.yaml' not found"),
     ("identifier", "learn:=[cable_stifness]", "parameter learn: unknown parameter(s) to learn: cable_stifness"),
     ("identifier", "structure_options:=[per_cable]",

@@ -35,6 +35,8 @@ class ExcitationPolicy:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         if not 0.0 < amplitude <= 1.0:
             raise ValueError("amplitude must be in (0, 1]")
+        if not 0.0 < float(freq_range[0]) <= float(freq_range[1]):
+            raise ValueError(f"freq_range must be (f_min, f_max) with 0 < f_min <= f_max Hz, got {tuple(freq_range)}")
         self.robot, self.kind, self.seed = robot, kind, int(seed)
         self.amplitude, self.freq_range = float(amplitude), tuple(float(f) for f in freq_range)
         self.num_sines, self.control_dt, self.duration = int(num_sines), float(control_dt), float(duration)
