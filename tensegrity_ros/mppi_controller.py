@@ -63,6 +63,13 @@ def report_inactive_residual(node) -> None:
                                   "planning with physics alone until that model returns")
 
 
+def excitation_band(fmin: float, fmax: float) -> tuple[float, float]:
+    """The excitation's (f_min, f_max) from the node's parameters, or a start-up error."""
+    if fmin > fmax:
+        raise ConfigurationError(f"excitation_fmin ({fmin:g} Hz) is above excitation_fmax ({fmax:g} Hz)")
+    return fmin, fmax
+
+
 class MppiControllerNode(Node):
     def __init__(self, **kwargs):
         super().__init__("mppi_controller", **kwargs)
@@ -97,8 +104,6 @@ class MppiControllerNode(Node):
         amp = d("excitation_amplitude", 0.8, "excitation amplitude / half command range", range=(0.01, 1.0))
         fmin = d("excitation_fmin", 0.2, "lowest excitation frequency (Hz)", range=(0.001, 100.0))
         fmax = d("excitation_fmax", 2.0, "highest excitation frequency (Hz)", range=(0.001, 100.0))
-        if fmin > fmax:
-            raise ConfigurationError(f"excitation_fmin ({fmin:g} Hz) is above excitation_fmax ({fmax:g} Hz)")
         seed = d("seed", 0, "excitation / sampling seed", range=(0, 2**31 - 1))
         threads = d("torch_threads", 0, "torch intra-op threads (0 = torch default)", range=(0, 256))
         backend = d("backend", "auto", "planning rollouts: the native C kernel (CPU, semi-implicit), "
@@ -137,7 +142,7 @@ class MppiControllerNode(Node):
         self.hold_command = safety["hold_command"]
         self.hold_on_rejected_model = safety["hold_on_rejected_model"]
         excitation = ExcitationPolicy(self.robot, seed=seed, kind=kind, amplitude=amp,
-                                      freq_range=(fmin, fmax), control_dt=self.period)
+                                      freq_range=excitation_band(fmin, fmax), control_dt=self.period)
         self.rt = RealTimePlanner(self.robot, self.mpc, excitation, nominal_commands(self.robot),
                                   period=self.period, plan_budget=timing["plan_budget"],
                                   command_latency=timing["command_latency"], compensate=timing["compensate_latency"])
