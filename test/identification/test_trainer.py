@@ -775,3 +775,51 @@ def test_start_velocities_on_the_floor_come_near_the_true_ones(superball, floor_
     assert float(f_true.max()) < 1e-15                          # the model is exact
     assert float(f_fit.sum()) < 0.05 * float(f_fd.sum()), (f_fit.sum(), f_fd.sum())
     assert float(f_fit.max()) < 0.5 * float(f_fd.median()), (f_fit.max(), f_fd.median())
+
+
+def test_boxed_step_holds_a_saturating_component_on_the_face_and_solves_the_rest():
+    from tensegrity_engine.identification.solvers.levenberg_marquardt import RAW_STEP_LIMIT, boxed_step
+
+    rng = np.random.default_rng(0)
+    J = torch.as_tensor(rng.normal(size=(20, 4)))
+    system, g = J.T @ J, J.T @ torch.as_tensor(rng.normal(size=20))
+    free_step = -torch.linalg.solve(system, g)
+    assert float(free_step.abs().max()) < RAW_STEP_LIMIT
+    # far inside the box: the plain Gauss-Newton step
+    torch.testing.assert_close(boxed_step(system, g, torch.zeros(4, dtype=torch.float64), 12.0), free_step)
+    # component 1 starts just inside the face its step points to
+    theta0 = torch.zeros(4, dtype=torch.float64)
+    theta0[1] = torch.sign(free_step[1]) * (12.0 - 0.5 * float(free_step[1].abs()))
+    delta = boxed_step(system, g, theta0, 12.0)
+    assert float((theta0 + delta).abs().max()) <= 12.0 + 1e-12
+    assert float((theta0 + delta)[1].abs()) == pytest.approx(12.0)
+    free = torch.tensor([True, False, True, True])
+    # the others are the exact minimiser with component 1 held there, not the free step
+    torch.testing.assert_close((system @ delta + g)[free], torch.zeros(3, dtype=torch.float64), atol=1e-10, rtol=0)
+    assert float((delta - free_step)[free].abs().max()) > 1e-3
+
+
+def test_a_parameter_saturated_at_its_bound_does_not_freeze_the_others(superball, data):
+    """The damping's upper bound is its true value: its raw value sits near the saturating
+    face and every Gauss-Newton step pushes it out. The stiffness, 30 % off, must still be
+    fitted (a solver that refused any step leaving the raw box froze both: fully on the zoo's
+    noisy_mocap, here its trust region collapsed after two steps)."""
+    true_c = float(np.mean(superball.cable_damping))
+    learn = ("cable_stiffness", "cable_damping")
+    start = PhysicalParameters(superball).as_dict()
+    start["cable_stiffness"] = 0.7 * np.asarray(start["cable_stiffness"])
+    start["cable_damping"] = np.full_like(np.asarray(start["cable_damping"], dtype=float), 0.5 * true_c)
+    tr = idf.ProgressiveTrainer(superball, idf.IdentificationConfig(
+        period=PERIOD, seed=3, init="given", schedule="fine_only", fine_optimizer="lm", learn=learn,
+        lm_tuples=32, bounds={"cable_damping": (100.0, true_c)}), initial=start)
+    tr.set_data(data["train"], data["val"])
+    with torch.no_grad():
+        tr.params.cable_damping.fill_(tr.config.max_raw - 0.02)   # saturated (the start margin keeps it off)
+    metrics = [tr.train_epoch() for _ in range(4)]
+    assert all(m["lm_accepted"] for m in metrics)
+    # no trust region shrunk by steps refused for the damping's sake (that run: 5e4 by epoch 4,
+    # the stiffness stuck 0.2 % off)
+    assert metrics[-1]["lm_lambda"] < 1.0
+    assert float(tr.params.cable_damping.detach().abs().max()) <= tr.config.max_raw
+    err = idf.parameter_errors(tr.parameters, superball, learn)
+    assert max(err.values()) < 1e-3, err                    # the damping on its face: at the truth

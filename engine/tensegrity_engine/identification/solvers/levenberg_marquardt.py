@@ -151,6 +151,30 @@ def bounded_step(delta: torch.Tensor) -> torch.Tensor:
     return delta.clamp(-RAW_STEP_LIMIT, RAW_STEP_LIMIT)
 
 
+def boxed_step(system: torch.Tensor, g: torch.Tensor, theta0: torch.Tensor, max_raw: float) -> torch.Tensor:
+    """The damped Gauss-Newton step ``-system^-1 g`` in the trust region (`bounded_step`) that
+    keeps every raw value within +-``max_raw`` (beyond it a value is saturated: the trainer
+    rolls back): a component that would leave that box is held on its face and the others are
+    solved again given it. Rejecting the whole step instead froze every parameter once one
+    saturated at its bound (measured: noisy_mocap's contact damping ratio at 19.999 of its
+    bound 20, raw 11.7: no step accepted from 12 s to the end of the 60 s run). NaN
+    components (a singular system) come back NaN."""
+    delta = bounded_step(-torch.linalg.solve(system, g))
+    fixed = torch.zeros_like(delta, dtype=torch.bool)
+    for _ in range(delta.numel()):
+        out = ~fixed & ((theta0 + delta).abs() > max_raw)
+        if not bool(out.any()):
+            break
+        fixed = fixed | out
+        delta = torch.where(out, torch.sign(theta0 + delta) * max_raw - theta0, delta)
+        free = ~fixed
+        if bool(free.any()):
+            rhs = g[free] + system[free][:, fixed] @ delta[fixed]
+            delta = delta.clone()
+            delta[free] = bounded_step(-torch.linalg.solve(system[free][:, free], rhs))
+    return delta
+
+
 class TupleLevenbergMarquardt:
     def __init__(self, config):
         self.config = config
@@ -184,10 +208,9 @@ class TupleLevenbergMarquardt:
             for _ in range(10 if ok else 0):
                 A = H + self.lm_lambda * torch.diag(d)
                 try:
-                    delta = -torch.linalg.solve(A, g)
+                    delta = boxed_step(A, g, theta0, cfg.max_raw)
                 except RuntimeError:
                     delta = torch.full_like(g, math.nan)
-                delta = bounded_step(delta)
                 theta = theta0 + delta
                 if bool(torch.isfinite(theta).all()) and float(theta.abs().max()) <= cfg.max_raw:
                     f = float((self._residual(run, theta, idx) ** 2).sum())

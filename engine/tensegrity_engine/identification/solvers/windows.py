@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from tensegrity_engine.identification.solvers.chaining import chain_latents
-from tensegrity_engine.identification.solvers.levenberg_marquardt import (bounded_step, jacobian_mode,
+from tensegrity_engine.identification.solvers.levenberg_marquardt import (boxed_step, jacobian_mode,
                                                                           one_sided_jacobian, parameter_jacobian,
                                                                           raw_vector, set_raw_vector)
 
@@ -436,25 +436,23 @@ class WindowLevenbergMarquardt:
                     Binv = torch.linalg.inv(BtB + self.lm_lambda * torch.diag_embed(dB))
                     schur = (AtA - AtB @ Binv @ AtB.transpose(1, 2)).sum(0) + self.lm_lambda * torch.diag(dA)
                     g = Atr.sum(0) - (AtB @ Binv @ Btr)[..., 0].sum(0)
-                    delta = -torch.linalg.solve(schur, g)
+                    delta = boxed_step(schur, g, theta0, cfg.max_raw)
                 except RuntimeError:
                     delta = torch.full_like(theta0, math.nan)
                 if bool(torch.isfinite(delta).all()):
-                    delta = bounded_step(delta)
                     d_lat = -(Binv @ (Btr + AtB.transpose(1, 2) @ delta[None, :, None]))[..., 0]
                     vel_new = vel.flatten(1).clone()
                     vel_new[:, self.latent_cols] += d_lat
                     vel_new = vel_new.reshape(vel.shape)
                     theta = theta0 + delta
-                    if float(theta.abs().max()) <= cfg.max_raw:
-                        vel_new, r_new = self._trial_latents(run, theta, normal, vel, vel_new)
-                        f = float((r_new ** 2).sum())
-                        if math.isfinite(f) and f < f0:
-                            accepted = True
-                            step = float(delta.abs().max())
-                            self.window_vel = vel_new
-                            self.lm_lambda = max(self.lm_lambda / 3.0, 1e-12)
-                            break
+                    vel_new, r_new = self._trial_latents(run, theta, normal, vel, vel_new)
+                    f = float((r_new ** 2).sum())
+                    if math.isfinite(f) and f < f0:
+                        accepted = True
+                        step = float(delta.abs().max())
+                        self.window_vel = vel_new
+                        self.lm_lambda = max(self.lm_lambda / 3.0, 1e-12)
+                        break
                 self.lm_lambda = min(self.lm_lambda * 4.0, 1e12)
             if not accepted:
                 f = f0
