@@ -823,3 +823,35 @@ def test_a_parameter_saturated_at_its_bound_does_not_freeze_the_others(superball
     assert float(tr.params.cable_damping.detach().abs().max()) <= tr.config.max_raw
     err = idf.parameter_errors(tr.parameters, superball, learn)
     assert max(err.values()) < 1e-3, err                    # the damping on its face: at the truth
+
+
+def test_gradient_dtype_float32_steps_the_backpropagated_rollouts_only(superball, data):
+    """``gradient_dtype="float32"``: the Adam stages' rollouts run in float32 (at the truth the
+    loss is float32's rounding, not float64's), their loss and gradient agree with float64's
+    to float32 precision, and the Levenberg-Marquardt residuals stay float64 to the bit."""
+    learn = ("cable_stiffness", "cable_damping", "actuator_time_constant")
+    runs = {gd: _trainer(superball, data, init="given", learn=learn, gradient_dtype=gd) for gd in (None, "float32")}
+    idx = torch.arange(16)
+    out = {}
+    for gd, tr in runs.items():
+        for integrator in ("semi_implicit", "implicit"):
+            p = tr.engine.param_values(tr.dtype, tr.device)
+            loss = tr.objective.batch_loss(tr.train, idx, p, tr.full_steps, integrator, use_latent=False)
+            loss.backward()
+            grad = torch.cat([getattr(tr.params, n).grad.reshape(-1) for n in learn]).clone()
+            tr.params.zero_grad(set_to_none=True)
+            out[gd, integrator] = (loss.detach(), grad)
+        with torch.no_grad():
+            out[gd, "lm"] = tr.objective.residuals(tr.train, idx, tr.engine.param_values(tr.dtype, tr.device),
+                                                   tr.full_steps, "semi_implicit")
+    exact, low = out[None, "semi_implicit"][0], out["float32", "semi_implicit"][0]
+    assert low.dtype == torch.float64
+    assert float(exact) < 1e-24 and 1e-20 < float(low) < 1e-8          # float32 rounding: it ran in float32
+    # away from the truth (the implicit step at T/dt steps is not MuJoCo's): the same loss and gradient
+    (l64, g64), (l32, g32) = out[None, "implicit"], out["float32", "implicit"]
+    assert float(l64) > 1e-6
+    assert abs(float(l32 - l64)) < 1e-4 * float(l64)
+    assert float((g32 - g64).norm()) < 1e-3 * float(g64.norm())
+    torch.testing.assert_close(out["float32", "lm"], out[None, "lm"], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="gradient_dtype"):
+        idf.IdentificationConfig(gradient_dtype="float16")

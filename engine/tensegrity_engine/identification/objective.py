@@ -157,6 +157,7 @@ class RecurrentObjective:
         # where each integrator, dt and batch shape compiles anew (27-60 s) for a 2.5x epoch
         device_type = torch.device(device).type
         self.compile_training = (device_type == "cuda") if config.compile_training is None else config.compile_training
+        self.gradient_dtype = {None: None, "float32": torch.float32, "float64": torch.float64}[config.gradient_dtype]
         self.substeps = 1         # per engine step, semi-implicit rollouts (see step_for)
 
     @staticmethod
@@ -374,6 +375,13 @@ class RecurrentObjective:
             M = averaging_matrix(cmd.shape[1], n_steps, self.dtype, self.device)
             cmd = torch.einsum("cs,bsa->bca", M, cmd)
             wr = None if wr is None else torch.einsum("cs,bsrk->bcrk", M, wr)
+        low = self.gradient_dtype
+        if low is not None and low != x0.dtype and torch.is_grad_enabled() and not self._functional:
+            # backpropagated rollouts in the lower precision, the loss in the trainer's dtype
+            cast = lambda t: None if t is None else t.to(low)                       # noqa: E731
+            pred, _ = self.rollout(cast(x0), cast(act), cast(cmd), self.config.period / n_steps, integrator,
+                                   cast(wr), n_steps, {k: cast(v) for k, v in p.items()})
+            return pred[:, -1].to(x0.dtype)
         pred, _ = self.rollout(x0, act, cmd, self.config.period / n_steps, integrator, wr, n_steps, p)
         return pred[:, -1]
 
