@@ -5,14 +5,24 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 
 from tensegrity_engine.groundtruth import environments
 from tensegrity_engine.physics.config import load_robot
 from tensegrity_engine.physics.engine import TensegrityEngine
+from tensegrity_engine.physics import jacobians
 from tensegrity_engine.physics.jacobians import force_jacobians, own_cable_damping_blocks
 
 from robot_builders import two_rod_robot
+
+
+@pytest.fixture(autouse=True, params=["scatter", "one_hot"])
+def assembly(request, monkeypatch):
+    """Both assemblies: eager's scatters and the one-hot products compiled code uses."""
+    if request.param == "one_hot":
+        monkeypatch.setattr(jacobians, "_compiling", lambda: True)
+    return request.param
 
 
 def _G(r: torch.Tensor) -> torch.Tensor:

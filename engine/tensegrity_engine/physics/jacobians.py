@@ -31,20 +31,36 @@ def block_diag(blocks: torch.Tensor) -> torch.Tensor:
     return full.reshape(*blocks.shape[:-3], 6 * R, 6 * R)
 
 
+_compiling = torch.compiler.is_compiling     # the tests run the compiled forms eagerly through it
+
+
+def _by_rod(R: int, rod_b: torch.Tensor, v_b: torch.Tensor, rod_a: Optional[torch.Tensor] = None,
+            v_a: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """[..., P, R, k]: each pair's v_b [..., P, k] at its rod b's slot, minus v_a at rod a's.
+    Eager: scatters (the faster here). Compiled: products with one-hot rows, because
+    inductor's multithreaded CPU code for the scatter corrupted the heap (torch 2.13: the
+    compiled implicit step crashed on 2 threads with "free(): invalid next size")."""
+    if _compiling():
+        eye = torch.eye(R, dtype=v_b.dtype, device=v_b.device)
+        out = v_b.unsqueeze(-2) * eye[rod_b].unsqueeze(-1)
+        return out if rod_a is None else out - v_a.unsqueeze(-2) * eye[rod_a].unsqueeze(-1)
+    P = rod_b.shape[0]
+    slots = torch.arange(P, device=v_b.device) * R
+    out = v_b.new_zeros(*v_b.shape[:-2], P * R, v_b.shape[-1]).index_add(-2, slots + rod_b, v_b)
+    if rod_a is not None:
+        out = out.index_add(-2, slots + rod_a, v_a, alpha=-1.0)
+    return out.unflatten(-2, (P, R))
+
+
 def _signed_levers(R: int, rod_b: torch.Tensor, r_b: torch.Tensor,
                    rod_a: Optional[torch.Tensor] = None, r_a: Optional[torch.Tensor] = None):
     """Each pair's ends as rod columns: the signed incidence M [P, R] (+1 at rod b, -1 at rod
     a) and the signed levers Q [..., P, 3R] (r_b at rod b's columns, -r_a at rod a's), so that
     S_p = [M_p (x) I, -[Q_p]x] rod by rod (S_p = G_b E_b - G_a E_a, G = [I, -[r]x])."""
-    P = rod_b.shape[0]
     eye = torch.eye(R, dtype=r_b.dtype, device=r_b.device)
-    slots = torch.arange(P, device=r_b.device) * R
-    Q = r_b.new_zeros(*r_b.shape[:-2], P * R, 3).index_add(-2, slots + rod_b, r_b)
-    M = eye[rod_b]
-    if rod_a is not None:
-        Q = Q.index_add(-2, slots + rod_a, r_a, alpha=-1.0)
-        M = M - eye[rod_a]
-    return M, Q.unflatten(-2, (P, R)).flatten(-2)
+    Q = _by_rod(R, rod_b, r_b, rod_a, r_a)                              # [..., P, R, 3]
+    M = eye[rod_b] if rod_a is None else eye[rod_b] - eye[rod_a]
+    return M, Q.flatten(-2)
 
 
 def _isotropic(weight: torch.Tensor, M: torch.Tensor, Q: torch.Tensor) -> torch.Tensor:
@@ -71,12 +87,7 @@ def _rank_one(weight: torch.Tensor, R: int, rod_b: torch.Tensor, j_b: torch.Tens
               rod_a: Optional[torch.Tensor] = None, j_a: Optional[torch.Tensor] = None) -> torch.Tensor:
     """sum_p weight_p s_p s_p^T [..., 6R, 6R], s_p = j_b E_b - j_a E_a, from each end's
     generalised force of a unit force along the pair's direction (j [..., P, 6])."""
-    P = rod_b.shape[0]
-    slots = torch.arange(P, device=j_b.device) * R
-    s = j_b.new_zeros(*j_b.shape[:-2], P * R, 6).index_add(-2, slots + rod_b, j_b)
-    if rod_a is not None:
-        s = s.index_add(-2, slots + rod_a, j_a, alpha=-1.0)
-    s = s.unflatten(-2, (P, R)).flatten(-2)                             # [..., P, 6R]
+    s = _by_rod(R, rod_b, j_b, rod_a, j_a).flatten(-2)                  # [..., P, 6R]
     return (s * weight.unsqueeze(-1)).transpose(-1, -2) @ s
 
 
@@ -160,5 +171,8 @@ def own_cable_damping_blocks(topology: Topology, S: torch.Tensor, out: dict, p: 
     pulls = (out["stretch"] > 0).to(S.dtype)
     c_eff = (pulls * (1.0 - s) * c + s * c)[..., None, None]
     blocks = torch.cat([c_eff * outer(j_a, j_a), c_eff * outer(j_b, j_b)], -3)   # [..., 2C, 6, 6]
+    ends = torch.cat([rod_a, rod_b])
+    if _compiling():                            # no scatter in compiled code (`_by_rod`)
+        return torch.einsum("er,...eij->...rij", torch.eye(R, dtype=S.dtype, device=S.device)[ends], blocks)
     out_blocks = torch.zeros(*blocks.shape[:-3], R, 6, 6, dtype=S.dtype, device=S.device)
-    return out_blocks.index_add(-3, torch.cat([rod_a, rod_b]), blocks)
+    return out_blocks.index_add(-3, ends, blocks)
