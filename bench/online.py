@@ -226,6 +226,9 @@ def run_session(z, args, seed: int, learn) -> dict:
         if improved is not None:
             _, values = improved
             verdict = session.gate(values)
+            if args.verbose:
+                _line(f"    t={clock:5.1f}s gate: {verdict.reason} (held-out loss {verdict.candidate_loss:.3e} against "
+                      f"{verdict.incumbent_loss:.3e}, {verdict.tuples} tuples)")
             if verdict.accepted:
                 session.mark_published(values)
                 published = values
