@@ -119,20 +119,21 @@ def test_divergence_rolls_back_to_the_last_healthy_state(three_bar):
     assert s.status == "final (epoch/time limit reached)"           # a budget, not convergence
 
 
-def test_the_first_epoch_the_gate_can_judge_is_a_candidate_whatever_its_loss(three_bar):
+def test_epochs_are_candidates_once_the_gate_can_judge_until_it_has(three_bar):
     """Losses fall on the first windows, before any block is held out, and no later epoch
-    beats them: the epoch after the held-out blocks suffice is still offered to the gate
-    (once), so a model is judged before the schedule ends."""
-    s, _ = _session(three_bar, [1.0, 0.2, 0.9, 0.8, 0.7, 0.6], min_tuples=2, holdout_every=3)
+    beats them: once the held-out blocks suffice, epochs are offered to the gate until it
+    has judged one of the solver's, so a model is judged before the schedule ends."""
+    s, _ = _session(three_bar, [1.0, 0.2, 0.9, 0.8, 0.7, 0.6, 0.5], min_tuples=2, holdout_every=3)
     s.add(_batch(three_bar, 0, 12))                   # 10-11 held out: not enough to judge
     assert not s.can_judge
     assert s.step() is not None and s.step() is not None          # improvements (unjudgeable)
     assert s.step() is None                           # 0.9: no improvement, and no gate yet
     s.add(_batch(three_bar, 12, 80))                  # 3 held-out blocks: the gate can judge
     assert s.can_judge
-    m, values = s.step()                              # 0.8 > 0.2, but the first look
-    assert m["val_loss"] == 0.8 and s.gate(values).reason != "no_heldout_yet"
-    assert s.step() is None and s.step() is None      # once only: 0.7, 0.6 still above 0.2
+    assert s.step()[0]["val_loss"] == 0.8             # above 0.2, but not judged yet
+    m, values = s.step()                              # the caller had not called the gate
+    assert m["val_loss"] == 0.7 and s.gate(values).reason != "no_heldout_yet"
+    assert s.step() is None and s.step() is None      # judged: 0.6, 0.5 are still above 0.2
     assert s.best_loss == 0.2
 
 

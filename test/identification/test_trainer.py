@@ -797,6 +797,13 @@ def test_boxed_step_holds_a_saturating_component_on_the_face_and_solves_the_rest
     # the others are the exact minimiser with component 1 held there, not the free step
     torch.testing.assert_close((system @ delta + g)[free], torch.zeros(3, dtype=torch.float64), atol=1e-10, rtol=0)
     assert float((delta - free_step)[free].abs().max()) > 1e-3
+    # a float32 system (a float32 trainer) with float64 raw values: the face exactly, in float64
+    low = boxed_step(system.float(), g.float(), theta0, 12.0)
+    assert low.dtype == torch.float64 and float((theta0 + low)[1].abs()) == 12.0
+    torch.testing.assert_close(low, delta, rtol=1e-4, atol=1e-5)
+    # every component pushed out: all on their faces, each stays inside
+    edge = torch.sign(free_step) * (12.0 - 1e-3)
+    torch.testing.assert_close(edge + boxed_step(system, g, edge, 12.0), torch.sign(free_step) * 12.0)
 
 
 def test_a_parameter_saturated_at_its_bound_does_not_freeze_the_others(superball, data):

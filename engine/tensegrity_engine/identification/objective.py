@@ -376,8 +376,10 @@ class RecurrentObjective:
             cmd = torch.einsum("cs,bsa->bca", M, cmd)
             wr = None if wr is None else torch.einsum("cs,bsrk->bcrk", M, wr)
         low = self.gradient_dtype
-        if low is not None and low != x0.dtype and torch.is_grad_enabled() and not self._functional:
-            # backpropagated rollouts in the lower precision, the loss in the trainer's dtype
+        learns = torch.is_grad_enabled() and any(torch.is_tensor(v) and v.requires_grad for v in p.values())
+        if low is not None and low != x0.dtype and learns and not self._functional:
+            # the rollouts that train parameters in the lower precision, the loss in the
+            # trainer's dtype (not a validation's latent step: its parameters are detached)
             cast = lambda t: None if t is None else t.to(low)                       # noqa: E731
             pred, _ = self.rollout(cast(x0), cast(act), cast(cmd), self.config.period / n_steps, integrator,
                                    cast(wr), n_steps, {k: cast(v) for k, v in p.items()})

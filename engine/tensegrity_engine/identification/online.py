@@ -148,7 +148,7 @@ class OnlineIdentification:
         self.scores.reset()                  # scorers per structure, the reference models' scores
         self.trials.reset()                  # structure: adopted options, the running challenger
         self._solver_turns = 0               # solver epochs since the challenger's last (both training)
-        self._looked = False                 # a candidate was returned while the gate could judge it
+        self._looked = False                 # the gate has judged a fit of the solver's (`step`)
 
     # ------------------------------------------------------------------ data window
     def _tuple_set(self, batch: TupleBatch, context=()):
@@ -202,6 +202,8 @@ class OnlineIdentification:
         candidate = self.scores.scores(self, run or self.trainer, data, values)
         if np.asarray(candidate[0]).size < MIN_GATE_BLOCKS:
             return HeldOutVerdict(False, "no_heldout_yet", _mean(candidate[0]), math.nan, self.heldout_len)
+        if run is None:
+            self._looked = True              # the solver's fit has been judged (`step`)
         reference = self.scores.reference(self, data, incumbent, self.incumbent_robot)
         cand, cand_com, inc, inc_com = (_mean(a) for a in candidate + reference)
         if not math.isfinite(cand):
@@ -223,7 +225,7 @@ class OnlineIdentification:
 
     @property
     def can_judge(self) -> bool:
-        """Enough held-out tuples for the gate (``MIN_GATE_BLOCKS`` blocks), or no gate."""
+        """Enough held-out tuples for the gate (``MIN_GATE_BLOCKS`` blocks); False without a gate."""
         return self.holdout_every >= 2 and self.heldout_len >= MIN_GATE_BLOCKS * self.holdout_block
 
     def compare_on_heldout(self, values: dict, reference: dict, significance: float = GATE_SIGNIFICANCE,
@@ -315,8 +317,8 @@ class OnlineIdentification:
 
     def step(self) -> Optional[tuple[dict, dict]]:
         """One epoch. Returns (metrics, parameter values) when the validation loss improved
-        on the best so far or the epoch is the first since the gate can judge (`can_judge`),
-        None otherwise; a diverged epoch is rolled back and counted in ``rollbacks``
+        on the best so far or the gate can judge (`can_judge`) but has not judged a fit of the
+        solver's yet, None otherwise; a diverged epoch is rolled back and counted in ``rollbacks``
         (compare it before and after to tell). Once the solver is done, an
         epoch of the structure challenger, and one epoch in ``CHALLENGER_SHARE`` while both
         train (None; an adopted one becomes the solver)."""
@@ -339,14 +341,12 @@ class OnlineIdentification:
         self.good_state = self.trainer.state_dict()
         if not self.trials.active and not self.trainer.done:     # a challenger beside the solver
             self.trials.maybe_start(self)
-        # The first epoch after the gate can judge is a candidate whatever its loss: the best
-        # losses came on the first few windows, before there were held-out blocks, and no later
-        # epoch on more windows beat them (measured: noisy_mocap with a challenger beside the
-        # solver, seed 0: nothing judged from 14 s to the schedule's end at 55.7 s).
-        first_look = self.can_judge and not self._looked
-        if loss < self.best_loss or first_look:
+        # Once the gate can judge, epochs are candidates whatever their loss until it has judged
+        # one: the best losses came on the first few windows, before there were held-out blocks,
+        # and no later epoch on more windows beat them (measured: noisy_mocap with a challenger
+        # beside the solver, seed 0: nothing judged from 14 s to the schedule's end at 55.7 s).
+        if loss < self.best_loss or (self.can_judge and not self._looked):
             self.best_loss = min(self.best_loss, loss)
-            self._looked = self._looked or self.can_judge
             return m, values
         return None
 
@@ -506,6 +506,7 @@ def restore_session(s: OnlineIdentification, data: dict) -> None:
     s.epochs = int(data["epochs"])
     s.rollbacks = int(data.get("rollbacks", 0))
     s.converged = bool(data.get("converged"))
+    s._looked = s.best_values is not None       # a restored fit was judged before it was published
     # a finished session says how it finished (text from a file: bounded)
     s.status = str(data.get("status", "final"))[:120] if s.converged else "resumed"
     if s.best_values is not None and structure_key(s.incumbent_robot) == structure_key(s.robot):

@@ -172,7 +172,7 @@ def own_cable_damping_blocks(topology: Topology, S: torch.Tensor, out: dict, p: 
     c_eff = (pulls * (1.0 - s) * c + s * c)[..., None, None]
     blocks = torch.cat([c_eff * outer(j_a, j_a), c_eff * outer(j_b, j_b)], -3)   # [..., 2C, 6, 6]
     ends = torch.cat([rod_a, rod_b])
-    if _compiling():                            # no scatter in compiled code (`_by_rod`)
+    if _compiling():                            # no scatter in compiled code, as `_by_rod`
         return torch.einsum("er,...eij->...rij", torch.eye(R, dtype=S.dtype, device=S.device)[ends], blocks)
     out_blocks = torch.zeros(*blocks.shape[:-3], R, 6, 6, dtype=S.dtype, device=S.device)
     return out_blocks.index_add(-3, ends, blocks)

@@ -158,7 +158,10 @@ def boxed_step(system: torch.Tensor, g: torch.Tensor, theta0: torch.Tensor, max_
     solved again given it. Rejecting the whole step instead froze every parameter once one
     saturated at its bound (measured: noisy_mocap's contact damping ratio at 19.999 of its
     bound 20, raw 11.7: no step accepted from 12 s to the end of the 60 s run). NaN
-    components (a singular system) come back NaN."""
+    components (a singular system) come back NaN; a ``theta0`` outside the box is moved onto
+    its face. Solved in ``theta0``'s dtype (the raw values: float64 also under a float32
+    trainer), so the face is reached exactly."""
+    system, g = system.to(theta0.dtype), g.to(theta0.dtype)
     delta = bounded_step(-torch.linalg.solve(system, g))
     fixed = torch.zeros_like(delta, dtype=torch.bool)
     for _ in range(delta.numel()):

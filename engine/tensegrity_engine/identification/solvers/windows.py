@@ -440,7 +440,7 @@ class WindowLevenbergMarquardt:
                 except RuntimeError:
                     delta = torch.full_like(theta0, math.nan)
                 if bool(torch.isfinite(delta).all()):
-                    d_lat = -(Binv @ (Btr + AtB.transpose(1, 2) @ delta[None, :, None]))[..., 0]
+                    d_lat = -(Binv @ (Btr + AtB.transpose(1, 2) @ delta.to(AtB.dtype)[None, :, None]))[..., 0]
                     vel_new = vel.flatten(1).clone()
                     vel_new[:, self.latent_cols] += d_lat
                     vel_new = vel_new.reshape(vel.shape)
