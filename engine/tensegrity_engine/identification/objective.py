@@ -133,6 +133,15 @@ def gyro_start_rows(data: TrainingData, windows: torch.Tensor, vel: torch.Tensor
     return (err * (data.gyro0[first].to(vel.dtype) * scale)[..., None]).flatten(1)
 
 
+def _training_dtype(objective, x0: torch.Tensor, p: dict) -> Optional[torch.dtype]:
+    """The dtype a rollout from ``x0`` runs in when it trains parameters and ``gradient_dtype``
+    is lower than the trainer's (the loss stays in the trainer's dtype); None otherwise (not
+    a validation's latent step either: its parameters are detached)."""
+    low = objective.gradient_dtype
+    learns = torch.is_grad_enabled() and any(torch.is_tensor(v) and v.requires_grad for v in p.values())
+    return low if low is not None and low != x0.dtype and learns and not objective._functional else None
+
+
 class RecurrentObjective:
     """Engine predictions of tuples and their losses for one robot and environment.
 
@@ -375,17 +384,11 @@ class RecurrentObjective:
             M = averaging_matrix(cmd.shape[1], n_steps, self.dtype, self.device)
             cmd = torch.einsum("cs,bsa->bca", M, cmd)
             wr = None if wr is None else torch.einsum("cs,bsrk->bcrk", M, wr)
-        low = self.gradient_dtype
-        learns = torch.is_grad_enabled() and any(torch.is_tensor(v) and v.requires_grad for v in p.values())
-        if low is not None and low != x0.dtype and learns and not self._functional:
-            # the rollouts that train parameters in the lower precision, the loss in the
-            # trainer's dtype (not a validation's latent step: its parameters are detached)
-            cast = lambda t: None if t is None else t.to(low)                       # noqa: E731
-            pred, _ = self.rollout(cast(x0), cast(act), cast(cmd), self.config.period / n_steps, integrator,
-                                   cast(wr), n_steps, {k: cast(v) for k, v in p.items()})
-            return pred[:, -1].to(x0.dtype)
-        pred, _ = self.rollout(x0, act, cmd, self.config.period / n_steps, integrator, wr, n_steps, p)
-        return pred[:, -1]
+        low = _training_dtype(self, x0, p)
+        cast = (lambda t: t) if low is None else (lambda t: None if t is None else t.to(low))   # noqa: E731
+        pred, _ = self.rollout(cast(x0), cast(act), cast(cmd), self.config.period / n_steps, integrator, cast(wr),
+                               n_steps, {k: cast(v) for k, v in p.items()})
+        return pred[:, -1].to(x0.dtype)
 
     def residuals(self, data: TrainingData, idx: torch.Tensor, p: dict, n_steps: int,
                   integrator: str) -> torch.Tensor:

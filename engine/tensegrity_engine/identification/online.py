@@ -202,8 +202,7 @@ class OnlineIdentification:
         candidate = self.scores.scores(self, run or self.trainer, data, values)
         if np.asarray(candidate[0]).size < MIN_GATE_BLOCKS:
             return HeldOutVerdict(False, "no_heldout_yet", _mean(candidate[0]), math.nan, self.heldout_len)
-        if run is None:
-            self._looked = True              # the solver's fit has been judged (`step`)
+        self._looked = self._looked or run is None      # a fit of the solver's judged (`step`)
         reference = self.scores.reference(self, data, incumbent, self.incumbent_robot)
         cand, cand_com, inc, inc_com = (_mean(a) for a in candidate + reference)
         if not math.isfinite(cand):
@@ -341,10 +340,8 @@ class OnlineIdentification:
         self.good_state = self.trainer.state_dict()
         if not self.trials.active and not self.trainer.done:     # a challenger beside the solver
             self.trials.maybe_start(self)
-        # Once the gate can judge, epochs are candidates whatever their loss until it has judged
-        # one: the best losses came on the first few windows, before there were held-out blocks,
-        # and no later epoch on more windows beat them (measured: noisy_mocap with a challenger
-        # beside the solver, seed 0: nothing judged from 14 s to the schedule's end at 55.7 s).
+        # until the gate has judged a fit of the solver's, every epoch is one: the best losses came
+        # before any block was held out (noisy_mocap, a challenger beside: none judged 14-55.7 s)
         if loss < self.best_loss or (self.can_judge and not self._looked):
             self.best_loss = min(self.best_loss, loss)
             return m, values
