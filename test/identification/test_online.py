@@ -119,11 +119,13 @@ def test_divergence_rolls_back_to_the_last_healthy_state(three_bar):
     assert s.status == "final (epoch/time limit reached)"           # a budget, not convergence
 
 
-def test_epochs_are_candidates_once_the_gate_can_judge_until_it_has(three_bar):
+def test_epochs_are_candidates_once_the_gate_can_judge_and_again_on_each_new_block(three_bar):
     """Losses fall on the first windows, before any block is held out, and no later epoch
     beats them: once the held-out blocks suffice, epochs are offered to the gate until it
-    has judged one of the solver's, so a model is judged before the schedule ends."""
-    s, _ = _session(three_bar, [1.0, 0.2, 0.9, 0.8, 0.7, 0.6, 0.5], min_tuples=2, holdout_every=3)
+    has judged one of the solver's, and again after each new held-out block, so a model is
+    judged before the schedule ends and again on new evidence."""
+    s, _ = _session(three_bar, [1.0, 0.2, 0.9, 0.8, 0.7, 0.6, 0.5, 0.45, 0.4, 0.35], min_tuples=2,
+                    holdout_every=3)
     s.add(_batch(three_bar, 0, 12))                   # 10-11 held out: not enough to judge
     assert not s.can_judge
     assert s.step() is not None and s.step() is not None          # improvements (unjudgeable)
@@ -134,6 +136,14 @@ def test_epochs_are_candidates_once_the_gate_can_judge_until_it_has(three_bar):
     m, values = s.step()                              # the caller had not called the gate
     assert m["val_loss"] == 0.7 and s.gate(values).reason != "no_heldout_yet"
     assert s.step() is None and s.step() is None      # judged: 0.6, 0.5 are still above 0.2
+    assert s.best_loss == 0.2
+    s.add(_batch(three_bar, 92, 10))                  # 92-101: no tuple held out
+    assert s.step() is None                           # 0.45: nothing new to judge it on
+    s.add(_batch(three_bar, 102, 15))                 # 110-116: part of a block
+    assert s.step() is None                           # 0.4
+    s.add(_batch(three_bar, 117, 5))                  # the block complete: new evidence
+    m, values = s.step()
+    assert m["val_loss"] == 0.35 and s.gate(values).reason != "no_heldout_yet"
     assert s.best_loss == 0.2
 
 
@@ -373,8 +383,13 @@ def test_structure_options_are_fitted_by_challengers_and_adopted_only_when_they_
     assert (main.epoch, challenger.epoch) == (2, 1) and main.done and s.trials.active
     _, values = s.finish()
     s.best_values = values                           # published: K 2500
+    offered = []
     while s.training:
-        assert s.step() is None
+        out = s.step()
+        if out is not None:
+            offered.append(out[1])
+    # offered once, when adopted: the gate has just passed them
+    assert [v["cable_stiffness"][0] for v in offered] == [pytest.approx(2990.0)]
     # the winch limit gained 4 %: refused; slack damping diverged: refused; end-heavy rods
     # (500 -> 10 from the stand-in truth) adopted, and it ends like the solver: finish, gate
     assert [(o, v.split(" (")[0]) for o, v in s.trials.log] == [
