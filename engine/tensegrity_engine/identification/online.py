@@ -411,24 +411,7 @@ class OnlineIdentification:
         """`uncertainty.ParameterUncertainty` of the trainer's current values (or of ``at``)
         on the window, or None (no trainer yet, or the estimate failed: no sigma beats a
         wrong one)."""
-        from tensegrity_engine.identification.uncertainty import trainer_uncertainty
-
-        if self.trainer is None:
-            return None
-        # the same values on the same data and solver state (the node asks twice when a run
-        # ends: for its convergence test and for the message) cost one estimate
-        values = at if at is not None else self.trainer.parameters.as_dict()
-        key = (max_tuples, self.batches_added, self.epochs, self.rollbacks,
-               tuple((k, np.asarray(v, dtype=np.float64).tobytes()) for k, v in sorted(values.items())))
-        if self._uncertainty_memo is not None and self._uncertainty_memo[0] == key:
-            return self._uncertainty_memo[1]
-        try:
-            u = trainer_uncertainty(self.trainer, max_tuples=max_tuples, at=at)
-        except Exception as exc:  # noqa: BLE001 - a failed sigma must not hold back the model
-            self.log(f"no uncertainty estimate: {exc!r}")
-            u = None
-        self._uncertainty_memo = (key, u)
-        return u
+        return session_uncertainty(self, max_tuples, at)
 
     def predict_newest(self) -> Optional[tuple[np.ndarray, int]]:
         """The identified model's prediction X_t+T [R, 13] of the newest tuple and its
@@ -448,6 +431,28 @@ class OnlineIdentification:
         except Exception:
             self.reset()
             raise
+
+
+def session_uncertainty(s: OnlineIdentification, max_tuples: int = 256, at: Optional[dict] = None):
+    """`OnlineIdentification.uncertainty`."""
+    from tensegrity_engine.identification.uncertainty import trainer_uncertainty
+
+    if s.trainer is None:
+        return None
+    # the same values on the same data and solver state (the node asks twice when a run
+    # ends: for its convergence test and for the message) cost one estimate
+    values = at if at is not None else s.trainer.parameters.as_dict()
+    key = (max_tuples, s.batches_added, s.epochs, s.rollbacks,
+           tuple((k, np.asarray(v, dtype=np.float64).tobytes()) for k, v in sorted(values.items())))
+    if s._uncertainty_memo is not None and s._uncertainty_memo[0] == key:
+        return s._uncertainty_memo[1]
+    try:
+        u = trainer_uncertainty(s.trainer, max_tuples=max_tuples, at=at)
+    except Exception as exc:  # noqa: BLE001 - a failed sigma must not hold back the model
+        s.log(f"no uncertainty estimate: {exc!r}")
+        u = None
+    s._uncertainty_memo = (key, u)
+    return u
 
 
 @torch.no_grad()
