@@ -126,7 +126,7 @@ def test_epochs_are_candidates_once_the_gate_can_judge_and_again_on_each_new_blo
     judged before the schedule ends and again on new evidence."""
     s, _ = _session(three_bar, [1.0, 0.2, 0.9, 0.8, 0.7, 0.6, 0.5, 0.45, 0.4, 0.35], min_tuples=2,
                     holdout_every=3)
-    s.add(_batch(three_bar, 0, 12))                   # 10-11 held out: not enough to judge
+    s.add(_batch(three_bar, 0, 12))                   # none held out yet (20-29 is the first)
     assert not s.can_judge
     assert s.step() is not None and s.step() is not None          # improvements (unjudgeable)
     assert s.step() is None                           # 0.9: no improvement, and no gate yet
@@ -383,13 +383,9 @@ def test_structure_options_are_fitted_by_challengers_and_adopted_only_when_they_
     assert (main.epoch, challenger.epoch) == (2, 1) and main.done and s.trials.active
     _, values = s.finish()
     s.best_values = values                           # published: K 2500
-    offered = []
     while s.training:
-        out = s.step()
-        if out is not None:
-            offered.append(out[1])
-    # offered once, when adopted: the gate has just passed them
-    assert [v["cable_stiffness"][0] for v in offered] == [pytest.approx(2990.0)]
+        # adopted at its end: not offered by the step but taken like the solver's end (below)
+        assert s.step() is None
     # the winch limit gained 4 %: refused; slack damping diverged: refused; end-heavy rods
     # (500 -> 10 from the stand-in truth) adopted, and it ends like the solver: finish, gate
     assert [(o, v.split(" (")[0]) for o, v in s.trials.log] == [
@@ -496,9 +492,15 @@ def test_a_challenger_is_judged_while_it_runs_and_refused_only_at_its_end(three_
     assert s.trials.log == [("winch_speed", "no better than the base fit (not_significant)")] and winch.epoch == 12
     heavy = made[-1]
     assert s.trials.option == "end_heavy" and not main.done
+    offered = []
     while s.trials.active:
-        s.step()
+        out = s.step()
+        offered += [] if out is None else [out[1]["cable_stiffness"][0]]
     assert s.trials.log[-1] == ("end_heavy", "adopted") and heavy.epoch == JUDGE_EVERY and not heavy.done
+    assert offered[-1] == pytest.approx(2990.0)              # offered the moment it is adopted
+    assert offered[:-1] and np.allclose(offered[:-1], 2500.0)   # before: the solver's fits
+    # it took the session's window as an extension of its own: its latents kept
+    assert heavy.calls[0][0] == "set" and [c[0] for c in heavy.calls if c[0] != "heldout"][-1] == "extend"
     assert s.trainer is heavy and s.training                 # it trains on as the session's solver,
     assert heavy.config.max_epochs == s.config.max_epochs > 60   # under the session's budget
     assert s.trials.adopted == ["end_heavy"]
@@ -643,3 +645,24 @@ def test_the_window_is_one_record_across_held_out_blocks_also_those_the_gate_dro
     assert (heldout.prev < 0).sum() == s.heldout_len // s.holdout_block and (heldout.traj_prev < 0).sum() == 1
     s.holdout.retired.clear()                                                # without the old blocks
     assert (s.window_tuples().traj_prev < 0).sum() > 1
+
+
+class _UnwindowableStructureTrainer(_LongStructureTrainer):
+    """Options whose fits cannot take the session's window (`extend_data` raises)."""
+
+    def extend_data(self, batch):
+        if self.learn != ("cable_stiffness",):
+            raise ValueError("needs consecutive tuples")
+        super().extend_data(batch)
+
+
+def test_a_challenger_that_cannot_take_the_window_is_refused_and_the_session_kept(three_bar):
+    made, session = _structure_sessions(three_bar, _UnwindowableStructureTrainer, ("end_heavy",))
+    s = session()
+    s.add(_batch(three_bar, 0, 91))
+    main, robot = s.trainer, s.robot
+    s.step()
+    while s.trials.active:
+        assert s.step() is None or s.trainer is main
+    assert s.trials.log[-1][0] == "end_heavy" and s.trials.log[-1][1].startswith("failed to take the window")
+    assert s.trainer is main and s.robot is robot and s.trials.adopted == [] and "end_heavy" in s.trials.refused

@@ -318,11 +318,12 @@ class OnlineIdentification:
     def step(self) -> Optional[tuple[dict, dict]]:
         """One epoch. Returns (metrics, parameter values) when the validation loss improved
         on the best so far or the gate can judge (`can_judge`) and has judged no fit of the
-        solver's since the last held-out block arrived, None otherwise; a diverged epoch is
-        rolled back and counted in ``rollbacks`` (compare it before and after to tell). Once
-        the solver is done, an epoch of the structure challenger, and one epoch in
-        ``CHALLENGER_SHARE`` while both train (None, or the values of one adopted now: it
-        becomes the solver, and the gate has just passed them at the stricter test)."""
+        solver's since the last held-out block was completed, None otherwise; a diverged
+        epoch is rolled back and counted in ``rollbacks`` (compare it before and after to
+        tell). Once the solver is done, an epoch of the structure challenger, and one epoch
+        in ``CHALLENGER_SHARE`` while both train (None, or the values of one adopted now before
+        its end: it becomes the solver, and the gate has just passed them at the stricter
+        test)."""
         if self.trials.active and (self.trainer.done or self._solver_turns >= CHALLENGER_SHARE - 1):
             self._solver_turns = 0
             return self.trials.step(self)
@@ -352,8 +353,10 @@ class OnlineIdentification:
     @property
     def _new_evidence(self) -> bool:
         """The gate can judge, and has judged no fit of the solver's since a held-out block
-        (or more) arrived: an epoch is then a candidate whatever its loss."""
-        return self.can_judge and (self._looked_at < 0 or self.heldout_total >= self._looked_at + self.holdout_block)
+        was completed (held-out tuples counted in whole blocks): an epoch is then a
+        candidate whatever its loss."""
+        return self.can_judge and (self._looked_at < 0 or
+                                   self.heldout_total // self.holdout_block > self._looked_at // self.holdout_block)
 
     def rollback(self) -> None:
         """Back to the last healthy trainer state (or at least the best values)."""
@@ -389,19 +392,21 @@ class OnlineIdentification:
         convergence test see its values before they are published. It fitted the window it
         started with; it takes the window as it is now (its values kept). One adopted before
         its end trains on under the session's budget, and its next epoch is a candidate
-        (its loss on its own window does not compare with the window's). The window extends
-        the one it fitted: its windows and latents are kept and the new tuples join them
-        (`extend_data`); set anew, every window's latents were fitted again first (measured:
-        noisy_mocap seed 1, adopted at 30.7 s, had no epoch done by the end at 60 s)."""
+        (its loss on its own window does not compare with the window's). The window is
+        taken as an extension of the one it fitted (`extend_data`: its windows and latents
+        kept, the new tuples in its training data, in its windows once the data has grown
+        ``window_refresh`` times; set anew if the window slid since), not set anew, which
+        fitted every window's latents again first. Raises (the session unchanged) if the
+        challenger cannot take the window."""
         old = self.trainer
+        if not trainer.done and hasattr(trainer, "set_budget"):
+            trainer.set_budget(self.config.max_epochs, self.config.max_seconds)
         extend = getattr(trainer, "extend_data", None)
         (extend or trainer.set_data)(self.window_tuples())
         self.robot = getattr(trainer, "robot", self.robot)
         if old is not None and structure_key(getattr(old, "robot", self.robot)) != structure_key(self.robot):
             self.scores.keep(old)                # scores the model it fitted
         self.trainer = trainer
-        if not trainer.done and hasattr(trainer, "set_budget"):
-            trainer.set_budget(self.config.max_epochs, self.config.max_seconds)
         self.good_state = trainer.state_dict()
         self.best_loss = float(val_loss) if trainer.done else math.inf
         self._uncertainty_memo = None

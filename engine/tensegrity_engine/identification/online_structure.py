@@ -20,6 +20,9 @@ divergence, or ``FUTILE_LOOKS`` looks in a row with a held-out loss above the mo
 beat refuse it. Refused, failed or over its own budget, the option waits until
 twice the held-out tuples have been seen before it is tried again.
 
+An option adopted before its challenger's end is offered to the caller's gate at once
+(`OnlineIdentification.step` returns its values).
+
 Options of two kinds can be tried online:
 - *value* options add values the parameter message carries (end-heavy rods, slack-cable
   damping, a winch speed limit);
@@ -257,9 +260,10 @@ class StructureTrials:
         test *and* it beats, by the same test, the session's fit as it stands now (the
         option, not more solver time, must have earned it: the solver trains on beside it).
         Its end, a divergence, a failure or `FUTILE_LOOKS` trailing looks in a row refuse it.
-        Returns (metrics, values) of one adopted now, for the caller to publish at once
-        (waiting for the adopted trainer's next epoch on the grown window cost a run its
-        last seconds: noisy_mocap seed 0, adopted at 55.9 s of 60), else None."""
+        Returns (metrics, values) of one adopted before its end, for the caller to gate and
+        publish now (waiting for the adopted trainer's next epoch on the grown window cost a
+        run its last seconds: noisy_mocap seed 0, adopted at 55.9 s of 60), else None (one
+        adopted at its end is taken like the solver's end: `finished`, then `finish`)."""
         challenger, option = self.challenger, self.option
         interim = False
         try:
@@ -281,12 +285,16 @@ class StructureTrials:
             if self.trailing < FUTILE_LOOKS:
                 return None
             reason = f"futile: trailed at {self.trailing} looks in a row ({reason})"
+        if adopted:
+            try:
+                session.adopt(challenger, float(m["val_loss"]))
+            except Exception as exc:  # noqa: BLE001 - the session keeps its own trainer and structure
+                adopted, reason = False, f"failed to take the window ({exc})"
         session.log(f"structure: {option} {'adopted' if adopted else 'refused: ' + reason}"
                     + (f" after {self.challenger_epochs} epochs, before its end" if interim else ""))
         self._end(option, "adopted" if adopted else reason, session.heldout_total)
         if adopted:
-            session.adopt(challenger, float(m["val_loss"]))
-            return m, values
+            return (m, values) if interim else None
         self.maybe_start(session)
         return None
 
