@@ -401,8 +401,7 @@ class OnlineIdentification:
         old = self.trainer
         if not trainer.done and hasattr(trainer, "set_budget"):
             trainer.set_budget(self.config.max_epochs, self.config.max_seconds)
-        extend = getattr(trainer, "extend_data", None)
-        (extend or trainer.set_data)(self.window_tuples())
+        trainer.extend_data(self.window_tuples())
         self.robot = getattr(trainer, "robot", self.robot)
         if old is not None and structure_key(getattr(old, "robot", self.robot)) != structure_key(self.robot):
             self.scores.keep(old)                # scores the model it fitted
