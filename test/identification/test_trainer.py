@@ -620,7 +620,7 @@ def test_cli_compile_flag_reaches_the_trainer(tmp_path, monkeypatch):
     assert seen == [True, False, None]
 
 
-def test_window_latents_are_polished_per_window_and_trials_judged_on_the_better_latents(superball, data):
+def test_window_latents_are_polished_per_window_and_trials_judged_on_the_better_latents(superball, data, monkeypatch):
     """The windowed LM fits each window's latent velocities alone between joint steps
     (cached Jacobian blocks, a window keeps only a step that lowers its own residual), and
     judges a trial parameter step with, per window, the better of the joint step's latents
@@ -673,6 +673,21 @@ def test_window_latents_are_polished_per_window_and_trials_judged_on_the_better_
     assert info["rss"] <= out["loss"] * (1 + 1e-12)
     assert torch.equal(raw_vector(tr.params, tr.learn), here) and torch.equal(lm.window_vel, vel_here)
     assert torch.equal(lm.latent_jac, kept[0]) and torch.equal(lm.jac_age, kept[1]) and lm.lm_lambda == kept[2]
+    # the polish takes the solver's cached blocks (all computed this iteration): one latent
+    # Jacobian, at the polished latents; with every block due, the polish computes its own
+    from tensegrity_engine.identification.solvers import windows as W
+
+    rows, real = [], W.latent_jacobian
+    monkeypatch.setattr(W, "latent_jacobian", lambda residual, windows, *a: rows.append(len(windows))
+                        or real(residual, windows, *a))
+    assert lm.information_at(tr, here)["rss"] == pytest.approx(info["rss"], rel=1e-12)
+    assert rows == [len(lm.windows)]
+    rows.clear()
+    lm.jac_age[:] = tr.config.latent_jacobian_reuse
+    due = lm.information_at(tr, here)
+    assert rows == [len(lm.windows)] * 2
+    sigma = [torch.linalg.pinv(i["H"]).diagonal() * i["rss"] / i["dof"] for i in (info, due)]
+    assert torch.allclose(sigma[0], sigma[1], rtol=0.05)
 
 
 def test_learn_lists_follow_the_contact_law(superball, data):

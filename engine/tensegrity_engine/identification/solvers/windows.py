@@ -501,9 +501,10 @@ class WindowLevenbergMarquardt:
     def information_at(self, run, theta: torch.Tensor, refit: bool = False) -> Optional[dict]:
         """What the uncertainty needs at the raw values ``theta``, the latents eliminated
         (`reduced_information`), from fresh blocks: every window's latents polished at
-        ``theta`` (``refit``: fitted from scratch, `fit_start_velocities`, for latents that
-        are still the finite-difference estimates) and its latent block recomputed there (an
-        iteration's cached blocks may be ``latent_jacobian_reuse`` iterations old). The
+        ``theta`` (with `_polish_blocks`; ``refit``: fitted from scratch,
+        `fit_start_velocities`, for latents that are still the finite-difference estimates)
+        and its latent block recomputed there (an iteration's cached blocks may be
+        ``latent_jacobian_reuse`` iterations old). The
         solver's state (latents, cached blocks, damping) and the parameters are left as they
         were. None without windows, or where a residual or Jacobian is not finite."""
         if self.windows is None or self.window_vel is None:
@@ -520,8 +521,8 @@ class WindowLevenbergMarquardt:
                 r0 = residual(windows, vel)
             else:
                 r0 = residual(windows, vel)
-                fresh = latent_normal(latent_jacobian(residual, windows, vel, r0, self.latent_cols, N))
-                vel, r0 = self._polish_latents(run, theta, fresh, vel, r0)
+                vel, r0 = self._polish_latents(run, theta, latent_normal(self._polish_blocks(residual, vel, r0)),
+                                               vel, r0)
             B = latent_jacobian(residual, windows, vel, r0, self.latent_cols, N)
             A = self._param_jacobian(run, theta, windows, vel, r0, one_sided=True)
             if not bool(torch.isfinite(A).all() and torch.isfinite(B).all() and torch.isfinite(r0).all()):
@@ -529,6 +530,24 @@ class WindowLevenbergMarquardt:
             return {"theta": theta.clone(), **reduced_information(A, B, r0)}
         finally:
             set_raw_vector(run.params, run.learn, before)
+
+    def _polish_blocks(self, residual, vel: torch.Tensor, r0: torch.Tensor) -> torch.Tensor:
+        """Latent blocks good enough to polish with: the solver's cached ones where they are
+        younger than ``latent_jacobian_reuse`` iterations (its own steps use them so), fresh
+        ones for the rest. The block the information is taken from is then computed afresh
+        at the polished latents; before, the polish had its own fresh blocks too, and the two
+        latent Jacobians were two thirds of an estimate's rollouts."""
+        N = self.windows.shape[0]
+        reuse = max(1, int(self.config.latent_jacobian_reuse))
+        cached = (self.latent_jac is not None and self.jac_age is not None
+                  and self.latent_jac.shape[:2] == (N, r0.shape[-1]) and len(self.jac_age) == N)
+        if not cached:
+            return latent_jacobian(residual, self.windows, vel, r0, self.latent_cols, N)
+        B = self.latent_jac.clone()
+        due = (self.jac_age >= reuse).nonzero()[:, 0].to(r0.device)
+        if len(due):
+            B[due] = latent_jacobian(residual, self.windows[due], vel[due], r0[due], self.latent_cols, N)
+        return B
 
     def load(self, run, windows: Optional[torch.Tensor], window_vel: Optional[torch.Tensor],
              latent_jac: Optional[torch.Tensor] = None, jac_age: Optional[torch.Tensor] = None,
