@@ -599,6 +599,71 @@ def test_an_integrator_is_tried_online_and_each_model_is_scored_in_its_own_struc
     assert r.best_values["cable_stiffness"][0] == pytest.approx(3000.0)
 
 
+class _WindowedStepTrainer(_StepTrainer):
+    """`_StepTrainer` on pose-only data (windows a structure can be screened on), training
+    for 60 epochs."""
+    latent = True
+
+    def __init__(self, robot, config, initial=None):
+        super().__init__(robot, config, initial)
+        self.script = [1.0] * 60
+
+
+def test_a_structure_option_is_screened_before_its_challenger_and_a_value_option_is_not(three_bar, monkeypatch):
+    """On pose-only data a structure option gets a challenger only once the solver's windows
+    exist, the solver has stopped moving (its own next step gains under `SCREEN_MIN_GAIN`;
+    while it moves, screened again after `SCREEN_WAIT` epochs, then twice that) and one
+    Gauss-Newton step predicts the option `SCREEN_MIN_GAIN` better there; one screened out is
+    refused (tried again on twice the held-out data) and the next option is taken. A value
+    option is fitted unscreened; a screen that fails lets its challenger run."""
+    import tensegrity_engine.identification.online_structure as structure
+    from tensegrity_engine.identification.structure_screening import Screen
+
+    screened, looks = [], {"implicitfast": None}
+
+    def screen(solver, make_challenger):
+        integrator = make_challenger().robot.integrator
+        screened.append(integrator)
+        look = looks[integrator]
+        if isinstance(look, Exception):
+            raise look
+        return look
+
+    monkeypatch.setattr(structure, "screen_structure", screen)
+    made, session = _structure_sessions(three_bar, _WindowedStepTrainer, ("implicitfast", "rk4", "winch_speed"))
+    s = session()
+    s.add(_batch(three_bar, 0, 91))
+    s.step()
+    assert s.can_judge and screened == ["implicitfast"] and not s.trials.active      # no windows yet
+    looks["implicitfast"] = Screen(1.0, 0.9)                                       # the solver still moves
+    for _ in range(1 + structure.SCREEN_WAIT):
+        s.step()
+    assert screened == ["implicitfast"] * 3 and not s.trials.active                 # next epoch, then after the wait
+    looks.update(implicitfast=Screen(1.0, 0.99, 1.0 - 0.5 * structure.SCREEN_MIN_GAIN), rk4=Screen(1.0, 0.99, 0.5))
+    screened.clear()
+    for _ in range(2 * structure.SCREEN_WAIT):
+        s.step()
+        if s.trials.active:
+            break
+    assert screened == ["implicitfast", "rk4"]                                      # twice as long a wait
+    assert s.epochs == 2 + 3 * structure.SCREEN_WAIT
+    assert s.trials.log[0][0] == "implicitfast" and s.trials.log[0][1].startswith("screened out")
+    assert s.trials.option == "rk4" and made[-1].robot.integrator == "rk4"
+    assert s.trials.next_option(s.heldout_total, s.robot, s.floor) == "winch_speed"   # not implicitfast
+    assert s.trials.next_option(2 * s.heldout_total, s.robot, s.floor) == "implicitfast"
+    # a value option is not screened; a failed screen runs the challenger
+    s.trials.reset()
+    s.trials.options = ("winch_speed",)
+    screened.clear()
+    s.trials.maybe_start(s)
+    assert screened == [] and s.trials.option == "winch_speed"
+    s.trials.reset()
+    s.trials.options = ("implicitfast",)
+    looks["implicitfast"] = RuntimeError("broken")
+    s.trials.maybe_start(s)
+    assert s.trials.option == "implicitfast"
+
+
 def test_a_contact_dimensionality_is_tried_only_on_the_floor_under_the_soft_law(three_bar):
     import dataclasses
 
