@@ -45,7 +45,6 @@ from typing import Optional, Sequence
 import numpy as np
 
 from tensegrity_engine.identification.config import IdentificationConfig
-from tensegrity_engine.identification.structure_screening import SCREEN_MIN_GAIN, Screen, screen_structure
 from tensegrity_engine.physics.config import MODEL_INTEGRATORS, RobotConfig
 from tensegrity_engine.physics.params import PhysicalParameters
 
@@ -97,10 +96,6 @@ CHALLENGER_SHARE = 2
 # share for its whole budget. A refused option is tried again on twice the held-out data.
 FUTILE_LOOKS = 3
 _NOT_BETTER = "no better than the base fit"     # `_verdict`'s prefix when the base fit wins
-# A structure screened while the solver was still moving (`structure_screening.Screen`) is
-# screened again after this many of its epochs, twice as many after each such wait: a
-# screen costs an uncertainty estimate's rollouts, and an epoch on the floor about a third.
-SCREEN_WAIT = 5
 
 
 def _trails(reason: str) -> bool:
@@ -192,8 +187,6 @@ class StructureTrials:
         self.challenger_epochs = 0             # epochs the running challenger has trained
         self.trailing = 0                      # its looks in a row with a held-out loss above the base's
         self.log: list[tuple[str, str]] = []   # (option, verdict) in the order they were judged
-        self.screen_after = 0                  # session epoch from which a structure is screened (again)
-        self.screen_wait = SCREEN_WAIT         # epochs the next wait for a moving solver lasts
 
     @property
     def active(self) -> bool:
@@ -241,70 +234,25 @@ class StructureTrials:
         main = session.trainer
         if self.active or main is None or not session.can_judge:
             return
-        while True:
-            option = self.next_option(session.heldout_total, session.robot, session.floor)
-            values = main.parameters.as_dict() if option is not None else {}
-            if option is None or not healthy_values(values):
-                return
-            robot, cfg = self._challenger_setup(session, option)
-            if ONLINE_OPTIONS[option].learn or not getattr(main, "latent", False):
-                break                          # a value option, or no windows to screen on
-            screened = self._screen(session, option, robot, cfg)
-            if screened is None:
-                return                         # the solver's windows are not drawn yet
-            if screened:
-                break
+        option = self.next_option(session.heldout_total, session.robot, session.floor)
+        values = main.parameters.as_dict() if option is not None else {}
+        if option is None or not healthy_values(values):
+            return
+        config = session.config
+        robot = structure_robot(session.robot, (option,))
+        # the challenger steps with its robot's integrator once that is not the config's (the
+        # config's fine_integrator would override it), else as the session's solver does
+        own_step = ONLINE_OPTIONS[option].integrator or robot.integrator != session.config_robot.integrator
+        cfg = dataclasses.replace(config, learn=self.learn_with(main.learn, (option,)), init="given",
+                                  fine_integrator=None if own_step else config.fine_integrator,
+                                  max_epochs=min(config.max_epochs, CHALLENGER_MAX_EPOCHS),
+                                  max_seconds=min(config.max_seconds or math.inf, CHALLENGER_MAX_SECONDS))
         start = PhysicalParameters(robot)
         trainer = session.trainer_factory(robot, cfg, session.device, start, session.log)
         trainer.set_data(session.window_tuples())
         self.challenger, self.option, self.base_values = trainer, option, values
         self.challenger_epochs = self.trailing = 0
         session.log(f"structure: fitting {option} on top of {'+'.join(self.adopted) or 'the base'}")
-
-    def _challenger_setup(self, session, option: str):
-        """(robot, config) of a challenger for ``option``: the challenger steps with its
-        robot's integrator once that is not the config's (the config's fine_integrator would
-        override it), else as the session's solver does."""
-        config = session.config
-        robot = structure_robot(session.robot, (option,))
-        own_step = ONLINE_OPTIONS[option].integrator or robot.integrator != session.config_robot.integrator
-        cfg = dataclasses.replace(config, learn=self.learn_with(session.trainer.learn, (option,)), init="given",
-                                  fine_integrator=None if own_step else config.fine_integrator,
-                                  max_epochs=min(config.max_epochs, CHALLENGER_MAX_EPOCHS),
-                                  max_seconds=min(config.max_seconds or math.inf, CHALLENGER_MAX_SECONDS))
-        return robot, cfg
-
-    def _screen(self, session, option: str, robot: RobotConfig, cfg) -> Optional[bool]:
-        """`structure_screening`: True (fit a challenger), False (refused now, tried again
-        on twice the held-out data) or None (the solver has no windows yet, or is still
-        moving: screened again after `SCREEN_WAIT` of its epochs, twice that after each
-        wait, or at its end). A screen that fails says so and lets the challenger run."""
-        if not session.trainer.done and session.epochs < self.screen_after:
-            return None
-        try:
-            screen = screen_structure(session.trainer,
-                                      lambda: session.trainer_factory(robot, cfg, session.device, None, lambda m: None))
-        except FloatingPointError as exc:
-            screen = Screen(1.0, 1.0, math.inf)      # refused below: not finite where it was screened
-            session.log(f"structure: {option}: {exc}")
-        except Exception as exc:  # noqa: BLE001 - an unscreened challenger is what ran before
-            session.log(f"structure: {option} not screened ({exc!r}); fitting it")
-            return True
-        if screen is None:                     # no windows yet: a cheap check, again next epoch
-            return None
-        if screen.option_ahead is None:
-            self.screen_after = session.epochs + self.screen_wait
-            self.screen_wait *= 2
-            return None
-        self.screen_wait = SCREEN_WAIT
-        if screen.gain >= SCREEN_MIN_GAIN:
-            session.log(f"structure: {option} screened in: one Gauss-Newton step predicts {100 * screen.gain:.1f} % "
-                        f"lower on the solver's windows")
-            return True
-        reason = f"screened out (one Gauss-Newton step predicts {100 * screen.gain:+.1f} % on the solver's windows)"
-        session.log(f"structure: {option} refused: {reason}")
-        self._end(option, reason, session.heldout_total)
-        return False
 
     def step(self, session) -> Optional[tuple[dict, dict]]:
         """One epoch of the challenger; at its end, and every `JUDGE_EVERY` of its epochs,

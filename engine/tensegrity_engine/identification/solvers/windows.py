@@ -549,15 +549,6 @@ class WindowLevenbergMarquardt:
             B[due] = latent_jacobian(residual, self.windows[due], vel[due], r0[due], self.latent_cols, N)
         return B
 
-    def take_windows(self, run, windows: torch.Tensor, window_vel: torch.Tensor) -> None:
-        """Another solver's windows and latents, on the same training data (a structure
-        screened on the solver's windows: `structure_screening`); no cached blocks."""
-        self.windows, self.window_vel = windows.clone(), window_vel.clone()
-        self.latent_jac = self.jac_age = None
-        self.stale = False
-        self.drawn_from = len(run.train)
-        self._set_latent_cols(run)
-
     def load(self, run, windows: Optional[torch.Tensor], window_vel: Optional[torch.Tensor],
              latent_jac: Optional[torch.Tensor] = None, jac_age: Optional[torch.Tensor] = None,
              drawn_from: Optional[int] = None) -> None:
