@@ -686,8 +686,36 @@ def test_window_latents_are_polished_per_window_and_trials_judged_on_the_better_
     lm.jac_age[:] = tr.config.latent_jacobian_reuse
     due = lm.information_at(tr, here)
     assert rows == [len(lm.windows)] * 2
-    sigma = [torch.linalg.pinv(i["H"]).diagonal() * i["rss"] / i["dof"] for i in (info, due)]
-    assert torch.allclose(sigma[0], sigma[1], rtol=0.05)
+    sigma = [(torch.linalg.pinv(i["H"]).diagonal() * i["rss"] / i["dof"]).sqrt() for i in (info, due)]
+    torch.testing.assert_close(sigma[0], sigma[1], rtol=0.05, atol=0.0)
+
+
+def test_latent_blocks_kept_when_windows_are_added_are_rescaled_to_the_new_count(superball, data):
+    """Window residuals weigh 1 / sqrt(number of windows): when new data adds windows, the
+    latent blocks kept for the old ones equal blocks computed afresh over the new count."""
+    from tensegrity_engine.identification.solvers import windows as W
+    from tensegrity_engine.identification.solvers.levenberg_marquardt import raw_vector
+
+    po = [t.without_velocity() for t in data["train"]]
+    tr = idf.ProgressiveTrainer(superball, idf.IdentificationConfig(
+        period=PERIOD, seed=3, init="given", schedule="fine_only", lm_windows=1000, window_refresh=0,
+        learn=("cable_stiffness", "cable_damping")))
+    tr.set_data(po[:1])
+    lm = tr.window_lm
+    lm.setup(tr, chain=False)
+    theta = raw_vector(tr.params, tr.learn)
+    residual = lambda w, v: lm._residual(tr, theta, w, v)                 # noqa: E731
+    lm._latent_blocks(tr, theta, residual(lm.windows, lm.window_vel))
+    old = lm.windows.shape[0]
+    tr.extend_data(po)
+    lm.setup(tr, chain=False)
+    kept = (lm.jac_age < tr.config.latent_jacobian_reuse).nonzero()[:, 0]
+    assert len(kept) == old and lm.windows.shape[0] >= 2 * old
+    r0 = residual(lm.windows, lm.window_vel)
+    fresh = W.latent_jacobian(residual, lm.windows[kept], lm.window_vel[kept], r0[kept], lm.latent_cols,
+                              lm.windows.shape[0])
+    scale = float(fresh.abs().max())
+    torch.testing.assert_close(lm.latent_jac[kept], fresh, rtol=1e-6, atol=1e-9 * scale)
 
 
 def test_learn_lists_follow_the_contact_law(superball, data):

@@ -306,8 +306,11 @@ class WindowLevenbergMarquardt:
                 fresh[new_idx] = False
                 vel[new_idx] = self.window_vel[old_idx]
                 if self.latent_jac is not None:
+                    # residuals weigh 1 / sqrt(number of windows): a block kept from the old
+                    # windows is rescaled to the new count (unscaled, the joint steps and the
+                    # polish after a redraw used it sqrt(old / new) too large, until recomputed)
                     jac = self.latent_jac.new_zeros((len(pool),) + self.latent_jac.shape[1:])
-                    jac[new_idx] = self.latent_jac[old_idx]
+                    jac[new_idx] = self.latent_jac[old_idx] * math.sqrt(self.windows.shape[0] / len(pool))
                     age[new_idx.cpu()] = self.jac_age[old_idx.cpu()]
         if chain:
             vel = self._chained(run, windows, vel, fresh)
