@@ -395,7 +395,7 @@ class WindowLevenbergMarquardt:
         computed, so the cost is spread evenly over iterations."""
         N = self.windows.shape[0]
         reuse = max(1, int(self.config.latent_jacobian_reuse))
-        if self.latent_jac is None or self.latent_jac.shape[:2] != (N, r0.shape[-1]):
+        if not self._blocks_cached(N, r0.shape[-1]):
             self.latent_jac = r0.new_zeros((N, r0.shape[-1], len(self.latent_cols)))
             self.jac_age = torch.full((N,), reuse, dtype=torch.long)
         stale = self.jac_age >= reuse
@@ -534,6 +534,12 @@ class WindowLevenbergMarquardt:
         finally:
             set_raw_vector(run.params, run.learn, before)
 
+    def _blocks_cached(self, windows: int, rows: int) -> bool:
+        """The cached latent blocks (and their ages) are those of ``windows`` windows of
+        ``rows`` residual rows."""
+        return (self.latent_jac is not None and self.jac_age is not None
+                and self.latent_jac.shape[:2] == (windows, rows) and len(self.jac_age) == windows)
+
     def _polish_blocks(self, residual, vel: torch.Tensor, r0: torch.Tensor) -> torch.Tensor:
         """Latent blocks good enough to polish with: the solver's cached ones where they are
         younger than ``latent_jacobian_reuse`` iterations (its own steps use them so), fresh
@@ -542,9 +548,7 @@ class WindowLevenbergMarquardt:
         latent Jacobians were two thirds of an estimate's rollouts."""
         N = self.windows.shape[0]
         reuse = max(1, int(self.config.latent_jacobian_reuse))
-        cached = (self.latent_jac is not None and self.jac_age is not None
-                  and self.latent_jac.shape[:2] == (N, r0.shape[-1]) and len(self.jac_age) == N)
-        if not cached:
+        if not self._blocks_cached(N, r0.shape[-1]):
             return latent_jacobian(residual, self.windows, vel, r0, self.latent_cols, N)
         B = self.latent_jac.clone()
         due = (self.jac_age >= reuse).nonzero()[:, 0].to(r0.device)
