@@ -385,7 +385,28 @@ def test_float32_agrees_like_torch_float32(superball, integrator):
         assert native_err < max(3 * torch_err, 1e-6) and native_err < 1e-3, (name, native_err, torch_err)
 
 
+def test_a_batch_tail_runs_in_narrow_chunks_that_keep_threads_busy():
+    """The kernel splits a batch into rounds of one wide chunk per thread, then runs the
+    rest as narrow chunks when one per thread covers it (MPPI's 40 samples on 2 threads:
+    2 + 2 wide, then 1 + 1 narrow, not 3 + 2 wide)."""
+    lanes = native.LANES[torch.float32]
+    half = lanes // 2
+    assert native.chunk_schedule(5 * lanes, 2) == {"threads": 2, "wide": 4, "narrow": 2, "narrow_start": 4 * lanes}
+    assert native.chunk_schedule(5 * lanes, 1) == {"threads": 1, "wide": 5, "narrow": 0, "narrow_start": 5 * lanes}
+    assert native.chunk_schedule(2 * lanes + 1, 1) == {"threads": 1, "wide": 2, "narrow": 1,
+                                                       "narrow_start": 2 * lanes}
+    # A rest that would need two narrow chunks on one thread stays wide.
+    assert native.chunk_schedule(2 * lanes + half + 1, 1)["narrow"] == 0
+    assert native.chunk_schedule(2 * lanes + half + 1, 1)["wide"] == 3
+    # More threads than chunks: one thread per chunk; a single sample is one narrow chunk.
+    assert native.chunk_schedule(lanes, 4) == {"threads": 1, "wide": 1, "narrow": 0, "narrow_start": lanes}
+    assert native.chunk_schedule(1, 2) == {"threads": 1, "wide": 0, "narrow": 1, "narrow_start": 0}
+
+
 def test_two_threads_give_the_same_result(superball):
+    """The same samples in wide and narrow chunks (the 2-thread run puts the last 5 in
+    narrow ones, the 1-thread run in a wide one; alone, a sample is a narrow chunk) give
+    bitwise the same steps."""
     robot = superball
     engine = TensegrityEngine(robot)
     rest, act0 = environments.rest_pose(robot)
@@ -396,6 +417,8 @@ def test_two_threads_give_the_same_result(superball):
     commands = torch.tensor(rng.uniform(robot.command_low, robot.command_high, (B, 60, robot.num_actuated)))
     act = torch.tensor(act0).expand(B, -1)
     runner = native.NativeRollout(engine)
+    assert native.chunk_schedule(B, 1, torch.float64)["narrow"] == 0
+    assert native.chunk_schedule(B, 2, torch.float64)["narrow"] == 2
     one = runner.rollout(state, act, commands, 1e-3, threads=1)
     two = runner.rollout(state, act, commands, 1e-3, threads=2)
     assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
