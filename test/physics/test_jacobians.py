@@ -12,7 +12,7 @@ from tensegrity_engine.groundtruth import environments
 from tensegrity_engine.physics.config import load_robot
 from tensegrity_engine.physics.engine import TensegrityEngine
 from tensegrity_engine.physics import jacobians
-from tensegrity_engine.physics.jacobians import force_jacobians, own_cable_damping_blocks
+from tensegrity_engine.physics.jacobians import force_jacobians, implicit_system, own_cable_damping_blocks
 
 from robot_builders import two_rod_robot
 
@@ -106,7 +106,27 @@ def _check_batch(engine, states, act, p, out):
         assert torch.allclose(K[b], K_ref, rtol=1e-10, atol=1e-9 * K_ref.abs().max())
         assert torch.allclose(D[b], D_ref, rtol=1e-10, atol=1e-9 * D_ref.abs().max())
     assert torch.allclose(K, K.transpose(-1, -2), atol=1e-9 * K.abs().max())
+    _check_implicit_system(engine, states, out, p, K, D)
     return K, D
+
+
+def _check_implicit_system(engine, states, out, p, K, D, h=1e-3):
+    """The implicit step's system, assembled without K and D, is h D + h^2 K and K xi; with
+    a rod fixed, its rows and columns are zero and the rest is unchanged."""
+    g = torch.Generator().manual_seed(7)
+    xi = torch.randn(*states.shape[:-2], K.shape[-1], generator=g, dtype=torch.float64)
+    A_ref = h * D + h * h * K
+    A, Kxi = implicit_system(engine.topology, states, out, p, h, xi)
+    assert torch.allclose(A, A_ref, rtol=1e-10, atol=1e-12 * A_ref.abs().max())
+    Kxi_ref = (K @ xi.unsqueeze(-1)).squeeze(-1)
+    assert torch.allclose(Kxi, Kxi_ref, rtol=1e-10, atol=1e-12 * Kxi_ref.abs().max())
+    free6 = torch.ones(K.shape[-1], dtype=torch.float64)
+    free6[6:12] = 0.0                                                   # rod 1 fixed
+    A_fixed, Kxi_fixed = implicit_system(engine.topology, states, out, p, h, xi, free6)
+    mask = free6[:, None] * free6[None, :]
+    assert A_ref[..., 6:12, :].abs().max() > 0                          # there was something to drop
+    assert torch.allclose(A_fixed, A_ref * mask, rtol=1e-10, atol=1e-12 * A_ref.abs().max())
+    assert torch.equal(Kxi_fixed, Kxi)
 
 
 def test_jacobians_are_the_pairwise_sum_with_floor_contacts_and_slack_cables():

@@ -54,7 +54,7 @@ import torch
 
 from tensegrity_engine.physics.actuators import CableActuators
 from tensegrity_engine.physics.forces import ForceModel
-from tensegrity_engine.physics.jacobians import skew, force_jacobians, own_cable_damping_blocks
+from tensegrity_engine.physics.jacobians import skew, implicit_system, own_cable_damping_blocks
 from tensegrity_engine.physics.rigid_body import RigidRods
 from tensegrity_engine.physics.soft_pairs import SoftContacts
 from tensegrity_engine.physics.stability import explicit_step_limit
@@ -109,22 +109,21 @@ class LinearizedBackwardEuler:
         out = self.forces(S, rest, p, wrench, keep=True)
         if self.soft is not None:
             add_soft_contact(self.soft, self.rods, S, out, p, h)
-        Kmat, Dmat = force_jacobians(topology, state, out, p)
         w = state[..., ANG_VEL]
+        xi = torch.cat([state[..., LIN_VEL], w], -1).flatten(-2)
+        # Fixed rods: no rows or columns in h D + h^2 K, zero right-hand side, so their block
+        # of A is their mass block alone and their velocity change is zero.
+        free6 = k["free"].repeat_interleave(6) if topology.fixed_rods else None
+        A, Kxi = implicit_system(topology, state, out, p, h, xi, free6)
         I_world, gyro = self.rods.world_inertia(S, out)
         Q = torch.cat([out["force"], out["torque"] - gyro], -2).transpose(-1, -2)   # [..., R, 6]
-        A = torch.add(h * Dmat, Kmat, alpha=h * h)
         batch = A.shape[:-2]
         M_blocks = self.rods.mass_matrix(S, out, I_world).expand(*batch, R, 6, 6)
         # The rods' mass blocks go on A's block diagonal in place (a fresh tensor), not as a
         # block-diagonal matrix of mostly zeros: A's size is what a step's ops cost here.
         A.view(*batch, R, 6, R, 6).diagonal(dim1=-4, dim2=-2).add_(M_blocks.permute(*range(len(batch)), -2, -1, -3))
-        xi = torch.cat([state[..., LIN_VEL], w], -1).flatten(-2)
-        rhs = h * (Q.flatten(-2) - h * (Kmat @ xi.unsqueeze(-1)).squeeze(-1))
-        if topology.fixed_rods:
-            # Fixed rods: identity rows/columns, zero right-hand side.
-            free6 = k["free"].repeat_interleave(6)
-            A = A * free6[:, None] * free6[None, :] + torch.diag(1.0 - free6)
+        rhs = h * (Q.flatten(-2) - h * Kxi)
+        if free6 is not None:
             rhs = rhs * free6
         delta = torch.linalg.solve(A, rhs.unsqueeze(-1)).squeeze(-1)
         xi_new = (xi + delta).unflatten(-1, (R, 6)).transpose(-1, -2)               # [..., 6, R]

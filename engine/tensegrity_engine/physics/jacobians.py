@@ -83,28 +83,18 @@ def _isotropic(weight: torch.Tensor, M: torch.Tensor, Q: torch.Tensor) -> torch.
     return blocks.transpose(-3, -2).reshape(*blocks.shape[:-4], 6 * R, 6 * R)
 
 
-def _rank_one(weight: torch.Tensor, R: int, rod_b: torch.Tensor, j_b: torch.Tensor,
-              rod_a: Optional[torch.Tensor] = None, j_a: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """sum_p weight_p s_p s_p^T [..., 6R, 6R], s_p = j_b E_b - j_a E_a, from each end's
-    generalised force of a unit force along the pair's direction (j [..., P, 6])."""
-    s = _by_rod(R, rod_b, j_b, rod_a, j_a).flatten(-2)                  # [..., P, 6R]
-    return (s * weight.unsqueeze(-1)).transpose(-1, -2) @ s
-
-
 def _plucker(r: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """j = G^T u = (u, r x u) [..., P, 6]: the generalised force of a unit force along u at
     lever r."""
     return torch.cat([u, torch.linalg.cross(r, u, dim=-1)], -1)
 
 
-def force_jacobians(topology: Topology, state: torch.Tensor, out: dict, p: dict):
-    """Linearisation (K, D) of cable and contact forces for the implicit integrator.
-
-    ``state`` is rod-major [..., R, 13]; ``out`` is a `ForceModel` result computed with
-    ``keep=True`` (its intermediates are reused, not recomputed). Every pair's force Jacobian
-    is a rank-one term along its direction plus an isotropic one, assembled over all pairs
-    by a few matmuls (`_rank_one`, `_isotropic`).
-    """
+def _pair_terms(topology: Topology, state: torch.Tensor, out: dict, p: dict):
+    """The cables' and contacts' Jacobian terms: rank-one ``(s [..., P, 6R], wK, wD)``
+    (K += s^T diag(wK) s, D likewise; s_p = j_b E_b - j_a E_a, each end's generalised force
+    of a unit force along the pair's direction), isotropic ``(ends, wK, wD)`` with ends
+    ``(rod_b, r_b, rod_a, r_a)`` (`_isotropic`; rod_a None: the ground), and D's diagonal
+    [..., 6R] (rolling and torsional friction) or None; a weight None adds nothing."""
     k = topology.constants(state.dtype, state.device)
     R = topology.num_rods
     dtype = state.dtype
@@ -119,9 +109,10 @@ def force_jacobians(topology: Topology, state: torch.Tensor, out: dict, p: dict)
     c, s = p["cable_damping"], p["cable_slack_damping"]
     # A cable's stiffness is K u u^T while taut plus its geometric term (T / l)(I - u u^T).
     geometric = tension / length
-    Kmat = (_rank_one(taut * p["cable_stiffness"] - geometric, R, rod_b, j_b, rod_a, j_a)
-            + _isotropic(geometric, *_signed_levers(R, rod_b, lever_b, rod_a, lever_a)))
-    Dmat = _rank_one(taut * (1.0 - s) * c + s * c, R, rod_b, j_b, rod_a, j_a)
+    rank = [(_by_rod(R, rod_b, j_b, rod_a, j_a).flatten(-2), taut * p["cable_stiffness"] - geometric,
+             taut * (1.0 - s) * c + s * c)]
+    iso = [((rod_b, lever_b, rod_a, lever_a), geometric, None)]
+    diagonal = None
     kc, cc, mu = p["contact_stiffness"], p["contact_damping"], p["friction_sliding"]
     if "ground" in out:
         X, active, normal, speed, load, spin, roll = out["ground"]
@@ -133,13 +124,11 @@ def force_jacobians(topology: Topology, state: torch.Tensor, out: dict, p: dict)
         act = active.to(dtype)
         # Sliding friction damps the tangential plane: mu N / |v_t| (I - ez ez^T).
         sliding = mu * normal / speed
-        Kmat = Kmat + _rank_one(act * kc, R, node_rod, j_c)
-        Dmat = (Dmat + _rank_one(act * cc - sliding, R, node_rod, j_c)
-                + _isotropic(sliding, *_signed_levers(R, node_rod, r_c)))
+        rank.append((_by_rod(R, node_rod, j_c).flatten(-2), act * kc, act * cc - sliding))
+        iso.append(((node_rod, r_c, None, None), None, sliding))
         roll_d = (p["friction_rolling"] * load / roll).unsqueeze(-1)
-        rot_damp = torch.cat([torch.zeros_like(roll_d).expand(*roll_d.shape[:-1], 3), roll_d, roll_d,
-                              (p["friction_torsional"] * load / spin).unsqueeze(-1)], -1)       # [..., R, 6]
-        Dmat = Dmat + torch.diag_embed(rot_damp.flatten(-2))
+        diagonal = torch.cat([torch.zeros_like(roll_d).expand(*roll_d.shape[:-1], 3), roll_d, roll_d,
+                              (p["friction_torsional"] * load / spin).unsqueeze(-1)], -1).flatten(-2)
     if "pairs" in out:
         ra, rb, n, active_p, normal_p, speed_p = out["pairs"]
         ra, rb, n = T(ra), T(rb), T(n)
@@ -147,10 +136,84 @@ def force_jacobians(topology: Topology, state: torch.Tensor, out: dict, p: dict)
         jp_a, jp_b = _plucker(ra, n), _plucker(rb, n)
         act = active_p.to(dtype)
         sliding = mu * normal_p / speed_p
-        Kmat = Kmat + _rank_one(act * kc, R, pb, jp_b, pa, jp_a)
-        Dmat = (Dmat + _rank_one(act * cc - sliding, R, pb, jp_b, pa, jp_a)
-                + _isotropic(sliding, *_signed_levers(R, pb, rb, pa, ra)))
+        rank.append((_by_rod(R, pb, jp_b, pa, jp_a).flatten(-2), act * kc, act * cc - sliding))
+        iso.append(((pb, rb, pa, ra), None, sliding))
+    return rank, iso, diagonal
+
+
+def _rank_sum(s: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """sum_p weight_p s_p s_p^T [..., 6R, 6R] (s [..., P, 6R])."""
+    return (s * weight.unsqueeze(-1)).transpose(-1, -2) @ s
+
+
+def _summed(parts):
+    parts = [x for x in parts if x is not None]
+    total = parts[0]
+    for x in parts[1:]:
+        total = total + x
+    return total
+
+
+def force_jacobians(topology: Topology, state: torch.Tensor, out: dict, p: dict):
+    """Linearisation (K, D) of cable and contact forces for the implicit integrator.
+
+    ``state`` is rod-major [..., R, 13]; ``out`` is a `ForceModel` result computed with
+    ``keep=True`` (its intermediates are reused, not recomputed). Every pair's force Jacobian
+    is a rank-one term along its direction plus an isotropic one, assembled over all pairs
+    by a few matmuls (`_rank_sum`, `_isotropic`). The implicit step assembles h D + h^2 K
+    at once instead (`implicit_system`).
+    """
+    rank, iso, diagonal = _pair_terms(topology, state, out, p)
+    R = topology.num_rods
+    Kmat = _summed([_rank_sum(s, wK) for s, wK, _ in rank]
+                   + [_isotropic(wK, *_signed_levers(R, *ends)) for ends, wK, _ in iso if wK is not None])
+    Dmat = _summed([_rank_sum(s, wD) for s, _, wD in rank]
+                   + [_isotropic(wD, *_signed_levers(R, *ends)) for ends, _, wD in iso if wD is not None]
+                   + [None if diagonal is None else torch.diag_embed(diagonal)])
     return Kmat, Dmat
+
+
+def _isotropic_times(weight: torch.Tensor, R: int, rod_b: torch.Tensor, r_b: torch.Tensor,
+                     rod_a: Optional[torch.Tensor], r_a: Optional[torch.Tensor], xi: torch.Tensor) -> torch.Tensor:
+    """`_isotropic`'s matrix times xi [..., 6R] without forming it: each pair's relative
+    point velocity S_p xi = (v_b + w_b x r_b) - (v_a + w_a x r_a), weighted, mapped back by
+    S_p^T (the force y and the torque r x y at each end)."""
+    motion = xi.unflatten(-1, (R, 6))
+    v, w = motion[..., :3], motion[..., 3:]
+    ends = [(1.0, rod_b, r_b)] + ([] if rod_a is None else [(-1.0, rod_a, r_a)])
+    rel = _summed([sign * (v.index_select(-2, rod) + torch.linalg.cross(w.index_select(-2, rod), r, dim=-1))
+                   for sign, rod, r in ends])
+    y = weight.unsqueeze(-1) * rel                                       # [..., P, 3]
+    jy = [(sign * torch.cat([y, torch.linalg.cross(r, y, dim=-1)], -1)) for sign, rod, r in ends]
+    eye = torch.eye(R, dtype=xi.dtype, device=xi.device)
+    return _summed([eye[rod].transpose(-1, -2) @ j for (_, rod, _), j in zip(ends, jy)]).flatten(-2)
+
+
+def implicit_system(topology: Topology, state: torch.Tensor, out: dict, p: dict, h: float,
+                    xi: torch.Tensor, free6: Optional[torch.Tensor] = None):
+    """(h D + h^2 K, K xi) for the linearised backward Euler step, without forming K and D:
+    each rank-one term enters once with the weight h wD + h^2 wK, and K xi is taken pair by
+    pair. ``free6`` [6R] (fixed rods: 0) zeroes the fixed rods' rows and columns, so that
+    with the rods' mass blocks added the system decouples them (a zero right-hand side
+    there keeps them still) without masking the whole matrix."""
+    rank, iso, diagonal = _pair_terms(topology, state, out, p)
+    R, hh = topology.num_rods, h * h
+    parts, kxi = [], []
+    for s, wK, wD in rank:
+        kxi.append((s.transpose(-1, -2) @ (wK.unsqueeze(-1) * (s @ xi.unsqueeze(-1)))).squeeze(-1))
+        parts.append(_rank_sum(s if free6 is None else s * free6, torch.add(h * wD, wK, alpha=hh)))
+    for ends, wK, wD in iso:
+        M, Q = _signed_levers(R, *ends)
+        if free6 is not None:
+            free = free6[::6]
+            M, Q = M * free, Q * free.repeat_interleave(3)
+        parts.append(_isotropic(hh * wK if wD is None else (h * wD if wK is None else torch.add(h * wD, wK, alpha=hh)),
+                                M, Q))
+        if wK is not None:
+            kxi.append(_isotropic_times(wK, R, *ends, xi))
+    if diagonal is not None:
+        parts.append(torch.diag_embed(h * (diagonal if free6 is None else diagonal * free6)))
+    return _summed(parts), _summed(kxi)
 
 
 def own_cable_damping_blocks(topology: Topology, S: torch.Tensor, out: dict, p: dict) -> torch.Tensor:
