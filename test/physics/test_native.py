@@ -396,34 +396,53 @@ def test_a_batch_tail_runs_in_narrow_chunks_that_keep_threads_busy():
     assert native.chunk_schedule(2 * lanes + 1, 1) == {"threads": 1, "wide": 2, "narrow": 1,
                                                        "narrow_start": 2 * lanes}
     # A rest that would need two narrow chunks on one thread stays wide.
-    assert native.chunk_schedule(2 * lanes + half + 1, 1)["narrow"] == 0
-    assert native.chunk_schedule(2 * lanes + half + 1, 1)["wide"] == 3
-    # More threads than chunks: one thread per chunk; a single sample is one narrow chunk.
-    assert native.chunk_schedule(lanes, 4) == {"threads": 1, "wide": 1, "narrow": 0, "narrow_start": lanes}
+    assert native.chunk_schedule(2 * lanes + half + 1, 1) == {"threads": 1, "wide": 3, "narrow": 0,
+                                                              "narrow_start": 2 * lanes + half + 1}
+    # One wide chunk's samples on 2 or more threads: a narrow chunk each, on 2 threads.
+    assert native.chunk_schedule(lanes, 4) == {"threads": 2, "wide": 0, "narrow": 2, "narrow_start": 0}
     assert native.chunk_schedule(1, 2) == {"threads": 1, "wide": 0, "narrow": 1, "narrow_start": 0}
+    # Every sample in exactly one chunk, never more threads than chunks or narrow chunks.
+    for threads in range(1, 6):
+        for batch in range(1, 81):
+            plan = native.chunk_schedule(batch, threads)
+            covered = [s for c in range(plan["wide"]) for s in range(c * lanes, (c + 1) * lanes)]
+            covered += [plan["narrow_start"] + s for s in range(plan["narrow"] * half)]
+            assert sorted(s for s in covered if s < batch) == list(range(batch)), (batch, threads, plan)
+            assert len(covered) - batch < (lanes if plan["narrow"] == 0 else half), (batch, threads, plan)
+            assert 1 <= plan["threads"] <= min(threads, plan["wide"] + plan["narrow"])
+            assert plan["narrow"] <= plan["threads"]
 
 
-def test_two_threads_give_the_same_result(superball):
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_two_threads_give_the_same_result(superball, dtype):
     """The same samples in wide and narrow chunks (the 2-thread run puts the last 5 in
     narrow ones, the 1-thread run in a wide one; alone, a sample is a narrow chunk) give
-    bitwise the same steps."""
+    bitwise the same steps, soft ground contacts included: a lane's solve does not depend on
+    the lanes beside it."""
     robot = superball
     engine = TensegrityEngine(robot)
     rest, act0 = environments.rest_pose(robot)
     rng = np.random.default_rng(9)
     B = 21                                                              # 3 chunks, the last one partial
-    state = torch.tensor(np.stack([launched(robot, rest, np.r_[rng.uniform(-1, 1, 2), 0.0], np.zeros(3))
-                                   for _ in range(B)]))
-    commands = torch.tensor(rng.uniform(robot.command_low, robot.command_high, (B, 60, robot.num_actuated)))
-    act = torch.tensor(act0).expand(B, -1)
+    state = torch.tensor(np.stack([launched(robot, rest, np.r_[rng.uniform(-1.5, 1.5, 2), 0.0],
+                                            np.r_[rng.uniform(-0.5, 0.5, 2), rng.uniform(-2.0, 2.0)])
+                                   for _ in range(B)]), dtype=dtype)
+    commands = torch.tensor(rng.uniform(robot.command_low, robot.command_high, (B, 300, robot.num_actuated)),
+                            dtype=dtype)
+    act = torch.tensor(act0, dtype=dtype).expand(B, -1)
     runner = native.NativeRollout(engine)
-    assert native.chunk_schedule(B, 1, torch.float64)["narrow"] == 0
-    assert native.chunk_schedule(B, 2, torch.float64)["narrow"] == 2
+    assert native.chunk_schedule(B, 1, dtype)["narrow"] == 0
+    assert native.chunk_schedule(B, 2, dtype)["narrow"] == 2
     one = runner.rollout(state, act, commands, 1e-3, threads=1)
     two = runner.rollout(state, act, commands, 1e-3, threads=2)
     assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
-    alone = runner.rollout(state[-1:], act[-1:], commands[-1:], 1e-3)   # lanes are independent
-    assert torch.equal(alone[0], one[0][-1:])
+    for b in range(B):                                                  # each sample alone: one narrow chunk
+        alone = runner.rollout(state[b:b + 1], act[b:b + 1], commands[b:b + 1], 1e-3)
+        assert torch.equal(alone[0], one[0][b:b + 1]), b
+    # The soft ground is really solved: every sample touches the floor most of the time.
+    nodes = engine.end_nodes(one[0].double())
+    touching = (nodes[..., 2] < torch.as_tensor(robot.rod_radius)[:, None]).flatten(2).any(-1)   # [B, S]
+    assert touching.double().mean(-1).min() > 0.5
 
 
 # ----------------------------------------------------------------------------- planning

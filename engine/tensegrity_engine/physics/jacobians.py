@@ -174,19 +174,21 @@ def force_jacobians(topology: Topology, state: torch.Tensor, out: dict, p: dict)
 
 
 def _isotropic_times(weight: torch.Tensor, R: int, rod_b: torch.Tensor, r_b: torch.Tensor,
-                     rod_a: Optional[torch.Tensor], r_a: Optional[torch.Tensor], xi: torch.Tensor) -> torch.Tensor:
-    """`_isotropic`'s matrix times xi [..., 6R] without forming it: each pair's relative
-    point velocity S_p xi = (v_b + w_b x r_b) - (v_a + w_a x r_a), weighted, mapped back by
-    S_p^T (the force y and the torque r x y at each end)."""
+                     rod_a: torch.Tensor, r_a: torch.Tensor, xi: torch.Tensor) -> torch.Tensor:
+    """`_isotropic`'s matrix of a two-ended pair set times xi [..., 6R] without forming it:
+    each pair's relative point velocity S_p xi = (v_b + w_b x r_b) - (v_a + w_a x r_a),
+    weighted, mapped back by S_p^T (the force y and the torque r x y at each end). Rods are
+    gathered and scattered by one-hot products (no scatter in compiled code, as `_by_rod`)."""
     motion = xi.unflatten(-1, (R, 6))
     v, w = motion[..., :3], motion[..., 3:]
-    ends = [(1.0, rod_b, r_b)] + ([] if rod_a is None else [(-1.0, rod_a, r_a)])
-    rel = _summed([sign * (v.index_select(-2, rod) + torch.linalg.cross(w.index_select(-2, rod), r, dim=-1))
-                   for sign, rod, r in ends])
-    y = weight.unsqueeze(-1) * rel                                       # [..., P, 3]
-    jy = [(sign * torch.cat([y, torch.linalg.cross(r, y, dim=-1)], -1)) for sign, rod, r in ends]
     eye = torch.eye(R, dtype=xi.dtype, device=xi.device)
-    return _summed([eye[rod].transpose(-1, -2) @ j for (_, rod, _), j in zip(ends, jy)]).flatten(-2)
+    at_b, at_a = eye[rod_b], eye[rod_a]                                  # [P, R]
+    rel = (at_b @ v + torch.linalg.cross(at_b @ w, r_b, dim=-1)
+           - at_a @ v - torch.linalg.cross(at_a @ w, r_a, dim=-1))
+    y = weight.unsqueeze(-1) * rel                                       # [..., P, 3]
+    moments = at_b.T @ torch.cat([y, torch.linalg.cross(r_b, y, dim=-1)], -1) \
+        - at_a.T @ torch.cat([y, torch.linalg.cross(r_a, y, dim=-1)], -1)
+    return moments.flatten(-2)
 
 
 def implicit_system(topology: Topology, state: torch.Tensor, out: dict, p: dict, h: float,
@@ -195,7 +197,8 @@ def implicit_system(topology: Topology, state: torch.Tensor, out: dict, p: dict,
     each rank-one term enters once with the weight h wD + h^2 wK, and K xi is taken pair by
     pair. ``free6`` [6R] (fixed rods: 0) zeroes the fixed rods' rows and columns, so that
     with the rods' mass blocks added the system decouples them (a zero right-hand side
-    there keeps them still) without masking the whole matrix."""
+    there keeps them still) without masking the whole matrix. K xi is unmasked (K's own, as
+    the step's right-hand side takes it before zeroing the fixed rods' rows)."""
     rank, iso, diagonal = _pair_terms(topology, state, out, p)
     R, hh = topology.num_rods, h * h
     parts, kxi = [], []
@@ -209,7 +212,7 @@ def implicit_system(topology: Topology, state: torch.Tensor, out: dict, p: dict,
             M, Q = M * free, Q * free.repeat_interleave(3)
         parts.append(_isotropic(hh * wK if wD is None else (h * wD if wK is None else torch.add(h * wD, wK, alpha=hh)),
                                 M, Q))
-        if wK is not None:
+        if wK is not None:            # the cables' geometric stiffness: two-ended
             kxi.append(_isotropic_times(wK, R, *ends, xi))
     if diagonal is not None:
         parts.append(torch.diag_embed(h * (diagonal if free6 is None else diagonal * free6)))

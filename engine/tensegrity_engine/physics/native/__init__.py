@@ -39,8 +39,9 @@ SOURCE = "semi_implicit.c"
 # -ffp-contract=off: no implicit fused multiply-adds, so every product and sum rounds as in
 # torch's separate elementwise ops (the kernel's explicit fma() calls reproduce MKL's small
 # matmuls); the float64 equality tests rely on it. float32 (planning) contracts
-# (compile_flags): its tests compare with float64 at float32's precision, which fusing only
-# improves, and it makes an MPPI step 6 % faster (AVX2 on 2 threads, 0.0532 -> 0.0498 s).
+# (compile_flags): its tests compare with float64 at float32's precision, and pass so (a
+# fused product changes a cancellation such as a*b - c*d by float32 rounding), and it makes
+# an MPPI step 6 % faster (AVX2 on 2 threads, 0.0532 -> 0.0498 s).
 # No -ffast-math: reassociation and reciprocal divisions would change results.
 # -fno-trapping-math: floating-point exceptions are never read, so a lane loop with a
 # select around a division (a ternary) may compute both sides; without it GCC leaves such

@@ -870,10 +870,10 @@ static void soft_rows(const tg_model *m, const tg_work *w, int r, soft_rod *rest
  * lane stops once its whole Newton step keeps the active rows it was computed with and the
  * line search would keep it whole (then it is the minimum; the search itself is skipped),
  * or once a step it took whole keeps its rows at the next point, or once its step is
- * rounding; the part once all its lanes have. Lanes never read each other's values, but a
- * lane's rows for the next step's start (s->set) are those at the last point its part
- * evaluated: a lane done earlier than its part keeps evaluating them (rounding-sized
- * differences between VL = 4 and 8, as before between chunks). */
+ * rounding; the part once all its lanes have. Lanes never read each other's values, and a
+ * lane done earlier than its part keeps the rows it last evaluated (s->set, the next step's
+ * start), so a lane's result does not depend on its neighbours: the same in a wide chunk
+ * and a narrow one (VL 8 or 4), whichever samples share it. */
 static void soft_minimise(soft_rod *restrict s, real mass, int o)
 {
     const int rows = s->rows;
@@ -904,7 +904,7 @@ static void soft_minimise(soft_rod *restrict s, real mass, int o)
             const vreal now = vflag((z < 0) & (D[q] > 0));
             const vreal on = vsel(use_last, vsel(D[q] > 0, vload(s->set[q] + o), zero), now);
             same = vsel(on == was[q], same, zero);
-            was[q] = on;
+            was[q] = vsel(done != 0, was[q], on);    /* a lane done keeps its last rows */
         }
         /* the exact minimum: the last step was the whole Newton step of the rows active
          * here (the minimum of that quadratic piece, and the piece holds) */
@@ -956,7 +956,7 @@ static void soft_minimise(soft_rod *restrict s, real mass, int o)
          * there to its tolerance): in float32 a stiff contact's solve is off by up to 1e-2
          * relative, and then the next Newton step, not this one, ends at the minimum */
         keeps = vflag((keeps != 0) & (vabs(first) <= SOFT_ALPHA * second));
-        vreal settled = keeps;
+        vreal settled = vsel(done != 0, one, keeps);   /* lanes done hold no search up */
         const int search = vany((done == 0) & (keeps == 0));
         for (int ls = 0; search && ls < SOFT_LINE_SEARCH; ++ls) {
             if (ls) {                    /* at alpha 1 (the first round) the check above has them */
@@ -1890,20 +1890,23 @@ void tg_narrow_chunk(const tg_model *m, const tg_io *io, void *w, idx_t first);
  * samples, the narrow unit) per thread, it runs as narrow chunks rather than fewer wide
  * ones that leave threads idle: a narrow chunk costs about 0.7 of a wide one (AVX2,
  * float32), so MPPI's 40 samples on 2 threads take 2 wide + 1 narrow chunk-times instead
- * of 3 wide. Writes the threads used, the wide chunks (from sample 0) and the narrow ones
- * (from sample out[3]) to out[0..3]. */
+ * of 3 wide, and 8 samples on 2 threads one narrow chunk each. Writes the threads used
+ * (at most one per chunk), the wide chunks (from sample 0) and the narrow ones (from sample
+ * out[3]; the batch's size when there are none) to out[0..3]. */
 void tg_schedule(idx_t batch, int threads, idx_t out[4])
 {
-    const idx_t chunks = (batch + LANES - 1) / LANES;
-    if (threads > chunks) threads = (int)chunks;
+    const idx_t chunks = (batch + LANES - 1) / LANES, narrow_chunks = (batch + NARROW - 1) / NARROW;
+    if (threads > narrow_chunks) threads = (int)narrow_chunks;
     if (threads < 1) threads = 1;
     const idx_t rounds_end = batch / ((idx_t)LANES * threads) * LANES * threads;
     const idx_t rest_chunks = (batch - rounds_end + NARROW - 1) / NARROW;
     const idx_t narrow = rest_chunks <= threads ? rest_chunks : 0;
-    out[0] = threads;
-    out[1] = narrow ? rounds_end / LANES : chunks;
+    const idx_t wide = narrow ? rounds_end / LANES : chunks;
+    const idx_t tasks = wide + narrow > 0 ? wide + narrow : 1;
+    out[0] = threads < tasks ? threads : (int)tasks;                     /* no thread without a chunk */
+    out[1] = wide;
     out[2] = narrow;
-    out[3] = rounds_end;
+    out[3] = narrow ? rounds_end : batch;
 }
 
 /* Runs the rollout (see tg_schedule); returns 0, or -1 if a work area could not be
