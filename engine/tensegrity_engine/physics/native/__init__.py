@@ -115,10 +115,31 @@ _FIX = ("Install a C compiler (e.g. gcc) or point CC at one; or plan with the to
 
 
 def _run(cmd: list[str]) -> subprocess.CompletedProcess:
+    return _run_together([cmd])[0]
+
+
+def _run_together(cmds: list[list[str]]) -> list[subprocess.CompletedProcess]:
+    """Runs the commands at once (the kernel's two units compile in parallel)."""
+    procs = []
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, check=False)
+        for cmd in cmds:
+            procs.append((cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
     except OSError as err:
+        for _, proc in procs:
+            proc.kill()
+            proc.communicate()
         raise NativeBuildError(f"cannot run the C compiler `{shlex.join(cmd)}`: {err}. {_FIX}") from err
+    results = []
+    for cmd, proc in procs:
+        out, err = proc.communicate()
+        results.append(subprocess.CompletedProcess(cmd, proc.returncode, out, err))
+    return results
+
+
+def _check_built(result: subprocess.CompletedProcess) -> None:
+    if result.returncode:
+        raise NativeBuildError(f"compiling the native kernel failed: `{shlex.join(result.args)}` exited "
+                               f"with {result.returncode}:\n{result.stderr.strip()}\n{_FIX}")
 
 
 _LIBRARIES: dict = {}
@@ -158,13 +179,10 @@ def _build(dtype: torch.dtype) -> ctypes.CDLL:
             wide, narrow = Path(tmp) / "wide.o", Path(tmp) / "narrow.o"
             # The same source twice: the wide unit (the entry point) and the narrow one (half
             # the lanes) that runs a batch's tail chunks; see tg_rollout.
-            for cmd in ([*compiler, *flags, "-c", "-o", str(wide), str(src)],
-                        [*compiler, *narrow_flags(flags), "-c", "-o", str(narrow), str(src)],
-                        [*compiler, *flags, "-o", str(lib), str(wide), str(narrow), "-lm"]):
-                result = _run(cmd)
-                if result.returncode:
-                    raise NativeBuildError(f"compiling the native kernel failed: `{shlex.join(cmd)}` exited "
-                                           f"with {result.returncode}:\n{result.stderr.strip()}\n{_FIX}")
+            for result in _run_together([[*compiler, *flags, "-c", "-o", str(wide), str(src)],
+                                         [*compiler, *narrow_flags(flags), "-c", "-o", str(narrow), str(src)]]):
+                _check_built(result)
+            _check_built(_run([*compiler, *flags, "-o", str(lib), str(wide), str(narrow), "-lm"]))
             os.replace(lib, library_path)
     try:
         library = ctypes.CDLL(str(library_path))
