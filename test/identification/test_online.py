@@ -614,6 +614,15 @@ def test_a_contact_dimensionality_is_tried_only_on_the_floor_under_the_soft_law(
     assert trials.next_option(0, structure_robot(soft, ("condim_4",)), floor=True) is None
 
 
+def test_a_value_option_is_not_tried_when_the_solver_learns_its_values_already(three_bar):
+    from tensegrity_engine.identification.online_structure import StructureTrials
+
+    trials = StructureTrials(("end_heavy", "winch_speed"))
+    assert trials.next_option(0, three_bar) == "end_heavy"
+    assert trials.next_option(0, three_bar, learnt=("cable_stiffness", "rod_inertia_factor")) == "winch_speed"
+    assert trials.next_option(0, three_bar, learnt=("rod_inertia_factor", "actuator_max_speed")) is None
+
+
 def test_the_window_is_one_record_across_held_out_blocks_also_those_the_gate_dropped(three_bar):
     """The training window converted with the held-out blocks as context is one command
     record (the motor's state carried across every held-out block), also across blocks

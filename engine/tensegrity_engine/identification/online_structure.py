@@ -193,15 +193,18 @@ class StructureTrials:
         return self.challenger is not None
 
     def next_option(self, heldout_total: int, robot: Optional[RobotConfig] = None,
-                    floor: bool = True) -> Optional[str]:
+                    floor: bool = True, learnt: Sequence[str] = ()) -> Optional[str]:
         """The next option worth a challenger: neither adopted nor running, one that changes
         ``robot`` (the session's structure; a contact dimensionality only on the floor under
-        the soft law; none of a kind already adopted) and, if refused (or failed), refused
-        on at most half of the held-out tuples seen since the start."""
+        the soft law; none of a kind already adopted), that adds a value the solver does
+        not learn already (``learnt``) and, if refused (or failed), refused on at most half
+        of the held-out tuples seen since the start."""
         taken = {_kind(ONLINE_OPTIONS[n]) for n in self.adopted} - {None}
         for name in self.options:
             option = ONLINE_OPTIONS[name]
             if name in self.adopted or name == self.option or _kind(option) in taken:
+                continue
+            if option.learn and set(option.learn) <= set(learnt):
                 continue
             if robot is not None and option.learn == () and structure_key(structure_robot(robot, (name,))) \
                     == structure_key(robot):
@@ -234,7 +237,7 @@ class StructureTrials:
         main = session.trainer
         if self.active or main is None or not session.can_judge:
             return
-        option = self.next_option(session.heldout_total, session.robot, session.floor)
+        option = self.next_option(session.heldout_total, session.robot, session.floor, main.learn)
         values = main.parameters.as_dict() if option is not None else {}
         if option is None or not healthy_values(values):
             return
