@@ -237,7 +237,7 @@ class StructureTrials:
         main = session.trainer
         if self.active or main is None or not session.can_judge:
             return
-        option = self.next_option(session.heldout_total, session.robot, session.floor, main.learn)
+        option = self.next_option(session.heldout_total, session.robot, session.floor, getattr(main, "learn", ()))
         values = main.parameters.as_dict() if option is not None else {}
         if option is None or not healthy_values(values):
             return
