@@ -237,7 +237,8 @@ class StructureTrials:
         main = session.trainer
         if self.active or main is None or not session.can_judge:
             return
-        option = self.next_option(session.heldout_total, session.robot, session.floor, getattr(main, "learn", ()))
+        learnt = getattr(main, "learn", ())
+        option = self.next_option(session.heldout_total, session.robot, session.floor, learnt)
         values = main.parameters.as_dict() if option is not None else {}
         if option is None or not healthy_values(values):
             return
@@ -246,7 +247,7 @@ class StructureTrials:
         # the challenger steps with its robot's integrator once that is not the config's (the
         # config's fine_integrator would override it), else as the session's solver does
         own_step = ONLINE_OPTIONS[option].integrator or robot.integrator != session.config_robot.integrator
-        cfg = dataclasses.replace(config, learn=self.learn_with(main.learn, (option,)), init="given",
+        cfg = dataclasses.replace(config, learn=self.learn_with(learnt, (option,)), init="given",
                                   fine_integrator=None if own_step else config.fine_integrator,
                                   max_epochs=min(config.max_epochs, CHALLENGER_MAX_EPOCHS),
                                   max_seconds=min(config.max_seconds or math.inf, CHALLENGER_MAX_SECONDS))

@@ -130,9 +130,15 @@ def _run_together(cmds: list[list[str]]) -> list[subprocess.CompletedProcess]:
             proc.communicate()
         raise NativeBuildError(f"cannot run the C compiler `{shlex.join(cmd)}`: {err}. {_FIX}") from err
     results = []
-    for cmd, proc in procs:
-        out, err = proc.communicate()
-        results.append(subprocess.CompletedProcess(cmd, proc.returncode, out, err))
+    try:
+        for cmd, proc in procs:
+            out, err = proc.communicate()
+            results.append(subprocess.CompletedProcess(cmd, proc.returncode, out, err))
+    finally:                       # interrupted: no compiler left writing into the build directory
+        for _, proc in procs:
+            if proc.returncode is None:
+                proc.kill()
+                proc.wait()
     return results
 
 
