@@ -173,6 +173,13 @@ def force_jacobians(topology: Topology, state: torch.Tensor, out: dict, p: dict)
     return Kmat, Dmat
 
 
+def _step_weight(wK: Optional[torch.Tensor], wD: Optional[torch.Tensor], h: float) -> torch.Tensor:
+    """h wD + h^2 wK, either weight None (absent)."""
+    if wD is None:
+        return (h * h) * wK
+    return h * wD if wK is None else torch.add(h * wD, wK, alpha=h * h)
+
+
 def _isotropic_times(weight: torch.Tensor, R: int, rod_b: torch.Tensor, r_b: torch.Tensor,
                      rod_a: torch.Tensor, r_a: torch.Tensor, xi: torch.Tensor) -> torch.Tensor:
     """`_isotropic`'s matrix of a two-ended pair set times xi [..., 6R] without forming it:
@@ -200,18 +207,17 @@ def implicit_system(topology: Topology, state: torch.Tensor, out: dict, p: dict,
     there keeps them still) without masking the whole matrix. K xi is unmasked (K's own, as
     the step's right-hand side takes it before zeroing the fixed rods' rows)."""
     rank, iso, diagonal = _pair_terms(topology, state, out, p)
-    R, hh = topology.num_rods, h * h
+    R = topology.num_rods
     parts, kxi = [], []
     for s, wK, wD in rank:
         kxi.append((s.transpose(-1, -2) @ (wK.unsqueeze(-1) * (s @ xi.unsqueeze(-1)))).squeeze(-1))
-        parts.append(_rank_sum(s if free6 is None else s * free6, torch.add(h * wD, wK, alpha=hh)))
+        parts.append(_rank_sum(s if free6 is None else s * free6, _step_weight(wK, wD, h)))
     for ends, wK, wD in iso:
         M, Q = _signed_levers(R, *ends)
         if free6 is not None:
             free = free6[::6]
             M, Q = M * free, Q * free.repeat_interleave(3)
-        parts.append(_isotropic(hh * wK if wD is None else (h * wD if wK is None else torch.add(h * wD, wK, alpha=hh)),
-                                M, Q))
+        parts.append(_isotropic(_step_weight(wK, wD, h), M, Q))
         if wK is not None:            # the cables' geometric stiffness: two-ended
             kxi.append(_isotropic_times(wK, R, *ends, xi))
     if diagonal is not None:
