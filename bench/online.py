@@ -57,7 +57,8 @@ from tensegrity_engine.groundtruth.zoo import ZOO_PREFIX, ground_truth, zoo_name
 from tensegrity_engine.identification.config import IdentificationConfig, contact_params, resolve_learn
 from tensegrity_engine.identification.online import HOLDOUT_SECONDS, OnlineIdentification
 from tensegrity_engine.identification.online_structure import ONLINE_OPTIONS, online_options, structure_key
-from tensegrity_engine.identification.solvers.windows import fit_start_velocities, settle_steps, training_windows
+from tensegrity_engine.identification.solvers.settle import settle_steps
+from tensegrity_engine.identification.solvers.windows import fit_start_velocities, training_windows
 from tensegrity_engine.identification.streaming import StreamAligner, StreamConfig
 from tensegrity_engine.physics.config import load_robot
 from tensegrity_engine.physics.params import PhysicalParameters
@@ -166,7 +167,7 @@ def training_objective(trainer, values: dict, width: int, max_windows: int = 256
     data = trainer.train
     model = PhysicalParameters(trainer.robot, values, per_element=[k for k, v in values.items() if len(v) > 1])
     p = {k: v.to(trainer.dtype).to(trainer.device) for k, v in model.values().items()}
-    chains, got = training_windows(data.ts, width, settle_steps(trainer.robot, p, trainer.config.motor_settle))
+    chains, got = training_windows(data.ts, width, settle_steps(trainer.robot, p, trainer.config.motor_settle, data.ts))
     if got < 2 or not len(chains):
         return math.nan
     chains = torch.as_tensor(chains[np.linspace(0, len(chains) - 1, min(len(chains), max_windows)).astype(int)],

@@ -9,8 +9,8 @@ import torch
 from rolling_records import rolling_twin_run
 from tensegrity_engine.identification import IdentificationConfig
 from tensegrity_engine.identification.dataset import DatasetError, TupleSet
-from tensegrity_engine.identification.solvers.windows import (chain_windows, motor_settled, settle_steps,
-                                                              training_windows)
+from tensegrity_engine.identification.solvers.settle import motor_settled, settle_steps
+from tensegrity_engine.identification.solvers.windows import chain_windows, training_windows
 
 
 @pytest.fixture(scope="module")
@@ -82,3 +82,49 @@ def test_tuple_sets_check_and_concatenate_their_motor_flags(rolling):
     assert TupleSet.concat([measured, measured]).traj_act0_assumed is None
     with pytest.raises(ValueError, match="motor_settle"):
         IdentificationConfig(motor_settle=-1.0)
+
+
+def _filter_runs(commands: np.ndarray, starts: np.ndarray, tau: float, speed: float, dt: float) -> np.ndarray:
+    """[steps + 1, starts, A] the rate-limited filter stepped one engine step at a time."""
+    from tensegrity_engine.physics.actuators import actuator_update
+    a = torch.as_tensor(starts)
+    out = [a]
+    for u in torch.as_tensor(commands):
+        a = actuator_update(a, u, torch.tensor(tau, dtype=torch.float64), dt, torch.tensor(speed, dtype=torch.float64))[0]
+        out.append(a)
+    return torch.stack(out).numpy()
+
+
+def test_a_winch_at_top_speed_waits_until_no_start_in_the_range_shows(rolling):
+    """A rate-limited winch chasing its commands flat out keeps its start's offset: the wait is
+    measured on the record's commands, not taken as a few time constants, and after it no
+    start inside the command range is more than exp(-motor_settle) of the span away."""
+    run, _ = rolling
+    ts, robot = run.train.ts, run.robot
+    p = {k: v.detach() for k, v in run.engine.param_values(torch.float64, "cpu").items()}
+    time_constants = IdentificationConfig().motor_settle
+    plain = settle_steps(robot, p, time_constants, ts)
+    assert np.ndim(plain) == 0                                  # the twin's winch is not limited
+    tau, speed = 0.2, 0.15                                      # m/s: below the commands' speed
+    limited = settle_steps(robot, {**p, "actuator_time_constant": torch.tensor([tau]),
+                                   "actuator_max_speed": torch.tensor([speed])}, time_constants, ts)
+    root = int(np.flatnonzero(ts.traj_prev < 0)[0])
+    wait = int(limited[root])
+    assert wait > 2 * time_constants * tau / robot.dt           # far beyond five time constants
+    delay = int(round(float(p["actuator_delay"]) / robot.dt))
+    later = [t for t in range(len(ts.traj_act0)) if t != root]
+    commands = np.clip(np.concatenate([ts.traj_commands[t] for t in [root] + later]),
+                       robot.command_low, robot.command_high)
+    assert wait - delay < len(commands)                         # it does settle within the record
+    low, high = robot.command_low, robot.command_high
+    starts = np.concatenate([np.stack([low, high]), np.random.default_rng(0).uniform(low, high, (6, len(low)))])
+    runs = _filter_runs(commands[:wait - delay], starts, tau, speed, robot.dt)
+    span = float((high - low).max())
+    tolerance = np.exp(-time_constants) * span
+    assert (runs[-1] - runs[-1, 0]).max() - (runs[-1] - runs[-1, 0]).min() <= tolerance * (1 + 1e-9)
+    # every start stays between the runs from the range's two ends
+    assert (runs[:, 2:] >= runs[:, :1] - 1e-12).all() and (runs[:, 2:] <= runs[:, 1:2] + 1e-12).all()
+    # half-way through the wait the starts still show
+    assert float((runs[(wait - delay) // 2, 1] - runs[(wait - delay) // 2, 0]).max()) > tolerance
+    settled = motor_settled(ts, limited)
+    assert np.array_equal(settled[ts.traj == root], ts.start_step[ts.traj == root] >= wait)

@@ -17,6 +17,8 @@ from typing import Optional
 import numpy as np
 import torch
 
+from tensegrity_engine.identification.solvers.settle import motor_settled, settle_steps
+
 
 def raw_vector(params, names) -> torch.Tensor:
     """The raw (unconstrained) values of the learnt parameters as one vector."""
@@ -195,8 +197,13 @@ class TupleLevenbergMarquardt:
 
     def epoch(self, run) -> dict:
         cfg = self.config
-        n = len(run.train)
-        idx = torch.as_tensor(np.sort(run.rng.permutation(n)[:min(n, cfg.lm_tuples)]), device=run.device)
+        # as the windows: none where a stream's assumed motor start still shows (`settle`)
+        p = run.engine.param_values(run.dtype, run.device)
+        pool = np.flatnonzero(motor_settled(run.train.ts, settle_steps(run.robot, p, cfg.motor_settle, run.train.ts)))
+        if not len(pool):
+            pool = np.arange(len(run.train))
+        idx = torch.as_tensor(np.sort(pool[run.rng.permutation(len(pool))[:min(len(pool), cfg.lm_tuples)]]),
+                              device=run.device)
         theta0 = raw_vector(run.params, run.learn)
         r0 = self._residual(run, theta0, idx)
         f0 = float((r0 ** 2).sum())

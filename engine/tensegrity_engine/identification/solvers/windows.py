@@ -33,6 +33,7 @@ from tensegrity_engine.identification.solvers.chaining import chain_latents
 from tensegrity_engine.identification.solvers.levenberg_marquardt import (boxed_step, jacobian_mode,
                                                                           one_sided_jacobian, parameter_jacobian,
                                                                           raw_vector, set_raw_vector)
+from tensegrity_engine.identification.solvers.settle import motor_settled, settle_steps
 
 SCORE_CLUSTERS = 10     # groups of consecutive windows behind the cluster-robust sigma
 EPS = 1e-6              # forward-difference step (raw parameter units; m/s and rad/s for latents)
@@ -67,42 +68,17 @@ def chain_windows(nxt, width: int) -> tuple[np.ndarray, int]:
     return np.array(pool, dtype=np.int64).reshape(-1, max(width, 1)), width
 
 
-def motor_settled(ts, settle_steps: int) -> np.ndarray:
-    """[N] bool: the tuple starts ``settle_steps`` engine steps or more after the start of
-    its record's command timeline, where that start's actuator state is assumed
-    (``TupleSet.traj_act0_assumed``); True wherever it is measured."""
-    assumed = ts.act0_assumed()
-    n_traj = len(ts.traj_act0)
-    offset, root = np.zeros(n_traj, dtype=np.int64), np.arange(n_traj)
-    for t in np.flatnonzero(ts.traj_prev >= 0):            # traj_prev[t] < t: in order
-        q = ts.traj_prev[t]
-        offset[t], root[t] = offset[q] + len(ts.traj_commands[q]), root[q]
-    elapsed = offset[ts.traj] + ts.start_step
-    return ~assumed[root[ts.traj]] | (elapsed >= settle_steps)
-
-
-def settle_steps(robot, p: dict, time_constants: float) -> int:
-    """Engine steps after which an assumed motor state no longer shows: ``time_constants``
-    of the larger of the current and the config's actuator time constant, plus the delay
-    (0 when ``time_constants`` is 0: no wait)."""
-    if not time_constants:
-        return 0
-    largest = lambda v: float(torch.as_tensor(v).detach().max())          # noqa: E731
-    tau = max(largest(p["actuator_time_constant"]), float(robot.actuator.time_constant))
-    delay = max(largest(p.get("actuator_delay", robot.actuator.delay)), 0.0)
-    return int(math.ceil((time_constants * tau + delay) / robot.dt))
-
-
-def training_windows(ts, width: int, settle: int = 0) -> tuple[np.ndarray, int]:
+def training_windows(ts, width: int, settle=0) -> tuple[np.ndarray, int]:
     """`chain_windows` of a training set, less those starting within ``settle`` engine steps
-    of an assumed motor state (`motor_settled`; kept all if none would be left). A stream
+    (one count, or one per trajectory: `settle_steps`) of an assumed motor state
+    (`motor_settled`; kept all if none would be left). A stream
     takes its motors as settled at the first command it hears: measured on 30 s of the twin
     rolling with gyros (motors from rest, tau 0.1 s), the record's first window held 94 % of
     the converged objective, irreducible by any start velocity, and the parameters bent to
     it: K / c / tau -0.6 / +3.3 / -3.4 %; without it -0.14 / -0.06 / -0.02 % (poses only:
     -0.5 / +4.0 / -3.4 % against -0.2 / +1.6 / -1.0 %)."""
     pool, width = chain_windows(ts.next, width)
-    if settle > 0 and len(pool):
+    if np.any(np.asarray(settle) > 0) and len(pool):
         keep = motor_settled(ts, settle)[pool[:, 0]]
         if keep.any():
             pool = pool[keep]
@@ -285,7 +261,8 @@ class WindowLevenbergMarquardt:
         continue (`_chained`)."""
         cfg = self.config
         p = run.engine.param_values(run.dtype, run.device)
-        pool, width = training_windows(run.train.ts, cfg.pose_window, settle_steps(run.robot, p, cfg.motor_settle))
+        settle = settle_steps(run.robot, p, cfg.motor_settle, run.train.ts)
+        pool, width = training_windows(run.train.ts, cfg.pose_window, settle)
         if width < 2:
             raise ValueError("pose-only identification needs consecutive tuples (chains of at "
                              "least 2 sample intervals); the data has only isolated tuples")
