@@ -97,6 +97,7 @@ class IdentifierNode(Node):
         self.excite = ""                     # what would determine them (`identifiability`)
         self.structure_suspect: tuple = ()   # parameters whose values move with the horizon
         self.at_bound: tuple = ()            # parameters the data pushed against a bound
+        self.unreached: tuple = ()           # limits (a winch's top speed) the data never reach
         self.sigma_state = "none published yet"   # the published values' sigma: estimated, or why not
         self.last_gate = None                # HeldOutVerdict of the newest candidate
         self.last_refused = None             # {name: mean value} of the newest refused candidate
@@ -349,6 +350,7 @@ class IdentifierNode(Node):
                "lr": m.get("lr", ""), "undetermined": ", ".join(self.undetermined),
                "excite": self.excite,
                "at_bound": ", ".join(self.at_bound), "structure_suspect": ", ".join(self.structure_suspect),
+               "unreached": ", ".join(self.unreached),
                "uncertainty": self.sigma_state, "heldout_tuples": s.heldout_len}
         if self.last_gate is not None:
             g = self.last_gate
@@ -636,7 +638,7 @@ def ties_published(node, gate, fitted: dict, published) -> bool:
     if u is None or u.undetermined:
         return False
     sigma = u.published()
-    for name in tuple(node.trainer.learn or ()):
+    for name in (n for n in tuple(node.trainer.learn or ()) if n not in u.unreached):
         a, b, s = (np.asarray(x, dtype=np.float64) for x in (fitted[name], published[name], sigma[name]))
         if not (np.all(np.abs(a - b) <= TIE_SIGMAS * s) and np.all(s <= node.converged_sigma * np.abs(b))):
             return False
@@ -645,7 +647,8 @@ def ties_published(node, gate, fitted: dict, published) -> bool:
 
 def not_yet_determined(node, values: dict) -> tuple:
     """Learnt parameters whose 1-sigma at ``values`` is wider than ``converged_sigma`` of
-    the value, or that the data does not determine (all of them if no sigma can be had)."""
+    the value, or that the data does not determine (all of them if no sigma can be had); a
+    limit the data never reach is not waited for (it changes no prediction of such data)."""
     if not node.converged_sigma:
         return ()
     u = node.session.uncertainty(max_tuples=node.sigma_tuples or 64, at=values)
@@ -653,13 +656,14 @@ def not_yet_determined(node, values: dict) -> tuple:
     if u is None:
         return learnt
     rel = u.relative(PhysicalParameters(node.robot, values, per_element=[k for k, v in values.items() if len(v) > 1]))
-    return tuple(n for n in learnt if n in u.undetermined or not rel.get(n, math.inf) <= node.converged_sigma)
+    return tuple(n for n in learnt if n not in u.unreached
+                 and (n in u.undetermined or not rel.get(n, math.inf) <= node.converged_sigma))
 
 
 def clear_uncertainty_flags(node, why: str) -> None:
     """The published values have no sigma (``why``): the flags of an earlier estimate are
     not theirs."""
-    node.undetermined = node.at_bound = node.structure_suspect = ()
+    node.undetermined = node.at_bound = node.structure_suspect = node.unreached = ()
     node.excite = ""
     node.sigma_state = why
 
@@ -679,7 +683,7 @@ def published_uncertainty(node, params, values: dict):
     if u.undetermined and u.undetermined != node.undetermined:
         node.diag.warn_throttled("undetermined", f"the data does not determine {', '.join(u.undetermined)} yet: "
                                  + (node.excite or "excite the motions they act on"))
-    node.undetermined = u.undetermined
+    node.undetermined, node.unreached = u.undetermined, u.unreached
     if u.at_bound and u.at_bound != node.at_bound:
         node.diag.warn_throttled("at_bound", f"{', '.join(u.at_bound)} pinned at a bound of the model's range: the "
                                  "data asks for values the model does not allow (structure the robot has and the "

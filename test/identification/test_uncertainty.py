@@ -82,6 +82,27 @@ def test_a_parameter_the_data_does_not_touch_is_undetermined(superball, clean_tu
     assert all(np.isfinite(u.sigma[n]).all() for n in LEARN)
 
 
+def test_a_limit_the_data_never_reach_is_unreached_not_undetermined(superball, clean_tuples):
+    """A winch speed limit above anything these commands ask for acts on none of the data:
+    sigma inf, yet not an excitation problem (`unreached`); one that binds has a finite sigma.
+    A zero column of an ordinary parameter stays undetermined."""
+    tr = _identified(superball, _noisy(clean_tuples["train"], 1.0, 2), clean_tuples["val"],
+                     learn=LEARN + ("actuator_max_speed",))
+    u = trainer_uncertainty(tr)
+    assert u.unreached == ("actuator_max_speed",) and u.undetermined == ()
+    assert np.isinf(u.sigma["actuator_max_speed"]).all()
+    assert all(np.isfinite(u.sigma[n]).all() for n in LEARN)
+    tr.parameters.set_value("actuator_max_speed", np.array([0.05]))        # m/s: binds on these commands
+    u = trainer_uncertainty(tr)
+    assert u.unreached == () and np.isfinite(u.sigma["actuator_max_speed"]).all()
+    params = PhysicalParameters(superball)
+    rng = np.random.default_rng(1)
+    J = torch.as_tensor(np.hstack([rng.standard_normal((50, 1)), np.zeros((50, 2))]))
+    r = torch.as_tensor(0.01 * rng.standard_normal(50))
+    u = gauss_newton_uncertainty(params, ("cable_stiffness", "friction_sliding", "actuator_max_speed"), J, r)
+    assert u.undetermined == ("friction_sliding",) and u.unreached == ("actuator_max_speed",)
+
+
 def test_two_parameters_only_their_sum_matters_are_both_undetermined(superball):
     """A direction in which two columns cancel (here: two identical Jacobian columns) is
     unconstrained: both parameters flagged, a third, independent one keeps its sigma."""

@@ -236,6 +236,9 @@ def write_report(out_dir, *, params: PhysicalParameters, nominal: PhysicalParame
                                                      else "unknown (no uncertainty estimate was made)"))
     if undetermined:
         lines += [f"  - {a.text}" for a in excitation_advice(uncertainty)]
+    if uncertainty is not None and uncertainty.unreached:
+        lines.append(f"- limits these data never reach (any value above predicts them alike): "
+                     f"{', '.join(uncertainty.unreached)}")
     fixed = [n for n in SPEC_BY_NAME if n not in learn]
     lines.append(f"- not identified (kept at the values it started from): {', '.join(fixed)}")
     idle = [robot.cable_names[c] for c in range(robot.num_cables)

@@ -47,7 +47,7 @@ from tensegrity_engine.identification.solvers.levenberg_marquardt import (bounde
                                                                           residual_jacobian, set_raw_vector)
 from tensegrity_engine.identification.scale import SCALE_GROUP
 from tensegrity_engine.identification.solvers.windows import WindowLevenbergMarquardt, score_groups
-from tensegrity_engine.physics.params import PhysicalParameters
+from tensegrity_engine.physics.params import SPEC_BY_NAME, PhysicalParameters
 
 SINGULAR = 1e-8        # relative eigenvalue below which a direction counts as unconstrained
 # A value whose position in its range (sigmoid of its raw value) is within this of 0 or 1 is
@@ -94,6 +94,9 @@ class ParameterUncertainty:
     # `identifiability.excitation_advice` says what would determine them
     weak_directions: tuple = ()
     force_scale: dict = dataclasses.field(default_factory=dict)
+    # learnt limits (``ParamSpec.limit``: a winch's top speed) the data never reach: sigma inf,
+    # yet not undetermined; the model predicts these data the same for any value of them
+    unreached: tuple = ()
 
     def published(self) -> dict:
         """Learnt name -> the 1-sigma the node publishes: the spread (sigma where there is
@@ -247,19 +250,21 @@ def normal_matrix_uncertainty(params: PhysicalParameters, names, H: torch.Tensor
     slopes = value_slopes(params, names).abs().cpu()
     sigma_value = var.sqrt() * slopes
     spread_value = None if spread_var is None else spread_var.sqrt() * slopes
-    sigma, spread, flagged, i = {}, {}, [], 0
+    sigma, spread, flagged, unreached, i = {}, {}, [], [], 0
     for name in names:
         k = getattr(params, name).numel()
         sigma[name] = sigma_value[i:i + k].numpy().copy()
         if spread_value is not None:
             spread[name] = spread_value[i:i + k].numpy().copy()
-        if bool((var[i:i + k] == math.inf).any()):
+        if SPEC_BY_NAME[name].limit and not bool(alive[i:i + k].any()):
+            unreached.append(name)
+        elif bool((var[i:i + k] == math.inf).any()):
             flagged.append(name)
         i += k
     return ParameterUncertainty(sigma=sigma, undetermined=tuple(flagged), residual_sigma=math.sqrt(s2), dof=dof,
                                 correlation=corr.numpy(), labels=tuple(labels), sigma_spread=spread,
                                 at_bound=pinned_at_bound(params, names), weak_directions=tuple(weak_directions),
-                                force_scale=force_scale_direction(params, names, scale))
+                                force_scale=force_scale_direction(params, names, scale), unreached=tuple(unreached))
 
 
 def force_scale_direction(params: PhysicalParameters, names, scale: torch.Tensor) -> dict:

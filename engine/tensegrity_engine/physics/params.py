@@ -31,6 +31,9 @@ class ParamSpec:
     group: str        # "cable", "rod" or "global": what a per-element parameter is per
     unit: str
     description: str
+    # a limit: it acts only where the motion reaches it, so data that never do leave it inert
+    # (no excitation of that kind determines it, and none is needed to predict that kind)
+    limit: bool = False
 
 
 # Broad ranges a roboticist would accept for a SUPERball-class robot (1-100 kg rods,
@@ -49,7 +52,7 @@ PARAM_SPECS: tuple[ParamSpec, ...] = (
               "first-order motor time constant tau"),
     # winch speed limit; the default 1e3 never binds (tau * speed >= 2 m)
     ParamSpec("actuator_max_speed", 1e-3, 1e4, True, "global", "m/s",
-              "top speed of the filtered command (winch cable speed / gain)"),
+              "top speed of the filtered command (winch cable speed / gain)", limit=True),
     # linear: zero (none) is inside; negative: a pose clock ahead of the command clock
     ParamSpec("actuator_delay", -0.05, 0.1, False, "global", "s",
               "time a command takes to act as the pose stamps see it (dead time + mocap latency)"),
