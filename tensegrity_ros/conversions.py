@@ -169,7 +169,8 @@ def params_to_msg(params, robot_name: str, stamp_ns_: int, *, train_loss=float("
                   epoch: int = 0, tuples_used: int = 0, uncertainty=None,
                   heldout_com_error: float = float("nan"), replaced_com_error: float = float("nan")):
     """PhysicalParameters -> IdentifiedParameters (flat names like cable_stiffness[3]);
-    ``uncertainty``: a 1-sigma per flat name (NaN: not identified, inf: undetermined)."""
+    ``uncertainty``: a 1-sigma per flat name (NaN: not identified, inf: undetermined, or a
+    limit such as a winch's top speed that the data never reach)."""
     from tensegrity_ros_interfaces.msg import IdentifiedParameters
 
     names, values = params.flat()
@@ -215,7 +216,8 @@ def msg_to_param_values(msg) -> dict:
 
 def msg_to_sigmas(msg) -> dict:
     """IdentifiedParameters -> {name: 1-sigma array} ({} when the message carries none).
-    NaN: not identified; inf: the data cannot determine it yet; a negative sigma is refused."""
+    NaN: not identified; inf: the data cannot determine it yet (or a limit they never reach);
+    a negative sigma is refused."""
     from tensegrity_engine.physics.params import ParameterError
 
     if not len(msg.uncertainty):

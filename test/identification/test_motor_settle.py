@@ -112,19 +112,73 @@ def test_a_winch_at_top_speed_waits_until_no_start_in_the_range_shows(rolling):
     wait = int(limited[root])
     assert wait > 2 * time_constants * tau / robot.dt           # far beyond five time constants
     delay = int(round(float(p["actuator_delay"]) / robot.dt))
-    later = [t for t in range(len(ts.traj_act0)) if t != root]
+    first = np.arange(len(ts.traj_act0))
+    for t in np.flatnonzero(ts.traj_prev >= 0):
+        first[t] = first[ts.traj_prev[t]]
+    later = [t for t in np.flatnonzero(first == root) if t != root]    # the pieces that continue it
     commands = np.clip(np.concatenate([ts.traj_commands[t] for t in [root] + later]),
                        robot.command_low, robot.command_high)
     assert wait - delay < len(commands)                         # it does settle within the record
     low, high = robot.command_low, robot.command_high
     starts = np.concatenate([np.stack([low, high]), np.random.default_rng(0).uniform(low, high, (6, len(low)))])
     runs = _filter_runs(commands[:wait - delay], starts, tau, speed, robot.dt)
-    span = float((high - low).max())
-    tolerance = np.exp(-time_constants) * span
-    assert (runs[-1] - runs[-1, 0]).max() - (runs[-1] - runs[-1, 0]).min() <= tolerance * (1 + 1e-9)
+    tolerance = np.exp(-time_constants) * (high - low)
+    assert (runs[-1].max(0) - runs[-1].min(0) <= tolerance * (1 + 1e-9)).all()
+    assert not (runs[-2, 1] - runs[-2, 0] <= tolerance).all()        # the first step where it holds
     # every start stays between the runs from the range's two ends
     assert (runs[:, 2:] >= runs[:, :1] - 1e-12).all() and (runs[:, 2:] <= runs[:, 1:2] + 1e-12).all()
     # half-way through the wait the starts still show
-    assert float((runs[(wait - delay) // 2, 1] - runs[(wait - delay) // 2, 0]).max()) > tolerance
+    assert not ((runs[(wait - delay) // 2, 1] - runs[(wait - delay) // 2, 0]) <= tolerance).all()
     settled = motor_settled(ts, limited)
     assert np.array_equal(settled[ts.traj == root], ts.start_step[ts.traj == root] >= wait)
+
+
+def test_a_held_command_is_forgotten_within_its_hold_not_at_its_end():
+    """The wait is the first engine step where the runs from the range's ends agree, also
+    inside a long stretch of one command (found by bisection there), as stepping the filter
+    one engine step at a time finds it; a record whose start is measured waits for nothing."""
+    from types import SimpleNamespace
+
+    from tensegrity_engine.identification.solvers.settle import record_settle_steps
+    dt, low, high = 1e-3, np.array([0.5, 0.6]), np.array([0.95, 0.9])
+    rng = np.random.default_rng(4)
+    held = np.repeat(rng.uniform(low, high, (3, 2)), [400, 5000, 300], axis=0)    # 0.4 s, 5 s, 0.3 s
+    ts = SimpleNamespace(traj_act0=[held[0], held[0]], traj_prev=np.array([-1, -1]), traj_commands=[held, held],
+                         act0_assumed=lambda: np.array([True, False]))
+    tau, speed = torch.tensor(0.2, dtype=torch.float64), torch.tensor([0.1], dtype=torch.float64)
+    got = record_settle_steps(ts, low, high, tau, speed, dt, 5.0)
+    runs = _filter_runs(held, np.stack([low, high]), 0.2, 0.1, dt)
+    tolerance = np.exp(-5.0) * (high - low)
+    expected = int(np.flatnonzero(((runs[:, 1] - runs[:, 0]) <= tolerance).all(-1))[0])
+    assert 400 < expected < 5400                                      # inside the long hold
+    assert got[0] == expected and got[1] == 0
+
+
+def test_the_finite_difference_stage_fits_only_settled_tuples(rolling):
+    """The tuple Levenberg-Marquardt draws its tuples where the windows do: none within
+    `motor_settle` time constants of the assumed start; all of them when told not to wait."""
+    from tensegrity_engine.identification.solvers.levenberg_marquardt import (TupleLevenbergMarquardt, raw_vector,
+                                                                              set_raw_vector)
+    run, _ = rolling
+    ts = run.train.ts
+    p = {k: v.detach() for k, v in run.engine.param_values(torch.float64, "cpu").items()}
+    settled = np.flatnonzero(motor_settled(ts, settle_steps(run.robot, p, IdentificationConfig().motor_settle, ts)))
+    assert 0 < len(settled) < len(ts.x0)
+    seen, start = [], raw_vector(run.params, run.learn)
+    original = TupleLevenbergMarquardt._residual_of
+
+    def recording(r, idx):
+        seen.append(idx.tolist())
+        return original(r, idx)
+
+    try:
+        TupleLevenbergMarquardt._residual_of = staticmethod(recording)
+        for motor_settle, expected in ((IdentificationConfig().motor_settle, settled.tolist()),
+                                       (0.0, list(range(len(ts.x0))))):
+            seen.clear()
+            config = dataclasses.replace(run.config, motor_settle=motor_settle, lm_tuples=10_000)
+            TupleLevenbergMarquardt(config).epoch(run)
+            assert seen and all(s == expected for s in seen), motor_settle
+    finally:
+        TupleLevenbergMarquardt._residual_of = staticmethod(original)
+        set_raw_vector(run.params, run.learn, start)

@@ -91,6 +91,7 @@ def test_a_limit_the_data_never_reach_is_unreached_not_undetermined(superball, c
     u = trainer_uncertainty(tr)
     assert u.unreached == ("actuator_max_speed",) and u.undetermined == ()
     assert np.isinf(u.sigma["actuator_max_speed"]).all()
+    assert not any("actuator_max_speed" in d for d in u.weak_directions)     # nothing to excite for it
     assert all(np.isfinite(u.sigma[n]).all() for n in LEARN)
     tr.parameters.set_value("actuator_max_speed", np.array([0.05]))        # m/s: binds on these commands
     u = trainer_uncertainty(tr)

@@ -245,8 +245,10 @@ def normal_matrix_uncertainty(params: PhysicalParameters, names, H: torch.Tensor
         corr[idx[:, None], idx[None, :]] = block
         corr[var == math.inf] = math.nan
         corr[:, var == math.inf] = math.nan
-    # an element the data does not touch at all is a direction of its own
-    weak_directions += [{lab: 1.0} for lab, a in zip(labels, alive.tolist()) if not a]
+    # an element the data does not touch at all is a direction of its own (not a limit the
+    # data never reach: no excitation of this kind is wanted for it)
+    weak_directions += [{lab: 1.0} for lab, a in zip(labels, alive.tolist())
+                        if not a and not SPEC_BY_NAME[lab.split("[")[0]].limit]
     slopes = value_slopes(params, names).abs().cpu()
     sigma_value = var.sqrt() * slopes
     spread_value = None if spread_var is None else spread_var.sqrt() * slopes

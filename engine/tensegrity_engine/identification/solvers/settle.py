@@ -6,15 +6,18 @@ guess until the filter has forgotten its start. For a plain first-order filter t
 few time constants. A rate-limited winch forgets only while it is not running flat out,
 and a winch that chases its commands at top speed keeps its start's offset: on the zoo's
 slow_winch (0.25 m/s against commands moving up to 1 m/s, motors 0.2 m from the first
-command) the windowed solver fitted damping +450-830 % and tau -60-75 % with the winch
-speed learnt, and -1.6 / +1.4 / -2.3 % and +1.0 / -1.0 / +0.6 % from motors that had
-settled at the first command (`bench/online.py`, seeds 0-2).
+command) the solver fitted damping +556 / +454 / +36 % and tau -72 / -58 / -4 % with the
+winch speed learnt (seeds 0-2, `bench/online.py`), and -1.6 / +1.4 / -2.3 % and
++1.0 / -1.0 / +0.6 % from motors that had settled at the first command.
 
 So the wait is measured on the record's own commands: the filter run from both ends of the
 command range. Any start inside the range stays between those two runs (the filter is
-monotone in its state), so once they are within exp(-``time_constants``) of the span, no
-start shows by more than that. Without a binding speed limit this is exactly
-``time_constants`` time constants.
+monotone in its state), so once they are within exp(-``time_constants``) of each actuator's
+span, no start shows by more than that. Without a binding speed limit this is exactly
+``time_constants`` time constants. The run uses the larger of the current and the config's
+time constant and the current speed limit: a guard against a time constant not yet
+identified, not a bound for every value (with a binding limit a larger time constant is
+not always the slower to forget).
 """
 from __future__ import annotations
 
@@ -35,10 +38,11 @@ def settle_steps(robot, p: dict, time_constants: float, ts=None):
     longer shows, plus the delay; 0 when ``time_constants`` is 0 (no wait).
 
     The filter's time constant is the larger of the current and the config's (the config's
-    guards a value not yet identified). Without a speed limit that can bind, an int:
-    ``time_constants`` of them. With one, and ``ts`` (a ``TupleSet``) given, an array with one
-    count per trajectory (read at a record's first piece): the filter run over that record's
-    commands from both ends of the command range (`record_settle_steps`)."""
+    guards a value not yet identified); the speed limit is the current one. Without a speed
+    limit that can bind, an int: ``time_constants`` of them. With one, and ``ts`` (a
+    ``TupleSet``) given, an array with one count per trajectory (read at a record's first
+    piece): the filter run over that record's commands from both ends of the command range
+    (`record_settle_steps`), never less than the int."""
     if not time_constants:
         return 0
     tau = max(_largest(p["actuator_time_constant"]), float(robot.actuator.time_constant))
@@ -49,8 +53,8 @@ def settle_steps(robot, p: dict, time_constants: float, ts=None):
         return plain
     low = np.asarray(robot.command_low, dtype=np.float64)
     high = np.asarray(robot.command_high, dtype=np.float64)
-    tau_t = torch.as_tensor(tau, dtype=torch.float64)
-    speed_t = torch.as_tensor(speed, dtype=torch.float64).detach().reshape(-1)
+    tau_t = torch.tensor(tau, dtype=torch.float64)
+    speed_t = torch.as_tensor(speed).detach().to("cpu", torch.float64).reshape(-1)     # any device
     if not speed_limit_binds(tau_t, speed_t, torch.as_tensor(high - low)):
         return plain
     steps = record_settle_steps(ts, low, high, tau_t, speed_t, robot.dt, time_constants)
@@ -59,11 +63,16 @@ def settle_steps(robot, p: dict, time_constants: float, ts=None):
 
 def record_settle_steps(ts, low: np.ndarray, high: np.ndarray, tau: torch.Tensor, speed: torch.Tensor,
                         dt: float, time_constants: float) -> np.ndarray:
-    """[traj] engine steps from each record's first command until the filter run from the
-    low and from the high end of the command range is within exp(-``time_constants``) of the
-    span on every actuator (at the end of the stretch of constant command where that first
-    holds; a record that never gets there: its length). Counted on a record's first piece;
-    0 for pieces that continue one."""
+    """[traj] engine steps from each assumed record's first command until the filter run
+    from the low and from the high end of the command range is within exp(-``time_constants``)
+    of each actuator's span on every actuator (a record that never gets there: its length);
+    0 for measured records and for pieces that continue one. Remembered on ``ts`` per
+    (tau, speed, time constants): the solvers ask once per iteration."""
+    key = (float(tau), tuple(speed.tolist()), float(dt), float(time_constants),
+           tuple(low.tolist()), tuple(high.tolist()))
+    memo = ts.__dict__.setdefault("_settle_memo", {})
+    if key in memo:
+        return memo[key]
     n = len(ts.traj_act0)
     out = np.zeros(n, dtype=np.float64)
     later = [[] for _ in range(n)]
@@ -71,23 +80,42 @@ def record_settle_steps(ts, low: np.ndarray, high: np.ndarray, tau: torch.Tensor
     for t in np.flatnonzero(ts.traj_prev >= 0):              # traj_prev[t] < t: in order
         root[t] = root[ts.traj_prev[t]]
         later[root[t]].append(t)
-    tolerance = math.exp(-time_constants) * float((high - low).max())
-    for r in np.flatnonzero(ts.traj_prev < 0):
+    tolerance = torch.as_tensor(math.exp(-time_constants) * (high - low))
+    for r in np.flatnonzero((ts.traj_prev < 0) & ts.act0_assumed()):
         commands = np.clip(np.concatenate([ts.traj_commands[t] for t in [r] + later[r]]), low, high)
         out[r] = _steps_to_forget(commands, low, high, tau, speed, dt, tolerance)
+    memo.clear()                                             # one entry: the values move on
+    memo[key] = out
     return out
 
 
-def _steps_to_forget(commands: np.ndarray, low, high, tau, speed, dt: float, tolerance: float) -> float:
+def _steps_to_forget(commands: np.ndarray, low, high, tau, speed, dt: float, tolerance: torch.Tensor) -> int:
+    """Steps until the runs from ``low`` and ``high`` are within ``tolerance`` [A]: stretch by
+    stretch of constant command, then bisected inside the stretch where it first holds (under
+    a held command the gap between the runs never grows)."""
     change = np.flatnonzero(np.any(commands[1:] != commands[:-1], axis=1)) + 1
     begins = np.concatenate([[0], change])
     ends = np.concatenate([change, [len(commands)]])
     a = torch.as_tensor(np.stack([low, high]))
+
+    def after(start, u, steps):
+        return actuator_update(start, u, tau, steps * dt, speed)[0]
+
+    def within(x) -> bool:
+        return bool(((x[1] - x[0]) <= tolerance).all())
+
+    if within(a):
+        return 0
     for b, e in zip(begins, ends):
-        a = actuator_update(a, torch.as_tensor(commands[b]), tau, (e - b) * dt, speed)[0]
-        if float((a[1] - a[0]).max()) <= tolerance:
-            return float(e)
-    return float(len(commands))
+        u = torch.as_tensor(commands[b])
+        if within(after(a, u, e - b)):
+            lo, hi = 0, int(e - b)                       # not within after lo steps, within after hi
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (lo, mid) if within(after(a, u, mid)) else (mid, hi)
+            return int(b + hi)
+        a = after(a, u, e - b)
+    return len(commands)
 
 
 def motor_settled(ts, settle) -> np.ndarray:
