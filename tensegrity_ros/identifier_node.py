@@ -638,7 +638,7 @@ def ties_published(node, gate, fitted: dict, published) -> bool:
     if u is None or u.undetermined:
         return False
     sigma = u.published()
-    for name in (n for n in tuple(node.trainer.learn or ()) if n not in u.unreached):
+    for name in u.awaited(tuple(node.trainer.learn or ())):
         a, b, s = (np.asarray(x, dtype=np.float64) for x in (fitted[name], published[name], sigma[name]))
         if not (np.all(np.abs(a - b) <= TIE_SIGMAS * s) and np.all(s <= node.converged_sigma * np.abs(b))):
             return False
@@ -648,7 +648,7 @@ def ties_published(node, gate, fitted: dict, published) -> bool:
 def not_yet_determined(node, values: dict) -> tuple:
     """Learnt parameters whose 1-sigma at ``values`` is wider than ``converged_sigma`` of
     the value, or that the data does not determine (all of them if no sigma can be had); a
-    limit the data never reach is not waited for (it changes no prediction of such data)."""
+    limit (a winch's top speed) is not waited for (`ParameterUncertainty.awaited`)."""
     if not node.converged_sigma:
         return ()
     u = node.session.uncertainty(max_tuples=node.sigma_tuples or 64, at=values)
@@ -656,8 +656,7 @@ def not_yet_determined(node, values: dict) -> tuple:
     if u is None:
         return learnt
     rel = u.relative(PhysicalParameters(node.robot, values, per_element=[k for k, v in values.items() if len(v) > 1]))
-    return tuple(n for n in learnt if n not in u.unreached
-                 and (n in u.undetermined or not rel.get(n, math.inf) <= node.converged_sigma))
+    return tuple(n for n in u.awaited(learnt) if n in u.undetermined or not rel.get(n, math.inf) <= node.converged_sigma)
 
 
 def clear_uncertainty_flags(node, why: str) -> None:

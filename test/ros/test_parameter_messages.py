@@ -181,16 +181,17 @@ def test_converged_is_published_only_when_every_sigma_is_narrow(three_bar):
     none = node(0, 0)
     none.session = SimpleNamespace(uncertainty=lambda max_tuples, at: None)                 # no sigma: not sure
     assert not_yet_determined(none, values) == ("cable_stiffness", "cable_damping")
-    # a winch limit the data never reach is not waited for; one that is undetermined is
+    # a winch limit is not waited for, reached or not (its sigma is one-sided); the others are
     limited = node(0.01 * k, 0.01 * c)
     limited.trainer.learn += ("actuator_max_speed",)
     u = limited.session.uncertainty(64, values)
-    for unreached, undetermined, expected in (((), (), ("actuator_max_speed",)),
-                                              (("actuator_max_speed",), (), ()),
-                                              ((), ("actuator_max_speed",), ("actuator_max_speed",))):
+    for sigma_k, unreached, undetermined, expected in ((0.01 * k, (), (), ()),
+                                                       (0.01 * k, ("actuator_max_speed",), (), ()),
+                                                       (0.01 * k, (), ("actuator_max_speed",), ()),
+                                                       (0.2 * k, ("actuator_max_speed",), (), ("cable_stiffness",))):
         limited.session.uncertainty = (lambda v: lambda max_tuples, at: v)(dataclasses.replace(
-            u, sigma={**u.sigma, "actuator_max_speed": np.array([np.inf])}, unreached=unreached,
-            undetermined=undetermined))
+            u, sigma={**u.sigma, "cable_stiffness": np.array([sigma_k]), "actuator_max_speed": np.array([np.inf])},
+            unreached=unreached, undetermined=undetermined))
         assert not_yet_determined(limited, values) == expected, (unreached, undetermined)
 
 
@@ -238,16 +239,14 @@ def test_a_refused_fit_that_is_the_published_model_again_is_done(three_bar):
     assert not ties_published(node(), tie, fit(0.0, 0.0), None)                        # the config in use
     assert not ties_published(node(sigma_c=0.2 * c), tie, fit(0.0, 0.0), published)   # not determined yet
     assert not ties_published(node(undetermined=("cable_damping",)), tie, fit(0.0, 0.0), published)
-    # a winch limit these data never reach (sigma inf) does not stand in the way
+    # a winch limit (sigma one-sided: here inf) does not stand in the way; the others still do
     limited = node()
     limited.trainer.learn += ("actuator_max_speed",)
     u = limited.session.uncertainty(64, published)
     inf_speed = {**u.sigma, "actuator_max_speed": np.array([np.inf])}
-    limited.session.uncertainty = lambda max_tuples, at: dataclasses.replace(u, sigma=inf_speed,
-                                                                             unreached=("actuator_max_speed",))
-    assert ties_published(limited, tie, fit(0.015, -0.01), published)
     limited.session.uncertainty = lambda max_tuples, at: dataclasses.replace(u, sigma=inf_speed)
-    assert not ties_published(limited, tie, fit(0.015, -0.01), published)
+    assert ties_published(limited, tie, fit(0.015, -0.01), published)
+    assert not ties_published(limited, tie, fit(0.03, 0.0), published)
     # the config's values, published with an earlier refused finish, are not a converged model
     n = node()
     n.session.config_robot = three_bar

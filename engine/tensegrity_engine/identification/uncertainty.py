@@ -98,6 +98,15 @@ class ParameterUncertainty:
     # yet not undetermined; the model predicts these data the same for any value of them
     unreached: tuple = ()
 
+    @staticmethod
+    def awaited(names) -> tuple:
+        """The learnt ``names`` a convergence test waits for: all but limits
+        (``ParamSpec.limit``). A limit's sigma is one-sided: wide where the data barely reach
+        it (the SUPERball twin, no winch limit, settles at a top speed of 1.7 m/s that binds
+        on a few command jumps, sigma > 5 %, while K, c and tau are within 0.2 %), and the same
+        excitation will not reach it more; a limit that binds hard is narrow anyway."""
+        return tuple(n for n in names if not SPEC_BY_NAME[n].limit)
+
     def published(self) -> dict:
         """Learnt name -> the 1-sigma the node publishes: the spread (sigma where there is
         none), the horizon shift and the solver's remaining step added in quadrature."""
