@@ -635,10 +635,11 @@ def ties_published(node, gate, fitted: dict, published) -> bool:
            if n in config):
         return False                  # the config's values, published with a refused finish
     u = node.session.uncertainty(max_tuples=node.sigma_tuples or 64, at=published)
-    if u is None or u.undetermined:
+    awaited = u.awaited(tuple(node.trainer.learn or ())) if u is not None else ()
+    if u is None or any(n in u.undetermined for n in awaited):
         return False
     sigma = u.published()
-    for name in u.awaited(tuple(node.trainer.learn or ())):
+    for name in awaited:
         a, b, s = (np.asarray(x, dtype=np.float64) for x in (fitted[name], published[name], sigma[name]))
         if not (np.all(np.abs(a - b) <= TIE_SIGMAS * s) and np.all(s <= node.converged_sigma * np.abs(b))):
             return False

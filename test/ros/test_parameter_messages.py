@@ -247,6 +247,9 @@ def test_a_refused_fit_that_is_the_published_model_again_is_done(three_bar):
     limited.session.uncertainty = lambda max_tuples, at: dataclasses.replace(u, sigma=inf_speed)
     assert ties_published(limited, tie, fit(0.015, -0.01), published)
     assert not ties_published(limited, tie, fit(0.03, 0.0), published)
+    limited.session.uncertainty = lambda max_tuples, at: dataclasses.replace(u, sigma=inf_speed,
+                                                                             undetermined=("actuator_max_speed",))
+    assert ties_published(limited, tie, fit(0.015, -0.01), published)
     # the config's values, published with an earlier refused finish, are not a converged model
     n = node()
     n.session.config_robot = three_bar
