@@ -73,16 +73,12 @@ def record_settle_steps(ts, low: np.ndarray, high: np.ndarray, tau: torch.Tensor
     memo = ts.__dict__.setdefault("_settle_memo", {})
     if key in memo:
         return memo[key]
-    n = len(ts.traj_act0)
-    out = np.zeros(n, dtype=np.float64)
-    later = [[] for _ in range(n)]
-    root = np.arange(n)
-    for t in np.flatnonzero(ts.traj_prev >= 0):              # traj_prev[t] < t: in order
-        root[t] = root[ts.traj_prev[t]]
-        later[root[t]].append(t)
+    root, _ = _records(ts)
+    out = np.zeros(len(root), dtype=np.float64)
     tolerance = torch.as_tensor(math.exp(-time_constants) * (high - low))
     for r in np.flatnonzero((ts.traj_prev < 0) & ts.act0_assumed()):
-        commands = np.clip(np.concatenate([ts.traj_commands[t] for t in [r] + later[r]]), low, high)
+        pieces = np.flatnonzero(root == r)                   # r first, then its pieces in order
+        commands = np.clip(np.concatenate([ts.traj_commands[t] for t in pieces]), low, high)
         out[r] = _steps_to_forget(commands, low, high, tau, speed, dt, tolerance)
     memo.clear()                                             # one entry: the values move on
     memo[key] = out
@@ -124,11 +120,18 @@ def motor_settled(ts, settle) -> np.ndarray:
     (``TupleSet.traj_act0_assumed``); True wherever it is measured. ``settle``: one count
     for every record, or one per trajectory (`settle_steps` with ``ts``)."""
     assumed = ts.act0_assumed()
+    root, offset = _records(ts)
+    elapsed = offset[ts.traj] + ts.start_step
+    wait = np.broadcast_to(np.asarray(settle), (len(root),))[root[ts.traj]]
+    return ~assumed[root[ts.traj]] | (elapsed >= wait)
+
+
+def _records(ts) -> tuple[np.ndarray, np.ndarray]:
+    """([traj] the first piece of each trajectory's record, [traj] engine steps from that
+    record's first command to the trajectory's start)."""
     n_traj = len(ts.traj_act0)
     offset, root = np.zeros(n_traj, dtype=np.int64), np.arange(n_traj)
     for t in np.flatnonzero(ts.traj_prev >= 0):            # traj_prev[t] < t: in order
         q = ts.traj_prev[t]
         offset[t], root[t] = offset[q] + len(ts.traj_commands[q]), root[q]
-    elapsed = offset[ts.traj] + ts.start_step
-    wait = np.broadcast_to(np.asarray(settle), (n_traj,))[root[ts.traj]]
-    return ~assumed[root[ts.traj]] | (elapsed >= wait)
+    return root, offset
