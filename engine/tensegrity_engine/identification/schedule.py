@@ -116,11 +116,12 @@ class ProgressiveSchedule:
         return f"{self.phase} {self.integrator} dt={self.dt * 1e3:g}ms lr={self.lr:g}"
 
     # ------------------------------------------------------------------ decisions
-    def after_epoch(self, val: float, epoch: int, elapsed: float) -> None:
-        """Algorithm 1's stage update after an epoch with validation loss ``val``."""
+    def after_epoch(self, val: float, epoch: int, elapsed: float, progress: bool = True) -> None:
+        """Algorithm 1's stage update after an epoch with validation loss ``val``; an epoch
+        whose solver made no ``progress`` on its own objective counts as not improving."""
         cfg = self.config
         self.stage_epochs += 1
-        if val < self.best_val * (1.0 - cfg.min_rel_improvement):
+        if progress and val < self.best_val * (1.0 - cfg.min_rel_improvement):
             self.best_val = val
             self.bad_epochs = 0
             self.best_snapshot = self.host.snapshot()
@@ -171,11 +172,16 @@ class ProgressiveSchedule:
         self.stage_epochs = 0
         self._log_stage(before, val, epoch)
 
-    def after_lm_iteration(self, val: float, step: float, epoch: int, elapsed: float) -> None:
-        """The stage update, then Levenberg-Marquardt's own stops."""
+    def after_lm_iteration(self, val: float, step: float, epoch: int, elapsed: float,
+                           reduction: float | None = None) -> None:
+        """The stage update, then Levenberg-Marquardt's own stops. ``reduction``: the
+        iteration's relative decrease of its own objective, where its validation loss is
+        measured on data that changes between iterations (less than ``min_rel_improvement``
+        is no progress, whatever the validation loss did)."""
         cfg = self.config
         stage = (self.phase, self.pose_stage)
-        self.after_epoch(val, epoch, elapsed)
+        progress = reduction is None or reduction >= cfg.min_rel_improvement
+        self.after_epoch(val, epoch, elapsed, progress)
         if (self.phase, self.pose_stage) != stage:      # the schedule already moved on
             return
         if self.phase == "fine" and self.stage_epochs >= cfg.lm_max_iters:

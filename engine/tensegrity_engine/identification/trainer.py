@@ -290,6 +290,7 @@ class ProgressiveTrainer:
         seconds = time.perf_counter() - start
         self.elapsed += seconds
         step = result.pop("step", None)
+        reduction = result.pop("reduction", None)
         if result.get("lm_lambda", 0.0) > LM_FREE_LAMBDA:
             step = math.inf      # a short step under heavy damping is the trust region, not convergence
         metrics = {"epoch": self.epoch, "loss": result.pop("loss"), "val_loss": result.pop("val_loss"),
@@ -299,7 +300,7 @@ class ProgressiveTrainer:
         self.history.append(metrics)
         self.epoch += 1
         if lm:
-            self.schedule.after_lm_iteration(metrics["val_loss"], step, self.epoch, self.elapsed)
+            self.schedule.after_lm_iteration(metrics["val_loss"], step, self.epoch, self.elapsed, reduction)
         else:
             self.schedule.after_epoch(metrics["val_loss"], self.epoch, self.elapsed)
         metrics["next_stage"] = self.phase

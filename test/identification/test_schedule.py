@@ -1,0 +1,62 @@
+"""Algorithm 1's stage decisions, on a host that records what the schedule asks of it."""
+from tensegrity_engine.identification import IdentificationConfig
+from tensegrity_engine.identification.schedule import ProgressiveSchedule
+
+
+class RecordingHost:
+    latent = True                       # pose-only: finite-difference stage, then windows
+
+    def __init__(self):
+        self.changes, self.values = [], 0
+
+    def snapshot(self):
+        return self.values
+
+    def restore(self, snapshot) -> None:
+        self.values = snapshot
+
+    def stage_changed(self, kind: str) -> None:
+        self.changes.append(kind)
+
+    def log_stage(self, entry: dict) -> None:
+        pass
+
+    def log(self, message: str) -> None:
+        pass
+
+
+def _iterate(reductions, vals):
+    """Feed LM iterations; the epoch at which the finite-difference stage handed over (None: never)."""
+    cfg = IdentificationConfig(schedule="online")
+    host = RecordingHost()
+    schedule = ProgressiveSchedule(cfg, full_steps=100, host=host)
+    for epoch, (reduction, val) in enumerate(zip(reductions, vals), start=1):
+        schedule.after_lm_iteration(val, step=1.0, epoch=epoch, elapsed=0.0, reduction=reduction)
+        if "window" in host.changes:
+            return epoch, cfg
+    return None, cfg
+
+
+def test_a_validation_loss_that_falls_with_arriving_data_is_not_progress():
+    # online the validation tuples grow between iterations: the loss falls 5 % per
+    # iteration while the solver's own steps lower their objective by nothing
+    n = 30
+    vals = [1.0 * 0.95 ** k for k in range(n)]
+    stalled_at, cfg = _iterate([0.0] * n, vals)
+    # no iteration made progress, the first one included
+    assert stalled_at == cfg.lm_patience
+    # the same validation losses with steps that do lower their objective: the stage goes on
+    moving_at, _ = _iterate([0.05] * n, vals)
+    assert moving_at is None
+    # progress on its own objective while the validation loss rises is no improvement either
+    # (the first iteration sets the best)
+    rising_at, _ = _iterate([0.05] * n, [1.0 + 0.01 * k for k in range(n)])
+    assert rising_at == cfg.lm_patience + 1
+
+
+def test_without_a_reduction_the_validation_loss_alone_decides():
+    n = 30
+    falling_at, _ = _iterate([None] * n, [0.95 ** k for k in range(n)])
+    assert falling_at is None
+    flat_at, cfg = _iterate([None] * n, [1.0] * n)
+    assert flat_at == cfg.lm_patience + 1
