@@ -311,16 +311,14 @@ def tracking_figures(robot, mon: Monitor, rolling_start) -> dict:
     return out
 
 
-def summarize(robot, mon: Monitor, rolling_start, out_dir: Path, wall_s: float, learn,
-              robot_truth: str = "twin", period: float = 0.1) -> dict:
-    t = np.array(mon.pose_t)
-    com = np.array(mon.com) if mon.com else np.zeros((0, 3))
-    truth = true_values(robot, robot_truth)
+def parameter_rows(published: list, truth: dict, config: dict, learn) -> tuple[list, Optional[float]]:
+    """Each learnt value with a true one, from the published messages ``(t, stage, values, loss,
+    sigma, ...)``: true, config, first and last published, 1-sigma, errors; and the sim time
+    from which every published value (limits aside) stays within 5 % of the truth."""
     from tensegrity_engine.physics.config import DEFAULT_MAX_SPEED
-    from tensegrity_engine.physics.params import SPEC_BY_NAME, nominal_values
-    config = nominal_values(robot)          # what the user had before identifying: beside the result
-    final = mon.params[-1] if mon.params else None
-    start_vals = mon.params[0][2] if mon.params else None
+    from tensegrity_engine.physics.params import SPEC_BY_NAME
+    final = published[-1] if published else None
+    start_vals = published[0][2] if published else None
     rows = []
     if final is not None:
         for name in learn or sorted(final[2]):
@@ -333,19 +331,31 @@ def summarize(robot, mon: Monitor, rolling_start, out_dir: Path, wall_s: float, 
             sig = np.asarray(final[4].get(name, [np.nan]), dtype=np.float64)
             sigma = float(np.sqrt(np.sum(sig ** 2)) / sig.size)
             nominal = float(np.mean(config[name])) if name in config else float("nan")
-            spec = SPEC_BY_NAME.get(name)
+            limit = bool(SPEC_BY_NAME[name].limit) if name in SPEC_BY_NAME else False
             rows.append({"name": name, "true": ref, "identified": got, "sigma": sigma, "first_published": first,
                          "rel_error": abs(got - ref) / abs(ref), "config": nominal,
                          "config_rel_error": abs(nominal - ref) / abs(ref),
-                         # a limit the robot does not have (its truth the spec's default) has no
-                         # value to reach: any above what the motion reaches predicts the same
-                         "limit": bool(spec and spec.limit), "unlimited": bool(spec and spec.limit and ref >= DEFAULT_MAX_SPEED)})
+                         # a limit the robot lacks (the default: none) has no value to reach:
+                         # any value above what the motion reaches predicts the same
+                         "limit": limit, "unlimited": limit and ref >= DEFAULT_MAX_SPEED})
     # a limit is not waited for (as the node's 'converged'): its sigma is one-sided
     names = [r["name"] for r in rows if not r["limit"]]
-    within = None          # sim time from which every published value stays within 5 % of the truth
-    for entry in mon.params:
+    within = None
+    for entry in published:
         ok = all(abs(np.mean(entry[2][n]) / np.mean(truth[n]) - 1.0) <= 0.05 for n in names if n in entry[2])
         within = (within if within is not None else entry[0]) if ok else None
+    return rows, within
+
+
+def summarize(robot, mon: Monitor, rolling_start, out_dir: Path, wall_s: float, learn,
+              robot_truth: str = "twin", period: float = 0.1) -> dict:
+    t = np.array(mon.pose_t)
+    com = np.array(mon.com) if mon.com else np.zeros((0, 3))
+    truth = true_values(robot, robot_truth)
+    from tensegrity_engine.physics.params import nominal_values
+    config = nominal_values(robot)          # what the user had before identifying: beside the result
+    final = mon.params[-1] if mon.params else None
+    rows, within = parameter_rows(mon.params, truth, config, learn)
     summary = {"robot_truth": robot_truth, "within_5_percent_from_sim_t": within,
                "heldout_com_error_1s": final[5][0] if final else None,
                "replaced_com_error_1s": final[5][1] if final else None, "wall_seconds": round(wall_s, 1), "sim_seconds": float(t[-1] - t[0]) if len(t) > 1 else 0.0,

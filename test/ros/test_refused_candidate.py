@@ -47,3 +47,25 @@ def test_a_refused_candidate_is_kept_for_diagnostics_and_the_summary(capsys):
                    "final_stage": "converged", "parameters": [], "refused_candidate": rel})
     out = capsys.readouterr().out
     assert "refused by the hold-out gate" in out and "cable_stiffness -1.5%" in out and "-8.0%" in out
+
+
+def test_a_limit_the_robot_lacks_is_shown_but_never_waited_for(capsys):
+    from tensegrity_ros.sim2sim import parameter_rows
+    truth = {"cable_stiffness": [7000.0], "actuator_max_speed": [1e3]}          # a twin: no winch limit
+    config = {"cable_stiffness": [10000.0], "actuator_max_speed": [1e3]}
+    msgs = [(10.0, "fine", {"cable_stiffness": [9000.0], "actuator_max_speed": [1.7]}, 0.1, {}, (1.0, 2.0)),
+            (20.0, "fine", {"cable_stiffness": [7100.0], "actuator_max_speed": [1.6]}, 0.1,
+             {"cable_stiffness": [50.0], "actuator_max_speed": [0.5]}, (1.0, 2.0))]
+    rows, within = parameter_rows(msgs, truth, config, ["cable_stiffness", "actuator_max_speed"])
+    by = {r["name"]: r for r in rows}
+    assert by["actuator_max_speed"]["limit"] and by["actuator_max_speed"]["unlimited"]
+    assert not by["cable_stiffness"]["limit"]
+    assert within == 20.0                    # stiffness within 5 % from the second message; the limit ignored
+    # a robot that has the limit: scored like any value, still not waited for
+    rows, within = parameter_rows(msgs, {**truth, "actuator_max_speed": [0.25]}, config, None)
+    assert not {r["name"]: r for r in rows}["actuator_max_speed"]["unlimited"] and within == 20.0
+    print_summary({"wall_seconds": 1.0, "sim_seconds": 1.0, "poses": 10, "parameters_published": 2,
+                   "final_stage": "fine", "parameters": parameter_rows(msgs, truth, config, None)[0],
+                   "within_5_percent_from_sim_t": 20.0})
+    out = capsys.readouterr().out
+    assert "the robot has no such limit" in out and "(limits aside) from sim t=20.0 s" in out
