@@ -311,6 +311,15 @@ def tracking_figures(robot, mon: Monitor, rolling_start) -> dict:
     return out
 
 
+def summary_learn(learn, robot) -> Optional[list]:
+    """The identifier's ``learn`` parameter as the names the trainer resolves for the robot's
+    contact law; None (every published value) for none or ``[default]``."""
+    if not learn or list(learn) == ["default"]:
+        return None
+    from tensegrity_engine.identification.config import resolve_learn
+    return list(resolve_learn(learn, robot.contact.law))
+
+
 def parameter_rows(published: list, truth: dict, config: dict, learn) -> tuple[list, Optional[float]]:
     """Each learnt value with a true one, from the published messages ``(t, stage, values, loss,
     sigma, ...)``: true, config, first and last published, 1-sigma, errors; and the sim time
@@ -332,14 +341,17 @@ def parameter_rows(published: list, truth: dict, config: dict, learn) -> tuple[l
             sigma = float(np.sqrt(np.sum(sig ** 2)) / sig.size)
             nominal = float(np.mean(config[name])) if name in config else float("nan")
             limit = bool(SPEC_BY_NAME[name].limit) if name in SPEC_BY_NAME else False
+            # a winch without a speed limit (the default) has no value to reach: any value above
+            # what the motion reaches predicts the same, so there is no error to give
+            unlimited = name == "actuator_max_speed" and ref >= DEFAULT_MAX_SPEED
             rows.append({"name": name, "true": ref, "identified": got, "sigma": sigma, "first_published": first,
-                         "rel_error": abs(got - ref) / abs(ref), "config": nominal,
-                         "config_rel_error": abs(nominal - ref) / abs(ref),
-                         # a limit the robot lacks (the default: none) has no value to reach:
-                         # any value above what the motion reaches predicts the same
-                         "limit": limit, "unlimited": limit and ref >= DEFAULT_MAX_SPEED})
+                         "rel_error": None if unlimited else abs(got - ref) / abs(ref), "config": nominal,
+                         "config_rel_error": None if unlimited else abs(nominal - ref) / abs(ref),
+                         "limit": limit, "unlimited": unlimited})
     # a limit is not waited for (as the node's 'converged'): its sigma is one-sided
     names = [r["name"] for r in rows if not r["limit"]]
+    if not names:
+        return rows, None
     within = None
     for entry in published:
         ok = all(abs(np.mean(entry[2][n]) / np.mean(truth[n]) - 1.0) <= 0.05 for n in names if n in entry[2])
@@ -398,6 +410,8 @@ def _plots(mon, robot, truth, rolling_start, out_dir: Path, learn) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from tensegrity_engine.physics.config import DEFAULT_MAX_SPEED
+
     t = np.array(mon.pose_t)
     com = np.array(mon.com)
     fig, ax = plt.subplots(2, 2, figsize=(11, 7))
@@ -417,7 +431,8 @@ def _plots(mon, robot, truth, rolling_start, out_dir: Path, learn) -> None:
     ax[0, 1].legend()
     if mon.params:
         pt = np.array([p[0] for p in mon.params])
-        names = [n for n in (learn or []) if n in mon.params[-1][2] and n in truth][:4]
+        unlimited = {n for n in ("actuator_max_speed",) if n in truth and np.mean(truth[n]) >= DEFAULT_MAX_SPEED}
+        names = [n for n in (learn or []) if n in mon.params[-1][2] and n in truth and n not in unlimited][:4]
         for n in names:
             ref = np.mean(truth[n])
             vals = np.array([np.mean(p[2][n]) for p in mon.params]) / ref
@@ -567,10 +582,7 @@ def main(argv=None) -> int:
     bridge = data["mujoco_bridge"]["ros__parameters"]
     robot = load_robot(bridge.get("robot", "superball"))
     robot_truth = str(bridge.get("robot_truth", "twin"))
-    learn = data.get("identifier", {}).get("ros__parameters", {}).get("learn")
-    if learn and list(learn) != ["default"]:          # names as the trainer resolves them for the law
-        from tensegrity_engine.identification.config import resolve_learn
-        learn = list(resolve_learn(learn, robot.contact.law))
+    learn = summary_learn(data.get("identifier", {}).get("ros__parameters", {}).get("learn"), robot)
     domain = args.domain_id if args.domain_id is not None else reserve_domain_id()
     log_root = Path(tempfile.mkdtemp(prefix="sim2sim_ros_log_"))
     env = ros_env(domain, str(log_root))
@@ -606,10 +618,7 @@ def main(argv=None) -> int:
         if (node, key) == ("mujoco_bridge", "robot_truth"):
             robot_truth = value
         if (node, key) == ("identifier", "learn"):          # the summary scores what is learnt
-            learn = yaml.safe_load(value)
-            if learn and list(learn) != ["default"]:
-                from tensegrity_engine.identification.config import resolve_learn
-                learn = list(resolve_learn(learn, robot.contact.law))
+            learn = summary_learn(yaml.safe_load(value), robot)
     true_values(robot, robot_truth)          # a bad robot_truth fails here, before any node starts
     print(f"sim2sim: {cfg_path} on ROS_DOMAIN_ID={domain}, poses from {pose_source}; logs in {out_dir}/*.log",
           flush=True)

@@ -60,3 +60,17 @@ def test_without_a_reduction_the_validation_loss_alone_decides():
     assert falling_at is None
     flat_at, cfg = _iterate([None] * n, [1.0] * n)
     assert flat_at == cfg.lm_patience + 1
+
+
+def test_values_that_improved_the_validation_loss_without_progress_are_still_the_best():
+    cfg = IdentificationConfig(schedule="online")
+    host = RecordingHost()
+    schedule = ProgressiveSchedule(cfg, full_steps=100, host=host)
+    vals = [1.0, 0.9, 0.95, 0.97, 0.99]
+    for epoch, val in enumerate(vals, start=1):
+        host.values = epoch                     # the values the iteration leaves
+        schedule.after_lm_iteration(val, step=1.0, epoch=epoch, elapsed=0.0, reduction=0.0)
+        if "window" in host.changes:
+            break
+    # no iteration made progress: the stage ended, back at the values with the lowest loss
+    assert "window" in host.changes and host.values == 2

@@ -905,3 +905,20 @@ def test_gradient_dtype_float32_steps_the_backpropagated_rollouts_only(superball
     torch.testing.assert_close(out["float32", "lm"], out[None, "lm"], rtol=0, atol=0)
     with pytest.raises(ValueError, match="gradient_dtype"):
         idf.IdentificationConfig(gradient_dtype="float16")
+
+
+def test_the_tuple_stage_reports_its_own_reduction_and_online_its_stall_follows_it(superball, data, monkeypatch):
+    """The tuple LM's relative decrease of its own tuples' objective reaches the metrics; online
+    the schedule is given it (its validation tuples grow), offline it is not."""
+    po = {k: [t.without_velocity() for t in v] for k, v in data.items() if k != "root"}
+    for schedule in ("online", "fine_only"):
+        tr = _trainer(superball, {"train": po["train"], "val": po["val"]}, init="given", schedule=schedule,
+                      learn=("cable_stiffness", "cable_damping"), lm_tuples=16, val_tuples=8)
+        given = []
+        original = tr.schedule.after_lm_iteration
+        monkeypatch.setattr(tr.schedule, "after_lm_iteration",
+                            lambda *a, **k: (given.append(a[4]), original(*a, **k)))
+        m = tr.train_epoch()
+        assert not tr.schedule.windows                  # the finite-difference (tuple) stage ran
+        assert m["lm_accepted"] and 0.0 < m["reduction"] < 1.0      # the config's values are off: a step helps
+        assert given == ([m["reduction"]] if schedule == "online" else [None])

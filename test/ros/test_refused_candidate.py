@@ -59,6 +59,7 @@ def test_a_limit_the_robot_lacks_is_shown_but_never_waited_for(capsys):
     rows, within = parameter_rows(msgs, truth, config, ["cable_stiffness", "actuator_max_speed"])
     by = {r["name"]: r for r in rows}
     assert by["actuator_max_speed"]["limit"] and by["actuator_max_speed"]["unlimited"]
+    assert by["actuator_max_speed"]["rel_error"] is None          # no error against "no limit"
     assert not by["cable_stiffness"]["limit"]
     assert within == 20.0                    # stiffness within 5 % from the second message; the limit ignored
     # a robot that has the limit: scored like any value, still not waited for
@@ -69,3 +70,17 @@ def test_a_limit_the_robot_lacks_is_shown_but_never_waited_for(capsys):
                    "within_5_percent_from_sim_t": 20.0})
     out = capsys.readouterr().out
     assert "the robot has no such limit" in out and "(limits aside) from sim t=20.0 s" in out
+
+
+def test_a_default_learn_list_scores_every_published_value_and_none_claims_nothing():
+    from tensegrity_ros.params import load_robot
+    from tensegrity_ros.sim2sim import parameter_rows, summary_learn
+    robot = load_robot("superball")
+    assert summary_learn(["default"], robot) is None and summary_learn(None, robot) is None
+    assert summary_learn(["cable_stiffness", "contact"], robot)[0] == "cable_stiffness"
+    assert len(summary_learn(["contact"], robot)) > 1                  # a group, resolved for the law
+    msgs = [(5.0, "fine", {"cable_stiffness": [7000.0]}, 0.1, {}, (1.0, 2.0))]
+    rows, within = parameter_rows(msgs, {"cable_stiffness": [7000.0]}, {"cable_stiffness": [1e4]}, None)
+    assert [r["name"] for r in rows] == ["cable_stiffness"] and within == 5.0
+    # nothing scored (only a limit, or no true values): no "within 5 %" time
+    assert parameter_rows(msgs, {}, {}, None) == ([], None)

@@ -70,7 +70,7 @@ class IdentificationConfig:
                                         # semi_implicit / implicitfast / rk4: fit a model stepped so
                                         # (the structure, `structure.py`); "ani"
     patience: int = 2                   # non-improving epochs before a stage change
-    min_rel_improvement: float = 1e-3   # val loss must fall by this fraction to count
+    min_rel_improvement: float = 1e-3   # val loss (online tuple LM: also its own step's) must fall by this fraction
     max_stage_epochs: Optional[int] = 1 # epochs of a gradient stage (Algorithm 1's dt or lr halving,
                                         # an Adam fine stage; not Levenberg-Marquardt) before the next
                                         # (None: patience only); with the two below, the fastest

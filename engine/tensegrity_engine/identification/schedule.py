@@ -9,9 +9,11 @@ expensive part and the fine stage is exact anyway); then the fine stage starts f
 best coarse parameters with the semi-implicit (or ANI) integrator at dt_r:
 
 * ``fine_optimizer="lm"`` (default): Levenberg-Marquardt. It ends when the validation loss
-  stops improving (``lm_patience``), reaches ``lm_tol`` (exact data: round-off), moves no
-  raw parameter by more than ``lm_step_tol`` or after ``lm_max_iters``. Pose-only data runs
-  it twice: on finite-difference velocities, then on multiple-shooting windows.
+  stops improving (``lm_patience``; online, where the tuple stage's validation tuples grow
+  between iterations, also when its steps stop lowering their own objective), reaches
+  ``lm_tol`` (exact data: round-off), moves no raw parameter by more than ``lm_step_tol``
+  or after ``lm_max_iters``. Pose-only data runs it twice: on finite-difference velocities,
+  then on multiple-shooting windows.
 * ``fine_optimizer="adam"``: lr reset to lr0 and halved until < lr_min, as in the paper.
 
 With ``max_seconds`` the implicit phase may use ``coarse_time_fraction`` of it, then the
@@ -118,13 +120,16 @@ class ProgressiveSchedule:
     # ------------------------------------------------------------------ decisions
     def after_epoch(self, val: float, epoch: int, elapsed: float, progress: bool = True) -> None:
         """Algorithm 1's stage update after an epoch with validation loss ``val``; an epoch
-        whose solver made no ``progress`` on its own objective counts as not improving."""
+        whose solver made no ``progress`` on its own objective counts as not improving (its
+        values are still the stage's best if ``val`` is)."""
         cfg = self.config
         self.stage_epochs += 1
-        if progress and val < self.best_val * (1.0 - cfg.min_rel_improvement):
+        improved = val < self.best_val * (1.0 - cfg.min_rel_improvement)
+        if improved:
             self.best_val = val
-            self.bad_epochs = 0
             self.best_snapshot = self.host.snapshot()
+        if improved and progress:
+            self.bad_epochs = 0
         else:
             self.bad_epochs += 1
         out_of_time = cfg.max_seconds is not None and elapsed >= cfg.max_seconds
@@ -175,9 +180,9 @@ class ProgressiveSchedule:
     def after_lm_iteration(self, val: float, step: float, epoch: int, elapsed: float,
                            reduction: float | None = None) -> None:
         """The stage update, then Levenberg-Marquardt's own stops. ``reduction``: the
-        iteration's relative decrease of its own objective, where its validation loss is
+        iteration's relative decrease of its own objective, given where its validation loss is
         measured on data that changes between iterations (less than ``min_rel_improvement``
-        is no progress, whatever the validation loss did)."""
+        is no progress, whatever the validation loss did); None: the validation loss decides."""
         cfg = self.config
         stage = (self.phase, self.pose_stage)
         progress = reduction is None or reduction >= cfg.min_rel_improvement

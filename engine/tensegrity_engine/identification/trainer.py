@@ -290,17 +290,19 @@ class ProgressiveTrainer:
         seconds = time.perf_counter() - start
         self.elapsed += seconds
         step = result.pop("step", None)
-        reduction = result.pop("reduction", None)
+        reduction = result.pop("reduction", None)       # the tuple LM's own step's progress
         if result.get("lm_lambda", 0.0) > LM_FREE_LAMBDA:
             step = math.inf      # a short step under heavy damping is the trust region, not convergence
         metrics = {"epoch": self.epoch, "loss": result.pop("loss"), "val_loss": result.pop("val_loss"),
                    "stage": self.phase, "integrator": self.integrator, "dt": self.dt, "lr": self.lr,
                    "tuples": result.pop("tuples"), "seconds": seconds, "diverged": result.pop("diverged"),
-                   "params": self.params.as_dict(), **result}
+                   "params": self.params.as_dict(), "reduction": reduction, **result}
         self.history.append(metrics)
         self.epoch += 1
         if lm:
-            self.schedule.after_lm_iteration(metrics["val_loss"], step, self.epoch, self.elapsed, reduction)
+            # its own progress counts online only, where its validation tuples grow
+            self.schedule.after_lm_iteration(metrics["val_loss"], step, self.epoch, self.elapsed,
+                                             reduction if self.config.schedule == "online" else None)
         else:
             self.schedule.after_epoch(metrics["val_loss"], self.epoch, self.elapsed)
         metrics["next_stage"] = self.phase
