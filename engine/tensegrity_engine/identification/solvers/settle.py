@@ -104,13 +104,14 @@ def _steps_to_forget(commands: np.ndarray, low, high, tau, speed, dt: float, tol
         return 0
     for b, e in zip(begins, ends):
         u = torch.as_tensor(commands[b])
-        if within(after(a, u, e - b)):
+        end = after(a, u, e - b)
+        if within(end):
             lo, hi = 0, int(e - b)                       # not within after lo steps, within after hi
             while hi - lo > 1:
                 mid = (lo + hi) // 2
                 lo, hi = (lo, mid) if within(after(a, u, mid)) else (mid, hi)
             return int(b + hi)
-        a = after(a, u, e - b)
+        a = end
     return len(commands)
 
 
