@@ -320,11 +320,17 @@ def summary_learn(learn, robot) -> Optional[list]:
     return list(resolve_learn(learn, robot.contact.law))
 
 
+def lacks_limit(name: str, truth: dict) -> bool:
+    """The robot has no such limit: its winches' true top speed is the default (none). Then
+    there is no value to reach: any value above what the motion reaches predicts the same."""
+    from tensegrity_engine.physics.config import DEFAULT_MAX_SPEED
+    return name == "actuator_max_speed" and name in truth and float(np.mean(truth[name])) >= DEFAULT_MAX_SPEED
+
+
 def parameter_rows(published: list, truth: dict, config: dict, learn) -> tuple[list, Optional[float]]:
     """Each learnt value with a true one, from the published messages ``(t, stage, values, loss,
     sigma, ...)``: true, config, first and last published, 1-sigma, errors; and the sim time
     from which every published value (limits aside) stays within 5 % of the truth."""
-    from tensegrity_engine.physics.config import DEFAULT_MAX_SPEED
     from tensegrity_engine.physics.params import SPEC_BY_NAME
     final = published[-1] if published else None
     start_vals = published[0][2] if published else None
@@ -341,9 +347,7 @@ def parameter_rows(published: list, truth: dict, config: dict, learn) -> tuple[l
             sigma = float(np.sqrt(np.sum(sig ** 2)) / sig.size)
             nominal = float(np.mean(config[name])) if name in config else float("nan")
             limit = bool(SPEC_BY_NAME[name].limit) if name in SPEC_BY_NAME else False
-            # a winch without a speed limit (the default) has no value to reach: any value above
-            # what the motion reaches predicts the same, so there is no error to give
-            unlimited = name == "actuator_max_speed" and ref >= DEFAULT_MAX_SPEED
+            unlimited = lacks_limit(name, truth)        # no error to give against "none"
             rows.append({"name": name, "true": ref, "identified": got, "sigma": sigma, "first_published": first,
                          "rel_error": None if unlimited else abs(got - ref) / abs(ref), "config": nominal,
                          "config_rel_error": None if unlimited else abs(nominal - ref) / abs(ref),
@@ -410,8 +414,6 @@ def _plots(mon, robot, truth, rolling_start, out_dir: Path, learn) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from tensegrity_engine.physics.config import DEFAULT_MAX_SPEED
-
     t = np.array(mon.pose_t)
     com = np.array(mon.com)
     fig, ax = plt.subplots(2, 2, figsize=(11, 7))
@@ -431,8 +433,8 @@ def _plots(mon, robot, truth, rolling_start, out_dir: Path, learn) -> None:
     ax[0, 1].legend()
     if mon.params:
         pt = np.array([p[0] for p in mon.params])
-        unlimited = {n for n in ("actuator_max_speed",) if n in truth and np.mean(truth[n]) >= DEFAULT_MAX_SPEED}
-        names = [n for n in (learn or []) if n in mon.params[-1][2] and n in truth and n not in unlimited][:4]
+        names = [n for n in (learn or []) if n in mon.params[-1][2] and n in truth
+                 and not lacks_limit(n, truth)][:4]
         for n in names:
             ref = np.mean(truth[n])
             vals = np.array([np.mean(p[2][n]) for p in mon.params]) / ref
