@@ -263,6 +263,25 @@ def test_held_out_tuples_never_train_and_gate_every_publication(three_bar):
     assert (r.heldout_len, r.holdout.seen) == (40, 120)
 
 
+def test_unseen_tuples_are_scored_like_the_gates_with_every_known_command_as_context(three_bar):
+    """A bench's fresh data (after the session stopped) get the gate's yardstick, with the
+    window's and the held-out blocks' commands as context, and never reach the trainer."""
+    s, made = _session(three_bar, [1.0] * 4, min_tuples=2, holdout_every=3)
+    seen = []
+    s._tuple_set = lambda batch, context=(): seen.append(context) or batch
+    s.add(_batch(three_bar, 0, 91))                          # blocks 20-29, 50-59, 80-89 held out
+    fresh = s.unseen_tuples(_batch(three_bar, 91, 20))
+    assert {int(c.t0.min()) for c in seen[-1]} == {0, 2_000_000_000}      # the window and the held-out chunk
+    assert sum(len(c) for c in seen[-1]) == 91
+    calls = len(made[0].calls)
+    loss, com = s.heldout_scores({"cable_stiffness": [2500.0]}, data=fresh)
+    assert made[0].calls[calls:] == [("heldout", list(range(9_100_000_000, 11_100_000_000, 100_000_000)))]
+    assert (loss, com) == pytest.approx((500.0, 0.05))
+    gate_loss, _ = s.heldout_scores({"cable_stiffness": [2500.0]})        # the gate's own blocks
+    assert made[0].calls[-1][1][0] == 2_000_000_000 and gate_loss == pytest.approx(500.0)
+    assert all(9_100_000_000 not in c[1] for c in made[0].calls if c[0] in ("set", "extend"))
+
+
 def test_the_gate_never_publishes_a_model_worse_than_the_config_on_todays_data(three_bar):
     """Stand-in truth K 3000, the config's 2000 (1000 away). A published model that new
     held-out data shows worse than the config (K 4500: 1500 away) is reverted to the config,

@@ -249,10 +249,16 @@ class OnlineIdentification:
         self.best_values = values
         self.published_robot = None if values is None else (robot or self.robot)
 
-    def heldout_scores(self, values: dict, robot: Optional[RobotConfig] = None) -> tuple[float, float]:
+    def unseen_tuples(self, batch: TupleBatch):
+        """Tuples of this stream that neither training nor the gate saw (a bench's fresh
+        data after the session stopped), each starting with the actuator state the known
+        commands before it leave."""
+        return self._tuple_set(batch, context=list(self.window) + self.holdout.context())
+
+    def heldout_scores(self, values: dict, robot: Optional[RobotConfig] = None, data=None) -> tuple[float, float]:
         """(loss, CoM error 1 s ahead) of ``values`` in the structure ``robot`` (the session's
-        by default) on the held-out blocks, means over blocks."""
-        data = self.heldout_tuples()
+        by default) on the held-out blocks (or ``data``: `unseen_tuples`), means over blocks."""
+        data = self.heldout_tuples() if data is None else data
         loss, com = self.scores.scores(self, self.scores.scorer(self, robot or self.robot), data, values)
         return _mean(loss), _mean(com)
 
