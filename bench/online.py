@@ -58,7 +58,7 @@ from tensegrity_engine.groundtruth.mujoco_twin import GroundTruthDiverged
 from tensegrity_engine.groundtruth.sensors import SensorModel
 from tensegrity_engine.groundtruth.zoo import ZOO_PREFIX, ground_truth, zoo_names
 from tensegrity_engine.identification.config import IdentificationConfig, contact_params, resolve_learn
-from tensegrity_engine.identification.online import HOLDOUT_SECONDS, OnlineIdentification
+from tensegrity_engine.identification.online import HOLDOUT_SECONDS, OnlineIdentification, unseen_tuples
 from tensegrity_engine.identification.online_structure import ONLINE_OPTIONS, online_options, structure_key
 from tensegrity_engine.identification.solvers.settle import settle_steps
 from tensegrity_engine.identification.solvers.windows import fit_start_velocities, training_windows
@@ -184,7 +184,7 @@ def training_objective(trainer, values: dict, width: int, max_windows: int = 256
     return float((r ** 2).sum())
 
 
-def unseen_tuples(aligner: StreamAligner, events) -> Optional[TupleBatch]:
+def fresh_tuples(aligner: StreamAligner, events) -> Optional[TupleBatch]:
     """The tuples of the stream's remaining ``events`` (fed to ``aligner`` in order); None
     if they make none."""
     for stamp, kind, value in events:
@@ -275,7 +275,7 @@ def run_session(z, args, seed: int, learn) -> dict:
                 trace.append((clock, PhysicalParameters(robot).as_dict(), None))
         spent = time.perf_counter() - t0
         clock += spent / args.compute_per_sim_second if session.training else max(spent, CONTROL_DT)
-    fresh = unseen_tuples(aligner, events[i_event:])
+    fresh = fresh_tuples(aligner, events[i_event:])
     nominal = PhysicalParameters(robot).as_dict()
     final = published if published is not None else nominal
     # CoM error 1 s ahead (the gate's measure) on the fresh data of the config, the published model,
@@ -288,7 +288,7 @@ def run_session(z, args, seed: int, learn) -> dict:
     gate_com = {"identified": math.nan, "true": math.nan}     # the same on the gate's blocks
     objective = {"identified": math.nan, "true": math.nan}
     if session.heldout and session.trainer is not None:
-        fresh = None if fresh is None else session.unseen_tuples(fresh)      # none (--fresh 0): NaN
+        fresh = None if fresh is None else unseen_tuples(session, fresh)      # none (--fresh 0): NaN
         # in the model's structure: a value the model shares gets the mean of the robot's own
         # (a per-cable truth here would be a richer structure: stiff_light's +-20 % spread fits
         # the training windows far better than any shared value, which is no solver's fault)

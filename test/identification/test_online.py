@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tensegrity_engine.identification import IdentificationConfig
-from tensegrity_engine.identification.online import OnlineIdentification
+from tensegrity_engine.identification.online import OnlineIdentification, unseen_tuples
 from tensegrity_engine.identification.streaming import TupleBatch
 from tensegrity_engine.physics.params import PhysicalParameters
 from tensegrity_engine.physics.state import initial_rod_state
@@ -270,7 +270,7 @@ def test_unseen_tuples_are_scored_like_the_gates_with_every_known_command_as_con
     seen = []
     s._tuple_set = lambda batch, context=(): seen.append(context) or batch
     s.add(_batch(three_bar, 0, 91))                          # blocks 20-29, 50-59, 80-89 held out
-    fresh = s.unseen_tuples(_batch(three_bar, 91, 20))
+    fresh = unseen_tuples(s, _batch(three_bar, 91, 20))
     assert {int(c.t0.min()) for c in seen[-1]} == {0, 2_000_000_000}      # the window and the held-out chunk
     assert sum(len(c) for c in seen[-1]) == 91
     calls = len(made[0].calls)

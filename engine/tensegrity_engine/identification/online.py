@@ -249,12 +249,6 @@ class OnlineIdentification:
         self.best_values = values
         self.published_robot = None if values is None else (robot or self.robot)
 
-    def unseen_tuples(self, batch: TupleBatch):
-        """Tuples of this stream that neither training nor the gate saw (a bench's fresh
-        data after the session stopped), each starting with the actuator state the known
-        commands before it leave."""
-        return self._tuple_set(batch, context=list(self.window) + self.holdout.context())
-
     def heldout_scores(self, values: dict, robot: Optional[RobotConfig] = None, data=None) -> tuple[float, float]:
         """(loss, CoM error 1 s ahead) of ``values`` in the structure ``robot`` (the session's
         by default) on the held-out blocks (or ``data``: `unseen_tuples`), means over blocks."""
@@ -441,6 +435,13 @@ class OnlineIdentification:
         except Exception:
             self.reset()
             raise
+
+
+def unseen_tuples(s: OnlineIdentification, batch: TupleBatch):
+    """Tuples of ``s``'s stream that neither training nor the gate saw (a bench's fresh data
+    after the session stopped), each starting with the actuator state the known commands
+    before it leave; for `OnlineIdentification.heldout_scores`' ``data``."""
+    return s._tuple_set(batch, context=list(s.window) + s.holdout.context())
 
 
 def session_uncertainty(s: OnlineIdentification, max_tuples: int = 256, at: Optional[dict] = None):
