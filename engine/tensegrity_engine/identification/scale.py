@@ -126,6 +126,12 @@ def speed_limit_search(run, *, octaves: float = 10.0, per_octave: int = 2, tuple
     grid = [fastest * 2.0 ** -e / float(start.max()) for e in np.arange(0.0, octaves + 1e-9, 1.0 / per_octave)]
     grid = [s for s in grid if lo * (1 + 1e-6) < float(start.max()) * s < hi * (1 - 1e-6)]
     best, losses = log_line_search(run, apply, grid, idx)
+    # a limit that barely binds fits noise: the loss falls by what the CPU's round-off or one
+    # tuple decides (measured on a test's data: 3.529e-3 either way, the limit left at 1e3 on
+    # an Intel Xeon, set to 8.7 m/s on an AMD EPYC); it must gain what the solver calls progress
+    if best != 1.0 and not losses[best] < losses[1.0] * (1.0 - run.config.min_rel_improvement):
+        apply(1.0)
+        best = 1.0
     if best != 1.0:
         run.log(f"speed-limit search: {name} {float(start.max() * best):.3g}, loss {losses[1.0]:.3e} -> "
                 f"{losses[best]:.3e}")
