@@ -184,14 +184,20 @@ def training_objective(trainer, values: dict, width: int, max_windows: int = 256
     return float((r ** 2).sum())
 
 
+def feed(aligner: StreamAligner, event) -> None:
+    """One recorded event (`record`) to the node's aligner."""
+    stamp, kind, value = event
+    if kind == "imu":
+        aligner.add_imu(stamp, *value)
+    else:
+        (aligner.add_command if kind == "cmd" else aligner.add_pose)(stamp, value)
+
+
 def fresh_tuples(aligner: StreamAligner, events) -> Optional[TupleBatch]:
     """The tuples of the stream's remaining ``events`` (fed to ``aligner`` in order); None
     if they make none."""
-    for stamp, kind, value in events:
-        if kind == "imu":
-            aligner.add_imu(stamp, *value)
-        else:
-            (aligner.add_command if kind == "cmd" else aligner.add_pose)(stamp, value)
+    for event in events:
+        feed(aligner, event)
     return aligner.pop_tuples()
 
 
@@ -227,11 +233,7 @@ def run_session(z, args, seed: int, learn) -> dict:
     published, sigma, spread, full, shift, undetermined, at_bound, reverts = None, None, None, None, None, (), (), 0
     while clock < args.duration:
         while i_event < len(events) and events[i_event][0] <= clock * NS:
-            stamp, kind, value = events[i_event]
-            if kind == "imu":
-                aligner.add_imu(stamp, *value)
-            else:
-                (aligner.add_command if kind == "cmd" else aligner.add_pose)(stamp, value)
+            feed(aligner, events[i_event])
             i_event += 1
         t0 = time.perf_counter()
         new = aligner.pop_tuples()
