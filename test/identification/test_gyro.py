@@ -42,10 +42,12 @@ def test_gyro_rates_streamed_after_their_poses_reach_both_ends_of_each_tuple(wit
     has_next = ts.next >= 0
     assert bool(data.gyro1[torch.as_tensor(has_next)].all())
     assert torch.allclose(data.x0[..., 10:], true_states[..., 10:], atol=1e-9)
-    # pose-only: the finite differences' spin, far from the truth
+    # pose-only: the finite differences' spin, off where the rod turns or spins fast within
+    # 0.1 s (0.48 rad/s on average; 5.1 before they went through the middle pose, which
+    # `test_velocity_estimates` checks)
     bare = pose_only[0].train
     assert bare.gyro0 is None and bare.ts.gyro0 is None
-    assert float((_spin(bare.x0[..., 7:], true_states) - _spin(true_states[..., 7:], true_states)).abs().mean()) > 2.0
+    assert float((_spin(bare.x0[..., 7:], true_states) - _spin(true_states[..., 7:], true_states)).abs().mean()) > 0.2
 
 
 def test_the_gyro_holds_the_spin_the_window_fit_cannot_see(with_gyros, pose_only):
@@ -66,8 +68,8 @@ def test_the_gyro_holds_the_spin_the_window_fit_cannot_see(with_gyros, pose_only
         spin_error = (_spin(vel, true_states[windows[:, 0]]) - _spin(truth, true_states[windows[:, 0]])).abs()
         fits[name] = (float((r[:, :n_pos] ** 2).sum()), float(spin_error.mean()), r.shape[1] - n_pos)
     assert fits["gyro"][2] == 6 * 3 and fits["poses"][2] == 0     # one start row per rod and axis
-    assert fits["gyro"][1] < 1e-3 < 0.1 < fits["poses"][1]
-    assert fits["gyro"][0] < fits["poses"][0] / 10.0
+    assert fits["gyro"][1] < 1e-3 < 0.03 < fits["poses"][1]
+    assert fits["gyro"][0] < fits["poses"][0] / 3.0        # 4.4x (46x from the aliased spins)
 
 
 def test_a_start_off_the_gyro_costs_what_its_weight_says(with_gyros):

@@ -817,7 +817,8 @@ def test_start_velocities_on_the_floor_come_near_the_true_ones(superball, floor_
         f_fit = loss(fit_start_velocities(tr.objective, data, windows, p))
     assert float(f_true.max()) < 1e-15                          # the model is exact
     assert float(f_fit.sum()) < 0.05 * float(f_fd.sum()), (f_fit.sum(), f_fd.sum())
-    assert float(f_fit.max()) < 0.5 * float(f_fd.median()), (f_fit.max(), f_fd.median())
+    # every window moved (at most 0.16x its finite differences' here)
+    assert bool((f_fit < 0.5 * f_fd).all()), (f_fit / f_fd)
 
 
 def test_boxed_step_holds_a_saturating_component_on_the_face_and_solves_the_rest():

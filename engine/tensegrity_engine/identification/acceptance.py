@@ -27,7 +27,7 @@ from tensegrity_engine.identification.dataset import Trajectory
 from tensegrity_engine.identification.evaluation import horizon_errors
 from tensegrity_engine.identification.solvers.windows import chain_windows, fit_start_velocities
 from tensegrity_engine.physics.params import PhysicalParameters
-from tensegrity_engine.physics.state import quat_log_world
+from tensegrity_engine.physics.state import central_rotation
 
 __all__ = ["Verdict", "judge", "select", "with_estimated_velocity", "heldout_scores"]
 
@@ -96,7 +96,8 @@ class Verdict:
 
 def with_estimated_velocity(traj: Trajectory) -> Trajectory:
     """The trajectory with velocities from its poses: central differences (one-sided at the
-    ends) of positions and of orientations (world-frame rotation vectors)."""
+    ends) of positions and of orientations (world-frame rotation vectors through the middle
+    pose, `central_rotation`)."""
     if traj.has_velocity:
         return traj
     t, p, q = traj.t, traj.position, traj.quaternion
@@ -107,7 +108,7 @@ def with_estimated_velocity(traj: Trajectory) -> Trajectory:
     hi = np.clip(np.arange(n) + 1, 0, n - 1)
     span = (t[hi] - t[lo])[:, None, None]
     lin = (p[hi] - p[lo]) / span
-    ang = np.stack([quat_log_world(q[a], q[b]) for a, b in zip(lo, hi)]) / span
+    ang = central_rotation(q[lo], q, q[hi]) / span
     return dataclasses.replace(traj, linear_velocity=lin, angular_velocity=ang)
 
 

@@ -10,7 +10,7 @@ import torch
 
 from tensegrity_engine.identification.dataset import Trajectory, TupleSet, to_tuples
 from tensegrity_engine.physics.params import SPEC_BY_NAME
-from tensegrity_engine.physics.state import ANG_VEL, POS, QUAT
+from tensegrity_engine.physics.state import ANG_VEL, POS, QUAT, central_rotation
 
 
 def as_tuple_set(data, period: float, dt: float) -> Optional[TupleSet]:
@@ -28,18 +28,8 @@ def finite_difference_velocity(x0: np.ndarray, x1: np.ndarray, prev: np.ndarray,
     before = np.where((prev >= 0)[:, None, None], x0[np.clip(prev, 0, None)], x0)
     span = np.where(prev >= 0, 2.0 * T, T)[:, None, None]
     v = (x1[..., POS] - before[..., POS]) / span
-    qa, qb = before[..., QUAT], x1[..., QUAT]
-    # world-frame rotation dq = qb * conj(qa) -> rotation vector / span
-    w_a, v_a = qa[..., :1], -qa[..., 1:]
-    w_b, v_b = qb[..., :1], qb[..., 1:]
-    dw = w_b * w_a - (v_b * v_a).sum(-1, keepdims=True)
-    dv = w_b * v_a + w_a * v_b + np.cross(v_b, v_a)
-    sign = np.where(dw >= 0, 1.0, -1.0)
-    dw, dv = dw * sign, dv * sign
-    norm = np.linalg.norm(dv, axis=-1, keepdims=True)
-    angle = 2.0 * np.arctan2(norm, dw)
-    axis = dv / np.maximum(norm, 1e-12)
-    return np.concatenate([v, axis * angle / span], -1)
+    # through x0: a spin up to pi / T resolves, not pi / 2T (`central_rotation`)
+    return np.concatenate([v, central_rotation(before[..., QUAT], x0[..., QUAT], x1[..., QUAT]) / span], -1)
 
 
 def piece_depths(prev: np.ndarray) -> np.ndarray:
@@ -117,8 +107,9 @@ class TrainingData:
             # Velocity estimates by finite differences: x0 central (forward at a chain start),
             # x1 the next tuple's estimate (backward difference at a chain end). They stand in
             # for measured velocities in the coarse stage and initialise the latents. A gyro's
-            # angular velocity replaces the difference's: 10 Hz poses alias the spin about a
-            # rod's axis (measured, the SUPERball twin rolling: 6.2 rad/s off on average).
+            # angular velocity replaces the difference's: 10 Hz poses miss the spin about a
+            # rod's axis that friction changes within 0.1 s (measured, the SUPERball twin
+            # rolling: 0.48 rad/s off on average; 5.1 when the differences aliased it).
             v0 = finite_difference_velocity(ts.x0, ts.x1, ts.prev, ts.period)
             v_back = finite_difference_velocity(ts.x0, ts.x1, -np.ones(len(ts), dtype=np.int64), ts.period)
             v1 = np.where((ts.next >= 0)[:, None, None], v0[np.clip(ts.next, 0, None)], v_back)

@@ -66,8 +66,8 @@ import torch
 from tensegrity_engine.identification.measurements import (StampOrder, command_problem, imu_problem,
                                                            pose_problem)
 from tensegrity_engine.physics.actuators import held_command_update
-from tensegrity_engine.physics.state import (ANG_VEL, LIN_VEL, POS, QUAT, STATE_DIM, canonical_quat, quat_log_world,
-                                             quat_rotate)
+from tensegrity_engine.physics.state import (ANG_VEL, LIN_VEL, POS, QUAT, STATE_DIM, canonical_quat, central_rotation,
+                                             quat_log_world, quat_rotate)
 
 __all__ = ["StreamConfig", "TupleBatch", "StreamAligner", "StateEstimator", "REASONS", "NS",
            "actuator_estimate"]
@@ -394,7 +394,7 @@ class StreamAligner:
         span = (b.stamp - a.stamp) / NS
         if span > 0:
             s[:, LIN_VEL] = (b.pos - a.pos) / span
-            s[:, ANG_VEL] = quat_log_world(a.quat, b.quat) / span
+            s[:, ANG_VEL] = central_rotation(a.quat, pose.quat, b.quat) / span
         imu = np.isfinite(pose.omega_imu).all(-1)
         s[imu, ANG_VEL] = pose.omega_imu[imu]
         return s, before is not None and after is not None

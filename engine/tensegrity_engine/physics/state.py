@@ -88,19 +88,28 @@ def quat_from_rotvec(r: torch.Tensor) -> torch.Tensor:
 
 
 def quat_log_world(q_from: np.ndarray, q_to: np.ndarray) -> np.ndarray:
-    """World-frame rotation vector [R, 3] of q_to * conj(q_from), the shorter way round
-    (numpy): divided by the time between them, the angular velocity that turns one into
-    the other."""
-    w1, v1 = q_from[:, 0], q_from[:, 1:]
-    w2, v2 = q_to[:, 0], q_to[:, 1:]
+    """World-frame rotation vector [..., 3] of q_to * conj(q_from) [..., 4], the shorter way
+    round (numpy): divided by the time between them, the angular velocity that turns one
+    into the other."""
+    w1, v1 = q_from[..., 0], q_from[..., 1:]
+    w2, v2 = q_to[..., 0], q_to[..., 1:]
     dw = w2 * w1 + (v2 * v1).sum(-1)
-    dv = -w2[:, None] * v1 + w1[:, None] * v2 - np.cross(v2, v1)
+    dv = -w2[..., None] * v1 + w1[..., None] * v2 - np.cross(v2, v1)
     sign = np.where(dw < 0, -1.0, 1.0)
-    dw, dv = dw * sign, dv * sign[:, None]
+    dw, dv = dw * sign, dv * sign[..., None]
     n = np.linalg.norm(dv, axis=-1)
     angle = 2.0 * np.arctan2(n, dw)
     scale = np.where(n > 1e-12, angle / np.maximum(n, 1e-300), 2.0)
-    return dv * scale[:, None]
+    return dv * scale[..., None]
+
+
+def central_rotation(q_before: np.ndarray, q_at: np.ndarray, q_after: np.ndarray) -> np.ndarray:
+    """World-frame rotation vector [..., 3] from ``q_before`` through ``q_at`` to ``q_after``:
+    the sum of the two shorter rotations, so a central difference (divided by the time from
+    before to after) resolves a spin up to pi over the larger sample interval, not pi over
+    the two together (10 Hz poses of a rod rolling on the floor: spins of 20-150 rad/s about
+    its axis, which the direct rotation from before to after aliased beyond 15.7 rad/s)."""
+    return quat_log_world(q_before, q_at) + quat_log_world(q_at, q_after)
 
 
 def quat_from_z_to(axis: np.ndarray) -> np.ndarray:

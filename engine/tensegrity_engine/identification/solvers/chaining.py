@@ -1,10 +1,12 @@
 """Latent start velocities chained along the record (pose-only windows, `windows`).
 
 A window's latent velocity starts at the finite differences of the poses. For the spin of a
-rod about its own axis they are no estimate at 10 Hz: a SUPERball rolling spins its rods at
-up to 28 rad/s (7 rad/s on average), 1.4-5.6 rad between the poses of a central difference,
-which aliases; the finite-difference spin is 6.2 rad/s off on average, and the end nodes
-the loss compares do not see spin at all. On the floor spin matters: a rod that spins wrong
+rod about its own axis they are a poor estimate at 10 Hz: a SUPERball rolling spins its rods
+at up to 28 rad/s (7 rad/s on average), 1.4-5.6 rad between the poses of a central
+difference. Taken straight from the pose before to the one after, that aliased (6.2 rad/s
+off on average); through the middle pose (`physics.state.central_rotation`) it resolves
+spins up to pi / 0.1 s, yet spin that friction changes within 0.1 s leaves it 0.4 rad/s
+off, and the end nodes the loss compares do not see spin at all. On the floor spin matters: a rod that spins wrong
 slides, friction pushes it, and its path changes. Gauss-Newton from there stalls in the
 wrong spin, and the parameters make up for what the latents cannot fit.
 
