@@ -6,9 +6,10 @@ at up to 28 rad/s (7 rad/s on average), 1.4-5.6 rad between the poses of a centr
 difference. Taken straight from the pose before to the one after, that aliased (6.2 rad/s
 off on average); through the middle pose (`physics.state.central_rotation`) it resolves
 spins up to pi / 0.1 s, yet spin that friction changes within 0.1 s leaves it 0.4 rad/s
-off, and the end nodes the loss compares do not see spin at all. On the floor spin matters: a rod that spins wrong
-slides, friction pushes it, and its path changes. Gauss-Newton from there stalls in the
-wrong spin, and the parameters make up for what the latents cannot fit.
+off, and the end nodes the loss compares do not see spin at all. On the floor spin
+matters: a rod that spins wrong slides, friction pushes it, and its path changes.
+Gauss-Newton from there stalls in the wrong spin, and the parameters make up for what the
+latents cannot fit.
 
 The window before knows better: rolled out over its 0.3 s, friction has brought the spin of
 its rods on the floor to what the floor makes of it (the spin of a rod in the air changes
