@@ -4,7 +4,10 @@
                                                  [pose_source:=camera [cameras:=2]]
 
 With ``pose_source:=camera`` the bridge renders a depth camera instead of publishing poses
-and ``camera_tracker`` publishes them. Without a ROS 2 launch install, `tensegrity-sim2sim`
+and ``camera_tracker`` publishes them. Where the bridge plays another robot than the config's
+twin (``robot_truth``) and the file's ``sim2sim.weigh_rods`` is on, the nodes that model the
+robot get its YAML with the rods weighed and measured, as its builder's would be
+(`tensegrity_ros.sim2sim.launch_robot`). Without a ROS 2 launch install, `tensegrity-sim2sim`
 runs the same nodes with the same file and prints a summary.
 """
 import os
@@ -13,8 +16,25 @@ from ament_index_python.packages import get_package_share_directory
 from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument
 from launch.conditions import IfCondition, LaunchConfigurationEquals
+from launch.substitution import Substitution
 from launch.substitutions import LaunchConfiguration, PythonExpression
+from launch.utilities import perform_substitutions
 from launch_ros.actions import Node
+
+
+class ModelRobot(Substitution):
+    """A node's ``robot`` parameter: its own, or the played robot's weighed YAML."""
+
+    def __init__(self, params_file, node: str):
+        super().__init__()
+        self._params, self._node = params_file, node
+
+    def describe(self) -> str:
+        return f"ModelRobot({self._node})"
+
+    def perform(self, context) -> str:
+        from tensegrity_ros.sim2sim import launch_robot
+        return launch_robot(perform_substitutions(context, [self._params]), self._node)
 
 
 def generate_launch_description():
@@ -42,13 +62,16 @@ def generate_launch_description():
              parameters=[params, {"depth_camera": camera, "publish_poses": PythonExpression(["not ", camera]),
                                   "depth_cameras": LaunchConfiguration("cameras")}]),
         Node(package="tensegrity_ros", executable="camera_tracker", name="camera_tracker",
-             output="screen", parameters=[params, {"cameras": namespaces}],
+             output="screen", parameters=[params, {"cameras": namespaces,
+                                                   "robot": ModelRobot(params, "camera_tracker")}],
              condition=LaunchConfigurationEquals("pose_source", "camera")),
         Node(package="tensegrity_ros", executable="identifier", name="identifier",
              output="screen",
-             parameters=[params, {"device": device, "checkpoint_dir": checkpoint_dir}]),
+             parameters=[params, {"device": device, "checkpoint_dir": checkpoint_dir,
+                                  "robot": ModelRobot(params, "identifier")}]),
         Node(package="tensegrity_ros", executable="mppi_controller", name="mppi_controller",
-             output="screen", parameters=[params, {"device": device}]),
+             output="screen", parameters=[params, {"device": device,
+                                                   "robot": ModelRobot(params, "mppi_controller")}]),
         Node(package="rviz2", executable="rviz2", name="rviz2", output="screen",
              condition=IfCondition(LaunchConfiguration("rviz")),
              arguments=["-d", os.path.join(get_package_share_directory("tensegrity_ros"), "rviz",

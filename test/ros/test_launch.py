@@ -197,3 +197,43 @@ def test_sim2sim_judges_unweighed_forces_per_unit_mass(capsys):
                        for r in rows], "per_unit_mass": per})
     out = capsys.readouterr().out
     assert "rod mass not learnt" in out and "(1.30x)" in out and "cable_damping +5.0%" in out
+
+
+def test_sim2sim_models_a_foreign_robot_with_its_rods_weighed(tmp_path):
+    """A zoo robot whose rods are 1.3x the config's and whose capsules are 0.6x as thick:
+    the nodes that model it get the config with those masses and radii (a scale and a
+    ruler), nothing else of the truth; the config's own twin needs no file; the launch file's
+    lookup honours weigh_rods."""
+    from tensegrity_engine.groundtruth.zoo import zoo_robot
+    from tensegrity_engine.physics.config import load_robot
+    from tensegrity_ros.sim2sim import MODEL_NODES, launch_robot, weighed_robot_file
+
+    robot = load_robot("superball")
+    assert weighed_robot_file(robot, "twin", tmp_path / "twin") is None
+    assert not (tmp_path / "twin").exists()
+    for name in ("soft_slow", "spring_driven"):
+        path = weighed_robot_file(robot, f"zoo/{name}", tmp_path / name)
+        model, truth = load_robot(str(path)), zoo_robot(name, robot).truth
+        np.testing.assert_allclose(model.rod_mass, truth.rod_mass)
+        np.testing.assert_allclose(model.rod_radius, truth.rod_radius)
+        assert not np.allclose(model.rod_mass, robot.rod_mass) or not np.allclose(model.rod_radius, robot.rod_radius)
+        for same in ("cable_stiffness", "cable_damping", "rod_inertia_factor", "cable_rest_length"):
+            np.testing.assert_array_equal(getattr(model, same), getattr(robot, same))
+        assert model.actuator == robot.actuator and model.contact == robot.contact
+        assert model.integrator == robot.integrator
+
+    data = yaml.safe_load(CONFIG.read_text())
+    assert data["sim2sim"]["ros__parameters"]["weigh_rods"] is True
+    assert set(MODEL_NODES) == set(NODES) - {"mujoco_bridge"}
+    data["mujoco_bridge"]["ros__parameters"]["robot_truth"] = "zoo/soft_slow"
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(data))
+    weighed = load_robot(launch_robot(str(params), "identifier"))
+    np.testing.assert_allclose(weighed.rod_mass, zoo_robot("soft_slow", robot).truth.rod_mass)
+    data["sim2sim"]["ros__parameters"]["weigh_rods"] = False
+    params.write_text(yaml.safe_dump(data))
+    assert launch_robot(str(params), "identifier") == "superball"
+    data["sim2sim"]["ros__parameters"]["weigh_rods"] = True
+    data["mujoco_bridge"]["ros__parameters"]["robot_truth"] = "twin"
+    params.write_text(yaml.safe_dump(data))
+    assert launch_robot(str(params), "mppi_controller") == "superball"

@@ -51,6 +51,13 @@ class ZooRobot:
         return MujocoTwin(self.truth, floor=floor, fixed_rods=fixed_rods, nthread=nthread,
                           realisation=self.realisation)
 
+    def weighed(self) -> RobotConfig:
+        """The model the robot's builder has: the nominal config with the rods' masses (a
+        scale gives them, a payload included) and capsule radii (a ruler); nothing else of
+        the truth (how the mass lies along a rod, the cables, motors and contacts are what
+        identification is for)."""
+        return self.nominal.replace(rod_mass=self.truth.rod_mass.copy(), rod_radius=self.truth.rod_radius.copy())
+
     def inertia_factor(self) -> np.ndarray:
         """(R,) the robot's transverse inertia over a uniform rod's (the engine's
         ``rod_inertia_factor``), end-heavy realisations included."""
