@@ -89,6 +89,7 @@ class IdentifierNode(Node):
         self.session = make_session(self.robot, setting, self.device, log=lambda m: self.get_logger().info(m),
                                     trainer_factory=lambda *a: self.trainer_factory(*a))
         self.published = 0
+        self.published_config_com_error = math.nan   # m, see `_publish`
         self._last_ckpt = time.monotonic()
         self._last_publish = -math.inf
         self._next_gate = -math.inf          # gates are spaced by 4x their own duration
@@ -221,15 +222,17 @@ class IdentifierNode(Node):
             g = self.last_gate
             if accepted:
                 self._publish(m, values, heldout_loss=g.candidate_loss,
-                              com=(g.candidate_com_error, g.incumbent_com_error))
+                              com=(g.candidate_com_error, g.incumbent_com_error, g.config_com_error))
             elif g.revert:
                 revert_to_config(self, m)
 
     def _publish(self, m: dict, values: dict, stage: str = "", params=None, heldout_loss: float = math.nan,
-                 com: tuple = (math.nan, math.nan), robot=None) -> None:
+                 com: tuple = (math.nan, math.nan, math.nan), robot=None) -> None:
         """Publish ``values`` (the best so far, fitted in the structure ``robot``: the
         session's by default) with the metrics ``m`` (latched); the message's validation
-        loss is ``heldout_loss`` where there is one."""
+        loss is ``heldout_loss`` where there is one. ``com``: the held-out CoM errors of these
+        values, of the model they replace and of the config (diagnostics only: the message
+        has no field for it)."""
         self._last_publish = time.monotonic()
         robot = params.robot if params is not None else robot or self.session.robot
         self.session.mark_published(values, robot)
@@ -257,6 +260,7 @@ class IdentifierNode(Node):
                                  heldout_com_error=com[0], replaced_com_error=com[1])
         self.pub_params.publish(msg)
         self.published += 1
+        self.published_config_com_error = float(com[2]) if len(com) > 2 else math.nan
         if self.publish_markers:
             publish_prediction(self)
 
@@ -267,7 +271,7 @@ class IdentifierNode(Node):
         accepted = passes_gate(self, values)
         g = self.last_gate
         if accepted:
-            held, com = g.candidate_loss, (g.candidate_com_error, g.incumbent_com_error)
+            held, com = g.candidate_loss, (g.candidate_com_error, g.incumbent_com_error, g.config_com_error)
         else:                                   # the end state is said with the model in use
             if g.revert:
                 revert_to_config(self, m, stage + "; ")
@@ -278,7 +282,7 @@ class IdentifierNode(Node):
             stage = (f"{stage}; the published model predicts as well, within {TIE_SIGMAS:g} sigma of this fit"
                      if tie else refused_stage(stage))
             held = g.incumbent_loss
-            com = (g.incumbent_com_error, g.incumbent_com_error)
+            com = (g.incumbent_com_error, g.incumbent_com_error, g.config_com_error)
         self._publish(m, values, stage=stage, heldout_loss=held, com=com,
                       robot=None if accepted else robot)
         self.get_logger().info(f"identification {self.session.status} after {self.epochs} epochs: "
@@ -351,7 +355,9 @@ class IdentifierNode(Node):
                "excite": self.excite,
                "at_bound": ", ".join(self.at_bound), "structure_suspect": ", ".join(self.structure_suspect),
                "unreached": ", ".join(self.unreached),
-               "uncertainty": self.sigma_state, "heldout_tuples": s.heldout_len}
+               "uncertainty": self.sigma_state, "heldout_tuples": s.heldout_len,
+               # the config's CoM error on the held-out blocks the latest publication was judged on
+               "published_config_com_error": self.published_config_com_error}
         if self.last_gate is not None:
             g = self.last_gate
             out.update(gate=g.reason, heldout_loss=g.candidate_loss, heldout_improvement=g.improvement)

@@ -271,6 +271,48 @@ def true_values(robot, robot_truth: str = "twin") -> dict:
     return {k: np.asarray(v, dtype=np.float64) for k, v in values.items()}
 
 
+WEIGHED_FILE = "robot_weighed.yaml"
+# the nodes that model the robot: with a robot_truth other than the config's twin they get
+# the YAML its builder would write (`weighed_robot_file`)
+MODEL_NODES = ("identifier", "mppi_controller", "camera_tracker")
+
+
+def weighed_robot_file(robot, robot_truth: str, out_dir: Path) -> Optional[Path]:
+    """The robot YAML the played robot's builder would write (`ZooRobot.weighed`: the
+    config with the rods' weighed masses and measured radii), written to ``out_dir`` for the
+    nodes that model the robot; None where that is the config itself (the twin). Without it
+    a zoo robot whose rods are 1.3x the config's is identified per unit of the wrong mass,
+    and poses alone cannot tell (`identification.scale`)."""
+    from tensegrity_engine.groundtruth.zoo import ground_truth
+    from tensegrity_engine.physics.config import robot_to_yaml
+
+    weighed = ground_truth(robot_truth, robot).weighed()
+    if np.array_equal(weighed.rod_mass, robot.rod_mass) and np.array_equal(weighed.rod_radius, robot.rod_radius):
+        return None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / WEIGHED_FILE
+    path.write_text("# written by tensegrity-sim2sim: the config with the played robot's rods weighed and "
+                    f"measured ({robot_truth})\n" + robot_to_yaml(weighed))
+    return path
+
+
+def launch_robot(params_file: str, node: str) -> str:
+    """``node``'s ``robot`` under sim2sim.launch.py: its own from the parameter file, or where
+    the run's ``weigh_rods`` is on and the bridge plays another robot than the config's
+    twin, the weighed robot's YAML (`weighed_robot_file`, in a fresh temporary folder)."""
+    from .params import load_robot
+
+    data = yaml.safe_load(Path(params_file).read_text()) or {}
+    bridge = (data.get("mujoco_bridge") or {}).get("ros__parameters", {})
+    own = str(((data.get(node) or {}).get("ros__parameters", {})).get("robot", bridge.get("robot", "superball")))
+    if not bool(((data.get("sim2sim") or {}).get("ros__parameters", {})).get("weigh_rods", True)):
+        return own
+    robot = load_robot(str(bridge.get("robot", "superball")))
+    path = weighed_robot_file(robot, str(bridge.get("robot_truth", "twin")),
+                              Path(tempfile.mkdtemp(prefix="sim2sim_weighed_")))
+    return own if path is None else str(path)
+
+
 def true_com(robot, mon: Monitor) -> tuple[np.ndarray, np.ndarray]:
     """(stamps (s), CoM [N, 3]) of the true rod poses the monitor heard (none without a truth topic)."""
     with mon.lock:
@@ -364,17 +406,23 @@ def parameter_rows(published: list, truth: dict, config: dict, learn) -> tuple[l
 
 
 def summarize(robot, mon: Monitor, rolling_start, out_dir: Path, wall_s: float, learn,
-              robot_truth: str = "twin", period: float = 0.1) -> dict:
+              robot_truth: str = "twin", period: float = 0.1, model=None) -> dict:
+    """``robot`` the config the truth is built from, ``model`` the config the nodes had (its
+    rods weighed, `weighed_robot_file`; default ``robot``)."""
+    model = robot if model is None else model
     t = np.array(mon.pose_t)
     com = np.array(mon.com) if mon.com else np.zeros((0, 3))
     truth = true_values(robot, robot_truth)
     from tensegrity_engine.physics.params import nominal_values
-    config = nominal_values(robot)          # what the user had before identifying: beside the result
+    config = nominal_values(model)          # what the user had before identifying: beside the result
     final = mon.params[-1] if mon.params else None
     rows, within = parameter_rows(mon.params, truth, config, learn)
-    summary = {"robot_truth": robot_truth, "within_5_percent_from_sim_t": within,
+    from tensegrity_engine.groundtruth.zoo import ground_truth
+    summary = {"robot_truth": robot_truth, "robot_description": ground_truth(robot_truth, robot).description,
+               "within_5_percent_from_sim_t": within,
                "heldout_com_error_1s": final[5][0] if final else None,
-               "replaced_com_error_1s": final[5][1] if final else None, "wall_seconds": round(wall_s, 1), "sim_seconds": float(t[-1] - t[0]) if len(t) > 1 else 0.0,
+               "replaced_com_error_1s": final[5][1] if final else None,
+               "config_com_error_1s": published_config_com_error(mon), "wall_seconds": round(wall_s, 1), "sim_seconds": float(t[-1] - t[0]) if len(t) > 1 else 0.0,
                "poses": int(len(t)), "parameters_published": len(mon.params),
                "final_stage": final[1] if final else None, "parameters": rows,
                "refused_candidate": refused_candidate(mon, truth),
@@ -394,10 +442,10 @@ def summarize(robot, mon: Monitor, rolling_start, out_dir: Path, wall_s: float, 
             com[(t < rolling_start) if rolling_start else slice(None)][-1, :2] - com[0, :2])) \
             if (rolling_start is None or (t < rolling_start).any()) else 0.0
     summary.update(realtime_figures(mon, rolling_start, period))
-    summary.update(tracking_figures(robot, mon, rolling_start))
+    summary.update(tracking_figures(model, mon, rolling_start))
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    t_true, com_true = true_com(robot, mon)                # the camera in the loop: the true CoM too
+    t_true, com_true = true_com(model, mon)                # the camera in the loop: the true CoM too
     extra = {"t_true": t_true, "com_true": com_true} if len(t_true) else {}
     np.savez(out_dir / "trajectory.npz", t=t, com=com, **extra)
     try:
@@ -456,6 +504,18 @@ def _plots(mon, robot, truth, rolling_start, out_dir: Path, learn) -> None:
     plt.close(fig)
 
 
+def published_config_com_error(mon) -> Optional[float]:
+    """The config's CoM error 1 s ahead (m) on the held-out blocks the identifier judged its
+    latest publication on (its diagnostics); None before any."""
+    with mon.lock:
+        value = mon.diag.get("identifier", {}).get("published_config_com_error")
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return value if np.isfinite(value) else None
+
+
 def refused_candidate(mon, truth: dict) -> dict:
     """The identifier's newest refused candidate (its diagnostics), relative to the truth."""
     with mon.lock:
@@ -487,7 +547,8 @@ def per_unit_mass(rows: list, truth: dict, config: dict) -> Optional[dict]:
 
 def print_summary(s: dict) -> None:
     print("\n=== sim2sim summary ===")
-    print(f"the robot: {s.get('robot_truth', 'twin')} (values below are its true ones)")
+    print(f"the robot: {s.get('robot_truth', 'twin')} (values below are its true ones)"
+          + (f": {s['robot_description']}" if s.get("robot_description") else ""))
     if s.get("robot_truth", "twin") == "twin":
         print("  the twin is MuJoCo with the config's own values: a check of the pipeline, not of accuracy "
               "(robots unlike the engine: -p mujoco_bridge:robot_truth:=zoo/<name>; bench/online.py)")
@@ -522,9 +583,10 @@ def print_summary(s: dict) -> None:
                   "force determine forces per unit mass, and per unit mass the identified values are off by "
                   + ", ".join(f"{n} {100 * e:+.1f}%" for n, e in per["rel_error"].items())
                   + " (weigh the rods: the robot YAML's rod mass)")
-        com, old = s.get("heldout_com_error_1s"), s.get("replaced_com_error_1s")
+        com, old, nominal = (s.get(k) for k in ("heldout_com_error_1s", "replaced_com_error_1s", "config_com_error_1s"))
         if com is not None and np.isfinite(com):
-            print(f"held-out CoM error 1 s ahead: {1e3 * com:.1f} mm (the model it replaced: {1e3 * old:.1f} mm)")
+            print(f"held-out CoM error 1 s ahead: {1e3 * com:.1f} mm (the model it replaced: {1e3 * old:.1f} mm"
+                  + (f"; the config: {1e3 * nominal:.1f} mm)" if nominal is not None else ")"))
     if s.get("refused_candidate"):
         print("the newest candidate, refused by the hold-out gate (not published), relative to the truth: "
               + ", ".join(f"{n} {100 * e:+.1f}%" for n, e in s["refused_candidate"].items()))
@@ -622,6 +684,15 @@ def main(argv=None) -> int:
         if (node, key) == ("identifier", "learn"):          # the summary scores what is learnt
             learn = summary_learn(yaml.safe_load(value), robot)
     true_values(robot, robot_truth)          # a bad robot_truth fails here, before any node starts
+    model = robot
+    weighed = weighed_robot_file(robot, robot_truth, out_dir) if bool(run.get("weigh_rods", True)) else None
+    if weighed is not None:
+        model = load_robot(str(weighed))
+        for name in MODEL_NODES:
+            if not any(key == "robot" for key, _ in overrides.get(name, ())):     # -p node:robot:=... wins
+                overrides.setdefault(name, []).insert(0, ("robot", str(weighed)))
+        print(f"sim2sim: the identifier, controller and tracker model the robot with its rods weighed and "
+              f"measured ({weighed})", flush=True)
     print(f"sim2sim: {cfg_path} on ROS_DOMAIN_ID={domain}, poses from {pose_source}; logs in {out_dir}/*.log",
           flush=True)
     wall0 = time.monotonic()
@@ -629,7 +700,7 @@ def main(argv=None) -> int:
     mon = None
     rolling_start = None
     try:
-        mon = Monitor(robot, goal, TRUTH_TOPIC if pose_source == "camera" else None)
+        mon = Monitor(model, goal, TRUTH_TOPIC if pose_source == "camera" else None)
         for name, module in nodes:
             procs.append(start_node(module, str(cfg_path), env, out_dir / f"{name}.log", overrides.get(name, ()),
                                     remaps.get(name, ())))
@@ -673,7 +744,7 @@ def main(argv=None) -> int:
         if mon is not None:
             period = float(data.get("mppi_controller", {}).get("ros__parameters", {}).get("control_period", 0.1))
             summary = summarize(robot, mon, rolling_start, out_dir, time.monotonic() - wall0, learn, robot_truth,
-                                period)
+                                period, model)
             mon.close()
         clean_dds_shm()
         shutil.rmtree(log_root, ignore_errors=True)

@@ -291,8 +291,13 @@ def test_the_gate_never_publishes_a_model_worse_than_the_config_on_todays_data(t
     s.best_values = {**PhysicalParameters(three_bar).as_dict(), "cable_stiffness": [4500.0]}
     v = s.gate({"cable_stiffness": [1900.0]})
     assert not v.accepted and v.revert and v.reason == "worse" and v.improvement > 1
+    # the config's own CoM error on the same blocks, beside the others: 1000 away of 1100, 1500
+    assert v.config_com_error < v.candidate_com_error < v.incumbent_com_error
     ok = s.gate({"cable_stiffness": [2100.0]})                     # 900 away: better than both
-    assert ok.accepted and not ok.revert
+    assert ok.accepted and not ok.revert and ok.config_com_error == v.config_com_error
+    s.best_values = None                                            # the config is the incumbent
+    first = s.gate({"cable_stiffness": [2100.0]})
+    assert first.config_com_error == first.incumbent_com_error == v.config_com_error
     # a published model the config does not beat beyond the blocks' noise (K 1950 with
     # +-300 block noise) stays; a candidate that beats it in every block (K 1970, the same
     # noise) but not the config is refused as worse than the config

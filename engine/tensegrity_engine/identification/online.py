@@ -61,6 +61,8 @@ class HeldOutVerdict:
     # today's held-out data says the config predicts better than the published model (and
     # this candidate does not beat the config): publish the config again
     revert: bool = False
+    # m, the config's own CoM error on the same blocks: the nominal model beside the others
+    config_com_error: float = math.nan
 
     @property
     def improvement(self) -> float:
@@ -211,13 +213,14 @@ class OnlineIdentification:
         # a chain of models, each better than the last on the data of its day, can end worse
         # than the config on today's: never publish one that does, nor keep one that is
         configured = None if incumbent is config else self.scores.reference(self, data, config, self.config_robot)
+        config_com = inc_com if configured is None else _mean(configured[1])
         revert = configured is not None and _compare(configured, reference) == "better"
         reason = _compare(candidate, configured if revert else reference, significance, min_gain)
         if (reason == "better" and configured is not None and not revert
                 and _compare(candidate, configured, significance, min_gain) != "better"):
             reason = "worse_than_config"
         return HeldOutVerdict(reason == "better", reason, cand, inc, self.heldout_len, cand_com, inc_com,
-                              revert=revert and reason != "better")
+                              revert=revert and reason != "better", config_com_error=config_com)
 
     heldout = property(lambda self: self.holdout.chunks)       # the gate's held-out chunks
     heldout_len = property(lambda self: self.holdout.length)
