@@ -54,6 +54,23 @@ def resolve_device(name: str) -> str:
     return name
 
 
+def lower_thread_priority(niceness: int) -> str:
+    """Raise the calling thread's niceness by ``niceness`` (at most to 19; on Linux a
+    thread's own), so that a background computation gives way to the node's callbacks and to
+    the processes that share the CPU (the controller, the robot's driver). Unprivileged:
+    only lowering is allowed. Returns '' or why it could not."""
+    if niceness <= 0:
+        return ""
+    if not sys.platform.startswith("linux") or not hasattr(os, "setpriority"):
+        return f"per-thread priorities need Linux, not {sys.platform}"
+    tid = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + int(niceness)))
+    except OSError as exc:
+        return f"setpriority: {exc}"
+    return ""
+
+
 class Spinner:
     """One SingleThreadedExecutor for one node, spun in its own thread."""
 

@@ -39,7 +39,8 @@ from tensegrity_engine.physics.params import PhysicalParameters, checked_paramet
 
 from . import conversions as conv
 from .common import (TOPIC_APPLIED, TOPIC_COMMAND, TOPIC_IMU, TOPIC_MARKERS, TOPIC_PARAMS, TOPIC_POSES,
-                     DONE_WORDS, ConfigurationError, latched_qos, resolve_device, run_node, stream_qos)
+                     DONE_WORDS, ConfigurationError, latched_qos, lower_thread_priority, resolve_device, run_node,
+                     stream_qos)
 from .diagnostics import Diagnostics
 from .params import declare, load_robot
 
@@ -74,6 +75,9 @@ class IdentifierNode(Node):
         self.converged_sigma = d("converged_sigma", 0.05, "'converged' is published only when every learnt "
                                  "value's 1-sigma is within this fraction of it (else 'fitted ...: keep "
                                  "exciting'; 0 = the solver's test alone)", range=(0.0, 10.0))
+        self.worker_niceness = d("worker_niceness", 10, "niceness added to the identification thread (Linux): "
+                                 "the controller and the driver on the same CPU come first (0 = as the node)",
+                                 range=(0, 19))
         threads = d("torch_threads", 0, "torch intra-op threads (0 = torch default)", range=(0, 256))
         if threads > 0:
             torch.set_num_threads(threads)
@@ -171,6 +175,9 @@ class IdentifierNode(Node):
 
     # ------------------------------------------------------------------ worker
     def _run(self) -> None:
+        problem = lower_thread_priority(self.worker_niceness)     # torch's pool threads inherit it
+        if problem:
+            self.diag.warn_throttled("niceness", f"identification runs at the node's priority ({problem})")
         while not self._stop.is_set() and self.context.ok():
             try:
                 new = self._take_new()
