@@ -94,6 +94,7 @@ class IdentifierNode(Node):
                                     trainer_factory=lambda *a: self.trainer_factory(*a))
         self.published = 0
         self.published_config_com_error = math.nan   # m, see `_publish`
+        self.tie_verdict = ""                # why the latest finished fit did not tie (`ties_published`)
         self._last_ckpt = time.monotonic()
         self._last_publish = -math.inf
         self._next_gate = -math.inf          # gates are spaced by 4x their own duration
@@ -288,6 +289,9 @@ class IdentifierNode(Node):
             tie = ties_published(self, g, fitted, self.session.best_values)
             stage = (f"{stage}; the published model predicts as well, within {TIE_SIGMAS:g} sigma of this fit"
                      if tie else refused_stage(stage))
+            if not tie:
+                self.get_logger().info(f"the finished fit ({g.reason} on held-out data) is not the published "
+                                       f"model again: {self.tie_verdict}")
             held = g.incumbent_loss
             com = (g.incumbent_com_error, g.incumbent_com_error, g.config_com_error)
         self._publish(m, values, stage=stage, heldout_loss=held, com=com,
@@ -639,24 +643,32 @@ def ties_published(node, gate, fitted: dict, published) -> bool:
     significant": 0.4 against 0.4 mm CoM error 1 s ahead), and the controller excited on to
     its 90 s limit. An unstable fit never ties, nor do the config's values (nothing
     published yet, or published with an earlier refused finish)."""
+    def verdict(why: str) -> bool:
+        node.tie_verdict = why              # the operator's log says why a finish keeps exciting
+        return not why
+
     if gate is None or gate.reason not in TIE_REASONS or published is None or not node.converged_sigma:
-        return False
+        return verdict(f"held-out verdict {getattr(gate, 'reason', None)!r}" if published is not None
+                       and node.converged_sigma else "nothing published, or no sigma asked for")
     if structure_key(node.session.incumbent_robot) != structure_key(node.session.robot):
-        return False
+        return verdict("the published model is of another structure")
     config = PhysicalParameters(node.session.config_robot).as_dict()
     if all(np.array_equal(np.asarray(published[n]), np.asarray(config[n])) for n in node.trainer.learn or ()
            if n in config):
-        return False                  # the config's values, published with a refused finish
+        return verdict("the published values are the config's")   # published with a refused finish
     u = node.session.uncertainty(max_tuples=node.sigma_tuples or 64, at=published)
     awaited = u.awaited(tuple(node.trainer.learn or ())) if u is not None else ()
     if u is None or any(n in u.undetermined for n in awaited):
-        return False
+        return verdict("no sigma, or an undetermined value")
     sigma = u.published()
     for name in awaited:
         a, b, s = (np.asarray(x, dtype=np.float64) for x in (fitted[name], published[name], sigma[name]))
-        if not (np.all(np.abs(a - b) <= TIE_SIGMAS * s) and np.all(s <= node.converged_sigma * np.abs(b))):
-            return False
-    return True
+        if not np.all(np.abs(a - b) <= TIE_SIGMAS * s):
+            return verdict(f"{name} {float(np.max(np.abs(a - b) / s)):.1f} sigma from the published value")
+        if not np.all(s <= node.converged_sigma * np.abs(b)):
+            return verdict(f"{name}'s 1-sigma {100 * float(np.max(s / np.abs(b))):.1f} % of the published value, "
+                           f"over converged_sigma")
+    return verdict("")
 
 
 def not_yet_determined(node, values: dict) -> tuple:

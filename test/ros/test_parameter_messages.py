@@ -232,7 +232,12 @@ def test_a_refused_fit_that_is_the_published_model_again_is_done(three_bar):
 
     tie = SimpleNamespace(reason="not_significant")
     assert ties_published(node(), tie, fit(0.015, -0.01), published)
-    assert not ties_published(node(), tie, fit(0.03, 0.0), published)                  # 3 sigma off
+    off = node()
+    assert not ties_published(off, tie, fit(0.03, 0.0), published)                    # 3 sigma off
+    assert off.tie_verdict == "cable_stiffness 3.0 sigma from the published value"
+    wide = node(sigma_c=0.06 * c)
+    assert not ties_published(wide, tie, fit(0.0, 0.0), published)
+    assert wide.tie_verdict.startswith("cable_damping's 1-sigma 6.0 %")
     assert ties_published(node(), SimpleNamespace(reason="worse"), fit(0.01, 0.01), published)
     assert not ties_published(node(), SimpleNamespace(reason="unstable"), fit(0.0, 0.0), published)
     assert not ties_published(node(), SimpleNamespace(reason="worse"), fit(0.0, 0.03), published)
