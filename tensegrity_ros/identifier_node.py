@@ -176,8 +176,7 @@ class IdentifierNode(Node):
 
     # ------------------------------------------------------------------ worker
     def _run(self) -> None:
-        problem = lower_thread_priority(self.worker_niceness)     # torch's pool threads inherit it
-        if problem:
+        if problem := lower_thread_priority(self.worker_niceness):     # torch's pool threads inherit it
             self.diag.warn_throttled("niceness", f"identification runs at the node's priority ({problem})")
         while not self._stop.is_set() and self.context.ok():
             try:
@@ -238,9 +237,8 @@ class IdentifierNode(Node):
                  com: tuple = (math.nan, math.nan, math.nan), robot=None) -> None:
         """Publish ``values`` (the best so far, fitted in the structure ``robot``: the
         session's by default) with the metrics ``m`` (latched); the message's validation
-        loss is ``heldout_loss`` where there is one. ``com``: the held-out CoM errors of these
-        values, of the model they replace and of the config (diagnostics only: the message
-        has no field for it)."""
+        loss is ``heldout_loss`` where there is one; ``com`` the held-out CoM errors of these
+        values, the model they replace and the config (in diagnostics only)."""
         self._last_publish = time.monotonic()
         robot = params.robot if params is not None else robot or self.session.robot
         self.session.mark_published(values, robot)
@@ -286,12 +284,7 @@ class IdentifierNode(Node):
                 return self._save_checkpoint()
             robot = self.session.incumbent_robot
             fitted, values = values, self.session.best_values or PhysicalParameters(robot).as_dict()
-            tie = ties_published(self, g, fitted, self.session.best_values)
-            stage = (f"{stage}; the published model predicts as well, within {TIE_SIGMAS:g} sigma of this fit"
-                     if tie else refused_stage(stage))
-            if not tie:
-                self.get_logger().info(f"the finished fit ({g.reason} on held-out data) is not the published "
-                                       f"model again: {self.tie_verdict}")
+            stage = refused_finish_stage(self, g, stage, fitted)
             held = g.incumbent_loss
             com = (g.incumbent_com_error, g.incumbent_com_error, g.config_com_error)
         self._publish(m, values, stage=stage, heldout_loss=held, com=com,
@@ -367,8 +360,7 @@ class IdentifierNode(Node):
                "at_bound": ", ".join(self.at_bound), "structure_suspect": ", ".join(self.structure_suspect),
                "unreached": ", ".join(self.unreached),
                "uncertainty": self.sigma_state, "heldout_tuples": s.heldout_len,
-               # the config's CoM error on the held-out blocks the latest publication was judged on
-               "published_config_com_error": self.published_config_com_error}
+               "published_config_com_error": self.published_config_com_error}     # m, `_publish`
         if self.last_gate is not None:
             g = self.last_gate
             out.update(gate=g.reason, heldout_loss=g.candidate_loss, heldout_improvement=g.improvement)
@@ -615,6 +607,17 @@ def end_stage(node, status: str, values: dict) -> str:
         return status
     return (f"fitted to the data so far; {', '.join(wide)} not yet within "
             f"{100 * node.converged_sigma:g} % (1 sigma): keep exciting")
+
+
+def refused_finish_stage(node, gate, stage: str, fitted: dict) -> str:
+    """The stage published with the model in use when the gate refused the finished fit:
+    done if the fit ties the published model (`ties_published`), else keep exciting, and
+    the log says why not."""
+    if ties_published(node, gate, fitted, node.session.best_values):
+        return f"{stage}; the published model predicts as well, within {TIE_SIGMAS:g} sigma of this fit"
+    node.get_logger().info(f"the finished fit ({gate.reason} on held-out data) is not the published model "
+                           f"again: {node.tie_verdict}")
+    return refused_stage(stage)
 
 
 def refused_stage(stage: str) -> str:
