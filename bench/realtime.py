@@ -47,7 +47,10 @@ CASES = {          # config/sim2sim.yaml's bridge runs in real time; lockstep is
     "air3": ["mppi_controller:airborne_weight:=3.0"],
     "air30": ["mppi_controller:airborne_weight:=30.0"],
 }
-BASE = ["mppi_controller:excite_until:=never"]
+# the cases differ in timing only: noise-free poses, as before the sim2sim's default robot had
+# its mocap's noise (2026-11-29)
+BASE = ["mppi_controller:excite_until:=never", "mujoco_bridge:pose_noise_position:=0.0",
+        "mujoco_bridge:pose_noise_rotation:=0.0"]
 
 
 def run_case(name: str, seed: int, args, out: Path) -> dict:
