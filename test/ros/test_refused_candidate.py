@@ -84,3 +84,24 @@ def test_a_default_learn_list_scores_every_published_value_and_none_claims_nothi
     assert [r["name"] for r in rows] == ["cable_stiffness"] and within == 5.0
     # nothing scored (only a limit, or no true values): no "within 5 %" time
     assert parameter_rows(msgs, {}, {}, None) == ([], None)
+
+
+def test_the_summary_puts_the_configs_heldout_error_beside_the_identified_models(capsys):
+    """The identifier's diagnostic (m, a string; 'nan' before any publication) reaches the
+    summary as the config's CoM error beside the published and the replaced model's."""
+    from tensegrity_ros.sim2sim import published_config_com_error
+
+    mon = SimpleNamespace(lock=threading.Lock(), diag={"identifier": {"published_config_com_error": "nan"}})
+    assert published_config_com_error(mon) is None
+    mon.diag["identifier"]["published_config_com_error"] = "0.0653"
+    assert published_config_com_error(mon) == pytest.approx(0.0653)
+    row = {"name": "cable_stiffness", "true": 5000.0, "identified": 4950.0, "sigma": 95.0, "first_published": 4950.0,
+           "rel_error": 0.01, "config": 10000.0, "config_rel_error": 1.0}
+    summary = {"wall_seconds": 1.0, "sim_seconds": 1.0, "poses": 10, "parameters_published": 1,
+               "final_stage": "converged", "parameters": [row], "heldout_com_error_1s": 0.0266,
+               "replaced_com_error_1s": 0.0301, "robot_truth": "zoo/soft_slow", "robot_description": "soft, slow"}
+    print_summary({**summary, "config_com_error_1s": published_config_com_error(mon)})
+    out = capsys.readouterr().out
+    assert "26.6 mm (the model it replaced: 30.1 mm; the config: 65.3 mm)" in out and "zoo/soft_slow" in out
+    print_summary(summary)
+    assert "(the model it replaced: 30.1 mm)" in capsys.readouterr().out
