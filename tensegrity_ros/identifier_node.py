@@ -31,7 +31,7 @@ from visualization_msgs.msg import MarkerArray
 from tensegrity_engine.export import write_mjcf
 from tensegrity_engine.identification.checkpoint import load_checkpoint, save_checkpoint
 from tensegrity_engine.identification.config import INITS
-from tensegrity_engine.identification.identifiability import advice_text, unfixed_force_scale
+from tensegrity_engine.identification.identifiability import advice_text, structure_hints, unfixed_force_scale
 from tensegrity_engine.identification.online import OnlineIdentification, default_trainer_factory
 from tensegrity_engine.identification.online_structure import robot_in_structure, structure_key
 from tensegrity_engine.identification.streaming import StreamAligner, StreamConfig
@@ -713,10 +713,11 @@ def published_uncertainty(node, params, values: dict):
                                  + (node.excite or "excite the motions they act on"))
     node.undetermined, node.unreached = u.undetermined, u.unreached
     if u.at_bound and u.at_bound != node.at_bound:
+        hints = "".join(f"; {h}" for h in structure_hints(params, u.at_bound))
         node.diag.warn_throttled("at_bound", f"{', '.join(u.at_bound)} pinned at a bound of the model's range: the "
                                  "data asks for values the model does not allow (structure the robot has and the "
                                  "model lacks: `tensegrity-identify identify --structure` on a recording; or a "
-                                 "bound too tight: identification bounds)")
+                                 f"bound too tight: identification bounds){hints}")
     node.at_bound = u.at_bound
     suspect = u.structure_suspect()
     if suspect and suspect != node.structure_suspect:

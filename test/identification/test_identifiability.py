@@ -206,3 +206,24 @@ def test_the_force_scale_direction_is_one_factor_on_every_mass_and_force(superba
     got = np.array([f.get(lab, 0.0) for lab in labels])
     np.testing.assert_allclose(got, expected, atol=1e-5)
     assert not any(lab.startswith("actuator") for lab in f)
+
+
+def test_a_time_constant_pinned_at_its_lower_bound_points_to_cables_that_differ(superball):
+    """`structure_hints`: the motors' time constant at its lower bound (as a shared stiffness
+    fitted to cables that spread drives it) names per-cable values; at its upper bound, or
+    another value at a bound, nothing is claimed; a value inside its range gives none."""
+    from tensegrity_engine.identification.identifiability import BOUND_HINTS, structure_hints
+    from tensegrity_engine.identification.uncertainty import bound_sides
+
+    spec = PhysicalParameters(superball).specs["actuator_time_constant"]
+    names = ("actuator_time_constant", "cable_stiffness")
+    low = PhysicalParameters(superball, {"actuator_time_constant": [spec.lower * 1.0001]})
+    assert bound_sides(low, "actuator_time_constant") == ("lower",)
+    hints = structure_hints(low, names)
+    assert hints == (BOUND_HINTS[("actuator_time_constant", "lower")],) and "per_element" in hints[0]
+    high = PhysicalParameters(superball, {"actuator_time_constant": [spec.upper * 0.9999]})
+    assert bound_sides(high, "actuator_time_constant") == ("upper",) and structure_hints(high, names) == ()
+    stiff = PhysicalParameters(superball, {"cable_stiffness": [PhysicalParameters(superball).specs["cable_stiffness"]
+                                                               .lower * 1.0001]})
+    assert bound_sides(stiff, "cable_stiffness") == ("lower",) and structure_hints(stiff, names) == ()
+    assert structure_hints(PhysicalParameters(superball), names) == ()

@@ -310,6 +310,16 @@ def test_a_value_pinned_at_its_bound_is_warned_about_once_and_in_the_diagnostics
         assert node.at_bound == at_bound
     assert len(warnings) == 1 and warnings[0][0] == "at_bound"
     assert "actuator_time_constant" in warnings[0][1] and "--structure" in warnings[0][1]
+    assert "per_element" not in warnings[0][1]             # the config's time constant is inside its range
+    # published at its lower bound: the warning says which structure does that
+    lower = params.specs["actuator_time_constant"].lower
+    low = PhysicalParameters(three_bar, {"actuator_time_constant": [lower * 1.0001]})
+    pinned = SimpleNamespace(**{**vars(node), "at_bound": ()})
+    u = ParameterUncertainty(sigma={"actuator_time_constant": np.array([0.001])}, undetermined=(),
+                             residual_sigma=1.0, dof=10, at_bound=("actuator_time_constant",))
+    pinned.session = SimpleNamespace(uncertainty=lambda max_tuples, at: u)
+    published_uncertainty(pinned, low, low.as_dict())
+    assert "per_element: [cable_stiffness, cable_damping]" in warnings[-1][1]
     # pinned again, then the estimate for newer values fails: its flags are not theirs
     node.session = SimpleNamespace(uncertainty=lambda max_tuples, at: u)
     u = ParameterUncertainty(sigma={"actuator_time_constant": np.array([0.001])}, undetermined=("cable_damping",),

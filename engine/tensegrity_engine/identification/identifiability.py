@@ -25,8 +25,20 @@ import numpy as np
 
 from tensegrity_engine.identification.scale import SCALE_GROUP
 
-__all__ = ["Advice", "REVEALED_BY", "CARRIES", "SCALE_SHARE", "excitation_advice", "advice_text",
-           "unfixed_force_scale"]
+__all__ = ["Advice", "REVEALED_BY", "CARRIES", "SCALE_SHARE", "BOUND_HINTS", "excitation_advice", "advice_text",
+           "unfixed_force_scale", "structure_hints"]
+
+# What a value pinned at one end of its range (`ParameterUncertainty.at_bound`) points to,
+# where that was measured. A SUPERball whose cables' stiffness and damping spread +-20 %,
+# fitted with one shared value, drives the motors' time constant to its lower bound: 2 ms
+# against 25-200 ms true, on every seed of zoo/stiff_light and zoo/kitchen_sink and on a
+# stiffness spread alone. With a value per cable it comes back to within 3 % (kitchen_sink,
+# 5 seeds, README).
+BOUND_HINTS = {
+    ("actuator_time_constant", "lower"): "cables that differ from each other pin the motors' time constant "
+                                         "at its lower bound: try a value per cable (per_element: "
+                                         "[cable_stiffness, cable_damping])",
+}
 
 # The motion (or measurement) that makes each learnable parameter act on the poses.
 REVEALED_BY = {
@@ -138,3 +150,12 @@ def unfixed_force_scale(learn, law: str, contact_acts: bool = True) -> tuple[str
     if "rod_mass" not in learn or any(n not in learn for n in acting):
         return ()
     return tuple(n for n in learn if n in SCALE_GROUP)
+
+
+def structure_hints(params, names) -> tuple[str, ...]:
+    """`BOUND_HINTS` for the learnt ``names`` pinned at a bound of their range in ``params``
+    (a `PhysicalParameters`): the structure the robot may have and the model lacks."""
+    from tensegrity_engine.identification.uncertainty import bound_sides
+
+    return tuple(BOUND_HINTS[(name, side)] for name in names for side in bound_sides(params, name)
+                 if (name, side) in BOUND_HINTS)

@@ -149,12 +149,15 @@ class ParameterUncertainty:
 def pinned_at_bound(params: PhysicalParameters, names, fraction: float = AT_BOUND) -> tuple:
     """Learnt ``names`` with an element within ``fraction`` of either end of its range
     (in the reparameterisation's units: where the data pushed it into the bound)."""
-    out = []
-    for name in names:
-        frac = torch.sigmoid(getattr(params, name).detach())
-        if bool(((frac < fraction) | (frac > 1.0 - fraction)).any()):
-            out.append(name)
-    return tuple(out)
+    return tuple(name for name in names if bound_sides(params, name, fraction))
+
+
+def bound_sides(params: PhysicalParameters, name: str, fraction: float = AT_BOUND) -> tuple:
+    """The ends of its range ("lower", "upper") that an element of ``name`` is within
+    ``fraction`` of (`pinned_at_bound`)."""
+    frac = torch.sigmoid(getattr(params, name).detach())
+    return tuple(side for side, pinned in (("lower", frac < fraction), ("upper", frac > 1.0 - fraction))
+                 if bool(pinned.any()))
 
 
 def value_slopes(params: PhysicalParameters, names) -> torch.Tensor:
