@@ -247,6 +247,44 @@ def test_cluster_jackknife_covers_a_group_that_dominates_the_information(superba
     assert 0.9 < np.median(even) < 1.25
 
 
+def test_cluster_jackknife_covers_more_values_than_groups(superball):
+    """48 values (a stiffness and a damping per cable), 12 groups of residuals each with its
+    own offset: the sandwich needs more groups than values, the jackknife only enough groups.
+    The plain sigma covers the truth in well under half the cases; with each group's
+    information the published sigma covers it at about the nominal rate; with fewer than
+    `MIN_JACKKNIFE_GROUPS` groups nothing but the plain sigma is claimed."""
+    from tensegrity_engine.identification.uncertainty import (MIN_JACKKNIFE_GROUPS, normal_matrix_uncertainty,
+                                                              value_slopes)
+
+    per = 60
+    params = PhysicalParameters(superball, per_element=("cable_stiffness", "cable_damping"))
+    names = ("cable_stiffness", "cable_damping")
+    P = sum(getattr(params, n).numel() for n in names)
+    slopes = value_slopes(params, names).abs().numpy()
+    rng = np.random.default_rng(3)
+    covered = {"plain": [], "jackknife": []}
+    for groups in (12, MIN_JACKKNIFE_GROUPS - 1):
+        for _ in range(40 if groups >= MIN_JACKKNIFE_GROUPS else 3):
+            X = torch.as_tensor(rng.normal(0, 1, (groups * per, P)) + np.repeat(rng.normal(0, 1, (groups, P)), per, 0))
+            y = torch.as_tensor(np.repeat(rng.normal(0, 1, groups), per) + 0.1 * rng.normal(0, 1, groups * per))
+            H = X.T @ X
+            theta = torch.linalg.solve(H, X.T @ y).numpy()                 # truth: 0
+            r = y - X @ torch.as_tensor(theta)
+            Xg, rg = X.reshape(groups, per, P), r.reshape(groups, per)
+            G, HG = (Xg * rg[..., None]).sum(1), Xg.transpose(1, 2) @ Xg
+            plain = normal_matrix_uncertainty(params, names, H, float(r @ r), len(r) - P)
+            jack = normal_matrix_uncertainty(params, names, H, float(r @ r), len(r) - P, scores=G, group_information=HG)
+            flat = lambda u: np.concatenate([u.sigma[n] for n in names]) / slopes      # noqa: E731
+            if groups < MIN_JACKKNIFE_GROUPS:
+                np.testing.assert_allclose(flat(jack), flat(plain))
+                assert jack.sigma_spread == {}
+                continue
+            covered["plain"].append(np.mean(np.abs(theta) < 2 * flat(plain)))
+            covered["jackknife"].append(np.mean(np.abs(theta) < 2 * flat(jack)))
+    assert P > 12 and np.mean(covered["plain"]) < 0.5
+    assert np.mean(covered["jackknife"]) > 0.88
+
+
 def test_reduced_information_is_the_schur_complement_and_stays_positive_semidefinite():
     """Latents eliminated by projecting each window's parameter columns off its latent
     range: on well-conditioned blocks the same as A'A - A'B(B'B)^-1 B'A and its gradient;
