@@ -650,9 +650,10 @@ def ties_published(node, gate, fitted: dict, published) -> bool:
         node.tie_verdict = why              # the operator's log says why a finish keeps exciting
         return not why
 
-    if gate is None or gate.reason not in TIE_REASONS or published is None or not node.converged_sigma:
-        return verdict(f"held-out verdict {getattr(gate, 'reason', None)!r}" if published is not None
-                       and node.converged_sigma else "nothing published, or no sigma asked for")
+    if published is None or not node.converged_sigma:
+        return verdict("nothing published, or no sigma asked for (converged_sigma 0)")
+    if gate is None or gate.reason not in TIE_REASONS:
+        return verdict(f"held-out verdict {getattr(gate, 'reason', None)!r}")
     if structure_key(node.session.incumbent_robot) != structure_key(node.session.robot):
         return verdict("the published model is of another structure")
     config = PhysicalParameters(node.session.config_robot).as_dict()
@@ -667,7 +668,9 @@ def ties_published(node, gate, fitted: dict, published) -> bool:
     for name in awaited:
         a, b, s = (np.asarray(x, dtype=np.float64) for x in (fitted[name], published[name], sigma[name]))
         if not np.all(np.abs(a - b) <= TIE_SIGMAS * s):
-            return verdict(f"{name} {float(np.max(np.abs(a - b) / s)):.1f} sigma from the published value")
+            with np.errstate(divide="ignore", invalid="ignore"):
+                far = float(np.nanmax(np.abs(a - b) / s))
+            return verdict(f"{name} {far:.1f} sigma from the published value")
         if not np.all(s <= node.converged_sigma * np.abs(b)):
             return verdict(f"{name}'s 1-sigma {100 * float(np.max(s / np.abs(b))):.1f} % of the published value, "
                            f"over converged_sigma")
