@@ -650,8 +650,10 @@ def ties_published(node, gate, fitted: dict, published) -> bool:
         node.tie_verdict = why              # the operator's log says why a finish keeps exciting
         return not why
 
-    if published is None or not node.converged_sigma:
-        return verdict("nothing published, or no sigma asked for (converged_sigma 0)")
+    if published is None:
+        return verdict("nothing published yet")
+    if not node.converged_sigma:
+        return verdict("converged_sigma 0: the solver's test alone decides")
     if gate is None or gate.reason not in TIE_REASONS:
         return verdict(f"held-out verdict {getattr(gate, 'reason', None)!r}")
     if structure_key(node.session.incumbent_robot) != structure_key(node.session.robot):

@@ -241,7 +241,9 @@ def test_a_refused_fit_that_is_the_published_model_again_is_done(three_bar):
     assert ties_published(node(), SimpleNamespace(reason="worse"), fit(0.01, 0.01), published)
     assert not ties_published(node(), SimpleNamespace(reason="unstable"), fit(0.0, 0.0), published)
     assert not ties_published(node(), SimpleNamespace(reason="worse"), fit(0.0, 0.03), published)
-    assert not ties_published(node(), tie, fit(0.0, 0.0), None)                        # the config in use
+    config_in_use = node()
+    assert not ties_published(config_in_use, tie, fit(0.0, 0.0), None)
+    assert config_in_use.tie_verdict == "nothing published yet"
     assert not ties_published(node(sigma_c=0.2 * c), tie, fit(0.0, 0.0), published)   # not determined yet
     assert not ties_published(node(undetermined=("cable_damping",)), tie, fit(0.0, 0.0), published)
     # a winch limit (sigma one-sided: here inf) does not stand in the way; the others still do
