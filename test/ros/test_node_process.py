@@ -3,6 +3,7 @@ console-script entry points): a bad parameter is one readable line and exit code
 number of SIGINTs at any moment, start-up included, ends in exit 0 without a traceback
 (`ros2 launch` without a terminal sends SIGINT twice)."""
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,6 +42,7 @@ def node_env():
                 proc.wait()
         release_domain_id(domain)
         clean_dds_shm()
+        shutil.rmtree(log_dir, ignore_errors=True)      # the nodes' logs and stderr files
 
 
 def spawn(entry: str, env: dict, *ros_args: str) -> subprocess.Popen:
