@@ -266,7 +266,7 @@ class IdentifierNode(Node):
                                  heldout_com_error=com[0], replaced_com_error=com[1])
         self.pub_params.publish(msg)
         self.published += 1
-        self.published_config_com_error = float(com[2]) if len(com) > 2 else math.nan
+        self.published_config_com_error = float(com[2])
         if self.publish_markers:
             publish_prediction(self)
 

@@ -14,6 +14,7 @@ summary.json to the output directory.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -300,17 +301,21 @@ def launch_robot(params_file: str, node: str) -> str:
     """``node``'s ``robot`` under sim2sim.launch.py: its own from the parameter file, or where
     the run's ``weigh_rods`` is on and the bridge plays another robot than the config's
     twin, the weighed robot's YAML (`weighed_robot_file`, in a fresh temporary folder)."""
-    from .params import load_robot
-
     data = yaml.safe_load(Path(params_file).read_text()) or {}
     bridge = (data.get("mujoco_bridge") or {}).get("ros__parameters", {})
     own = str(((data.get(node) or {}).get("ros__parameters", {})).get("robot", bridge.get("robot", "superball")))
     if not bool(((data.get("sim2sim") or {}).get("ros__parameters", {})).get("weigh_rods", True)):
         return own
-    robot = load_robot(str(bridge.get("robot", "superball")))
-    path = weighed_robot_file(robot, str(bridge.get("robot_truth", "twin")),
-                              Path(tempfile.mkdtemp(prefix="sim2sim_weighed_")))
+    path = _launch_weighed_file(str(bridge.get("robot", "superball")), str(bridge.get("robot_truth", "twin")))
     return own if path is None else str(path)
+
+
+@functools.lru_cache(maxsize=None)
+def _launch_weighed_file(robot_name: str, robot_truth: str) -> Optional[Path]:
+    """`weighed_robot_file` once per launch for all the nodes that model the robot."""
+    from .params import load_robot
+
+    return weighed_robot_file(load_robot(robot_name), robot_truth, Path(tempfile.mkdtemp(prefix="sim2sim_weighed_")))
 
 
 def true_com(robot, mon: Monitor) -> tuple[np.ndarray, np.ndarray]:
