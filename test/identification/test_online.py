@@ -555,14 +555,110 @@ def test_a_structure_option_must_beat_the_solvers_fit(three_bar):
     assert s.trials.adopted == [] and s.trials.log[0][1].startswith("no better than the base fit")
 
 
-def test_per_element_splits_are_not_tried_online():
+def test_online_options_are_checked_and_kept_once():
     from tensegrity_engine.identification.online_structure import online_options
 
-    assert online_options(["winch_speed", "implicitfast", "winch_speed", "condim_4"]) == (
-        "winch_speed", "implicitfast", "condim_4")
-    for name in ("per_cable", "per_rod_mass", "wings"):
-        with pytest.raises(ValueError, match="offline"):
+    assert online_options(["winch_speed", "implicitfast", "winch_speed", "per_cable"]) == (
+        "winch_speed", "implicitfast", "per_cable")
+    for name in ("per_joint", "wings"):
+        with pytest.raises(ValueError, match="cannot be tried online"):
             online_options([name])
+
+
+def test_a_split_is_tried_only_for_learnt_values_over_two_or_more_elements(three_bar):
+    from tensegrity_engine.identification.online_structure import StructureTrials
+
+    trials = StructureTrials(("per_cable", "per_rod_mass"))
+    cables = ("cable_stiffness", "cable_damping")
+    assert trials.next_option(0, three_bar, learnt=cables) == "per_cable"
+    assert trials.next_option(0, three_bar, learnt=cables, split=cables) is None          # split already
+    assert trials.next_option(0, three_bar, learnt=cables + ("rod_mass",), split=cables) == "per_rod_mass"
+    assert trials.next_option(0, three_bar, learnt=("rod_mass",)) == "per_rod_mass"
+    free_one = tuple(range(1, three_bar.num_rods))       # one free rod: its mass is the total's
+    assert trials.next_option(0, three_bar, learnt=("rod_mass",), fixed_rods=free_one) is None
+    config = trials.config_with(IdentificationConfig(learn=("cable_stiffness",)), ("cable_stiffness",),
+                                ("per_cable",))
+    assert config.learn == ("cable_stiffness",) and config.per_element == ("cable_stiffness",)   # learnt only
+
+
+def _spread_truth(robot) -> np.ndarray:
+    """The stand-in robot's cables: stiffness 3000 +-20 %, alternately."""
+    return 3000.0 * (1.0 + 0.2 * (-1.0) ** np.arange(robot.num_cables))
+
+
+class _SplitTrainer(_StructureTrainer):
+    """A scripted fit of a robot whose cables differ (`_spread_truth`): one shared stiffness
+    ends at the mean, 3000, and leaves the spread in every held-out block; one per cable
+    reaches the truth. Held-out losses read each cable's value."""
+
+    def __init__(self, robot, config, initial=None):
+        super().__init__(robot, config, initial)
+        self.robot = robot
+        self.parameters = PhysicalParameters(robot, self.parameters.as_dict(), per_element=config.per_element)
+        self.target = _spread_truth(robot) if "cable_stiffness" in config.per_element else 3000.0
+
+    def heldout_loss(self, data, values, chain=0, per_block=False):
+        k = np.broadcast_to(np.asarray(values["cable_stiffness"], dtype=np.float64), (self.robot.num_cables,))
+        blocks = max(1, len(data.t0) // max(chain, 1))
+        loss = np.full(blocks, float(np.abs(k - _spread_truth(self.robot)).mean()))
+        return (loss, loss / 1e4) if per_block else (float(loss.mean()), float(loss.mean() / 1e4))
+
+    def state_dict(self):
+        return {"k": self.parameters.as_dict()["cable_stiffness"], "epoch": self.epoch}
+
+
+def test_cables_that_differ_are_split_online_and_published_per_cable(three_bar):
+    """The per-cable option: fitted by a challenger with the split, adopted on held-out data
+    that the shared value cannot explain, scored and published per cable, and kept across
+    a restart; a robot whose cables are alike keeps its shared value."""
+    made, session = _structure_sessions(three_bar, _SplitTrainer, ("per_cable",))
+    s = session()
+    s.add(_batch(three_bar, 0, 91))
+    while s.training:
+        s.step()
+    _, values = s.finish()
+    assert values["cable_stiffness"][0] == pytest.approx(3000.0) and len(values["cable_stiffness"]) == 1
+    s.mark_published(values)
+    challenger = made[-1]
+    assert s.trials.option == "per_cable" and challenger.config.per_element == ("cable_stiffness",)
+    while s.training:
+        s.step()
+    assert s.trials.log == [("per_cable", "adopted")] and s.trainer is challenger
+    _, values = s.finish()
+    assert values["cable_stiffness"] == pytest.approx(list(_spread_truth(three_bar)))
+    verdict = s.gate(values)
+    assert verdict.accepted and verdict.incumbent_loss == pytest.approx(600.0) and verdict.candidate_loss < 1e-6
+    s.mark_published(values)
+    assert s.trials.next_option(10**6, s.robot, s.floor, s.trainer.learn, s.trainer.config.per_element) is None
+    r = session()
+    r.restore(s.checkpoint())                      # a restart keeps the split and the published cables
+    assert r.trials.adopted == ["per_cable"] and r.trainer.config.per_element == ("cable_stiffness",)
+    assert r.best_values["cable_stiffness"] == pytest.approx(list(_spread_truth(three_bar)))
+    assert r.trainer.parameters.as_dict()["cable_stiffness"] == pytest.approx(list(_spread_truth(three_bar)))
+
+
+def test_a_split_that_explains_nothing_is_refused(three_bar):
+    class _AlikeTrainer(_SplitTrainer):                # cables alike: the split fits the shared value
+        def __init__(self, robot, config, initial=None):
+            super().__init__(robot, config, initial)
+            self.target = 3000.0
+
+        def heldout_loss(self, data, values, chain=0, per_block=False):
+            k = np.asarray(values["cable_stiffness"], dtype=np.float64)
+            blocks = max(1, len(data.t0) // max(chain, 1))
+            loss = np.full(blocks, float(np.abs(k - 3000.0).mean()) + 1.0)
+            return (loss, loss / 1e4) if per_block else (float(loss.mean()), float(loss.mean() / 1e4))
+
+    made, session = _structure_sessions(three_bar, _AlikeTrainer, ("per_cable",))
+    s = session()
+    s.add(_batch(three_bar, 0, 91))
+    while s.training:
+        s.step()
+    s.mark_published(s.finish()[1])
+    while s.training:
+        s.step()
+    assert s.trials.adopted == [] and s.trials.log[0][0] == "per_cable" and s.trials.log[0][1] != "adopted"
+    assert s.trainer.config.per_element == () and len(s.trainer.parameters.as_dict()["cable_stiffness"]) == 1
 
 
 class _StepTrainer(_StructureTrainer):

@@ -81,8 +81,8 @@ def finish(proc: subprocess.Popen, timeout: float = 60.0) -> tuple[int, str]:
     ("mppi_controller", "excitation_fmin:=3.0", "excitation_fmin (3 Hz) is above excitation_fmax (2 Hz)"),
     ("identifier", "robot:=/nonexistent/robot.yaml", "config '/nonexistent/robot.yaml' not found"),
     ("identifier", "learn:=[cable_stifness]", "parameter learn: unknown parameter(s) to learn: cable_stifness"),
-    ("identifier", "structure_options:=[per_cable]",
-     "parameter structure_options: structure option 'per_cable' cannot be tried online"),
+    ("identifier", "structure_options:=[per_joint]",
+     "parameter structure_options: structure option 'per_joint' cannot be tried online"),
     ("identifier", "learn:=[cable_stiffness,cable_damping,rod_mass]",
      "parameter learn: cable_stiffness, cable_damping, rod_mass scale together"),
 ])

@@ -37,7 +37,8 @@ __all__ = ["Advice", "REVEALED_BY", "CARRIES", "SCALE_SHARE", "BOUND_HINTS", "ex
 BOUND_HINTS = {
     ("actuator_time_constant", "lower"): "cables that differ from each other pin the motors' time constant "
                                          "at its lower bound: try a value per cable (per_element: "
-                                         "[cable_stiffness, cable_damping])",
+                                         "[cable_stiffness, cable_damping], or structure_options: "
+                                         "[per_cable] to let the held-out data decide)",
 }
 
 # The motion (or measurement) that makes each learnable parameter act on the poses.

@@ -174,7 +174,7 @@ class OnlineIdentification:
         config = self.config
         if self.trials.adopted:          # a restored session: the structure it had adopted
             base = resolve_learn(config.learn, self.config_robot.contact.law, floor=self.floor)
-            config = dataclasses.replace(config, learn=self.trials.learn_with(base, self.trials.adopted))
+            config = self.trials.config_with(config, base, self.trials.adopted)
             self.robot = structure_robot(self.config_robot, self.trials.adopted)
             if self.robot is not self.config_robot:
                 config = dataclasses.replace(config, fine_integrator=None)
