@@ -418,6 +418,13 @@ def test_structure_options_are_fitted_by_challengers_and_adopted_only_when_they_
     assert s.finished and s.trials.adopted == ["end_heavy"]
     _, values = s.finish()
     assert values["cable_stiffness"][0] == pytest.approx(2990.0) and s.gate(values).accepted
+    # refused against the base, both are tried again at once on the structure adopted since
+    assert s.trials.option == "winch_speed" and s.trials.refused == {}
+    assert made[-1].learn == ("cable_stiffness", "rod_inertia_factor", "actuator_max_speed")
+    while s.training:
+        s.step()
+    assert [o for o, _ in s.trials.log[3:]] == ["winch_speed", "slack_damping"]
+    assert s.trials.adopted == ["end_heavy"]                      # neither pays on top of it
     assert not s.training and s.trials.refused == {"winch_speed": 30, "slack_damping": 30}
     s.add(_batch(three_bar, 91, 30))                 # 40 held-out tuples seen: not twice the evidence
     assert not s.trials.active and s.heldout_len == 40

@@ -18,7 +18,8 @@ window as it is now and ends like the solver (the caller's gate and convergence 
 publication); its values are learnt from then on, under the session's budget. Its end, a
 divergence, or ``FUTILE_LOOKS`` looks in a row with a held-out loss above the model it must
 beat refuse it. Refused, failed or over its own budget, the option waits until
-twice the held-out tuples have been seen before it is tried again.
+twice the held-out tuples have been seen, or until another option is adopted (it was
+refused against the structure before), before it is tried again.
 
 An option adopted before its challenger's end is offered to the caller's gate at once
 (`OnlineIdentification.step` returns its values).
@@ -356,7 +357,10 @@ class StructureTrials:
         self.log.append((option, verdict))
         if verdict == "adopted":
             self.adopted.append(option)
-            self.refused.pop(option, None)
+            # a refusal was a verdict against the old structure: options interact (kitchen_sink's
+            # RK4 step with shared cable values predicted worse than the base and was refused;
+            # its cables need both), so each refused one is tried again on the new one at once
+            self.refused.clear()
         else:                                  # tried again on twice the held-out data
             self.refused[option] = max(int(heldout_total), 1)
 
