@@ -283,11 +283,11 @@ class StructureTrials:
         # the challenger steps with its robot's integrator once that is not the config's (the
         # config's fine_integrator would override it), else as the session's solver does
         own_step = ONLINE_OPTIONS[option].integrator or robot.integrator != session.config_robot.integrator
-        cfg = dataclasses.replace(self.config_with(dataclasses.replace(config, per_element=split), learnt, (option,)),
-                                  init="given",
+        cfg = dataclasses.replace(config, per_element=split, init="given",
                                   fine_integrator=None if own_step else config.fine_integrator,
                                   max_epochs=min(config.max_epochs, CHALLENGER_MAX_EPOCHS),
                                   max_seconds=min(config.max_seconds or math.inf, CHALLENGER_MAX_SECONDS))
+        cfg = self.config_with(cfg, learnt, (option,))
         start = PhysicalParameters(robot)
         trainer = session.trainer_factory(robot, cfg, session.device, start, session.log)
         trainer.set_data(session.window_tuples())
