@@ -352,6 +352,44 @@ def test_a_window_crossing_a_switch_gives_its_smooth_side_not_the_jump(superball
     torch.testing.assert_close(robust, slope, rtol=1e-6, atol=1e-6)
 
 
+def test_the_other_side_is_taken_only_where_the_forward_difference_jumps():
+    """With the rows of single units at hand, the one-sided Jacobian rolls out the backward
+    side only for the units whose forward difference is far above the median unit's: a
+    jump just above theta0 in one window of twelve gives that window its slope from the
+    other side, every window equals the full rule's, and the backward side costs that
+    window's rows alone (a parameter whose forward difference jumps nowhere costs none)."""
+    from tensegrity_engine.identification.solvers.levenberg_marquardt import one_sided_jacobian
+    from tensegrity_engine.identification.solvers.windows import EPS
+
+    gen = torch.Generator().manual_seed(1)
+    N, M, P = 12, 5, 3
+    slope = torch.randn(N, M, P, dtype=torch.float64, generator=gen)
+    theta0 = torch.zeros(P, dtype=torch.float64)
+    jump_window, jump_param = 7, 1
+
+    def rows_of(theta, idx):
+        r = (slope[idx] @ theta[:, None])[..., 0]
+        crossed = (idx == jump_window) & (theta[jump_param] > 0.5 * EPS)
+        return r + 4e-3 * crossed[:, None].to(r.dtype)
+
+    evaluated = []
+
+    def units_residual(theta, idx):
+        evaluated.append(len(idx))
+        return rows_of(theta, idx)
+
+    everything = torch.arange(N)
+    r0 = rows_of(theta0, everything)
+    full = one_sided_jacobian(lambda th: rows_of(th, everything), theta0, r0, N, EPS)
+    checked = one_sided_jacobian(lambda th: rows_of(th, everything), theta0, r0, N, EPS,
+                                 units_residual=units_residual)
+    plain = one_sided_jacobian(lambda th: rows_of(th, everything), theta0, r0, N, EPS, sides=())
+    assert float(plain[jump_window, :, jump_param].abs().max()) > 1e3            # the jump is there
+    torch.testing.assert_close(checked, slope, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(checked, full, rtol=0, atol=1e-9)
+    assert evaluated == [1]
+
+
 def test_spread_sigma_covers_each_groups_own_value_and_equals_sigma_when_groups_agree(superball):
     """Each group of residuals has its own value of the parameter (the robot's regimes, seen
     through a model that is not the robot): the spread sigma is the scatter of those values

@@ -30,14 +30,13 @@ import numpy as np
 import torch
 
 from tensegrity_engine.identification.solvers.chaining import chain_latents
-from tensegrity_engine.identification.solvers.levenberg_marquardt import (boxed_step, jacobian_mode,
+from tensegrity_engine.identification.solvers.levenberg_marquardt import (JUMP_RATIO, boxed_step, jacobian_mode,
                                                                           one_sided_jacobian, parameter_jacobian,
                                                                           raw_vector, set_raw_vector)
 from tensegrity_engine.identification.solvers.settle import motor_settled, settle_steps
 
 SCORE_CLUSTERS = 10     # groups of consecutive windows behind the cluster-robust sigma
 EPS = 1e-6              # forward-difference step (raw parameter units; m/s and rad/s for latents)
-JUMP_RATIO = 30.0       # a latent column this many times its component's median is checked (`latent_jacobian`)
 LATENT_SWEEPS = 3       # per iteration: Gauss-Newton sweeps on the latents alone (`_polish_latents`)
 # First damping (relative to the latent normal matrix's diagonal) of `fit_start_velocities`:
 # finite-difference starts are far off, and full Gauss-Newton steps from them overshoot on
@@ -354,13 +353,17 @@ class WindowLevenbergMarquardt:
         ``one_sided`` also those at 100x the step: on the floor a window whose rollout
         crosses a contact or stick-slip switch within a step has a jump, not a slope, on
         that side (measured: the twin rolling, one window's stiffness column 10^6 times the
-        median's, which made the stiffness' sigma 0.00 %). Costs 2 or 4 rollouts per
-        parameter instead of 1."""
+        median's, which made the stiffness' sigma 0.00 %). The other sides are rolled out
+        only for the windows whose forward difference is far above the median window's
+        (`one_sided_jacobian`), so a column costs about one rollout of all windows."""
         mode = jacobian_mode(run.config, run.objective)
         if mode == "forward":
             return parameter_jacobian(run, theta, lambda p: run.objective.window_residual(run.train, windows, vel, p))
         sides = (-1.0, 100.0, -100.0) if one_sided else (-1.0,) if mode == "one_sided" else ()
-        J = one_sided_jacobian(lambda th: self._residual(run, th, windows, vel), theta, r0, len(r0), EPS, sides)
+        N = len(r0)
+        rows = lambda th, sub: self._residual(run, th, windows[sub], vel[sub]) * math.sqrt(len(sub) / N)  # noqa: E731
+        J = one_sided_jacobian(lambda th: self._residual(run, th, windows, vel), theta, r0, N, EPS, sides,
+                               units_residual=rows)
         set_raw_vector(run.params, run.learn, theta)
         return J
 
