@@ -488,14 +488,18 @@ def _tuple_uncertainty(trainer, names, theta0, idx) -> ParameterUncertainty:
     scores per tuple in groups of consecutive tuples."""
     data, n_steps, integrator = trainer.train, trainer.full_steps, trainer.config.fine_integrator
 
-    def residual(theta):
+    def rows(theta, sub):        # the tuples idx[sub] alone, weighted as within idx
         set_raw_vector(trainer.params, names, theta)
         p = trainer.engine.param_values(trainer.dtype, trainer.device)
-        return trainer.objective.residuals(data, idx, p, n_steps, integrator)
+        r = trainer.objective.residuals(data, idx[sub], p, n_steps, integrator)
+        return r.reshape(len(sub), -1) * math.sqrt(len(sub) / len(idx))
+
+    def residual(theta):
+        return rows(theta, torch.arange(len(idx), device=idx.device)).reshape(-1)
 
     with trainer.objective.stepped_for(trainer.engine.param_values(trainer.dtype, trainer.device)):
         r = residual(theta0)
-        J = (one_sided_jacobian(residual, theta0, r, units=len(idx))        # the soft law's jumps
+        J = (one_sided_jacobian(residual, theta0, r, units=len(idx), units_residual=rows)   # the soft law's jumps
              if jacobian_mode(trainer.config, trainer.objective) == "one_sided" else residual_jacobian(residual, theta0))
         set_raw_vector(trainer.params, names, theta0)
     return gauss_newton_uncertainty(trainer.params, names, J, r, units=len(idx))      # idx: in time order
