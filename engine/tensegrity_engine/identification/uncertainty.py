@@ -44,7 +44,8 @@ import torch
 
 from tensegrity_engine.identification.solvers.levenberg_marquardt import (bounded_step, jacobian_mode,
                                                                           one_sided_jacobian, raw_vector,
-                                                                          residual_jacobian, set_raw_vector)
+                                                                          residual_jacobian, set_raw_vector,
+                                                                          tuple_rows)
 from tensegrity_engine.identification.scale import SCALE_GROUP
 from tensegrity_engine.identification.solvers.windows import WindowLevenbergMarquardt, score_groups
 from tensegrity_engine.physics.params import SPEC_BY_NAME, PhysicalParameters
@@ -488,14 +489,16 @@ def _tuple_uncertainty(trainer, names, theta0, idx) -> ParameterUncertainty:
     scores per tuple in groups of consecutive tuples."""
     data, n_steps, integrator = trainer.train, trainer.full_steps, trainer.config.fine_integrator
 
-    def rows(theta, sub):        # the tuples idx[sub] alone, weighted as within idx
+    of_values = tuple_rows(trainer.objective, data, idx, n_steps, integrator)
+
+    def rows(theta, sub):
         set_raw_vector(trainer.params, names, theta)
-        p = trainer.engine.param_values(trainer.dtype, trainer.device)
-        r = trainer.objective.residuals(data, idx[sub], p, n_steps, integrator)
-        return r.reshape(len(sub), -1) * math.sqrt(len(sub) / len(idx))
+        return of_values(trainer.engine.param_values(trainer.dtype, trainer.device), sub)
 
     def residual(theta):
-        return rows(theta, torch.arange(len(idx), device=idx.device)).reshape(-1)
+        set_raw_vector(trainer.params, names, theta)
+        p = trainer.engine.param_values(trainer.dtype, trainer.device)
+        return trainer.objective.residuals(data, idx, p, n_steps, integrator)
 
     with trainer.objective.stepped_for(trainer.engine.param_values(trainer.dtype, trainer.device)):
         r = residual(theta0)

@@ -65,7 +65,8 @@ def one_sided_jacobian(residual, theta0: torch.Tensor, r0: torch.Tensor, units: 
         e = torch.zeros_like(theta0)
         e[j] = eps
         col = ((residual(theta0 + e) - r0) / eps).reshape(units, -1)
-        check, subset = torch.arange(units, device=col.device), units_residual is not None and units > 2
+        check = torch.arange(units, device=col.device)
+        subset = units_residual is not None and units > 2 and bool(sides)
         if subset:
             size = col.norm(dim=-1)
             check = (~(size <= JUMP_RATIO * size.nanmedian())).nonzero()[:, 0]
@@ -82,6 +83,16 @@ def one_sided_jacobian(residual, theta0: torch.Tensor, r0: torch.Tensor, units: 
             col[check] = torch.where(take[:, None], other, part)
         cols.append(col.reshape(r0.shape))
     return torch.stack(cols, -1)
+
+
+def tuple_rows(objective, data, idx: torch.Tensor, n_steps: int, integrator: str):
+    """``rows(p, sub)``: the residual rows [len(sub), m] of the tuples ``idx[sub]`` alone, for
+    parameter values ``p``, weighted as within all of ``idx`` (`objective.residuals` weighs
+    by 1 / sqrt(number of tuples)): `one_sided_jacobian`'s ``units_residual``."""
+    def rows(p, sub):
+        r = objective.residuals(data, idx[sub], p, n_steps, integrator)
+        return r.reshape(len(sub), -1) * math.sqrt(len(sub) / len(idx))
+    return rows
 
 
 def split_raw(params, names, theta: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -209,15 +220,6 @@ class TupleLevenbergMarquardt:
         """The tuple residuals of parameter values ``p`` (a dict) on the tuples ``idx``."""
         return lambda p: run.objective.residuals(run.train, idx, p, run.schedule.n_steps, run.integrator)
 
-    @staticmethod
-    def _rows_of(run, idx: torch.Tensor):
-        """The rows of the tuples ``idx[sub]`` alone, weighted as within all of ``idx``
-        (`objective.residuals` weighs by 1 / sqrt(number of tuples))."""
-        def rows(p, sub):
-            r = run.objective.residuals(run.train, idx[sub], p, run.schedule.n_steps, run.integrator)
-            return r.reshape(len(sub), -1) * math.sqrt(len(sub) / len(idx))
-        return rows
-
     @torch.no_grad()
     def _residual(self, run, theta: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         set_raw_vector(run.params, run.learn, theta)
@@ -240,7 +242,8 @@ class TupleLevenbergMarquardt:
             diverged = True
         else:
             J = parameter_jacobian(run, theta0, self._residual_of(run, idx), r0=r0, units=len(idx),
-                                   units_of=self._rows_of(run, idx))
+                                   units_of=tuple_rows(run.objective, run.train, idx, run.schedule.n_steps,
+                                                       run.integrator))
             ok = bool(torch.isfinite(J).all())
             g, H = J.T @ r0, J.T @ J
             d = H.diagonal().clamp(min=1e-12 * float(H.diagonal().max().clamp(min=1e-300)))
