@@ -277,13 +277,15 @@ def msg_to_params(msg, robot):
 
 def _in_message_structure(msg, robot):
     """``robot`` with the message's integrator and contact dimensionality (checked; empty / 0:
-    the robot's own)."""
+    the robot's own; a dimensionality under a penalty-law config: the soft law, which the
+    identifier adopted online, `soft_contact`)."""
     from tensegrity_engine.identification.online_structure import robot_in_structure
     from tensegrity_engine.physics.params import ParameterError
 
     integrator, condim = str(msg.integrator), int(msg.contact_condim)
+    law = "soft" if condim else robot.contact.law
     try:
-        return robot_in_structure(robot, (integrator or robot.integrator, robot.contact.law, condim or None))
+        return robot_in_structure(robot, (integrator or robot.integrator, law, condim or None))
     except ValueError as exc:
         raise ParameterError("bad_structure", f"{exc} (robot under the {robot.contact.law} ground law)") from None
 

@@ -741,6 +741,33 @@ def test_a_contact_dimensionality_is_tried_only_on_the_floor_under_the_soft_law(
     assert trials.next_option(0, structure_robot(soft, ("condim_4",)), floor=True) is None
 
 
+def test_the_soft_law_is_tried_on_the_floor_under_the_penalty_law(three_bar):
+    """`soft_contact`: the penalty law's contact values give way to the soft law's (its
+    solref), once; a contact dimensionality can be tried after it."""
+    from tensegrity_engine.identification.online_structure import (StructureTrials, robot_in_structure,
+                                                                   structure_key, structure_robot)
+
+    assert three_bar.contact.law == "penalty"
+    trials = StructureTrials(("soft_contact", "condim_4"))
+    assert trials.next_option(0, three_bar, floor=True) == "soft_contact"
+    assert trials.next_option(0, three_bar, floor=False) is None
+    soft = structure_robot(three_bar, ("soft_contact",))
+    assert soft.contact.law == "soft" and soft.integrator == three_bar.integrator
+    assert soft.contact.friction == three_bar.contact.friction
+    assert structure_key(soft) != structure_key(three_bar)
+    assert StructureTrials(("soft_contact",)).next_option(0, soft, floor=True) is None     # its own law
+    learnt = ("cable_stiffness", "contact_stiffness", "contact_damping", "friction_sliding")
+    assert StructureTrials.learn_with(learnt, ("soft_contact",)) == (
+        "cable_stiffness", "friction_sliding", "contact_time_constant", "contact_damping_ratio")
+    assert StructureTrials.learn_with(("cable_stiffness",), ("soft_contact",)) == ("cable_stiffness",)
+    trials.adopted = ["soft_contact"]
+    assert trials.next_option(0, soft, floor=True) == "condim_4"
+    key = (three_bar.integrator, "soft", 4)
+    assert structure_key(robot_in_structure(three_bar, key)) == key          # a checkpoint's
+    with pytest.raises(ValueError, match="ground law"):
+        robot_in_structure(three_bar, (three_bar.integrator, "hertz", None))
+
+
 def test_a_value_option_is_not_tried_when_the_solver_learns_its_values_already(three_bar):
     from tensegrity_engine.identification.online_structure import StructureTrials
 

@@ -43,6 +43,21 @@ def test_the_values_come_in_the_structure_they_were_fitted_in(three_bar):
     assert conv.params_to_msg(PhysicalParameters(three_bar), three_bar.name, 0).contact_condim == 0
 
 
+def test_a_soft_law_model_of_a_penalty_law_robot_comes_under_the_soft_law(three_bar):
+    """`soft_contact` adopted online: the message's contact dimensionality says the soft
+    law, and the consumer plans with its solref (the published values), not the penalty law."""
+    from tensegrity_engine.identification.online_structure import structure_robot
+
+    assert three_bar.contact.law == "penalty"
+    fitted = PhysicalParameters(structure_robot(three_bar, ("soft_contact",)))
+    fitted.set_value("contact_time_constant", 0.013)
+    msg = conv.params_to_msg(fitted, three_bar.name, 0)
+    assert msg.contact_condim == fitted.robot.contact.soft_condim > 0
+    got = conv.msg_to_params(msg, three_bar)
+    assert got.robot.contact.law == "soft" and got.robot.contact.soft_condim == msg.contact_condim
+    assert got.as_dict()["contact_time_constant"][0] == pytest.approx(0.013)
+
+
 def _forge(msg, **changes):
     for key, value in changes.items():
         setattr(msg, key, value)
@@ -90,14 +105,14 @@ FORGERIES = {
                                          upper_bounds=list(m.upper_bounds)[1:]),
     "empty": lambda m, r: _forge(m, names=[], values=[], lower_bounds=[], upper_bounds=[]),
     "unknown_integrator": lambda m, r: _forge(m, integrator="warp"),
-    "condim_without_soft_law": lambda m, r: _forge(m, contact_condim=4),
+    "unknown_condim": lambda m, r: _forge(m, contact_condim=5),
 }
 REASON = {"wrong_robot": "wrong_robot", "negative_stiffness": "out_of_bounds", "huge_mass": "out_of_bounds",
           "nan": "non_finite", "inf": "non_finite", "more_names_than_values": "wrong_length",
           "unknown_name": "unknown_name", "unparsable_name": "bad_name", "duplicate_name": "duplicate_name",
           "index_gap": "wrong_length", "widened_bounds": "bad_bounds", "bounds_length": "wrong_length",
           "degenerate_bounds": "bad_bounds", "partial_model": "missing_name", "empty": "missing_name",
-          "unknown_integrator": "bad_structure", "condim_without_soft_law": "bad_structure"}
+          "unknown_integrator": "bad_structure", "unknown_condim": "bad_structure"}
 
 
 @pytest.mark.parametrize("kind", sorted(FORGERIES))

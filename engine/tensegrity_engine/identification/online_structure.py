@@ -49,9 +49,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from tensegrity_engine.identification.config import IdentificationConfig
+from tensegrity_engine.identification.config import CONTACT_PARAMS, IdentificationConfig, contact_params
 from tensegrity_engine.physics.config import MODEL_INTEGRATORS, RobotConfig
-from tensegrity_engine.physics.params import SPEC_BY_NAME, PhysicalParameters
+from tensegrity_engine.physics.params import SOFT_LAW_PARAMS, SPEC_BY_NAME, PhysicalParameters
 
 __all__ = ["ONLINE_OPTIONS", "OnlineOption", "online_options", "StructureTrials", "healthy_values",
            "CHALLENGER_SHARE", "FUTILE_LOOKS", "JUDGE_EVERY", "STRUCTURE_SIGNIFICANCE", "STRUCTURE_MIN_GAIN",
@@ -64,15 +64,18 @@ class OnlineOption:
     integrator: Optional[str] = None   # the model's step
     condim: Optional[int] = None       # the soft ground law's contact dimensionality
     per_element: tuple = ()            # learnt values it gives one entry per cable / rod
+    law: Optional[str] = None          # the ground contact law (its contact values learnt instead)
 
 
-# `structure.OPTIONS` and `structure.SOFT_CONDIMS`, with the same names
+# `structure.OPTIONS` and `structure.SOFT_CONDIMS`, with the same names; ``soft_contact``:
+# `structure.select_contact_law`'s soft law for a config under the penalty law
 ONLINE_OPTIONS = {
     "end_heavy": OnlineOption(learn=("rod_inertia_factor",)),
     "slack_damping": OnlineOption(learn=("cable_slack_damping",)),
     "winch_speed": OnlineOption(learn=("actuator_max_speed",)),
     "implicitfast": OnlineOption(integrator="implicitfast"),
     "rk4": OnlineOption(integrator="rk4"),
+    "soft_contact": OnlineOption(law="soft"),
     "condim_3": OnlineOption(condim=3),
     "condim_4": OnlineOption(condim=4),
     "condim_6": OnlineOption(condim=6),
@@ -134,15 +137,18 @@ def structure_robot(robot: RobotConfig, names: Sequence[str]) -> RobotConfig:
     here; a later step or condim option overrides an earlier one)."""
     for name in names:
         option = ONLINE_OPTIONS[name]
-        robot = _rebuilt(robot, option.integrator or robot.integrator, option.condim)
+        robot = _rebuilt(robot, option.integrator or robot.integrator, option.condim, option.law)
     return robot
 
 
-def _rebuilt(robot: RobotConfig, integrator: str, condim: Optional[int]) -> RobotConfig:
-    """``robot`` stepped with ``integrator`` and, unless None, of contact dimensionality
-    ``condim`` (``robot`` itself when nothing changes)."""
+def _rebuilt(robot: RobotConfig, integrator: str, condim: Optional[int], law: Optional[str] = None) -> RobotConfig:
+    """``robot`` stepped with ``integrator`` and, unless None, under the ground ``law`` (the
+    config's solref, solimp and friction: MuJoCo's defaults where it sets none) and of
+    contact dimensionality ``condim`` (``robot`` itself when nothing changes)."""
     if integrator != robot.integrator:
         robot = robot.replace(integrator=integrator)
+    if law is not None and law != robot.contact.law:
+        robot = robot.replace(contact=dataclasses.replace(robot.contact, law=law))
     if condim is not None and int(condim) != robot.contact.soft_condim:
         robot = robot.replace(contact=dataclasses.replace(robot.contact, condim=int(condim)))
     return robot
@@ -150,15 +156,16 @@ def _rebuilt(robot: RobotConfig, integrator: str, condim: Optional[int]) -> Robo
 
 def robot_in_structure(robot: RobotConfig, key) -> RobotConfig:
     """``robot`` built in the structure ``key`` (`structure_key`'s (integrator, ground law,
-    soft-law condim), e.g. from a checkpoint: checked)."""
+    soft-law condim), e.g. from a checkpoint: checked). The law is ``robot``'s own or the
+    soft one (`soft_contact`, the one law option)."""
     integrator, law, condim = key
     if integrator not in MODEL_INTEGRATORS:
         raise ValueError(f"unknown integrator {str(integrator)[:32]!r}")
-    if law != robot.contact.law:
-        raise ValueError(f"a model under the {str(law)[:32]!r} ground law, not {robot.contact.law!r}")
+    if law not in (robot.contact.law, "soft"):
+        raise ValueError(f"a model under the {str(law)[:32]!r} ground law, not {robot.contact.law!r} or 'soft'")
     if condim is not None and (law != "soft" or int(condim) not in (1, 3, 4, 6)):
         raise ValueError(f"contact dimensionality {condim!r}")
-    return _rebuilt(robot, integrator, condim)
+    return _rebuilt(robot, integrator, condim, law)
 
 
 def _splits(option: OnlineOption, robot: Optional[RobotConfig], learnt: Sequence[str],
@@ -174,7 +181,8 @@ def _splits(option: OnlineOption, robot: Optional[RobotConfig], learnt: Sequence
 
 
 def _kind(option: OnlineOption) -> Optional[str]:
-    return "integrator" if option.integrator else "condim" if option.condim else None
+    return ("integrator" if option.integrator else "condim" if option.condim
+            else "law" if option.law else None)
 
 
 def online_options(names: Sequence[str]) -> tuple[str, ...]:
@@ -235,6 +243,8 @@ class StructureTrials:
                 continue
             if option.condim is not None and (not floor or (robot is not None and robot.contact.law != "soft")):
                 continue
+            if option.law is not None and not floor:      # the law acts mostly on the floor
+                continue
             if name in self.refused and heldout_total < 2 * self.refused[name]:
                 continue
             return name
@@ -242,9 +252,17 @@ class StructureTrials:
 
     @staticmethod
     def learn_with(learn: Sequence[str], names: Sequence[str]) -> tuple[str, ...]:
+        """``learn`` with the options' values added and, under another ground law, the
+        contact values of the old law swapped for the new one's (`config.contact_params`)."""
         out = list(learn)
         for name in names:
-            out += [n for n in ONLINE_OPTIONS[name].learn if n not in out]
+            option = ONLINE_OPTIONS[name]
+            out += [n for n in option.learn if n not in out]
+            if option.law is not None:
+                old = [n for n in CONTACT_PARAMS[:2] + SOFT_LAW_PARAMS if n not in contact_params(option.law)]
+                if any(n in out for n in old):
+                    out = [n for n in out if n not in old]
+                    out += [n for n in contact_params(option.law)[:len(SOFT_LAW_PARAMS)] if n not in out]
         return tuple(out)
 
     @classmethod
