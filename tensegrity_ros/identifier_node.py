@@ -424,8 +424,9 @@ def declare_identification(d) -> dict:
         "structure_options": d("structure_options", ["none"], "structural options fitted one at a time by a "
                                "second trainer, each kept only if it predicts the held-out blocks better by 2 "
                                "standard errors and 5 %: end_heavy, slack_damping, winch_speed (values), "
-                               "implicitfast, rk4 (the integrator), condim_3, condim_4, condim_6 (soft ground "
-                               "law); each from the config's values, beside the solver; the published message "
+                               "per_cable, per_rod_mass (per-element values), implicitfast, rk4 (the integrator), "
+                               "soft_contact (the soft ground law, for a penalty-law robot), condim_3, condim_4, "
+                               "condim_6 (soft ground law); each from the config's values, beside the solver; the published message "
                                "carries the structure (['none'] = the robot YAML's structure)"),
     }
     out["config"] = declare_solver(d, out["interval"])

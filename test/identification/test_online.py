@@ -320,6 +320,28 @@ def test_the_gate_asks_for_an_improvement_beyond_the_blocks_noise(three_bar):
     assert not noisy.accepted and noisy.reason == "not_significant"
 
 
+def test_the_gate_reads_ratios_per_block_not_heavy_tailed_differences():
+    """Held-out losses measured online (a three-bar twin: a soft-law fit against the penalty
+    law's): the candidate is 20-500x better on every block, but one block the reference
+    misses by 14 makes the differences "within 2 standard errors"; their log ratios are not.
+    A candidate whose mean gain is one block's luck, worse on the others, is refused."""
+    from tensegrity_engine.identification.online import _compare
+
+    ref = np.array([14.2643, 4.0003, 1.0045, 1.8102, 0.9371, 0.3436])
+    cand = np.array([0.0266, 0.0361, 0.0231, 0.1420, 0.0333, 0.0143])
+    com = np.full(6, 0.01)
+    d = cand - ref
+    assert -d.mean() < 2.0 * d.std(ddof=1) / np.sqrt(d.size)           # the differences: within the noise
+    assert _compare((cand, com), (ref, com), 2.0, 0.05) == "better"
+    lucky = ref * 1.2
+    lucky[0] = 0.5                                                     # worse but on the far-off block
+    assert lucky.mean() < ref.mean()
+    assert _compare((lucky, com), (ref, com), 1.0) == "not_significant"
+    assert _compare((ref * 0.97, com), (ref, com), 1.0, 0.05) == "not_significant"     # below the minimum gain
+    assert _compare((ref * 1.01, com), (ref, com), 1.0) == "worse"
+    assert _compare((cand, com * 2), (ref, com), 1.0) == "worse_com"
+
+
 def test_uncertainty_of_the_same_values_on_the_same_data_is_estimated_once(three_bar, monkeypatch):
     """The node asks for sigma twice when a run ends (convergence test, message): one
     estimate; other values, new data or another epoch estimate again."""

@@ -27,6 +27,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
+from tensegrity_engine.identification.acceptance import log_ratio_gain
 from tensegrity_engine.identification.config import IdentificationConfig, resolve_learn
 from tensegrity_engine.identification.heldout_scoring import StructuredScores
 from tensegrity_engine.identification.online_structure import (CHALLENGER_SHARE, StructureTrials, healthy_values,
@@ -89,10 +90,11 @@ def _mean(a) -> float:
 def _compare(candidate, reference, significance: float = GATE_SIGNIFICANCE, min_gain: float = 0.0) -> str:
     """How a candidate's held-out (loss, CoM error) per block compares with a reference's:
     "better", "worse", "worse_com" (its CoM ends further off) or "not_significant" (a lower
-    mean loss within ``significance`` standard errors of the per-block difference, or by
-    less than ``min_gain`` of the reference's). Both yardsticks: the pose loss over each
-    block, and where the centre of mass ends up, which a loss dominated by shape can trade
-    away (MPPI plans the path)."""
+    mean loss by less than ``min_gain`` of the reference's, or a mean log ratio of the
+    losses per block within ``significance`` standard errors: `acceptance.log_ratio_gain`,
+    as offline selection judges). Both yardsticks: the pose loss over each block, and where
+    the centre of mass ends up, which a loss dominated by shape can trade away (MPPI plans
+    the path)."""
     (c_loss, c_com), (r_loss, r_com) = (tuple(np.asarray(x, dtype=np.float64) for x in pair)
                                         for pair in (candidate, reference))
     if not np.isfinite(c_loss).all():
@@ -104,9 +106,9 @@ def _compare(candidate, reference, significance: float = GATE_SIGNIFICANCE, min_
         return "worse_com"
     if not np.isfinite(r_loss).all():
         return "better"
-    margin = significance * d.std(ddof=1) / math.sqrt(d.size) if d.size >= 3 else 0.0
-    margin = max(margin, min_gain * float(r_loss.mean()))
-    return "better" if d.mean() + margin < 0.0 else "not_significant"
+    if d.mean() + min_gain * float(r_loss.mean()) >= 0.0:
+        return "not_significant"
+    return "better" if d.size < 3 or log_ratio_gain(c_loss, r_loss) > significance else "not_significant"
 
 
 class OnlineIdentification:

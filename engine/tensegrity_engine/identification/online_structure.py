@@ -28,12 +28,13 @@ Options of two kinds can be tried online:
 - *value* options add values the parameter message carries (end-heavy rods, slack-cable
   damping, a winch speed limit);
 - *structure* options change how the model is built: its integrator (``implicitfast``,
-  ``rk4``: MuJoCo's) and, under the soft ground law, the contact dimensionality (``condim_3``,
-  ``condim_4``, ``condim_6``). The message carries them too (``integrator``,
-  ``contact_condim``), and a consumer plans with the structure the values were fitted in. A
+  ``rk4``: MuJoCo's), for a config under the penalty law the soft ground law
+  (``soft_contact``: its solref learnt where the penalty stiffness and damping were) and,
+  under the soft law, the contact dimensionality (``condim_3``, ``condim_4``, ``condim_6``).
+  The message carries them too (``integrator``, ``contact_condim``: > 0 is the soft law), and a consumer plans with the structure the values were fitted in. A
   challenger of another structure is scored in its own structure, the model it would
-  replace in that model's (`OnlineIdentification.gate`). At most one integrator and one
-  contact dimensionality are adopted, as offline (`structure.select_structure`,
+  replace in that model's (`OnlineIdentification.gate`). At most one integrator, one law and
+  one contact dimensionality are adopted, as offline (`structure.select_structure`,
   `structure.select_contact_law`);
 - *per-element* options give learnt values one entry per cable (``per_cable``: stiffness and
   damping) or per free rod (``per_rod_mass``). The message carries them as arrays, and the
