@@ -187,7 +187,7 @@ class OnlineIdentification:
              run=None) -> HeldOutVerdict:
         """May ``values`` replace the published model (``best_values``, else the config's)?
         Only if their loss on the held-out blocks is finite and lower by more than
-        ``significance`` standard errors of the per-block difference (and by ``min_gain`` of
+        ``significance`` standard errors of the per-block log ratio (and by ``min_gain`` of
         the reference's loss), and their CoM error
         at the end of the blocks no larger, than both the published model's and the
         config's (``revert``: the config now beats the published model); not before there are

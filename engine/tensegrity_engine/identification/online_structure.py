@@ -11,7 +11,7 @@ tuples. Every
 ``JUDGE_EVERY`` of its epochs and when its schedule ends, it is judged on the held-out
 blocks by the session's gate with a stricter test than a candidate of the same structure
 (more parameters must pay for themselves: a lower held-out loss by
-``STRUCTURE_SIGNIFICANCE`` standard errors of the per-block difference *and* by
+``STRUCTURE_SIGNIFICANCE`` standard errors of the per-block log ratio *and* by
 ``STRUCTURE_MIN_GAIN`` of the loss, no larger CoM error, better than the published model,
 the config, and the solver's current fit). Adopted, it becomes the session's trainer on the
 window as it is now and ends like the solver (the caller's gate and convergence test, then
