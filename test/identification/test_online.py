@@ -782,6 +782,18 @@ def test_the_soft_law_is_tried_on_the_floor_under_the_penalty_law(three_bar):
     assert StructureTrials.learn_with(learnt, ("soft_contact",)) == (
         "cable_stiffness", "friction_sliding", "contact_time_constant", "contact_damping_ratio")
     assert StructureTrials.learn_with(("cable_stiffness",), ("soft_contact",)) == ("cable_stiffness",)
+    # the challenger's learn passes the soft law's check (the penalty values would raise), from
+    # MuJoCo's default solref
+    from tensegrity_engine.identification.config import resolve_learn
+    from tensegrity_engine.physics.config import DEFAULT_SOLREF
+
+    base = IdentificationConfig(learn=resolve_learn(("cable_stiffness", "contact"), three_bar.contact.law))
+    with pytest.raises(ValueError, match="penalty contact law"):
+        resolve_learn(base.learn, soft.contact.law)
+    challenger = StructureTrials.config_with(base, base.learn, ("soft_contact",))
+    assert set(resolve_learn(challenger.learn, soft.contact.law)) == {
+        "cable_stiffness", "friction_sliding", "contact_time_constant", "contact_damping_ratio"}
+    assert PhysicalParameters(soft).as_dict()["contact_time_constant"][0] == pytest.approx(DEFAULT_SOLREF[0])
     trials.adopted = ["soft_contact"]
     assert trials.next_option(0, soft, floor=True) == "condim_4"
     key = (three_bar.integrator, "soft", 4)
