@@ -92,7 +92,9 @@ def log_ratio_gain(candidate, reference) -> float:
         return math.nan
     se = float(ratio.std(ddof=1)) / math.sqrt(ratio.size)
     mean = float(ratio.mean())
-    return mean / se if se > 0 else math.copysign(math.inf, mean) if mean else 0.0
+    if se > 0:
+        return mean / se
+    return math.copysign(math.inf, mean) if mean else 0.0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,8 +31,9 @@ Options of two kinds can be tried online:
   ``rk4``: MuJoCo's), for a config under the penalty law the soft ground law
   (``soft_contact``: its solref learnt where the penalty stiffness and damping were) and,
   under the soft law, the contact dimensionality (``condim_3``, ``condim_4``, ``condim_6``).
-  The message carries them too (``integrator``, ``contact_condim``: > 0 is the soft law), and a consumer plans with the structure the values were fitted in. A
-  challenger of another structure is scored in its own structure, the model it would
+  The message carries them too (``integrator``, ``contact_condim``: > 0 is the soft law),
+  and a consumer plans with the structure the values were fitted in. A challenger of
+  another structure is scored in its own structure, the model it would
   replace in that model's (`OnlineIdentification.gate`). At most one integrator, one law and
   one contact dimensionality are adopted, as offline (`structure.select_structure`,
   `structure.select_contact_law`);
