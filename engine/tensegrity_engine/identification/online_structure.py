@@ -261,10 +261,10 @@ class StructureTrials:
             option = ONLINE_OPTIONS[name]
             out += [n for n in option.learn if n not in out]
             if option.law is not None:
-                old = [n for n in CONTACT_PARAMS[:2] + SOFT_LAW_PARAMS if n not in contact_params(option.law)]
+                new = contact_params(option.law)[:2]            # the law's normal response
+                old = [n for n in CONTACT_PARAMS[:2] + SOFT_LAW_PARAMS if n not in new]
                 if any(n in out for n in old):
-                    out = [n for n in out if n not in old]
-                    out += [n for n in contact_params(option.law)[:len(SOFT_LAW_PARAMS)] if n not in out]
+                    out = [n for n in out if n not in old] + [n for n in new if n not in out]
         return tuple(out)
 
     @classmethod
