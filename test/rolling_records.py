@@ -16,10 +16,11 @@ from tensegrity_engine.physics.state import ANG_VEL, QUAT, quat_conjugate, quat_
 PERIOD = 0.1
 
 
-def rolling_twin_run(superball, *, gyro_noise=None, seconds: float = 8.0, config: dict = None):
+def rolling_twin_run(superball, *, gyro_noise=None, seconds: float = 8.0, config: dict = None, dropped=()):
     """(trainer at the true values, holding the record as pose-only training data; the true
     states at every tuple start). ``gyro_noise`` (rad/s) not None: each rod's IMU reports
-    with every pose, after it (as a bridge publishes them)."""
+    with every pose, after it (as a bridge publishes them). ``dropped``: the mocap frames
+    (by index, 1 the first) that never arrive."""
     z = ground_truth("twin/as_built", superball)
     robot = z.nominal.replace(rod_mass=z.truth.rod_mass.copy())
     n_cmd = int(round(seconds / PERIOD)) + 2
@@ -35,7 +36,7 @@ def rolling_twin_run(superball, *, gyro_noise=None, seconds: float = 8.0, config
     for k in range(n_cmd):
         stamp = int(round(k * PERIOD * 1e9))
         aligner.add_command(stamp, cmd[k])
-        if 0 < k < n_cmd - 1:
+        if 0 < k < n_cmd - 1 and k not in dropped:
             state = dense[k * held]
             aligner.add_pose(stamp, state[:, :7])
             if gyro_noise is not None:

@@ -25,7 +25,7 @@ import torch
 from tensegrity_engine.identification.data import as_tuple_set
 from tensegrity_engine.identification.dataset import Trajectory
 from tensegrity_engine.identification.evaluation import horizon_errors
-from tensegrity_engine.identification.solvers.windows import chain_windows, fit_start_velocities
+from tensegrity_engine.identification.solvers.windows import fit_start_velocities, gapped_windows
 from tensegrity_engine.physics.params import PhysicalParameters
 from tensegrity_engine.physics.state import central_rotation
 
@@ -58,10 +58,11 @@ def heldout_scores(run, data, values: dict, chain: int = 0, per_block: bool = Fa
 
 def _scores(run, held, p: dict, chain: int) -> tuple[np.ndarray, np.ndarray]:
     """(loss per chain, or one overall; CoM error per chain, or [NaN])."""
-    chains, width = chain_windows(held.ts.next, chain) if chain else (None, 0)
-    whole = chain and width == chain and len(chains) > 0
+    pose_only = held.latent is not None and chain > HELDOUT_FIT
+    chains = gapped_windows(held, chain, HELDOUT_FIT if pose_only else 0) if chain else None
+    whole = bool(chain) and len(chains) > 0
     vel = None
-    if whole and held.latent is not None and chain > HELDOUT_FIT:
+    if whole and pose_only:
         chains = torch.as_tensor(chains, device=run.device)
         with torch.no_grad():
             vel = fit_start_velocities(run.objective, held, chains[:, :HELDOUT_FIT], p)

@@ -130,3 +130,35 @@ class TrainingData:
     def __len__(self):
         return len(self.ts)
 
+    def run_positions(self) -> tuple[np.ndarray, np.ndarray]:
+        """([N] command run, [N] interval within it) of every tuple: a run is a record's
+        trajectories that continue one another (``traj_prev``), so it goes on across a
+        dropped pose whose interval's commands are known (`streaming.to_tuple_set`)."""
+        prev = np.asarray(self.ts.traj_prev)
+        chunks = self.traj_chunks.cpu().numpy()
+        root, offset = np.arange(len(prev)), np.zeros(len(prev), dtype=np.int64)
+        for j in np.flatnonzero(prev >= 0):          # a piece continues an earlier one
+            root[j], offset[j] = root[prev[j]], offset[prev[j]] + chunks[prev[j]]
+        traj = np.asarray(self.ts.traj)
+        return root[traj], offset[traj] + np.asarray(self.ts.start_step) // self.ts.steps
+
+    def interval_cells(self, windows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """([N, W] trajectory, [N, W] chunk) of ``cmd_grid`` holding each interval of
+        ``windows`` (tuple indices; -1: an interval without a tuple, a dropped pose's), walked
+        along the run from each window's first tuple."""
+        succ = torch.full_like(self.traj_prev, -1)
+        linked = torch.nonzero(self.traj_prev >= 0).reshape(-1)
+        succ[self.traj_prev[linked]] = linked
+        traj, chunk = [self.traj[windows[:, 0]]], [self.chunk[windows[:, 0]]]
+        for _ in range(1, windows.shape[1]):
+            t, c = traj[-1], chunk[-1] + 1
+            over = c >= self.traj_chunks[t]
+            traj.append(torch.where(over, succ[t], t))
+            chunk.append(torch.where(over, torch.zeros_like(c), c))
+        traj, chunk = torch.stack(traj, 1), torch.stack(chunk, 1)
+        here = windows >= 0
+        if bool((traj < 0).any()) or not (torch.equal(traj[here], self.traj[windows[here]])
+                                          and torch.equal(chunk[here], self.chunk[windows[here]])):
+            raise ValueError("a window's tuples are not consecutive intervals of one command run")
+        return traj, chunk
+

@@ -411,10 +411,15 @@ class RecurrentObjective:
         where gyros measured the window's start, `gyro_start_rows`."""
         pred = self.window_rollout(data, windows, p, vel, record_every=data.commands.shape[1])
         pos, _ = node_state(pred, self.half)                          # [N, W, R, 2, 3]
-        target, _ = node_state(data.x1[windows], self.half)
+        present = windows >= 0                                        # -1: a dropped pose
+        target, _ = node_state(data.x1[windows.clamp(min=0)], self.half)
         w = self.free / (2.0 * self.free.sum() * windows.shape[0] * windows.shape[1]
                          * (self.loss_scale or 1.0))
-        r = ((pos - target) * w.sqrt()[:, None, None]).flatten(1)
+        if bool(present.all()):
+            r = ((pos - target) * w.sqrt()[:, None, None]).flatten(1)
+        else:       # each window's mean over the samples it has
+            per = present.to(w.dtype) * (windows.shape[1] / present.sum(1, keepdim=True).to(w.dtype))
+            r = ((pos - target) * (per[..., None] * w).sqrt()[..., None, None]).flatten(1)
         if not self.config.gyro_weight:
             return r
         scale = (2.0 * w).sqrt() * self.half * self.config.period * math.sqrt(self.config.gyro_weight)
@@ -422,14 +427,21 @@ class RecurrentObjective:
 
     def window_rollout(self, data: TrainingData, windows: torch.Tensor, p: dict,
                        vel: Optional[torch.Tensor] = None, record_every: Optional[int] = None) -> torch.Tensor:
-        """[N, K, R, 13] the model's states over each window of consecutive tuples, rolled out
-        open loop from its first tuple's pose and latent velocity ``vel`` [N, R, 6] (None: its
-        state as estimated), every ``record_every`` engine steps (None: the end only)."""
+        """[N, K, R, 13] the model's states over each window of consecutive tuples (-1: an
+        interval whose pose was dropped), rolled out open loop from its first tuple's pose and
+        latent velocity ``vel`` [N, R, 6] (None: its state as estimated), every
+        ``record_every`` engine steps (None: the end only)."""
         first = windows[:, 0]
         x0 = data.x0[first] if vel is None else torch.cat([data.x0[first][..., :7], vel], -1)
         act = self.act_starts(data, p)[first]
-        cmd = self.timed_commands(data, p)[0][windows].flatten(1, 2)
-        wr = None if data.wrenches is None else data.wrenches[windows].flatten(1, 2)
+        commands, grid = self.timed_commands(data, p)
+        if bool((windows >= 0).all()):
+            cmd = commands[windows].flatten(1, 2)
+            wr = None if data.wrenches is None else data.wrenches[windows].flatten(1, 2)
+        else:       # across dropped poses (`gapped_windows`): their intervals' commands from the run
+            if data.wrenches is not None:
+                raise ValueError("windows across dropped poses need data without applied wrenches")
+            cmd, wr = grid[data.interval_cells(windows)].flatten(1, 2), None
         pred, _ = self.rollout(x0, act, cmd, self.robot.dt, self.config.fine_integrator, wr,
                                record_every or cmd.shape[1], p)
         return pred
@@ -440,6 +452,8 @@ class RecurrentObjective:
         """[N] distance (m) between the predicted and the measured centre of mass of the free
         rods at the end of each chain of consecutive tuples, rolled out open loop from its
         first tuple's state as estimated (or its pose and ``vel`` [N, R, 6])."""
+        if bool((chains[:, -1] < 0).any()):
+            raise ValueError("a chain must end at a tuple: its measured pose is the reference")
         pred = self.window_rollout(data, chains, p, vel)
         w = self.free * p["rod_mass"].to(self.dtype).reshape(-1).expand_as(self.free)
         com = lambda x: (x[..., :3] * w[:, None]).sum(-2) / w.sum()          # noqa: E731

@@ -67,6 +67,35 @@ def chain_windows(nxt, width: int) -> tuple[np.ndarray, int]:
     return np.array(pool, dtype=np.int64).reshape(-1, max(width, 1)), width
 
 
+def gapped_windows(data, width: int, fit: int = 0) -> np.ndarray:
+    """[N, ``width``] tuple indices: windows of ``width`` consecutive intervals of one command
+    run (`TrainingData.run_positions`: a record goes on across a dropped pose), -1 at an
+    interval without a tuple (a dropped pose's: the rollout runs through it on the commands
+    the record holds, only its pose is not compared). Each starts and ends at a tuple and has
+    poses at two or more of its first ``fit`` intervals (with ``fit`` > 0: the samples that fix
+    its start velocity, `fit_start_velocities`, over-determine it); cut greedily in time
+    order without overlap. Without dropped poses these are `chain_windows`' of that width.
+    At 10 Hz with 5 % of frames lost, 43 % of 1 s chains break: scoring only unbroken chains
+    left a hold-out gate waiting for blocks."""
+    run, pos = data.run_positions()
+    need = min(int(fit), 2) if fit else 0
+    found = []
+    for r in np.unique(run):
+        members = np.flatnonzero(run == r)
+        at = dict(zip(pos[members].tolist(), members.tolist()))
+        free_from = None
+        for start in sorted(at):
+            if free_from is not None and start < free_from:
+                continue
+            cells = [at.get(start + j, -1) for j in range(width)]
+            if cells[-1] < 0 or sum(c >= 0 for c in cells[:max(fit, 1)]) < need:
+                continue
+            found.append(cells)
+            free_from = start + width
+    found.sort(key=lambda cells: cells[0])
+    return np.array(found, dtype=np.int64).reshape(-1, width)
+
+
 def training_windows(ts, width: int, settle=0) -> tuple[np.ndarray, int]:
     """`chain_windows` of a training set, less those starting within ``settle`` engine steps
     (one count, or one per trajectory: `settle_steps`) of an assumed motor state
