@@ -31,6 +31,13 @@ def test_windows_reach_across_a_dropped_pose_where_chains_break(records):
     assert len(chain_windows(gapped.train.ts.next, WIDTH)[0]) == len(w_full) - 1    # broken: one lost
     assert w_gap.shape == w_full.shape and (w_gap < 0).sum() == 2                   # here: kept, 2 holes
     assert (w_gap[:, 0] >= 0).all() and (w_gap[:, -1] >= 0).all()
+    # known wrenches are per tuple, none for a dropped interval: unbroken chains only there
+    data = gapped.train
+    data.wrenches = torch.zeros(len(data), data.commands.shape[1], data.x0.shape[1], 6, dtype=data.x0.dtype)
+    try:
+        assert np.array_equal(gapped_windows(data, WIDTH, fit=3), chain_windows(data.ts.next, WIDTH)[0])
+    finally:
+        data.wrenches = None
     # a window must start and end at a tuple: a drop at either end moves or loses it
     run, pos = gapped.train.run_positions()
     assert len(np.unique(run)) == 1 and np.all(np.diff(pos) >= 1) and np.diff(pos).max() == 3
