@@ -133,6 +133,29 @@ def gyro_start_rows(data: TrainingData, windows: torch.Tensor, vel: torch.Tensor
     return (err * (data.gyro0[first].to(vel.dtype) * scale)[..., None]).flatten(1)
 
 
+def sample_weights(windows: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """[N, W, R] weight of each window sample's rod errors, ``w`` [R] where every sample has
+    its pose; a window with dropped poses (-1, `gapped_windows`) weighs its other samples up
+    to its mean over those, the dropped ones 0."""
+    present = windows >= 0
+    if bool(present.all()):
+        return w.expand(*windows.shape, -1)
+    per = present.to(w.dtype) * (windows.shape[1] / present.sum(1, keepdim=True).to(w.dtype))
+    return per[..., None] * w
+
+
+def window_inputs(data: TrainingData, windows: torch.Tensor, commands: torch.Tensor,
+                  grid: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """([N, W S, A] commands, [N, W S, R, 6] wrenches or None) over ``windows`` from the timed
+    ``commands`` per tuple, or across dropped poses (-1) from the record's command ``grid``."""
+    if bool((windows >= 0).all()):
+        return (commands[windows].flatten(1, 2),
+                None if data.wrenches is None else data.wrenches[windows].flatten(1, 2))
+    if data.wrenches is not None:
+        raise ValueError("windows across dropped poses need data without applied wrenches")
+    return grid[data.interval_cells(windows)].flatten(1, 2), None
+
+
 def _training_dtype(objective, x0: torch.Tensor, p: dict) -> Optional[torch.dtype]:
     """The dtype a rollout from ``x0`` runs in when it trains parameters and ``gradient_dtype``
     is lower than the trainer's (the loss stays in the trainer's dtype); None otherwise (not
@@ -411,15 +434,10 @@ class RecurrentObjective:
         where gyros measured the window's start, `gyro_start_rows`."""
         pred = self.window_rollout(data, windows, p, vel, record_every=data.commands.shape[1])
         pos, _ = node_state(pred, self.half)                          # [N, W, R, 2, 3]
-        present = windows >= 0                                        # -1: a dropped pose
-        target, _ = node_state(data.x1[windows.clamp(min=0)], self.half)
+        target, _ = node_state(data.x1[windows.clamp(min=0)], self.half)     # -1: a dropped pose
         w = self.free / (2.0 * self.free.sum() * windows.shape[0] * windows.shape[1]
                          * (self.loss_scale or 1.0))
-        if bool(present.all()):
-            r = ((pos - target) * w.sqrt()[:, None, None]).flatten(1)
-        else:       # each window's mean over the samples it has
-            per = present.to(w.dtype) * (windows.shape[1] / present.sum(1, keepdim=True).to(w.dtype))
-            r = ((pos - target) * (per[..., None] * w).sqrt()[..., None, None]).flatten(1)
+        r = ((pos - target) * sample_weights(windows, w).sqrt()[..., None, None]).flatten(1)
         if not self.config.gyro_weight:
             return r
         scale = (2.0 * w).sqrt() * self.half * self.config.period * math.sqrt(self.config.gyro_weight)
@@ -434,14 +452,7 @@ class RecurrentObjective:
         first = windows[:, 0]
         x0 = data.x0[first] if vel is None else torch.cat([data.x0[first][..., :7], vel], -1)
         act = self.act_starts(data, p)[first]
-        commands, grid = self.timed_commands(data, p)
-        if bool((windows >= 0).all()):
-            cmd = commands[windows].flatten(1, 2)
-            wr = None if data.wrenches is None else data.wrenches[windows].flatten(1, 2)
-        else:       # across dropped poses (`gapped_windows`): their intervals' commands from the run
-            if data.wrenches is not None:
-                raise ValueError("windows across dropped poses need data without applied wrenches")
-            cmd, wr = grid[data.interval_cells(windows)].flatten(1, 2), None
+        cmd, wr = window_inputs(data, windows, *self.timed_commands(data, p))
         pred, _ = self.rollout(x0, act, cmd, self.robot.dt, self.config.fine_integrator, wr,
                                record_every or cmd.shape[1], p)
         return pred
