@@ -37,6 +37,19 @@ from tensegrity_engine.identification.solvers.settle import motor_settled, settl
 
 SCORE_CLUSTERS = 10     # groups of consecutive windows behind the cluster-robust sigma
 EPS = 1e-6              # forward-difference step (raw parameter units; m/s and rad/s for latents)
+# The joint solver's latent blocks take a coarser step (m/s, rad/s). On the floor a window's
+# residual is piecewise smooth in its start velocity, with kinks within 1e-4-1e-3 m/s of most
+# starts (the contacts' per-step states): a 1e-6 step gives one piece's slope, which holds
+# only to the next kink, and the Schur-reduced step built on it moves the latents where they
+# cannot follow a parameter step. Measured (three-bar soft_slow rolling, soft law, 110
+# windows, rod 0's velocity): slopes over 1e-7 and 1e-6 agree, but differ from the 1e-2 secant
+# by 20-100 % (median); over 1e-4 and 1e-3 kinks dominate (90th percentile 4-27x); over 1e-2
+# to 1e-1 they agree within 16-70 %. With 1e-6 blocks the solver stalled at damping +19 %
+# (every step refused up to lambda 1e12) while its objective still fell toward the truth; with
+# 1e-2 blocks it moved on (+19 -> +13 %, that objective 0.0393 -> 0.0384). A window's own
+# start-velocity fit (`fit_start_velocities`, the gate's and the uncertainty's) keeps the fine
+# step: within a piece it fits better (0.0435 against 0.0441 with 1e-2 steps).
+LATENT_STEP = 1e-2
 LATENT_SWEEPS = 3       # per iteration: Gauss-Newton sweeps on the latents alone (`_polish_latents`)
 # First damping (relative to the latent normal matrix's diagonal) of `fit_start_velocities`:
 # finite-difference starts are far off, and full Gauss-Newton steps from them overshoot on
@@ -117,7 +130,7 @@ def training_windows(ts, width: int, settle=0) -> tuple[np.ndarray, int]:
 
 @torch.no_grad()
 def latent_jacobian(residual, windows: torch.Tensor, vel: torch.Tensor, r0: torch.Tensor, cols: torch.Tensor,
-                    total: int) -> torch.Tensor:
+                    total: int, step: float = EPS) -> torch.Tensor:
     """[n, M, L] forward-difference Jacobian of each window's residual w.r.t. its own latent
     velocity components ``cols`` (component j of every window perturbed in one batched run).
     ``residual(windows, vel)`` weighs by 1 / sqrt(number of windows): ``total`` is the count
@@ -125,7 +138,8 @@ def latent_jacobian(residual, windows: torch.Tensor, vel: torch.Tensor, r0: torc
     again from the backward difference, and the smaller kept: a contact that opens a step
     earlier within the difference step jumps (measured, the SUPERball rolling under the soft
     law: 8 of 2808 columns, 10^2-10^5 times the median, all the backward difference's
-    slope), and one such column would turn that window's latent direction into the jump's."""
+    slope), and one such column would turn that window's latent direction into the jump's.
+    ``step``: the difference step (`LATENT_STEP` for the joint solver's blocks)."""
     N, R, L = vel.shape[0], vel.shape[1], len(cols)
 
     def differences(vel_rows, window_rows, comps, step):
@@ -138,15 +152,15 @@ def latent_jacobian(residual, windows: torch.Tensor, vel: torch.Tensor, r0: torc
     for a in range(0, N, chunk):
         n = min(chunk, N - a)
         comps = cols.to(vel.device).repeat(n)
-        rb = differences(vel[a:a + n].repeat_interleave(L, 0), windows[a:a + n].repeat_interleave(L, 0), comps, EPS)
-        blocks.append(((rb.reshape(n, L, -1) - r0[a:a + n, None]) / EPS).transpose(1, 2))
+        rb = differences(vel[a:a + n].repeat_interleave(L, 0), windows[a:a + n].repeat_interleave(L, 0), comps, step)
+        blocks.append(((rb.reshape(n, L, -1) - r0[a:a + n, None]) / step).transpose(1, 2))
     B = torch.cat(blocks)
     size = B.norm(dim=1)                                               # [n, L]
     suspect = (size > JUMP_RATIO * size.nanmedian(0).values) | ~torch.isfinite(size)
     if N > 2 and bool(suspect.any()):
         w_idx, c_idx = suspect.nonzero(as_tuple=True)
-        rb = differences(vel[w_idx], windows[w_idx], cols.to(vel.device)[c_idx], -EPS)
-        back = (r0[w_idx] - rb) / EPS
+        rb = differences(vel[w_idx], windows[w_idx], cols.to(vel.device)[c_idx], -step)
+        back = (r0[w_idx] - rb) / step
         take = torch.isfinite(back.norm(dim=-1)) & ~(back.norm(dim=-1) >= size[w_idx, c_idx])
         B[w_idx[take], :, c_idx[take]] = back[take]
     return B
@@ -415,7 +429,7 @@ class WindowLevenbergMarquardt:
         pick = torch.argsort(self.jac_age, descending=True, stable=True)[:quota].to(r0.device)
         residual = lambda w, v: self._residual(run, theta, w, v)            # noqa: E731
         self.latent_jac[pick] = latent_jacobian(residual, self.windows[pick], self.window_vel[pick], r0[pick],
-                                                self.latent_cols, N)
+                                                self.latent_cols, N, step=LATENT_STEP)
         self.jac_age[pick.cpu()] = 0
         self.jac_age += 1
         return self.latent_jac
@@ -560,11 +574,12 @@ class WindowLevenbergMarquardt:
         N = self.windows.shape[0]
         reuse = max(1, int(self.config.latent_jacobian_reuse))
         if not self._blocks_cached(N, r0.shape[-1]):
-            return latent_jacobian(residual, self.windows, vel, r0, self.latent_cols, N)
+            return latent_jacobian(residual, self.windows, vel, r0, self.latent_cols, N, step=LATENT_STEP)
         B = self.latent_jac.clone()
         due = (self.jac_age >= reuse).nonzero()[:, 0].to(r0.device)
         if len(due):
-            B[due] = latent_jacobian(residual, self.windows[due], vel[due], r0[due], self.latent_cols, N)
+            B[due] = latent_jacobian(residual, self.windows[due], vel[due], r0[due], self.latent_cols, N,
+                                     step=LATENT_STEP)
         return B
 
     def load(self, run, windows: Optional[torch.Tensor], window_vel: Optional[torch.Tensor],
