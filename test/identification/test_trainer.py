@@ -775,6 +775,44 @@ def test_a_latent_column_across_a_jump_takes_the_other_side():
         W.JUMP_RATIO = naive
 
 
+def test_the_joint_solvers_latent_blocks_see_the_trend_through_kinks():
+    """A window's residual that is linear in its latents plus a sawtooth with kinks 1e-4
+    apart (the contacts' per-step states on the floor): the fine default step reads one
+    piece's slope (the trend plus the sawtooth's), the joint solver's blocks (`LATENT_STEP`)
+    the trend, on which its Schur-reduced step can move the latents with the parameters."""
+    from tensegrity_engine.identification.solvers import windows as W
+
+    gen = torch.Generator().manual_seed(1)
+    N, R, M = 6, 2, 9
+    A = torch.randn(N, M, R * 6, dtype=torch.float64, generator=gen)
+    vel = torch.randn(N, R, 6, dtype=torch.float64, generator=gen)
+    period, tooth = 1e-4, 2.0              # the sawtooth's slope within a piece
+    ripple = torch.randn(M, dtype=torch.float64, generator=gen)
+
+    def residual(windows, v):
+        flat = v.flatten(1)
+        saw = tooth * period * torch.remainder(flat / period, 1.0).sum(-1, keepdim=True)
+        return ((A[windows[:, 0]] @ flat.unsqueeze(-1)).squeeze(-1) + saw * ripple) / math.sqrt(len(windows))
+
+    class Solver(W.WindowLevenbergMarquardt):
+        def _residual(self, run, theta, windows, v):
+            return residual(windows, v)
+
+    windows = torch.arange(N)[:, None].repeat(1, 3)
+    r0 = residual(windows, vel)
+    cols = torch.arange(R * 6)
+    trend = A / math.sqrt(N)
+    fine = W.latent_jacobian(residual, windows, vel, r0, cols, N)
+    piece = trend + tooth * ripple[None, :, None] / math.sqrt(N)
+    torch.testing.assert_close(fine, piece, rtol=0, atol=1e-5)          # one piece's slope
+    solver = Solver(idf.IdentificationConfig(latent_jacobian_reuse=1))
+    solver.windows, solver.window_vel, solver.latent_cols = windows, vel, cols
+    blocks = solver._latent_blocks(None, None, r0)
+    # the secant over 100 teeth: the trend within one tooth's rise over the step
+    assert float((blocks - trend).abs().max()) <= 1.01 * tooth * period / W.LATENT_STEP * float(ripple.abs().max()) / math.sqrt(N)
+    assert float((fine - trend).abs().max()) > 20 * float((blocks - trend).abs().max())
+
+
 @pytest.fixture(scope="module")
 def floor_poses(tmp_path_factory, superball):
     """Pose-only 10 Hz data of the SUPERball twin rolling on the floor under random commands."""
