@@ -678,8 +678,8 @@ def test_window_latents_are_polished_per_window_and_trials_judged_on_the_better_
     from tensegrity_engine.identification.solvers import windows as W
 
     rows, real = [], W.latent_jacobian
-    monkeypatch.setattr(W, "latent_jacobian", lambda residual, windows, *a: rows.append(len(windows))
-                        or real(residual, windows, *a))
+    monkeypatch.setattr(W, "latent_jacobian", lambda residual, windows, *a, **k: rows.append(len(windows))
+                        or real(residual, windows, *a, **k))
     assert lm.information_at(tr, here)["rss"] == pytest.approx(info["rss"], rel=1e-12)
     assert rows == [len(lm.windows)]
     rows.clear()
@@ -713,7 +713,7 @@ def test_latent_blocks_kept_when_windows_are_added_are_rescaled_to_the_new_count
     assert len(kept) == old and lm.windows.shape[0] >= 2 * old
     r0 = residual(lm.windows, lm.window_vel)
     fresh = W.latent_jacobian(residual, lm.windows[kept], lm.window_vel[kept], r0[kept], lm.latent_cols,
-                              lm.windows.shape[0])
+                              lm.windows.shape[0], step=W.LATENT_STEP)
     scale = float(fresh.abs().max())
     torch.testing.assert_close(lm.latent_jac[kept], fresh, rtol=1e-6, atol=1e-9 * scale)
 
