@@ -58,6 +58,7 @@ from tensegrity_engine.groundtruth.mujoco_twin import GroundTruthDiverged
 from tensegrity_engine.groundtruth.sensors import SensorModel
 from tensegrity_engine.groundtruth.zoo import ZOO_PREFIX, ground_truth, zoo_names
 from tensegrity_engine.identification.config import IdentificationConfig, contact_params, resolve_learn
+from tensegrity_engine.identification.gate_pacing import GatePacing
 from tensegrity_engine.identification.online import HOLDOUT_SECONDS, OnlineIdentification, unseen_tuples
 from tensegrity_engine.identification.online_structure import ONLINE_OPTIONS, online_options, structure_key
 from tensegrity_engine.identification.solvers.settle import settle_steps
@@ -228,6 +229,10 @@ def run_session(z, args, seed: int, learn) -> dict:
     truth = z.true_values(sensed=noisy)
     tol = 0.10 if noisy and not z.sensing.ideal else 0.05
     clock, i_event = 0.0, 0
+    # the node's pacing of the gate, on the worker's time (training: wall seconds, at any
+    # --compute-per-sim-second; waiting for data: the idle ticks)
+    worker = {"time": 0.0, "since": time.perf_counter()}
+    pacing = GatePacing(args.publish_interval, clock=lambda: worker["time"] + time.perf_counter() - worker["since"])
     trace = []                        # (sim time, published values, sigma) per publication
     candidate_trace = []              # (sim time, the trainer's values) per epoch
     published, sigma, spread, full, shift, undetermined, at_bound, reverts = None, None, None, None, None, (), (), 0
@@ -235,29 +240,39 @@ def run_session(z, args, seed: int, learn) -> dict:
         while i_event < len(events) and events[i_event][0] <= clock * NS:
             feed(aligner, events[i_event])
             i_event += 1
-        t0 = time.perf_counter()
+        t0 = worker["since"] = time.perf_counter()
         new = aligner.pop_tuples()
         if new is not None:
             session.add(new)
+        finished = False
         if session.training:
+            structure = session.robot
             improved = session.step()
+            if session.robot is not structure:      # as the node: older candidates were fitted
+                pacing.drop()                       # in the structure that was replaced
             if args.verbose:
                 m = session.last_metrics
                 _line(f"    t={clock:5.1f}s epoch {m.get('epoch')} {m.get('stage')} loss {m.get('val_loss', 0):.3e} "
                       f"{m.get('seconds', 0):.2f}s {session.trainer.format_parameters()}")
             candidate_trace.append((clock, session.trainer.parameters.as_dict()))
-        elif session.finished:
-            improved = session.finish()
-        else:
-            improved = None
+            if improved is not None:
+                pacing.offer(improved)
+        elif session.finished:             # as the node: the final values are gated at once
+            pacing.drop()
+            pacing.offer(session.finish())
+            finished = True
+        judged = pacing.gate(lambda candidate: session.gate(candidate[1]), force=finished)
+        improved = None
+        if judged is not None:
+            improved, verdict = judged
         if improved is not None:
             _, values = improved
-            verdict = session.gate(values)
             if args.verbose:
                 _line(f"    t={clock:5.1f}s gate: {verdict.reason} (held-out loss {verdict.candidate_loss:.3e} against "
                       f"{verdict.incumbent_loss:.3e}, {verdict.tuples} tuples)")
             if verdict.accepted:
                 session.mark_published(values)
+                pacing.published()
                 published = values
                 u = session.uncertainty(max_tuples=64, at=values)
                 sigma = None if u is None else {n: float(np.max(s)) for n, s in u.sigma.items()}
@@ -276,6 +291,8 @@ def run_session(z, args, seed: int, learn) -> dict:
                 reverts += 1
                 trace.append((clock, PhysicalParameters(robot).as_dict(), None))
         spent = time.perf_counter() - t0
+        worker["time"] += spent if session.training else max(spent, CONTROL_DT)
+        worker["since"] = time.perf_counter()
         clock += spent / args.compute_per_sim_second if session.training else max(spent, CONTROL_DT)
     fresh = fresh_tuples(aligner, events[i_event:])
     nominal = PhysicalParameters(robot).as_dict()
@@ -370,6 +387,9 @@ def main(argv=None) -> int:
     ap.add_argument("--min-tuples", type=int, default=30)
     ap.add_argument("--max-tuples", type=int, default=1500)
     ap.add_argument("--holdout-every", type=int, default=5)
+    ap.add_argument("--publish-interval", type=float, default=1.0,
+                    help="as the identifier node's min_publish_interval: s of the worker's time between "
+                         "publications (the gate also idles 4x its own duration: gate_pacing)")
     ap.add_argument("--lm-windows", type=int, default=256, help="as the identifier node's lm_windows")
     ap.add_argument("--pose-window", type=int, default=IdentificationConfig().pose_window, help="as the identifier node's "
                     "pose_window: tuples per multiple-shooting window")

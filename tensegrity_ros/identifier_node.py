@@ -31,6 +31,7 @@ from visualization_msgs.msg import MarkerArray
 from tensegrity_engine.export import write_mjcf
 from tensegrity_engine.identification.checkpoint import load_checkpoint, save_checkpoint
 from tensegrity_engine.identification.config import INITS
+from tensegrity_engine.identification.gate_pacing import GatePacing
 from tensegrity_engine.identification.identifiability import advice_text, structure_hints, unfixed_force_scale
 from tensegrity_engine.identification.online import OnlineIdentification, default_trainer_factory
 from tensegrity_engine.identification.online_structure import robot_in_structure, structure_key
@@ -96,9 +97,7 @@ class IdentifierNode(Node):
         self.published_config_com_error = math.nan   # m, see `_publish`
         self.tie_verdict = ""                # why the latest finished fit did not tie (`ties_published`)
         self._last_ckpt = time.monotonic()
-        self._last_publish = -math.inf
-        self._next_gate = -math.inf          # gates are spaced by 4x their own duration
-        self._unpublished = None             # an improvement waiting for min_publish_interval
+        self.pacing = GatePacing(self.publish_interval)     # an improvement waits for its gate
         self.undetermined: tuple = ()        # parameters the data cannot determine yet
         self.excite = ""                     # what would determine them (`identifiability`)
         self.structure_suspect: tuple = ()   # parameters whose values move with the horizon
@@ -185,7 +184,7 @@ class IdentifierNode(Node):
                     self.session.add(new)
                 if not self.session.training:
                     if self.session.finished:
-                        self._unpublished = None
+                        self.pacing.drop()
                         self._on_done()
                     self._flush_publication()
                     self._maybe_checkpoint()
@@ -206,32 +205,27 @@ class IdentifierNode(Node):
         before, structure = self.session.rollbacks, self.session.robot
         improved = self.session.step()
         if self.session.robot is not structure:     # a challenger was adopted: older candidates
-            self._unpublished = None                # were fitted in the structure it replaced
+            self.pacing.drop()                      # were fitted in the structure it replaced
         if self.session.rollbacks > before:
             self.diag.count("divergences")
             self.diag.warn_throttled("diverged", "identification diverged: rolled back; publishing the "
                                      "last good parameters")
             return
         if improved is not None:
-            self._unpublished = improved
+            self.pacing.offer(improved)
         self._flush_publication()
 
     def _flush_publication(self, force: bool = False) -> None:
-        if self._unpublished is None:
+        judged = self.pacing.gate(lambda candidate: passes_gate(self, candidate[1]), force)
+        if judged is None:
             return
-        now = time.monotonic()
-        if force or (now - self._last_publish >= self.publish_interval and now >= self._next_gate):
-            m, values = self._unpublished
-            self._unpublished = None
-            accepted = passes_gate(self, values)
-            # the gate rolls every held-out block out: at most ~1/5 of the worker's time
-            self._next_gate = time.monotonic() + 4.0 * (time.monotonic() - now)
-            g = self.last_gate
-            if accepted:
-                self._publish(m, values, heldout_loss=g.candidate_loss,
-                              com=(g.candidate_com_error, g.incumbent_com_error, g.config_com_error))
-            elif g.revert:
-                revert_to_config(self, m)
+        (m, values), accepted = judged
+        g = self.last_gate
+        if accepted:
+            self._publish(m, values, heldout_loss=g.candidate_loss,
+                          com=(g.candidate_com_error, g.incumbent_com_error, g.config_com_error))
+        elif g.revert:
+            revert_to_config(self, m)
 
     def _publish(self, m: dict, values: dict, stage: str = "", params=None, heldout_loss: float = math.nan,
                  com: tuple = (math.nan, math.nan, math.nan), robot=None) -> None:
@@ -239,7 +233,7 @@ class IdentifierNode(Node):
         session's by default) with the metrics ``m`` (latched); the message's validation
         loss is ``heldout_loss`` where there is one; ``com`` the held-out CoM errors of these
         values, the model they replace and the config (in diagnostics only)."""
-        self._last_publish = time.monotonic()
+        self.pacing.published()
         robot = params.robot if params is not None else robot or self.session.robot
         self.session.mark_published(values, robot)
         if params is None:
