@@ -449,8 +449,10 @@ def test_pose_only_sigma_comes_from_the_windows_in_every_stage(superball, sigma_
     original = WindowLevenbergMarquardt.information_at
 
     def spy(self, run, theta, refit=False):
-        calls.append((self, refit))
-        return original(self, run, theta, refit=refit)
+        entry = None if self.window_vel is None else self.window_vel.clone()
+        info = original(self, run, theta, refit=refit)
+        calls.append((self, refit, entry, info))
+        return info
 
     monkeypatch.setattr(WindowLevenbergMarquardt, "information_at", spy)
     cfg = idf.IdentificationConfig(period=PERIOD, learn=("cable_stiffness", "cable_damping"), schedule="online",
@@ -463,12 +465,18 @@ def test_pose_only_sigma_comes_from_the_windows_in_every_stage(superball, sigma_
     assert tr.schedule.use_lm and tr.schedule.pose_stage == "finite_difference"
     state = tr.rng.bit_generator.state
     values = tr.parameters.as_dict()
+    monkeypatch.setattr("tensegrity_engine.identification.uncertainty.MIN_WARM", 2)     # 12 windows only here
     u = trainer_uncertainty(tr)
     # the solver's windows, then the horizon shift's windows twice as long (a scratch solver)
     longer = [c for c in calls if c[0].config.pose_window == 2 * cfg.pose_window]
-    assert len(longer) == 1 and longer[0][0] is not tr.window_lm and longer[0][1]
     calls[:] = [c for c in calls if c not in longer]
     assert len(calls) == 1 and calls[0][0] is not tr.window_lm and calls[0][1]       # a scratch solver, refitted
+    # the longer windows start from the scratch solver's latents, just fitted, not refitted
+    assert len(longer) == 1 and longer[0][0] is not tr.window_lm and not longer[0][1]
+    scratch, fitted = calls[0][0], calls[0][3]["vel"]
+    row = {w: i for i, w in enumerate(scratch.windows[:, 0].tolist())}
+    for j, w in enumerate(longer[0][0].windows[:, 0].tolist()):
+        assert torch.equal(longer[0][2][j], fitted[row[w]])
     assert tr.window_lm.windows is None and tr.rng.bit_generator.state == state
     assert all(np.array_equal(v, values[k]) for k, v in tr.parameters.as_dict().items())
     assert u.undetermined == () and u.dof == 12 * 108 - 2 - 12 * 30     # 12 windows of 3 x 36 coordinates, 6 spins each
@@ -477,7 +485,6 @@ def test_pose_only_sigma_comes_from_the_windows_in_every_stage(superball, sigma_
         assert 0 < u.sigma[name][0] <= u.sigma_spread[name][0] < 0.2 * truth[name][0]
     tr.run()
     assert tr.done
-    monkeypatch.setattr("tensegrity_engine.identification.uncertainty.MIN_WARM", 2)     # 12 windows only here
     solver_state = (tr.window_lm.windows.clone(), tr.window_lm.window_vel.clone())
     trainer_uncertainty(tr)
     assert torch.equal(tr.window_lm.windows, solver_state[0]) and torch.equal(tr.window_lm.window_vel, solver_state[1])

@@ -374,6 +374,8 @@ def _windowed_uncertainty(trainer, names, theta0, seed: int) -> ParameterUncerta
         info = lm.information_at(trainer, theta0, refit=refit)
     if info is None:
         raise RuntimeError("the windowed problem has non-finite residuals or Jacobians here")
+    if refit:               # the scratch solver's latents, fitted: the horizon shift starts from them
+        lm.window_vel = info["vel"]
     u = normal_matrix_uncertainty(trainer.params, names, info["H"], info["rss"], info["dof"], scores=info["G"],
                                   group_information=info["HG"])
     try:
@@ -381,14 +383,15 @@ def _windowed_uncertainty(trainer, names, theta0, seed: int) -> ParameterUncerta
         if not bool(torch.isfinite(step).all()):
             raise ValueError("non-finite Gauss-Newton step")
         remaining = _value_changes(trainer, theta0, torch.zeros_like(step), step)
-        shift = horizon_shift(trainer, theta0, short_step=step, seed=seed)
+        shift = horizon_shift(trainer, theta0, short_step=step, seed=seed, solver=lm)
     except (RuntimeError, ValueError):        # a failed shift must not cost the sigma
         shift, remaining = {}, {}
     return dataclasses.replace(u, sigma_structure=shift, sigma_step=remaining)
 
 
 def horizon_shift(trainer, theta0: torch.Tensor, short_step: Optional[torch.Tensor] = None, seed: int = 0,
-                  factor: int = HORIZON_FACTOR, warm: bool = True) -> dict:
+                  factor: int = HORIZON_FACTOR, warm: bool = True,
+                  solver: Optional[WindowLevenbergMarquardt] = None) -> dict:
     """Learnt name -> per raw element |value after one Gauss-Newton step of the windowed
     problem with windows ``factor`` x the solver's length - value after ``short_step``, one
     bounded step of the solver's own problem from ``theta0`` (None: no step)|,
@@ -399,8 +402,11 @@ def horizon_shift(trainer, theta0: torch.Tensor, short_step: Optional[torch.Tens
     Windows are shorter than ``factor`` x where the chains are; {} where no chain is longer
     than the solver's windows or that problem is not finite. Each step skips the directions
     its windows do not constrain (`SINGULAR`) and moves each raw value at most
-    `bounded_step`'s limit (the solver's trust region). ``warm``: latents from the solver's
-    windows that start alike (`_warm_start`), else all fitted afresh."""
+    `bounded_step`'s limit (the solver's trust region). ``warm``: latents from the windows
+    of ``solver`` (the trainer's by default; before its windowed stage, the uncertainty's
+    scratch solver, its latents just fitted) that start alike (`_warm_start`), else all
+    fitted afresh (measured on kitchen_sink's 57 values, 1 core: the refit made the horizon
+    shift about a third of a 10-14 s estimate)."""
     base = int(trainer.config.pose_window)
     # every window first: the pairing with the solver's windows, then the cap (`_warm_start`)
     lm = WindowLevenbergMarquardt(dataclasses.replace(trainer.config, pose_window=factor * base,
@@ -412,7 +418,7 @@ def horizon_shift(trainer, theta0: torch.Tensor, short_step: Optional[torch.Tens
         return {}
     if lm.windows.shape[1] <= base:
         return {}
-    warm = warm and _warm_start(lm, trainer.window_lm, rng)
+    warm = warm and _warm_start(lm, trainer.window_lm if solver is None else solver, rng)
     if not warm:
         keep = _subset(len(lm.windows), HORIZON_WINDOWS, rng, lm.windows.device)
         lm.windows, lm.window_vel = lm.windows[keep], lm.window_vel[keep]

@@ -534,7 +534,8 @@ class WindowLevenbergMarquardt:
         and its latent block recomputed there (an iteration's cached blocks may be
         ``latent_jacobian_reuse`` iterations old). The
         solver's state (latents, cached blocks, damping) and the parameters are left as they
-        were. None without windows, or where a residual or Jacobian is not finite."""
+        were; the latents used are returned (``vel``). None without windows, or where a
+        residual or Jacobian is not finite."""
         if self.windows is None or self.window_vel is None:
             return None
         before = raw_vector(run.params, run.learn)
@@ -555,7 +556,7 @@ class WindowLevenbergMarquardt:
             A = self._param_jacobian(run, theta, windows, vel, r0, one_sided=True)
             if not bool(torch.isfinite(A).all() and torch.isfinite(B).all() and torch.isfinite(r0).all()):
                 return None
-            return {"theta": theta.clone(), **reduced_information(A, B, r0)}
+            return {"theta": theta.clone(), "vel": vel, **reduced_information(A, B, r0)}
         finally:
             set_raw_vector(run.params, run.learn, before)
 
