@@ -405,8 +405,8 @@ def horizon_shift(trainer, theta0: torch.Tensor, short_step: Optional[torch.Tens
     `bounded_step`'s limit (the solver's trust region). ``warm``: latents from the windows
     of ``solver`` (the trainer's by default; before its windowed stage, the uncertainty's
     scratch solver, its latents just fitted) that start alike (`_warm_start`), else all
-    fitted afresh (measured on kitchen_sink's 57 values, 1 core: the refit made the horizon
-    shift about a third of a 10-14 s estimate)."""
+    fitted afresh (kitchen_sink's 57 values in the finite-difference stage, one core: a
+    shift took 10.0-16.5 s refitted, 4.3-8.1 s warm)."""
     base = int(trainer.config.pose_window)
     # every window first: the pairing with the solver's windows, then the cap (`_warm_start`)
     lm = WindowLevenbergMarquardt(dataclasses.replace(trainer.config, pose_window=factor * base,
