@@ -67,6 +67,7 @@ from tensegrity_engine.identification.streaming import StreamAligner, StreamConf
 from tensegrity_engine.physics.config import MODEL_INTEGRATORS, load_robot
 from tensegrity_engine.physics.params import PhysicalParameters
 from tensegrity_engine.physics.state import ANG_VEL, QUAT, quat_conjugate, quat_rotate
+from tensegrity_engine.physics.work import METER
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from zoo import kicked_com_gaps, machine  # noqa: E402  (bench/zoo.py: the same machine line and chaos floor)
@@ -202,6 +203,35 @@ def fresh_tuples(aligner: StreamAligner, events) -> Optional[TupleBatch]:
     return aligner.pop_tuples()
 
 
+class WorkerClock:
+    """Seconds of the identifier's worker: wall seconds, or (``work``) the native kernel's
+    rod-steps at their reference cost (`physics.work`: the same on any machine, at any load,
+    so a seed runs the same way twice). Training counts what it spent; waiting for data, at
+    least a control period per pass (the node's idle ticks)."""
+
+    def __init__(self, kind: str):
+        self.kind, self.total = kind, 0.0
+        self.spent = {"wall": 0.0, "work": 0.0}        # both, over the passes: the calibration
+        self.start()
+
+    def start(self) -> None:
+        self.marks = {"wall": time.perf_counter(), "work": METER.seconds}
+
+    def now(self) -> float:
+        current = time.perf_counter() if self.kind == "wall" else METER.seconds
+        return self.total + current - self.marks[self.kind]
+
+    def close(self, training: bool) -> float:
+        """This pass's seconds; the worker's total advances by them (or a tick)."""
+        ends = {"wall": time.perf_counter(), "work": METER.seconds}
+        for k in ends:
+            self.spent[k] += ends[k] - self.marks[k]
+        spent = ends[self.kind] - self.marks[self.kind]
+        self.total += spent if training else max(spent, CONTROL_DT)
+        self.marks = ends
+        return spent
+
+
 def run_session(z, args, seed: int, learn) -> dict:
     robot = model_robot(z, args.law, args.integrator)
     if args.masses == "weighed":          # the user weighed the rods: the config has their masses
@@ -229,10 +259,8 @@ def run_session(z, args, seed: int, learn) -> dict:
     truth = z.true_values(sensed=noisy)
     tol = 0.10 if noisy and not z.sensing.ideal else 0.05
     clock, i_event = 0.0, 0
-    # the node's pacing of the gate, on the worker's time (training: wall seconds, at any
-    # --compute-per-sim-second; waiting for data: the idle ticks)
-    worker = {"time": 0.0, "since": time.perf_counter()}
-    pacing = GatePacing(args.publish_interval, clock=lambda: worker["time"] + time.perf_counter() - worker["since"])
+    worker = WorkerClock(args.clock)
+    pacing = GatePacing(args.publish_interval, clock=worker.now)     # the node's pacing of the gate
     trace = []                        # (sim time, published values, sigma) per publication
     candidate_trace = []              # (sim time, the trainer's values) per epoch
     published, sigma, spread, full, shift, undetermined, at_bound, reverts = None, None, None, None, None, (), (), 0
@@ -240,7 +268,7 @@ def run_session(z, args, seed: int, learn) -> dict:
         while i_event < len(events) and events[i_event][0] <= clock * NS:
             feed(aligner, events[i_event])
             i_event += 1
-        t0 = worker["since"] = time.perf_counter()
+        worker.start()
         new = aligner.pop_tuples()
         if new is not None:
             session.add(new)
@@ -290,9 +318,9 @@ def run_session(z, args, seed: int, learn) -> dict:
                 undetermined = at_bound = ()
                 reverts += 1
                 trace.append((clock, PhysicalParameters(robot).as_dict(), None))
-        spent = time.perf_counter() - t0
-        worker["time"] += spent if session.training else max(spent, CONTROL_DT)
-        worker["since"] = time.perf_counter()
+        if args.clock == "work" and session.trainer is not None and session.trainer.objective.native is None:
+            raise SystemExit("--clock work counts the native kernel's rollouts, and this model rolls out in torch")
+        spent = worker.close(session.training)
         clock += spent / args.compute_per_sim_second if session.training else max(spent, CONTROL_DT)
     fresh = fresh_tuples(aligner, events[i_event:])
     nominal = PhysicalParameters(robot).as_dict()
@@ -334,7 +362,7 @@ def run_session(z, args, seed: int, learn) -> dict:
     def within_2(s: Optional[dict]) -> dict:
         return {n: (s is not None and math.isfinite(s.get(n, math.inf))
                     and abs(np.mean(final[n]) - np.mean(truth[n])) <= 2 * s[n]) for n in reported}
-    return {"robot": z.name, "seed": seed, "error": err, "candidate_error": cand, "sigma": sigma, "chaos_floor": floor,
+    return {"robot": z.name, "seed": seed, "compute": dict(worker.spent), "error": err, "candidate_error": cand, "sigma": sigma, "chaos_floor": floor,
             "nominal_error": relative_errors(nominal, truth, reported), "heldout_com_1s": com,
             "gate_com_1s": gate_com, "fresh_seconds": args.fresh,
             "training_objective": objective,
@@ -387,6 +415,11 @@ def main(argv=None) -> int:
     ap.add_argument("--min-tuples", type=int, default=30)
     ap.add_argument("--max-tuples", type=int, default=1500)
     ap.add_argument("--holdout-every", type=int, default=5)
+    ap.add_argument("--clock", choices=("wall", "work"), default="wall",
+                    help="what the identifier's compute is measured in: wall seconds (what a robot "
+                         "gets from this machine now), or the native kernel's rollout work at fixed "
+                         "reference costs (physics.work: a seed runs the same on any machine and load, "
+                         "for A/B comparisons)")
     ap.add_argument("--publish-interval", type=float, default=1.0,
                     help="as the identifier node's min_publish_interval: s of the worker's time between "
                          "publications (the gate also idles 4x its own duration: gate_pacing)")
@@ -439,7 +472,8 @@ def main(argv=None) -> int:
           f"contact law {law}, masses {args.masses}, rod radii {args.geometry}, noise {args.noise}, latency {args.latency}, init {args.init}, schedule {args.schedule}, pose windows of {args.pose_window} (latents chained: {args.chain_latents}, windows redrawn at {args.window_refresh:g}x, "
           f"none in the first {args.motor_settle:g} motor time constants), "
           f"gyros {args.imu}" + (f" (noise {args.gyro_noise} rad/s, weight {args.gyro_weight:g})" if args.imu == "on" else "")
-          + f", {args.excitation} excitation, seeds {args.seeds}"
+          + f", {args.excitation} excitation, seeds {args.seeds}, identification compute "
+          f"{args.compute_per_sim_second:g} s per sim s on the {args.clock} clock"
           + (f", structure options tried online: {', '.join(args.structure_options)}" if args.structure_options else ""))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -477,7 +511,8 @@ def main(argv=None) -> int:
                   f"{1e3 * r['gate_com_1s']['true']:.1f}); "
                   f"training objective identified "
                   f"{r['training_objective']['identified']:.4f} / true learnt {r['training_objective']['true']:.4f}; "
-                  f"{r['publications']} publications ({r['reverts']} to the config), {r['epochs']} epochs, {r['status']}"
+                  f"{r['publications']} publications ({r['reverts']} to the config), {r['epochs']} epochs, {r['status']}; "
+                  f"identification {r['compute']['wall']:.0f} s wall, {r['compute']['work']:.0f} s of reference work"
                   + (f", structure {'+'.join(r['structure']) or 'base'}, published in "
                      f"{'/'.join(str(k) for k in r['published_structure'] if k is not None)} (tried: "
                      + ", ".join(f"{o} {v}" for o, v in r["structure_log"]) + ")" if args.structure_options else "")

@@ -30,6 +30,7 @@ from typing import Optional
 import torch
 
 from tensegrity_engine.physics.config import MODEL_INTEGRATORS
+from tensegrity_engine.physics.work import METER
 
 __all__ = ["NativeBuildError", "NativeRollout", "chunk_schedule", "compile_flags", "forward_rollout", "kernel_isa",
            "load_library", "target_arch"]
@@ -354,6 +355,7 @@ class NativeRollout:
             del arrays
             if status:
                 raise MemoryError("native rollout: could not allocate its work area")
+            METER.add(self.integrator, B * steps * R)
         return states.reshape(*batch, records, R, 13), acts.reshape(*batch, records, A)
 
     def _model(self, p: dict, dtype: torch.dtype, dt: float):
