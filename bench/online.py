@@ -13,8 +13,11 @@ its rods writes them in the robot YAML; the rest is the config's), excited by th
 (``--noise robot``: the zoo robot's own noise, latency, jitter and drops; the twin's is
 ideal) and commands go through the node's `StreamAligner` into an `OnlineIdentification`
 session. The session computes in *sim time*: every second it spends (one core) is one
-second of robot time, during which new data arrives. A candidate is published, as the node
-does, only if it passes the hold-out gate; its 1-sigma is computed then (and costs time).
+second of robot time, during which new data arrives (``--clock wall``, the default; ``--clock
+work``: a second of the native kernel's rollout work at its reference cost,
+`physics.work`, so that a seed runs the same on any machine and at any load). A candidate
+meets the hold-out gate when the node's pacing lets it (`gate_pacing`), and is published
+only if it passes; its 1-sigma is computed then (and costs time).
 
 Printed per robot and seed: the published values at the end vs the truth (relative error,
 beside the nominal config's), the CoM error 1 s ahead on ``--fresh`` s of data the robot
