@@ -297,16 +297,19 @@ def weighed_robot_file(robot, robot_truth: str, out_dir: Path) -> Optional[Path]
     return path
 
 
-def launch_robot(params_file: str, node: str) -> str:
-    """``node``'s ``robot`` under sim2sim.launch.py: its own from the parameter file, or where
-    the run's ``weigh_rods`` is on and the bridge plays another robot than the config's
-    twin, the weighed robot's YAML (`weighed_robot_file`, in a fresh temporary folder)."""
+def launch_robot(params_file: str, node: str, robot: str = "") -> str:
+    """``node``'s ``robot`` under sim2sim.launch.py. ``robot`` (the launch argument; '': none)
+    is the played robot's YAML for the bridge and every node that models it; otherwise each
+    node's own from the parameter file. A node that models the robot gets, where the run's
+    ``weigh_rods`` is on and the bridge plays another robot than the config's twin, the
+    weighed robot's YAML instead (`weighed_robot_file`, in a fresh temporary folder)."""
     data = yaml.safe_load(Path(params_file).read_text()) or {}
     bridge = (data.get("mujoco_bridge") or {}).get("ros__parameters", {})
-    own = str(((data.get(node) or {}).get("ros__parameters", {})).get("robot", bridge.get("robot", "superball")))
-    if not bool(((data.get("sim2sim") or {}).get("ros__parameters", {})).get("weigh_rods", True)):
+    played = robot or str(bridge.get("robot", "superball"))
+    own = robot or str(((data.get(node) or {}).get("ros__parameters", {})).get("robot", played))
+    if node == "mujoco_bridge" or not bool(((data.get("sim2sim") or {}).get("ros__parameters", {})).get("weigh_rods", True)):
         return own
-    path = _launch_weighed_file(str(bridge.get("robot", "superball")), str(bridge.get("robot_truth", "twin")))
+    path = _launch_weighed_file(played, str(bridge.get("robot_truth", "twin")))
     return own if path is None else str(path)
 
 
@@ -638,6 +641,9 @@ def main(argv=None) -> int:
                     help="rod poses from the bridge (mocap) or from its depth camera through camera_tracker")
     ap.add_argument("--cameras", type=int, default=None,
                     help="with --pose-source camera: depth cameras around the robot, fitted together (default 1)")
+    ap.add_argument("--robot", default=None,
+                    help="robot YAML (name in config/ or a path) that the bridge plays and every node models "
+                         "(default: the parameter file's)")
     ap.add_argument("-p", "--param", action="append", default=[],
                     help="node:name:=value override, e.g. identifier:max_seconds:=30")
     args = ap.parse_args(argv)
@@ -653,9 +659,8 @@ def main(argv=None) -> int:
     out_dir = Path(args.output_dir or run.get("output_dir", "runs/sim2sim"))
     goal = (float(run.get("goal_vx", 1.0)), float(run.get("goal_vy", 0.0)))
     bridge = data["mujoco_bridge"]["ros__parameters"]
-    robot = load_robot(bridge.get("robot", "superball"))
     robot_truth = str(bridge.get("robot_truth", "twin"))
-    learn = summary_learn(data.get("identifier", {}).get("ros__parameters", {}).get("learn"), robot)
+    learn_setting = data.get("identifier", {}).get("ros__parameters", {}).get("learn")
     domain = args.domain_id if args.domain_id is not None else reserve_domain_id()
     log_root = Path(tempfile.mkdtemp(prefix="sim2sim_ros_log_"))
     env = ros_env(domain, str(log_root))
@@ -684,22 +689,31 @@ def main(argv=None) -> int:
         overrides["mppi_controller"].append(("device", args.device))
     if args.checkpoint_dir:
         overrides["identifier"].append(("checkpoint_dir", args.checkpoint_dir))
+    played = args.robot or str(bridge.get("robot", "superball"))
+    if args.robot:          # the bridge plays it and every node models it (weighed below)
+        for name in ("mujoco_bridge",) + MODEL_NODES:
+            overrides.setdefault(name, []).append(("robot", args.robot))
     for item in args.param:
         node, _, rest = item.partition(":")
         key, _, value = rest.partition(":=")
         overrides.setdefault(node, []).append((key, value))
         if (node, key) == ("mujoco_bridge", "robot_truth"):
             robot_truth = value
+        if (node, key) == ("mujoco_bridge", "robot"):       # the monitor and the summary follow the bridge
+            played = value
         if (node, key) == ("identifier", "learn"):          # the summary scores what is learnt
-            learn = summary_learn(yaml.safe_load(value), robot)
+            learn_setting = yaml.safe_load(value)
+    robot = load_robot(played)
+    learn = summary_learn(learn_setting, robot)
     true_values(robot, robot_truth)          # a bad robot_truth fails here, before any node starts
     model = robot
     weighed = weighed_robot_file(robot, robot_truth, out_dir) if bool(run.get("weigh_rods", True)) else None
     if weighed is not None:
         model = load_robot(str(weighed))
-        for name in MODEL_NODES:
-            if not any(key == "robot" for key, _ in overrides.get(name, ())):     # -p node:robot:=... wins
-                overrides.setdefault(name, []).insert(0, ("robot", str(weighed)))
+        for name in MODEL_NODES:         # -p node:robot:=... wins; --robot gives way to the weighed file
+            given = [item for item in overrides.get(name, ()) if item[0] == "robot"]
+            if not given or given == [("robot", args.robot)]:
+                overrides[name] = [("robot", str(weighed))] + [i for i in overrides.get(name, ()) if i[0] != "robot"]
         print(f"sim2sim: the identifier, controller and tracker model the robot with its rods weighed and "
               f"measured ({weighed})", flush=True)
     print(f"sim2sim: {cfg_path} on ROS_DOMAIN_ID={domain}, poses from {pose_source}; logs in {out_dir}/*.log",

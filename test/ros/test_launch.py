@@ -73,6 +73,8 @@ def test_launch_file_static():
         assert eps[exe] == f"tensegrity_ros.entry:{exe}"
         assert f'return _node("{module.split(".")[-1]}", "{cls}")' in entry
     assert "get_package_share_directory" in LAUNCH.read_text()
+    for node in NODES:          # one robot argument reaches the bridge and every node that models it
+        assert f'ModelRobot(params, "{node}", robot)' in LAUNCH.read_text(), node
 
 
 def test_sim2sim_yaml_is_a_ros_parameter_file():
@@ -237,3 +239,27 @@ def test_sim2sim_models_a_foreign_robot_with_its_rods_weighed(tmp_path):
     data["mujoco_bridge"]["ros__parameters"]["robot_truth"] = "twin"
     params.write_text(yaml.safe_dump(data))
     assert launch_robot(str(params), "mppi_controller") == "superball"
+
+
+def test_one_robot_argument_sets_the_played_and_the_modelled_robot(tmp_path):
+    """``robot:=`` (the launch argument; `tensegrity-sim2sim --robot`) replaces the parameter
+    file's robot in the bridge and in every node that models it: a four-bar played as a zoo
+    robot is modelled by the four-bar with its rods weighed, never by the file's SUPERball."""
+    from tensegrity_engine.groundtruth.zoo import zoo_robot
+    from tensegrity_engine.physics.config import load_robot
+    from tensegrity_ros.sim2sim import MODEL_NODES, launch_robot
+
+    data = yaml.safe_load(CONFIG.read_text())
+    assert data["mujoco_bridge"]["ros__parameters"]["robot"] == "superball"
+    params = tmp_path / "params.yaml"
+    for truth in ("twin", "zoo/soft_slow"):
+        data["mujoco_bridge"]["ros__parameters"]["robot_truth"] = truth
+        params.write_text(yaml.safe_dump(data))
+        assert launch_robot(str(params), "mujoco_bridge", "four_bar") == "four_bar"
+        assert launch_robot(str(params), "mujoco_bridge") == "superball"
+        for node in MODEL_NODES:
+            model = load_robot(launch_robot(str(params), node, "four_bar"))
+            assert (model.name, model.num_rods, len(model.cable_names)) == ("four_bar", 4, 12)
+            played = load_robot("four_bar") if truth == "twin" else zoo_robot("soft_slow", load_robot("four_bar")).truth
+            np.testing.assert_allclose(model.rod_mass, played.rod_mass)
+            assert load_robot(launch_robot(str(params), node)).num_rods == 6
