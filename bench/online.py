@@ -63,7 +63,8 @@ from tensegrity_engine.groundtruth.zoo import ZOO_PREFIX, ground_truth, zoo_name
 from tensegrity_engine.identification.config import IdentificationConfig, contact_params, resolve_learn
 from tensegrity_engine.identification.gate_pacing import GatePacing
 from tensegrity_engine.identification.online import HOLDOUT_SECONDS, OnlineIdentification, unseen_tuples
-from tensegrity_engine.identification.online_structure import ONLINE_OPTIONS, online_options, structure_key
+from tensegrity_engine.identification.online_structure import (DEFAULT_STRUCTURE_OPTIONS, ONLINE_OPTIONS, online_options,
+                                                                 structure_key)
 from tensegrity_engine.identification.solvers.settle import settle_steps
 from tensegrity_engine.identification.solvers.windows import fit_start_velocities, training_windows
 from tensegrity_engine.identification.streaming import StreamAligner, StreamConfig, TupleBatch
@@ -413,8 +414,11 @@ def main(argv=None) -> int:
     ap.add_argument("--latency", choices=("declared", "learnt"), default="declared",
                     help="declared: the config carries the mocap's latency as actuator.delay (a data "
                     "sheet or a timing test gives it); learnt: actuator_delay is identified from 0")
-    ap.add_argument("--structure", default="", help="comma-separated structure options the session tries "
-                    f"online once converged ({', '.join(ONLINE_OPTIONS)}; default none)")
+    ap.add_argument("--structure", default=",".join(DEFAULT_STRUCTURE_OPTIONS),
+                    help="comma-separated structure options the session tries online beside the solver "
+                    f"({', '.join(ONLINE_OPTIONS)}; default, as the identifier node's: "
+                    f"{','.join(DEFAULT_STRUCTURE_OPTIONS)}, which changes nothing under the soft law; "
+                    "'none': the robot YAML's structure)")
     ap.add_argument("--min-tuples", type=int, default=30)
     ap.add_argument("--max-tuples", type=int, default=1500)
     ap.add_argument("--holdout-every", type=int, default=5)
@@ -457,7 +461,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.gyro_noise is None:
         args.gyro_noise = GYRO_NOISE if args.noise == "robot" else 0.0
-    args.structure_options = online_options([n for n in args.structure.split(",") if n])
+    args.structure_options = online_options([n for n in args.structure.split(",") if n and n != "none"])
     args.per_element = tuple(n for n in args.per_element.split(",") if n)
     torch.set_num_threads(args.threads)
     robot = load_robot(args.robot)

@@ -57,3 +57,19 @@ def test_per_element_is_checked_against_what_is_learnt_in_the_end(superball):
                                                     "per_element": ["actuator_time_constant"]}))
     with pytest.raises(ConfigurationError, match="one value for the whole robot"):
         make_session(superball, setting, "cpu", log=lambda m: None)
+
+
+def test_by_default_a_penalty_law_robot_has_its_ground_law_chosen_by_its_data(superball, three_bar):
+    """The node's default structure options give a robot under the penalty law (the schema's
+    default) a soft-law challenger once the gate can judge, on the floor only; under the soft
+    law they change nothing; ['none'] keeps the YAML's structure."""
+    setting = declare_identification(file_declarer({}))
+    assert setting["structure_options"] == ["soft_contact"]
+    for robot, floor, expected in ((three_bar, True, "soft_contact"), (superball, True, None),
+                                   (three_bar, False, None)):
+        session = make_session(robot, declare_identification(file_declarer({"floor": floor})), "cpu",
+                               log=lambda m: None)
+        assert session.trials.next_option(100, session.robot, session.floor) == expected, (robot.name, floor)
+    session = make_session(three_bar, declare_identification(file_declarer({"structure_options": ["none"]})), "cpu",
+                           log=lambda m: None)
+    assert session.trials.next_option(100, session.robot, session.floor) is None
