@@ -416,15 +416,16 @@ def declare_identification(d) -> dict:
         "fixed_rods": d("fixed_rods", [-1], "rods welded to the world ([-1] = none)"),
         "reopen_tuples": d("reopen_tuples", 50, "schedule 'online': new tuples after convergence that resume "
                            "it (0 = never)", range=(0, 10**6)),
-        "structure_options": d("structure_options", list(DEFAULT_STRUCTURE_OPTIONS), "structural options fitted one at a time by a "
-                               "second trainer, each kept only if it predicts the held-out blocks better by 2 "
-                               "standard errors and 5 %: end_heavy, slack_damping, winch_speed (values), "
-                               "per_cable, per_rod_mass (per-element values), implicitfast, rk4 (the integrator), "
-                               "soft_contact (the soft ground law, for a penalty-law robot), condim_3, condim_4, "
-                               "condim_6 (soft ground law); each from the config's values, beside the solver; the published message "
-                               "carries the structure (default ['soft_contact']: a penalty-law robot's ground law "
-                               "is chosen by its held-out data, a soft-law robot's structure is kept; ['none'] = the "
-                               "robot YAML's structure)"),
+        "structure_options": d("structure_options", list(DEFAULT_STRUCTURE_OPTIONS),
+                               "structural options fitted one at a time by a second trainer, each kept only if "
+                               "it predicts the held-out blocks better by 2 standard errors and 5 %: end_heavy, "
+                               "slack_damping, winch_speed (values), per_cable, per_rod_mass (per-element values), "
+                               "implicitfast, rk4 (the integrator), soft_contact (the soft ground law, for a "
+                               "penalty-law robot), condim_3, condim_4, condim_6 (soft ground law); each from the "
+                               "config's values, beside the solver; the published message carries the structure "
+                               "(default ['soft_contact']: a penalty-law robot's ground law is chosen by its "
+                               "held-out data, a soft-law robot's structure is kept; ['none'] = the robot YAML's "
+                               "structure)"),
     }
     out["config"] = declare_solver(d, out["interval"])
     return out
