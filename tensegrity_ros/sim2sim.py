@@ -153,6 +153,7 @@ class Monitor:
         self.params = []            # (t_sim, stage, {name: values}, val_loss, {name: 1-sigma},
         #                             (held-out CoM error 1 s ahead, the replaced model's))
         self.commands = []          # (t, [A])
+        self.structure = None       # the newest message's (integrator, contact_condim)
         self.mode = "unknown"
         self.mode_switch_t = None
         self.last_pose_t = 0.0
@@ -206,6 +207,7 @@ class Monitor:
             print(f"sim2sim monitor: uncertainty rejected ({exc})", flush=True)
             sigmas = {}
         with self.lock:
+            self.structure = (str(msg.integrator), int(msg.contact_condim))
             self.params.append((self.last_pose_t, msg.stage, {k: np.asarray(v) for k, v in values.items()},
                                 float(msg.validation_loss), sigmas,
                                 (float(msg.heldout_com_error), float(msg.replaced_com_error))))
@@ -413,6 +415,21 @@ def parameter_rows(published: list, truth: dict, config: dict, learn) -> tuple[l
     return rows, within
 
 
+def published_structure(model, structure) -> Optional[dict]:
+    """The structure a message's values were fitted in (its ``integrator`` and
+    ``contact_condim``: empty / 0 keep the consumer's own, > 0 is the soft law) on the nodes'
+    robot ``model``, and whether it differs from the robot YAML's (adopted online)."""
+    if structure is None:
+        return None
+    integrator, condim = structure[0] or model.integrator, int(structure[1])
+    law = "soft" if condim > 0 else model.contact.law
+    condim = condim if condim > 0 else (model.contact.soft_condim if law == "soft" else None)
+    own = (model.integrator, model.contact.law, model.contact.soft_condim if model.contact.law == "soft" else None)
+    return {"integrator": integrator, "contact_law": law, "condim": condim,
+            "adopted_online": (integrator, law, condim) != own,
+            "yaml": {"integrator": own[0], "contact_law": own[1], "condim": own[2]}}
+
+
 def summarize(robot, mon: Monitor, rolling_start, out_dir: Path, wall_s: float, learn,
               robot_truth: str = "twin", period: float = 0.1, model=None) -> dict:
     """``robot`` the config the truth is built from, ``model`` the config the nodes had (its
@@ -435,7 +452,8 @@ def summarize(robot, mon: Monitor, rolling_start, out_dir: Path, wall_s: float, 
                "poses": int(len(t)), "parameters_published": len(mon.params),
                "final_stage": final[1] if final else None, "parameters": rows,
                "refused_candidate": refused_candidate(mon, truth),
-               "mppi_start_sim_t": rolling_start, "per_unit_mass": per_unit_mass(rows, truth, config)}
+               "mppi_start_sim_t": rolling_start, "per_unit_mass": per_unit_mass(rows, truth, config),
+               "published_structure": published_structure(model, mon.structure)}
     if len(t) > 1:
         summary["pose_rate_sim_hz"] = float((len(t) - 1) / (t[-1] - t[0]))
     if rolling_start is not None and len(t) > 1:
@@ -570,6 +588,13 @@ def print_summary(s: dict) -> None:
     print(f"wall time {s['wall_seconds']} s, sim time {s['sim_seconds']:.1f} s, {s['poses']} poses "
           f"({s.get('pose_rate_sim_hz', float('nan')):.2f} Hz sim), {s['parameters_published']} parameter "
           f"messages, final stage: {s['final_stage']}")
+    if s.get("published_structure"):
+        st = s["published_structure"]
+        def text(x):
+            return f"{x['integrator']} integrator, {x['contact_law']} ground law" + (
+                f" (condim {x['condim']})" if x["condim"] else "")
+        print(f"published model: {text(st)}" + (f"; adopted online (the robot YAML: {text(st['yaml'])})"
+                                                 if st["adopted_online"] else ", the robot YAML's"))
     if s["parameters"]:
         print(f"{'parameter':28s} {'true':>12s} {'config':>12s} {'start':>12s} {'identified':>12s} {'1-sigma':>10s} "
               f"{'rel.err':>8s} {'err/sigma':>9s} {'config err':>10s}")

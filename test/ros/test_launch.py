@@ -263,3 +263,29 @@ def test_one_robot_argument_sets_the_played_and_the_modelled_robot(tmp_path):
             played = load_robot("four_bar") if truth == "twin" else zoo_robot("soft_slow", load_robot("four_bar")).truth
             np.testing.assert_allclose(model.rod_mass, played.rod_mass)
             assert load_robot(launch_robot(str(params), node)).num_rods == 6
+
+
+def test_the_summary_says_which_structure_the_published_model_has(capsys):
+    """A message's integrator and contact_condim (empty / 0: the consumer's own, > 0: the soft
+    law) read on the nodes' robot: a penalty-law four-bar whose identifier adopted the soft
+    law says so; the SUPERball's own soft law is the YAML's."""
+    from tensegrity_engine.physics.config import load_robot
+    from tensegrity_ros.sim2sim import print_summary, published_structure
+
+    four, ball = load_robot("four_bar"), load_robot("superball")
+    assert four.contact.law == "penalty" and ball.contact.law == "soft"
+    assert published_structure(four, None) is None
+    adopted = published_structure(four, ("", 6))
+    assert (adopted["integrator"], adopted["contact_law"], adopted["condim"], adopted["adopted_online"]) == \
+        (four.integrator, "soft", 6, True)
+    assert published_structure(four, ("", 0))["adopted_online"] is False
+    assert published_structure(ball, ("", 0)) == published_structure(ball, (ball.integrator, ball.contact.soft_condim))
+    assert published_structure(ball, ("", 0))["adopted_online"] is False
+    assert published_structure(ball, ("implicitfast", 0))["adopted_online"] is True
+    base = {"wall_seconds": 1.0, "sim_seconds": 1.0, "poses": 10, "parameters_published": 1,
+            "final_stage": "converged", "parameters": [], "per_unit_mass": None}
+    print_summary({**base, "published_structure": adopted})
+    assert (f"published model: {four.integrator} integrator, soft ground law (condim 6); adopted online "
+            f"(the robot YAML: {four.integrator} integrator, penalty ground law)") in capsys.readouterr().out
+    print_summary({**base, "published_structure": published_structure(ball, ("", 0))})
+    assert "ground law (condim 6), the robot YAML's" in capsys.readouterr().out
