@@ -5,17 +5,18 @@ import re
 import numpy as np
 
 from tensegrity_engine.cli import demo
+from tensegrity_engine.physics.collision import rods_overlapping
 from tensegrity_engine.physics.config import load_robot
 from tensegrity_engine.physics.state import initial_rod_state
 
 
-def test_rods_touching_reads_the_capsules_overlap():
+def test_rods_overlapping_reads_the_capsules_overlap():
     robot = load_robot("four_bar")
     state = initial_rod_state(robot)
-    assert not demo.rods_touching(robot, state[None]).any()          # the prism's rods 22 cm apart
+    assert not rods_overlapping(robot, state[None]).any()          # the prism's rods 22 cm apart
     folded = state.copy()
     folded[1, :3] = folded[0, :3]                                   # rod 1's centre on rod 0's
-    assert demo.rods_touching(robot, np.stack([state, folded])).tolist() == [False, True]
+    assert rods_overlapping(robot, np.stack([state, folded])).tolist() == [False, True]
 
 
 def test_the_four_bar_agrees_to_round_off_until_its_rods_touch(capsys):

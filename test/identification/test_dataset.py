@@ -160,3 +160,25 @@ def test_generated_motions_actuated_rolling_and_fast_holds(tmp_path, three_bar):
         ds.generate_dataset(three_bar, "contact", tmp_path / "x", counts={"test": 1}, contact_commands="some")
     with pytest.raises(ValueError, match="hold_range"):
         ds.generate_dataset(three_bar, "contact", tmp_path / "x", counts={"test": 1}, hold_range=(0.2, 0.1))
+
+
+def test_noncontact_data_says_where_rods_touched_each_other(tmp_path, superball, capsys):
+    """Held in the air, the four-bar folds its rods into each other under random commands
+    within a second (where the engine's and MuJoCo's rod-rod contact models part); the
+    SUPERball does not. Each file counts its steps with rods overlapping, and the progress
+    line says so."""
+    from tensegrity_engine.physics.collision import rods_overlapping
+
+    four = load_robot("four_bar")
+    paths = ds.generate_dataset(four, "noncontact", tmp_path / "four", counts={"train": 2}, duration=2.0, seed=0,
+                                progress=True)["train"]
+    out = capsys.readouterr().out
+    dense = [p for p in paths if str(p).endswith(".dense.npz")]
+    counts = [ds.load_trajectory(p).meta["rod_contact_steps"] for p in dense]
+    assert sum(counts) > 0 and "rods touched each other in" in out
+    for path, count in zip(dense, counts):           # the count is the states' own overlaps
+        assert int(rods_overlapping(four, ds.load_trajectory(path).states()).sum()) == count
+    paths = ds.generate_dataset(superball, "noncontact", tmp_path / "ball", counts={"train": 1}, duration=1.0,
+                                seed=0, progress=True)["train"]
+    assert "rods touched" not in capsys.readouterr().out
+    assert all(ds.load_trajectory(p).meta["rod_contact_steps"] == 0 for p in paths)

@@ -19,10 +19,10 @@ import numpy as np
 import torch
 
 from tensegrity_engine.groundtruth import environments
-from tensegrity_engine.physics.collision import all_pairs, rod_rod_contacts
+from tensegrity_engine.physics.collision import rods_overlapping
 from tensegrity_engine.physics.config import load_robot
 from tensegrity_engine.physics.engine import TensegrityEngine
-from tensegrity_engine.physics.state import center_of_mass, end_nodes
+from tensegrity_engine.physics.state import center_of_mass
 
 
 def _com_error(robot, engine_states: torch.Tensor, mujoco_states: np.ndarray):
@@ -32,18 +32,6 @@ def _com_error(robot, engine_states: torch.Tensor, mujoco_states: np.ndarray):
     error = np.linalg.norm(com_engine - com_mujoco, axis=-1)
     path = np.linalg.norm(np.diff(com_mujoco, axis=0), axis=-1).sum()
     return error, path, com_engine, com_mujoco
-
-
-def rods_touching(robot, states: np.ndarray) -> np.ndarray:
-    """[S] whether any two rods' capsules overlap in each of ``states`` [S, R, 13]."""
-    if robot.num_rods < 2:
-        return np.zeros(len(states), dtype=bool)
-    states = torch.as_tensor(states)
-    nodes = end_nodes(states, torch.as_tensor(robot.rod_length, dtype=states.dtype) / 2)
-    pairs = all_pairs(robot.num_rods)
-    depth = rod_rod_contacts(nodes, torch.as_tensor(robot.rod_radius, dtype=states.dtype), pairs[:, 0],
-                             pairs[:, 1]).depth
-    return (depth > 0).any(dim=-1).numpy()
 
 
 def main(argv=None) -> None:
@@ -75,7 +63,7 @@ def main(argv=None) -> None:
     for t in (0.1, 1.0, args.seconds):
         i = min(steps, int(round(t / robot.dt))) - 1
         print(f"  CoM error after {t:4.1f} s: {error[i]:.2e} m")
-    touching = rods_touching(robot, mj_states[0])
+    touching = rods_overlapping(robot, mj_states[0])
     if robot.contact.rod_rod and touching.any():
         first = int(np.argmax(touching))
         print(f"  rods touched each other on {int(touching.sum())} of {steps} steps, first after "

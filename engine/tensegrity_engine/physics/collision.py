@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 # Keeps norms differentiable when two segments touch axis-to-axis.
@@ -107,3 +108,19 @@ def rod_rod_contacts(nodes: torch.Tensor, radius: torch.Tensor, ia: torch.Tensor
 
 def all_pairs(num_rods: int) -> torch.Tensor:
     return torch.combinations(torch.arange(num_rods), r=2)
+
+
+def rods_overlapping(robot, states) -> np.ndarray:
+    """[...] whether any two rods' capsules overlap in each of ``states`` [..., R, 13] (numpy
+    or torch): where the engine's and MuJoCo's rod-rod contact models part by design, and
+    what makes data of a robot "without contact" (held in the air) contact data after all."""
+    from tensegrity_engine.physics.state import end_nodes     # state imports nothing of this module
+
+    states = torch.as_tensor(np.asarray(states))
+    if robot.num_rods < 2:
+        return np.zeros(states.shape[:-2], dtype=bool)
+    nodes = end_nodes(states, torch.as_tensor(robot.rod_length, dtype=states.dtype) / 2)
+    pairs = all_pairs(robot.num_rods)
+    depth = rod_rod_contacts(nodes, torch.as_tensor(robot.rod_radius, dtype=states.dtype), pairs[:, 0],
+                             pairs[:, 1]).depth
+    return (depth > 0).any(dim=-1).numpy()
