@@ -596,8 +596,9 @@ def generate_dataset(robot: RobotConfig, env: str, root: str | os.PathLike, *,
             _check_passive(twin, states[:, ::every], a0, cmd, wr, f" ({env}/{split})")
             # held in the air, a small robot still folds its rods into each other: there the
             # engine's and MuJoCo's rod-rod contact models part (by design), so say so
-            touching = (rods_overlapping(true_robot, states).sum(axis=-1) if env == "noncontact"
-                        else np.zeros(n, dtype=int))
+            # (one trajectory at a time: all at once holds [B, S, pairs, 3] several times over)
+            touching = np.array([int(rods_overlapping(true_robot, states[b]).sum()) if env == "noncontact" else 0
+                                 for b in range(n)], dtype=int)
             times = dt * np.arange(S + 1)
             paths = []
             for b in range(n):
