@@ -73,3 +73,30 @@ def test_by_default_a_penalty_law_robot_has_its_ground_law_chosen_by_its_data(su
     session = make_session(three_bar, declare_identification(file_declarer({"structure_options": ["none"]})), "cpu",
                            log=lambda m: None)
     assert session.trials.next_option(100, session.robot, session.floor) is None
+
+
+def test_an_option_the_model_cannot_be_fitted_in_is_refused_not_raised(three_bar):
+    """The default soft_contact option on a penalty-law robot whose schedule takes only
+    implicit steps (the soft law's ground needs the fine step): its challenger cannot be
+    built; that refuses the option (tried again on twice the held-out data) instead of
+    failing the session's step at every epoch."""
+    import types
+
+    session = make_session(three_bar, declare_identification(file_declarer({"schedule": "implicit_only"})), "cpu",
+                           log=lambda m: None)
+    trials, logged = session.trials, []
+
+    def factory(*args):
+        raise ValueError("this model cannot take the schedule's steps")
+
+    fake = types.SimpleNamespace(
+        trainer=types.SimpleNamespace(learn=("cable_stiffness",), config=session.config,
+                                      parameters=types.SimpleNamespace(as_dict=lambda: {"cable_stiffness": 1.0})),
+        can_judge=True, heldout_total=40, robot=session.robot, floor=True, fixed_rods=(), config=session.config,
+        config_robot=session.robot, trainer_factory=factory, device="cpu", log=logged.append,
+        window_tuples=lambda: None)
+    trials.maybe_start(fake)
+    assert not trials.active and trials.refused == {"soft_contact": 40}
+    assert trials.log[-1][0] == "soft_contact" and "failed to start" in trials.log[-1][1]
+    assert trials.next_option(79, session.robot, True) is None
+    assert trials.next_option(80, session.robot, True) == "soft_contact"

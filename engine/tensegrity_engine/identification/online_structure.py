@@ -317,8 +317,14 @@ class StructureTrials:
                                   max_seconds=min(config.max_seconds or math.inf, CHALLENGER_MAX_SECONDS))
         cfg = self.config_with(cfg, learnt, (option,))
         start = PhysicalParameters(robot)
-        trainer = session.trainer_factory(robot, cfg, session.device, start, session.log)
-        trainer.set_data(session.window_tuples())
+        try:
+            trainer = session.trainer_factory(robot, cfg, session.device, start, session.log)
+            trainer.set_data(session.window_tuples())
+        except Exception as exc:  # noqa: BLE001 - an option this model cannot be fitted in is refused,
+            # not raised into the session's step (a schedule of implicit steps and the soft law's ground)
+            session.log(f"structure: {option} refused: failed to start ({exc})")
+            self._end(option, f"failed to start ({exc})", session.heldout_total)
+            return
         self.challenger, self.option, self.base_values = trainer, option, values
         self.challenger_epochs = self.trailing = 0
         session.log(f"structure: fitting {option} on top of {'+'.join(self.adopted) or 'the base'}")
