@@ -260,7 +260,7 @@ def msg_to_params(msg, robot):
 
     if msg.robot_name != robot.name:
         raise ParameterError("wrong_robot", f"parameters for robot {msg.robot_name[:64]!r}, not {robot.name!r}")
-    robot = _in_message_structure(msg, robot)
+    robot = in_message_structure(robot, str(msg.integrator), int(msg.contact_condim))
     values = msg_to_param_values(msg)
     n = len(msg.names)
     if len(msg.lower_bounds) not in (0, n) or len(msg.upper_bounds) not in (0, n):
@@ -275,14 +275,13 @@ def msg_to_params(msg, robot):
     return checked_parameters(robot, values, bounds=bounds, complete=True)
 
 
-def _in_message_structure(msg, robot):
-    """``robot`` with the message's integrator and contact dimensionality (checked; empty / 0:
+def in_message_structure(robot, integrator: str, condim: int):
+    """``robot`` with a message's ``integrator`` and ``contact_condim`` (checked; empty / 0:
     the robot's own; a dimensionality under a penalty-law config: the soft law, which the
     identifier adopted online, `soft_contact`)."""
     from tensegrity_engine.identification.online_structure import robot_in_structure
     from tensegrity_engine.physics.params import ParameterError
 
-    integrator, condim = str(msg.integrator), int(msg.contact_condim)
     law = "soft" if condim else robot.contact.law
     try:
         return robot_in_structure(robot, (integrator or robot.integrator, law, condim or None))

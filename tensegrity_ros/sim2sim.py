@@ -421,13 +421,15 @@ def published_structure(model, structure) -> Optional[dict]:
     robot ``model``, and whether it differs from the robot YAML's (adopted online)."""
     if structure is None:
         return None
-    integrator, condim = structure[0] or model.integrator, int(structure[1])
-    law = "soft" if condim > 0 else model.contact.law
-    condim = condim if condim > 0 else (model.contact.soft_condim if law == "soft" else None)
-    own = (model.integrator, model.contact.law, model.contact.soft_condim if model.contact.law == "soft" else None)
-    return {"integrator": integrator, "contact_law": law, "condim": condim,
-            "adopted_online": (integrator, law, condim) != own,
-            "yaml": {"integrator": own[0], "contact_law": own[1], "condim": own[2]}}
+    from tensegrity_engine.identification.online_structure import structure_key
+
+    from .conversions import in_message_structure
+
+    def fields(key):
+        return {"integrator": key[0], "contact_law": key[1], "condim": key[2]}
+
+    key, own = structure_key(in_message_structure(model, *structure)), structure_key(model)
+    return {**fields(key), "adopted_online": key != own, "yaml": fields(own)}
 
 
 def summarize(robot, mon: Monitor, rolling_start, out_dir: Path, wall_s: float, learn,
