@@ -355,7 +355,7 @@ class NativeRollout:
             del arrays
             if status:
                 raise MemoryError("native rollout: could not allocate its work area")
-            METER.add(self.integrator, B * steps * R)
+            METER.add(self.integrator, engine.robot.contact.law, B * steps * R)
         return states.reshape(*batch, records, R, 13), acts.reshape(*batch, records, A)
 
     def _model(self, p: dict, dtype: torch.dtype, dt: float):
