@@ -3,11 +3,12 @@
 The gate rolls every held-out block out for the candidate (its start velocities fitted
 first), which on the SUPERball costs most of an epoch: gated at every improvement (as
 `bench/online.py` did), it took 15-17 s of a 60 s session's 50 s of compute on one core
-(soft_slow, payload; 54-56 gates, 1-2 of them passed). So candidates wait: the newest improvement replaces the one waiting, and it
-meets the gate once ``min_interval`` has passed since the last publication and the gate has
-been idle ``spacing`` times as long as it last took (at most 1 / (1 + spacing) of the
-worker's time). The identifier node and `bench/online.py` pace their gates with this one
-object, so the bench measures the solver with the compute the node gives it.
+(soft_slow, payload; 54-56 gates, 1-2 of them passed). So candidates wait: the newest
+improvement replaces the one waiting, and it meets the gate once ``min_interval`` has
+passed since the last publication and the gate has been idle ``spacing`` times as long as
+it last took (at most 1 / (1 + spacing) of the worker's time). The identifier node and
+`bench/online.py` pace their gates with this one object, so the bench measures the solver
+with the compute the node gives it.
 """
 from __future__ import annotations
 

@@ -56,8 +56,8 @@ from tensegrity_engine.physics.config import MODEL_INTEGRATORS, RobotConfig
 from tensegrity_engine.physics.params import SOFT_LAW_PARAMS, SPEC_BY_NAME, PhysicalParameters
 
 __all__ = ["ONLINE_OPTIONS", "DEFAULT_STRUCTURE_OPTIONS", "OnlineOption", "online_options", "StructureTrials",
-           "healthy_values", "CHALLENGER_SHARE", "FUTILE_LOOKS", "JUDGE_EVERY", "STRUCTURE_SIGNIFICANCE", "STRUCTURE_MIN_GAIN",
-           "structure_robot", "structure_key", "robot_in_structure"]
+           "healthy_values", "CHALLENGER_SHARE", "FUTILE_LOOKS", "JUDGE_EVERY", "STRUCTURE_SIGNIFICANCE",
+           "STRUCTURE_MIN_GAIN", "structure_robot", "structure_key", "robot_in_structure"]
 
 
 @dataclasses.dataclass(frozen=True)

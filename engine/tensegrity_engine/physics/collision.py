@@ -20,6 +20,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from tensegrity_engine.physics.state import end_nodes
+
 # Keeps norms differentiable when two segments touch axis-to-axis.
 _NORM_EPS = 1e-12
 
@@ -114,7 +116,6 @@ def rods_overlapping(robot, states) -> np.ndarray:
     """[...] whether any two rods' capsules overlap in each of ``states`` [..., R, 13] (numpy
     or torch): where the engine's and MuJoCo's rod-rod contact models part by design, and
     what makes data of a robot "without contact" (held in the air) contact data after all."""
-    from tensegrity_engine.physics.state import end_nodes     # state imports nothing of this module
 
     states = torch.as_tensor(np.asarray(states))
     if robot.num_rods < 2:
