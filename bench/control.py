@@ -53,7 +53,7 @@ def _ns(**kw):
 
 def planner_args(a, *, model, planner, horizon, samples, iterations):
     return _ns(horizon=horizon, control_dt=0.1, samples=samples, iterations=iterations, noise=a.noise,
-               temperature=a.temperature, seed=a.seed, speed=1.0, goal=(5.0, 0.0), model=model,
+               temperature=a.temperature, target_ess=a.target_ess, seed=a.seed, speed=1.0, goal=(5.0, 0.0), model=model,
                mj_threads=2, planner=planner, engine_dt=None, integrator=None, device="cpu",
                backend=a.engine_backend)
 
@@ -112,6 +112,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-video", action="store_true")
     p.add_argument("--noise", type=float, default=0.25)
     p.add_argument("--temperature", type=float, default=0.05)
+    p.add_argument("--target-ess", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
 

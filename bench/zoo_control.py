@@ -33,6 +33,7 @@ values' on every task, nominal clearly below on the far robots.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -62,10 +63,11 @@ TASKS = {
 RADIUS, STOP_SPEED, CONTROL_DT = 0.3, 0.1, 0.1
 
 
-def run_task(z, params, task: dict, seed: int) -> dict:
-    """One closed-loop run of MPPI on ``params`` executed on the zoo robot ``z``."""
+def run_task(z, params, task: dict, seed: int, config=None) -> dict:
+    """One closed-loop run of MPPI on ``params`` executed on the zoo robot ``z`` (``config``:
+    the planner's sizes, its seed set to ``seed``; default the package's)."""
     robot = z.nominal
-    config = mpc.PlannerConfig(seed=seed)
+    config = mpc.PlannerConfig(seed=seed) if config is None else dataclasses.replace(config, seed=seed)
     cost = mpc.LocomotionCost(robot, goal=task["waypoints"][0], speed=1.0, control_dt=CONTROL_DT,
                               approach_time=task["approach_time"])
     params, residual = params if isinstance(params, tuple) else (params, None)
@@ -75,7 +77,7 @@ def run_task(z, params, task: dict, seed: int) -> dict:
     steps = int(round(task["duration"] / CONTROL_DT))
     per_ctrl = int(round(CONTROL_DT / z.truth.dt))
     goals = [np.asarray(g, dtype=np.float64) for g in task["waypoints"]]
-    reached, coms, t_success, diverged = [], [], None, False
+    reached, coms, t_success, diverged, first_ess = [], [], None, False, []
     with z.twin(floor=True, nthread=1) as twin:
         start = mpc.task_start(z.truth)
         rng = np.random.default_rng(seed)
@@ -87,6 +89,7 @@ def run_task(z, params, task: dict, seed: int) -> dict:
             rs, act = twin.get_state()
             if k % task.get("replan_every", 1) == 0:
                 u = ctl.plan(rs, act)
+                first_ess.append(ctl.planner.last_info.get("effective_samples", [float("nan")])[0])
             else:                        # open loop between replans: the plan's next knot
                 u = ctl.current_plan[0]
                 ctl.planner.shift()
@@ -122,8 +125,9 @@ def run_task(z, params, task: dict, seed: int) -> dict:
         ok = len(reached) == len(goals)
     path = float(np.linalg.norm(np.diff(coms[:, :2], axis=0), axis=-1).sum())
     return {"success": bool(ok), "time": t_success, "final_distance": final_dist,
-            "final_speed": final_speed, "path": path, "reached": reached, "diverged": diverged,
-            "plan_time": float(np.mean(ctl.plan_times))}
+            "final_speed": final_speed, "path": path, "progress_x": float(coms[-1, 0] - coms[0, 0]),
+            "reached": reached, "diverged": diverged, "plan_time": float(np.mean(ctl.plan_times)),
+            "first_iteration_ess": float(np.median(first_ess))}
 
 
 def mean_time(runs) -> float:

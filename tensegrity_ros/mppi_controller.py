@@ -84,7 +84,10 @@ class MppiControllerNode(Node):
         samples = d("num_samples", 40, "rollouts per iteration", range=(1, 100000))
         iterations = d("iterations", 5, "optimisation iterations per command", range=(1, 100))
         noise = d("noise_scale", 0.25, "sampling std / command range width", range=(0.0, 1.0))
-        temperature = d("temperature", 0.05, "MPPI temperature lambda (cost units)", range=(1e-6, 1e3))
+        temperature = d("temperature", 0.05, "MPPI temperature lambda (cost units), when target_ess is 0",
+                        range=(1e-6, 1e3))
+        target_ess = d("target_ess", 0.0, "MPPI: each iteration's lambda for this effective sample size, a "
+                       "share of num_samples (0 = the fixed temperature)", range=(0.0, 1.0))
         engine_dt = d("engine_dt", 0.0, "planning step (s); 0 = the robot's step", range=(0.0, 0.1))
         integrator = d("integrator", "model", "engine integrator; model = the identified model's "
                        "(the parameter message's integrator), else the robot config's (engine.integrator)", choices=("model", "semi_implicit", "implicitfast", "rk4", "implicit", "ani"))
@@ -126,7 +129,8 @@ class MppiControllerNode(Node):
         self.robot = load_robot(robot_name)
         self.R, self.A = self.robot.num_rods, self.robot.num_actuated
         cfg = PlannerConfig(horizon=horizon, control_dt=self.period, num_samples=samples,
-                            iterations=iterations, noise_scale=noise, temperature=temperature, seed=seed)
+                            iterations=iterations, noise_scale=noise, temperature=temperature,
+                            target_ess=target_ess, seed=seed)
         self.mpc = MPPIController(self.robot, planner=planner, config=cfg,
                                   engine_dt=(engine_dt or None),
                                   integrator=None if integrator == "model" else integrator, device=self.device,

@@ -86,6 +86,42 @@ def test_mppi_weights_and_temperature():
     torch.testing.assert_close(out[1e4], plans.mean(0), atol=1e-3, rtol=0)
 
 
+def test_a_target_effective_sample_size_sets_the_temperature_from_the_costs():
+    """`ess_temperature`: the weights have the asked share of the samples, whatever the
+    costs' units, and a diverged sample (`BAD_COST`) does not move the temperature."""
+    from tensegrity_engine.control.interfaces import BAD_COST
+    from tensegrity_engine.control.planners import ess_temperature
+    costs = torch.rand(40, generator=torch.Generator().manual_seed(3), dtype=torch.float64) ** 2
+    excess = costs - costs.min()
+    for share in (0.05, 0.2, 0.5):
+        lam = ess_temperature(excess, share)
+        w = torch.exp(-excess / lam)
+        assert float(w.sum() ** 2 / (w * w).sum()) == pytest.approx(share * 40, rel=0.1)
+        assert ess_temperature(1e3 * excess, share) == pytest.approx(1e3 * lam, rel=1e-9)
+    bad = excess.clone()
+    bad[7] = BAD_COST
+    assert ess_temperature(bad, 0.2) == pytest.approx(ess_temperature(excess, 0.2), rel=0.1)
+    assert ess_temperature(torch.zeros(8), 0.2) == 1.0          # all alike: uniform weights
+    with pytest.raises(ValueError):
+        ess_temperature(excess, 0.0)
+
+
+def test_with_a_target_ess_the_plan_does_not_depend_on_the_costs_units():
+    """A fixed temperature is in cost units: the same costs in other units give another
+    plan. With ``target_ess`` the plan is the same."""
+    s0, a0 = torch.zeros(1, 13), torch.zeros(A_TOY)
+
+    def scaled(k):
+        return lambda states, plans, state0, prev: k * toy_cost(states, plans, state0, prev)
+
+    plans = {}
+    for ess in (0.0, 0.2):
+        cfg = mpc.PlannerConfig(horizon=2, num_samples=32, iterations=3, noise_scale=0.3, target_ess=ess)
+        plans[ess] = [mpc.MPPI(toy_dynamics, scaled(k), LOW, HIGH, cfg).plan(s0, a0) for k in (1.0, 100.0)]
+    assert (plans[0.0][0] - plans[0.0][1]).abs().max() > 0.05
+    torch.testing.assert_close(plans[0.2][0], plans[0.2][1], atol=1e-5, rtol=0)
+
+
 def test_warm_start_shift_and_reset():
     cfg = mpc.PlannerConfig(horizon=3, num_samples=8, iterations=1)
     planner = mpc.MPPI(toy_dynamics, toy_cost, LOW, HIGH, cfg)

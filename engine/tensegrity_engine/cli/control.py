@@ -163,7 +163,7 @@ def build_policy(robot, args, *, params=None, label: str = ""):
 
     cfg = mpc.PlannerConfig(horizon=args.horizon, control_dt=args.control_dt, num_samples=args.samples,
                             iterations=args.iterations, noise_scale=args.noise, temperature=args.temperature,
-                            seed=args.seed)
+                            target_ess=args.target_ess, seed=args.seed)
     cost = mpc.LocomotionCost(robot, target_velocity=(args.speed, 0.0), goal=args.goal,
                               speed=args.speed, control_dt=args.control_dt)
     if args.model == "mujoco":
@@ -207,7 +207,9 @@ def add_planner_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--samples", type=int, default=40)
     p.add_argument("--iterations", type=int, default=5)
     p.add_argument("--noise", type=float, default=0.25, help="sampling std / command range")
-    p.add_argument("--temperature", type=float, default=0.05, help="MPPI lambda")
+    p.add_argument("--temperature", type=float, default=0.05, help="MPPI lambda, when --target-ess is 0")
+    p.add_argument("--target-ess", type=float, default=0.0,
+                   help="MPPI: each iteration's lambda for this effective sample size / samples (0: fixed)")
     p.add_argument("--speed", type=float, default=1.0, help="target CoM speed (m/s)")
     p.add_argument("--goal", type=float, nargs=2, default=(5.0, 0.0), help="target CoM xy (m)")
     p.add_argument("--engine-dt", type=float, default=None,

@@ -14,8 +14,11 @@ MPPI (Williams et al. 2017, information-theoretic MPC), per planning call::
     return U[0]
 
 ``gamma`` (``control_cost``) defaults to 0 (Williams' alpha = 1), ``u_c`` is the centre
-of the command range. The temperature ``lambda`` is in cost units; the default cost is
-in (m/s)^2 averaged over the horizon, so lambda ~ 0.01-0.1.
+of the command range. The temperature ``lambda`` is in cost units (the default cost is in
+(m/s)^2 averaged over the horizon) unless ``target_ess`` is set: then each iteration picks
+the lambda whose weights have that effective sample size, a share of N (`ess_temperature`).
+A fixed lambda averages more samples the flatter a model's cost landscape is (the ESS is
+not the model's to choose), and its useful value moves with the cost's scale.
 """
 from __future__ import annotations
 
@@ -39,7 +42,8 @@ class PlannerConfig:
     num_samples: int = 40             # N rollouts per iteration
     iterations: int = 5
     noise_scale: float = 0.25         # sampling std / width of the command range
-    temperature: float = 0.05         # MPPI lambda (cost units)
+    temperature: float = 0.05         # MPPI lambda (cost units), when target_ess is 0
+    target_ess: float = 0.0           # MPPI: lambda per iteration for this ESS / N (0: fixed)
     control_cost: float = 0.0         # MPPI gamma (0: Williams' alpha = 1)
     noise_decay: float = 0.8          # std multiplier per iteration (MPPI, CEM start)
     elite_fraction: float = 0.15      # CEM
@@ -204,8 +208,7 @@ class MPPI(SamplingPlanner):
         H, A = self.mean.shape
         U = self.mean
         sigma = (c.noise_scale * self.width).expand(H, A)
-        lam = float(c.temperature)
-        ess = []
+        ess, lams = [], []
         for it in self._iterations():
             scale = sigma * (c.noise_decay ** it)
             eps = scale * self._randn(c.num_samples, H, A)
@@ -216,13 +219,39 @@ class MPPI(SamplingPlanner):
             if c.control_cost:
                 costs = costs + c.control_cost * ((U - self.nominal) / scale ** 2 * eps).sum((-1, -2))
             beta = torch.min(costs)
+            lam = ess_temperature(costs - beta, c.target_ess) if c.target_ess else float(c.temperature)
             w = torch.exp(-(costs - beta) / lam)
             w = w / w.sum()
             U = U + (w[:, None, None] * eps).sum(0)
             ess.append(float(1.0 / (w * w).sum()))
+            lams.append(lam)
             self.last_cost = float(beta)
-        self.last_info = {"effective_samples": ess, "iterations": self.iterations_run}
+        self.last_info = {"effective_samples": ess, "temperature": lams, "iterations": self.iterations_run}
         return self._clip(U)
+
+
+# `ess_temperature`'s candidates: decades of the costs' median excess either side of it
+ESS_DECADES = (-4.0, 3.0)
+ESS_GRID = 128
+
+
+def ess_temperature(excess: torch.Tensor, share: float) -> float:
+    """The temperature lambda whose MPPI weights exp(-excess / lambda) have an effective
+    sample size (sum w)^2 / sum w^2 closest to ``share`` of the samples (log scale), from
+    a log grid around the median excess (cost over the best, >= 0; outliers such as
+    `BAD_COST` leave the median alone). Every excess equal: 1.0 (the weights are uniform)."""
+    if not 0.0 < share <= 1.0:
+        raise ValueError(f"target_ess is a share of the samples, in (0, 1]; got {share}")
+    excess = excess.double()
+    positive = excess[excess > 0]
+    if positive.numel() == 0:
+        return 1.0
+    scale = float(positive.median())
+    lams = scale * torch.logspace(*ESS_DECADES, ESS_GRID, dtype=torch.float64)
+    w = torch.exp(-excess[None, :] / lams[:, None])
+    ess = w.sum(-1) ** 2 / (w * w).sum(-1)
+    best = torch.argmin((torch.log(ess) - math.log(share * excess.numel())).abs())
+    return float(lams[best])
 
 
 PLANNERS = {"rs": RandomShooting, "cem": CEM, "mppi": MPPI}
