@@ -88,9 +88,9 @@ ONLINE_OPTIONS = {
 # YAML has the penalty law (the schema's default), and nothing for one under the soft law
 # (`next_option` skips an option that changes nothing). A robot YAML written without a law
 # is played by MuJoCo's soft contacts in sim2sim. Measured on the four-bar's zoo (9 robots x
-# 2 seeds, README): the law adopted on 16 of 18 runs, the published model's CoM error 1 s
-# ahead 490 -> 254 mm summed, within tolerance 2 -> 5 runs. The held-out gate decides, so
-# a robot the penalty law predicts better keeps it.
+# 2 seeds on the work clock, each law priced: README): the law adopted on 16 of 18 runs, the
+# published model's CoM error 1 s ahead 456 -> 247 mm summed, within tolerance 7 runs either
+# way. The held-out gate decides, so a robot the penalty law predicts better keeps it.
 DEFAULT_STRUCTURE_OPTIONS = ("soft_contact",)
 # As offline selection (`select_structure`: 2 standard errors, 5 % gain).
 STRUCTURE_SIGNIFICANCE = 2.0
