@@ -131,6 +131,7 @@ typedef struct {
     int *pair_touch;             /* [P]: some lane of the pair in contact */
     struct soft_row_s *pair_rows; /* soft pairs: each lane's rows of the coupled solve */
     int *pair_count;             /* [LANES]: soft pairs, each lane's rows (0: not coupled) */
+    int *pair_rod;               /* [LANES][R]: soft pairs, each rod's place in its lane's solve (-1: not in it) */
     real *pair_scratch;          /* soft pairs: each lane's a0, a, saved wrench; the solver's matrices */
     idx_t sample[LANES];         /* batch index of each lane (padding lanes repeat the last) */
     void *block;                 /* the allocation holding all of the above */
@@ -162,7 +163,7 @@ static int work_alloc(tg_work *w, const tg_model *m)
         *ptr[i] = at;
         at += (rows[i] + 1) * LANES;
     }
-    w->pair_rows = NULL; w->pair_count = NULL; w->pair_scratch = NULL;
+    w->pair_rows = NULL; w->pair_count = NULL; w->pair_rod = NULL; w->pair_scratch = NULL;
     return m->soft_pairs ? soft_pairs_alloc(w, m) : 0;
 }
 
@@ -1072,10 +1073,14 @@ static void soft_ground(const tg_model *m, tg_work *w, int write_acc)
 /* ------------------------------------------------------------------ soft rod pairs */
 /* MuJoCo's capsule-capsule contacts under the soft law (soft_pairs.SoftPairRows) couple
  * two rods' problems, so a lane with a pair touching is solved whole: the minimiser of
- * 1/2 (a - a0)'M(a - a0) + sum 1/2 D min(0, J a - aref)^2 over all 6R accelerations, the
- * ground's rows of every rod (as soft_rows builds them) and the pairs' rows together. Such
- * lanes are rare (rods seldom touch), so this runs one lane at a time in scalar code: a
- * dense Cholesky Newton step with an exact line search, to the minimum's own tolerance. */
+ * 1/2 (a - a0)'M(a - a0) + sum 1/2 D min(0, J a - aref)^2 over the accelerations of the rods
+ * a touching pair holds, their ground rows (as soft_rows builds them) and the pairs' rows
+ * together. The problem separates by rods: every other rod's minimum is its own ground
+ * problem, which soft_ground solves for all lanes, so it is left out (a lane of a folded
+ * four-bar solves 12 unknowns instead of 24, the dense Newton step costing an eighth). Such
+ * lanes are rare on a SUPERball (rods seldom touch), so this runs one lane at a time in
+ * scalar code: a dense Cholesky Newton step with an exact line search, to the minimum's own
+ * tolerance. */
 #define PAIR_EDGES 10                 /* rows of one contact's pyramid at most (condim 6) */
 #define PAIR_NEWTON 50
 #define PAIR_LINE_SEARCH 30
@@ -1098,8 +1103,9 @@ static int soft_pairs_alloc(tg_work *w, const tg_model *m)
     const size_t n = 6 * (size_t)m->rods, rows = soft_pair_rows_max(m);
     w->pair_rows = malloc(sizeof(soft_row) * (LANES * rows + 1));
     w->pair_count = malloc(sizeof(int) * LANES);
+    w->pair_rod = malloc(sizeof(int) * LANES * (size_t)m->rods);
     w->pair_scratch = malloc(sizeof(real) * (LANES * 3 * n + n * n + 6 * n + 3 * rows + 1));
-    return w->pair_rows && w->pair_count && w->pair_scratch ? 0 : -1;
+    return w->pair_rows && w->pair_count && w->pair_rod && w->pair_scratch ? 0 : -1;
 }
 
 static real soft_impedance1(const tg_model *m, real dist, real low, real high)
@@ -1240,31 +1246,34 @@ static real soft_row_dot(const soft_row *row, const real *v)
     return z;
 }
 
-/* M v for the block-diagonal mass matrix (mass, world inertia it I + (ia - it) axis axis'). */
-static void soft_mass_times(const tg_model *m, const real *axis, const real *v, real *out)
+/* M v for the block-diagonal mass matrix (mass, world inertia it I + (ia - it) axis axis')
+ * of the k rods rod[0..k) (v, out and axis in that order). */
+static void soft_mass_times(const tg_model *m, int k, const int *rod, const real *axis, const real *v, real *out)
 {
-    for (int r = 0; r < m->rods; ++r) {
-        const real *ax = axis + 3 * r, *u = v + 6 * r;
+    for (int j = 0; j < k; ++j) {
+        const int r = rod[j];
+        const real *ax = axis + 3 * j, *u = v + 6 * j;
         const real it = m->inertia_t[r], dia = m->inertia_a[r] - it;
         const real along = dia * (ax[0] * u[3] + ax[1] * u[4] + ax[2] * u[5]);
         for (int i = 0; i < 3; ++i) {
-            out[6 * r + i] = m->mass[r] * u[i];
-            out[6 * r + 3 + i] = it * u[3 + i] + along * ax[i];
+            out[6 * j + i] = m->mass[r] * u[i];
+            out[6 * j + 3 + i] = it * u[3 + i] + along * ax[i];
         }
     }
 }
 
-/* Lane l's coupled minimum from a0 into a (both [6R]). */
-static void soft_pair_solve(const tg_model *m, tg_work *w, int l, const real *a0, real *a)
+/* Lane l's coupled minimum from a0 into a (both [6k]) over the k rods rod[0..k) (its rows'
+ * a and b are places in that list). */
+static void soft_pair_solve(const tg_model *m, tg_work *w, int l, int k, const int *rod, const real *a0, real *a)
 {
-    const int R = m->rods, n = 6 * R, rows = w->pair_count[l];
-    const size_t rmax = soft_pair_rows_max(m);
+    const int R = m->rods, n = 6 * k, rows = w->pair_count[l];
+    const size_t rmax = soft_pair_rows_max(m), nmax = 6 * (size_t)R;
     const soft_row *row = w->pair_rows + (size_t)l * rmax;
-    real *H = w->pair_scratch + LANES * 3 * (size_t)n, *g = H + (size_t)n * n, *step = g + n, *Mda = step + n;
-    real *Ms = Mda + n, *axis = Ms + n, *diff = axis + n;
-    real *jar = diff + n, *Js = jar + rmax, *used = Js + rmax;
-    for (int r = 0; r < R; ++r)
-        for (int i = 0; i < 3; ++i) axis[3 * r + i] = ROW(w->axis, i * R + r)[l];
+    real *H = w->pair_scratch + LANES * 3 * nmax, *g = H + nmax * nmax, *step = g + nmax, *Mda = step + nmax;
+    real *Ms = Mda + nmax, *axis = Ms + nmax, *diff = axis + nmax;
+    real *jar = diff + nmax, *Js = jar + rmax, *used = Js + rmax;
+    for (int j = 0; j < k; ++j)
+        for (int i = 0; i < 3; ++i) axis[3 * j + i] = ROW(w->axis, i * R + rod[j])[l];
     for (int i = 0; i < n; ++i) a[i] = a0[i];
     real last_alpha = 0;
     for (int q = 0; q < rows; ++q) used[q] = -1;
@@ -1279,15 +1288,16 @@ static void soft_pair_solve(const tg_model *m, tg_work *w, int l, const real *a0
         /* a whole Newton step whose rows still hold is the minimum of that quadratic piece */
         if (it_n > 0 && same && FABS(last_alpha - 1) <= SOFT_ALPHA) break;
         for (int i = 0; i < n; ++i) diff[i] = a[i] - a0[i];
-        soft_mass_times(m, axis, diff, Mda);
+        soft_mass_times(m, k, rod, axis, diff, Mda);
         memset(H, 0, sizeof(real) * (size_t)n * n);
-        for (int r = 0; r < R; ++r) {
-            const real *ax = axis + 3 * r;
+        for (int j = 0; j < k; ++j) {
+            const int r = rod[j];
+            const real *ax = axis + 3 * j;
             const real it = m->inertia_t[r], dia = m->inertia_a[r] - it;
             for (int i = 0; i < 3; ++i) {
-                H[(6 * r + i) * n + 6 * r + i] = m->mass[r];
-                for (int k = 0; k < 3; ++k)
-                    H[(6 * r + 3 + i) * n + 6 * r + 3 + k] = (i == k ? it : (real)0) + dia * ax[i] * ax[k];
+                H[(6 * j + i) * n + 6 * j + i] = m->mass[r];
+                for (int c = 0; c < 3; ++c)
+                    H[(6 * j + 3 + i) * n + 6 * j + 3 + c] = (i == c ? it : (real)0) + dia * ax[i] * ax[c];
             }
         }
         for (int i = 0; i < n; ++i) g[i] = Mda[i];
@@ -1302,7 +1312,7 @@ static void soft_pair_solve(const tg_model *m, tg_work *w, int l, const real *a0
                     const real cj = o->D * Jp[u][i];
                     g[at[u] + i] += cj * jar[q];
                     for (int v = 0; v < blocks; ++v)
-                        for (int k = 0; k < 6; ++k) H[(at[u] + i) * n + at[v] + k] += cj * Jp[v][k];
+                        for (int c = 0; c < 6; ++c) H[(at[u] + i) * n + at[v] + c] += cj * Jp[v][c];
                 }
         }
         real big = 1, small = 0;
@@ -1315,7 +1325,7 @@ static void soft_pair_solve(const tg_model *m, tg_work *w, int l, const real *a0
         }
         if (small <= SOFT_ROUNDING * big) break;
         /* exact line search: Newton on the piecewise-linear derivative along the step */
-        soft_mass_times(m, axis, step, Ms);
+        soft_mass_times(m, k, rod, axis, step, Ms);
         real curv = 0, slope = 0;
         for (int i = 0; i < n; ++i) { curv += step[i] * Ms[i]; slope += step[i] * Mda[i]; }
         for (int q = 0; q < rows; ++q) Js[q] = soft_row_dot(row + q, step);
@@ -1357,12 +1367,24 @@ static int soft_pairs_solve(const tg_model *m, tg_work *w, real low, real high)
     for (int l = 0; l < LANES; ++l) any |= w->pair_count[l] > 0;
     if (!any) return 0;
     const size_t rmax = soft_pair_rows_max(m);
+    /* each lane's rods in a touching pair, numbered in rod order: the unknowns of its solve */
+    for (int l = 0; l < LANES; ++l) {
+        int *place = w->pair_rod + (size_t)l * R;
+        for (int r = 0; r < R; ++r) place[r] = -1;
+        const soft_row *row = w->pair_rows + (size_t)l * rmax;
+        for (int q = 0; q < w->pair_count[l]; ++q) place[row[q].a] = place[row[q].b] = 0;
+        for (int r = 0, k = 0; r < R; ++r)
+            if (place[r] >= 0) place[r] = k++;
+    }
     if (m->floor && m->soft_ground) {
         soft_rod s;
         for (int r = 0; r < R; ++r) {
+            int wanted = 0;
+            for (int l = 0; l < LANES; ++l) wanted |= w->pair_rod[(size_t)l * R + r] >= 0;
+            if (!wanted) continue;
             soft_rows(m, w, r, &s, low, high);
             for (int l = 0; l < LANES; ++l) {
-                if (!w->pair_count[l]) continue;
+                if (w->pair_rod[(size_t)l * R + r] < 0) continue;
                 for (int q = 0; q < s.rows; ++q) {
                     if (!(s.D[q][l] > 0)) continue;
                     soft_row *row = w->pair_rows + (size_t)l * rmax + w->pair_count[l]++;
@@ -1376,50 +1398,61 @@ static int soft_pairs_solve(const tg_model *m, tg_work *w, real low, real high)
     }
     for (int l = 0; l < LANES; ++l) {
         if (!w->pair_count[l]) continue;
+        /* a0, a and saved in the lane's rod order; the rows' rods become places in it */
         real *a0 = w->pair_scratch + (size_t)l * 3 * n, *a = a0 + n, *saved = a + n;
-        for (int r = 0; r < R; ++r)
+        const int *place = w->pair_rod + (size_t)l * R;
+        int rod[R > 0 ? R : 1], k = 0;
+        for (int r = 0; r < R; ++r) {
+            if (place[r] < 0) continue;
+            rod[k] = r;
             for (int i = 0; i < 3; ++i) {
-                a0[6 * r + i] = ROW(w->acc, i * R + r)[l];
-                a0[6 * r + 3 + i] = ROW(w->alpha, i * R + r)[l];
-                saved[6 * r + i] = ROW(w->force, i * R + r)[l];
-                saved[6 * r + 3 + i] = ROW(w->torque, i * R + r)[l];
+                a0[6 * k + i] = ROW(w->acc, i * R + r)[l];
+                a0[6 * k + 3 + i] = ROW(w->alpha, i * R + r)[l];
+                saved[6 * k + i] = ROW(w->force, i * R + r)[l];
+                saved[6 * k + 3 + i] = ROW(w->torque, i * R + r)[l];
             }
-        soft_pair_solve(m, w, l, a0, a);
+            ++k;
+        }
+        soft_row *row = w->pair_rows + (size_t)l * rmax;
+        for (int q = 0; q < w->pair_count[l]; ++q) {
+            row[q].a = place[row[q].a];
+            if (row[q].b >= 0) row[q].b = place[row[q].b];
+        }
+        soft_pair_solve(m, w, l, k, rod, a0, a);
     }
     return 1;
 }
 
-/* The coupled lanes' result over what soft_ground left: accelerations (write_acc), or the
+/* The coupled lanes' result over what soft_ground left, for the rods in their solves
+ * (every other rod keeps soft_ground's, its own minimum): accelerations (write_acc), or the
  * force and torque before the ground plus the contacts' wrench M (a - a0). */
 static void soft_pairs_write(const tg_model *m, tg_work *w, int write_acc)
 {
     const int R = m->rods, n = 6 * R;
-    real *axis = w->pair_scratch + LANES * 3 * (size_t)n + (size_t)n * n + 5 * (size_t)n;
     for (int l = 0; l < LANES; ++l) {
         if (!w->pair_count[l]) continue;
         const real *a0 = w->pair_scratch + (size_t)l * 3 * n, *a = a0 + n, *saved = a + n;
-        if (write_acc) {
-            for (int r = 0; r < R; ++r)
+        const int *place = w->pair_rod + (size_t)l * R;
+        for (int r = 0; r < R; ++r) {
+            const int j = place[r];
+            if (j < 0) continue;
+            if (write_acc) {
+                const real fr = m->has_fixed ? m->free[r] : (real)1;
                 for (int i = 0; i < 3; ++i) {
-                    const real fr = m->has_fixed ? m->free[r] : (real)1;
-                    ROW(w->acc, i * R + r)[l] = m->has_fixed ? a[6 * r + i] * fr : a[6 * r + i];
-                    ROW(w->alpha, i * R + r)[l] = m->has_fixed ? a[6 * r + 3 + i] * fr : a[6 * r + 3 + i];
+                    ROW(w->acc, i * R + r)[l] = m->has_fixed ? a[6 * j + i] * fr : a[6 * j + i];
+                    ROW(w->alpha, i * R + r)[l] = m->has_fixed ? a[6 * j + 3 + i] * fr : a[6 * j + 3 + i];
                 }
-            continue;
-        }
-        real diff[6], Md[6];
-        for (int r = 0; r < R; ++r) {
-            for (int i = 0; i < 3; ++i) axis[3 * r + i] = ROW(w->axis, i * R + r)[l];
-        }
-        for (int r = 0; r < R; ++r) {
-            for (int i = 0; i < 6; ++i) diff[i] = a[6 * r + i] - a0[6 * r + i];
-            const real *ax = axis + 3 * r;
+                continue;
+            }
+            real diff[6], Md[6], ax[3];
+            for (int i = 0; i < 3; ++i) ax[i] = ROW(w->axis, i * R + r)[l];
+            for (int i = 0; i < 6; ++i) diff[i] = a[6 * j + i] - a0[6 * j + i];
             const real it = m->inertia_t[r], dia = m->inertia_a[r] - it;
             const real along = dia * (ax[0] * diff[3] + ax[1] * diff[4] + ax[2] * diff[5]);
             for (int i = 0; i < 3; ++i) { Md[i] = m->mass[r] * diff[i]; Md[3 + i] = it * diff[3 + i] + along * ax[i]; }
             for (int i = 0; i < 3; ++i) {
-                ROW(w->force, i * R + r)[l] = saved[6 * r + i] + Md[i];
-                ROW(w->torque, i * R + r)[l] = saved[6 * r + 3 + i] + Md[3 + i];
+                ROW(w->force, i * R + r)[l] = saved[6 * j + i] + Md[i];
+                ROW(w->torque, i * R + r)[l] = saved[6 * j + 3 + i] + Md[3 + i];
             }
         }
     }
@@ -1848,6 +1881,7 @@ static void work_free(tg_work *w)
     free(w->block);
     free(w->pair_rows);
     free(w->pair_count);
+    free(w->pair_rod);
     free(w->pair_scratch);
 }
 
