@@ -112,7 +112,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-video", action="store_true")
     p.add_argument("--noise", type=float, default=0.25)
     p.add_argument("--temperature", type=float, default=0.05)
-    p.add_argument("--target-ess", type=float, default=0.0)
+    p.add_argument("--target-ess", type=float, default=0.2)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
 

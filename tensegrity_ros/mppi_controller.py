@@ -70,6 +70,21 @@ def excitation_band(fmin: float, fmax: float) -> tuple[float, float]:
     return fmin, fmax
 
 
+def declare_planner(d) -> tuple[str, dict]:
+    """The sampling planner's parameters: its name and `PlannerConfig`'s sizes."""
+    planner = d("planner", "mppi", "sampling planner", choices=("mppi", "cem", "rs"))
+    sizes = dict(
+        horizon=d("horizon", 10, "plan length in knots", range=(1, 100)),
+        num_samples=d("num_samples", 40, "rollouts per iteration", range=(1, 100000)),
+        iterations=d("iterations", 5, "optimisation iterations per command", range=(1, 100)),
+        noise_scale=d("noise_scale", 0.25, "sampling std / command range width", range=(0.0, 1.0)),
+        temperature=d("temperature", 0.05, "MPPI temperature lambda (cost units), when target_ess is 0",
+                      range=(1e-6, 1e3)),
+        target_ess=d("target_ess", 0.2, "MPPI: each iteration's lambda for this effective sample size, a "
+                     "share of num_samples (0 = the fixed temperature)", range=(0.0, 1.0)))
+    return planner, sizes
+
+
 class MppiControllerNode(Node):
     def __init__(self, **kwargs):
         super().__init__("mppi_controller", **kwargs)
@@ -79,15 +94,7 @@ class MppiControllerNode(Node):
                         range=(0.001, 10.0))
         self.device = resolve_device(d("device", "auto", "torch device for planning",
                                        choices=("auto", "cpu", "cuda")))
-        planner = d("planner", "mppi", "sampling planner", choices=("mppi", "cem", "rs"))
-        horizon = d("horizon", 10, "plan length in knots", range=(1, 100))
-        samples = d("num_samples", 40, "rollouts per iteration", range=(1, 100000))
-        iterations = d("iterations", 5, "optimisation iterations per command", range=(1, 100))
-        noise = d("noise_scale", 0.25, "sampling std / command range width", range=(0.0, 1.0))
-        temperature = d("temperature", 0.05, "MPPI temperature lambda (cost units), when target_ess is 0",
-                        range=(1e-6, 1e3))
-        target_ess = d("target_ess", 0.0, "MPPI: each iteration's lambda for this effective sample size, a "
-                       "share of num_samples (0 = the fixed temperature)", range=(0.0, 1.0))
+        planner, sizes = declare_planner(d)
         engine_dt = d("engine_dt", 0.0, "planning step (s); 0 = the robot's step", range=(0.0, 0.1))
         integrator = d("integrator", "model", "engine integrator; model = the identified model's "
                        "(the parameter message's integrator), else the robot config's (engine.integrator)", choices=("model", "semi_implicit", "implicitfast", "rk4", "implicit", "ani"))
@@ -128,9 +135,7 @@ class MppiControllerNode(Node):
             torch.set_num_threads(threads)
         self.robot = load_robot(robot_name)
         self.R, self.A = self.robot.num_rods, self.robot.num_actuated
-        cfg = PlannerConfig(horizon=horizon, control_dt=self.period, num_samples=samples,
-                            iterations=iterations, noise_scale=noise, temperature=temperature,
-                            target_ess=target_ess, seed=seed)
+        cfg = PlannerConfig(control_dt=self.period, seed=seed, **sizes)
         self.mpc = MPPIController(self.robot, planner=planner, config=cfg,
                                   engine_dt=(engine_dt or None),
                                   integrator=None if integrator == "model" else integrator, device=self.device,
@@ -182,8 +187,8 @@ class MppiControllerNode(Node):
         self.diag = Diagnostics(self, extra=lambda: diag_values(self))
         self._worker = threading.Thread(target=self._run, name="mppi_worker", daemon=True)
         self._worker.start()
-        self.get_logger().info(f"MPPI controller on {self.device}: {planner}, H={horizon}, N={samples}, "
-                               f"iters={iterations}, {self.mpc.dynamics.backend} rollouts (warmed up in {warm:.2f} s); "
+        self.get_logger().info(f"MPPI controller on {self.device}: {planner}, H={cfg.horizon}, N={cfg.num_samples}, "
+                               f"iters={cfg.iterations}, {self.mpc.dynamics.backend} rollouts (warmed up in {warm:.2f} s); "
                                f"starting in {self.mode}")
 
     # ------------------------------------------------------------------ callbacks

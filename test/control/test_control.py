@@ -68,7 +68,7 @@ def test_planners_improve_and_respect_bounds(name):
 def test_mppi_weights_and_temperature():
     """Low temperature -> nearly the best sample; high temperature -> nearly the mean of
     all samples (uniform weights)."""
-    cfg = mpc.PlannerConfig(horizon=2, num_samples=32, iterations=1, noise_scale=0.3)
+    cfg = mpc.PlannerConfig(horizon=2, num_samples=32, iterations=1, noise_scale=0.3, target_ess=0.0)
     s0, a0 = torch.zeros(1, 13), torch.zeros(A_TOY)
     out = {}
     for lam in (1e-4, 1e4):

@@ -208,7 +208,7 @@ def add_planner_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iterations", type=int, default=5)
     p.add_argument("--noise", type=float, default=0.25, help="sampling std / command range")
     p.add_argument("--temperature", type=float, default=0.05, help="MPPI lambda, when --target-ess is 0")
-    p.add_argument("--target-ess", type=float, default=0.0,
+    p.add_argument("--target-ess", type=float, default=0.2,
                    help="MPPI: each iteration's lambda for this effective sample size / samples (0: fixed)")
     p.add_argument("--speed", type=float, default=1.0, help="target CoM speed (m/s)")
     p.add_argument("--goal", type=float, nargs=2, default=(5.0, 0.0), help="target CoM xy (m)")
