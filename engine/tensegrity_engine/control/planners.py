@@ -27,6 +27,7 @@ import math
 import time
 from typing import Optional
 
+import numpy as np
 import torch
 
 from tensegrity_engine.control.interfaces import BAD_COST, Cost, Dynamics, as_tensor
@@ -236,26 +237,26 @@ class MPPI(SamplingPlanner):
 
 # `ess_temperature`'s candidates: decades of the costs' median excess either side of it
 ESS_DECADES = (-4.0, 3.0)
-ESS_GRID = 128
+_ESS_GRID = np.logspace(*ESS_DECADES, 128)
 
 
 def ess_temperature(excess: torch.Tensor, share: float) -> float:
     """The temperature lambda whose MPPI weights exp(-excess / lambda) have an effective
     sample size (sum w)^2 / sum w^2 closest to ``share`` of the samples (log scale), from
     a log grid around the median excess (cost over the best, >= 0; outliers such as
-    `BAD_COST` leave the median alone). Every excess equal: 1.0 (the weights are uniform)."""
+    `BAD_COST` leave the median alone). Every excess equal: 1.0 (the weights are uniform).
+    In numpy on the host: for a few dozen numbers torch's per-op dispatch costs 0.33 ms a
+    call, numpy 0.06 ms (40 samples, one core)."""
     if not 0.0 < share <= 1.0:
         raise ValueError(f"target_ess is a share of the samples, in (0, 1]; got {share}")
-    excess = excess.double()
+    excess = excess.detach().to("cpu", torch.float64).numpy()
     positive = excess[excess > 0]
-    if positive.numel() == 0:
+    if positive.size == 0:
         return 1.0
-    scale = float(positive.median())
-    lams = scale * torch.logspace(*ESS_DECADES, ESS_GRID, dtype=torch.float64)
-    w = torch.exp(-excess[None, :] / lams[:, None])
+    lams = float(np.median(positive)) * _ESS_GRID
+    w = np.exp(-excess[None, :] / lams[:, None])
     ess = w.sum(-1) ** 2 / (w * w).sum(-1)
-    best = torch.argmin((torch.log(ess) - math.log(share * excess.numel())).abs())
-    return float(lams[best])
+    return float(lams[np.argmin(np.abs(np.log(ess) - math.log(share * excess.size)))])
 
 
 PLANNERS = {"rs": RandomShooting, "cem": CEM, "mppi": MPPI}
