@@ -192,12 +192,15 @@ def main(argv=None) -> int:
     ap.add_argument("--tasks", default=",".join(TASKS))
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--out", default="runs/bench_zoo_control")
+    ap.add_argument("--target-ess", type=float, default=mpc.PlannerConfig().target_ess,
+                    help="MPPI's effective sample size per iteration / samples (0: the fixed temperature)")
     ap.add_argument("--wait", type=float, default=0.0,
                     help="seconds to wait for each identified model (bench/zoo.py running alongside)")
     args = ap.parse_args(argv)
     base, names = zoo_selection(args.robot, args.zoo, 1)
     tasks = args.tasks.split(",")
-    print(f"robot {base.name}; MPPI {mpc.PlannerConfig()}", flush=True)
+    planner = mpc.PlannerConfig(target_ess=args.target_ess)
+    print(f"robot {base.name}; MPPI {planner}", flush=True)
     results, t0 = {}, time.perf_counter()
     for name in names:
         z = zoo_robot(name, base)
@@ -208,7 +211,7 @@ def main(argv=None) -> int:
             print(f"   {task}: {'model':12s} success  time (s)  path (m)  final dist (m)  final speed (m/s)")
             results[name][task] = {}
             for label, params in models.items():
-                runs = [run_task(z, params, TASKS[task], seed) for seed in range(args.seeds)]
+                runs = [run_task(z, params, TASKS[task], seed, planner) for seed in range(args.seeds)]
                 rate = float(np.mean([r["success"] for r in runs]))
                 results[name][task][label] = {"success_rate": rate, "runs": runs}
                 print(f"   {'':{len(task)}s}  {label:20s} {100 * rate:5.0f} %  {mean_time(runs):8.1f}  "
