@@ -60,7 +60,7 @@ from tensegrity_engine.groundtruth.environments import rest_pose
 from tensegrity_engine.groundtruth.mujoco_twin import GroundTruthDiverged
 from tensegrity_engine.groundtruth.sensors import SensorModel
 from tensegrity_engine.groundtruth.zoo import ZOO_PREFIX, ground_truth, zoo_names
-from tensegrity_engine.identification.config import IdentificationConfig, contact_params, resolve_learn
+from tensegrity_engine.identification.config import WINDOWS_FROM, IdentificationConfig, contact_params, resolve_learn
 from tensegrity_engine.identification.gate_pacing import GatePacing
 from tensegrity_engine.identification.online import HOLDOUT_SECONDS, OnlineIdentification, unseen_tuples
 from tensegrity_engine.identification.online_structure import (DEFAULT_STRUCTURE_OPTIONS, ONLINE_OPTIONS, online_options,
@@ -254,7 +254,8 @@ def run_session(z, args, seed: int, learn) -> dict:
                                schedule=args.schedule, lm_windows=args.lm_windows, pose_window=args.pose_window,
                                chain_latents=args.chain_latents == "on", window_refresh=args.window_refresh,
                                gyro_weight=args.gyro_weight if args.imu == "on" else 0.0,
-                               motor_settle=args.motor_settle, per_element=args.per_element)
+                               motor_settle=args.motor_settle, per_element=args.per_element,
+                               windows_from=args.windows_from)
     session = OnlineIdentification(robot, cfg, min_tuples=args.min_tuples, max_tuples=args.max_tuples,
                                    floor=True, holdout_every=args.holdout_every,
                                    structure_options=args.structure_options,
@@ -436,6 +437,8 @@ def main(argv=None) -> int:
     ap.add_argument("--chain-latents", choices=("on", "off"), default="on",
                     help="new pose windows start from their predecessor's predicted end velocity "
                     "(IdentificationConfig.chain_latents)")
+    ap.add_argument("--windows-from", choices=WINDOWS_FROM, default=IdentificationConfig().windows_from,
+                    help="pose-only: the windowed stage starts from the finite-difference fit or the start values")
     ap.add_argument("--window-refresh", type=float, default=IdentificationConfig().window_refresh,
                     help="a running windowed stage restarts on all the data once it has grown this many "
                     "times (IdentificationConfig.window_refresh; 0: only after its end)")
@@ -476,7 +479,7 @@ def main(argv=None) -> int:
         ap.error(f"--per-element: {', '.join(unknown)} not learnt (learn: {', '.join(learn)})")
     _line(f"machine: {machine()}")
     _line(f"online identification of {', '.join(learn)} on {args.robot}: {args.duration:g} s of sim time, "
-          f"contact law {law}, masses {args.masses}, rod radii {args.geometry}, noise {args.noise}, latency {args.latency}, init {args.init}, schedule {args.schedule}, pose windows of {args.pose_window} (latents chained: {args.chain_latents}, windows redrawn at {args.window_refresh:g}x, "
+          f"contact law {law}, masses {args.masses}, rod radii {args.geometry}, noise {args.noise}, latency {args.latency}, init {args.init}, schedule {args.schedule}, pose windows of {args.pose_window} from {args.windows_from} (latents chained: {args.chain_latents}, windows redrawn at {args.window_refresh:g}x, "
           f"none in the first {args.motor_settle:g} motor time constants), "
           f"gyros {args.imu}" + (f" (noise {args.gyro_noise} rad/s, weight {args.gyro_weight:g})" if args.imu == "on" else "")
           + f", {args.excitation} excitation, seeds {args.seeds}, identification compute "

@@ -30,7 +30,7 @@ from visualization_msgs.msg import MarkerArray
 
 from tensegrity_engine.export import write_mjcf
 from tensegrity_engine.identification.checkpoint import load_checkpoint, save_checkpoint
-from tensegrity_engine.identification.config import INITS
+from tensegrity_engine.identification.config import INITS, WINDOWS_FROM
 from tensegrity_engine.identification.gate_pacing import GatePacing
 from tensegrity_engine.identification.identifiability import advice_text, structure_hints, unfixed_force_scale
 from tensegrity_engine.identification.online import OnlineIdentification, default_trainer_factory
@@ -501,6 +501,9 @@ def declare_solver(d, period: float):
     motor_settle = d("motor_settle", defaults.motor_settle, "pose-only: no window within this many actuator "
                      "time constants of a stream's first command (the motors' state there is assumed)",
                      range=(0.0, 1e3))
+    windows_from = d("windows_from", defaults.windows_from, "pose-only: the windowed Levenberg-Marquardt "
+                     "starts from the finite-difference stage's fit or from the start values",
+                     choices=WINDOWS_FROM)
     lr0 = d("lr0", 0.1, "initial learning rate", range=(1e-6, 10.0))
     lr_min = d("lr_min", 1e-3, "stop when the learning rate falls below this", range=(1e-9, 10.0))
     patience = d("patience", 2, "non-improving epochs before a stage change", range=(1, 1000))
@@ -518,7 +521,7 @@ def declare_solver(d, period: float):
         period=period, learn=None if list(learn) == ["default"] else tuple(learn), schedule=schedule,
         lr0=lr0, lr_min=lr_min, patience=patience, batch_size=batch, epoch_tuples=epoch_tuples or None,
         max_epochs=max_epochs, max_seconds=max_seconds or None, init=init, seed=seed, lm_windows=lm_windows,
-        pose_window=pose_window, gyro_weight=gyro_weight, motor_settle=motor_settle,
+        pose_window=pose_window, gyro_weight=gyro_weight, motor_settle=motor_settle, windows_from=windows_from,
         per_element=tuple(n for n in per_element if n != "none"))
 
 

@@ -16,6 +16,7 @@ CONTACT_PARAMS = ("contact_stiffness", "contact_damping", "friction_sliding",
 SOFT_CONTACT_PARAMS = SOFT_LAW_PARAMS + ("friction_sliding", "friction_torsional", "friction_rolling")
 SCHEDULES = ("progressive", "implicit_only", "feedforward", "fine_only", "online")
 INITS = ("random", "given", "given+random")
+WINDOWS_FROM = ("finite_difference", "start")
 
 
 def contact_params(law: str = "penalty") -> tuple[str, ...]:
@@ -97,6 +98,10 @@ class IdentificationConfig:
     # pose-only LM: a running windowed stage whose training data has grown this many times
     # since its windows were drawn starts again on all of it (0: only after its end)
     window_refresh: float = 2.0
+    # pose-only LM: the windowed stage starts from the finite-difference stage's fit
+    # ("finite_difference") or from the values the solver started from ("start"): the
+    # finite-difference velocities' bias can lead into another basin (README)
+    windows_from: str = "finite_difference"
     # pose-only: where rods carry IMUs, their gyro's angular velocity starts the latents and
     # holds each window's start beside the poses (`objective.window_residual`), with this
     # weight: an error of 1 rad/s counts as one of (half rod length x T) m per end node
@@ -179,6 +184,8 @@ class IdentificationConfig:
             raise ValueError(f"motor_settle must be finite and >= 0, not {self.motor_settle}")
         if not (math.isfinite(self.gyro_weight) and self.gyro_weight >= 0.0):
             raise ValueError(f"gyro_weight must be finite and >= 0, not {self.gyro_weight}")
+        if self.windows_from not in WINDOWS_FROM:
+            raise ValueError(f"windows_from must be one of {WINDOWS_FROM}, not {self.windows_from!r}")
         if not (self.window_refresh == 0.0 or self.window_refresh > 1.0):
             raise ValueError(f"window_refresh must be 0 (off) or > 1, not {self.window_refresh}")
         if self.pose_window < 2 or self.lm_windows < 1:

@@ -62,6 +62,7 @@ class ProgressiveSchedule:
         self.stage_epochs = 0
         self.best_snapshot = None
         self.pose_stage = "finite_difference"        # pose-only LM: then "window"
+        self.start_values = None                     # the learnt values at the first epoch (not checkpointed)
         self.stage_log: list[dict] = []
 
     # ------------------------------------------------------------------ what runs now
@@ -118,6 +119,13 @@ class ProgressiveSchedule:
         return f"{self.phase} {self.integrator} dt={self.dt * 1e3:g}ms lr={self.lr:g}"
 
     # ------------------------------------------------------------------ decisions
+    def before_epoch(self) -> None:
+        """Keep the values the solver starts from (``windows_from: start``)."""
+        if self.start_values is None:
+            snap = self.host.snapshot()      # the trainer's: values, and latents under "__" keys (not kept)
+            self.start_values = ({k: v for k, v in snap.items() if not k.startswith("__")}
+                                 if isinstance(snap, dict) else snap)
+
     def after_epoch(self, val: float, epoch: int, elapsed: float, progress: bool = True) -> None:
         """Algorithm 1's stage update after an epoch with validation loss ``val``; an epoch
         whose solver made no ``progress`` on its own objective counts as not improving (its
@@ -226,10 +234,13 @@ class ProgressiveSchedule:
 
     def lm_finish(self, why: str, epoch: int, val: float) -> None:
         """End of a Levenberg-Marquardt stage. Pose-only data: the tuple LM on
-        finite-difference velocities is followed by the windowed latent-velocity LM."""
+        finite-difference velocities is followed by the windowed latent-velocity LM, from
+        that fit or from the start (``windows_from``)."""
         if not (self.host.latent and self.pose_stage == "finite_difference"):
             return self.finish(why, epoch)
         self._restore_best()
+        if self.config.windows_from == "start" and self.start_values is not None:
+            self.host.restore(self.start_values)
         before = self.stage_name() + f" ({why})"
         self.pose_stage = "window"
         self.host.stage_changed("window")

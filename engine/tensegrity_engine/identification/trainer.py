@@ -281,6 +281,7 @@ class ProgressiveTrainer:
             raise RuntimeError("call set_data() or add_tuples() first")
         if self.done:
             return dict(self._last_metrics)
+        self.schedule.before_epoch()
         lm = self.schedule.use_lm
         solver = (self.window_lm if self.schedule.windows else self.tuple_lm) if lm else self.adam
         start = time.perf_counter()
