@@ -19,7 +19,6 @@ the first iteration (of 40) and mean plan time (one core, load-dependent). Never
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ from zoo_control import TASKS, mean_time, run_task  # noqa: E402
 
 from tensegrity_engine import control as mpc  # noqa: E402
 from tensegrity_engine.groundtruth.zoo import zoo_robot  # noqa: E402
+from tensegrity_engine.identification.online_structure import structure_robot  # noqa: E402
 from tensegrity_engine.physics.config import load_robot  # noqa: E402
 from tensegrity_engine.physics.params import PhysicalParameters  # noqa: E402
 
@@ -49,8 +49,9 @@ def variant_config(label: str) -> mpc.PlannerConfig:
 
 
 def under_soft_law(p: PhysicalParameters) -> PhysicalParameters:
-    """``p``'s values on its robot under the soft ground law (its solref, solimp, friction)."""
-    robot = p.robot.replace(contact=dataclasses.replace(p.robot.contact, law="soft"))
+    """``p``'s values on its robot under the soft ground law (its solref, solimp, friction):
+    the robot the online identifier's ``soft_contact`` option builds."""
+    robot = structure_robot(p.robot, ("soft_contact",))
     keep = PhysicalParameters(robot).as_dict()
     return PhysicalParameters(robot, values={k: v for k, v in p.as_dict().items() if k in keep})
 

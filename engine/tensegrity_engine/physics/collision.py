@@ -116,7 +116,6 @@ def rods_overlapping(robot, states) -> np.ndarray:
     """[...] whether any two rods' capsules overlap in each of ``states`` [..., R, 13] (numpy
     or torch): where the engine's and MuJoCo's rod-rod contact models part by design, and
     what makes data of a robot "without contact" (held in the air) contact data after all."""
-
     states = torch.as_tensor(np.asarray(states))
     if robot.num_rods < 2:
         return np.zeros(states.shape[:-2], dtype=bool)
