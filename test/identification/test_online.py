@@ -364,16 +364,16 @@ def test_uncertainty_of_the_same_values_on_the_same_data_is_estimated_once(three
 class _StructureTrainer(_ScriptedTrainer):
     """A scripted fit that ends at the stiffness its structure reaches (the stand-in truth
     is 3000): the base at 2500; with a winch limit 2520 (a 4 % lower held-out loss, under
-    the 5 % an added option must bring); with end-heavy rods 2990; with slack damping it
-    diverges."""
+    the 5 % an added option must bring); with end-heavy rods, or windows started from the
+    config's values, 2990; with slack damping it diverges."""
 
     def __init__(self, robot, config, initial=None):
-        self.learn, self.config = tuple(config.learn), config
+        self.learn, self.config, self.robot = tuple(config.learn), config, robot
         diverges = "cable_slack_damping" in self.learn and "rod_inertia_factor" not in self.learn
         super().__init__(robot, [float("nan")] if diverges else [1.0, 0.9], converges=True)
         if initial is not None:
             self.parameters = PhysicalParameters(robot, initial.as_dict())
-        self.target = (2990.0 if "rod_inertia_factor" in self.learn
+        self.target = (2990.0 if "rod_inertia_factor" in self.learn or config.windows_from == "start"
                        else 2520.0 if "actuator_max_speed" in self.learn else 2500.0)
 
     def train_epoch(self):
@@ -800,6 +800,40 @@ def test_the_soft_law_is_tried_on_the_floor_under_the_penalty_law(three_bar):
     assert structure_key(robot_in_structure(three_bar, key)) == key          # a checkpoint's
     with pytest.raises(ValueError, match="ground law"):
         robot_in_structure(three_bar, (three_bar.integrator, "hertz", None))
+
+
+def test_a_fresh_start_challenger_fits_the_same_model_with_its_windows_from_the_configs_values(three_bar):
+    """`fresh_start`: a challenger of the session's structure and learnt values whose
+    windowed stage starts from the config's values, not from the finite-difference fit; it
+    is not tried when the solver starts there already. Adopted, the session's trainer
+    starts there from then on, after a restart too."""
+    from tensegrity_engine.identification.online_structure import StructureTrials, structure_key
+
+    trials = StructureTrials(("fresh_start",))
+    assert trials.next_option(0, three_bar) == "fresh_start"
+    assert trials.next_option(0, three_bar, windows_from="start") is None
+    assert StructureTrials.config_with(IdentificationConfig(), ("cable_stiffness",), ("fresh_start",)).windows_from == "start"
+    made, session = _structure_sessions(three_bar, _StructureTrainer, ("fresh_start",))
+    s = session()
+    s.add(_batch(three_bar, 0, 91))
+    main = s.trainer
+    s.step()
+    challenger = made[-1]
+    assert s.trials.option == "fresh_start" and challenger is not main
+    assert challenger.config.windows_from == "start" and main.config.windows_from == "finite_difference"
+    assert challenger.learn == main.learn and structure_key(challenger.robot) == structure_key(main.robot)
+    config_k = PhysicalParameters(three_bar).as_dict()["cable_stiffness"][0]
+    assert challenger.parameters.as_dict()["cable_stiffness"][0] == pytest.approx(config_k)
+    while s.training:
+        s.step()
+        if s.finished:
+            s.best_values = s.finish()[1]
+    assert s.trials.adopted == ["fresh_start"] and s.trainer.config.windows_from == "start"
+    assert s.trainer.parameters.as_dict()["cable_stiffness"][0] == pytest.approx(2990.0)
+    assert not s.trials.active and s.trials.next_option(10**6, s.robot, windows_from="start") is None
+    r = session()
+    r.restore(s.checkpoint())
+    assert r.trials.adopted == ["fresh_start"] and r.trainer.config.windows_from == "start"
 
 
 def test_a_value_option_is_not_tried_when_the_solver_learns_its_values_already(three_bar):

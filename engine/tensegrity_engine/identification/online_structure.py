@@ -24,7 +24,7 @@ refused against the structure before), before it is tried again.
 An option adopted before its challenger's end is offered to the caller's gate at once
 (`OnlineIdentification.step` returns its values).
 
-Options of two kinds can be tried online:
+Options of these kinds can be tried online:
 - *value* options add values the parameter message carries (end-heavy rods, slack-cable
   damping, a winch speed limit);
 - *structure* options change how the model is built: its integrator (``implicitfast``,
@@ -37,6 +37,10 @@ Options of two kinds can be tried online:
   replace in that model's (`OnlineIdentification.gate`). At most one integrator, one law and
   one contact dimensionality are adopted, as offline (`structure.select_structure`,
   `structure.select_contact_law`);
+- a *start* option (``fresh_start``) changes neither model nor values: its challenger starts
+  the windowed stage from the config's values rather than from the finite-difference fit
+  (`IdentificationConfig.windows_from`), whose biased velocities can lead the solver into a
+  basin where wrong values compensate each other (the four-bar's payload robot, README);
 - *per-element* options give learnt values one entry per cable (``per_cable``: stiffness and
   damping) or per free rod (``per_rod_mass``). The message carries them as arrays, and the
   gate scores a model of either kind exactly (`acceptance.heldout_scores` reads the split
@@ -67,6 +71,7 @@ class OnlineOption:
     condim: Optional[int] = None       # the soft ground law's contact dimensionality
     per_element: tuple = ()            # learnt values it gives one entry per cable / rod
     law: Optional[str] = None          # the ground contact law (its contact values learnt instead)
+    windows_from: Optional[str] = None  # where the windowed stage starts (`IdentificationConfig.windows_from`)
 
 
 # `structure.OPTIONS` and `structure.SOFT_CONDIMS`, with the same names; ``soft_contact``:
@@ -83,6 +88,7 @@ ONLINE_OPTIONS = {
     "condim_6": OnlineOption(condim=6),
     "per_cable": OnlineOption(per_element=("cable_stiffness", "cable_damping")),
     "per_rod_mass": OnlineOption(per_element=("rod_mass",)),
+    "fresh_start": OnlineOption(windows_from="start"),
 }
 # What a session tries when its caller names nothing: the soft ground law for a robot whose
 # YAML has the penalty law (the schema's default), and nothing for one under the soft law
@@ -192,7 +198,7 @@ def _splits(option: OnlineOption, robot: Optional[RobotConfig], learnt: Sequence
 
 def _kind(option: OnlineOption) -> Optional[str]:
     return ("integrator" if option.integrator else "condim" if option.condim
-            else "law" if option.law else None)
+            else "law" if option.law else "start" if option.windows_from else None)
 
 
 def online_options(names: Sequence[str]) -> tuple[str, ...]:
@@ -231,12 +237,13 @@ class StructureTrials:
 
     def next_option(self, heldout_total: int, robot: Optional[RobotConfig] = None,
                     floor: bool = True, learnt: Sequence[str] = (), split: Sequence[str] = (),
-                    fixed_rods: Sequence[int] = ()) -> Optional[str]:
+                    fixed_rods: Sequence[int] = (), windows_from: str = "finite_difference") -> Optional[str]:
         """The next option worth a challenger: neither adopted nor running, one that changes
         ``robot`` (the session's structure; a contact dimensionality only on the floor under
         the soft law; none of a kind already adopted), that adds a value the solver does
         not learn already (``learnt``) or splits learnt values it does not split already
-        (``split``; over two or more cables, or free rods: not ``fixed_rods``) and, if
+        (``split``; over two or more cables, or free rods: not ``fixed_rods``), that starts
+        the windowed stage elsewhere than the solver does (``windows_from``) and, if
         refused (or failed), refused on at most half of the held-out tuples seen since the
         start."""
         taken = {_kind(ONLINE_OPTIONS[n]) for n in self.adopted} - {None}
@@ -248,7 +255,10 @@ class StructureTrials:
                 continue
             if option.per_element and not _splits(option, robot, learnt, split, fixed_rods):
                 continue
-            if robot is not None and option.learn == () and not option.per_element \
+            if option.windows_from is not None:
+                if option.windows_from == windows_from:
+                    continue
+            elif robot is not None and option.learn == () and not option.per_element \
                     and structure_key(structure_robot(robot, (name,))) == structure_key(robot):
                 continue
             if option.condim is not None and (not floor or (robot is not None and robot.contact.law != "soft")):
@@ -281,9 +291,11 @@ class StructureTrials:
         """``config`` learning ``learn`` with the options ``names``: their values added, and
         their splits of learnt values to the per-element ones it has."""
         learn, split = cls.learn_with(learn, names), list(config.per_element)
+        windows_from = config.windows_from
         for name in names:
             split += [n for n in ONLINE_OPTIONS[name].per_element if n in learn and n not in split]
-        return dataclasses.replace(config, learn=learn, per_element=tuple(split))
+            windows_from = ONLINE_OPTIONS[name].windows_from or windows_from
+        return dataclasses.replace(config, learn=learn, per_element=tuple(split), windows_from=windows_from)
 
     def maybe_start(self, session) -> None:
         """Start a challenger for the next option worth one once the gate can judge it
@@ -302,7 +314,7 @@ class StructureTrials:
         learnt = getattr(main, "learn", ())
         split = tuple(getattr(getattr(main, "config", None), "per_element", ()))
         option = self.next_option(session.heldout_total, session.robot, session.floor, learnt, split,
-                                  session.fixed_rods)
+                                  session.fixed_rods, getattr(getattr(main, "config", None), "windows_from", "finite_difference"))
         values = main.parameters.as_dict() if option is not None else {}
         if option is None or not healthy_values(values):
             return
