@@ -421,11 +421,14 @@ def declare_identification(d) -> dict:
                                "it predicts the held-out blocks better by 2 standard errors and 5 %: end_heavy, "
                                "slack_damping, winch_speed (values), per_cable, per_rod_mass (per-element values), "
                                "implicitfast, rk4 (the integrator), soft_contact (the soft ground law, for a "
-                               "penalty-law robot), condim_3, condim_4, condim_6 (soft ground law); each from the "
+                               "penalty-law robot), condim_3, condim_4, condim_6 (soft ground law), fresh_start (the same "
+                               "model, its windowed stage started from the config's values, not the "
+                               "finite-difference fit); each from the "
                                "config's values, beside the solver; the published message carries the structure "
-                               "(default ['soft_contact']: a penalty-law robot's ground law is chosen by its "
-                               "held-out data, a soft-law robot's structure is kept; ['none'] = the robot YAML's "
-                               "structure)"),
+                               "(default ['soft_contact', 'fresh_start']: a penalty-law robot's ground law is chosen "
+                               "by its held-out data, a soft-law robot's structure is kept, then the windowed "
+                               "stage is tried from the config's values; ['none'] = the robot YAML's "
+                               "structure and the first fit)"),
     }
     out["config"] = declare_solver(d, out["interval"])
     return out

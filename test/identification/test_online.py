@@ -365,7 +365,8 @@ class _StructureTrainer(_ScriptedTrainer):
     """A scripted fit that ends at the stiffness its structure reaches (the stand-in truth
     is 3000): the base at 2500; with a winch limit 2520 (a 4 % lower held-out loss, under
     the 5 % an added option must bring); with end-heavy rods, or windows started from the
-    config's values, 2990; with slack damping it diverges."""
+    config's values, 2990; with slack damping it diverges. Pose-only: it has a windowed stage."""
+    latent = True
 
     def __init__(self, robot, config, initial=None):
         self.learn, self.config, self.robot = tuple(config.learn), config, robot
@@ -809,9 +810,19 @@ def test_a_fresh_start_challenger_fits_the_same_model_with_its_windows_from_the_
     starts there from then on, after a restart too."""
     from tensegrity_engine.identification.online_structure import StructureTrials, structure_key
 
+    import types
+
+    from tensegrity_engine.identification.online_structure import _windows_from
+
     trials = StructureTrials(("fresh_start",))
     assert trials.next_option(0, three_bar) == "fresh_start"
     assert trials.next_option(0, three_bar, windows_from="start") is None
+    assert trials.next_option(0, three_bar, windows_from=None) is None          # no windowed stage
+    pose_only = types.SimpleNamespace(latent=True, config=IdentificationConfig())
+    assert _windows_from(pose_only) == "finite_difference"
+    for config in (IdentificationConfig(schedule="implicit_only"), IdentificationConfig(fine_optimizer="adam")):
+        assert _windows_from(types.SimpleNamespace(latent=True, config=config)) is None
+    assert _windows_from(types.SimpleNamespace(latent=False, config=IdentificationConfig())) is None
     assert StructureTrials.config_with(IdentificationConfig(), ("cable_stiffness",), ("fresh_start",)).windows_from == "start"
     made, session = _structure_sessions(three_bar, _StructureTrainer, ("fresh_start",))
     s = session()

@@ -62,11 +62,12 @@ def test_per_element_is_checked_against_what_is_learnt_in_the_end(superball):
 def test_by_default_a_penalty_law_robot_has_its_ground_law_chosen_by_its_data(superball, three_bar):
     """The node's default structure options give a robot under the penalty law (the schema's
     default) a soft-law challenger once the gate can judge, on the floor only; under the soft
-    law they change nothing; ['none'] keeps the YAML's structure."""
+    law, or off the floor, the first challenger is a fresh start of the windowed stage;
+    ['none'] keeps the YAML's structure."""
     setting = declare_identification(file_declarer({}))
-    assert setting["structure_options"] == ["soft_contact"]
-    for robot, floor, expected in ((three_bar, True, "soft_contact"), (superball, True, None),
-                                   (three_bar, False, None)):
+    assert setting["structure_options"] == ["soft_contact", "fresh_start"]
+    for robot, floor, expected in ((three_bar, True, "soft_contact"), (superball, True, "fresh_start"),
+                                   (three_bar, False, "fresh_start")):
         session = make_session(robot, declare_identification(file_declarer({"floor": floor})), "cpu",
                                log=lambda m: None)
         assert session.trials.next_option(100, session.robot, session.floor) == expected, (robot.name, floor)
@@ -98,5 +99,6 @@ def test_an_option_the_model_cannot_be_fitted_in_is_refused_not_raised(three_bar
     trials.maybe_start(fake)
     assert not trials.active and trials.refused == {"soft_contact": 40}
     assert trials.log[-1][0] == "soft_contact" and "failed to start" in trials.log[-1][1]
-    assert trials.next_option(79, session.robot, True) is None
-    assert trials.next_option(80, session.robot, True) == "soft_contact"
+    # (no fresh start: an implicit-only schedule has no windowed stage)
+    assert trials.next_option(79, session.robot, True, windows_from=None) is None
+    assert trials.next_option(80, session.robot, True, windows_from=None) == "soft_contact"
