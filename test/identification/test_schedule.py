@@ -77,22 +77,27 @@ def test_values_that_improved_the_validation_loss_without_progress_are_still_the
 
 
 def _windows_start(windows_from: str):
-    """The host's values when the windowed stage starts: the solver moves them 1, 2, 3, ...
-    per iteration on finite-difference velocities, the validation loss best at 3."""
+    """(The host's values when the windowed stage starts, the epoch it starts before): the
+    solver moves them 1, 2, 3, ... per iteration on finite-difference velocities, the
+    validation loss best at 3."""
     cfg = IdentificationConfig(schedule="online", windows_from=windows_from)
     host = RecordingHost()
     schedule = ProgressiveSchedule(cfg, full_steps=100, host=host)
     vals = [1.0, 0.9, 0.8] + [0.85] * 20
     for epoch, val in enumerate(vals, start=1):
         schedule.before_epoch()
+        if "window" in host.changes:
+            return host.values, epoch
         host.values = epoch                          # the epoch's step
         schedule.after_lm_iteration(val, step=1.0, epoch=epoch, elapsed=0.0, reduction=0.0)
         if "window" in host.changes:
-            return host.values
+            return host.values, epoch + 1
     raise AssertionError("the finite-difference stage never handed over")
 
 
 def test_the_windowed_stage_starts_from_the_fit_or_from_the_start_values():
-    # the finite-difference fit's best (epoch 3), or the values before the first epoch (0)
-    assert _windows_start("finite_difference") == 3
-    assert _windows_start("start") == 0
+    # the finite-difference fit's best (epoch 3, the stage ending at its patience), or the
+    # values before the first epoch (0), at once: no finite-difference fit to discard
+    values, epoch = _windows_start("finite_difference")
+    assert values == 3 and epoch > 4
+    assert _windows_start("start") == (0, 1)

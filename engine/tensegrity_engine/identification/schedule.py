@@ -120,11 +120,21 @@ class ProgressiveSchedule:
 
     # ------------------------------------------------------------------ decisions
     def before_epoch(self) -> None:
-        """Keep the values the solver starts from (``windows_from: start``)."""
+        """Keep the values the solver starts from (``windows_from: start``). A pose-only
+        Levenberg-Marquardt schedule that starts in its fine phase ("online", "fine_only")
+        then goes straight to its windowed stage: the finite-difference fit it would discard
+        is time lost (a `fresh_start` challenger's, which the held-out gate judged while it
+        had not begun its windows)."""
         if self.start_values is None:
             snap = self.host.snapshot()      # the trainer's: values, and latents under "__" keys (not kept)
             self.start_values = ({k: v for k, v in snap.items() if not k.startswith("__")}
                                  if isinstance(snap, dict) else snap)
+            if (self.config.windows_from == "start" and self.use_lm and self.host.latent
+                    and self.pose_stage == "finite_difference"):
+                before = self.stage_name() + " (skipped: the windows start from the start values)"
+                self.pose_stage = "window"
+                self.host.stage_changed("window")
+                self._log_stage(before, math.inf, 0)
 
     def after_epoch(self, val: float, epoch: int, elapsed: float, progress: bool = True) -> None:
         """Algorithm 1's stage update after an epoch with validation loss ``val``; an epoch
