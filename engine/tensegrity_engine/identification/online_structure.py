@@ -96,10 +96,11 @@ ONLINE_OPTIONS = {
 # MuJoCo's soft contacts in sim2sim. Measured on the four-bar's zoo (9 robots x 2 seeds on the
 # work clock, each law priced: README): the law adopted on 16 of 18 runs, the published
 # model's CoM error 1 s ahead 456 -> 247 mm summed. The fresh start, on top (2026-12-01, the
-# same runs): adopted on 3 of 18, each a basin left (damping +56 / +204 / +7 % -> +13 / +36 /
-# +3 %), within tolerance 5 -> 7 of 18, CoM summed 251 -> 235 mm; on the SUPERball's zoo
-# (7 robots x 2 seeds) 14 of 14 within tolerance either way, CoM 154 -> 150 mm. The held-out
-# gate decides, so a robot the penalty law or the first fit predicts better keeps it.
+# same runs): adopted on 3 of 18, each a basin left (damping +56 / +204 / +1091 % -> +10 /
+# +32 / +169 %), CoM summed 251 -> 238 mm, within tolerance 5 -> 3 of 18 (runs near the line
+# lose the solver's share); on the SUPERball's zoo (7 robots x 2 seeds) 14 of 14 within
+# tolerance either way, CoM 154 -> 142 mm (README). The held-out gate decides, so a robot
+# the penalty law or the first fit predicts better keeps it.
 DEFAULT_STRUCTURE_OPTIONS = ("soft_contact", "fresh_start")
 # As offline selection (`select_structure`: 2 standard errors, 5 % gain).
 STRUCTURE_SIGNIFICANCE = 2.0
