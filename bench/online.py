@@ -340,7 +340,9 @@ def run_session(z, args, seed: int, learn) -> dict:
     gate_com = {"identified": math.nan, "true": math.nan}     # the same on the gate's blocks
     objective = {"identified": math.nan, "true": math.nan}
     if session.heldout and session.trainer is not None:
-        fresh = None if fresh is None else unseen_tuples(session, fresh)      # none (--fresh 0): NaN
+        # from the session's end in sim time (its last epoch overshoots it by a varying
+        # amount): every arm of an A/B is scored on the same tuples
+        fresh = None if fresh is None else unseen_tuples(session, fresh, since_ns=int(round(args.duration * NS)))
         # in the model's structure: a value the model shares gets the mean of the robot's own
         # (a per-cable truth here would be a richer structure: stiff_light's +-20 % spread fits
         # the training windows far better than any shared value, which is no solver's fault)

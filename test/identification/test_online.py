@@ -280,6 +280,14 @@ def test_unseen_tuples_are_scored_like_the_gates_with_every_known_command_as_con
     gate_loss, _ = s.heldout_scores({"cable_stiffness": [2500.0]})        # the gate's own blocks
     assert made[0].calls[-1][1][0] == 2_000_000_000 and gate_loss == pytest.approx(500.0)
     assert all(9_100_000_000 not in c[1] for c in made[0].calls if c[0] in ("set", "extend"))
+    # from a stamp on: the tuples before it give their commands only, so two runs that
+    # stopped at different points of one stream are scored on the same tuples
+    for start in (91, 95):
+        late = unseen_tuples(s, _batch(three_bar, start, 111 - start), since_ns=10_000_000_000)
+        assert late.t0.tolist() == list(range(10_000_000_000, 11_100_000_000, 100_000_000))
+        assert {int(c.t0.min()) for c in seen[-1]} == {0, 2_000_000_000, start * 100_000_000}
+    with pytest.raises(ValueError, match="no tuple"):
+        unseen_tuples(s, _batch(three_bar, 91, 5), since_ns=10_000_000_000)
 
 
 def test_the_gate_never_publishes_a_model_worse_than_the_config_on_todays_data(three_bar):

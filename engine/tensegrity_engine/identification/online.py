@@ -442,11 +442,21 @@ class OnlineIdentification:
             raise
 
 
-def unseen_tuples(s: OnlineIdentification, batch: TupleBatch):
+def unseen_tuples(s: OnlineIdentification, batch: TupleBatch, since_ns: Optional[int] = None):
     """Tuples of ``s``'s stream that neither training nor the gate saw (a bench's fresh data
     after the session stopped), each starting with the actuator state the known commands
-    before it leave; for `OnlineIdentification.heldout_scores`' ``data``."""
-    return s._tuple_set(batch, context=list(s.window) + s.holdout.context())
+    before it leave; for `OnlineIdentification.heldout_scores`' ``data``. ``since_ns``: only
+    the tuples from that stamp on (the earlier ones give their commands), so runs that
+    stopped at different points of one stream are scored on the same tuples."""
+    context = list(s.window) + s.holdout.context()
+    if since_ns is not None:
+        late = batch.t0 >= int(since_ns)
+        if not bool(late.any()):
+            raise ValueError("no tuple from the given stamp on")
+        if not bool(late.all()):
+            context.append(batch.slice(torch.nonzero(~late).flatten()))
+        batch = batch.slice(torch.nonzero(late).flatten())
+    return s._tuple_set(batch, context=context)
 
 
 def session_uncertainty(s: OnlineIdentification, max_tuples: int = 256, at: Optional[dict] = None):
