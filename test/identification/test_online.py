@@ -832,7 +832,7 @@ def test_a_fresh_start_challenger_fits_the_same_model_with_its_windows_from_the_
         assert _windows_from(types.SimpleNamespace(latent=True, config=config)) is None
     assert _windows_from(types.SimpleNamespace(latent=False, config=IdentificationConfig())) is None
     assert StructureTrials.config_with(IdentificationConfig(), ("cable_stiffness",), ("fresh_start",)).windows_from == "start"
-    made, session = _structure_sessions(three_bar, _StructureTrainer, ("fresh_start",))
+    made, session = _structure_sessions(three_bar, _StructureTrainer, ("fresh_start", "end_heavy"))
     s = session()
     s.add(_batch(three_bar, 0, 91))
     main = s.trainer
@@ -849,7 +849,13 @@ def test_a_fresh_start_challenger_fits_the_same_model_with_its_windows_from_the_
             s.best_values = s.finish()[1]
     assert s.trials.adopted == ["fresh_start"] and s.trainer.config.windows_from == "start"
     assert s.trainer.parameters.as_dict()["cable_stiffness"][0] == pytest.approx(2990.0)
-    assert not s.trials.active and s.trials.next_option(10**6, s.robot, windows_from="start") is None
+    # the next option's challenger starts its windows where the adopted fresh start does
+    # (and, at 2990 too, does not pay)
+    end_heavy = [t for t in made if "rod_inertia_factor" in t.learn]
+    assert end_heavy and all(t.config.windows_from == "start" for t in end_heavy)
+    assert [o for o, _ in s.trials.log] == ["fresh_start", "end_heavy"]
+    assert not s.trials.active                          # and the fresh start is not tried again:
+    assert s.trials.next_option(10**6, s.robot, learnt=("rod_inertia_factor",), windows_from="start") is None
     r = session()
     r.restore(s.checkpoint())
     assert r.trials.adopted == ["fresh_start"] and r.trainer.config.windows_from == "start"

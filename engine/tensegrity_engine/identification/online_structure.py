@@ -338,7 +338,9 @@ class StructureTrials:
         # the challenger steps with its robot's integrator once that is not the config's (the
         # config's fine_integrator would override it), else as the session's solver does
         own_step = ONLINE_OPTIONS[option].integrator or robot.integrator != session.config_robot.integrator
+        # the solver's split and windows' start (an adopted fresh start's) carry over
         cfg = dataclasses.replace(config, per_element=split, init="given",
+                                  windows_from=_windows_from(main) or config.windows_from,
                                   fine_integrator=None if own_step else config.fine_integrator,
                                   max_epochs=min(config.max_epochs, CHALLENGER_MAX_EPOCHS),
                                   max_seconds=min(config.max_seconds or math.inf, CHALLENGER_MAX_SECONDS))
