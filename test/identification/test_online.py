@@ -412,6 +412,16 @@ def _structure_sessions(robot, trainer_class, options):
     return made, session
 
 
+def _judging_session(session, robot):
+    """(A session from ``session`` with three held-out blocks after its first step, which
+    starts a challenger beside the solver; the solver)."""
+    s = session()
+    s.add(_batch(robot, 0, 91))
+    main = s.trainer
+    s.step()
+    return s, main
+
+
 def test_structure_options_are_fitted_by_challengers_and_adopted_only_when_they_pay(three_bar):
     made, session = _structure_sessions(three_bar, _StructureTrainer, ("winch_speed", "slack_damping", "end_heavy"))
 
@@ -541,10 +551,7 @@ def test_a_challenger_is_judged_while_it_runs_and_refused_only_at_its_end(three_
     from tensegrity_engine.identification.online_structure import JUDGE_EVERY
 
     made, session = _structure_sessions(three_bar, _LongStructureTrainer, ("winch_speed", "end_heavy"))
-    s = session()
-    s.add(_batch(three_bar, 0, 91))
-    main = s.trainer
-    s.step()
+    s, main = _judging_session(session, three_bar)
     winch = made[-1]
     assert s.trials.option == "winch_speed"
     while s.trials.option == "winch_speed":
@@ -833,10 +840,7 @@ def test_a_fresh_start_challenger_fits_the_same_model_with_its_windows_from_the_
     assert _windows_from(types.SimpleNamespace(latent=False, config=IdentificationConfig())) is None
     assert StructureTrials.config_with(IdentificationConfig(), ("cable_stiffness",), ("fresh_start",)).windows_from == "start"
     made, session = _structure_sessions(three_bar, _StructureTrainer, ("fresh_start", "end_heavy"))
-    s = session()
-    s.add(_batch(three_bar, 0, 91))
-    main = s.trainer
-    s.step()
+    s, main = _judging_session(session, three_bar)
     challenger = made[-1]
     assert s.trials.option == "fresh_start" and challenger is not main
     assert challenger.config.windows_from == "start" and main.config.windows_from == "finite_difference"
