@@ -15,6 +15,8 @@ CONTACT_PARAMS = ("contact_stiffness", "contact_damping", "friction_sliding",
 # under the soft contact law the normal response of the ground and the rod pairs is its solref
 SOFT_CONTACT_PARAMS = SOFT_LAW_PARAMS + ("friction_sliding", "friction_torsional", "friction_rolling")
 SCHEDULES = ("progressive", "implicit_only", "feedforward", "fine_only", "online")
+# schedules that end before a fine stage (so without Levenberg-Marquardt or pose windows)
+COARSE_ONLY_SCHEDULES = ("implicit_only", "feedforward")
 INITS = ("random", "given", "given+random")
 WINDOWS_FROM = ("finite_difference", "start")
 

@@ -55,7 +55,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from tensegrity_engine.identification.config import CONTACT_PARAMS, IdentificationConfig, contact_params
+from tensegrity_engine.identification.config import (COARSE_ONLY_SCHEDULES, CONTACT_PARAMS, IdentificationConfig,
+                                                     contact_params)
 from tensegrity_engine.physics.config import MODEL_INTEGRATORS, RobotConfig
 from tensegrity_engine.physics.params import SOFT_LAW_PARAMS, SPEC_BY_NAME, PhysicalParameters
 
@@ -210,7 +211,7 @@ def _windows_from(trainer) -> Optional[str]:
     a schedule without Levenberg-Marquardt or without a fine stage)."""
     config = getattr(trainer, "config", None)
     if (config is None or not getattr(trainer, "latent", False) or config.fine_optimizer != "lm"
-            or config.schedule in ("implicit_only", "feedforward")):
+            or config.schedule in COARSE_ONLY_SCHEDULES):
         return None
     return config.windows_from
 
@@ -328,8 +329,9 @@ class StructureTrials:
             return
         learnt = getattr(main, "learn", ())
         split = tuple(getattr(getattr(main, "config", None), "per_element", ()))
+        windows_from = _windows_from(main)
         option = self.next_option(session.heldout_total, session.robot, session.floor, learnt, split,
-                                  session.fixed_rods, _windows_from(main))
+                                  session.fixed_rods, windows_from)
         values = main.parameters.as_dict() if option is not None else {}
         if option is None or not healthy_values(values):
             return
@@ -340,7 +342,7 @@ class StructureTrials:
         own_step = ONLINE_OPTIONS[option].integrator or robot.integrator != session.config_robot.integrator
         # the solver's split and windows' start (an adopted fresh start's) carry over
         cfg = dataclasses.replace(config, per_element=split, init="given",
-                                  windows_from=_windows_from(main) or config.windows_from,
+                                  windows_from=windows_from or config.windows_from,
                                   fine_integrator=None if own_step else config.fine_integrator,
                                   max_epochs=min(config.max_epochs, CHALLENGER_MAX_EPOCHS),
                                   max_seconds=min(config.max_seconds or math.inf, CHALLENGER_MAX_SECONDS))

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
-from tensegrity_engine.identification.config import IdentificationConfig
+from tensegrity_engine.identification.config import COARSE_ONLY_SCHEDULES, IdentificationConfig
 
 
 class ScheduleHost(Protocol):
@@ -229,7 +229,7 @@ class ProgressiveSchedule:
         100 ms SUPERball gains energy, velocities 200 m/s), and its time constant is held at
         two coarse steps (MuJoCo's refsafe), so nothing learns it there. The schedules that
         are nothing but coarse stages (the paper's ablations) are refused."""
-        if self.config.schedule in ("implicit_only", "feedforward"):
+        if self.config.schedule in COARSE_ONLY_SCHEDULES:
             raise ValueError(f"schedule {self.config.schedule!r} runs only implicit steps of up to T, which this "
                              f"model cannot take ({why}); use the penalty contact law (contact.law: penalty)")
         if self.phase == "coarse":
