@@ -269,6 +269,7 @@ def run_session(z, args, seed: int, learn) -> dict:
     trace = []                        # (sim time, published values, sigma) per publication
     candidate_trace = []              # (sim time, the trainer's values) per epoch
     published, sigma, spread, full, shift, undetermined, at_bound, reverts = None, None, None, None, None, (), (), 0
+    converged_at = []                 # sim times at which the solver ended by its convergence test
     while clock < args.duration:
         while i_event < len(events) and events[i_event][0] <= clock * NS:
             feed(aligner, events[i_event])
@@ -286,7 +287,8 @@ def run_session(z, args, seed: int, learn) -> dict:
             if args.verbose:
                 m = session.last_metrics
                 _line(f"    t={clock:5.1f}s epoch {m.get('epoch')} {m.get('stage')} loss {m.get('val_loss', 0):.3e} "
-                      f"{m.get('seconds', 0):.2f}s {session.trainer.format_parameters()}")
+                      f"{m.get('seconds', 0):.2f}s settled {m.get('settled_sigmas') or math.nan:.3g} sigma "
+                      f"{session.trainer.format_parameters()}")
             candidate_trace.append((clock, session.trainer.parameters.as_dict()))
             if improved is not None:
                 pacing.offer(improved)
@@ -294,6 +296,8 @@ def run_session(z, args, seed: int, learn) -> dict:
             pacing.drop()
             pacing.offer(session.finish())
             finished = True
+            if session.status == "converged":        # the solver's convergence test passed
+                converged_at.append(clock)
         judged = pacing.gate(lambda candidate: session.gate(candidate[1]), force=finished)
         improved = None
         if judged is not None:
@@ -381,6 +385,7 @@ def run_session(z, args, seed: int, learn) -> dict:
             "relative_spread": None if spread is None else {n: spread[n] / abs(np.mean(final[n])) for n in reported},
             "within_tol_from": within, "tol": tol, "publications": len(trace), "reverts": reverts,
             "epochs": session.epochs, "status": session.status, "tuples": session.window_len,
+            "converged_at": converged_at,
             "structure": list(session.trials.adopted), "structure_log": list(session.trials.log),
             "published_structure": list(structure_key(session.incumbent_robot))}
 
@@ -523,7 +528,9 @@ def main(argv=None) -> int:
                   f"{1e3 * r['gate_com_1s']['true']:.1f}); "
                   f"training objective identified "
                   f"{r['training_objective']['identified']:.4f} / true learnt {r['training_objective']['true']:.4f}; "
-                  f"{r['publications']} publications ({r['reverts']} to the config), {r['epochs']} epochs, {r['status']}; "
+                  f"{r['publications']} publications ({r['reverts']} to the config), {r['epochs']} epochs, {r['status']}, solver converged "
+                  f"{len(r['converged_at'])} times (first at "
+                  f"{'-' if not r['converged_at'] else round(r['converged_at'][0], 1)} s); "
                   f"identification {r['compute']['wall']:.0f} s wall, {r['compute']['work']:.0f} s of reference work"
                   + (f", structure {'+'.join(r['structure']) or 'base'}, published in "
                      f"{'/'.join(str(k) for k in r['published_structure'] if k is not None)} (tried: "

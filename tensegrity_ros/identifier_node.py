@@ -507,6 +507,9 @@ def declare_solver(d, period: float):
     windows_from = d("windows_from", defaults.windows_from, "pose-only: the windowed Levenberg-Marquardt "
                      "starts from the finite-difference stage's fit or from the start values",
                      choices=WINDOWS_FROM)
+    lm_settle_sigmas = d("lm_settle_sigmas", defaults.lm_settle_sigmas, "pose-only: the windowed "
+                         "Levenberg-Marquardt has converged once its last lm_patience steps moved every value "
+                         "by at most this many of its 1-sigma (0: off)", range=(0.0, 100.0))
     lr0 = d("lr0", 0.1, "initial learning rate", range=(1e-6, 10.0))
     lr_min = d("lr_min", 1e-3, "stop when the learning rate falls below this", range=(1e-9, 10.0))
     patience = d("patience", 2, "non-improving epochs before a stage change", range=(1, 1000))
@@ -525,7 +528,7 @@ def declare_solver(d, period: float):
         lr0=lr0, lr_min=lr_min, patience=patience, batch_size=batch, epoch_tuples=epoch_tuples or None,
         max_epochs=max_epochs, max_seconds=max_seconds or None, init=init, seed=seed, lm_windows=lm_windows,
         pose_window=pose_window, gyro_weight=gyro_weight, motor_settle=motor_settle, windows_from=windows_from,
-        per_element=tuple(n for n in per_element if n != "none"))
+        lm_settle_sigmas=lm_settle_sigmas, per_element=tuple(n for n in per_element if n != "none"))
 
 
 def export_mjcf(node, response):

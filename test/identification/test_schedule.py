@@ -1,4 +1,6 @@
 """Algorithm 1's stage decisions, on a host that records what the schedule asks of it."""
+import pytest
+
 from tensegrity_engine.identification import IdentificationConfig
 from tensegrity_engine.identification.schedule import ProgressiveSchedule
 
@@ -101,3 +103,29 @@ def test_the_windowed_stage_starts_from_the_fit_or_from_the_start_values():
     values, epoch = _windows_start("finite_difference")
     assert values == 3 and epoch > 4
     assert _windows_start("start") == (0, 1)
+
+
+def test_values_settled_within_their_sigma_end_the_windowed_stage_as_converged():
+    # the objective still falls 5 % per iteration (its latents improving): only the values'
+    # path in sigmas can end the stage, and only at or below lm_settle_sigmas
+    from tensegrity_engine.identification.schedule import SETTLED
+
+    def run(settled, settle=0.25):
+        cfg = IdentificationConfig(schedule="online", windows_from="start", lm_settle_sigmas=settle)
+        schedule = ProgressiveSchedule(cfg, full_steps=100, host=RecordingHost())
+        schedule.before_epoch()                    # straight to the windows
+        assert schedule.windows
+        for epoch, s in enumerate(settled, start=1):
+            schedule.after_lm_iteration(0.95 ** epoch, step=1.0, epoch=epoch, elapsed=0.0, reduction=0.05,
+                                        settled=s)
+            if schedule.done:
+                return epoch, schedule
+        return None, schedule
+
+    at, schedule = run([float("inf")] * 4 + [0.6, 0.3, 0.2, 0.1])
+    assert at == 7 and schedule.stop_reason == SETTLED and schedule.converged
+    assert run([float("inf")] * 4 + [0.26] * 10)[0] is None
+    assert run([None] * 10)[0] is None                 # a solver that does not measure it
+    assert run([0.1] * 10, settle=0.0)[0] is None      # off
+    with pytest.raises(ValueError, match="lm_settle_sigmas"):
+        IdentificationConfig(lm_settle_sigmas=-1.0)

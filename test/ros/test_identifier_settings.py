@@ -102,3 +102,16 @@ def test_an_option_the_model_cannot_be_fitted_in_is_refused_not_raised(three_bar
     # (no fresh start: an implicit-only schedule has no windowed stage)
     assert trials.next_option(79, session.robot, True, windows_from=None) is None
     assert trials.next_option(80, session.robot, True, windows_from=None) == "soft_contact"
+
+
+def test_the_settle_test_reaches_the_solver_and_a_bad_value_is_refused(superball):
+    """lm_settle_sigmas (the windowed solver's convergence in its values' sigma) is the
+    engine's default unless set, set reaches the session's trainer config, and a negative
+    value is a start-up error naming it."""
+    from tensegrity_engine.identification import IdentificationConfig
+
+    assert declare_identification(file_declarer({}))["config"].lm_settle_sigmas == IdentificationConfig().lm_settle_sigmas
+    setting = declare_identification(file_declarer({"lm_settle_sigmas": 0.0}))
+    assert make_session(superball, setting, "cpu", log=lambda m: None).config.lm_settle_sigmas == 0.0
+    with pytest.raises(ConfigurationError, match="lm_settle_sigmas"):
+        declare_identification(file_declarer({"lm_settle_sigmas": -0.5}))

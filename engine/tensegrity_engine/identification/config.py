@@ -128,6 +128,9 @@ class IdentificationConfig:
     lm_patience: int = 4                # non-improving LM iterations before the fine stage ends
     lm_tol: float = 1e-24               # normalised val loss at which LM stops (exact data: round-off)
     lm_step_tol: float = 1e-8           # LM stops when an accepted step moves no raw parameter more
+    # pose-only windows: LM has converged when its last lm_patience accepted steps moved every
+    # value by at most this many of its 1-sigma (0: off; the objective's tests alone)
+    lm_settle_sigmas: float = 0.25
     coarse_time_fraction: float = 0.6   # with max_seconds: share of it the implicit phase may use
     normalize_loss: bool = True         # divide the loss by the zero-motion loss of the data
     collision: str = "differentiable"   # ground collision checker: "differentiable" or "mujoco"
@@ -188,6 +191,8 @@ class IdentificationConfig:
             raise ValueError(f"gyro_weight must be finite and >= 0, not {self.gyro_weight}")
         if self.windows_from not in WINDOWS_FROM:
             raise ValueError(f"windows_from must be one of {WINDOWS_FROM}, not {self.windows_from!r}")
+        if not (self.lm_settle_sigmas >= 0.0 and math.isfinite(self.lm_settle_sigmas)):
+            raise ValueError(f"lm_settle_sigmas must be finite and >= 0 (0: off), not {self.lm_settle_sigmas}")
         if not (self.window_refresh == 0.0 or self.window_refresh > 1.0):
             raise ValueError(f"window_refresh must be 0 (off) or > 1, not {self.window_refresh}")
         if self.pose_window < 2 or self.lm_windows < 1:

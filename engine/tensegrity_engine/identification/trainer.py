@@ -292,18 +292,22 @@ class ProgressiveTrainer:
         self.elapsed += seconds
         step = result.pop("step", None)
         reduction = result.pop("reduction", None)       # the tuple LM's own step's progress
+        settled = result.pop("settled_sigmas", None)    # the windowed LM's values' recent path in sigmas
         if result.get("lm_lambda", 0.0) > LM_FREE_LAMBDA:
-            step = math.inf      # a short step under heavy damping is the trust region, not convergence
+            # a short step under heavy damping is the trust region, not convergence
+            step = math.inf
+            settled = None if settled is None else math.inf
         metrics = {"epoch": self.epoch, "loss": result.pop("loss"), "val_loss": result.pop("val_loss"),
                    "stage": self.phase, "integrator": self.integrator, "dt": self.dt, "lr": self.lr,
                    "tuples": result.pop("tuples"), "seconds": seconds, "diverged": result.pop("diverged"),
-                   "params": self.params.as_dict(), "reduction": reduction, **result}
+                   "params": self.params.as_dict(), "reduction": reduction, "settled_sigmas": settled, **result}
         self.history.append(metrics)
         self.epoch += 1
         if lm:
             # its own progress counts online only, where its validation tuples grow
             self.schedule.after_lm_iteration(metrics["val_loss"], step, self.epoch, self.elapsed,
-                                             reduction if self.config.schedule == "online" else None)
+                                             reduction if self.config.schedule == "online" else None,
+                                             settled=settled)
         else:
             self.schedule.after_epoch(metrics["val_loss"], self.epoch, self.elapsed)
         metrics["next_stage"] = self.phase
@@ -333,6 +337,7 @@ class ProgressiveTrainer:
             raise RuntimeError(f"only the 'online' schedule resumes after its end, not {self.config.schedule!r}")
         self.schedule.reopen(self.epoch, why)
         self.window_lm.lm_lambda = self.tuple_lm.lm_lambda = 1e-3      # new data: a fresh trust region
+        self.window_lm.settled.clear()                                # new data: a new problem
         if self.window_lm.stale:
             self.window_lm.setup(self)
 

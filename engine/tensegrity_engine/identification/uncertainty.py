@@ -47,10 +47,11 @@ from tensegrity_engine.identification.solvers.levenberg_marquardt import (bounde
                                                                           residual_jacobian, set_raw_vector,
                                                                           tuple_rows)
 from tensegrity_engine.identification.scale import SCALE_GROUP
+from tensegrity_engine.identification.solvers.covariance import (MIN_JACKKNIFE_GROUPS, SINGULAR,  # noqa: F401
+                                                                element_variance, jackknife_variance)
 from tensegrity_engine.identification.solvers.windows import WindowLevenbergMarquardt, score_groups
 from tensegrity_engine.physics.params import SPEC_BY_NAME, PhysicalParameters
 
-SINGULAR = 1e-8        # relative eigenvalue below which a direction counts as unconstrained
 # A value whose position in its range (sigmoid of its raw value) is within this of 0 or 1 is
 # pinned at a bound: 0.6 % of a range of 500x on a log scale.
 AT_BOUND = 1e-3
@@ -59,12 +60,6 @@ AT_BOUND = 1e-3
 HORIZON_FACTOR = 2
 HORIZON_WINDOWS = 64
 MIN_WARM = 8
-# The cluster jackknife's variance of each value needs groups, not more groups than values
-# (the sandwich's meat does): measured on a regression with one offset per group, 2-sigma
-# coverage 92-96 % from 10 groups on, with 5 to 55 values (the plain sigma 29-44 %). A value
-# per cable (57 values) on fewer windows than that published the plain sigma before: K's
-# 0.5 % for a mean 4.8 % off (kitchen_sink, README).
-MIN_JACKKNIFE_GROUPS = 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,50 +207,31 @@ def normal_matrix_uncertainty(params: PhysicalParameters, names, H: torch.Tensor
     jackknife replaces the sandwich (`jackknife_variance`, from `MIN_JACKKNIFE_GROUPS` groups
     on): a group that dominates H is fitted nearly exactly, so its score is small and the
     sandwich cannot see it (measured online: sigma 0.3 % for a damping 11.9 % off)."""
-    H = H.detach().double().cpu()
     P = H.shape[0]
     s2 = rss / max(dof, 1)
-    scale = H.diagonal().clamp(min=0).sqrt()
+    ev = element_variance(H, rss, dof, scores, group_information, singular)
+    scale = H.detach().double().cpu().diagonal().clamp(min=0).sqrt() if ev is None else ev.scale
     alive = scale > 0
     var = torch.full((P,), math.inf, dtype=torch.float64)
     corr = torch.full((P, P), math.nan, dtype=torch.float64)
     spread_var = None
     weak_directions = []
     labels = element_labels(params, names)
-    if bool(alive.any()):
-        d = scale[alive]
-        Hs = H[alive][:, alive] / (d[:, None] * d[None, :])
-        lam, V = torch.linalg.eigh(Hs)
-        floor = singular * float(lam.max().clamp(min=1e-300))
+    if ev is not None:
+        lam, V, floor, inv = ev.lam, ev.V, ev.floor, ev.inv
         weak = lam <= floor
-        # every direction counts, the unconstrained ones at the floor's curvature: a value
-        # with a small share in a near-null direction is still that uncertain (leaving such
-        # directions out printed sigma 0.00 % for a value 5 % off)
-        inv = (V / lam.clamp(min=floor)) @ V.T
         weak_var = (V[:, weak] ** 2 / floor).sum(-1)
         strong_var = (V[:, ~weak] ** 2 / lam[~weak]).sum(-1)
         determined = weak_var <= strong_var
         alive_labels = [lab for lab, a in zip(labels, alive.tolist()) if a]
         for v in V[:, weak].T:
             weak_directions.append({lab: float(c) for lab, c in zip(alive_labels, v.tolist()) if abs(c) > 1e-3})
-        model_var = inv.diagonal() * s2 / d ** 2
-        total_var = model_var
-        enough = scores is not None and (scores.shape[0] >= MIN_JACKKNIFE_GROUPS if group_information is not None
-                                         else scores.shape[0] > len(d))
-        if enough:
-            G = scores.detach().double().cpu()[:, alive] / d
-            groups = G.shape[0]
-            if group_information is not None:
-                HG = group_information.detach().double().cpu()[:, alive][:, :, alive] / (d[:, None] * d[None, :])
-                robust = jackknife_variance(Hs, HG, G, floor).diagonal() / d ** 2
-            else:
-                meat = G.T @ G * (groups / (groups - 1))           # CR1's small-sample factor
-                robust = (inv @ meat @ inv).diagonal() / d ** 2
-            total_var = torch.maximum(model_var, robust)
+        model_var, total_var = ev.model, ev.total
+        if ev.robust is not None:
             # random effects: the groups' own values scatter by tau^2 = G (robust - model)
             # about their mean, which is itself uncertain by total_var
             spread_var = torch.full((P,), math.inf, dtype=torch.float64)
-            spread_var[alive] = torch.where(determined, total_var + groups * (robust - model_var).clamp(min=0),
+            spread_var[alive] = torch.where(determined, total_var + ev.groups * (ev.robust - model_var).clamp(min=0),
                                             torch.full_like(model_var, math.inf))
         var[alive] = torch.where(determined, total_var, torch.full_like(total_var, math.inf))
         # correlation of the estimate (scales cancel; the reparameterisation's slopes are
@@ -317,21 +293,6 @@ def element_labels(params: PhysicalParameters, names) -> list[str]:
         k = getattr(params, name).numel()
         out += [name] if k == 1 else [f"{name}[{j}]" for j in range(k)]
     return out
-
-
-def jackknife_variance(H: torch.Tensor, HG: torch.Tensor, G: torch.Tensor, floor: float) -> torch.Tensor:
-    """[P, P] delete-one-group jackknife covariance of a Gauss-Newton estimate (CR3): leaving
-    group g out moves the estimate by one Newton step, (H - H_g)^-1 g_g (the others' gradient
-    at the estimate is -g_g), and the covariance is (G-1)/G times the scatter of those moves.
-    Directions the other groups leave unconstrained are inverted at ``floor`` (the full
-    matrix's), so a value that only one group determines gets that floor's large variance
-    instead of the near-zero one the sandwich gives its nearly exactly fitted group."""
-    lam, V = torch.linalg.eigh(H[None] - HG)
-    moves = V @ ((V.transpose(1, 2) @ G[..., None]) / lam.clamp(min=floor)[..., None])
-    moves = moves[..., 0]
-    centred = moves - moves.mean(0)
-    groups = G.shape[0]
-    return centred.T @ centred * ((groups - 1) / groups)
 
 
 @torch.no_grad()

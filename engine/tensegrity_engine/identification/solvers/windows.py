@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from tensegrity_engine.identification.solvers.chaining import chain_latents
+from tensegrity_engine.identification.solvers.covariance import SettledValues, raw_sigmas
 from tensegrity_engine.identification.solvers.levenberg_marquardt import (JUMP_RATIO, boxed_step, jacobian_mode,
                                                                           one_sided_jacobian, parameter_jacobian,
                                                                           raw_vector, set_raw_vector)
@@ -282,6 +283,7 @@ class WindowLevenbergMarquardt:
         self.jac_age: Optional[torch.Tensor] = None      # iterations since each was computed
         self.chained = 0                                 # new windows' latents taken from their predecessor
         self.drawn_from = 0                              # training tuples when the windows were drawn
+        self.settled = SettledValues()                   # the values' path on this problem
 
     def reset(self) -> None:
         """New data (tuple indices changed): the windows are drawn again at the next epoch."""
@@ -337,6 +339,7 @@ class WindowLevenbergMarquardt:
             vel = self._chained(run, windows, vel, fresh)
         first = self.windows is None
         self.windows, self.window_vel, self.stale = windows, vel, False
+        self.settled.clear()                             # a new problem: its own convergence
         self.drawn_from = len(run.train)
         self.latent_jac, self.jac_age = jac, age
         self._set_latent_cols(run)
@@ -478,6 +481,7 @@ class WindowLevenbergMarquardt:
                     if math.isfinite(f) and f < f0:
                         accepted = True
                         step = float(delta.abs().max())
+                        self.settled.add(theta)
                         self.window_vel = vel_new
                         self.lm_lambda = max(self.lm_lambda / 3.0, 1e-12)
                         break
@@ -486,8 +490,10 @@ class WindowLevenbergMarquardt:
                 f = f0
                 set_raw_vector(run.params, run.learn, theta0)
         val = f if math.isfinite(f) else math.inf
+        settled = (self.settled.span(self.config.lm_patience, lambda: raw_sigmas(reduced_information(A, B, r0)))
+                   if accepted else math.inf)       # the values' path in their sigma at the iteration's start
         return {"loss": f, "val_loss": val, "tuples": len(windows), "diverged": diverged,
-                "lm_lambda": self.lm_lambda, "lm_accepted": accepted, "step": step}
+                "lm_lambda": self.lm_lambda, "lm_accepted": accepted, "step": step, "settled_sigmas": settled}
 
     @torch.no_grad()
     def _trial_latents(self, run, theta, normal, vel_old, vel_joint):
