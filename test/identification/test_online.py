@@ -530,6 +530,34 @@ def test_a_challenger_takes_one_epoch_in_its_share_and_is_refused_when_it_trails
     assert s.trials.refused == {"slack_damping": 30} and s.trainer is main
 
 
+class _TrailingBesideAWaitingSolver(_TrailingStructureTrainer):
+    """The same trailing challenger; the base ends after 2 epochs and waits for new data."""
+    base_epochs = 2
+
+
+def test_a_challenger_is_refused_as_futile_only_while_it_takes_the_solvers_epochs(three_bar):
+    """Trailing looks count toward futility only while the solver trains beside the
+    challenger; once the solver has converged and waits for new data, the challenger costs
+    it nothing and runs to its end (refused there, by the stricter test, as it trails)."""
+    from tensegrity_engine.identification.online_structure import FUTILE_LOOKS, JUDGE_EVERY
+
+    made, session = _structure_sessions(three_bar, _TrailingBesideAWaitingSolver, ("slack_damping",))
+    s = session()
+    s.add(_batch(three_bar, 0, 91))
+    s.step()                                                # the solver's first epoch starts the challenger
+    slack = made[-1]
+    assert s.trials.option == "slack_damping"
+    while s.trials.active:
+        if s.finished:
+            s.finish()                                      # the solver converged: it waits
+        else:
+            s.step()
+    option, verdict = s.trials.log[0]
+    assert option == "slack_damping" and not verdict.startswith("futile")
+    assert slack.done and slack.epoch == _TrailingBesideAWaitingSolver.option_epochs > (2 + FUTILE_LOOKS) * JUDGE_EVERY
+    assert s.trials.refused == {"slack_damping": 30}
+
+
 def test_what_counts_as_trailing():
     """The point estimate above the compared model's counts, also behind the base fit's
     prefix; not significantly better, a farther CoM with a lower loss, or beating the

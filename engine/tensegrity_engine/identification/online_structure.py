@@ -126,6 +126,9 @@ CHALLENGER_SHARE = 2
 # (its point estimate, not its significance) is refused then: an option that changes nothing
 # (the twin's own integrator's neighbour) or explains nothing would otherwise hold the solver's
 # share for its whole budget. A refused option is tried again on twice the held-out data.
+# Only looks taken while the solver trains beside it count: while the solver waits for new
+# data (converged) the challenger costs it nothing, and one that refits from the config's
+# values (`fresh_start`) trails by construction at its first looks.
 FUTILE_LOOKS = 3
 _NOT_BETTER = "no better than the base fit"     # `_verdict`'s prefix when the base fit wins
 
@@ -386,7 +389,10 @@ class StructureTrials:
             reason, interim = f"failed ({exc})", False
         adopted = reason == "better"
         if interim and not adopted:
-            self.trailing = self.trailing + 1 if _trails(reason) else 0
+            if not _trails(reason):
+                self.trailing = 0
+            elif not session.converged:     # only one that takes the solver's epochs is futile
+                self.trailing += 1
             session.log(f"structure: {option} after {self.challenger_epochs} epochs: {reason}")
             if self.trailing < FUTILE_LOOKS:
                 return None
