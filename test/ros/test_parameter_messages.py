@@ -261,6 +261,16 @@ def test_a_refused_fit_that_is_the_published_model_again_is_done(three_bar):
     assert config_in_use.tie_verdict == "nothing published yet"
     assert not ties_published(node(sigma_c=0.2 * c), tie, fit(0.0, 0.0), published)   # not determined yet
     assert not ties_published(node(undetermined=("cable_damping",)), tie, fit(0.0, 0.0), published)
+    # the sigma is the converged fit's, not the published values' (an earlier candidate's,
+    # which carries their distance to the current optimum)
+    at_fit = node()
+    narrow, broad = at_fit.session.uncertainty(64, published), node(sigma_k=0.3 * k).session.uncertainty(64, published)
+    fitted = fit(0.01, 0.0)
+    at_fit.session.uncertainty = lambda max_tuples, at: narrow if at is fitted else broad
+    assert ties_published(at_fit, tie, fitted, published)
+    at_fit.session.uncertainty = lambda max_tuples, at: broad if at is fitted else narrow
+    assert not ties_published(at_fit, tie, fitted, published)
+    assert at_fit.tie_verdict.startswith("cable_stiffness's 1-sigma 29.7 % of the fitted value")
     # a winch limit (sigma one-sided: here inf) does not stand in the way; the others still do
     limited = node()
     limited.trainer.learn += ("actuator_max_speed",)
