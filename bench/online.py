@@ -287,7 +287,7 @@ def run_session(z, args, seed: int, learn) -> dict:
             if args.verbose:
                 m = session.last_metrics
                 _line(f"    t={clock:5.1f}s epoch {m.get('epoch')} {m.get('stage')} loss {m.get('val_loss', 0):.3e} "
-                      f"{m.get('seconds', 0):.2f}s settled {m.get('settled_sigmas') or math.nan:.3g} sigma "
+                      f"{m.get('seconds', 0):.2f}s settled {math.nan if m.get('settled_sigmas') is None else m['settled_sigmas']:.3g} sigma "
                       f"{session.trainer.format_parameters()}")
             candidate_trace.append((clock, session.trainer.parameters.as_dict()))
             if improved is not None:
