@@ -39,7 +39,10 @@ their 1-sigma (the spread, and what the node publishes: the spread and the horiz
 values stay within 5 % (10 % with noise), the session's state. Then the medians over seeds
 and the 2-sigma coverage. Targets (printed, never asserted): K, c, m, tau within 5 %
 noise-free / 10 % noisy within 60 s, median over >= 5 seeds; truth within 2 sigma in
->= 90 % of cases.
+>= 90 % of cases. Then the contact: the published sliding friction and, where the model
+is under the soft law, its time constant and damping ratio against the robot's MuJoCo
+contact (`ZooRobot.true_contact`), beside the config's, with the published 2-sigma's
+coverage.
 """
 from __future__ import annotations
 
@@ -77,6 +80,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from zoo import kicked_com_gaps, machine  # noqa: E402  (bench/zoo.py: the same machine line and chaos floor)
 
 TARGETS = ("cable_stiffness", "cable_damping", "rod_mass", "actuator_time_constant")
+# the contact values with a MuJoCo counterpart (`ZooRobot.true_contact`)
+CONTACT_TARGETS = ("friction_sliding", "contact_time_constant", "contact_damping_ratio")
 # Floor data: the cables, the motor, the rods' inertia and the contact, as the identifier
 # node's robot.yaml. The rods' inertia factor (end-heavy rods: motors and batteries at the
 # ends) is learnt since 2026-11-28: seeds 0-2, held-out CoM error 1 s ahead without -> with
@@ -370,9 +375,16 @@ def run_session(z, args, seed: int, learn) -> dict:
         ok = all(abs(e) <= tol for e in relative_errors(values, truth, reported).values())
         within = (within if within is not None else t) if ok else None
     cand = relative_errors(candidate_trace[-1][1], truth, reported) if candidate_trace else {}
-    def within_2(s: Optional[dict]) -> dict:
+    def within_2(s: Optional[dict], names=reported, true=truth) -> dict:
         return {n: (s is not None and math.isfinite(s.get(n, math.inf))
-                    and abs(np.mean(final[n]) - np.mean(truth[n])) <= 2 * s[n]) for n in reported}
+                    and abs(np.mean(final[n]) - np.mean(true[n])) <= 2 * s[n]) for n in names}
+    # the contact values the published model learnt (a penalty model's time constant and
+    # damping ratio are the config's, and not the ones it uses)
+    contact_truth = z.true_contact()
+    contact_names = [n for n in CONTACT_TARGETS if published is not None and n in (sigma or {})]
+    contact = {"names": contact_names, "error": relative_errors(final, contact_truth, contact_names),
+               "nominal_error": relative_errors(nominal, contact_truth, contact_names),
+               "covered_published": within_2(full, contact_names, contact_truth)}
     return {"robot": z.name, "seed": seed, "compute": dict(worker.spent), "error": err, "candidate_error": cand, "sigma": sigma, "chaos_floor": floor,
             "nominal_error": relative_errors(nominal, truth, reported), "heldout_com_1s": com,
             "gate_com_1s": gate_com, "fresh_seconds": args.fresh,
@@ -387,7 +399,7 @@ def run_session(z, args, seed: int, learn) -> dict:
             "epochs": session.epochs, "status": session.status, "tuples": session.window_len,
             "converged_at": converged_at,
             "structure": list(session.trials.adopted), "structure_log": list(session.trials.log),
-            "published_structure": list(structure_key(session.incumbent_robot))}
+            "published_structure": list(structure_key(session.incumbent_robot)), "contact": contact}
 
 
 def main(argv=None) -> int:
@@ -519,6 +531,10 @@ def main(argv=None) -> int:
                 sig += " (at a bound: " + ", ".join(r["at_bound"]) + ")"
             if "actuator_delay" in learn or args.latency == "declared":
                 errs += " delay {:.1f} ms (true {:.1f})".format(*r["delay_ms"])
+            c = r["contact"]
+            errs += "; contact " + (" ".join(
+                f"{CONTACT_LABEL[n]} {100 * c['error'][n]:+.1f}% (config {100 * c['nominal_error'][n]:+.1f}%"
+                f"{', 2 sigma covers' if c['covered_published'][n] else ''})" for n in c["names"]) or "not learnt")
             _line(f"  {z.name:14s} seed {seed}: {errs};{sig}; within {100 * r['tol']:g}% from "
                   f"{r['within_tol_from'] if r['within_tol_from'] is None else round(r['within_tol_from'], 1)} s; "
                   f"CoM 1 s ahead on {args.fresh:g} s of fresh data: nominal {1e3 * r['heldout_com_1s']['nominal']:.1f} / identified "
@@ -581,8 +597,37 @@ def main(argv=None) -> int:
         _line(f"2-{label} coverage over all: {100 * np.mean([r[key][n] for r in results for n in reported]):.0f} % "
               f"(target >= 90 %); over the published models: "
               f"{100 * np.mean([r[key][n] for r in published for n in reported]) if published else math.nan:.0f} %")
+    _contact_table(results)
     (out / "results.json").write_text(json.dumps(results, indent=1, default=float))
     return 0
+
+
+CONTACT_LABEL = {"friction_sliding": "friction", "contact_time_constant": "time constant",
+                 "contact_damping_ratio": "damping ratio"}
+
+
+def _contact_table(results: list) -> None:
+    """The contact identified online against the robot's MuJoCo contact: per robot the
+    median |error| of each value over the runs that published it, the config's beside it,
+    and the published 2-sigma's coverage."""
+    _line("")
+    _line("contact identified online vs the robot's MuJoCo contact (its solref, or MuJoCo's default (0.02 s, 1)): "
+          "median |error| identified / config over the runs that published the value (runs), published-2-sigma coverage")
+    _line("| robot | " + " | ".join(CONTACT_LABEL[n] for n in CONTACT_TARGETS) + " | coverage |")
+    _line("|---|" + "---|" * (len(CONTACT_TARGETS) + 1))
+    for name in dict.fromkeys(r["robot"] for r in results):
+        rs = [r["contact"] for r in results if r["robot"] == name]
+        cells = []
+        for n in CONTACT_TARGETS:
+            have = [c for c in rs if n in c["names"]]
+            cells.append("-" if not have else
+                         f"{100 * np.median([abs(c['error'][n]) for c in have]):.1f} / "
+                         f"{100 * np.median([abs(c['nominal_error'][n]) for c in have]):.1f} % ({len(have)})")
+        covered = [v for c in rs for v in c["covered_published"].values()]
+        _line(f"| {name} | " + " | ".join(cells) + f" | {100 * np.mean(covered) if covered else math.nan:.0f} % |")
+    covered = [v for r in results for v in r["contact"]["covered_published"].values()]
+    _line(f"contact: published-2-sigma coverage over all: {100 * np.mean(covered) if covered else math.nan:.0f} % "
+          f"of {len(covered)} values")
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from tensegrity_engine.groundtruth.sensors import SensorModel
 from tensegrity_engine.physics.config import (CONFIG_DIR, ActuatorConfig, ConfigError, RobotConfig, load_robot,
                                              topology_fingerprint)
 
-__all__ = ["ZooRobot", "zoo_names", "zoo_robot", "twin_names", "twin_robot", "ground_truth", "ZOO_FILE",
+__all__ = ["ZooRobot", "MUJOCO_DEFAULT_SOLREF", "zoo_names", "zoo_robot", "twin_names", "twin_robot", "ground_truth", "ZOO_FILE",
            "ZOO_PREFIX", "TWIN_PREFIX"]
 
 ZOO_FILE = CONFIG_DIR / "zoo.yaml"
@@ -36,6 +36,10 @@ TWIN_PREFIX = "twin/"
 SCALED = ("cable_stiffness", "cable_damping", "rod_mass", "actuator_time_constant")
 ENTRY_KEYS = {"description", "scale", "friction_sliding", "cable_spread", "payload", "radius_scale",
               "realisation", "sensing"}
+
+
+# MuJoCo's solref where a model sets none: (time constant s, damping ratio)
+MUJOCO_DEFAULT_SOLREF = (0.02, 1.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +94,18 @@ class ZooRobot:
                 "actuator_gain": np.array([t.actuator.gain]),
                 "actuator_offset": np.array([t.actuator.offset]),
                 "friction_sliding": np.array([t.contact.friction.sliding])}
+
+    def true_contact(self) -> dict[str, np.ndarray]:
+        """The robot's ground contact in the soft law's values (MuJoCo's solref: the
+        realisation's own, else MuJoCo's default) and its sliding friction: what a model
+        under the soft law is compared with. The penalty law's stiffness and damping have no
+        MuJoCo counterpart. Not in `true_values`: a zoo robot's contact is MuJoCo's, which
+        the engine's soft law approximates (its condim, cone and solimp may differ), so a
+        model keeps its fitted contact where true values are scored in it."""
+        solref = self.realisation.contact.solref or MUJOCO_DEFAULT_SOLREF
+        return {"contact_time_constant": np.array([float(solref[0])]),
+                "contact_damping_ratio": np.array([float(solref[1])]),
+                "friction_sliding": np.array([self.truth.contact.friction.sliding])}
 
 
 def _entries(path: Optional[Path], section: str = "robots") -> dict:
