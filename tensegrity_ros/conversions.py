@@ -169,8 +169,9 @@ def params_to_msg(params, robot_name: str, stamp_ns_: int, *, train_loss=float("
                   epoch: int = 0, tuples_used: int = 0, uncertainty=None,
                   heldout_com_error: float = float("nan"), replaced_com_error: float = float("nan")):
     """PhysicalParameters -> IdentifiedParameters (flat names like cable_stiffness[3]);
-    ``uncertainty``: a 1-sigma per flat name (NaN: not identified, inf: undetermined, or a
-    limit such as a winch's top speed that the data never reach)."""
+    ``uncertainty``: a 1-sigma per flat name (NaN: not identified, inf: undetermined, a
+    limit such as a winch's top speed that the data never reach, or every value while one
+    compensates for missing structure: `ParameterUncertainty.compensating`)."""
     from tensegrity_ros_interfaces.msg import IdentifiedParameters
 
     names, values = params.flat()

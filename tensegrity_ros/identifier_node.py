@@ -724,7 +724,8 @@ def published_uncertainty(node, params, values: dict):
         node.diag.count("uncertainty_failed")
         clear_uncertainty_flags(node, "failed")
         return None
-    node.sigma_state = "estimated"
+    node.sigma_state = ("estimated" if not u.compensating else
+                        f"inf: {', '.join(u.compensating)} pinned at a bound, every value compensates")
     node.excite = advice_text(u) if u.undetermined else ""
     if u.undetermined and u.undetermined != node.undetermined:
         node.diag.warn_throttled("undetermined", f"the data does not determine {', '.join(u.undetermined)} yet: "
@@ -732,10 +733,12 @@ def published_uncertainty(node, params, values: dict):
     node.undetermined, node.unreached = u.undetermined, u.unreached
     if u.at_bound and u.at_bound != node.at_bound:
         hints = "".join(f"; {h}" for h in structure_hints(params, u.at_bound))
+        none = ("; every value makes up for it, so they are published with no sigma (inf)" if u.compensating
+                else "")
         node.diag.warn_throttled("at_bound", f"{', '.join(u.at_bound)} pinned at a bound of the model's range: the "
                                  "data asks for values the model does not allow (structure the robot has and the "
                                  "model lacks: `tensegrity-identify identify --structure` on a recording; or a "
-                                 f"bound too tight: identification bounds){hints}")
+                                 f"bound too tight: identification bounds){none}{hints}")
     node.at_bound = u.at_bound
     suspect = u.structure_suspect()
     if suspect and suspect != node.structure_suspect:

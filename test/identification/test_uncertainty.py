@@ -144,6 +144,34 @@ def test_a_value_pinned_at_its_bound_is_reported_and_a_free_one_is_not(superball
     assert gauss_newton_uncertainty(upper, names, J, r).at_bound == ("cable_stiffness",)
 
 
+@pytest.mark.parametrize("name, compensates", [
+    ("actuator_time_constant", True), ("cable_stiffness", True), ("rod_inertia_factor", True),
+    ("contact_damping", False), ("contact_time_constant", False), ("friction_sliding", False),
+    ("actuator_max_speed", False), ("cable_slack_damping", False)])
+def test_a_cable_rod_or_motor_value_pinned_at_its_bound_voids_every_published_sigma(superball, name, compensates):
+    """Pinned at a bound, a cable's, rod's or the motors' value makes every learnt value a
+    compensation for structure the model lacks: what the node publishes is inf for all of
+    them (measured: all 10 such SUPERball runs off by up to 160 / 1270 / 99 %, none of the 35
+    others pinned). Not so for a ground contact value (its bounds include the step's
+    stability limit), a limit (a top speed the robot does not have) or a share whose range
+    is its meaning (the slack damping's 1: damping on slack cables as on taut ones)."""
+    spec = PhysicalParameters(superball).specs[name]
+    names = ("cable_damping", name)
+    params = PhysicalParameters(superball, {name: [spec.upper * 0.9999]})
+    rng = np.random.default_rng(3)
+    J = torch.as_tensor(rng.standard_normal((100, 2)))
+    r = torch.as_tensor(0.01 * rng.standard_normal(100))
+    u = gauss_newton_uncertainty(params, names, J, r)
+    assert u.at_bound == (name,)
+    assert u.compensating == ((name,) if compensates else ())
+    published = u.published()
+    assert set(published) == set(names)
+    assert all(bool(np.isinf(s).all()) == compensates for s in published.values())
+    flat = u.flat(params, structure=True)
+    damping = params.flat()[0].index("cable_damping")
+    assert np.isinf(flat[damping]) == compensates and np.isfinite(u.flat(params)[damping])     # sigma itself kept
+
+
 def test_correlation_of_the_estimate_follows_the_columns(superball):
     """Two nearly parallel Jacobian columns trade off: their estimates are strongly
     negatively correlated (covariance ~ (J'J)^-1); an orthogonal third is uncorrelated."""

@@ -1,6 +1,7 @@
 """IdentifiedParameters from the network: a forged or malformed message never becomes a
 planning model; each rejection names its reason (the controller counts it)."""
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -316,7 +317,9 @@ def test_the_published_sigma_includes_the_groups_scatter_and_convergence_does_no
 
 def test_a_value_pinned_at_its_bound_is_warned_about_once_and_in_the_diagnostics(three_bar):
     """The data pushed a value against its bound: the node says so (a warning naming it and
-    what to do, once while it stays so; the `at_bound` diagnostic) and still publishes its sigma."""
+    what to do, once while it stays so; the `at_bound` diagnostic). A motor's, cable's or
+    rod's value pinned makes every value a compensation: published with no sigma (inf), the
+    `uncertainty` diagnostic saying why; a ground contact value pinned keeps the sigma."""
     from types import SimpleNamespace
 
     from tensegrity_engine.identification.uncertainty import ParameterUncertainty
@@ -328,14 +331,18 @@ def test_a_value_pinned_at_its_bound_is_warned_about_once_and_in_the_diagnostics
     warnings = []
     node = SimpleNamespace(sigma_tuples=64, undetermined=(), at_bound=(), robot=three_bar,
                            diag=SimpleNamespace(count=lambda *a: None, warn_throttled=lambda *a: warnings.append(a)))
-    for at_bound in (("actuator_time_constant",), ("actuator_time_constant",), ()):
+    for at_bound, sigma in ((("actuator_time_constant",), math.inf), (("actuator_time_constant",), math.inf),
+                            ((), 0.001), (("contact_damping",), 0.001)):
         u = ParameterUncertainty(sigma={"actuator_time_constant": np.array([0.001])}, undetermined=(),
                                  residual_sigma=1.0, dof=10, at_bound=at_bound)
         node.session = SimpleNamespace(uncertainty=lambda max_tuples, at: u)
         flat = published_uncertainty(node, params, values)
-        assert flat[names.index("actuator_time_constant")] == pytest.approx(0.001)
+        assert flat[names.index("actuator_time_constant")] == pytest.approx(sigma)
         assert node.at_bound == at_bound
-    assert len(warnings) == 1 and warnings[0][0] == "at_bound"
+        assert node.sigma_state == ("estimated" if sigma < math.inf else
+                                    "inf: actuator_time_constant pinned at a bound, every value compensates")
+    assert len(warnings) == 2 and warnings[0][0] == warnings[1][0] == "at_bound"
+    assert "published with no sigma (inf)" in warnings[0][1] and "no sigma" not in warnings[1][1]
     assert "actuator_time_constant" in warnings[0][1] and "--structure" in warnings[0][1]
     assert "per_element" not in warnings[0][1]             # the config's time constant is inside its range
     # published at its lower bound: the warning says which structure does that
@@ -353,7 +360,7 @@ def test_a_value_pinned_at_its_bound_is_warned_about_once_and_in_the_diagnostics
                              residual_sigma=1.0, dof=10, at_bound=("actuator_time_constant",),
                              sigma_structure={"actuator_time_constant": np.array([0.01])})     # moves with the horizon
     published_uncertainty(node, params, values)
-    assert node.at_bound and node.undetermined and node.structure_suspect and node.sigma_state == "estimated"
+    assert node.at_bound and node.undetermined and node.structure_suspect and node.sigma_state.startswith("inf")
     node.session = SimpleNamespace(uncertainty=lambda max_tuples, at: None)
     assert published_uncertainty(node, params, values) is None
     assert node.at_bound == node.undetermined == node.structure_suspect == () and node.sigma_state == "failed"

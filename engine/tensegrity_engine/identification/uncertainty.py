@@ -18,6 +18,8 @@ so the model lacks structure the robot has, or the bound is too tight. Its sigma
 curvature's there, one-sided in truth (measured: a SUPERball whose cable stiffnesses spread
 +-20 %, fitted with one shared stiffness, drives the actuator's time constant to its 2 ms
 bound, 25 ms true, in either integrator; every time constant up to 17 ms fits within 4 %).
+Where that value is a cable's, a rod's or the motors' (`compensating`), every learnt value
+makes up for the missing structure, and what the node publishes has no finite sigma.
 
 Residuals of one tuple are correlated and model mismatch is not noise, so sigma is a lower
 bound on the real error: trust it to rank parameters and to flag missing excitation.
@@ -46,6 +48,7 @@ from tensegrity_engine.identification.solvers.levenberg_marquardt import (bounde
                                                                           one_sided_jacobian, raw_vector,
                                                                           residual_jacobian, set_raw_vector,
                                                                           tuple_rows)
+from tensegrity_engine.identification.config import CONTACT_PARAMS, SOFT_CONTACT_PARAMS
 from tensegrity_engine.identification.scale import SCALE_GROUP
 from tensegrity_engine.identification.solvers.covariance import (MIN_JACKKNIFE_GROUPS, SINGULAR,  # noqa: F401
                                                                 element_variance, jackknife_variance)
@@ -58,6 +61,9 @@ AT_BOUND = 1e-3
 # `sigma_structure`: the longer windows' length over the solver's (``pose_window``), and at
 # most how many of them (a random subset: the shift is 3-10 values from hundreds of residuals)
 HORIZON_FACTOR = 2
+# Values whose range is their meaning's (a share, 0-1): at an end they may be the robot's own
+# (a robot whose cables damp slack as taut has a share of 1), not beyond what the model allows.
+PHYSICAL_RANGE = ("cable_slack_damping",)
 HORIZON_WINDOWS = 64
 MIN_WARM = 8
 
@@ -109,10 +115,30 @@ class ParameterUncertainty:
         excitation will not reach it more; a limit that binds hard is narrow anyway."""
         return tuple(n for n in names if not SPEC_BY_NAME[n].limit)
 
+    @property
+    def compensating(self) -> tuple:
+        """Learnt values pinned at a bound (`at_bound`) that make every learnt value a
+        compensation: a cable's, rod's or the motors' value, not the ground contact's (its
+        bounds include the step's stability limit, and a fit pinned there was measured right
+        otherwise: the four-bar's end_heavy robot, K / c / tau +4.3 / -4.0 / -0.0 %), not a
+        limit (`ParamSpec.limit`: pinned at its top where the robot has none) nor a share
+        (`PHYSICAL_RANGE`). Measured (`bench/online.py`, SUPERball, 9 robots x 5 seeds,
+        2026-12-02): such a value was pinned on all 10 runs of the two robots whose structure
+        the model lacks (stiff_light's +-20 % cables, kitchen_sink), with K / c / tau up to
+        160 / 1270 / 99 % off and the published 2-sigma covering 7-67 % of them; on none of
+        the 35 other runs, whose 2-sigma covered 98 %."""
+        contact = set(CONTACT_PARAMS) | set(SOFT_CONTACT_PARAMS)
+        return tuple(n for n in self.at_bound
+                     if n not in contact and not SPEC_BY_NAME[n].limit and n not in PHYSICAL_RANGE)
+
     def published(self) -> dict:
         """Learnt name -> the 1-sigma the node publishes: the spread (sigma where there is
-        none), the horizon shift and the solver's remaining step added in quadrature."""
+        none), the horizon shift and the solver's remaining step added in quadrature; inf
+        for every value while a value is `compensating` (no sigma describes a compensation:
+        its error is the missing structure's, not the data's)."""
         base = self.sigma_spread or self.sigma
+        if self.compensating:
+            return {n: np.full(np.shape(s), np.inf) for n, s in base.items()}
         return {n: np.sqrt(np.square(s) + np.square(self.sigma_structure.get(n, 0.0))
                            + np.square(self.sigma_step.get(n, 0.0))) for n, s in base.items()}
 
