@@ -38,9 +38,9 @@ their 1-sigma (the spread, and what the node publishes: the spread and the horiz
 2 of each, the learnt values pinned at a bound of their range, the sim time after which all learnt
 values stay within 5 % (10 % with noise), the session's state. Then the medians over seeds
 and the 2-sigma coverage (the published sigma's over the values it is finite for: it is inf
-for every value while one is compensating, `ParameterUncertainty.compensating`). Targets (printed, never asserted): K, c, m, tau within 5 %
-noise-free / 10 % noisy within 60 s, median over >= 5 seeds; truth within 2 sigma in
->= 90 % of cases. Then the contact: the published sliding friction and, where the model
+for every value while one is compensating, `ParameterUncertainty.compensating`). Targets
+(printed, never asserted): K, c, m, tau within 5 % noise-free / 10 % noisy within 60 s,
+median over >= 5 seeds; truth within 2 sigma in >= 90 % of cases. Then the contact: the published sliding friction and, where the model
 is under the soft law, its time constant and damping ratio against the robot's MuJoCo
 contact (`ZooRobot.true_contact`), beside the config's, with the published 2-sigma's
 coverage.
@@ -607,7 +607,8 @@ def main(argv=None) -> int:
     rate, claimed = _claimed_coverage(results, reported)
     voided = [r for r in results if r["compensating"]]
     _line(f"2-published sigma (spread, horizon shift, remaining step: what the node publishes) coverage over the "
-          f"values it gave a finite sigma: {100 * rate:.0f} % of {claimed} (target >= 90 %); no finite sigma for "
+          f"values it gave a finite sigma: {_percent(rate) + f' of {claimed}' if claimed else 'none'} "
+          f"(target >= 90 %); no finite sigma for "
           f"{len(results) * len(reported) - claimed}, on {len(voided)} runs because a cable, rod or motor value was "
           f"pinned at a bound ({', '.join(sorted({r['robot'] for r in voided})) or 'none'}), whose values were "
           f"covered by 2x the curvature-and-spread sigma on "
@@ -639,7 +640,8 @@ def _contact_table(results: list) -> None:
     and the published 2-sigma's coverage."""
     _line("")
     _line("contact identified online vs the robot's MuJoCo contact (its solref, or MuJoCo's default (0.02 s, 1)): "
-          "median |error| identified / config over the runs that published the value (runs), published-2-sigma coverage")
+          "median |error| identified / config over the runs that published the value (runs), "
+          "published-2-sigma coverage")
     _line("| robot | " + " | ".join(CONTACT_LABEL[n] for n in CONTACT_TARGETS) + " | coverage |")
     _line("|---|" + "---|" * (len(CONTACT_TARGETS) + 1))
     for name in dict.fromkeys(r["robot"] for r in results):
@@ -654,7 +656,8 @@ def _contact_table(results: list) -> None:
         _line(f"| {name} | " + " | ".join(cells) + f" | {_percent(rate)} |")
     contacts = [r["contact"] for r in results]
     rate, claimed = _claimed_coverage(contacts)
-    _line(f"contact: published-2-sigma coverage over the values given a finite sigma: {100 * rate:.0f} % of {claimed}")
+    _line("contact: published-2-sigma coverage over the values given a finite sigma: "
+          + (f"{_percent(rate)} of {claimed}" if claimed else "none"))
 
 
 if __name__ == "__main__":

@@ -27,8 +27,8 @@ from tensegrity_engine.groundtruth.sensors import SensorModel
 from tensegrity_engine.physics.config import (CONFIG_DIR, ActuatorConfig, ConfigError, RobotConfig, load_robot,
                                              topology_fingerprint)
 
-__all__ = ["ZooRobot", "MUJOCO_DEFAULT_SOLREF", "zoo_names", "zoo_robot", "twin_names", "twin_robot", "ground_truth", "ZOO_FILE",
-           "ZOO_PREFIX", "TWIN_PREFIX"]
+__all__ = ["ZooRobot", "MUJOCO_DEFAULT_SOLREF", "zoo_names", "zoo_robot", "twin_names", "twin_robot", "ground_truth",
+           "ZOO_FILE", "ZOO_PREFIX", "TWIN_PREFIX"]
 
 ZOO_FILE = CONFIG_DIR / "zoo.yaml"
 ZOO_PREFIX = "zoo/"

@@ -44,11 +44,11 @@ from typing import Optional
 import numpy as np
 import torch
 
+from tensegrity_engine.identification.config import CONTACT_PARAMS, SOFT_CONTACT_PARAMS
 from tensegrity_engine.identification.solvers.levenberg_marquardt import (bounded_step, jacobian_mode,
                                                                           one_sided_jacobian, raw_vector,
                                                                           residual_jacobian, set_raw_vector,
                                                                           tuple_rows)
-from tensegrity_engine.identification.config import CONTACT_PARAMS, SOFT_CONTACT_PARAMS
 from tensegrity_engine.identification.scale import SCALE_GROUP
 from tensegrity_engine.identification.solvers.covariance import (MIN_JACKKNIFE_GROUPS, SINGULAR,  # noqa: F401
                                                                 element_variance, jackknife_variance)
@@ -61,11 +61,11 @@ AT_BOUND = 1e-3
 # `sigma_structure`: the longer windows' length over the solver's (``pose_window``), and at
 # most how many of them (a random subset: the shift is 3-10 values from hundreds of residuals)
 HORIZON_FACTOR = 2
+HORIZON_WINDOWS = 64
+MIN_WARM = 8
 # Values whose range is their meaning's (a share, 0-1): at an end they may be the robot's own
 # (a robot whose cables damp slack as taut has a share of 1), not beyond what the model allows.
 PHYSICAL_RANGE = ("cable_slack_damping",)
-HORIZON_WINDOWS = 64
-MIN_WARM = 8
 
 
 @dataclasses.dataclass(frozen=True)
