@@ -455,7 +455,8 @@ def summarize(robot, mon: Monitor, rolling_start, out_dir: Path, wall_s: float, 
                "final_stage": final[1] if final else None, "parameters": rows,
                "refused_candidate": refused_candidate(mon, truth),
                "mppi_start_sim_t": rolling_start, "per_unit_mass": per_unit_mass(rows, truth, config),
-               "published_structure": published_structure(model, mon.structure)}
+               "published_structure": published_structure(model, mon.structure),
+               "sigma_state": identifier_diagnostic(mon, "uncertainty")}
     if len(t) > 1:
         summary["pose_rate_sim_hz"] = float((len(t) - 1) / (t[-1] - t[0]))
     if rolling_start is not None and len(t) > 1:
@@ -548,6 +549,13 @@ def published_config_com_error(mon) -> Optional[float]:
     return value if np.isfinite(value) else None
 
 
+def identifier_diagnostic(mon, key: str) -> Optional[str]:
+    """The identifier's latest diagnostic ``key`` (e.g. "uncertainty": the published values'
+    sigma, "estimated" or why not); None before any."""
+    with mon.lock:
+        return mon.diag.get("identifier", {}).get(key)
+
+
 def refused_candidate(mon, truth: dict) -> dict:
     """The identifier's newest refused candidate (its diagnostics), relative to the truth."""
     with mon.lock:
@@ -612,6 +620,8 @@ def print_summary(s: dict) -> None:
                   f"{r['first_published']:12.5g} {r['identified']:12.5g} "
                   f"{sigma:10.3g} {100 * r['rel_error']:7.1f}% {ratio:9.1f} "
                   f"{100 * r.get('config_rel_error', float('nan')):9.1f}%")
+        if s.get("sigma_state") not in (None, "estimated"):
+            print(f"the published 1-sigma: {s['sigma_state']}")
         within = s.get("within_5_percent_from_sim_t")
         print("all within 5 % of the truth " + ("(limits aside) " if any(r.get("limit") for r in s["parameters"])
                                                 else "")

@@ -201,6 +201,27 @@ def test_sim2sim_judges_unweighed_forces_per_unit_mass(capsys):
     assert "rod mass not learnt" in out and "(1.30x)" in out and "cable_damping +5.0%" in out
 
 
+def test_the_summary_says_why_the_published_sigma_is_not_estimated(capsys):
+    """The identifier's `uncertainty` diagnostic (read from /diagnostics) goes into the
+    summary, which prints it unless the sigma was estimated: a column of inf then says why."""
+    import threading
+    from types import SimpleNamespace
+
+    from tensegrity_ros.sim2sim import identifier_diagnostic, print_summary
+
+    why = "inf: actuator_time_constant pinned at a bound, every value compensates"
+    mon = SimpleNamespace(lock=threading.Lock(), diag={"identifier": {"uncertainty": why}})
+    assert identifier_diagnostic(mon, "uncertainty") == why
+    assert identifier_diagnostic(SimpleNamespace(lock=threading.Lock(), diag={}), "uncertainty") is None
+    row = {"name": "cable_stiffness", "true": 1.0, "identified": 1.5, "first_published": 1.0, "rel_error": 0.5,
+           "sigma": float("inf")}
+    base = {"wall_seconds": 1.0, "sim_seconds": 1.0, "poses": 10, "parameters_published": 1,
+            "final_stage": "converged", "parameters": [row]}
+    for state, shown in ((why, True), ("estimated", False), (None, False)):
+        print_summary({**base, "sigma_state": state})
+        assert (f"the published 1-sigma: {why}" in capsys.readouterr().out) == shown
+
+
 def test_sim2sim_models_a_foreign_robot_with_its_rods_weighed(tmp_path):
     """A zoo robot whose rods are 1.3x the config's and whose capsules are 0.6x as thick:
     the nodes that model it get the config with those masses and radii (a scale and a
