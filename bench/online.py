@@ -40,10 +40,10 @@ values stay within 5 % (10 % with noise), the session's state. Then the medians 
 and the 2-sigma coverage (the published sigma's over the values it is finite for: it is inf
 for every value while one is compensating, `ParameterUncertainty.compensating`). Targets
 (printed, never asserted): K, c, m, tau within 5 % noise-free / 10 % noisy within 60 s,
-median over >= 5 seeds; truth within 2 sigma in >= 90 % of cases. Then the contact: the published sliding friction and, where the model
-is under the soft law, its time constant and damping ratio against the robot's MuJoCo
-contact (`ZooRobot.true_contact`), beside the config's, with the published 2-sigma's
-coverage.
+median over >= 5 seeds; truth within 2 sigma in >= 90 % of cases. Then the contact: the
+published sliding friction and, where the model is under the soft law, its time constant and
+damping ratio against the robot's MuJoCo contact (`ZooRobot.true_contact`), beside the
+config's, with the published 2-sigma's coverage.
 """
 from __future__ import annotations
 

@@ -540,8 +540,7 @@ def _plots(mon, robot, truth, rolling_start, out_dir: Path, learn) -> None:
 def published_config_com_error(mon) -> Optional[float]:
     """The config's CoM error 1 s ahead (m) on the held-out blocks the identifier judged its
     latest publication on (its diagnostics); None before any."""
-    with mon.lock:
-        value = mon.diag.get("identifier", {}).get("published_config_com_error")
+    value = identifier_diagnostic(mon, "published_config_com_error")
     try:
         value = float(value)
     except (TypeError, ValueError):

@@ -66,6 +66,8 @@ MIN_WARM = 8
 # Values whose range is their meaning's (a share, 0-1): at an end they may be the robot's own
 # (a robot whose cables damp slack as taut has a share of 1), not beyond what the model allows.
 PHYSICAL_RANGE = ("cable_slack_damping",)
+# the ground contact's values under either law (`ParameterUncertainty.compensating` leaves them out)
+GROUND_CONTACT = frozenset(CONTACT_PARAMS + SOFT_CONTACT_PARAMS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,9 +129,8 @@ class ParameterUncertainty:
         the model lacks (stiff_light's +-20 % cables, kitchen_sink), with K / c / tau up to
         160 / 1270 / 99 % off and the published 2-sigma covering 7-67 % of them; on none of
         the 35 other runs, whose 2-sigma covered 98 %."""
-        contact = set(CONTACT_PARAMS) | set(SOFT_CONTACT_PARAMS)
         return tuple(n for n in self.at_bound
-                     if n not in contact and not SPEC_BY_NAME[n].limit and n not in PHYSICAL_RANGE)
+                     if n not in GROUND_CONTACT and not SPEC_BY_NAME[n].limit and n not in PHYSICAL_RANGE)
 
     def published(self) -> dict:
         """Learnt name -> the 1-sigma the node publishes: the spread (sigma where there is
