@@ -254,6 +254,19 @@ def test_a_refused_fit_that_is_the_published_model_again_is_done(three_bar):
     wide = node(sigma_c=0.06 * c)
     assert not ties_published(wide, tie, fit(0.0, 0.0), published)
     assert wide.tie_verdict.startswith("cable_damping's 1-sigma 6.0 %")
+    # the groups' scatter widens the published sigma (closeness), not the test of determined
+    scatter = node()
+    u = scatter.session.uncertainty(64, published)
+    spread = {**u.sigma, "cable_damping": np.array([0.08 * c])}
+    scatter.session.uncertainty = lambda max_tuples, at: dataclasses.replace(u, sigma_spread=spread)
+    assert ties_published(scatter, tie, fit(0.0, 0.1), published), scatter.tie_verdict   # 1.25 published sigma
+    assert not ties_published(scatter, tie, fit(0.0, 0.2), published)
+    assert scatter.tie_verdict == "cable_damping 2.5 sigma from the published value"
+    # a value pinned at a bound voids the published sigma: nothing to be close in
+    pinned = node()
+    pinned.session.uncertainty = lambda max_tuples, at: dataclasses.replace(u, at_bound=("cable_stiffness",))
+    assert not ties_published(pinned, tie, fit(0.0, 0.0), published)
+    assert pinned.tie_verdict.startswith("cable_stiffness pinned at a bound")
     assert ties_published(node(), SimpleNamespace(reason="worse"), fit(0.01, 0.01), published)
     assert not ties_published(node(), SimpleNamespace(reason="unstable"), fit(0.0, 0.0), published)
     assert not ties_published(node(), SimpleNamespace(reason="worse"), fit(0.0, 0.03), published)
