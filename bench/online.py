@@ -264,7 +264,7 @@ def run_session(z, args, seed: int, learn) -> dict:
                                windows_from=args.windows_from)
     session = OnlineIdentification(robot, cfg, min_tuples=args.min_tuples, max_tuples=args.max_tuples,
                                    floor=True, holdout_every=args.holdout_every,
-                                   structure_options=args.structure_options,
+                                   structure_options=args.structure_options, follow_pins=args.follow_pins == "on",
                                    log=(lambda m: _line(f"    [{z.name} {seed}] {m}")) if args.verbose else (lambda m: None))
     aligner = StreamAligner(StreamConfig.for_robot(robot, interval=CONTROL_DT))
     truth = z.true_values(sensed=noisy)
@@ -445,6 +445,9 @@ def main(argv=None) -> int:
                     f"({', '.join(ONLINE_OPTIONS)}; default, as the identifier node's: "
                     f"{','.join(DEFAULT_STRUCTURE_OPTIONS)}, which changes nothing under the soft law; "
                     "'none': the robot YAML's structure)")
+    ap.add_argument("--follow-pins", choices=("on", "off"), default="on",
+                    help="as the identifier node's structure_on_pin: a value a finished fit pins at a bound of "
+                    "its range has the option it points to tried next, with every epoch (PIN_OPTIONS)")
     ap.add_argument("--min-tuples", type=int, default=30)
     ap.add_argument("--max-tuples", type=int, default=1500)
     ap.add_argument("--holdout-every", type=int, default=5)
@@ -509,7 +512,8 @@ def main(argv=None) -> int:
           f"gyros {args.imu}" + (f" (noise {args.gyro_noise} rad/s, weight {args.gyro_weight:g})" if args.imu == "on" else "")
           + f", {args.excitation} excitation, seeds {args.seeds}, identification compute "
           f"{args.compute_per_sim_second:g} s per sim s on the {args.clock} clock"
-          + (f", structure options tried online: {', '.join(args.structure_options)}" if args.structure_options else ""))
+          + (f", structure options tried online: {', '.join(args.structure_options)}" if args.structure_options else "")
+          + f", options a pinned value points to tried: {args.follow_pins}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = []
@@ -558,7 +562,8 @@ def main(argv=None) -> int:
                   f"identification {r['compute']['wall']:.0f} s wall, {r['compute']['work']:.0f} s of reference work"
                   + (f", structure {'+'.join(r['structure']) or 'base'}, published in "
                      f"{'/'.join(str(k) for k in r['published_structure'] if k is not None)} (tried: "
-                     + ", ".join(f"{o} {v}" for o, v in r["structure_log"]) + ")" if args.structure_options else "")
+                     + ", ".join(f"{o} {v}" for o, v in r["structure_log"]) + ")"
+                     if args.structure_options or args.follow_pins == "on" else "")
                   + " "
                   f"({time.perf_counter() - t0:.0f} s wall)")
     _line("")

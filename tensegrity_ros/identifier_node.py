@@ -429,6 +429,11 @@ def declare_identification(d) -> dict:
                                "by its held-out data, a soft-law robot's structure is kept, then the windowed "
                                "stage is tried from the config's values; ['none'] = the robot YAML's "
                                "structure and the first fit)"),
+        "structure_on_pin": d("structure_on_pin", True,
+                              "a value a finished fit pins at a bound of its range, where that points to missing "
+                              "structure (the motors' time constant at its lower bound: cables that differ), has "
+                              "the option it points to (per_cable) tried next with every epoch, listed in "
+                              "structure_options or not; the hold-out gate still decides"),
     }
     out["config"] = declare_solver(d, out["interval"])
     return out
@@ -481,7 +486,7 @@ def make_session(robot, setting: dict, device, *, log, trainer_factory=default_t
         max_tuples=setting["max_tuples"], holdout_every=setting["holdout_every"],
         max_holdout=setting["max_holdout"], reopen_tuples=setting["reopen_tuples"], floor=setting["floor"],
         fixed_rods=tuple(int(r) for r in setting["fixed_rods"] if int(r) >= 0), log=log,
-        trainer_factory=trainer_factory, structure_options=structure)
+        trainer_factory=trainer_factory, structure_options=structure, follow_pins=bool(setting["structure_on_pin"]))
 
 
 def declare_solver(d, period: float):

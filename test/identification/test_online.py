@@ -605,6 +605,87 @@ def test_a_challenger_is_judged_while_it_runs_and_refused_only_at_its_end(three_
     assert out is not None and out[1]["cable_stiffness"][0] == pytest.approx(2990.0)
 
 
+class _PinnedStructureTrainer(_LongStructureTrainer):
+    """Shared cable values end at K 2500 with the motors' time constant pinned at its 2 ms
+    lower bound (what cables that differ do to a shared fit, `PIN_OPTIONS`); a value per
+    cable reaches 2990 with the time constant back inside its range. The base takes 3 epochs."""
+    base_epochs, option_epochs = 3, 12
+
+    def __init__(self, robot, config, initial=None):
+        super().__init__(robot, config, initial)
+        split = "cable_stiffness" in config.per_element
+        self.target = 2990.0 if split else 2500.0
+        self.script = [1.0] * (self.option_epochs if split or "actuator_max_speed" in self.learn else self.base_epochs)
+
+    def train_epoch(self):
+        m = super().train_epoch()
+        pinned = "cable_stiffness" not in self.config.per_element and self.done
+        self.parameters.set_value("actuator_time_constant", 2e-3 * (1 + 1e-7) if pinned else 0.05)
+        return m
+
+
+def _pinned_session(robot, follow_pins=True):
+    made = []
+
+    def factory(robot_, config, device, initial=None, log=None):
+        made.append(_PinnedStructureTrainer(robot_, config, initial))
+        return made[-1]
+
+    learn = ("cable_stiffness", "cable_damping", "actuator_time_constant")
+    s = OnlineIdentification(robot, IdentificationConfig(learn=learn), min_tuples=2, holdout_every=3,
+                             max_holdout=40, reopen_tuples=0, trainer_factory=factory,
+                             structure_options=("winch_speed",), follow_pins=follow_pins)
+    s._tuple_set = lambda batch, context=(): batch
+    s.add(_batch(robot, 0, 91))
+    return s, made
+
+
+def test_a_value_the_finished_fit_pins_at_its_bound_has_the_structure_it_points_to_tried_at_once(three_bar):
+    """The solver's finished fit pins the motors' time constant at its lower bound: the
+    split it points to (per_cable, not among the listed options) is started at once, the
+    running winch limit set aside (not refused: tried again later), and it takes every
+    epoch, is never refused as futile, and is adopted. Not followed, the listed option runs
+    on and the split is never tried; a pin on the way (the fit not finished) is not followed."""
+    from tensegrity_engine.identification.uncertainty import bound_sides
+
+    s, made = _pinned_session(three_bar)
+    main = s.trainer
+    s.step()                                           # the solver's first epoch: the listed option
+    assert s.trials.option == "winch_speed" and not s.trials.urgent
+    while not s.finished:
+        s.step()
+    assert bound_sides(main.parameters, "actuator_time_constant") == ("lower",)
+    s.finish()
+    split = made[-1]
+    assert s.trials.option == "per_cable" and s.trials.urgent and split.config.per_element[:2] == (
+        "cable_stiffness", "cable_damping")
+    assert split.parameters.as_dict()["actuator_time_constant"][0] == pytest.approx(
+        PhysicalParameters(three_bar).as_dict()["actuator_time_constant"][0])   # from the config's values
+    assert "winch_speed" not in s.trials.refused and s.trials.log == []
+    main.done, s.converged = False, False              # the solver resumed on new data: it still waits
+    epochs = main.epoch
+    while s.trials.option == "per_cable":
+        s.step()
+    assert main.epoch == epochs                        # every epoch was the split's
+    assert s.trials.log[-1] == ("per_cable", "adopted") and s.trainer is split and not s.trials.urgent
+    assert s.trials.adopted == ["per_cable"]
+
+    off, made = _pinned_session(three_bar, follow_pins=False)
+    while not off.finished:
+        off.step()
+    off.finish()
+    assert off.trials.option == "winch_speed" and not off.trials.urgent
+    while off.trials.active:
+        off.step() if off.training else off.finish()
+    assert "per_cable" not in [o for o, _ in off.trials.log] and off.trials.option is None
+
+    early, made = _pinned_session(three_bar)
+    early.step()
+    early.trainer.parameters.set_value("actuator_time_constant", 2e-3 * (1 + 1e-7))   # on its way
+    early.trials.maybe_start(early)
+    assert early.trials.option == "winch_speed" and not early.trials.urgent
+
+
 def test_a_structure_option_must_beat_the_solvers_fit(three_bar):
     """The published model is the config (K 2000); the solver's own fit (K 2990) was not
     published yet. A challenger that only reaches that fit beats the config, not the fit:

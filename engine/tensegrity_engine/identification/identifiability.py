@@ -36,9 +36,10 @@ __all__ = ["Advice", "REVEALED_BY", "CARRIES", "SCALE_SHARE", "BOUND_HINTS", "ex
 # 5 seeds; 6.4 % on one more run: README).
 BOUND_HINTS = {
     ("actuator_time_constant", "lower"): "cables that differ from each other pin the motors' time constant "
-                                         "at its lower bound: try a value per cable (per_element: "
-                                         "[cable_stiffness, cable_damping], or structure_options: "
-                                         "[per_cable] to let the held-out data decide)",
+                                         "at its lower bound: a value per cable is tried next (per_cable, "
+                                         "structure_on_pin), the held-out data decide; where the cables are "
+                                         "known to differ, fit it from the start (per_element: "
+                                         "[cable_stiffness, cable_damping])",
 }
 
 # The motion (or measurement) that makes each learnable parameter act on the poses.

@@ -116,7 +116,7 @@ class OnlineIdentification:
                  min_tuples: int = 20, max_tuples: int = 2000, floor: bool = True, fixed_rods=(),
                  holdout_every: int = 5, max_holdout: int = 200, reopen_tuples: int = 50,
                  trainer_factory: TrainerFactory = default_trainer_factory, structure_options=(),
-                 log: Callable[[str], None] = lambda msg: None):
+                 follow_pins: bool = True, log: Callable[[str], None] = lambda msg: None):
         if config.fine_integrator in MODEL_INTEGRATORS and config.fine_integrator != robot.integrator:
             robot = robot.replace(integrator=config.fine_integrator)     # as the trainer builds it
         self.config_robot, self.config, self.device = robot, config, device
@@ -126,7 +126,7 @@ class OnlineIdentification:
         self.holdout_block = max(2, int(round(HOLDOUT_SECONDS / config.period)))
         self.floor, self.fixed_rods = bool(floor), tuple(fixed_rods)
         self.trainer_factory, self.log = trainer_factory, log
-        self.trials = StructureTrials(structure_options)
+        self.trials = StructureTrials(structure_options, follow_pins)
         self.scores = StructuredScores()
         self.reset()
 
@@ -329,7 +329,8 @@ class OnlineIdentification:
         in ``CHALLENGER_SHARE`` while both train (None, or the values of one adopted now before
         its end: it becomes the solver, and the gate has just passed them at the stricter
         test)."""
-        if self.trials.active and (self.trainer.done or self._solver_turns >= CHALLENGER_SHARE - 1):
+        if self.trials.active and (self.trainer.done or self.trials.urgent
+                                   or self._solver_turns >= CHALLENGER_SHARE - 1):
             self._solver_turns = 0
             return self.trials.step(self)
         # on the floor the solver rarely waits (it reopens on every reopen_tuples new

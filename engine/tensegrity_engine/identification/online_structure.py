@@ -55,6 +55,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from tensegrity_engine.identification.uncertainty import bound_sides
 from tensegrity_engine.identification.config import (COARSE_ONLY_SCHEDULES, CONTACT_PARAMS, IdentificationConfig,
                                                      contact_params)
 from tensegrity_engine.physics.config import MODEL_INTEGRATORS, RobotConfig
@@ -131,6 +132,12 @@ CHALLENGER_SHARE = 2
 # values (`fresh_start`) trails by construction at its first looks.
 FUTILE_LOOKS = 3
 _NOT_BETTER = "no better than the base fit"     # `_verdict`'s prefix when the base fit wins
+# A value a finished fit pins at one end of its range (`uncertainty.bound_sides`), and the
+# option that gives the model the structure whose absence pins it there
+# (`identifiability.BOUND_HINTS` says it in words; measured there). Followed (``follow_pins``)
+# it is tried next, whatever the options, before the one running, and with every epoch: the
+# solver's values are a compensation then, its epochs spent on them are lost.
+PIN_OPTIONS = {("actuator_time_constant", "lower"): "per_cable"}
 
 
 def _trails(reason: str) -> bool:
@@ -235,8 +242,9 @@ class StructureTrials:
     """Which options are adopted, refused (and on how much held-out data), and the running
     challenger. The session owns the data and the gate; this owns the bookkeeping."""
 
-    def __init__(self, options: Sequence[str] = ()):
+    def __init__(self, options: Sequence[str] = (), follow_pins: bool = True):
         self.options = online_options(options)
+        self.follow_pins = bool(follow_pins)
         self.reset()
 
     def reset(self) -> None:
@@ -247,6 +255,7 @@ class StructureTrials:
         self.base_values: Optional[dict] = None   # the solver's values when it started
         self.challenger_epochs = 0             # epochs the running challenger has trained
         self.trailing = 0                      # its looks in a row with a held-out loss above the base's
+        self.urgent = False                    # it runs for a value the solver's fit pins (`PIN_OPTIONS`)
         self.log: list[tuple[str, str]] = []   # (option, verdict) in the order they were judged
 
     @property
@@ -255,7 +264,8 @@ class StructureTrials:
 
     def next_option(self, heldout_total: int, robot: Optional[RobotConfig] = None,
                     floor: bool = True, learnt: Sequence[str] = (), split: Sequence[str] = (),
-                    fixed_rods: Sequence[int] = (), windows_from: Optional[str] = "finite_difference") -> Optional[str]:
+                    fixed_rods: Sequence[int] = (), windows_from: Optional[str] = "finite_difference",
+                    pinned: Sequence[tuple] = ()) -> Optional[str]:
         """The next option worth a challenger: neither adopted nor running, one that changes
         ``robot`` (the session's structure; a contact dimensionality only on the floor under
         the soft law; none of a kind already adopted), that adds a value the solver does
@@ -264,9 +274,10 @@ class StructureTrials:
         the windowed stage elsewhere than the solver does (``windows_from``; None: the solver
         has no windowed stage) and, if
         refused (or failed), refused on at most half of the held-out tuples seen since the
-        start."""
+        start. First the options ``pinned`` (name, side) pairs point to (`PIN_OPTIONS`), where
+        pins are followed, listed or not."""
         taken = {_kind(ONLINE_OPTIONS[n]) for n in self.adopted} - {None}
-        for name in self.options:
+        for name in dict.fromkeys(self.pin_options(pinned) + self.options):
             option = ONLINE_OPTIONS[name]
             if name in self.adopted or name == self.option or _kind(option) in taken:
                 continue
@@ -288,6 +299,11 @@ class StructureTrials:
                 continue
             return name
         return None
+
+    def pin_options(self, pinned: Sequence[tuple]) -> tuple[str, ...]:
+        """The options the ``pinned`` (name, side) pairs point to (`PIN_OPTIONS`); none
+        unless pins are followed."""
+        return tuple(PIN_OPTIONS[p] for p in pinned if p in PIN_OPTIONS) if self.follow_pins else ()
 
     @staticmethod
     def learn_with(learn: Sequence[str], names: Sequence[str]) -> tuple[str, ...]:
@@ -328,16 +344,25 @@ class StructureTrials:
         time constant led the winch speed to 0.02 m/s, true 0.25, predicting worse than the
         base; from the config's values it found 0.29 m/s and predicted 2x better)."""
         main = session.trainer
-        if self.active or main is None or not session.can_judge:
+        if main is None or not session.can_judge or self.urgent:
             return
         learnt = getattr(main, "learn", ())
         split = tuple(getattr(getattr(main, "config", None), "per_element", ()))
         windows_from = _windows_from(main)
+        # a finished fit's pins only: values on their way pass near a bound
+        pinned = (tuple((n, side) for n in learnt for side in bound_sides(main.parameters, n))
+                  if getattr(main, "done", False) else ())
         option = self.next_option(session.heldout_total, session.robot, session.floor, learnt, split,
-                                  session.fixed_rods, windows_from)
+                                  session.fixed_rods, windows_from, pinned)
+        urgent = option is not None and option in self.pin_options(pinned)
+        if self.active and not urgent:
+            return
         values = main.parameters.as_dict() if option is not None else {}
         if option is None or not healthy_values(values):
             return
+        if self.active:                         # set aside, not refused: it is tried again later
+            session.log(f"structure: {self.option} set aside for {option} (a value pinned at a bound)")
+            self.challenger, self.option, self.base_values = None, None, None
         config = session.config
         robot = structure_robot(session.robot, (option,))
         # the challenger steps with its robot's integrator once that is not the config's (the
@@ -361,7 +386,10 @@ class StructureTrials:
             return
         self.challenger, self.option, self.base_values = trainer, option, values
         self.challenger_epochs = self.trailing = 0
-        session.log(f"structure: fitting {option} on top of {'+'.join(self.adopted) or 'the base'}")
+        self.urgent = urgent
+        session.log(f"structure: fitting {option} on top of {'+'.join(self.adopted) or 'the base'}"
+                    + (f" ({', '.join(f'{n} at its {side} bound' for n, side in pinned)}: every epoch)"
+                       if urgent else ""))
 
     def step(self, session) -> Optional[tuple[dict, dict]]:
         """One epoch of the challenger; at its end, and every `JUDGE_EVERY` of its epochs,
@@ -391,8 +419,8 @@ class StructureTrials:
         if interim and not adopted:
             if not _trails(reason):
                 self.trailing = 0
-            elif not session.converged:     # only one that takes the solver's epochs is futile
-                self.trailing += 1
+            elif not session.converged and not self.urgent:   # only one that takes the solver's epochs
+                self.trailing += 1                                # for nothing is futile
             session.log(f"structure: {option} after {self.challenger_epochs} epochs: {reason}")
             if self.trailing < FUTILE_LOOKS:
                 return None
@@ -425,6 +453,7 @@ class StructureTrials:
 
     def _end(self, option: str, verdict: str, heldout_total: int) -> None:
         self.challenger, self.option, self.base_values = None, None, None
+        self.urgent = False
         self.log.append((option, verdict))
         if verdict == "adopted":
             self.adopted.append(option)
