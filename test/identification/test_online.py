@@ -617,18 +617,26 @@ class _PinnedStructureTrainer(_LongStructureTrainer):
         self.target = 2990.0 if split else 2500.0
         self.script = [1.0] * (self.option_epochs if split or "actuator_max_speed" in self.learn else self.base_epochs)
 
+    pinned_from = math.inf      # the base's epoch from which its time constant sits at the bound
+
     def train_epoch(self):
         m = super().train_epoch()
-        pinned = "cable_stiffness" not in self.config.per_element and self.done
+        pinned = "cable_stiffness" not in self.config.per_element and (self.done or self.epoch >= self.pinned_from)
         self.parameters.set_value("actuator_time_constant", 2e-3 * (1 + 1e-7) if pinned else 0.05)
         return m
 
 
-def _pinned_session(robot, follow_pins=True):
+class _PinnedOnTheWay(_PinnedStructureTrainer):
+    """The base never ends in the test (on the floor it seldom does) and sits at the bound
+    from its second epoch."""
+    base_epochs, pinned_from = 40, 2
+
+
+def _pinned_session(robot, follow_pins=True, trainer=_PinnedStructureTrainer):
     made = []
 
     def factory(robot_, config, device, initial=None, log=None):
-        made.append(_PinnedStructureTrainer(robot_, config, initial))
+        made.append(trainer(robot_, config, initial))
         return made[-1]
 
     learn = ("cable_stiffness", "cable_damping", "actuator_time_constant")
@@ -645,7 +653,9 @@ def test_a_value_the_finished_fit_pins_at_its_bound_has_the_structure_it_points_
     split it points to (per_cable, not among the listed options) is started at once, the
     running winch limit set aside (not refused: tried again later), and it takes every
     epoch, is never refused as futile, and is adopted. Not followed, the listed option runs
-    on and the split is never tried; a pin on the way (the fit not finished) is not followed."""
+    on and the split is never tried; a pin on the way (one epoch) is not followed, one held
+    PIN_EPOCHS epochs in a row by a solver that has not ended is."""
+    from tensegrity_engine.identification.online_structure import PIN_EPOCHS
     from tensegrity_engine.identification.uncertainty import bound_sides
 
     s, made = _pinned_session(three_bar)
@@ -684,6 +694,15 @@ def test_a_value_the_finished_fit_pins_at_its_bound_has_the_structure_it_points_
     early.trainer.parameters.set_value("actuator_time_constant", 2e-3 * (1 + 1e-7))   # on its way
     early.trials.maybe_start(early)
     assert early.trials.option == "winch_speed" and not early.trials.urgent
+    # a solver that never ends, pinned PIN_EPOCHS epochs in a row: followed then, not before
+    lasting, made = _pinned_session(three_bar, trainer=_PinnedOnTheWay)
+    solver = lasting.trainer
+    while not lasting.trials.urgent:
+        lasting.step()
+        assert solver.epoch < _PinnedOnTheWay.pinned_from + PIN_EPOCHS or lasting.trials.urgent
+    assert lasting.trials.option == "per_cable" and not solver.done
+    assert lasting.trials.pin_streak[("actuator_time_constant", "lower")] == PIN_EPOCHS
+    assert solver.epoch == _PinnedOnTheWay.pinned_from + PIN_EPOCHS - 1
 
 
 def test_a_structure_option_must_beat_the_solvers_fit(three_bar):

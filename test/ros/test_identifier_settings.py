@@ -4,6 +4,7 @@ import dataclasses
 import pytest
 
 from tensegrity_engine.identification.config import NONCONTACT_PARAMS
+from tensegrity_engine.physics.params import PhysicalParameters
 from tensegrity_ros.identifier_node import declare_identification, make_session
 from tensegrity_ros.params import ConfigurationError, file_declarer
 
@@ -100,7 +101,7 @@ def test_an_option_the_model_cannot_be_fitted_in_is_refused_not_raised(three_bar
 
     fake = types.SimpleNamespace(
         trainer=types.SimpleNamespace(learn=("cable_stiffness",), config=session.config,
-                                      parameters=types.SimpleNamespace(as_dict=lambda: {"cable_stiffness": 1.0})),
+                                      parameters=PhysicalParameters(session.robot)),
         can_judge=True, heldout_total=40, robot=session.robot, floor=True, fixed_rods=(), config=session.config,
         config_robot=session.robot, trainer_factory=factory, device="cpu", log=logged.append,
         window_tuples=lambda: None)

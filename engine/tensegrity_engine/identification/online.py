@@ -346,8 +346,7 @@ class OnlineIdentification:
             self.rollback()
             return None
         self.good_state = self.trainer.state_dict()
-        if not self.trials.active and not self.trainer.done:     # a challenger beside the solver
-            self.trials.maybe_start(self)
+        self.trials.observe(self)               # a challenger beside the solver; its pins
         # a loss below the best so far, or new evidence: the best losses came on the first windows
         # (a stage restarted on more data has larger ones), so a solver that never ends was
         # judged once (noisy_mocap: none judged 14-55.7 s; then, judged at 17.2 s, none to 60 s)

@@ -63,7 +63,7 @@ from tensegrity_engine.physics.params import SOFT_LAW_PARAMS, SPEC_BY_NAME, Phys
 
 __all__ = ["ONLINE_OPTIONS", "DEFAULT_STRUCTURE_OPTIONS", "OnlineOption", "online_options", "StructureTrials",
            "healthy_values", "CHALLENGER_SHARE", "FUTILE_LOOKS", "JUDGE_EVERY", "STRUCTURE_SIGNIFICANCE",
-           "STRUCTURE_MIN_GAIN", "structure_robot", "structure_key", "robot_in_structure"]
+           "STRUCTURE_MIN_GAIN", "PIN_OPTIONS", "PIN_EPOCHS", "structure_robot", "structure_key", "robot_in_structure"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,6 +138,10 @@ _NOT_BETTER = "no better than the base fit"     # `_verdict`'s prefix when the b
 # it is tried next, whatever the options, before the one running, and with every epoch: the
 # solver's values are a compensation then, its epochs spent on them are lost.
 PIN_OPTIONS = {("actuator_time_constant", "lower"): "per_cable"}
+# A pin counts once the solver's fit has ended at it, or sat at it this many epochs in a row:
+# values on their way pass near a bound, and on the floor the solver seldom ends (measured:
+# kitchen_sink, time constant pinned at 60 s, the solver ended 0 times).
+PIN_EPOCHS = 3
 
 
 def _trails(reason: str) -> bool:
@@ -256,6 +260,7 @@ class StructureTrials:
         self.challenger_epochs = 0             # epochs the running challenger has trained
         self.trailing = 0                      # its looks in a row with a held-out loss above the base's
         self.urgent = False                    # it runs for a value the solver's fit pins (`PIN_OPTIONS`)
+        self.pin_streak: dict = {}             # (name, side) -> the solver's epochs in a row pinned there
         self.log: list[tuple[str, str]] = []   # (option, verdict) in the order they were judged
 
     @property
@@ -299,6 +304,25 @@ class StructureTrials:
                 continue
             return name
         return None
+
+    def observe(self, session) -> None:
+        """After each epoch of ``session``'s solver: count its pins (`PIN_EPOCHS`), and start
+        a challenger where none runs beside a training solver or a pin is due."""
+        main = session.trainer
+        learnt = getattr(main, "learn", ())
+        now = {(n, side) for n in learnt for side in bound_sides(main.parameters, n)}
+        self.pin_streak = {p: self.pin_streak.get(p, 0) + 1 for p in now}
+        if (not self.active and not main.done) or (not self.urgent and self.pin_options(self.pins(main))):
+            self.maybe_start(session)
+
+    def pins(self, main) -> tuple:
+        """The (name, side) pins of the solver ``main`` that count: at a bound when its fit
+        ended, or for `PIN_EPOCHS` of its epochs in a row."""
+        learnt = getattr(main, "learn", ())
+        now = tuple((n, side) for n in learnt for side in bound_sides(main.parameters, n))
+        if getattr(main, "done", False):
+            return now
+        return tuple(p for p in now if self.pin_streak.get(p, 0) >= PIN_EPOCHS)
 
     def pin_options(self, pinned: Sequence[tuple]) -> tuple[str, ...]:
         """The options the ``pinned`` (name, side) pairs point to (`PIN_OPTIONS`); none
@@ -349,9 +373,7 @@ class StructureTrials:
         learnt = getattr(main, "learn", ())
         split = tuple(getattr(getattr(main, "config", None), "per_element", ()))
         windows_from = _windows_from(main)
-        # a finished fit's pins only: values on their way pass near a bound
-        pinned = (tuple((n, side) for n in learnt for side in bound_sides(main.parameters, n))
-                  if getattr(main, "done", False) else ())
+        pinned = self.pins(main)
         option = self.next_option(session.heldout_total, session.robot, session.floor, learnt, split,
                                   session.fixed_rods, windows_from, pinned)
         urgent = option is not None and option in self.pin_options(pinned)
@@ -456,6 +478,7 @@ class StructureTrials:
         self.urgent = False
         self.log.append((option, verdict))
         if verdict == "adopted":
+            self.pin_streak = {}                # the new solver's pins are its own
             self.adopted.append(option)
             # a refusal was a verdict against the old structure: options interact (kitchen_sink's
             # RK4 step with shared cable values predicted worse than the base and was refused;
