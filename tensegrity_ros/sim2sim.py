@@ -14,6 +14,7 @@ summary.json to the output directory.
 from __future__ import annotations
 
 import argparse
+import atexit
 import functools
 import json
 import os
@@ -317,10 +318,13 @@ def launch_robot(params_file: str, node: str, robot: str = "") -> str:
 
 @functools.lru_cache(maxsize=None)
 def _launch_weighed_file(robot_name: str, robot_truth: str) -> Optional[Path]:
-    """`weighed_robot_file` once per launch for all the nodes that model the robot."""
+    """`weighed_robot_file` once per launch for all the nodes that model the robot, in a
+    folder removed when the launch process exits (the nodes read it when they start)."""
     from .params import load_robot
 
-    return weighed_robot_file(load_robot(robot_name), robot_truth, Path(tempfile.mkdtemp(prefix="sim2sim_weighed_")))
+    folder = Path(tempfile.mkdtemp(prefix="sim2sim_weighed_"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return weighed_robot_file(load_robot(robot_name), robot_truth, folder)
 
 
 def true_com(robot, mon: Monitor) -> tuple[np.ndarray, np.ndarray]:

@@ -9,6 +9,8 @@ import ast
 import importlib.util
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -251,7 +253,8 @@ def test_sim2sim_models_a_foreign_robot_with_its_rods_weighed(tmp_path):
     data["mujoco_bridge"]["ros__parameters"]["robot_truth"] = "zoo/soft_slow"
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(data))
-    weighed = load_robot(launch_robot(str(params), "identifier"))
+    weighed_path = launch_robot(str(params), "identifier")
+    weighed = load_robot(weighed_path)
     np.testing.assert_allclose(weighed.rod_mass, zoo_robot("soft_slow", robot).truth.rod_mass)
     data["sim2sim"]["ros__parameters"]["weigh_rods"] = False
     params.write_text(yaml.safe_dump(data))
@@ -260,6 +263,15 @@ def test_sim2sim_models_a_foreign_robot_with_its_rods_weighed(tmp_path):
     data["mujoco_bridge"]["ros__parameters"]["robot_truth"] = "twin"
     params.write_text(yaml.safe_dump(data))
     assert launch_robot(str(params), "mppi_controller") == "superball"
+    # the launch's folder goes when the launch process does (a process of its own here)
+    script = (f"import sys; from pathlib import Path; from tensegrity_ros.sim2sim import launch_robot; "
+              f"p = Path(launch_robot({str(params)!r}, 'identifier')); print(p); sys.exit(not p.is_file())")
+    data["mujoco_bridge"]["ros__parameters"]["robot_truth"] = "zoo/soft_slow"
+    params.write_text(yaml.safe_dump(data))
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    made = Path(run.stdout.strip())
+    assert made.name == "robot_weighed.yaml" and not made.parent.exists()
 
 
 def test_one_robot_argument_sets_the_played_and_the_modelled_robot(tmp_path):
