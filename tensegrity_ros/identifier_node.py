@@ -432,7 +432,7 @@ def declare_identification(d) -> dict:
         "structure_on_pin": d("structure_on_pin", True,
                               "a value a finished fit pins at a bound of its range, where that points to missing "
                               "structure (the motors' time constant at its lower bound: cables that differ), has "
-                              "the option it points to (per_cable) tried next with every epoch, listed in "
+                              "the option it points to (per_cable) tried next, not refused early, listed in "
                               "structure_options or not; the hold-out gate still decides"),
     }
     out["config"] = declare_solver(d, out["interval"])

@@ -135,8 +135,12 @@ _NOT_BETTER = "no better than the base fit"     # `_verdict`'s prefix when the b
 # A value a finished fit pins at one end of its range (`uncertainty.bound_sides`), and the
 # option that gives the model the structure whose absence pins it there
 # (`identifiability.BOUND_HINTS` says it in words; measured there). Followed (``follow_pins``)
-# it is tried next, whatever the options, before the one running, and with every epoch: the
-# solver's values are a compensation then, its epochs spent on them are lost.
+# it is tried next, whatever the options, before the one running, and is not refused early
+# (`FUTILE_LOOKS`): the solver's values are a compensation then, and a split fitted from the
+# config's values trails at first. It keeps the usual share: the solver's model is the one
+# published meanwhile (measured: taking every epoch, stiff_light's solver was starved before
+# its first publication, and the split was never adopted), and a split's epoch costs ~4x the
+# solver's, so it already has most of the CPU.
 PIN_OPTIONS = {("actuator_time_constant", "lower"): "per_cable"}
 # A pin counts once the solver's fit has ended at it, or sat at it this many epochs in a row:
 # values on their way pass near a bound, and on the floor the solver seldom ends (measured:
@@ -410,7 +414,7 @@ class StructureTrials:
         self.challenger_epochs = self.trailing = 0
         self.urgent = urgent
         session.log(f"structure: fitting {option} on top of {'+'.join(self.adopted) or 'the base'}"
-                    + (f" ({', '.join(f'{n} at its {side} bound' for n, side in pinned)}: every epoch)"
+                    + (f" ({', '.join(f'{n} at its {side} bound' for n, side in pinned)})"
                        if urgent else ""))
 
     def step(self, session) -> Optional[tuple[dict, dict]]:
