@@ -40,6 +40,9 @@ BOUND_HINTS = {
                                          "structure_on_pin), the held-out data decide; where the cables are "
                                          "known to differ, fit it from the start (per_element: "
                                          "[cable_stiffness, cable_damping])",
+    ("rod_inertia_factor", "upper"): "the rods' inertia factor at its top (beyond all of a rod's mass at its "
+                                     "ends) came with cables that differ from each other: a value per cable is "
+                                     "tried next (per_cable, structure_on_pin), the held-out data decide",
 }
 
 # The motion (or measurement) that makes each learnable parameter act on the poses.

@@ -329,7 +329,8 @@ class OnlineIdentification:
         in ``CHALLENGER_SHARE`` while both train (None, or the values of one adopted now before
         its end: it becomes the solver, and the gate has just passed them at the stricter
         test)."""
-        if self.trials.active and (self.trainer.done or self._solver_turns >= CHALLENGER_SHARE - 1):
+        if self.trials.active and (self.trainer.done or self._solver_turns >= CHALLENGER_SHARE - 1
+                                   or (self.trials.urgent and self.best_values is not None)):
             self._solver_turns = 0
             return self.trials.step(self)
         # on the floor the solver rarely waits (it reopens on every reopen_tuples new

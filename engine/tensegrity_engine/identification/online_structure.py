@@ -141,7 +141,10 @@ _NOT_BETTER = "no better than the base fit"     # `_verdict`'s prefix when the b
 # published meanwhile (measured: taking every epoch, stiff_light's solver was starved before
 # its first publication, and the split was never adopted), and a split's epoch costs ~4x the
 # solver's, so it already has most of the CPU.
-PIN_OPTIONS = {("actuator_time_constant", "lower"): "per_cable"}
+# The rods' inertia factor at its top (4: beyond 3, all of a rod's mass at its ends, so no
+# rod's) came with the same spread: on 9 of the 10 runs of the SUPERball zoo's two robots whose
+# cables differ, on none of the other 35 (`bench/online.py`, 2026-12-02).
+PIN_OPTIONS = {("actuator_time_constant", "lower"): "per_cable", ("rod_inertia_factor", "upper"): "per_cable"}
 # A pin counts once the solver's fit has ended at it, or sat at it this many epochs in a row:
 # values on their way pass near a bound, and on the floor the solver seldom ends (measured:
 # kitchen_sink, time constant pinned at 60 s, the solver ended 0 times).
