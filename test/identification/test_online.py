@@ -716,7 +716,7 @@ def test_a_split_a_pin_points_to_is_not_refused_early_and_shares_the_epochs(thre
     """The split a pin started trails the solver's fit at every look, yet is refused only at
     its end (no `FUTILE_LOOKS` stop: a split from the config's values trails at first, and
     the pinned fit is a compensation); meanwhile the solver keeps its share of the epochs
-    (its model is the one published)."""
+    until a model is published (its model is the one published), and none after."""
     from tensegrity_engine.identification.online_structure import CHALLENGER_SHARE, FUTILE_LOOKS, JUDGE_EVERY
 
     s, made = _pinned_session(three_bar, trainer=_TrailingSplit)
@@ -731,6 +731,16 @@ def test_a_split_a_pin_points_to_is_not_refused_early_and_shares_the_epochs(thre
     assert split.done and split.epoch == _TrailingSplit.option_epochs > (2 + FUTILE_LOOKS) * JUDGE_EVERY
     assert solver.epoch - before >= (CHALLENGER_SHARE - 1) * (split.epoch - 1)
     assert s.trainer is solver and s.trials.refused == {"per_cable": s.heldout_total}
+    # once a model is published, the split takes every epoch
+    published, made = _pinned_session(three_bar, trainer=_TrailingSplit)
+    published.best_values = PhysicalParameters(three_bar).as_dict()
+    solver = published.trainer
+    while not published.trials.urgent:
+        published.step()
+    before = solver.epoch
+    while published.trials.active and published.trials.option == "per_cable":
+        published.step()
+    assert made[-1].epoch == _TrailingSplit.option_epochs and solver.epoch == before
 
 
 def test_a_structure_option_must_beat_the_solvers_fit(three_bar):

@@ -137,10 +137,10 @@ _NOT_BETTER = "no better than the base fit"     # `_verdict`'s prefix when the b
 # (`identifiability.BOUND_HINTS` says it in words; measured there). Followed (``follow_pins``)
 # it is tried next, whatever the options, before the one running, and is not refused early
 # (`FUTILE_LOOKS`): the solver's values are a compensation then, and a split fitted from the
-# config's values trails at first. It keeps the usual share: the solver's model is the one
-# published meanwhile (measured: taking every epoch, stiff_light's solver was starved before
-# its first publication, and the split was never adopted), and a split's epoch costs ~4x the
-# solver's, so it already has most of the CPU.
+# config's values trails at first. It keeps the usual share until a model is published (the
+# solver's is the one published meanwhile: taking every epoch from the start, stiff_light's
+# solver was starved before its first publication), then takes every epoch (measured:
+# kitchen_sink's split, started at 15 s, was not judged by 60 s at half the epochs).
 # The rods' inertia factor at its top (4: beyond 3, all of a rod's mass at its ends, so no
 # rod's) came with the same spread: on 9 of the 10 runs of the SUPERball zoo's two robots whose
 # cables differ, on none of the other 35 (`bench/online.py`, 2026-12-02).
