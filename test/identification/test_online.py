@@ -737,10 +737,10 @@ def test_a_split_a_pin_points_to_is_not_refused_early_and_shares_the_epochs(thre
     solver = published.trainer
     while not published.trials.urgent:
         published.step()
-    before = solver.epoch
+    split, before = made[-1], solver.epoch
     while published.trials.active and published.trials.option == "per_cable":
         published.step()
-    assert made[-1].epoch == _TrailingSplit.option_epochs and solver.epoch == before
+    assert split.epoch == _TrailingSplit.option_epochs and solver.epoch == before
 
 
 def test_a_structure_option_must_beat_the_solvers_fit(three_bar):
