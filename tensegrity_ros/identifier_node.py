@@ -430,10 +430,11 @@ def declare_identification(d) -> dict:
                                "stage is tried from the config's values; ['none'] = the robot YAML's "
                                "structure and the first fit)"),
         "structure_on_pin": d("structure_on_pin", True,
-                              "a value a finished fit pins at a bound of its range, where that points to missing "
-                              "structure (the motors' time constant at its lower bound: cables that differ), has "
-                              "the option it points to (per_cable) tried next, not refused early, listed in "
-                              "structure_options or not; the hold-out gate still decides"),
+                              "a value the fit pins at a bound of its range (at its end, or 3 epochs in a row), "
+                              "where that points to missing structure (the motors' time constant at its lower "
+                              "bound, the rods' inertia factor at its top: cables that differ), has the option it "
+                              "points to (per_cable) tried next, not refused early, listed in structure_options "
+                              "or not; the hold-out gate still decides"),
     }
     out["config"] = declare_solver(d, out["interval"])
     return out
@@ -486,7 +487,8 @@ def make_session(robot, setting: dict, device, *, log, trainer_factory=default_t
         max_tuples=setting["max_tuples"], holdout_every=setting["holdout_every"],
         max_holdout=setting["max_holdout"], reopen_tuples=setting["reopen_tuples"], floor=setting["floor"],
         fixed_rods=tuple(int(r) for r in setting["fixed_rods"] if int(r) >= 0), log=log,
-        trainer_factory=trainer_factory, structure_options=structure, follow_pins=bool(setting["structure_on_pin"]))
+        trainer_factory=trainer_factory, structure_options=structure,
+        follow_pins=bool(setting["structure_on_pin"]))
 
 
 def declare_solver(d, period: float):
@@ -653,9 +655,10 @@ def ties_published(node, gate, fitted: dict, published) -> bool:
     worse), is the published model again: every learnt value within `TIE_SIGMAS` of the
     published one in the fit's published 1-sigma, and every value determined as
     `not_yet_determined` judges it (the estimate's own 1-sigma within ``converged_sigma``: the
-    published one adds the groups' scatter, which no amount of data narrows; measured, a
-    fresh-clone sim2sim on soft_slow refused ties on a damping 1-sigma of 5.6-9.0 % published, 2.5-4 % its
-    own, and excited on to its 90 s limit on 3 of 5 runs). Then the
+    published one adds the groups' scatter, which no amount of data narrows. Measured: the
+    fresh-clone sim2sim on soft_slow refused ties on a published damping 1-sigma of 5.6-9.0 %
+    and excited on to its 90 s limit on 3 of 5 runs; on `bench/online.py`'s soft_slow runs that
+    sigma is 7-15 %, the estimate's own 2.4-4.0 %, the error 1.6-4.4 %). Then the
     published model is what the solver converged to, and the controller may take it as done.
     Between two models this close the held-out verdict is the noise of each one's fitted
     start velocities. Measured: a sim2sim's twin within 0.5 % from sim t = 21.8 s had every

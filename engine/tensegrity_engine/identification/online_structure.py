@@ -55,9 +55,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from tensegrity_engine.identification.uncertainty import bound_sides
 from tensegrity_engine.identification.config import (COARSE_ONLY_SCHEDULES, CONTACT_PARAMS, IdentificationConfig,
                                                      contact_params)
+from tensegrity_engine.identification.uncertainty import bound_sides
 from tensegrity_engine.physics.config import MODEL_INTEGRATORS, RobotConfig
 from tensegrity_engine.physics.params import SOFT_LAW_PARAMS, SPEC_BY_NAME, PhysicalParameters
 
@@ -132,7 +132,7 @@ CHALLENGER_SHARE = 2
 # values (`fresh_start`) trails by construction at its first looks.
 FUTILE_LOOKS = 3
 _NOT_BETTER = "no better than the base fit"     # `_verdict`'s prefix when the base fit wins
-# A value a finished fit pins at one end of its range (`uncertainty.bound_sides`), and the
+# A value the solver's fit pins at one end of its range (`uncertainty.bound_sides`; `PIN_EPOCHS`), and the
 # option that gives the model the structure whose absence pins it there
 # (`identifiability.BOUND_HINTS` says it in words; measured there). Followed (``follow_pins``)
 # it is tried next, whatever the options, before the one running, and is not refused early
