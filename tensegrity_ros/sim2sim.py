@@ -383,10 +383,11 @@ def lacks_limit(name: str, truth: dict) -> bool:
     return name == "actuator_max_speed" and name in truth and float(np.mean(truth[name])) >= DEFAULT_MAX_SPEED
 
 
-def parameter_rows(published: list, truth: dict, config: dict, learn) -> tuple[list, Optional[float]]:
+def parameter_rows(published: list, truth: dict, config: dict, learn,
+                   tolerance: float = 0.05) -> tuple[list, Optional[float]]:
     """Each learnt value with a true one, from the published messages ``(t, stage, values, loss,
     sigma, ...)``: true, config, first and last published, 1-sigma, errors; and the sim time
-    from which every published value (limits aside) stays within 5 % of the truth."""
+    from which every published value (limits aside) stays within ``tolerance`` of the truth."""
     from tensegrity_engine.physics.params import SPEC_BY_NAME
     final = published[-1] if published else None
     start_vals = published[0][2] if published else None
@@ -414,7 +415,7 @@ def parameter_rows(published: list, truth: dict, config: dict, learn) -> tuple[l
         return rows, None
     within = None
     for entry in published:
-        ok = all(abs(np.mean(entry[2][n]) / np.mean(truth[n]) - 1.0) <= 0.05 for n in names if n in entry[2])
+        ok = all(abs(np.mean(entry[2][n]) / np.mean(truth[n]) - 1.0) <= tolerance for n in names if n in entry[2])
         within = (within if within is not None else entry[0]) if ok else None
     return rows, within
 
@@ -448,9 +449,11 @@ def summarize(robot, mon: Monitor, rolling_start, out_dir: Path, wall_s: float, 
     config = nominal_values(model)          # what the user had before identifying: beside the result
     final = mon.params[-1] if mon.params else None
     rows, within = parameter_rows(mon.params, truth, config, learn)
+    # the issue's targets: 5 % from a noise-free mocap, 10 % from a noisy one
+    within_10 = parameter_rows(mon.params, truth, config, learn, tolerance=0.10)[1]
     from tensegrity_engine.groundtruth.zoo import ground_truth
     summary = {"robot_truth": robot_truth, "robot_description": ground_truth(robot_truth, robot).description,
-               "within_5_percent_from_sim_t": within,
+               "within_5_percent_from_sim_t": within, "within_10_percent_from_sim_t": within_10,
                "heldout_com_error_1s": final[5][0] if final else None,
                "replaced_com_error_1s": final[5][1] if final else None,
                "config_com_error_1s": published_config_com_error(mon), "wall_seconds": round(wall_s, 1),
@@ -625,10 +628,12 @@ def print_summary(s: dict) -> None:
                   f"{100 * r.get('config_rel_error', float('nan')):9.1f}%")
         if s.get("sigma_state") not in (None, "estimated"):
             print(f"the published 1-sigma: {s['sigma_state']}")
-        within = s.get("within_5_percent_from_sim_t")
+        def since(t):
+            return f"from sim t={t:.1f} s" if t is not None else "never"
         print("all within 5 % of the truth " + ("(limits aside) " if any(r.get("limit") for r in s["parameters"])
                                                 else "")
-              + (f"from sim t={within:.1f} s" if within is not None else "never"))
+              + since(s.get("within_5_percent_from_sim_t"))
+              + f", within 10 % (the target from a mocap with noise) {since(s.get('within_10_percent_from_sim_t'))}")
         if per := s.get("per_unit_mass"):
             print(f"rod mass not learnt: the config's {per['config_mass']:.4g} kg per rod, the robot's "
                   f"{per['true_mass']:.4g} kg ({per['true_mass'] / per['config_mass']:.2f}x); poses without a known "
