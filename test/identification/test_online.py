@@ -655,7 +655,7 @@ def test_a_value_the_finished_fit_pins_at_its_bound_has_the_structure_it_points_
     epoch, is never refused as futile, and is adopted. Not followed, the listed option runs
     on and the split is never tried; a pin on the way (one epoch) is not followed, one held
     PIN_EPOCHS epochs in a row by a solver that has not ended is."""
-    from tensegrity_engine.identification.online_structure import PIN_EPOCHS
+    from tensegrity_engine.identification.online_structure import JUDGE_EVERY, PIN_EPOCHS, URGENT_JUDGE_EVERY
     from tensegrity_engine.identification.uncertainty import bound_sides
 
     s, made = _pinned_session(three_bar)
@@ -675,6 +675,7 @@ def test_a_value_the_finished_fit_pins_at_its_bound_has_the_structure_it_points_
     while s.trials.option == "per_cable":
         s.step()
     assert s.trials.log[-1] == ("per_cable", "adopted") and s.trainer is split and not s.trials.urgent
+    assert split.epoch == URGENT_JUDGE_EVERY < JUDGE_EVERY           # judged sooner than other options
     assert s.trials.adopted == ["per_cable"]
 
     off, made = _pinned_session(three_bar, follow_pins=False)
@@ -712,35 +713,38 @@ class _TrailingSplit(_PinnedOnTheWay):
             self.target = 2300.0
 
 
+def _split_run(session, made):
+    """Step ``session`` until a pin starts the split, then until the split ends: (the split,
+    the solver's epochs meanwhile)."""
+    solver = session.trainer
+    while not session.trials.urgent:
+        session.step()
+    split, before = made[-1], solver.epoch
+    while session.trials.active and session.trials.option == "per_cable":
+        session.step()
+    return split, solver.epoch - before
+
+
 def test_a_split_a_pin_points_to_is_not_refused_early_and_shares_the_epochs(three_bar):
     """The split a pin started trails the solver's fit at every look, yet is refused only at
     its end (no `FUTILE_LOOKS` stop: a split from the config's values trails at first, and
     the pinned fit is a compensation); meanwhile the solver keeps its share of the epochs
     until a model is published (its model is the one published), and none after."""
-    from tensegrity_engine.identification.online_structure import CHALLENGER_SHARE, FUTILE_LOOKS, JUDGE_EVERY
+    from tensegrity_engine.identification.online_structure import CHALLENGER_SHARE, FUTILE_LOOKS, URGENT_JUDGE_EVERY
 
     s, made = _pinned_session(three_bar, trainer=_TrailingSplit)
     solver = s.trainer
-    while not s.trials.urgent:
-        s.step()
-    split, before = made[-1], solver.epoch
-    while s.trials.active and s.trials.option == "per_cable":
-        s.step()
+    split, solver_epochs = _split_run(s, made)
     option, verdict = s.trials.log[-1]
     assert option == "per_cable" and not verdict.startswith("futile"), verdict
-    assert split.done and split.epoch == _TrailingSplit.option_epochs > (2 + FUTILE_LOOKS) * JUDGE_EVERY
-    assert solver.epoch - before >= (CHALLENGER_SHARE - 1) * (split.epoch - 1)
+    assert split.done and split.epoch == _TrailingSplit.option_epochs > FUTILE_LOOKS * URGENT_JUDGE_EVERY
+    assert solver_epochs >= (CHALLENGER_SHARE - 1) * (split.epoch - 1)
     assert s.trainer is solver and s.trials.refused == {"per_cable": s.heldout_total}
     # once a model is published, the split takes every epoch
     published, made = _pinned_session(three_bar, trainer=_TrailingSplit)
     published.best_values = PhysicalParameters(three_bar).as_dict()
-    solver = published.trainer
-    while not published.trials.urgent:
-        published.step()
-    split, before = made[-1], solver.epoch
-    while published.trials.active and published.trials.option == "per_cable":
-        published.step()
-    assert split.epoch == _TrailingSplit.option_epochs and solver.epoch == before
+    split, solver_epochs = _split_run(published, made)
+    assert split.epoch == _TrailingSplit.option_epochs and solver_epochs == 0
 
 
 def test_a_structure_option_must_beat_the_solvers_fit(three_bar):

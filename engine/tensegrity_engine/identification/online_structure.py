@@ -63,7 +63,8 @@ from tensegrity_engine.physics.params import SOFT_LAW_PARAMS, SPEC_BY_NAME, Phys
 
 __all__ = ["ONLINE_OPTIONS", "DEFAULT_STRUCTURE_OPTIONS", "OnlineOption", "online_options", "StructureTrials",
            "healthy_values", "CHALLENGER_SHARE", "FUTILE_LOOKS", "JUDGE_EVERY", "STRUCTURE_SIGNIFICANCE",
-           "STRUCTURE_MIN_GAIN", "PIN_OPTIONS", "PIN_EPOCHS", "structure_robot", "structure_key", "robot_in_structure"]
+           "STRUCTURE_MIN_GAIN", "PIN_OPTIONS", "PIN_EPOCHS", "URGENT_JUDGE_EVERY", "structure_robot", "structure_key",
+           "robot_in_structure"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +150,8 @@ PIN_OPTIONS = {("actuator_time_constant", "lower"): "per_cable", ("rod_inertia_f
 # values on their way pass near a bound, and on the floor the solver seldom ends (measured:
 # kitchen_sink, time constant pinned at 60 s, the solver ended 0 times).
 PIN_EPOCHS = 3
+# A split a pin started is judged every this many of its epochs: each costs ~4x the solver's
+URGENT_JUDGE_EVERY = 2
 
 
 def _trails(reason: str) -> bool:
@@ -439,7 +442,7 @@ class StructureTrials:
             if m.get("diverged") or not math.isfinite(float(m.get("val_loss", math.nan))) or not healthy_values(values):
                 raise FloatingPointError("diverged")
             interim = not challenger.done
-            if interim and self.challenger_epochs % JUDGE_EVERY:
+            if interim and self.challenger_epochs % (URGENT_JUDGE_EVERY if self.urgent else JUDGE_EVERY):
                 return None
             reason = self._verdict(session, values, challenger)
         except Exception as exc:  # noqa: BLE001 - a failed challenger must not stop identification
