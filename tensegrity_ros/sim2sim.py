@@ -409,15 +409,22 @@ def parameter_rows(published: list, truth: dict, config: dict, learn,
                          "rel_error": None if unlimited else abs(got - ref) / abs(ref), "config": nominal,
                          "config_rel_error": None if unlimited else abs(nominal - ref) / abs(ref),
                          "limit": limit, "unlimited": unlimited})
+    return rows, time_within(published, truth, rows, tolerance)
+
+
+def time_within(published: list, truth: dict, rows: list, tolerance: float) -> Optional[float]:
+    """The sim time from which every scored value of ``rows`` (`parameter_rows`; limits aside)
+    stays within ``tolerance`` of the truth in the ``published`` messages (None: never, or
+    nothing scored)."""
     # a limit is not waited for (as the node's 'converged'): its sigma is one-sided
     names = [r["name"] for r in rows if not r["limit"]]
     if not names:
-        return rows, None
+        return None
     within = None
     for entry in published:
         ok = all(abs(np.mean(entry[2][n]) / np.mean(truth[n]) - 1.0) <= tolerance for n in names if n in entry[2])
         within = (within if within is not None else entry[0]) if ok else None
-    return rows, within
+    return within
 
 
 def published_structure(model, structure) -> Optional[dict]:
@@ -450,7 +457,7 @@ def summarize(robot, mon: Monitor, rolling_start, out_dir: Path, wall_s: float, 
     final = mon.params[-1] if mon.params else None
     rows, within = parameter_rows(mon.params, truth, config, learn)
     # the issue's targets: 5 % from a noise-free mocap, 10 % from a noisy one
-    within_10 = parameter_rows(mon.params, truth, config, learn, tolerance=0.10)[1]
+    within_10 = time_within(mon.params, truth, rows, 0.10)
     from tensegrity_engine.groundtruth.zoo import ground_truth
     summary = {"robot_truth": robot_truth, "robot_description": ground_truth(robot_truth, robot).description,
                "within_5_percent_from_sim_t": within, "within_10_percent_from_sim_t": within_10,
@@ -591,6 +598,10 @@ def per_unit_mass(rows: list, truth: dict, config: dict) -> Optional[dict]:
     return {"config_mass": m_config, "true_mass": m_true, "rel_error": errors}
 
 
+def _since(t: Optional[float]) -> str:
+    return f"from sim t={t:.1f} s" if t is not None else "never"
+
+
 def print_summary(s: dict) -> None:
     print("\n=== sim2sim summary ===")
     print(f"the robot: {s.get('robot_truth', 'twin')} (values below are its true ones)"
@@ -628,12 +639,10 @@ def print_summary(s: dict) -> None:
                   f"{100 * r.get('config_rel_error', float('nan')):9.1f}%")
         if s.get("sigma_state") not in (None, "estimated"):
             print(f"the published 1-sigma: {s['sigma_state']}")
-        def since(t):
-            return f"from sim t={t:.1f} s" if t is not None else "never"
         print("all within 5 % of the truth " + ("(limits aside) " if any(r.get("limit") for r in s["parameters"])
                                                 else "")
-              + since(s.get("within_5_percent_from_sim_t"))
-              + f", within 10 % (the target from a mocap with noise) {since(s.get('within_10_percent_from_sim_t'))}")
+              + _since(s.get("within_5_percent_from_sim_t"))
+              + f", within 10 % (the target from a mocap with noise) {_since(s.get('within_10_percent_from_sim_t'))}")
         if per := s.get("per_unit_mass"):
             print(f"rod mass not learnt: the config's {per['config_mass']:.4g} kg per rod, the robot's "
                   f"{per['true_mass']:.4g} kg ({per['true_mass'] / per['config_mass']:.2f}x); poses without a known "
