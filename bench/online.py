@@ -446,8 +446,9 @@ def main(argv=None) -> int:
                     f"{','.join(DEFAULT_STRUCTURE_OPTIONS)}, which changes nothing under the soft law; "
                     "'none': the robot YAML's structure)")
     ap.add_argument("--follow-pins", choices=("on", "off"), default="on",
-                    help="as the identifier node's structure_on_pin: a value a finished fit pins at a bound of "
-                    "its range has the option it points to tried next, not refused early (PIN_OPTIONS)")
+                    help="as the identifier node's structure_on_pin: a value the fit pins at a bound of its range "
+                    "(at its end, or PIN_EPOCHS epochs in a row) has the option it points to tried next, not "
+                    "refused early (PIN_OPTIONS)")
     ap.add_argument("--min-tuples", type=int, default=30)
     ap.add_argument("--max-tuples", type=int, default=1500)
     ap.add_argument("--holdout-every", type=int, default=5)

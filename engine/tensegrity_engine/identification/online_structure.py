@@ -167,6 +167,11 @@ def _trails(reason: str) -> bool:
     return reason in ("worse", "unstable")
 
 
+def _at_bounds(trainer) -> tuple:
+    """(name, side) of each learnt value of ``trainer`` at a bound of its range now."""
+    return tuple((n, side) for n in getattr(trainer, "learn", ()) for side in bound_sides(trainer.parameters, n))
+
+
 def healthy_values(values: dict) -> bool:
     """Every value finite (`OnlineIdentification` and its challengers)."""
     return all(np.isfinite(np.asarray(v, dtype=np.float64)).all() for v in values.values())
@@ -321,17 +326,17 @@ class StructureTrials:
         """After each epoch of ``session``'s solver: count its pins (`PIN_EPOCHS`), and start
         a challenger where none runs beside a training solver or a pin is due."""
         main = session.trainer
-        learnt = getattr(main, "learn", ())
-        now = {(n, side) for n in learnt for side in bound_sides(main.parameters, n)}
+        now = _at_bounds(main)
         self.pin_streak = {p: self.pin_streak.get(p, 0) + 1 for p in now}
-        if (not self.active and not main.done) or (not self.urgent and self.pin_options(self.pins(main))):
+        if (not self.active and not main.done) or (not self.urgent and self.pin_options(self._counted(main, now))):
             self.maybe_start(session)
 
     def pins(self, main) -> tuple:
         """The (name, side) pins of the solver ``main`` that count: at a bound when its fit
         ended, or for `PIN_EPOCHS` of its epochs in a row."""
-        learnt = getattr(main, "learn", ())
-        now = tuple((n, side) for n in learnt for side in bound_sides(main.parameters, n))
+        return self._counted(main, _at_bounds(main))
+
+    def _counted(self, main, now: tuple) -> tuple:
         if getattr(main, "done", False):
             return now
         return tuple(p for p in now if self.pin_streak.get(p, 0) >= PIN_EPOCHS)
