@@ -71,6 +71,7 @@ from tensegrity_engine.identification.online_structure import (DEFAULT_STRUCTURE
                                                                  structure_key)
 from tensegrity_engine.identification.solvers.settle import settle_steps
 from tensegrity_engine.identification.solvers.windows import fit_start_velocities, training_windows
+from tensegrity_engine.identification.uncertainty import element_mean_sigma, elements_covered
 from tensegrity_engine.identification.streaming import StreamAligner, StreamConfig, TupleBatch
 from tensegrity_engine.physics.config import MODEL_INTEGRATORS, load_robot
 from tensegrity_engine.physics.params import PhysicalParameters
@@ -275,6 +276,7 @@ def run_session(z, args, seed: int, learn) -> dict:
     trace = []                        # (sim time, published values, sigma) per publication
     candidate_trace = []              # (sim time, the trainer's values) per epoch
     published, sigma, spread, full, shift, undetermined, at_bound, reverts = None, None, None, None, None, (), (), 0
+    full_elements = None
     compensating = ()                 # learnt values pinned at a bound that void the published sigma
     converged_at = []                 # sim times at which the solver ended by its convergence test
     while clock < args.duration:
@@ -319,19 +321,19 @@ def run_session(z, args, seed: int, learn) -> dict:
                 pacing.published()
                 published = values
                 u = session.uncertainty(max_tuples=64, at=values)
-                sigma = None if u is None else {n: float(np.max(s)) for n, s in u.sigma.items()}
-                spread = None if u is None or not u.sigma_spread else {
-                    n: float(np.max(s)) for n, s in u.sigma_spread.items()}
-                full = None if u is None else {n: float(np.max(s)) for n, s in u.published().items()}
-                shift = None if u is None or not u.sigma_structure else {
-                    n: float(np.max(s)) for n, s in u.sigma_structure.items()}
+                # a per-element value is scored as its mean, with the sigma its elements' give it
+                sigma = None if u is None else _mean_sigmas(u.sigma)
+                spread = None if u is None or not u.sigma_spread else _mean_sigmas(u.sigma_spread)
+                full_elements = None if u is None else u.published()
+                full = None if u is None else _mean_sigmas(full_elements)
+                shift = None if u is None or not u.sigma_structure else _mean_sigmas(u.sigma_structure)
                 undetermined = () if u is None else u.undetermined
                 at_bound = () if u is None else u.at_bound
                 compensating = () if u is None else u.compensating
                 trace.append((clock, values, sigma))
             elif verdict.revert:                 # as the node: the config's values again
                 session.mark_published(None)
-                published = sigma = spread = full = shift = None
+                published = sigma = spread = full = shift = full_elements = None
                 undetermined = at_bound = compensating = ()
                 reverts += 1
                 trace.append((clock, PhysicalParameters(robot).as_dict(), None))
@@ -398,6 +400,8 @@ def run_session(z, args, seed: int, learn) -> dict:
             "all_errors": relative_errors(final, truth, [n for n in learn if n in truth and n != "actuator_delay"]), "undetermined": undetermined, "at_bound": at_bound,
             "delay_ms": (1e3 * float(np.mean(final["actuator_delay"])), 1e3 * float(np.mean(truth["actuator_delay"]))),
             "covered": within_2(sigma), "covered_spread": within_2(spread), "covered_published": within_2(full),
+            "elements_covered": {n: c for n in reported if full_elements is not None and n in full_elements
+                                 and (c := elements_covered(final[n], truth[n], full_elements[n])) is not None},
             "claimed": claimed(reported), "compensating": compensating,
             "relative_shift": None if shift is None else {n: shift[n] / abs(np.mean(final[n])) for n in reported},
             "relative_spread": None if spread is None else {n: spread[n] / abs(np.mean(final[n])) for n in reported},
@@ -619,6 +623,12 @@ def main(argv=None) -> int:
           f"pinned at a bound ({', '.join(sorted({r['robot'] for r in voided})) or 'none'}), whose values were "
           f"covered by 2x the curvature-and-spread sigma on "
           f"{100 * np.mean([r['covered_spread'][n] for r in voided for n in reported]) if voided else math.nan:.0f} %")
+    split = [(r, c) for r in results for c in r["elements_covered"].values()]
+    if split:
+        hits, given = (sum(c[i] for _, c in split) for i in (0, 1))
+        _line(f"per element (values split per cable or rod as the robot's): {hits} of {given} elements given a "
+              f"finite sigma within 2 published sigma of their own true value ({_percent(hits / given) if given else 'none'}; "
+              f"{len({id(r) for r, _ in split})} runs)")
     _contact_table(results)
     (out / "results.json").write_text(json.dumps(results, indent=1, default=float))
     return 0
@@ -626,6 +636,11 @@ def main(argv=None) -> int:
 
 CONTACT_LABEL = {"friction_sliding": "friction", "contact_time_constant": "time constant",
                  "contact_damping_ratio": "damping ratio"}
+
+
+def _mean_sigmas(sigmas: dict) -> dict:
+    """Each value's sigma as the row of its mean sees it (`element_mean_sigma`)."""
+    return {n: element_mean_sigma(s) for n, s in sigmas.items()}
 
 
 def _percent(share: float) -> str:

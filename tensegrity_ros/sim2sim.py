@@ -388,6 +388,7 @@ def parameter_rows(published: list, truth: dict, config: dict, learn,
     """Each learnt value with a true one, from the published messages ``(t, stage, values, loss,
     sigma, ...)``: true, config, first and last published, 1-sigma, errors; and the sim time
     from which every published value (limits aside) stays within ``tolerance`` of the truth."""
+    from tensegrity_engine.identification.uncertainty import element_mean_sigma, elements_covered
     from tensegrity_engine.physics.params import SPEC_BY_NAME
     final = published[-1] if published else None
     start_vals = published[0][2] if published else None
@@ -399,16 +400,17 @@ def parameter_rows(published: list, truth: dict, config: dict, learn,
             got = float(np.mean(final[2][name]))
             ref = float(np.mean(truth[name]))
             first = float(np.mean(start_vals[name])) if start_vals and name in start_vals else float("nan")
-            # sigma of the mean over elements, as if independent (shared values: their sigma)
+            # per-element values: the row is their mean, its sigma the most their correlations allow
             sig = np.asarray(final[4].get(name, [np.nan]), dtype=np.float64)
-            sigma = float(np.sqrt(np.sum(sig ** 2)) / sig.size)
+            sigma = element_mean_sigma(sig)
             nominal = float(np.mean(config[name])) if name in config else float("nan")
             limit = bool(SPEC_BY_NAME[name].limit) if name in SPEC_BY_NAME else False
             unlimited = lacks_limit(name, truth)        # no error to give against "none"
             rows.append({"name": name, "true": ref, "identified": got, "sigma": sigma, "first_published": first,
                          "rel_error": None if unlimited else abs(got - ref) / abs(ref), "config": nominal,
                          "config_rel_error": None if unlimited else abs(nominal - ref) / abs(ref),
-                         "limit": limit, "unlimited": unlimited})
+                         "limit": limit, "unlimited": unlimited,
+                         "elements_covered": elements_covered(final[2][name], truth[name], sig)})
     return rows, time_within(published, truth, rows, tolerance)
 
 
@@ -502,6 +504,7 @@ def summarize(robot, mon: Monitor, rolling_start, out_dir: Path, wall_s: float, 
 
 def _plots(mon, robot, truth, rolling_start, out_dir: Path, learn) -> None:
     import matplotlib
+    from tensegrity_engine.identification.uncertainty import element_mean_sigma
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -531,8 +534,7 @@ def _plots(mon, robot, truth, rolling_start, out_dir: Path, learn) -> None:
             ref = np.mean(truth[n])
             vals = np.array([np.mean(p[2][n]) for p in mon.params]) / ref
             line, = ax[1, 0].semilogy(pt, vals, marker=".", label=n)
-            sig = np.array([np.sqrt(np.sum(np.square(p[4].get(n, [np.nan])))) / np.size(p[4].get(n, [np.nan]))
-                            for p in mon.params]) / ref
+            sig = np.array([element_mean_sigma(p[4].get(n, [np.nan])) for p in mon.params]) / ref
             band = np.isfinite(sig)
             if band.any():          # 1-sigma band (floored so the log axis can draw it)
                 ax[1, 0].fill_between(pt[band], np.maximum(vals[band] - sig[band], 1e-3 * vals[band]),
@@ -637,6 +639,12 @@ def print_summary(s: dict) -> None:
                   f"{r['first_published']:12.5g} {r['identified']:12.5g} "
                   f"{sigma:10.3g} {100 * r['rel_error']:7.1f}% {ratio:9.1f} "
                   f"{100 * r.get('config_rel_error', float('nan')):9.1f}%")
+        for r in s["parameters"]:
+            if r.get("elements_covered"):
+                hits, given = r["elements_covered"]
+                print(f"{r['name']}: one value per element, the row their mean and its 1-sigma the mean of "
+                      f"theirs (errors that compensate move together); {hits} of {given} elements within "
+                      "2 sigma of their own true value")
         if s.get("sigma_state") not in (None, "estimated"):
             print(f"the published 1-sigma: {s['sigma_state']}")
         print("all within 5 % of the truth " + ("(limits aside) " if any(r.get("limit") for r in s["parameters"])

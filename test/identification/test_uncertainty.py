@@ -8,7 +8,8 @@ import torch
 from tensegrity_engine import identification as idf
 from tensegrity_engine.identification import dataset as ds
 from tensegrity_engine.identification.solvers.levenberg_marquardt import raw_vector
-from tensegrity_engine.identification.uncertainty import (gauss_newton_uncertainty, horizon_shift, trainer_uncertainty,
+from tensegrity_engine.identification.uncertainty import (element_mean_sigma, elements_covered,
+                                                         gauss_newton_uncertainty, horizon_shift, trainer_uncertainty,
                                                          value_slopes)
 from tensegrity_engine.physics.params import PhysicalParameters
 
@@ -170,6 +171,27 @@ def test_a_cable_rod_or_motor_value_pinned_at_its_bound_voids_every_published_si
     flat = u.flat(params, structure=True)
     damping = params.flat()[0].index("cable_damping")
     assert np.isinf(flat[damping]) == compensates and np.isfinite(u.flat(params)[damping])     # sigma itself kept
+
+
+def test_the_sigma_of_an_element_mean_holds_whatever_the_elements_correlation():
+    """Per-cable values published with their own sigma: the mean's sigma must hold for errors
+    that move together (a compensation), which independence understates by sqrt(n)."""
+    rng = np.random.default_rng(3)
+    sigma = rng.uniform(0.5, 2.0, 24)
+    for rho in (0.0, 0.5, 1.0):
+        cov = sigma[:, None] * sigma[None, :] * (rho + (1.0 - rho) * np.eye(24))
+        errors = rng.multivariate_normal(np.zeros(24), cov, size=20000, method="eigh")
+        spread = errors.mean(axis=1).std()
+        assert spread <= 1.03 * element_mean_sigma(sigma)
+        if rho == 1.0:          # the bound is reached; independence would claim a fifth of it
+            assert spread == pytest.approx(element_mean_sigma(sigma), rel=0.03)
+            assert np.sqrt(np.sum(sigma ** 2)) / sigma.size < 0.3 * spread
+    assert np.isnan(element_mean_sigma([]))
+    # each element against its own true value; a shared value or another split: not counted
+    truth = np.array([1.0, 2.0, 3.0])
+    assert elements_covered([1.1, 2.5, 3.0], truth, [0.1, 0.1, np.inf]) == (1, 2)
+    assert elements_covered([2.0], [2.0], [0.1]) is None
+    assert elements_covered([1.0, 2.0], truth, [0.1, 0.1]) is None
 
 
 def test_correlation_of_the_estimate_follows_the_columns(superball):

@@ -76,6 +76,26 @@ def test_a_limit_the_robot_lacks_is_shown_but_never_waited_for(capsys):
     assert "(limits aside) never, within 10 % (the target from a mocap with noise) from sim t=20.0 s" in out
 
 
+def test_a_per_cable_value_is_scored_as_its_mean_with_a_sigma_correlated_errors_cannot_beat(capsys):
+    from tensegrity_ros.sim2sim import parameter_rows
+    truth = {"cable_stiffness": [9000.0, 10000.0, 11000.0, 10000.0]}
+    config = {"cable_stiffness": [10000.0]}
+    got = [10100.0, 11200.0, 12300.0, 9900.0]             # three 12 % high together, one 1 % low
+    sigma = [400.0, 400.0, 500.0, 300.0]
+    msgs = [(10.0, "fine", {"cable_stiffness": got}, 0.1, {"cable_stiffness": sigma}, (1.0, 2.0))]
+    (row,), _ = parameter_rows(msgs, truth, config, None)
+    assert row["identified"] == pytest.approx(10875.0) and row["true"] == pytest.approx(10000.0)
+    assert row["sigma"] == pytest.approx(400.0)           # not sqrt(sum sigma^2) / 4 = 203
+    assert row["elements_covered"] == (1, 4)
+    print_summary({"wall_seconds": 1.0, "sim_seconds": 1.0, "poses": 10, "parameters_published": 1,
+                   "final_stage": "fine", "parameters": [row]})
+    assert "1 of 4 elements within 2 sigma of their own true value" in capsys.readouterr().out
+    # a shared value against a per-cable truth: its mean scored, no per-element count
+    msgs = [(10.0, "fine", {"cable_stiffness": [10500.0]}, 0.1, {"cable_stiffness": [300.0]}, (1.0, 2.0))]
+    (row,), _ = parameter_rows(msgs, truth, config, None)
+    assert row["sigma"] == 300.0 and row["elements_covered"] is None
+
+
 def test_a_default_learn_list_scores_every_published_value_and_none_claims_nothing():
     from tensegrity_ros.params import load_robot
     from tensegrity_ros.sim2sim import parameter_rows, summary_learn
