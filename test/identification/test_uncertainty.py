@@ -547,6 +547,63 @@ def test_pose_only_sigma_comes_from_the_windows_in_every_stage(superball, sigma_
     assert len(calls) == 2 and calls[1][0] is tr.window_lm and not calls[1][1]       # the solver's own windows
 
 
+def test_a_finite_difference_stage_fits_its_sigma_windows_once_and_then_polishes_them(superball, sigma_data,
+                                                                                      monkeypatch):
+    """Before the windowed stage each estimate fitted the latents of a scratch windowed problem
+    from scratch, most of its cost. The fitted problem is kept while the data only grows (less
+    than twice): the next estimate polishes its latents, costs less and gives about the same
+    sigma; new data (or twice the data) draws and fits it again."""
+    from tensegrity_engine.identification.solvers.windows import WindowLevenbergMarquardt
+    from tensegrity_engine.physics.work import METER
+
+    refits = []
+    original = WindowLevenbergMarquardt.information_at
+
+    def spy(self, run, theta, refit=False):
+        if self.config.pose_window == run.config.pose_window:       # not the horizon shift's windows
+            refits.append((self, refit))
+        return original(self, run, theta, refit=refit)
+
+    monkeypatch.setattr(WindowLevenbergMarquardt, "information_at", spy)
+    monkeypatch.setattr("tensegrity_engine.identification.uncertainty.MIN_WARM", 2)
+    cfg = idf.IdentificationConfig(period=PERIOD, learn=("cable_stiffness", "cable_damping"), schedule="online",
+                                   init="given", lm_max_iters=40, lm_windows=12, seed=0)
+    tr = idf.ProgressiveTrainer(superball, cfg, log=lambda m: None)
+    pose = [t.without_velocity() for t in sigma_data["train"] + sigma_data["val"]]     # three records
+    tr.set_data(ds.tuples_from(pose[:2], period=PERIOD))
+    tr.train_epoch()
+    assert tr.schedule.pose_stage == "finite_difference" and tr.window_lm.windows is None
+
+    def estimate():
+        before = METER.rod_steps
+        return trainer_uncertainty(tr), METER.rod_steps - before
+
+    first, first_cost = estimate()
+    assert refits[-1][1] and tr.sigma_scratch is not None and refits[-1][0] is tr.sigma_scratch[0]
+    tr.train_epoch()                                     # new values, the same data
+    assert tr.window_lm.windows is None
+    polished, polished_cost = estimate()
+    assert refits[-1] == (tr.sigma_scratch[0], False)
+    assert 0 < polished_cost < 0.6 * first_cost
+    scratch = tr.sigma_scratch
+    tr.sigma_scratch = None                              # the same windows (one draw), fitted from scratch
+    fresh, _ = estimate()
+    assert refits[-1][1] and torch.equal(tr.sigma_scratch[0].windows, scratch[0].windows)
+    for name in ("cable_stiffness", "cable_damping"):
+        assert polished.sigma[name][0] == pytest.approx(fresh.sigma[name][0], rel=0.1)
+    tr.extend_data(ds.tuples_from(pose, period=PERIOD))                                 # grown, not doubled
+    estimate()
+    assert refits[-1] == (tr.sigma_scratch[0], False)    # the windows of the last draw kept
+    tr.sigma_scratch = scratch
+    tr.extend_data(ds.tuples_from(pose + pose[:1], period=PERIOD))                      # twice the data
+    estimate()
+    assert refits[-1][1] and tr.sigma_scratch[0] is not scratch[0]
+    tr.set_data(ds.tuples_from(pose[1:], period=PERIOD))                                # other data
+    assert tr.window_lm.windows is None
+    estimate()
+    assert refits[-1][1]
+
+
 def test_gauss_newton_step_reaches_a_linear_problems_minimum_and_skips_unconstrained_directions():
     """For residuals linear in theta one step lands on the least-squares minimum; a
     direction the data does not constrain (a zero column) gets no step."""

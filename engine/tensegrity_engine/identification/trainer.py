@@ -100,6 +100,7 @@ class ProgressiveTrainer:
         self.adam = AdamSolver(self.config)
         self.tuple_lm = TupleLevenbergMarquardt(self.config)
         self.window_lm = WindowLevenbergMarquardt(self.config)
+        self.sigma_scratch = None   # the uncertainty's windows before the windowed stage (`uncertainty`)
         self._last_metrics: dict = {}
 
     # ------------------------------------------------------------------ state of the run
