@@ -71,8 +71,8 @@ from tensegrity_engine.identification.online_structure import (DEFAULT_STRUCTURE
                                                                  structure_key)
 from tensegrity_engine.identification.solvers.settle import settle_steps
 from tensegrity_engine.identification.solvers.windows import fit_start_velocities, training_windows
-from tensegrity_engine.identification.uncertainty import element_mean_sigma, elements_covered
 from tensegrity_engine.identification.streaming import StreamAligner, StreamConfig, TupleBatch
+from tensegrity_engine.identification.uncertainty import element_mean_sigma, elements_covered
 from tensegrity_engine.physics.config import MODEL_INTEGRATORS, load_robot
 from tensegrity_engine.physics.params import PhysicalParameters
 from tensegrity_engine.physics.state import ANG_VEL, QUAT, quat_conjugate, quat_rotate
@@ -321,7 +321,7 @@ def run_session(z, args, seed: int, learn) -> dict:
                 pacing.published()
                 published = values
                 u = session.uncertainty(max_tuples=64, at=values)
-                # a per-element value is scored as its mean, with the sigma its elements' give it
+                # a per-element value is scored as its mean, with the sigma its elements' sigmas give it
                 sigma = None if u is None else _mean_sigmas(u.sigma)
                 spread = None if u is None or not u.sigma_spread else _mean_sigmas(u.sigma_spread)
                 full_elements = None if u is None else u.published()

@@ -643,8 +643,9 @@ def print_summary(s: dict) -> None:
             if r.get("elements_covered"):
                 hits, given = r["elements_covered"]
                 print(f"{r['name']}: one value per element, the row their mean and its 1-sigma the mean of "
-                      f"theirs (errors that compensate move together); {hits} of {given} elements within "
-                      "2 sigma of their own true value")
+                      "theirs (errors that compensate move together); "
+                      + (f"{hits} of {given} elements within 2 sigma of their own true value" if given
+                         else "no element has a finite sigma"))
         if s.get("sigma_state") not in (None, "estimated"):
             print(f"the published 1-sigma: {s['sigma_state']}")
         print("all within 5 % of the truth " + ("(limits aside) " if any(r.get("limit") for r in s["parameters"])

@@ -5,6 +5,7 @@ nothing of what was identified)."""
 import threading
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from tensegrity_ros.identifier_node import passes_gate
@@ -90,6 +91,11 @@ def test_a_per_cable_value_is_scored_as_its_mean_with_a_sigma_correlated_errors_
     print_summary({"wall_seconds": 1.0, "sim_seconds": 1.0, "poses": 10, "parameters_published": 1,
                    "final_stage": "fine", "parameters": [row]})
     assert "1 of 4 elements within 2 sigma of their own true value" in capsys.readouterr().out
+    msgs[0][4]["cable_stiffness"] = [np.inf] * 4                    # pinned: no element has a sigma
+    (row,), _ = parameter_rows(msgs, truth, config, None)
+    print_summary({"wall_seconds": 1.0, "sim_seconds": 1.0, "poses": 10, "parameters_published": 1,
+                   "final_stage": "fine", "parameters": [row]})
+    assert row["elements_covered"] == (0, 0) and "no element has a finite sigma" in capsys.readouterr().out
     # a shared value against a per-cable truth: its mean scored, no per-element count
     msgs = [(10.0, "fine", {"cable_stiffness": [10500.0]}, 0.1, {"cable_stiffness": [300.0]}, (1.0, 2.0))]
     (row,), _ = parameter_rows(msgs, truth, config, None)

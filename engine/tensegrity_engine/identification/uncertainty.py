@@ -197,7 +197,8 @@ def element_mean_sigma(sigma) -> float:
     are ``sigma``, their correlations unknown (the message carries none): the mean of the
     sigmas, what fully correlated errors give and the most any correlation can. Errors that
     make up for a missing structure move together: kitchen_sink's 24 cable stiffnesses, 12 %
-    off together over topics, were 14 of the sigmas independent errors would give (2.9 of these)."""
+    off together over topics, were off by 14 times the sigma independent errors would give
+    their mean, and by 2.9 times this one."""
     s = np.asarray(sigma, dtype=np.float64).reshape(-1)
     return float(s.mean()) if s.size else math.nan
 
