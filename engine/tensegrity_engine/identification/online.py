@@ -407,6 +407,9 @@ class OnlineIdentification:
         if not trainer.done and hasattr(trainer, "set_budget"):
             trainer.set_budget(self.config.max_epochs, self.config.max_seconds)
         trainer.extend_data(self.window_tuples())
+        if old is not None:                      # its first sigma polishes the old solver's latents
+            from tensegrity_engine.identification.uncertainty import inherit_scratch
+            inherit_scratch(trainer, old)
         self.robot = getattr(trainer, "robot", self.robot)
         if old is not None and structure_key(getattr(old, "robot", self.robot)) != structure_key(self.robot):
             self.scores.keep(old)                # scores the model it fitted

@@ -421,6 +421,31 @@ def _scratch_solver(trainer, seed: int) -> tuple[WindowLevenbergMarquardt, bool]
     return lm, True
 
 
+def inherit_scratch(trainer, donor) -> bool:
+    """Give ``trainer``, not yet in its windowed stage, the windows and fitted latents of
+    ``donor``'s windowed stage on the same tuples as its uncertainty's scratch problem
+    (`_scratch_solver`), so that its first estimate polishes them instead of fitting every
+    window from scratch (a structure challenger adopted before its windowed stage: the
+    solver it replaces has fitted those windows; the rods' velocities they hold are the
+    robot's, whatever the model). False (nothing given) where the trainer has windows, the
+    donor has none, or the tuples differ."""
+    lm, own = getattr(donor, "window_lm", None), getattr(trainer, "window_lm", None)
+    if getattr(trainer, "train", None) is None or own is None or own.windows is not None or lm is None \
+            or lm.windows is None or lm.window_vel is None or getattr(donor, "train", None) is None \
+            or lm.windows.shape[1] != trainer.config.pose_window \
+            or int(lm.windows.max()) >= min(len(trainer.train), len(donor.train)):
+        return False
+    starts = lm.windows[:, 0]
+    if not torch.equal(trainer.train.x0[starts], donor.train.x0[starts]):
+        return False
+    scratch = WindowLevenbergMarquardt(trainer.config)
+    scratch.load(trainer, lm.windows.clone(), lm.window_vel.clone())
+    if scratch.windows is None:
+        return False
+    trainer.sigma_scratch = (scratch, len(trainer.train), trainer.train.x0[starts].clone())
+    return True
+
+
 def horizon_shift(trainer, theta0: torch.Tensor, short_step: Optional[torch.Tensor] = None, seed: int = 0,
                   factor: int = HORIZON_FACTOR, warm: bool = True,
                   solver: Optional[WindowLevenbergMarquardt] = None) -> dict:
