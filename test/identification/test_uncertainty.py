@@ -604,6 +604,60 @@ def test_a_finite_difference_stage_fits_its_sigma_windows_once_and_then_polishes
     assert refits[-1][1]
 
 
+def test_an_adopted_trainer_polishes_the_latents_of_the_solver_it_replaces(superball, sigma_data, monkeypatch):
+    """A structure challenger adopted before its windowed stage: its first estimate starts from
+    the replaced solver's windows and fitted latents (the same tuples), polished, not from
+    every window fitted from scratch; other tuples, or a trainer with windows, get nothing."""
+    from tensegrity_engine.identification.solvers.windows import WindowLevenbergMarquardt
+    from tensegrity_engine.identification.uncertainty import inherit_scratch
+    from tensegrity_engine.physics.work import METER
+
+    refits = []
+    original = WindowLevenbergMarquardt.information_at
+
+    def spy(self, run, theta, refit=False):
+        if self.config.pose_window == run.config.pose_window:
+            refits.append((self, refit))
+        return original(self, run, theta, refit=refit)
+
+    monkeypatch.setattr(WindowLevenbergMarquardt, "information_at", spy)
+    monkeypatch.setattr("tensegrity_engine.identification.uncertainty.MIN_WARM", 2)
+    cfg = idf.IdentificationConfig(period=PERIOD, learn=("cable_stiffness", "cable_damping"), schedule="online",
+                                   init="given", lm_max_iters=40, lm_windows=12, seed=0)
+    pose = ds.tuples_from([t.without_velocity() for t in sigma_data["train"]], period=PERIOD)
+    donor = idf.ProgressiveTrainer(superball, cfg, log=lambda m: None)
+    donor.set_data(pose)
+    donor.run()
+    assert donor.window_lm.windows is not None
+
+    def adopted():
+        tr = idf.ProgressiveTrainer(superball, dataclasses.replace(cfg, per_element=("cable_stiffness",)),
+                                    log=lambda m: None)
+        tr.set_data(pose)
+        tr.train_epoch()
+        assert tr.window_lm.windows is None
+        return tr
+
+    def estimate(tr):
+        before = METER.rod_steps
+        return trainer_uncertainty(tr), METER.rod_steps - before
+
+    tr = adopted()
+    assert inherit_scratch(tr, donor)
+    warm, warm_cost = estimate(tr)
+    assert refits[-1] == (tr.sigma_scratch[0], False)
+    assert torch.equal(refits[-1][0].windows, donor.window_lm.windows)
+    cold_tr = adopted()
+    cold, cold_cost = estimate(cold_tr)
+    assert refits[-1][1] and 0 < warm_cost < 0.6 * cold_cost
+    for name in ("cable_stiffness", "cable_damping"):
+        assert np.all(np.isfinite(warm.sigma[name])) and np.all(warm.sigma[name] > 0)
+    assert not inherit_scratch(donor, tr)                      # a trainer with windows of its own
+    other = idf.ProgressiveTrainer(superball, cfg, log=lambda m: None)
+    other.set_data(ds.tuples_from([t.without_velocity() for t in sigma_data["val"]], period=PERIOD))
+    assert not inherit_scratch(other, donor) and other.sigma_scratch is None
+
+
 def test_gauss_newton_step_reaches_a_linear_problems_minimum_and_skips_unconstrained_directions():
     """For residuals linear in theta one step lands on the least-squares minimum; a
     direction the data does not constrain (a zero column) gets no step."""
