@@ -34,6 +34,7 @@ from tensegrity_engine.identification.online_structure import (CHALLENGER_SHARE,
                                                                 robot_in_structure, structure_key, structure_robot)
 from tensegrity_engine.identification.holdout import HeldOutBlocks
 from tensegrity_engine.identification.streaming import TupleBatch, to_tuple_set
+from tensegrity_engine.identification.uncertainty import inherit_scratch
 from tensegrity_engine.physics.actuators import delayed_commands
 from tensegrity_engine.physics.config import MODEL_INTEGRATORS, RobotConfig
 from tensegrity_engine.physics.params import PhysicalParameters, checked_parameters
@@ -407,9 +408,7 @@ class OnlineIdentification:
         if not trainer.done and hasattr(trainer, "set_budget"):
             trainer.set_budget(self.config.max_epochs, self.config.max_seconds)
         trainer.extend_data(self.window_tuples())
-        if old is not None:                      # its first sigma polishes the old solver's latents
-            from tensegrity_engine.identification.uncertainty import inherit_scratch
-            inherit_scratch(trainer, old)
+        inherit_scratch(trainer, old)            # its first sigma polishes the old solver's latents
         self.robot = getattr(trainer, "robot", self.robot)
         if old is not None and structure_key(getattr(old, "robot", self.robot)) != structure_key(self.robot):
             self.scores.keep(old)                # scores the model it fitted
