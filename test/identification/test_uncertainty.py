@@ -547,14 +547,10 @@ def test_pose_only_sigma_comes_from_the_windows_in_every_stage(superball, sigma_
     assert len(calls) == 2 and calls[1][0] is tr.window_lm and not calls[1][1]       # the solver's own windows
 
 
-def test_a_finite_difference_stage_fits_its_sigma_windows_once_and_then_polishes_them(superball, sigma_data,
-                                                                                      monkeypatch):
-    """Before the windowed stage each estimate fitted the latents of a scratch windowed problem
-    from scratch, most of its cost. The fitted problem is kept while the data only grows (less
-    than twice): the next estimate polishes its latents, costs less and gives about the same
-    sigma; new data (or twice the data) draws and fits it again."""
+def _scratch_spy(monkeypatch):
+    """(the (solver, refit) of every estimate on the solver-length windows, as they come; the
+    online config of the scratch-window tests)."""
     from tensegrity_engine.identification.solvers.windows import WindowLevenbergMarquardt
-    from tensegrity_engine.physics.work import METER
 
     refits = []
     original = WindowLevenbergMarquardt.information_at
@@ -566,8 +562,19 @@ def test_a_finite_difference_stage_fits_its_sigma_windows_once_and_then_polishes
 
     monkeypatch.setattr(WindowLevenbergMarquardt, "information_at", spy)
     monkeypatch.setattr("tensegrity_engine.identification.uncertainty.MIN_WARM", 2)
-    cfg = idf.IdentificationConfig(period=PERIOD, learn=("cable_stiffness", "cable_damping"), schedule="online",
-                                   init="given", lm_max_iters=40, lm_windows=12, seed=0)
+    return refits, idf.IdentificationConfig(period=PERIOD, learn=("cable_stiffness", "cable_damping"),
+                                            schedule="online", init="given", lm_max_iters=40, lm_windows=12, seed=0)
+
+
+def test_a_finite_difference_stage_fits_its_sigma_windows_once_and_then_polishes_them(superball, sigma_data,
+                                                                                      monkeypatch):
+    """Before the windowed stage each estimate fitted the latents of a scratch windowed problem
+    from scratch, most of its cost. The fitted problem is kept while the data only grows (less
+    than twice): the next estimate polishes its latents, costs less and gives about the same
+    sigma; new data (or twice the data) draws and fits it again."""
+    from tensegrity_engine.physics.work import METER
+
+    refits, cfg = _scratch_spy(monkeypatch)
     tr = idf.ProgressiveTrainer(superball, cfg, log=lambda m: None)
     pose = [t.without_velocity() for t in sigma_data["train"] + sigma_data["val"]]     # three records
     tr.set_data(ds.tuples_from(pose[:2], period=PERIOD))
@@ -608,22 +615,10 @@ def test_an_adopted_trainer_polishes_the_latents_of_the_solver_it_replaces(super
     """A structure challenger adopted before its windowed stage: its first estimate starts from
     the replaced solver's windows and fitted latents (the same tuples), polished, not from
     every window fitted from scratch; other tuples, or a trainer with windows, get nothing."""
-    from tensegrity_engine.identification.solvers.windows import WindowLevenbergMarquardt
     from tensegrity_engine.identification.uncertainty import inherit_scratch
     from tensegrity_engine.physics.work import METER
 
-    refits = []
-    original = WindowLevenbergMarquardt.information_at
-
-    def spy(self, run, theta, refit=False):
-        if self.config.pose_window == run.config.pose_window:
-            refits.append((self, refit))
-        return original(self, run, theta, refit=refit)
-
-    monkeypatch.setattr(WindowLevenbergMarquardt, "information_at", spy)
-    monkeypatch.setattr("tensegrity_engine.identification.uncertainty.MIN_WARM", 2)
-    cfg = idf.IdentificationConfig(period=PERIOD, learn=("cable_stiffness", "cable_damping"), schedule="online",
-                                   init="given", lm_max_iters=40, lm_windows=12, seed=0)
+    refits, cfg = _scratch_spy(monkeypatch)
     pose = ds.tuples_from([t.without_velocity() for t in sigma_data["train"]], period=PERIOD)
     donor = idf.ProgressiveTrainer(superball, cfg, log=lambda m: None)
     donor.set_data(pose)
