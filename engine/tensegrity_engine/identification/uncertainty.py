@@ -389,7 +389,7 @@ def _windowed_uncertainty(trainer, names, theta0, seed: int) -> ParameterUncerta
     if lm is not trainer.window_lm:    # the scratch solver's latents: the horizon shift and the next estimate start there
         lm.window_vel = info["vel"]
         if refit:
-            trainer.sigma_scratch = (lm, len(trainer.train), trainer.train.x0[lm.windows[:, 0]].clone())
+            _keep_scratch(trainer, lm)
     u = normal_matrix_uncertainty(trainer.params, names, info["H"], info["rss"], info["dof"], scores=info["G"],
                                   group_information=info["HG"])
     try:
@@ -442,8 +442,14 @@ def inherit_scratch(trainer, donor) -> bool:
     scratch.load(trainer, lm.windows.clone(), lm.window_vel.clone())
     if scratch.windows is None:
         return False
-    trainer.sigma_scratch = (scratch, len(trainer.train), trainer.train.x0[starts].clone())
+    _keep_scratch(trainer, scratch)
     return True
+
+
+def _keep_scratch(trainer, lm: WindowLevenbergMarquardt) -> None:
+    """Keep ``lm``, fitted, as ``trainer``'s scratch problem, with what `_scratch_solver`
+    checks before it reuses it: the data's size and the windows' start poses."""
+    trainer.sigma_scratch = (lm, len(trainer.train), trainer.train.x0[lm.windows[:, 0]].clone())
 
 
 def horizon_shift(trainer, theta0: torch.Tensor, short_step: Optional[torch.Tensor] = None, seed: int = 0,
