@@ -54,7 +54,7 @@ class _ScriptedTrainer:
         self.done = not self.script
         return {"epoch": self.epoch, "loss": loss, "val_loss": loss, "diverged": math.isnan(loss)}
 
-    def heldout_loss(self, data, values, chain=0, per_block=False):
+    def heldout_loss(self, data, values, chain=0, per_block=False, known=None):
         """A stand-in yardstick: distance of the stiffness from 3000 (NaN stays NaN) in every
         held-out block, +-1e6 x the actuator offset alternately (block noise); a sliding
         friction above 2 stands for a model whose CoM drifts off (1 m)."""
@@ -220,6 +220,23 @@ def test_prediction_of_the_newest_tuple_uses_the_identified_engine(three_bar):
     s.trainer.device = "cpu"
     rs, t0 = s.predict_newest()
     assert t0 == 100_000_000 and rs.shape == (three_bar.num_rods, 13) and np.isfinite(rs).all()
+
+
+def test_a_published_candidate_is_not_rolled_out_again_as_the_next_gates_reference(three_bar):
+    s, made = _session(three_bar, [1.0] * 4, min_tuples=2, holdout_every=3)
+    s.add(_batch(three_bar, 0, 31))
+    s.add(_batch(three_bar, 31, 60))
+    values = {"cable_stiffness": [2500.0]}
+    assert s.gate(values).accepted                     # against the config, scored once here
+    s.mark_published(values)
+    calls = len(made[0].calls)
+    v = s.gate({"cable_stiffness": [2800.0]})
+    assert v.accepted and v.incumbent_loss == pytest.approx(500.0)
+    assert len(made[0].calls) == calls + 1             # the candidate only: both references known
+    s.add(_batch(three_bar, 91, 29))                   # a new block: each model is scored on it again
+    calls = len(made[0].calls)
+    s.gate({"cable_stiffness": [2900.0]})
+    assert len(made[0].calls) == calls + 3
 
 
 def test_held_out_tuples_never_train_and_gate_every_publication(three_bar):
@@ -812,7 +829,7 @@ class _SplitTrainer(_StructureTrainer):
         self.parameters = PhysicalParameters(robot, self.parameters.as_dict(), per_element=config.per_element)
         self.target = _spread_truth(robot) if "cable_stiffness" in config.per_element else 3000.0
 
-    def heldout_loss(self, data, values, chain=0, per_block=False):
+    def heldout_loss(self, data, values, chain=0, per_block=False, known=None):
         k = np.broadcast_to(np.asarray(values["cable_stiffness"], dtype=np.float64), (self.robot.num_cables,))
         blocks = max(1, len(data.t0) // max(chain, 1))
         loss = np.full(blocks, float(np.abs(k - _spread_truth(self.robot)).mean()))
@@ -858,7 +875,7 @@ def test_a_split_that_explains_nothing_is_refused(three_bar):
             super().__init__(robot, config, initial)
             self.target = 3000.0
 
-        def heldout_loss(self, data, values, chain=0, per_block=False):
+        def heldout_loss(self, data, values, chain=0, per_block=False, known=None):
             k = np.asarray(values["cable_stiffness"], dtype=np.float64)
             blocks = max(1, len(data.t0) // max(chain, 1))
             loss = np.full(blocks, float(np.abs(k - 3000.0).mean()) + 1.0)
@@ -886,8 +903,8 @@ class _StepTrainer(_StructureTrainer):
         self.robot, self.fine_integrator = robot, config.fine_integrator
         self.target = 3000.0 if robot.integrator == "implicitfast" else 2500.0
 
-    def heldout_loss(self, data, values, chain=0, per_block=False):
-        loss, com = super().heldout_loss(data, values, chain, per_block=True)
+    def heldout_loss(self, data, values, chain=0, per_block=False, known=None):
+        loss, com = super().heldout_loss(data, values, chain, per_block=True, known=known)
         extra = 0.0 if self.robot.integrator == "implicitfast" else 500.0
         loss, com = loss + extra, com + extra / 1e4
         return (loss, com) if per_block else (float(loss.mean()), float(com.mean()))

@@ -16,6 +16,7 @@ noisy starting velocities hurt both models alike, so the comparison stays fair.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 from typing import Optional, Sequence
 
@@ -25,6 +26,7 @@ import torch
 from tensegrity_engine.identification.data import as_tuple_set
 from tensegrity_engine.identification.dataset import Trajectory
 from tensegrity_engine.identification.evaluation import horizon_errors
+from tensegrity_engine.identification.objective import window_inputs
 from tensegrity_engine.identification.solvers.windows import fit_start_velocities, gapped_windows
 from tensegrity_engine.physics.params import PhysicalParameters
 from tensegrity_engine.physics.state import central_rotation
@@ -34,7 +36,8 @@ __all__ = ["Verdict", "judge", "select", "with_estimated_velocity", "heldout_sco
 HELDOUT_FIT = 3     # pose-only held-out chains: tuples that fix each chain's start velocity
 
 
-def heldout_scores(run, data, values: dict, chain: int = 0, per_block: bool = False):
+def heldout_scores(run, data, values: dict, chain: int = 0, per_block: bool = False,
+                   known: Optional[dict] = None):
     """Loss of the parameter ``values`` on tuples ``data`` (a TupleSet ``run``, a
     `ProgressiveTrainer`, never saw) at the engine step with the fine-stage integrator: one
     yardstick for any stage. ``chain`` > 0: (loss, mean CoM error (m) at the end of its
@@ -42,13 +45,16 @@ def heldout_scores(run, data, values: dict, chain: int = 0, per_block: bool = Fa
     there is no such chain) instead; ``per_block``: both per chain (arrays; the loss has one
     entry where the data has velocities). Pose-only data with such chains: each chain's
     start velocity is first fitted to its first ``HELDOUT_FIT`` tuples with these values
-    (`fit_start_velocities`), and the loss is the pose error over the whole chain."""
+    (`fit_start_velocities`), and the loss is the pose error over the whole chain.
+    ``known`` (pose-only chains): {chain key: (loss, CoM error)} of these values scored
+    before (`chain_keys`); only the chains not in it are rolled out, and it is left holding
+    this data's chains."""
     per_element = [k for k, v in values.items() if len(v) > 1]
     model = PhysicalParameters(run.robot, values, per_element=per_element)
     p = {k: v.detach().to(run.dtype).to(run.device) for k, v in model.values().items()}
     held = run._to_data(as_tuple_set(data, run.config.period, run.robot.dt))
     with run.objective.stepped_for(p):           # each model at the step it needs
-        loss, com = _scores(run, held, p, chain)
+        loss, com = _scores(run, held, p, chain, known)
     if not chain:
         return float(loss.mean())
     if per_block:
@@ -56,26 +62,67 @@ def heldout_scores(run, data, values: dict, chain: int = 0, per_block: bool = Fa
     return float(loss.mean()), float(com.mean())
 
 
-def _scores(run, held, p: dict, chain: int) -> tuple[np.ndarray, np.ndarray]:
+def chain_keys(run, held, chains: torch.Tensor, p: dict) -> list:
+    """A digest per chain of everything its pose-only score under ``p`` depends on: its poses
+    and velocity estimates, where poses were dropped, the actuator state at its start, the
+    commands (and wrenches) over it as they act, the gyro's share. Equal keys, equal scores:
+    a held-out block keeps its key while the window that gives it its actuator state moves
+    on, so the gate scores a reference model only on the blocks it has not seen."""
+    objective = run.objective
+    with torch.no_grad():
+        cmd, wrench = window_inputs(held, chains, *objective.timed_commands(held, p))
+        cells = chains.clamp(min=0)
+        parts = [held.x0[cells], held.x1[cells], chains >= 0, objective.act_starts(held, p)[chains[:, 0]], cmd]
+        parts += [] if wrench is None else [wrench]
+        parts += [] if held.gyro0 is None else [held.gyro0[chains[:, 0]]]
+    arrays = [t.detach().cpu().numpy().reshape(len(chains), -1) for t in parts]
+    # and how the model is stepped and its loss scaled
+    setting = repr((objective.loss_scale, run.config.fine_integrator, run.robot.dt)).encode()
+    keys = []
+    for i in range(len(chains)):
+        digest = hashlib.blake2b(setting, digest_size=16)
+        for a in arrays:
+            digest.update(np.ascontiguousarray(a[i]).tobytes())
+        keys.append(digest.digest())
+    return keys
+
+
+def _scores(run, held, p: dict, chain: int, known: Optional[dict] = None) -> tuple[np.ndarray, np.ndarray]:
     """(loss per chain, or one overall; CoM error per chain, or [NaN])."""
     pose_only = held.latent is not None and chain > HELDOUT_FIT
     chains = gapped_windows(held, chain, HELDOUT_FIT if pose_only else 0) if chain else None
     whole = bool(chain) and len(chains) > 0
-    vel = None
-    if whole and pose_only:
+    if whole and pose_only and known is not None:
         chains = torch.as_tensor(chains, device=run.device)
-        with torch.no_grad():
-            vel = fit_start_velocities(run.objective, held, chains[:, :HELDOUT_FIT], p)
-            r = run.objective.window_residual(held, chains, vel, p)
-        loss = (r ** 2).sum(-1).cpu().double().numpy() * len(chains)    # each chain's; mean = the total
-        loss = np.where(np.isfinite(loss), loss, np.inf)
-    else:
-        idx = torch.arange(len(held), device=run.device)
-        loss = np.array([run.objective.validation_loss(held, idx, p, run.full_steps, run.config.fine_integrator,
-                                                       use_latent=False)])
+        keys = chain_keys(run, held, chains, p)
+        todo = [i for i, k in enumerate(keys) if k not in known]
+        if todo:
+            loss, com = _scores_of(run, held, p, chains[todo])
+            known.update({keys[i]: (float(a), float(b)) for i, a, b in zip(todo, loss, com)})
+        scored = {k: known[k] for k in keys}
+        known.clear()                            # only this data's chains: the cache stays small
+        known.update(scored)
+        return (np.array([scored[k][0] for k in keys], dtype=np.float64),
+                np.array([scored[k][1] for k in keys], dtype=np.float64))
+    if whole and pose_only:
+        return _scores_of(run, held, p, torch.as_tensor(chains, device=run.device))
+    idx = torch.arange(len(held), device=run.device)
+    loss = np.array([run.objective.validation_loss(held, idx, p, run.full_steps, run.config.fine_integrator,
+                                                   use_latent=False)])
     if not whole:
         return loss, np.array([math.nan])
-    com = run.objective.chain_com_error(held, torch.as_tensor(chains, device=run.device), p, vel)
+    com = run.objective.chain_com_error(held, torch.as_tensor(chains, device=run.device), p)
+    return loss, com.cpu().double().numpy()
+
+
+def _scores_of(run, held, p: dict, chains: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """(loss, CoM error) per pose-only chain, each chain's start velocity fitted first."""
+    with torch.no_grad():
+        vel = fit_start_velocities(run.objective, held, chains[:, :HELDOUT_FIT], p)
+        r = run.objective.window_residual(held, chains, vel, p)
+    loss = (r ** 2).sum(-1).cpu().double().numpy() * len(chains)    # each chain's; mean = the total
+    loss = np.where(np.isfinite(loss), loss, np.inf)
+    com = run.objective.chain_com_error(held, chains, p, vel)
     return loss, com.cpu().double().numpy()
 
 

@@ -204,7 +204,7 @@ class OnlineIdentification:
         data = self.heldout_tuples()
         config = PhysicalParameters(self.config_robot).as_dict()
         incumbent = self.best_values if self.best_values is not None else config
-        candidate = self.scores.scores(self, run or self.trainer, data, values)
+        candidate = self.scores.candidate(self, run or self.trainer, data, values)
         if np.asarray(candidate[0]).size < MIN_GATE_BLOCKS:
             return HeldOutVerdict(False, "no_heldout_yet", _mean(candidate[0]), math.nan, self.heldout_len)
         if run is None:                                  # a fit of the solver's judged (`step`)

@@ -235,9 +235,10 @@ class ProgressiveTrainer:
             self.integrator if integrator is None else integrator,
             use_latent=self.schedule.latent_adam, latent=latent, acts=acts)
 
-    def heldout_loss(self, data, values: dict, chain: int = 0, per_block: bool = False):
+    def heldout_loss(self, data, values: dict, chain: int = 0, per_block: bool = False,
+                     known: Optional[dict] = None):
         """`acceptance.heldout_scores` of ``values`` on tuples the trainer never saw."""
-        return heldout_scores(self, data, values, chain, per_block)
+        return heldout_scores(self, data, values, chain, per_block, known)
 
     def validate(self) -> float:
         """Validation loss (training loss if there is no validation data)."""
