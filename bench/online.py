@@ -88,10 +88,10 @@ CONTACT_TARGETS = ("friction_sliding", "contact_time_constant", "contact_damping
 # node's robot.yaml. The rods' inertia factor (end-heavy rods: motors and batteries at the
 # ends) is learnt since 2026-11-28: seeds 0-2, held-out CoM error 1 s ahead without -> with
 # it, end_heavy 43-85 -> 20-43 mm, noisy_mocap 19-23 -> 12-15, soft_slow 18-23 -> 9-16, the
-# twin within 5 % from 15-20 s with it within 4 %; payload 5-9 -> 8-20 mm (README, Online).
+# twin within 5 % from 15-20 s with it within 4 %; payload 5-9 -> 8-20 mm (docs/online_identification.md).
 # The winch speed limit too since 2026-11-28 (ninth session): slow_winch's K / c / tau from
 # 3-41 / 519-838 / 76-84 % off to within 5 % on seeds 0-2, held-out CoM error 1 s ahead
-# 18-37 -> 6-11 mm; on seven other robots as without it (README, Online). The slack share
+# 18-37 -> 6-11 mm; on seven other robots as without it (docs/online_identification.md). The slack share
 # stays out (--learn or --structure).
 # The contact's values are those of the model's ground contact law: its normal response
 # (penalty stiffness and damping, or the soft law's time constant and damping ratio) and

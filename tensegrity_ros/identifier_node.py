@@ -507,7 +507,7 @@ def declare_solver(d, period: float):
     defaults = IdentificationConfig()
     gyro_weight = d("gyro_weight", defaults.gyro_weight, "pose-only: weight of the IMU's angular velocity at "
                     "each window's start (1 rad/s as half a rod length x T of end-node error; 0 = the IMU unused "
-                    "by identification; README, Gyros)", range=(0.0, 1e6))
+                    "by identification; docs/online_identification.md, Gyros)", range=(0.0, 1e6))
     motor_settle = d("motor_settle", defaults.motor_settle, "pose-only: no window within this many actuator "
                      "time constants of a stream's first command (the motors' state there is assumed)",
                      range=(0.0, 1e3))

@@ -42,6 +42,6 @@ def test_the_meter_refuses_a_structure_it_has_no_cost_for():
 
 def test_an_explicit_step_under_the_soft_law_costs_more_than_under_the_penalty_law():
     # the soft law's Newton solve per contact (measured 1.6-2.7x on the floor); a meter
-    # that prices both alike lets a soft-law challenger compute for free (four-bar, README)
+    # that prices both alike lets a soft-law challenger compute for free (four-bar, docs/online_identification.md)
     for integrator in ("semi_implicit", "rk4"):
         assert REFERENCE_SECONDS[(integrator, "soft")] >= 1.5 * REFERENCE_SECONDS[(integrator, "penalty")]

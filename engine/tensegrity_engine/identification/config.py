@@ -102,7 +102,7 @@ class IdentificationConfig:
     window_refresh: float = 2.0
     # pose-only LM: the windowed stage starts from the finite-difference stage's fit
     # ("finite_difference") or from the values the solver started from ("start"): the
-    # finite-difference velocities' bias can lead into another basin (README)
+    # finite-difference velocities' bias can lead into another basin (docs/online_identification.md)
     windows_from: str = "finite_difference"
     # pose-only: where rods carry IMUs, their gyro's angular velocity starts the latents and
     # holds each window's start beside the poses (`objective.window_residual`), with this

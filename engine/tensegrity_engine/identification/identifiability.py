@@ -33,7 +33,7 @@ __all__ = ["Advice", "REVEALED_BY", "CARRIES", "SCALE_SHARE", "BOUND_HINTS", "ex
 # fitted with one shared value, drives the motors' time constant to its lower bound: 2 ms
 # against 25-200 ms true, on every seed of zoo/stiff_light and zoo/kitchen_sink and on a
 # stiffness spread alone. With a value per cable it comes back to within 3 % (kitchen_sink,
-# 5 seeds; 6.4 % on one more run: README).
+# 5 seeds; 6.4 % on one more run: docs/online_identification.md).
 BOUND_HINTS = {
     ("actuator_time_constant", "lower"): "cables that differ from each other pin the motors' time constant "
                                          "at its lower bound: a value per cable is tried next (per_cable, "

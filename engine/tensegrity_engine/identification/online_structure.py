@@ -40,7 +40,7 @@ Options of these kinds can be tried online:
 - a *start* option (``fresh_start``) changes neither model nor values: its challenger starts
   the windowed stage from the config's values rather than from the finite-difference fit
   (`IdentificationConfig.windows_from`), whose biased velocities can lead the solver into a
-  basin where wrong values compensate each other (the four-bar's payload robot, README);
+  basin where wrong values compensate each other (the four-bar's payload robot, docs/online_identification.md);
 - *per-element* options give learnt values one entry per cable (``per_cable``: stiffness and
   damping) or per free rod (``per_rod_mass``). The message carries them as arrays, and the
   gate scores a model of either kind exactly (`acceptance.heldout_scores` reads the split
@@ -97,12 +97,12 @@ ONLINE_OPTIONS = {
 # YAML has the penalty law (the schema's default; `next_option` skips it under the soft law),
 # then a fresh start of the windowed stage. A robot YAML written without a law is played by
 # MuJoCo's soft contacts in sim2sim. Measured on the four-bar's zoo (9 robots x 2 seeds on the
-# work clock, each law priced: README): the law adopted on 16 of 18 runs, the published
+# work clock, each law priced: docs/online_identification.md): the law adopted on 16 of 18 runs, the published
 # model's CoM error 1 s ahead 456 -> 247 mm summed. The fresh start, on top (2026-12-01, the
 # same runs): adopted on 3 of 18, each a basin left (damping +56 / +204 / +1091 % -> +10 /
 # +32 / +169 %), CoM summed 251 -> 238 mm, within tolerance 5 -> 3 of 18 (runs near the line
 # lose the solver's share); on the SUPERball's zoo (7 robots x 2 seeds) 14 of 14 within
-# tolerance either way, CoM 154 -> 142 mm (README). The held-out gate decides, so a robot
+# tolerance either way, CoM 154 -> 142 mm (docs/online_identification.md). The held-out gate decides, so a robot
 # the penalty law or the first fit predicts better keeps it.
 DEFAULT_STRUCTURE_OPTIONS = ("soft_contact", "fresh_start")
 # As offline selection (`select_structure`: 2 standard errors, 5 % gain).
@@ -117,9 +117,9 @@ CHALLENGER_MAX_SECONDS = 120.0
 # waits, and a challenger that fits everything anew may end after the robot's first minute
 # (measured: slow_winch's winch speed, started at 16-29 s, converged at 55 s and later). The
 # looks reuse the held-out data, so they pass a useless option more often than one test
-# would; the 5 % minimum gain on held-out data keeps that rare (`bench/online.py`, README).
+# would; the 5 % minimum gain on held-out data keeps that rare (`bench/online.py`, docs/online_identification.md).
 JUDGE_EVERY = 5
-# While the solver trains, a challenger takes one epoch in this many. Measured (README, 8
+# While the solver trains, a challenger takes one epoch in this many. Measured (docs/online_identification.md, 8
 # robots x 3 seeds, implicitfast and winch_speed): one in three kept no solver closer to the
 # truth than one in two and left every challenger later; the futility stop (below) is what
 # saves the solver's time.

@@ -17,7 +17,7 @@ SINGULAR = 1e-8        # relative eigenvalue below which a direction counts as u
 # (the sandwich's meat does): measured on a regression with one offset per group, 2-sigma
 # coverage 92-96 % from 10 groups on, with 5 to 55 values (the plain sigma 29-44 %). A value
 # per cable (57 values) on fewer windows than that published the plain sigma before: K's
-# 0.5 % for a mean 4.8 % off (kitchen_sink, README).
+# 0.5 % for a mean 4.8 % off (kitchen_sink, docs/online_identification.md).
 MIN_JACKKNIFE_GROUPS = 10
 
 
