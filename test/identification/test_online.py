@@ -103,6 +103,21 @@ def test_window_starts_at_min_tuples_appends_then_slides(three_bar):
     assert s.window_len == 8 and made[0].calls[-1][1] == [t * 100_000_000 for t in range(23, 31)]
 
 
+def test_the_window_keeps_the_newest_max_tuples_whatever_its_chunks(three_bar):
+    """Chunks that do not add up to ``max_tuples``: the oldest is cut in part, so the window
+    holds exactly the newest ``max_tuples`` tuples (a cut that kept the first chunk alone and
+    forgot the others let the window grow without bound while it counted 3)."""
+    s, made = _session(three_bar, [1.0], min_tuples=1, max_tuples=10, holdout_every=0)
+    start = 0
+    for n in (3, 3, 3, 3, 4, 3, 7, 1, 3, 3, 12, 3):
+        s.add(_batch(three_bar, start, n))
+        start += n
+        kept = [int(t) for chunk in s.window for t in chunk.t0]
+        assert len(kept) == s.window_len == min(start, 10), (n, kept)
+        assert kept == [t * 100_000_000 for t in range(start - len(kept), start)]
+        assert made[0].calls[-1][1] == kept
+
+
 def test_divergence_rolls_back_to_the_last_healthy_state(three_bar):
     s, _ = _session(three_bar, [1.0, 0.5, float("nan"), 0.7], min_tuples=1)
     s.add(_batch(three_bar, 0, 2))

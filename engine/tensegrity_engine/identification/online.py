@@ -279,11 +279,11 @@ class OnlineIdentification:
         if self.window_len > self.max_tuples:
             while self.window_len - len(self.window[0]) >= self.max_tuples and len(self.window) > 1:
                 self.window_len -= len(self.window.popleft())
-            if self.window_len > self.max_tuples:      # one big chunk: cut it
-                only = self.window.popleft()
-                keep = only.slice(slice(len(only) - self.max_tuples, None))
-                self.window.appendleft(keep)
-                self.window_len = len(keep)
+            excess = self.window_len - self.max_tuples
+            if excess > 0:                  # the oldest chunk in part (fewer than its length)
+                oldest = self.window.popleft()
+                self.window.appendleft(oldest.slice(slice(excess, None)))
+                self.window_len -= excess
             self.holdout.prune(int(self.window[0].t0.min()), self.max_tuples)
             self.trainer.set_data(self.window_tuples())                    # keeps the parameters
         else:
