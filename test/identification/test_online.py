@@ -254,6 +254,25 @@ def test_a_published_candidate_is_not_rolled_out_again_as_the_next_gates_referen
     assert len(made[0].calls) == calls + 3
 
 
+def test_the_gates_references_are_keyed_again_when_the_window_slides(three_bar):
+    """The held-out blocks start with the actuator state the window's commands leave: once
+    the window slides, the reference models' blocks are keyed again (the real scorer rolls
+    out those whose inputs changed), though no held-out tuple arrived."""
+    s, made = _session(three_bar, [1.0] * 4, min_tuples=2, holdout_every=3, max_tuples=61)
+    s.add(_batch(three_bar, 0, 91))                    # 3 held-out blocks, 61 training tuples
+    s.mark_published({"cable_stiffness": [2500.0]})
+    s.gate({"cable_stiffness": [2800.0]})
+    calls = len(made[0].calls)
+    s.gate({"cable_stiffness": [2900.0]})
+    assert len(made[0].calls) == calls + 1             # the candidate only
+    held = s.heldout_len
+    s.add(_batch(three_bar, 91, 5))                    # training tuples: the window slides
+    assert s.heldout_len == held and s.window_len == 61
+    calls = len(made[0].calls)
+    s.gate({"cable_stiffness": [2950.0]})
+    assert len(made[0].calls) == calls + 3             # the candidate and both references
+
+
 def test_held_out_tuples_never_train_and_gate_every_publication(three_bar):
     s, made = _session(three_bar, [1.0] * 4, min_tuples=2, holdout_every=3)
     assert s.holdout_block == 10                              # 1 s of 100 ms tuples

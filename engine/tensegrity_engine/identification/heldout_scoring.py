@@ -80,7 +80,11 @@ class StructuredScores:
 
     @staticmethod
     def _version(session) -> tuple:
-        return session.heldout_len, int(session.heldout[-1].t0[-1])
+        """What the held-out tuples depend on: the blocks, and the window whose commands
+        start their actuator states (`OnlineIdentification.heldout_tuples`: a window that
+        slid leaves the oldest blocks other starts)."""
+        start = int(session.window[0].t0.min()) if session.window else None
+        return session.heldout_len, int(session.heldout[-1].t0[-1]), start
 
     def candidate(self, session, run, data, values: dict) -> tuple[np.ndarray, np.ndarray]:
         """`scores` of a candidate the gate judges, kept: if it is published, these are the
