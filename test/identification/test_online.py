@@ -903,6 +903,49 @@ def test_cables_that_differ_are_split_online_and_published_per_cable(three_bar):
     assert r.trainer.parameters.as_dict()["cable_stiffness"] == pytest.approx(list(_spread_truth(three_bar)))
 
 
+class _StrictSplitTrainer(_SplitTrainer):
+    """Loads only a state of its own shape (as a real trainer's parameters do)."""
+
+    def load_state_dict(self, sd):
+        if len(np.ravel(sd["k"])) != len(self.parameters.as_dict()["cable_stiffness"]):
+            raise RuntimeError("size mismatch for cable_stiffness")
+        self.parameters.set_value("cable_stiffness", sd["k"])
+
+
+def test_a_split_adopted_for_a_pin_comes_back_after_a_restart(three_bar):
+    """A split adopted though not listed (a pinned value points to it) comes back with a
+    restart that follows pins; one that does not takes the data and the published cables,
+    and its solver, whose shared value the saved per-cable state does not fit, starts
+    afresh and has not converged (before, the restore raised and lost the session)."""
+    made, session = _structure_sessions(three_bar, _StrictSplitTrainer, ("per_cable",))
+    s = session()
+    s.add(_batch(three_bar, 0, 91))
+    while s.training:
+        s.step()
+    s.mark_published(s.finish()[1])
+    while s.training:
+        s.step()
+    _, values = s.finish()
+    s.mark_published(values)
+    assert s.trials.adopted == ["per_cable"] and s.converged
+    data = s.checkpoint()
+    for follow in (True, False):
+        r = OnlineIdentification(three_bar, IdentificationConfig(learn=("cable_stiffness",)), min_tuples=2,
+                                 holdout_every=3, max_holdout=40, reopen_tuples=0,
+                                 trainer_factory=lambda robot_, config, *a, **k: _StrictSplitTrainer(robot_, config),
+                                 structure_options=(), follow_pins=follow)
+        r._tuple_set = lambda batch, context=(): batch
+        logged = []
+        r.log = logged.append
+        r.restore(data)
+        assert r.window_len == s.window_len and r.best_values["cable_stiffness"] == pytest.approx(values["cable_stiffness"])
+        assert r.trials.adopted == (["per_cable"] if follow else [])
+        assert r.converged is follow and r.status == ("resumed" if not follow else s.status)
+        assert any("starts afresh" in line for line in logged) is not follow, logged
+        k = r.trainer.parameters.as_dict()["cable_stiffness"]
+        assert len(k) == (three_bar.num_cables if follow else 1)
+
+
 def test_a_split_that_explains_nothing_is_refused(three_bar):
     class _AlikeTrainer(_SplitTrainer):                # cables alike: the split fits the shared value
         def __init__(self, robot, config, initial=None):

@@ -537,8 +537,16 @@ def restore_session(s: OnlineIdentification, data: dict) -> None:
               "its solver starts afresh on the restored data")
         saved = None
     if saved is not None:
-        s.trainer.load_state_dict(saved)
-        s.good_state = saved
+        try:
+            s.trainer.load_state_dict(saved)
+            s.good_state = saved
+        except (ValueError, TypeError, KeyError, IndexError, RuntimeError) as exc:
+            # a state of another shape (an adopted split this session does not take) or a
+            # malformed one: the data and the published model are still this session's
+            s.log(f"checkpoint's solver state does not fit this session ({str(exc)[:200]}): "
+                  "its solver starts afresh on the restored data")
+            s._new_trainer(window)
+            saved = None
     s.best_loss = float(data["best_loss"])
     best = data["best_values"]
     if best is not None:            # a file is no more trusted than a topic
@@ -547,7 +555,7 @@ def restore_session(s: OnlineIdentification, data: dict) -> None:
         s.mark_published(checked_parameters(robot, best).as_dict(), robot)
     s.epochs = int(data["epochs"])
     s.rollbacks = int(data.get("rollbacks", 0))
-    s.converged = bool(data.get("converged"))
+    s.converged = bool(data.get("converged")) and saved is not None     # a fresh solver has not ended
     s._looked_at = s.heldout_total if s.best_values is not None else -1   # a published fit was judged
     # a finished session says how it finished (text from a file: bounded)
     s.status = str(data.get("status", "final"))[:120] if s.converged else "resumed"

@@ -511,6 +511,7 @@ class StructureTrials:
         self.reset()
         if not data:
             return
-        self.adopted = [n for n in online_options(data.get("adopted", ())) if n in self.options]
+        allowed = set(self.options) | (set(PIN_OPTIONS.values()) if self.follow_pins else set())
+        self.adopted = [n for n in online_options(data.get("adopted", ())) if n in allowed]   # a pin's too
         self.refused = {str(k): int(v) for k, v in dict(data.get("refused", {})).items()
-                        if k in self.options and math.isfinite(float(v))}
+                        if k in allowed and math.isfinite(float(v))}
