@@ -409,7 +409,8 @@ def declare_identification(d) -> dict:
         "holdout_every": d("holdout_every", 5, "every n-th block of 1 s of tuples is held out: a model is "
                            "published only if it predicts them better than the one it replaces, never "
                            "before the first block (0 = no gate)", range=(0, 1000)),
-        "max_holdout": d("max_holdout", 200, "held-out tuples kept (newest)", range=(1, 10**6)),
+        "max_holdout": d("max_holdout", 0, "held-out tuples kept (newest); 0 = 20 blocks of 1 s (200 at 10 Hz)",
+                         range=(0, 10**6)),
         "pose_frame": d("pose_frame", "world", "frame the rod poses are given in; poses in any other frame "
                         "are refused"),
         "floor": d("floor", True, "the data has a floor (contact environment)"),
@@ -482,13 +483,16 @@ def make_session(robot, setting: dict, device, *, log, trainer_factory=default_t
         structure = online_options([n for n in setting["structure_options"] if n != "none"])
     except ValueError as err:
         raise ConfigurationError(f"parameter structure_options: {err}") from None
-    return OnlineIdentification(
-        robot, config, device=device, min_tuples=setting["min_tuples"],
-        max_tuples=setting["max_tuples"], holdout_every=setting["holdout_every"],
-        max_holdout=setting["max_holdout"], reopen_tuples=setting["reopen_tuples"], floor=setting["floor"],
-        fixed_rods=tuple(int(r) for r in setting["fixed_rods"] if int(r) >= 0), log=log,
-        trainer_factory=trainer_factory, structure_options=structure,
-        follow_pins=bool(setting["structure_on_pin"]))
+    try:
+        return OnlineIdentification(
+            robot, config, device=device, min_tuples=setting["min_tuples"],
+            max_tuples=setting["max_tuples"], holdout_every=setting["holdout_every"],
+            max_holdout=setting["max_holdout"] or None, reopen_tuples=setting["reopen_tuples"],
+            floor=setting["floor"], fixed_rods=tuple(int(r) for r in setting["fixed_rods"] if int(r) >= 0),
+            log=log, trainer_factory=trainer_factory, structure_options=structure,
+            follow_pins=bool(setting["structure_on_pin"]))
+    except ValueError as err:
+        raise ConfigurationError(f"identifier settings: {err}") from None
 
 
 def declare_solver(d, period: float):

@@ -273,6 +273,26 @@ def test_the_gates_references_are_keyed_again_when_the_window_slides(three_bar):
     assert len(made[0].calls) == calls + 3             # the candidate and both references
 
 
+def test_the_gate_keeps_enough_held_out_blocks_to_judge_at_any_pose_rate(three_bar):
+    """Unless told a number, the gate keeps 20 blocks of 1 s whatever the pose period (a
+    count of 200 tuples is 2 blocks at 100 Hz, and the gate needs 3: it never judged); a
+    number too small to judge is refused at once, not left to publish nothing."""
+    from tensegrity_engine.identification.online import HOLDOUT_KEPT_BLOCKS, MIN_GATE_BLOCKS
+
+    for period, block in ((0.1, 10), (0.01, 100)):
+        s = OnlineIdentification(three_bar, IdentificationConfig(period=period))
+        assert s.holdout_block == block and s.max_holdout == HOLDOUT_KEPT_BLOCKS * block
+        assert s.max_holdout >= MIN_GATE_BLOCKS * block
+    with pytest.raises(ValueError, match="keep at least 300"):
+        OnlineIdentification(three_bar, IdentificationConfig(period=0.01), max_holdout=200)
+    OnlineIdentification(three_bar, IdentificationConfig(period=0.01), max_holdout=200, holdout_every=0)  # no gate
+    s = OnlineIdentification(three_bar, IdentificationConfig(period=0.01), max_holdout=300, holdout_every=2,
+                             min_tuples=2, trainer_factory=lambda robot_, *a, **k: _ScriptedTrainer(robot_, [1.0]))
+    s._tuple_set = lambda batch, context=(): batch
+    s.add(_batch(three_bar, 0, 600))
+    assert s.can_judge and s.heldout_len == 300
+
+
 def test_held_out_tuples_never_train_and_gate_every_publication(three_bar):
     s, made = _session(three_bar, [1.0] * 4, min_tuples=2, holdout_every=3)
     assert s.holdout_block == 10                              # 1 s of 100 ms tuples
@@ -1156,10 +1176,10 @@ def test_the_window_is_one_record_across_held_out_blocks_also_those_the_gate_dro
             fed.append(("extend", ts))
 
     s = OnlineIdentification(three_bar, IdentificationConfig(), min_tuples=5, max_tuples=1000,
-                             holdout_every=3, max_holdout=20, trainer_factory=_Keeper)
-    for k in range(0, 120, 4):
+                             holdout_every=3, max_holdout=30, trainer_factory=_Keeper)
+    for k in range(0, 150, 4):
         s.add(_batch(three_bar, k, 4))
-    assert s.holdout.retired and s.heldout_len <= 20 + s.holdout_block
+    assert s.holdout.retired and s.heldout_len <= 30 + s.holdout_block
     kinds = [kind for kind, _ in fed]
     assert kinds[0] == "set" and set(kinds[1:]) == {"extend"}
     window = fed[-1][1]

@@ -124,3 +124,15 @@ def test_the_settle_test_reaches_the_solver_and_a_bad_value_is_refused(superball
     assert make_session(superball, setting, "cpu", log=lambda m: None).config.lm_settle_sigmas == 0.0
     with pytest.raises(ConfigurationError, match="lm_settle_sigmas"):
         declare_identification(file_declarer({"lm_settle_sigmas": -0.5}))
+
+
+def test_the_held_out_store_is_sized_in_blocks_and_a_store_too_small_to_judge_is_refused(superball):
+    """By default the gate keeps 20 blocks of 1 s at any pose rate (100 Hz poses: 2 000
+    tuples); a count that cannot hold the 3 blocks the gate needs is a start-up error."""
+    fast = declare_identification(file_declarer({"interval": 0.01}))
+    assert make_session(superball, fast, "cpu", log=lambda m: None).max_holdout == 2000
+    setting = declare_identification(file_declarer({"interval": 0.01, "max_holdout": 200}))
+    with pytest.raises(ConfigurationError, match="keep at least 300"):
+        make_session(superball, setting, "cpu", log=lambda m: None)
+    setting = declare_identification(file_declarer({"max_holdout": 200}))
+    assert make_session(superball, setting, "cpu", log=lambda m: None).max_holdout == 200

@@ -81,6 +81,9 @@ GATE_SIGNIFICANCE = 1.0
 # beats the truth by chance (measured: the sim2sim's twin, whose config is its truth, had a
 # model with K -41 % published on its first block of 10 tuples and kept as the incumbent).
 MIN_GATE_BLOCKS = 3
+# held-out blocks the gate keeps unless told a number of tuples (``max_holdout``): 20 s of
+# poses, 200 tuples at 10 Hz (a count of tuples kept fewer than 3 blocks at 100 Hz)
+HOLDOUT_KEPT_BLOCKS = 20
 
 
 def _mean(a) -> float:
@@ -115,16 +118,23 @@ def _compare(candidate, reference, significance: float = GATE_SIGNIFICANCE, min_
 class OnlineIdentification:
     def __init__(self, robot: RobotConfig, config: IdentificationConfig, *, device="cpu",
                  min_tuples: int = 20, max_tuples: int = 2000, floor: bool = True, fixed_rods=(),
-                 holdout_every: int = 5, max_holdout: int = 200, reopen_tuples: int = 50,
+                 holdout_every: int = 5, max_holdout: Optional[int] = None, reopen_tuples: int = 50,
                  trainer_factory: TrainerFactory = default_trainer_factory, structure_options=(),
                  follow_pins: bool = True, log: Callable[[str], None] = lambda msg: None):
         if config.fine_integrator in MODEL_INTEGRATORS and config.fine_integrator != robot.integrator:
             robot = robot.replace(integrator=config.fine_integrator)     # as the trainer builds it
         self.config_robot, self.config, self.device = robot, config, device
         self.min_tuples, self.max_tuples = int(min_tuples), int(max_tuples)
-        self.holdout_every, self.max_holdout = int(holdout_every), int(max_holdout)
         self.reopen_tuples = int(reopen_tuples)
         self.holdout_block = max(2, int(round(HOLDOUT_SECONDS / config.period)))
+        self.holdout_every = int(holdout_every)
+        self.max_holdout = (int(max_holdout) if max_holdout is not None
+                            else HOLDOUT_KEPT_BLOCKS * self.holdout_block)
+        if self.holdout_every >= 2 and self.max_holdout < MIN_GATE_BLOCKS * self.holdout_block:
+            raise ValueError(f"max_holdout {self.max_holdout} keeps fewer than the {MIN_GATE_BLOCKS} held-out "
+                             f"blocks of {self.holdout_block} tuples ({HOLDOUT_SECONDS:g} s at T = "
+                             f"{config.period:g} s) the gate needs: it could never judge, nothing would be "
+                             f"published; keep at least {MIN_GATE_BLOCKS * self.holdout_block}")
         self.floor, self.fixed_rods = bool(floor), tuple(fixed_rods)
         self.trainer_factory, self.log = trainer_factory, log
         self.trials = StructureTrials(structure_options, follow_pins)
