@@ -319,6 +319,7 @@ class IdentifierNode(Node):
         if not path.exists():
             return
         s = self.session
+        published = None           # (values, structure) of the checkpoint's model, once published
         try:
             data = load_checkpoint(path, robot=self.robot, kind="identifier")
             best = data.get("best_values") if data.get("robot") == self.robot.name else None
@@ -326,16 +327,20 @@ class IdentifierNode(Node):
                 # publish the checkpoint's model first: rebuilding the trainer on its
                 # window takes seconds the controller need not wait for
                 shape = data.get("published_structure")
-                early = checked_parameters(self.robot if shape is None else
-                                           robot_in_structure(self.robot, tuple(shape)), best)
+                structure = self.robot if shape is None else robot_in_structure(self.robot, tuple(shape))
+                early = checked_parameters(structure, best)
                 self._publish({"val_loss": data.get("best_loss", math.nan), "epoch": data.get("epochs", 0)},
                               early.as_dict(), stage=str(data.get("status", "final"))[:120] if data.get("converged") else "resumed",
                               params=early)
+                published = (early.as_dict(), structure)
             s.restore(data)
         except Exception as exc:  # noqa: BLE001 - a bad checkpoint must not stop the node
             self.diag.count("checkpoint_rejected")
-            self.get_logger().error(f"cannot resume from {path}: {exc}; starting fresh")
             s.reset()
+            if published is not None:     # the controller holds it: the gate judges against it
+                s.mark_published(*published)
+            self.get_logger().error(f"cannot resume from {path}: {exc}; starting fresh"
+                                    + (" (its published model, checked, stays published)" if published else ""))
             return
         self.diag.count("resumed")
         self.get_logger().info(f"resumed from {path}: {s.window_len} tuples, {s.epochs} epochs, "

@@ -484,6 +484,29 @@ def test_identifier_refuses_a_crafted_checkpoint_and_survives_an_unwritable_one(
     assert ident.diag.counters["checkpoint_errors"] == 1 and ident.diag.counters["checkpoints_saved"] == 0
 
 
+def test_a_checkpoints_published_model_stays_the_gates_incumbent_when_its_session_cannot_be_restored(ros, tmp_path):
+    """The node publishes a checkpoint's (checked) model before it rebuilds the session; if
+    the rest of the file cannot be restored, that model, which the controller now holds,
+    stays the one the gate judges new fits against (before, the session forgot it and
+    judged them against the config)."""
+    from tensegrity_engine.identification.checkpoint import save_checkpoint
+    from tensegrity_engine.physics.params import PhysicalParameters
+    from tensegrity_ros.identifier_node import CHECKPOINT_NAME, IdentifierNode
+
+    robot = load_robot("three_bar")
+    values = PhysicalParameters(robot).as_dict()
+    values["cable_stiffness"] = [0.7 * v for v in values["cable_stiffness"]]
+    ckpt = tmp_path / "ckpt"
+    save_checkpoint(ckpt / CHECKPOINT_NAME, {"robot": "three_bar", "window": {"x0": "not a batch"},
+                                             "best_values": values, "best_loss": 1.0, "epochs": 3},
+                    robot=robot, kind="identifier")
+    ident = ros.node(IdentifierNode, {"robot": "three_bar", "device": "cpu", "checkpoint_dir": str(ckpt),
+                                      "publish_markers": False})
+    assert ident.diag.counters["checkpoint_rejected"] == 1 and ident.session.trainer is None
+    assert ident.published == 1
+    assert ident.session.best_values["cable_stiffness"] == pytest.approx(values["cable_stiffness"])
+
+
 def test_bridge_plays_a_zoo_robot_and_refuses_an_unknown_one(ros):
     from tensegrity_engine.groundtruth.zoo import zoo_robot
     from tensegrity_ros.mujoco_bridge import MujocoBridge
