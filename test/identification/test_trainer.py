@@ -103,6 +103,24 @@ def test_resume_reproduces_uninterrupted_training(superball, data, tmp_path):
     assert (c.epoch, c.n_steps, c.lr, c.phase) == (a.epoch, a.n_steps, a.lr, a.phase)
 
 
+def test_a_saved_state_with_bounds_no_reparameterisation_can_map_is_refused_untouched(superball, data):
+    """A checkpoint's bounds are read from a file: a NaN, an infinite or an inverted range
+    (or a non-positive one on a log scale) is refused before any bound is changed."""
+    a = _trainer(superball, data, epoch_tuples=16)
+    a.train_epoch()
+    sd = a.state_dict()
+    b = _trainer(superball, data, epoch_tuples=16)
+    before = dict(b.params.specs)
+    for bad in ([float("nan"), 1e5], [1e3, float("inf")], [1e5, 1e3], [0.0, 1e5], ["a", 1e5]):
+        forged = dict(sd, param_bounds={**sd["param_bounds"], "cable_damping": [10.0, 1e4],
+                                        "cable_stiffness": bad})
+        with pytest.raises(ValueError, match="bounds for cable_stiffness"):
+            b.load_state_dict(forged)
+        assert b.params.specs == before
+    b.load_state_dict(sd)                          # its own bounds load
+    np.testing.assert_allclose(b.params.flat()[1], a.params.flat()[1], rtol=1e-12)
+
+
 def test_pose_only_uses_latent_velocities(superball, data):
     po = {k: [t.without_velocity() for t in v] for k, v in data.items() if k != "root"}
     tr = _trainer(superball, po, init="given", schedule="fine_only", learn=("cable_stiffness",),

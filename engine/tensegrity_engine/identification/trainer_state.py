@@ -6,6 +6,8 @@ import dataclasses
 
 import torch
 
+from tensegrity_engine.physics.params import checked_bounds
+
 
 def trainer_state(trainer) -> dict:
     """Everything a `ProgressiveTrainer` needs to resume (`load_trainer_state`)."""
@@ -29,10 +31,11 @@ def load_trainer_state(trainer, sd: dict) -> None:
     """Resume a `ProgressiveTrainer` from `trainer_state` (after `set_data` with the same data)."""
     if trainer.engine is None:
         raise RuntimeError("call set_data() before load_state_dict()")
-    for name, (lo, hi) in (sd.get("param_bounds") or {}).items():
-        if name in trainer.params.specs and trainer.params.bounds_of(name) != (lo, hi):
-            spec = trainer.params.specs[name]
-            trainer.params.specs[name] = dataclasses.replace(spec, lower=float(lo), upper=float(hi))
+    bounds = {name: checked_bounds(trainer.params.specs[name], *ends)      # a file's: checked first
+              for name, ends in (sd.get("param_bounds") or {}).items() if name in trainer.params.specs}
+    for name, (lo, hi) in bounds.items():
+        if trainer.params.bounds_of(name) != (lo, hi):
+            trainer.params.specs[name] = dataclasses.replace(trainer.params.specs[name], lower=lo, upper=hi)
     with torch.no_grad():
         trainer.params.load_state_dict(sd["params"])
     trainer.learn = tuple(sd["learn"])

@@ -158,6 +158,20 @@ def checked_parameters(robot: RobotConfig, values: Mapping[str, object], *,
     return params
 
 
+def checked_bounds(spec: ParamSpec, lower, upper) -> tuple[float, float]:
+    """(lower, upper) as floats if they are a range ``spec``'s reparameterisation can map
+    (finite, lower < upper, lower > 0 on a log scale); ValueError otherwise (a config's or a
+    checkpoint file's bounds: a NaN or an infinite end makes every value NaN)."""
+    try:
+        lo, hi = float(lower), float(upper)
+    except (TypeError, ValueError):
+        raise ValueError(f"bounds for {spec.name}: need two numbers, got {str((lower, upper))[:80]}") from None
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi) or (spec.log_scale and lo <= 0):
+        raise ValueError(f"bounds for {spec.name}: need finite {'0 < ' if spec.log_scale else ''}lower < upper, "
+                         f"got {(lo, hi)}")
+    return lo, hi
+
+
 class PhysicalParameters(nn.Module):
     """All identifiable parameters of one robot, bounded by reparameterisation.
 
@@ -185,10 +199,8 @@ class PhysicalParameters(nn.Module):
             raise ValueError(f"unknown parameter name(s): {sorted(unknown)}")
         self.specs = {}
         for spec in PARAM_SPECS:
-            lo, hi = (bounds or {}).get(spec.name, (spec.lower, spec.upper))
-            if not (lo < hi) or (spec.log_scale and lo <= 0):
-                raise ValueError(f"bounds for {spec.name}: need 0 < lower < upper, got {(lo, hi)}")
-            self.specs[spec.name] = dataclasses.replace(spec, lower=float(lo), upper=float(hi))
+            lo, hi = checked_bounds(spec, *(bounds or {}).get(spec.name, (spec.lower, spec.upper)))
+            self.specs[spec.name] = dataclasses.replace(spec, lower=lo, upper=hi)
         start = nominal_values(robot)
         if values is not None:
             start.update({k: np.atleast_1d(np.asarray(v, dtype=np.float64)) for k, v in values.items()})
