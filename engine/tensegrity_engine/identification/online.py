@@ -32,7 +32,8 @@ from tensegrity_engine.identification.config import IdentificationConfig, resolv
 from tensegrity_engine.identification.heldout_scoring import StructuredScores
 from tensegrity_engine.identification.online_structure import (CHALLENGER_SHARE, StructureTrials, healthy_values,
                                                                 robot_in_structure, structure_key, structure_robot)
-from tensegrity_engine.identification.holdout import HeldOutBlocks
+from tensegrity_engine.identification.holdout import (HOLDOUT_KEPT_BLOCKS, MIN_GATE_BLOCKS,  # noqa: F401
+                                                       HeldOutBlocks, kept_tuples)
 from tensegrity_engine.identification.streaming import TupleBatch, to_tuple_set
 from tensegrity_engine.identification.uncertainty import inherit_scratch
 from tensegrity_engine.physics.actuators import delayed_commands
@@ -77,13 +78,6 @@ class HeldOutVerdict:
 # chance replaces one that predicts the robot better (measured: end_heavy, seed 2, a model
 # published on 2-3 blocks ended 105.9 mm off 1 s ahead where the config was 62.1 mm).
 GATE_SIGNIFICANCE = 1.0
-# Held-out blocks needed before anything is published: on one or two blocks a wrong model
-# beats the truth by chance (measured: the sim2sim's twin, whose config is its truth, had a
-# model with K -41 % published on its first block of 10 tuples and kept as the incumbent).
-MIN_GATE_BLOCKS = 3
-# held-out blocks the gate keeps unless told a number of tuples (``max_holdout``): 20 s of
-# poses, 200 tuples at 10 Hz (a count of tuples kept fewer than 3 blocks at 100 Hz)
-HOLDOUT_KEPT_BLOCKS = 20
 
 
 def _mean(a) -> float:
@@ -125,16 +119,9 @@ class OnlineIdentification:
             robot = robot.replace(integrator=config.fine_integrator)     # as the trainer builds it
         self.config_robot, self.config, self.device = robot, config, device
         self.min_tuples, self.max_tuples = int(min_tuples), int(max_tuples)
-        self.reopen_tuples = int(reopen_tuples)
+        self.reopen_tuples, self.holdout_every = int(reopen_tuples), int(holdout_every)
         self.holdout_block = max(2, int(round(HOLDOUT_SECONDS / config.period)))
-        self.holdout_every = int(holdout_every)
-        self.max_holdout = (int(max_holdout) if max_holdout is not None
-                            else HOLDOUT_KEPT_BLOCKS * self.holdout_block)
-        if self.holdout_every >= 2 and self.max_holdout < MIN_GATE_BLOCKS * self.holdout_block:
-            raise ValueError(f"max_holdout {self.max_holdout} keeps fewer than the {MIN_GATE_BLOCKS} held-out "
-                             f"blocks of {self.holdout_block} tuples ({HOLDOUT_SECONDS:g} s at T = "
-                             f"{config.period:g} s) the gate needs: it could never judge, nothing would be "
-                             f"published; keep at least {MIN_GATE_BLOCKS * self.holdout_block}")
+        self.max_holdout = kept_tuples(max_holdout, self.holdout_block, self.holdout_every, config.period)
         self.floor, self.fixed_rods = bool(floor), tuple(fixed_rods)
         self.trainer_factory, self.log = trainer_factory, log
         self.trials = StructureTrials(structure_options, follow_pins)
