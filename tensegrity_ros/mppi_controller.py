@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Optional
 
 import numpy as np
 from diagnostic_msgs.msg import DiagnosticStatus
@@ -174,6 +175,7 @@ class MppiControllerNode(Node):
         self.pose_count = 0
         self.plans = 0
         self.ticks_missed = 0
+        self._last_now: Optional[int] = None    # the worker's clock at its last look (`_check_clock`)
 
         self.pub = self.create_publisher(CableCommand, TOPIC_COMMAND, stream_qos())
         self.create_subscription(PoseArray, TOPIC_POSES, self._on_pose, stream_qos())
@@ -277,6 +279,7 @@ class MppiControllerNode(Node):
             now = clock.now().nanoseconds
             if now <= 0 and self.estimator.stamp is not None:
                 now = self.estimator.stamp            # a sim clock held at 0 waits for our first command
+            self._check_clock(now)
             tick = schedule.due(now)
             if tick is None:
                 self._stop.wait(min(0.002, schedule.wait_s(now)))
@@ -289,7 +292,10 @@ class MppiControllerNode(Node):
             except Exception as exc:  # noqa: BLE001 - keep the node alive; hold the robot
                 if not self.context.ok():
                     break
-                self._trip(PLANNING_FAILED, f"planning failed: {exc!r}")
+                hold_after_failure(self, exc)
+
+    def _check_clock(self, now: int) -> bool:
+        return restart_if_clock_went_back(self, now)
 
     def _swap_model(self) -> None:
         with self._lock:
@@ -408,6 +414,38 @@ class MppiControllerNode(Node):
     def close(self) -> None:
         self._stop.set()
         self._worker.join(timeout=30.0)
+
+
+def hold_after_failure(node: MppiControllerNode, exc: Exception) -> None:
+    """Hold the robot after a failed tick; a hold that fails too is counted and logged,
+    never raised: a worker that dies sends nothing ever again."""
+    try:
+        node._trip(PLANNING_FAILED, f"planning failed: {exc!r}")
+    except Exception as hold_exc:  # noqa: BLE001
+        node.diag.count("hold_failed")
+        node.diag.warn_throttled("hold_failed", f"cannot send the hold command: {hold_exc!r}")
+        node._stop.wait(0.01)
+
+
+def restart_if_clock_went_back(node: MppiControllerNode, now: int) -> bool:
+    """A node clock that went back more than two periods (a restarted simulation: its
+    /clock and its pose stamps start over) restarts what the old clock stamped: the
+    commands sent, the actuator estimate, the excitation, the pose stream, and the stale-
+    pose watchdog's timer (it counts from now). True if it did."""
+    last, node._last_now = node._last_now, now
+    if last is None or now >= last - 2 * int(round(node.period * NS)):
+        return False
+    with node._lock, node._send_lock:
+        node.rt.restart()
+        node.last_command_ns = None
+        node.estimator = StateEstimator(node.R)
+        node.order.forget()
+        if node.latch.last_pose_ns is not None:
+            node.latch.pose_received(now)
+    node.diag.count("event_clock_restart")
+    node.get_logger().warning(f"the clock went back {(last - now) / NS:.3f} s: planner, commands and "
+                              "pose stream start over")
+    return True
 
 
 def diag_values(node: MppiControllerNode) -> dict:

@@ -108,6 +108,33 @@ def test_a_tick_plans_from_the_prediction_within_its_budget_and_stamps_the_valid
     assert late.iterations == 1 < on_time.iterations
 
 
+def test_a_restarted_clock_starts_the_planner_over(superball):
+    """After the clock went back, commands stamped on the new clock are taken (the old ones
+    would have refused them: stamps must increase), the actuator estimate starts settled at
+    the initial command, and the excitation starts from its beginning."""
+    import torch
+
+    from tensegrity_engine.control import ExcitationPolicy, MPPIController, PlannerConfig, task_start
+    from tensegrity_engine.control.realtime import RealTimePlanner
+
+    s0, a0 = task_start(superball)
+    mpc = MPPIController(superball, config=PlannerConfig(iterations=2, num_samples=8, horizon=3),
+                         dtype=torch.float64)
+    rt = RealTimePlanner(superball, mpc, ExcitationPolicy(superball, seed=1), a0)
+    first = rt.tick(100 * NS, 100 * NS, s0, "excitation")
+    rt.sent(first.valid_ns, first.command + 0.01)
+    later = rt.tick(101 * NS, 101 * NS, s0, "excitation")
+    assert not np.allclose(rt.actuator_at(later.valid_ns + NS), a0)
+    with pytest.raises(ValueError, match="increase"):
+        rt.sent(NS, first.command)
+    rt.restart()
+    again = rt.tick(NS, NS, s0, "excitation")
+    np.testing.assert_allclose(again.command, first.command)       # the excitation from its start
+    np.testing.assert_allclose(rt.actuator_at(again.valid_ns), a0)
+    rt.sent(again.valid_ns, again.command)
+    assert rt.history.last[0] == again.valid_ns and len(rt.history) == 1
+
+
 def test_warm_up_leaves_the_planner_as_new(superball):
     import torch
 

@@ -507,6 +507,38 @@ def test_a_checkpoints_published_model_stays_the_gates_incumbent_when_its_sessio
     assert ident.session.best_values["cable_stiffness"] == pytest.approx(values["cable_stiffness"])
 
 
+def test_the_controller_starts_over_when_its_clock_goes_back(ros):
+    """A restarted simulation sets the node clock back. The commands sent were stamped on
+    the old clock and the planner's history refused the first command of the new one (stamps
+    must increase), which killed the worker: no command, no hold, ever again. Now the
+    planner, the pose stream and the stale-pose timer start over, and commands stamped on
+    the new clock go out; a step back within two periods is no restart."""
+    from tensegrity_ros.mppi_controller import MppiControllerNode
+
+    ctrl = ros.node(MppiControllerNode, {"robot": "three_bar", "device": "cpu", "torch_threads": 1,
+                                         "excite_until": "never", "horizon": 3, "iterations": 1,
+                                         "num_samples": 8})
+    ctrl._stop.set()                                   # the test drives the clock, not the worker
+    ctrl._worker.join(timeout=10)
+    assert not ctrl._worker.is_alive()
+    NS_ = 1_000_000_000
+    u = ctrl.last_command.copy()
+    ctrl._last_now = None
+    assert not ctrl._check_clock(100 * NS_)
+    ctrl._send(u, 100 * NS_ + 30_000_000)
+    ctrl.latch.pose_received(100 * NS_)
+    ctrl.estimator.add_pose(100 * NS_, np.tile([0.0, 0.0, 0.5, 1.0, 0.0, 0.0, 0.0], (ctrl.R, 1)))
+    assert not ctrl._check_clock(100 * NS_ + 50_000_000)                    # forward
+    assert ctrl._check_clock(2 * NS_)                                       # back 98 s
+    sent = ctrl.diag.counters["commands_sent"]
+    ctrl._send(u, 2 * NS_ + 30_000_000)
+    assert ctrl.diag.counters["commands_sent"] == sent + 1
+    assert ctrl.rt.history.last[0] == 2 * NS_ + 30_000_000 and len(ctrl.rt.history) == 1
+    assert ctrl.latch.last_pose_ns == 2 * NS_ and ctrl.estimator.stamp is None
+    assert ctrl.diag.counters["event_clock_restart"] == 1
+    assert not ctrl._check_clock(2 * NS_ - 150_000_000)                     # within two periods
+
+
 def test_bridge_plays_a_zoo_robot_and_refuses_an_unknown_one(ros):
     from tensegrity_engine.groundtruth.zoo import zoo_robot
     from tensegrity_ros.mujoco_bridge import MujocoBridge

@@ -109,6 +109,15 @@ class RealTimePlanner:
         self.tau, self.max_speed = scalar("actuator_time_constant"), scalar("actuator_max_speed")
         self.delay = scalar("actuator_delay")
 
+    def restart(self) -> None:
+        """The clock went back (a restarted simulation or bag): the commands sent, the
+        actuator estimate and the excitation's start belong to the old clock (a command
+        stamped on the new one would not follow them); the planner's warm start too."""
+        self.history = CommandHistory(self.history.initial)
+        self._act_ref = None
+        self.excite_start_ns = None
+        self.mpc.reset()
+
     def sent(self, stamp_ns: int, command) -> None:
         """Record a command that went out (after the caller's limits): it is in force from its stamp."""
         self.history.add(stamp_ns, command)
