@@ -159,6 +159,28 @@ def test_clock_jump_backwards_restarts_stream():
     assert ((b.t0 >= 1000 * NS) | (b.t0 + T_NS <= 3 * T_NS)).all()
 
 
+def test_a_restart_whose_commands_come_first_keeps_both_clocks_apart():
+    """A restarted simulation whose first command arrives before its first pose: the tuples
+    still waiting on the old clock get the old commands (not the new one as if it had been
+    in force at t = 100 s), and the new command is kept for the new poses (before, the pose
+    restart threw it away and the new run made no tuple until the command changed)."""
+    al = aligner()
+    feed(al, 0, 10, t_offset=100 * NS)
+    new_command = command_at(70)
+    assert al.add_command(0, new_command)[0]               # the new clock's first command
+    for k in range(4):                                      # its poses; no other command
+        assert al.add_pose(k * T_NS, poses_at(k * 0.1))[0]
+    al.flush()
+    b = al.pop_tuples()
+    old, new = b.t0 >= 100 * NS, b.t0 < 100 * NS
+    assert int(old.sum()) == 9 and int(new.sum()) == 3
+    for i in np.flatnonzero(old.numpy()):
+        k = (int(b.t0[i]) - 100 * NS) // T_NS
+        assert torch.allclose(b.commands[i], torch.as_tensor(command_at(k)).expand(100, A))
+    for i in np.flatnonzero(new.numpy()):
+        assert torch.allclose(b.commands[i], torch.as_tensor(new_command).expand(100, A))
+
+
 def test_clock_jump_forward_is_a_new_segment():
     al = aligner(clock_jump=2.0)
     feed(al, 0, 3)

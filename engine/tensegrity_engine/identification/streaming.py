@@ -239,13 +239,17 @@ class StreamAligner:
             **{f"count_{r}": self.counters[r] for r in REASONS},
         }
 
-    def reset(self) -> None:
-        """Forget all stream state (finished tuples stay in the output queue)."""
+    def reset(self, keep_commands: bool = False) -> None:
+        """Forget all stream state (finished tuples stay in the output queue);
+        ``keep_commands``: not the commands, already on the restarted clock."""
         self._new_segment()
         self._record_id += 1
+        self._imu.clear()
+        if keep_commands:
+            self._order.forget(("pose", "imu"))
+            return
         self._cmd_t.clear()
         self._cmd_u.clear()
-        self._imu.clear()
         self._order.forget()
         self._final_before = -(1 << 62)
 
@@ -271,7 +275,15 @@ class StreamAligner:
         if verdict == "clock_jump":
             self._event("clock_jump")
             if stamp < last:
-                self.reset()
+                commands = self._order.get("command")
+                if commands is not None and commands < last - self._order.jump_ns:
+                    # the command clock restarted first: the old poses' commands are gone
+                    for _ in range(len(self._pending)):
+                        self._event("no_command")
+                    self._pending.clear()
+                    self.reset(keep_commands=True)
+                else:
+                    self.reset()
             else:
                 self._new_segment()
         elif last is not None:
@@ -309,7 +321,9 @@ class StreamAligner:
         if verdict == "clock_jump":
             self._event("clock_jump")
             if stamp < last:
-                # the command clock restarted: old commands mean nothing on the new clock
+                # the command clock restarted: old commands mean nothing on the new clock; the
+                # tuples waiting for commands get the old ones, final now, first
+                self._flush_pending(force=True)
                 self._cmd_t.clear()
                 self._cmd_u.clear()
                 self._final_before = -(1 << 62)
