@@ -487,7 +487,7 @@ def publish_planned_markers(node: MppiControllerNode, state, act, t_ns: int) -> 
 def declare_timing(d, period: float) -> dict:
     """When commands take effect, how long planning may take, how gently the robot may
     move (node parameters)."""
-    return {
+    out = {
         "plan_budget": d("plan_budget", 0.8 * period, "wall seconds planning may take per command "
                          "(anytime: iterations stop there); part of the lead", range=(1e-4, 10.0)),
         "command_latency": d("command_latency", 0.01, "expected transport delay of a command to the robot "
@@ -502,6 +502,10 @@ def declare_timing(d, period: float) -> dict:
         "pose_wait": d("pose_wait", 0.005, "wall seconds a tick waits for its own pose when the newest is "
                        "older than the tick", range=(0.0, 1.0)),
     }
+    if not out["plan_budget"] < period:
+        raise ConfigurationError(f"plan_budget ({out['plan_budget']:g} s) must be below the control period "
+                                 f"({period:g} s): a tick plans within its own period")
+    return out
 
 
 def declare_safety(d) -> dict:

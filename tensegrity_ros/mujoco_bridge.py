@@ -93,7 +93,7 @@ class MujocoBridge(Node):
         try:
             self.truth = ground_truth(truth_spec, self.robot)
         except ConfigError as err:
-            raise ValueError(f"robot_truth {truth_spec!r}: {err}") from None
+            raise ConfigurationError(f"robot_truth {truth_spec!r}: {err}") from None
         self.rng = np.random.default_rng(self.seed)
         self.twin = self.truth.twin(floor=True, nthread=1)
         rs, act = rest_pose(self.truth.truth, realisation=self.truth.realisation)

@@ -85,6 +85,9 @@ def finish(proc: subprocess.Popen, timeout: float = 60.0) -> tuple[int, str]:
      "parameter structure_options: structure option 'per_joint' cannot be tried online"),
     ("identifier", "learn:=[cable_stiffness,cable_damping,rod_mass]",
      "parameter learn: cable_stiffness, cable_damping, rod_mass scale together"),
+    ("identifier", "max_holdout:=20", "keep at least 30"),
+    ("mppi_controller", "plan_budget:=0.2", "plan_budget (0.2 s) must be below the control period (0.1 s)"),
+    ("mujoco_bridge", "robot_truth:=zoo/unicorn", "robot_truth 'zoo/unicorn'"),
 ])
 def test_bad_parameter_is_one_line_and_exit_code_2(node_env, entry, override, expected):
     rc, err = finish(spawn(entry, node_env, "-p", override))
