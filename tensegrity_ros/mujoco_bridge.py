@@ -157,7 +157,8 @@ class MujocoBridge(Node):
             if self._last_cmd_stamp is not None and stamp <= self._last_cmd_stamp and stamp != 0:
                 reason = "duplicate" if stamp == self._last_cmd_stamp else "out_of_order"
                 return self.diag.reject(reason, "command stamp not increasing", topic="commands")
-            self._last_cmd_stamp = stamp
+            if stamp != 0:              # an unset stamp (ros2 topic pub) acts now; the order stays the stamped ones
+                self._last_cmd_stamp = stamp
             lead_ms = (stamp - now) / 1e6             # > 0: arrived before it was due
             self._leads.append(lead_ms)
             if lead_ms < 0:

@@ -539,6 +539,21 @@ def test_the_controller_starts_over_when_its_clock_goes_back(ros):
     assert not ctrl._check_clock(2 * NS_ - 150_000_000)                     # within two periods
 
 
+def test_a_command_without_a_stamp_does_not_reset_the_bridges_command_order(ros):
+    """An unset stamp (0: `ros2 topic pub`) acts at once but is no stamp to order by: a
+    delayed command older than the last stamped one is still refused after it."""
+    from tensegrity_ros.mujoco_bridge import MujocoBridge
+
+    bridge = ros.node(MujocoBridge, {"robot": "three_bar", "real_time_factor": 0.0, "marker_rate": 0.0,
+                                     "publish_clock": False, "max_duration": 1.0})
+    robot = load_robot("three_bar")
+    u = list(robot.cable_rest_length[robot.actuated_indices])
+    for t_ns in (300_000_000, 0, 200_000_000):
+        bridge._on_command(conv.make_cable_command(np.asarray(u), t_ns))
+    assert bridge.diag.counters["rejected_out_of_order"] == 1
+    assert bridge.diag.counters["commands_accepted"] == 2
+
+
 def test_bridge_plays_a_zoo_robot_and_refuses_an_unknown_one(ros):
     from tensegrity_engine.groundtruth.zoo import zoo_robot
     from tensegrity_ros.mujoco_bridge import MujocoBridge
