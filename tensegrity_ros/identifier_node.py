@@ -269,6 +269,7 @@ class IdentifierNode(Node):
         """The schedule finished: publish the final (best) parameters as converged."""
         m, values = self.session.finish()
         stage = end_stage(self, self.session.status, values)
+        config_in_use = self.session.best_values is None
         accepted = passes_gate(self, values)
         g = self.last_gate
         if accepted:
@@ -284,6 +285,8 @@ class IdentifierNode(Node):
             com = (g.incumbent_com_error, g.incumbent_com_error, g.config_com_error)
         self._publish(m, values, stage=stage, heldout_loss=held, com=com,
                       robot=None if accepted else robot)
+        if not accepted and config_in_use:
+            self.session.mark_published(None)      # the config's values: nothing identified to export
         self.get_logger().info(f"identification {self.session.status} after {self.epochs} epochs: "
                                f"{self.trainer.format_parameters()}")
         self._save_checkpoint()

@@ -135,3 +135,35 @@ def test_the_summary_puts_the_configs_heldout_error_beside_the_identified_models
     assert "26.6 mm (the model it replaced: 30.1 mm; the config: 65.3 mm)" in out and "zoo/soft_slow" in out
     print_summary(summary)
     assert "(the model it replaced: 30.1 mm)" in capsys.readouterr().out
+
+
+def test_a_refused_first_fit_publishes_the_config_without_calling_it_identified(monkeypatch):
+    """The gate refuses the finished fit and nothing was published before: the config's
+    values go out with the end state, and the session still holds no identified model (the
+    MJCF export then says so instead of writing the config as identified)."""
+    from tensegrity_engine.physics.config import load_robot
+    from tensegrity_engine.physics.params import PhysicalParameters
+    from tensegrity_ros import identifier_node as node_module
+
+    robot = load_robot("three_bar")
+    verdict = SimpleNamespace(accepted=False, reason="worse", revert=False, tuples=30, candidate_loss=2.0,
+                              incumbent_loss=1.0, candidate_com_error=0.2, incumbent_com_error=0.1,
+                              config_com_error=0.1)
+    fitted = {"cable_stiffness": [5000.0]}
+    session = SimpleNamespace(best_values=None, published_robot=None, incumbent_robot=robot, status="converged",
+                              finish=lambda: ({"epoch": 3}, fitted), gate=lambda values: verdict,
+                              trainer=SimpleNamespace(learn=("cable_stiffness",), format_parameters=lambda: ""))
+    session.mark_published = lambda values, robot=None: setattr(session, "best_values", values)
+    published = []
+
+    def publish(m, values, **kw):                     # as IdentifierNode._publish marks it published
+        published.append(values)
+        session.mark_published(values, kw.get("robot"))
+    node = SimpleNamespace(session=session, diag=_Diag(), last_gate=None, last_refused=None, epochs=3,
+                           trainer=session.trainer, _publish=publish, _save_checkpoint=lambda: None,
+                           get_logger=lambda: SimpleNamespace(info=lambda *a: None))
+    monkeypatch.setattr(node_module, "end_stage", lambda node, status, values: status)
+    monkeypatch.setattr(node_module, "refused_finish_stage", lambda node, gate, stage, fitted: stage)
+    node_module.IdentifierNode._on_done(node)
+    assert published == [PhysicalParameters(robot).as_dict()]
+    assert session.best_values is None
