@@ -185,8 +185,7 @@ class IdentifierNode(Node):
                     self.session.add(new)
                 if not self.session.training:
                     if self.session.finished:
-                        self.pacing.drop()
-                        self._on_done()
+                        self._finish_schedule()
                     self._flush_publication()
                     self._maybe_checkpoint()
                     self._stop.wait(0.2)
@@ -201,6 +200,16 @@ class IdentifierNode(Node):
                                          "restoring the last good parameters")
                 self.session.rollback()
                 self._stop.wait(1.0)
+
+    def _finish_schedule(self) -> None:
+        """Publish the finished schedule's end; one that fails (the gate, sigma, the message)
+        leaves it finished, so the next pass publishes it (else its end was never said)."""
+        self.pacing.drop()
+        try:
+            self._on_done()
+        except Exception:
+            self.session.converged = False
+            raise
 
     def _epoch(self) -> None:
         before, structure = self.session.rollbacks, self.session.robot
@@ -314,40 +323,7 @@ class IdentifierNode(Node):
         self.diag.count("checkpoints_saved")
 
     def _load_checkpoint(self) -> None:
-        path = self.ckpt_path
-        legacy = path.with_name(LEGACY_CHECKPOINT_NAME)
-        if legacy.exists():
-            self.get_logger().warning(f"ignoring {legacy}: pickle checkpoints of older versions are never "
-                                      "read (loading one could run code)")
-        if not path.exists():
-            return
-        s = self.session
-        published = None           # (values, structure) of the checkpoint's model, once published
-        try:
-            data = load_checkpoint(path, robot=self.robot, kind="identifier")
-            best = data.get("best_values") if data.get("robot") == self.robot.name else None
-            if best is not None:
-                # publish the checkpoint's model first: rebuilding the trainer on its
-                # window takes seconds the controller need not wait for
-                shape = data.get("published_structure")
-                structure = self.robot if shape is None else robot_in_structure(self.robot, tuple(shape))
-                early = checked_parameters(structure, best)
-                self._publish({"val_loss": data.get("best_loss", math.nan), "epoch": data.get("epochs", 0)},
-                              early.as_dict(), stage=str(data.get("status", "final"))[:120] if data.get("converged") else "resumed",
-                              params=early)
-                published = (early.as_dict(), structure)
-            s.restore(data)
-        except Exception as exc:  # noqa: BLE001 - a bad checkpoint must not stop the node
-            self.diag.count("checkpoint_rejected")
-            s.reset()
-            if published is not None:     # the controller holds it: the gate judges against it
-                s.mark_published(*published)
-            self.get_logger().error(f"cannot resume from {path}: {exc}; starting fresh"
-                                    + (" (its published model, checked, stays published)" if published else ""))
-            return
-        self.diag.count("resumed")
-        self.get_logger().info(f"resumed from {path}: {s.window_len} tuples, {s.epochs} epochs, "
-                               f"best loss {s.best_loss:.3e}")
+        resume_from_checkpoint(self)
 
     # ------------------------------------------------------------------ diagnostics
     def _diag_values(self) -> dict:
@@ -573,6 +549,46 @@ def export_mjcf(node, response):
     response.message = f"wrote {path}" + "".join(f"; not represented: {n}" for n in export.notes)
     node.get_logger().info(response.message)
     return response
+
+
+def resume_from_checkpoint(node) -> None:
+    """Resume the node's session from its checkpoint file, if there is one: the file's
+    published model is checked and published first; a file that cannot be restored
+    leaves a fresh session (its published model, if it went out, the gate's incumbent)."""
+    path = node.ckpt_path
+    legacy = path.with_name(LEGACY_CHECKPOINT_NAME)
+    if legacy.exists():
+        node.get_logger().warning(f"ignoring {legacy}: pickle checkpoints of older versions are never "
+                                  "read (loading one could run code)")
+    if not path.exists():
+        return
+    s = node.session
+    published = None           # (values, structure) of the checkpoint's model, once published
+    try:
+        data = load_checkpoint(path, robot=node.robot, kind="identifier")
+        best = data.get("best_values") if data.get("robot") == node.robot.name else None
+        if best is not None:
+            # publish the checkpoint's model first: rebuilding the trainer on its
+            # window takes seconds the controller need not wait for
+            shape = data.get("published_structure")
+            structure = node.robot if shape is None else robot_in_structure(node.robot, tuple(shape))
+            early = checked_parameters(structure, best)
+            node._publish({"val_loss": data.get("best_loss", math.nan), "epoch": data.get("epochs", 0)},
+                          early.as_dict(), stage=str(data.get("status", "final"))[:120] if data.get("converged") else "resumed",
+                          params=early)
+            published = (early.as_dict(), structure)
+        s.restore(data)
+    except Exception as exc:  # noqa: BLE001 - a bad checkpoint must not stop the node
+        node.diag.count("checkpoint_rejected")
+        s.reset()
+        if published is not None:     # the controller holds it: the gate judges against it
+            s.mark_published(*published)
+        node.get_logger().error(f"cannot resume from {path}: {exc}; starting fresh"
+                                + (" (its published model, checked, stays published)" if published else ""))
+        return
+    node.diag.count("resumed")
+    node.get_logger().info(f"resumed from {path}: {s.window_len} tuples, {s.epochs} epochs, "
+                           f"best loss {s.best_loss:.3e}")
 
 
 def passes_gate(node, values: dict) -> bool:

@@ -167,3 +167,19 @@ def test_a_refused_first_fit_publishes_the_config_without_calling_it_identified(
     node_module.IdentifierNode._on_done(node)
     assert published == [PhysicalParameters(robot).as_dict()]
     assert session.best_values is None
+
+
+def test_an_end_that_fails_to_publish_is_published_on_the_next_pass():
+    """The schedule's end raised while it was published (the gate, sigma, the message): the
+    session is left finished, so the worker's next pass publishes it."""
+    from tensegrity_ros import identifier_node as node_module
+
+    session = SimpleNamespace(converged=False)
+
+    def failing_end():
+        session.converged = True                   # as OnlineIdentification.finish
+        raise RuntimeError("the message could not be built")
+    node = SimpleNamespace(session=session, pacing=SimpleNamespace(drop=lambda: None), _on_done=failing_end)
+    with pytest.raises(RuntimeError):
+        node_module.IdentifierNode._finish_schedule(node)
+    assert session.converged is False
