@@ -354,6 +354,9 @@ class IdentifierNode(Node):
     def close(self) -> None:
         self._stop.set()
         self._worker.join(timeout=60.0)
+        if self._worker.is_alive():       # mid-epoch: its session is half updated, the last file stands
+            self.get_logger().warning("the identification worker did not stop within 60 s: no checkpoint written")
+            return
         try:
             self._save_checkpoint()
         except Exception:  # noqa: BLE001

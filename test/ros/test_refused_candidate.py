@@ -183,3 +183,17 @@ def test_an_end_that_fails_to_publish_is_published_on_the_next_pass():
     with pytest.raises(RuntimeError):
         node_module.IdentifierNode._finish_schedule(node)
     assert session.converged is False
+
+
+def test_closing_while_the_worker_is_mid_epoch_writes_no_half_updated_checkpoint():
+    """The worker stops only between epochs; if it has not stopped when the node closes, the
+    session it is changing is not written (the last checkpoint stands); once it stopped, it is."""
+    from tensegrity_ros import identifier_node as node_module
+
+    for alive in (True, False):
+        saved = []
+        worker = SimpleNamespace(join=lambda timeout: None, is_alive=lambda: alive)
+        node = SimpleNamespace(_stop=threading.Event(), _worker=worker, _save_checkpoint=lambda: saved.append(1),
+                               get_logger=lambda: SimpleNamespace(warning=lambda *a: None))
+        node_module.IdentifierNode.close(node)
+        assert node._stop.is_set() and saved == ([] if alive else [1])
