@@ -202,6 +202,22 @@ def test_higher_rate_poses_are_decimated():
     assert len(b) == 3 and al.counters["decimated"] == 27
 
 
+def test_tuples_waiting_longer_than_the_pending_bound_are_finished_not_lost():
+    """A command_wait longer than `PENDING` intervals: the oldest waiting tuple is finished
+    with the commands known (counted as overflow), not dropped without a trace."""
+    from tensegrity_engine.identification.streaming import PENDING
+
+    al = aligner(command_wait=10.0)
+    assert al.add_command(0, command_at(0))[0]
+    n = PENDING + 16
+    for k in range(n):
+        assert al.add_pose(k * T_NS, poses_at(k * 0.1))[0]
+    assert al.counters["overflow"] == n - 1 - PENDING
+    al.flush()
+    b = al.pop_tuples()
+    assert len(b) == n - 1 and sorted(b.t0.tolist()) == [k * T_NS for k in range(n - 1)]
+
+
 def test_buffers_bounded_and_overflow_counted():
     al = aligner(max_tuples=5, max_commands=50)
     for k in range(1000):                              # commands only: nothing consumes them

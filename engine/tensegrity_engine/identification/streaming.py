@@ -45,7 +45,9 @@ Stream rules (each rejection is counted by reason in ``counters``; nothing raise
                     mocap is decimated to the tuple interval; not an error)
 ``no_command``      a tuple dropped because no command was known at its start
 ``late_command``    a command stamped before already-finalised data
-``overflow``        oldest finished tuples dropped because ``max_tuples`` were waiting
+``overflow``        oldest finished tuples dropped because ``max_tuples`` were waiting, or
+                    the oldest tuple waiting for its commands finished early (with the
+                    commands known) because `PENDING` were waiting
 ==================  ============================================================
 
 Buffers are bounded: a segment keeps its last few poses only, the command history only
@@ -77,6 +79,8 @@ NS = 1_000_000_000
 # pose, whose interval no tuple covers (5 % of frames in the zoo's mocaps; each drop restarted
 # the motor settled).
 PREV_INTERVALS = 2
+# tuples that may wait for their commands (``command_wait``) at once
+PENDING = 64
 REASONS = ("nonfinite", "rod_count", "unknown_rod", "wrong_length", "bad_quaternion",
            "out_of_range", "duplicate", "out_of_order", "clock_jump", "gap", "decimated",
            "no_command", "late_command", "overflow")
@@ -206,7 +210,7 @@ class StreamAligner:
         # tuples of an earlier run, whose stamps a restarted sim clock repeats)
         self._record_id = int.from_bytes(os.urandom(6), "little") << 8
         self._poses: collections.deque = collections.deque(maxlen=3)   # current segment
-        self._pending: collections.deque = collections.deque(maxlen=64)  # (p_prev, p0, p1)
+        self._pending: collections.deque = collections.deque(maxlen=PENDING)  # (p_prev, p0, p1, seg, rec)
         self._cmd_t: collections.deque = collections.deque()
         self._cmd_u: collections.deque = collections.deque()
         self._imu: collections.OrderedDict = collections.OrderedDict()
@@ -302,6 +306,11 @@ class StreamAligner:
         self._poses.append(pose)
         if len(self._poses) >= 2:
             p_prev = self._poses[-3] if len(self._poses) >= 3 else None
+            if len(self._pending) == self._pending.maxlen:      # a command_wait of PENDING intervals
+                self._event("overflow")
+                made = self._made(*self._pending.popleft())
+                if made is not None:
+                    self._emit([made])
             self._pending.append((p_prev, self._poses[-2], self._poses[-1], self._segment_id, self._record_id))
         self._advance_watermark(stamp - self.wait_ns)
         self._flush_pending()
@@ -420,19 +429,26 @@ class StreamAligner:
             if p1.stamp > self._final_before and not force:
                 keep.append((p_prev, p0, p1, seg, rec))
                 continue
-            cmd = self._commands_over(p0.stamp)
-            if cmd is None:
-                self._event("no_command")
-                continue
-            prev = self._prev_commands(p0.stamp, cmd)
-            x0, known0 = self._state(p0, p_prev, p1)
-            x1, known1 = self._state(p1, p0, None)
-            made.append((x0, cmd, x1, prev, known0, known1, np.isfinite(p0.omega_imu).all(-1),
-                         p0.stamp, seg, rec, np.isfinite(p1.omega_imu).all(-1)))
+            one = self._made(p_prev, p0, p1, seg, rec)
+            if one is not None:
+                made.append(one)
         self._pending = keep
         if made:
             self._emit(made)
         self._trim_commands()
+
+    def _made(self, p_prev, p0, p1, seg, rec) -> Optional[tuple]:
+        """The tuple from ``p0`` to ``p1`` with the commands known now (None, counted, if
+        none was in force at its start)."""
+        cmd = self._commands_over(p0.stamp)
+        if cmd is None:
+            self._event("no_command")
+            return None
+        prev = self._prev_commands(p0.stamp, cmd)
+        x0, known0 = self._state(p0, p_prev, p1)
+        x1, known1 = self._state(p1, p0, None)
+        return (x0, cmd, x1, prev, known0, known1, np.isfinite(p0.omega_imu).all(-1),
+                p0.stamp, seg, rec, np.isfinite(p1.omega_imu).all(-1))
 
     def _prev_commands(self, t0: int, cmd: np.ndarray) -> np.ndarray:
         """[PREV_INTERVALS S, A] commands before t0; where the stream began later, the first
