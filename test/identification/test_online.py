@@ -95,27 +95,36 @@ def test_window_starts_at_min_tuples_appends_then_slides(three_bar):
     assert made[0].calls == [("set", [t * 100_000_000 for t in range(6)])]
     s.add(_batch(three_bar, 6, 2))                                     # 8 <= 8: the window grown
     assert made[0].calls[-1] == ("extend", [t * 100_000_000 for t in range(8)])
-    s.add(_batch(three_bar, 8, 3))                                     # 11 > 8: oldest leave
+    s.add(_batch(three_bar, 8, 3))                                     # 11 > 8: the oldest quarter leave
     kind, stamps = made[0].calls[-1]
-    assert kind == "set" and len(stamps) == s.window_len <= 8
-    assert stamps[-1] == 1_000_000_000 and stamps[0] >= 300_000_000
+    assert kind == "set" and stamps == [t * 100_000_000 for t in range(5, 11)] and s.window_len == 6
     s.add(_batch(three_bar, 11, 20))                                   # one chunk beyond max: cut
-    assert s.window_len == 8 and made[0].calls[-1][1] == [t * 100_000_000 for t in range(23, 31)]
+    assert s.window_len == 6 and made[0].calls[-1][1] == [t * 100_000_000 for t in range(25, 31)]
 
 
-def test_the_window_keeps_the_newest_max_tuples_whatever_its_chunks(three_bar):
+def test_the_window_keeps_the_newest_tuples_and_slides_a_quarter_at_once(three_bar):
     """Chunks that do not add up to ``max_tuples``: the oldest is cut in part, so the window
-    holds exactly the newest ``max_tuples`` tuples (a cut that kept the first chunk alone and
-    forgot the others let the window grow without bound while it counted 3)."""
-    s, made = _session(three_bar, [1.0], min_tuples=1, max_tuples=10, holdout_every=0)
-    start = 0
-    for n in (3, 3, 3, 3, 4, 3, 7, 1, 3, 3, 12, 3):
+    holds exactly the newest tuples, at most ``max_tuples`` (a cut that kept the first chunk
+    alone and forgot the others let the window grow without bound while it counted 3); a
+    full window drops a quarter at once, so the trainer takes it anew (`set_data`) once per
+    quarter, not on every batch."""
+    s, made = _session(three_bar, [1.0], min_tuples=1, max_tuples=12, holdout_every=0)
+    start, slides, full_adds = 0, 0, 0
+    for n in (3, 3, 3, 3, 4, 3, 7, 1, 3, 3, 2, 2, 2, 2, 14, 3):
+        before = s.window_len
         s.add(_batch(three_bar, start, n))
         start += n
         kept = [int(t) for chunk in s.window for t in chunk.t0]
-        assert len(kept) == s.window_len == min(start, 10), (n, kept)
+        assert len(kept) == s.window_len <= 12, (n, kept)
         assert kept == [t * 100_000_000 for t in range(start - len(kept), start)]
         assert made[0].calls[-1][1] == kept
+        if before + n > 12:                                  # slid: a quarter of the window left
+            slides += 1
+            assert len(kept) == 9 and made[0].calls[-1][0] == "set"
+        else:
+            assert len(kept) == before + n
+        full_adds += before >= 9
+    assert [kind for kind, _ in made[0].calls[1:]].count("set") == slides < full_adds
 
 
 def test_divergence_rolls_back_to_the_last_healthy_state(three_bar):
@@ -267,7 +276,7 @@ def test_the_gates_references_are_keyed_again_when_the_window_slides(three_bar):
     assert len(made[0].calls) == calls + 1             # the candidate only
     held = s.heldout_len
     s.add(_batch(three_bar, 91, 5))                    # training tuples: the window slides
-    assert s.heldout_len == held and s.window_len == 61
+    assert s.heldout_len == held and s.window_len == 45
     calls = len(made[0].calls)
     s.gate({"cable_stiffness": [2950.0]})
     assert len(made[0].calls) == calls + 3             # the candidate and both references

@@ -40,6 +40,10 @@ from tensegrity_engine.physics.actuators import delayed_commands
 from tensegrity_engine.physics.config import MODEL_INTEGRATORS, RobotConfig
 from tensegrity_engine.physics.params import PhysicalParameters, checked_parameters
 
+# A full window slides by this share of ``max_tuples`` at once: the trainer takes a slid
+# window anew (`set_data`: its windowed stage's windows and latents drawn again), so a
+# slide on every new batch would leave it refitting latents for good
+WINDOW_SLIDE = 0.25
 HOLDOUT_SECONDS = 1.0      # held out in blocks this long: the gate also says the CoM error this far ahead
 TrainerFactory = Callable[..., object]   # (robot, config, device, initial, log) -> ProgressiveTrainer
 
@@ -260,8 +264,8 @@ class OnlineIdentification:
         return _mean(loss), _mean(com)
 
     def add(self, new: TupleBatch) -> None:
-        """Append new tuples (less the held-out ones); the oldest leave the window beyond
-        ``max_tuples``."""
+        """Append new tuples (less the held-out ones); beyond ``max_tuples`` the oldest
+        leave, `WINDOW_SLIDE` of the window at once."""
         new = self.holdout.split(new)
         if new is None:
             return
@@ -274,9 +278,10 @@ class OnlineIdentification:
                 self.status = "training"
             return
         if self.window_len > self.max_tuples:
-            while self.window_len - len(self.window[0]) >= self.max_tuples and len(self.window) > 1:
+            keep = max(1, int(self.max_tuples * (1.0 - WINDOW_SLIDE)))
+            while self.window_len - len(self.window[0]) >= keep and len(self.window) > 1:
                 self.window_len -= len(self.window.popleft())
-            excess = self.window_len - self.max_tuples
+            excess = self.window_len - keep
             if excess > 0:                  # the oldest chunk in part (fewer than its length)
                 oldest = self.window.popleft()
                 self.window.appendleft(oldest.slice(slice(excess, None)))
