@@ -84,6 +84,19 @@ class HeldOutVerdict:
 GATE_SIGNIFICANCE = 1.0
 
 
+def slide_window(window: collections.deque, length: int, max_tuples: int) -> int:
+    """Drop the oldest tuples of ``window`` (TupleBatch chunks, ``length`` tuples in all)
+    down to (1 - `WINDOW_SLIDE`) x ``max_tuples``, the oldest chunk in part: the tuples left."""
+    keep = max(1, int(max_tuples * (1.0 - WINDOW_SLIDE)))
+    while length - len(window[0]) >= keep and len(window) > 1:
+        length -= len(window.popleft())
+    if length > keep:                   # the oldest chunk in part (fewer than its length)
+        oldest = window.popleft()
+        window.appendleft(oldest.slice(slice(length - keep, None)))
+        length = keep
+    return length
+
+
 def _mean(a) -> float:
     a = np.asarray(a, dtype=np.float64)
     return float(a.mean()) if a.size else math.nan
@@ -278,14 +291,7 @@ class OnlineIdentification:
                 self.status = "training"
             return
         if self.window_len > self.max_tuples:
-            keep = max(1, int(self.max_tuples * (1.0 - WINDOW_SLIDE)))
-            while self.window_len - len(self.window[0]) >= keep and len(self.window) > 1:
-                self.window_len -= len(self.window.popleft())
-            excess = self.window_len - keep
-            if excess > 0:                  # the oldest chunk in part (fewer than its length)
-                oldest = self.window.popleft()
-                self.window.appendleft(oldest.slice(slice(excess, None)))
-                self.window_len -= excess
+            self.window_len = slide_window(self.window, self.window_len, self.max_tuples)
             self.holdout.prune(int(self.window[0].t0.min()), self.max_tuples)
             self.trainer.set_data(self.window_tuples())                    # keeps the parameters
         else:
