@@ -284,6 +284,25 @@ def test_excitation_policy(superball, kind):
     assert not np.allclose(other.command_at(1.0), pol.command_at(1.0))
 
 
+@pytest.mark.parametrize("band", [(0.2, 2.0), (0.5, 0.5)])
+def test_a_chirp_sweeps_up_and_down_within_its_band_for_as_long_as_it_runs(superball, band):
+    """The sweep turns at f_max and comes back (a sweep that kept rising left the 10 Hz
+    command stream's band within seconds and overflowed to NaN after some 25 min), its phase
+    continuous at every turn; a band of one frequency is a sine, not 0 / 0."""
+    pol = mpc.ExcitationPolicy(superball, seed=3, kind="chirp", freq_range=band, duration=5.0)
+    dt = 1e-3
+    for start in (0.0, 4.5, 9.5, 3000.0):                     # a rise, both turns, an hour on
+        t = start + np.arange(2000) * dt
+        phase = pol._chirp_phase(t)
+        assert np.isfinite(phase).all()
+        freq = np.diff(phase) / (2 * np.pi * dt)
+        assert (freq > band[0] * (1 - 1e-3)).all() and (freq < band[1] * (1 + 1e-3)).all(), (start, freq.min(), freq.max())
+        u = pol.command_at(t)
+        assert np.isfinite(u).all() and (u >= superball.command_low).all() and (u <= superball.command_high).all()
+    with pytest.raises(ValueError, match="duration"):
+        mpc.ExcitationPolicy(superball, kind="chirp", duration=0.0)
+
+
 def test_step_excitation_holds_and_jumps(superball):
     """``steps``: every cable holds a level for 0.25-2.5 s (f 0.2-2 Hz), then jumps across
     the band; inside the command range; deterministic per seed, and each cable repeats after

@@ -18,8 +18,8 @@ class ExcitationPolicy:
     ``num_sines`` random frequencies log-uniform in ``freq_range`` Hz, random phases and
     weights (normalised so the sum stays within +-1), ``amp = amplitude * width / 2`` around
     the range centre ``mid``; ``kind="chirp"`` instead sweeps each cable's frequency
-    log-linearly from ``freq_range[0]`` to ``freq_range[1]`` over ``duration`` s (random
-    phase); ``kind="steps"`` holds each cable at a random level in the same band for a
+    log-linearly from ``freq_range[0]`` to ``freq_range[1]`` over ``duration`` s and back
+    over the next, again and again (random phase); ``kind="steps"`` holds each cable at a random level in the same band for a
     random time uniform in [1 / (2 f_hi), 1 / (2 f_lo)] s, then jumps: the classic
     identification input for what acts within a step (a motor time constant shorter than
     the sampling interval, damping, a winch speed limit), which smooth signals hardly
@@ -37,6 +37,8 @@ class ExcitationPolicy:
             raise ValueError("amplitude must be in (0, 1]")
         if not 0.0 < float(freq_range[0]) <= float(freq_range[1]):
             raise ValueError(f"freq_range must be (f_min, f_max) with 0 < f_min <= f_max Hz, got {tuple(freq_range)}")
+        if not float(duration) > 0.0:
+            raise ValueError(f"duration must be > 0 s, got {duration}")
         self.robot, self.kind, self.seed = robot, kind, int(seed)
         self.amplitude, self.freq_range = float(amplitude), tuple(float(f) for f in freq_range)
         self.num_sines, self.control_dt, self.duration = int(num_sines), float(control_dt), float(duration)
@@ -70,12 +72,22 @@ class ExcitationPolicy:
             s = np.stack([level[np.searchsorted(switch, np.mod(t[..., 0, 0], period), side="right") - 1]
                           for switch, level, period in zip(self._switch, self._level, self.period)], -1)
         else:
-            f0, f1 = self.freq_range
-            k = np.log(f1 / f0) / self.duration
-            phase = 2 * np.pi * f0 * (np.exp(k * t[..., 0]) - 1.0) / k
-            s = np.sin(phase + self._phase[:, 0])
+            s = np.sin(self._chirp_phase(t[..., 0]) + self._phase[:, 0])
         mid, half = 0.5 * (self.low + self.high), 0.5 * (self.high - self.low)
         return np.clip(mid + self.amplitude * half * s, self.low, self.high)
+
+    def _chirp_phase(self, t: np.ndarray) -> np.ndarray:
+        """The sweep's phase at times ``t``: up from f_min to f_max over ``duration``, down
+        again over the next, and so on (a sweep that went on rising left the command stream's
+        band within seconds and overflowed to NaN), continuous at every turn."""
+        f0, f1 = self.freq_range
+        D = self.duration
+        k = np.log(f1 / f0) / D
+
+        def up(tau):                     # the rising sweep's phase after tau s (constant f0 if f1 = f0)
+            return 2 * np.pi * f0 * (np.expm1(k * tau) / k if k > 0 else tau)
+        turns, r = np.divmod(t, 2 * D)
+        return turns * 2 * up(D) + np.where(r <= D, up(np.minimum(r, D)), 2 * up(D) - up(np.clip(2 * D - r, 0, D)))
 
     def commands(self, num_steps: int, dt: float) -> np.ndarray:
         """[S, A] commands at every step of length dt from t = 0."""
