@@ -155,6 +155,23 @@ def test_per_cable_values_survive_every_export_path(tmp_path):
     assert cli_main(["export", "--params", str(path), "--mjcf", str(tmp_path / "x.xml"), "--fixed-rods", "9"]) == 2
 
 
+def test_an_exported_robot_yaml_keeps_the_robots_command_rate_limit(tmp_path):
+    """The identified values replace the model's; the hardware's safety limit on commands
+    (`actuator.max_command_rate`, no model value) comes through the export (it was dropped,
+    and a controller loading the export sent commands at any rate)."""
+    import dataclasses
+
+    from tensegrity_engine.physics.parameter_files import export_yaml
+
+    robot = load_robot("three_bar")
+    robot = robot.replace(actuator=dataclasses.replace(robot.actuator, max_command_rate=0.05))
+    params = PhysicalParameters(robot, {"actuator_time_constant": 0.12, "cable_stiffness": 0.8 * robot.cable_stiffness})
+    exported = load_robot(export_yaml(params, tmp_path / "identified.yaml"))
+    assert exported.actuator.max_command_rate == pytest.approx(0.05)
+    assert exported.actuator.time_constant == pytest.approx(0.12)
+    np.testing.assert_allclose(exported.cable_stiffness, 0.8 * robot.cable_stiffness, rtol=1e-6)
+
+
 def test_a_soft_contact_model_rolls_out_as_the_engine_on_the_floor(tmp_path):
     """A SUPERball with the soft contact law and identified values far from MuJoCo's
     defaults (time constant 12 ms, damping ratio 0.8, friction 0.6): the exported file

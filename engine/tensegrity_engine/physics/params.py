@@ -391,7 +391,7 @@ class PhysicalParameters(nn.Module):
 
     def to_robot_config(self) -> RobotConfig:
         """A RobotConfig carrying these values (for YAML export and the MuJoCo twin)."""
-        from tensegrity_engine.physics.config import ActuatorConfig, Friction
+        from tensegrity_engine.physics.config import Friction
 
         v = {k: np.asarray(x) for k, x in self.as_dict().items()}
         r = self.robot
@@ -401,9 +401,11 @@ class PhysicalParameters(nn.Module):
             cable_slack_damping=np.broadcast_to(v["cable_slack_damping"], (r.num_cables,)).copy(),
             rod_mass=np.broadcast_to(v["rod_mass"], (r.num_rods,)).copy(),
             rod_inertia_factor=np.broadcast_to(v["rod_inertia_factor"], (r.num_rods,)).copy(),
-            actuator=ActuatorConfig(float(v["actuator_time_constant"][0]), float(v["actuator_gain"][0]),
-                                    float(v["actuator_offset"][0]), float(v["actuator_max_speed"][0]),
-                                    float(v["actuator_delay"][0])),
+            # the robot's own actuator with the identified values (its safety limit kept)
+            actuator=dataclasses.replace(r.actuator, time_constant=float(v["actuator_time_constant"][0]),
+                                         gain=float(v["actuator_gain"][0]), offset=float(v["actuator_offset"][0]),
+                                         max_speed=float(v["actuator_max_speed"][0]),
+                                         delay=float(v["actuator_delay"][0])),
             contact=dataclasses.replace(
                 r.contact, stiffness=float(v["contact_stiffness"][0]), damping=float(v["contact_damping"][0]),
                 friction=Friction(float(v["friction_sliding"][0]), float(v["friction_torsional"][0]),
