@@ -366,6 +366,21 @@ def test_online_schedule_resumes_on_new_data_with_the_old_windows_latents(superb
         _trainer(superball, po, init="given", schedule="fine_only").reopen("x")
 
 
+def test_new_training_data_mid_stage_starts_the_stage_afresh(superball, data):
+    """Data set anew while a stage runs (an online window that slid): the stage's best loss,
+    values and latents were the old data's; they are dropped with its patience, so the
+    stage neither ends on the old best nor restores values and latents from before."""
+    po = {k: [t.without_velocity() for t in v] for k, v in data.items() if k != "root"}
+    tr = _trainer(superball, {"train": po["train"][:1], "val": po["val"]}, init="given", schedule="online",
+                  learn=("cable_stiffness", "cable_damping"), lm_tuples=16, lm_max_iters=40, val_tuples=8)
+    for _ in range(3):
+        tr.train_epoch()
+    assert not tr.done and tr.schedule.best_snapshot is not None and np.isfinite(tr.schedule.best_val)
+    tr.set_data(po["train"][1:2])
+    assert (tr.schedule.best_val, tr.schedule.best_snapshot, tr.schedule.bad_epochs) == (math.inf, None, 0)
+    assert tr.stage_log[-1]["why"] == "new training data" and not tr.done
+
+
 def test_a_running_windowed_stage_restarts_once_its_data_has_doubled(superball, data):
     """Online, the first windows come from the first seconds: a running windowed stage
     takes the new windows once the data has grown ``window_refresh`` times, keeps the old

@@ -138,6 +138,10 @@ class ProgressiveTrainer:
         self._setup(ts)
         self.train = self._to_data(ts)
         self.window_lm.reset()
+        if not first and not self.schedule.done:
+            # another problem (an online window that slid): the stage's best and patience were the
+            # old data's; kept, the stage would end on them and restore the values from before
+            self.schedule.restart(self.epoch, "new training data")
         self.val = self._to_data(vs) if vs is not None else None
         if self.objective.loss_scale is None:
             self.objective.loss_scale = (self.objective.zero_motion_loss(self.train)
