@@ -129,3 +129,21 @@ def test_values_settled_within_their_sigma_end_the_windowed_stage_as_converged()
     assert run([0.1] * 10, settle=0.0)[0] is None      # off
     with pytest.raises(ValueError, match="lm_settle_sigmas"):
         IdentificationConfig(lm_settle_sigmas=-1.0)
+
+
+def test_a_stage_without_one_finite_loss_does_not_end_as_converged():
+    """Every iteration of the windowed stage diverged (validation loss inf): the stage ends on
+    its patience, but not as "converged" (it found no finite loss); with a finite one it does."""
+    import math
+
+    for vals, converged in (([math.inf] * 10, False), ([1.0] + [2.0] * 9, True)):
+        cfg = IdentificationConfig(schedule="fine_only")
+        host = RecordingHost()
+        host.latent = False
+        schedule = ProgressiveSchedule(cfg, full_steps=100, host=host)
+        for epoch, val in enumerate(vals, start=1):
+            schedule.after_lm_iteration(val, step=math.inf, epoch=epoch, elapsed=0.0)
+            if schedule.done:
+                break
+        assert schedule.done and schedule.converged is converged, schedule.stop_reason
+        assert ("no finite loss" in schedule.stop_reason) is not converged

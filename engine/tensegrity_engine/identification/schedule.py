@@ -178,8 +178,9 @@ class ProgressiveSchedule:
             self.n_steps = min(2 * self.n_steps, self.full_steps)   # dt = max(dt / 2, dt_r)
             reset_best = True
             self.host.stage_changed("dt")
-        elif self.phase == "fine" and self.use_lm:
-            self.lm_finish("Levenberg-Marquardt converged", epoch, val)
+        elif self.phase == "fine" and self.use_lm:      # stalled without one finite loss: no convergence
+            self.lm_finish("Levenberg-Marquardt converged" if math.isfinite(self.best_val)
+                           else "Levenberg-Marquardt found no finite loss", epoch, val)
             return
         elif self.lr / 2.0 >= self.lr_floor:
             self.lr = self.lr / 2.0

@@ -268,7 +268,7 @@ class TupleLevenbergMarquardt:
         val = run.validate()
         if not math.isfinite(val):
             set_raw_vector(run.params, run.learn, theta0)
-            diverged = True
+            diverged, accepted, step = True, False, math.inf    # rolled back: no step was taken
             run.rollbacks += 1
             val = math.inf
         # how much the step lowered its own tuples' objective: online the validation loss also
