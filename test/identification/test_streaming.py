@@ -181,6 +181,21 @@ def test_a_restart_whose_commands_come_first_keeps_both_clocks_apart():
         assert torch.allclose(b.commands[i], torch.as_tensor(new_command).expand(100, A))
 
 
+def test_poses_that_jump_ahead_and_back_do_not_make_the_commands_late():
+    """Poses jump 100 s ahead and, before any command follows, 50 s back: the commands were
+    not restarted first (they are on neither pose clock), so the stream starts over and the
+    commands on the new clock are taken (not refused as late against the watermark the
+    poses 100 s ahead had moved)."""
+    al = aligner()
+    feed(al, 0, 10, t_offset=1000 * NS)
+    assert al.add_pose(1100 * NS, poses_at(0.0))[0]             # ahead, no command yet
+    base = 1050 * NS                                            # and back
+    for k in range(5):
+        assert al.add_pose(base + k * T_NS, poses_at(k * 0.1))[0]
+        assert al.add_command(base + k * T_NS, command_at(k)) == (True, "ok")
+    assert al.counters["late_command"] == 0
+
+
 def test_clock_jump_forward_is_a_new_segment():
     al = aligner(clock_jump=2.0)
     feed(al, 0, 3)

@@ -249,8 +249,9 @@ class StreamAligner:
         self._new_segment()
         self._record_id += 1
         self._imu.clear()
-        if keep_commands:
+        if keep_commands:            # final up to the newest command (old poses moved the watermark)
             self._order.forget(("pose", "imu"))
+            self._final_before = self._order.get("command")
             return
         self._cmd_t.clear()
         self._cmd_u.clear()
@@ -280,8 +281,10 @@ class StreamAligner:
             self._event("clock_jump")
             if stamp < last:
                 commands = self._order.get("command")
-                if commands is not None and commands < last - self._order.jump_ns:
-                    # the command clock restarted first: the old poses' commands are gone
+                if (commands is not None and commands < last - self._order.jump_ns
+                        and abs(commands - stamp) <= self._order.jump_ns):
+                    # the command clock restarted first (its commands are on the new pose's
+                    # clock): the old poses' commands are gone, the new ones are kept
                     for _ in range(len(self._pending)):
                         self._event("no_command")
                     self._pending.clear()
