@@ -62,6 +62,10 @@ def test_prediction_to_the_command_time_beats_planning_from_the_measurement(supe
     same, _ = predict_at(dyn, measured, act_pose, history, 300_000_000, 300_000_000)
     np.testing.assert_array_equal(same, measured)
     assert NS == 1_000_000_000
+    # poses stamped on another clock (a mocap's own epoch, 1000 s against a node clock at the
+    # Unix time): a clear error, not 1.8e12 steps asked of memory
+    with pytest.raises(ValueError, match="controller's clock"):
+        predict_at(dyn, measured, act_pose, history, 1000 * NS, 1_796_000_000 * NS)
 
 
 def test_ticks_fall_on_multiples_of_the_period_and_missed_ones_are_counted():

@@ -18,6 +18,9 @@ import numpy as np
 from tensegrity_engine.physics.actuators import held_command_update
 
 NS = 1_000_000_000
+# s the measured state is rolled ahead at most: further apart, the pose stamps are not on the
+# clock of the commands (a mocap's own epoch: 1.8e9 s of steps were asked for, a MemoryError)
+MAX_PREDICTION_S = 10.0
 
 
 class CommandHistory:
@@ -75,6 +78,9 @@ def predict_at(dynamics, rod_state, act, history: CommandHistory, t_pose_ns: int
     at ``t_pose_ns`` through the commands sent (engine dynamics with ``advance``). A target
     at or before the pose returns the measurement."""
     span = (t_target_ns - t_pose_ns) / NS
+    if span > MAX_PREDICTION_S:
+        raise ValueError(f"the newest pose is stamped {span:.3g} s before the command's time: poses and "
+                         "commands must be stamped on the controller's clock")
     steps = int(round(span / dynamics.dt))
     if steps <= 0:
         return np.asarray(rod_state, dtype=np.float64), np.asarray(act, dtype=np.float64)
