@@ -65,6 +65,24 @@ def test_planners_improve_and_respect_bounds(name):
         assert plan[:, 2].min() > 0.5            # pushed against the upper bound
 
 
+@pytest.mark.parametrize("name", ["rs", "cem", "mppi"])
+def test_a_model_whose_every_rollout_diverges_gives_no_plan(name):
+    """Every rollout non-finite (a diverging model or state): every cost would be the same
+    penalty and the plan the noise's mean, a finite command with nothing behind it; the
+    planner says so instead (the controller holds the robot); one finite rollout suffices."""
+    cfg = mpc.PlannerConfig(horizon=4, num_samples=16, iterations=2, temperature=0.1, noise_scale=0.3)
+
+    def diverging(state0, act0, plans, keep=0):
+        out = toy_dynamics(state0, act0, plans)
+        out[keep:] = float("nan")
+        return out
+    planner = mpc.make_planner(name, diverging, toy_cost, LOW, HIGH, cfg)
+    with pytest.raises(FloatingPointError, match="no rollout"):
+        planner.plan(torch.zeros(1, 13), torch.zeros(A_TOY))
+    planner = mpc.make_planner(name, lambda s, a, p: diverging(s, a, p, keep=1), toy_cost, LOW, HIGH, cfg)
+    assert torch.isfinite(planner.plan(torch.zeros(1, 13), torch.zeros(A_TOY))).all()
+
+
 def test_mppi_weights_and_temperature():
     """Low temperature -> nearly the best sample; high temperature -> nearly the mean of
     all samples (uniform weights)."""

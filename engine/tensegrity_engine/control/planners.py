@@ -110,6 +110,11 @@ class SamplingPlanner:
     def _evaluate(self, state0, act0, plans, prev_command) -> torch.Tensor:
         states = self.dynamics(state0, act0, plans)
         self.rollouts_evaluated += plans.shape[0]
+        if not bool(torch.isfinite(states).flatten(1).all(1).any()):
+            # every cost would be BAD_COST, the weights uniform, the plan the noise's mean:
+            # a finite command with nothing behind it, so none
+            raise FloatingPointError("no rollout of the planning model stayed finite (a diverging model or "
+                                     "state): no plan")
         cost = self.cost(states.to(self.dtype), plans, state0, prev_command).to(self.dtype)
         return torch.where(torch.isfinite(cost), cost, torch.full_like(cost, BAD_COST))
 
