@@ -139,6 +139,31 @@ def test_a_restarted_clock_starts_the_planner_over(superball):
     assert rt.history.last[0] == again.valid_ns and len(rt.history) == 1
 
 
+def test_the_planner_takes_the_command_in_force_as_sent(superball):
+    """A safety layer sends less than the plan asked (a rate limit), or an excitation ran
+    before: the next plan's dead time and smoothness run from the command the robot got,
+    not the one planned."""
+    import torch
+
+    from tensegrity_engine.control import ExcitationPolicy, MPPIController, PlannerConfig, task_start
+    from tensegrity_engine.control.realtime import RealTimePlanner
+
+    s0, a0 = task_start(superball)
+    mpc = MPPIController(superball, config=PlannerConfig(iterations=1, num_samples=8, horizon=3),
+                         dtype=torch.float64)
+    rt = RealTimePlanner(superball, mpc, ExcitationPolicy(superball, seed=1), a0)
+    first = rt.tick(NS, NS, s0, "mppi")
+    limited = 0.5 * (first.command + a0)                        # what the rate limit let through
+    rt.sent(first.valid_ns, limited)
+    rt.tick(NS + 100_000_000, NS + 100_000_000, s0, "mppi")
+    np.testing.assert_allclose(mpc.dynamics.in_force, limited)
+    ex = rt.tick(NS + 200_000_000, NS + 200_000_000, s0, "excitation")
+    rt.sent(ex.valid_ns, ex.command)
+    mpc.reset()                                                  # excitation -> MPPI
+    rt.tick(NS + 300_000_000, NS + 300_000_000, s0, "mppi")
+    np.testing.assert_allclose(mpc.dynamics.in_force, ex.command)
+
+
 def test_warm_up_leaves_the_planner_as_new(superball):
     import torch
 

@@ -76,13 +76,16 @@ class MPPIController:
     def current_plan(self) -> np.ndarray:
         return self.planner.mean.detach().cpu().double().numpy()
 
-    def plan(self, rod_state, act, budget: float = math.inf) -> np.ndarray:
+    def plan(self, rod_state, act, budget: float = math.inf, in_force=None) -> np.ndarray:
         """The command for now from (rod_state, act). Anytime: iterations stop once
-        ``budget`` s have passed (the first always completes)."""
+        ``budget`` s have passed (the first always completes). ``in_force``: the command the
+        robot runs now, as sent (after a safety layer's limits, or an excitation's); by
+        default the last one planned."""
         t0 = time.perf_counter()
-        prev = act if self._prev is None else self._prev
+        last = self._prev if in_force is None else np.asarray(in_force, dtype=np.float64)
+        prev = act if last is None else last
         if hasattr(self.dynamics, "in_force"):        # what a model's dead time keeps running
-            self.dynamics.in_force = None if self._prev is None else self._prev
+            self.dynamics.in_force = last
         plan = self.planner.plan(rod_state, act, prev, deadline=t0 + budget)
         self.last_planned = plan.detach().clone()
         command = plan[0].detach().cpu().double().numpy()

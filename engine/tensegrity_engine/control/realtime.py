@@ -155,7 +155,8 @@ class RealTimePlanner:
             u = np.asarray(self.excitation.command_at((valid - self.excite_start_ns) / NS), dtype=np.float64)
             return TickResult(u, valid, False, state, act, predicted, time.perf_counter() - t0, 0)
         left = self.plan_budget - lost - (time.perf_counter() - t0)
-        u = self.mpc.plan(state, act, budget=max(left, 0.0))
+        sent = self.history.last                      # what runs until this command: as sent, not as planned
+        u = self.mpc.plan(state, act, budget=max(left, 0.0), in_force=None if sent is None else sent[1])
         info = self.mpc.planner.last_info
         return TickResult(np.asarray(u, dtype=np.float64), valid, True, state, act, predicted,
                           time.perf_counter() - t0, int(info.get("iterations", 0)))
