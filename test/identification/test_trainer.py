@@ -121,6 +121,24 @@ def test_a_saved_state_with_bounds_no_reparameterisation_can_map_is_refused_unto
     np.testing.assert_allclose(b.params.flat()[1], a.params.flat()[1], rtol=1e-12)
 
 
+@pytest.mark.parametrize("field,value", [("n_steps", 0), ("lr", float("nan")), ("best_val", -math.inf),
+                                         ("lm_lambda", float("nan")), ("loss_scale", -1.0), ("phase", "warp"),
+                                         ("learn", "cable_stiffness"), ("learn", ["cable_stifness"]),
+                                         ("bad_epochs", -3)])
+def test_a_saved_state_whose_schedule_or_solver_values_are_out_of_range_is_refused(superball, data, field, value):
+    """A checkpoint's schedule and solver values are read from a file: a step count of 0, a
+    NaN rate or damping, a best loss of -inf, a negative loss scale, an unknown phase, a
+    learn list that names nothing of this engine, a negative count: refused, nothing applied."""
+    a = _trainer(superball, data, epoch_tuples=16)
+    a.train_epoch()
+    sd = a.state_dict()
+    b = _trainer(superball, data, epoch_tuples=16)
+    before = b.params.flat()[1].copy()
+    with pytest.raises(ValueError, match="trainer state"):
+        b.load_state_dict(dict(sd, **{field: value}))
+    np.testing.assert_array_equal(b.params.flat()[1], before)
+
+
 def test_pose_only_uses_latent_velocities(superball, data):
     po = {k: [t.without_velocity() for t in v] for k, v in data.items() if k != "root"}
     tr = _trainer(superball, po, init="given", schedule="fine_only", learn=("cable_stiffness",),

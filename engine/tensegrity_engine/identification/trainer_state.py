@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 
 import torch
 
@@ -27,10 +28,56 @@ def trainer_state(trainer) -> dict:
         "windows_drawn_from": trainer.window_lm.drawn_from}
 
 
+PHASES = ("coarse", "fine", "done")
+POSE_STAGES = ("finite_difference", "window")
+
+
+def check_trainer_state(trainer, sd: dict) -> None:
+    """ValueError unless ``sd`` (read from a file: no more trusted than a topic) is a state
+    this trainer can resume from: the schedule's counters, step count, rate and best loss,
+    the damping, the loss scale, what it learns, and its windows and latents in range and
+    shape. A value that does not raise later would mislead (a step count of 0 divides by
+    zero, a NaN damping never recovers, a best loss of -inf ends every stage on patience)."""
+    def number(key, low=-math.inf, allow_inf=False):
+        v = sd.get(key)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or math.isnan(v) or v < low \
+                or (math.isinf(v) and not allow_inf):
+            raise ValueError(f"trainer state: {key} = {str(v)[:40]!r} is not a number of its range")
+        return v
+    if sd.get("phase") not in PHASES or sd.get("pose_stage", "finite_difference") not in POSE_STAGES:
+        raise ValueError("trainer state: unknown phase or pose stage")
+    if not (isinstance(sd.get("n_steps"), int) and 1 <= sd["n_steps"] <= trainer.full_steps):
+        raise ValueError(f"trainer state: n_steps = {str(sd.get('n_steps'))[:40]!r}, not 1-{trainer.full_steps}")
+    if number("lr") <= 0 or number("best_val", allow_inf=True) == -math.inf:
+        raise ValueError("trainer state: a learning rate <= 0 or a best loss of -inf")
+    for key in ("bad_epochs", "stage_epochs", "epoch", "rollbacks"):
+        if not (isinstance(sd.get(key, 0), int) and sd.get(key, 0) >= 0):
+            raise ValueError(f"trainer state: {key} is not a count")
+    if sd.get("lm_lambda") is not None and number("lm_lambda") <= 0:
+        raise ValueError("trainer state: lm_lambda <= 0")
+    if sd.get("loss_scale") is not None and number("loss_scale") <= 0:
+        raise ValueError("trainer state: loss_scale <= 0")
+    learn = sd.get("learn")
+    if not isinstance(learn, (list, tuple)) or not all(isinstance(n, str) and n in trainer.params.specs for n in learn):
+        raise ValueError(f"trainer state: learn {str(learn)[:80]} names no parameters of this engine")
+    windows, vel = sd.get("windows"), sd.get("window_vel")
+    if windows is not None:
+        if not (isinstance(windows, torch.Tensor) and isinstance(vel, torch.Tensor) and windows.dim() == 2
+                and not windows.is_floating_point() and len(windows) and len(vel) == len(windows)
+                and int(windows.min()) >= 0):
+            raise ValueError("trainer state: windows are not index rows with one latent block each")
+    for key, data in (("latent", trainer.train), ("val_latent", trainer.val)):
+        saved, own = sd.get(key), getattr(data, "latent", None)
+        if saved is not None and own is not None and tuple(saved.shape) != tuple(own.shape):
+            raise ValueError(f"trainer state: {key} of shape {tuple(saved.shape)}, the data's {tuple(own.shape)}")
+
+
 def load_trainer_state(trainer, sd: dict) -> None:
-    """Resume a `ProgressiveTrainer` from `trainer_state` (after `set_data` with the same data)."""
+    """Resume a `ProgressiveTrainer` from `trainer_state` (after `set_data` with the same data);
+    `check_trainer_state` first: a state refused changes nothing."""
     if trainer.engine is None:
         raise RuntimeError("call set_data() before load_state_dict()")
+    check_trainer_state(trainer, sd)
     bounds = {name: checked_bounds(trainer.params.specs[name], *ends)      # a file's: checked first
               for name, ends in (sd.get("param_bounds") or {}).items() if name in trainer.params.specs}
     for name, (lo, hi) in bounds.items():
