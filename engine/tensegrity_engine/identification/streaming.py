@@ -225,8 +225,8 @@ class StreamAligner:
         self.last_reason = reason
         return False, reason
 
-    def _event(self, reason: str) -> None:
-        self.counters[reason] += 1
+    def _event(self, reason: str, count: int = 1) -> None:
+        self.counters[reason] += count
         self.last_reason = reason
 
     @property
@@ -285,8 +285,8 @@ class StreamAligner:
                         and abs(commands - stamp) <= self._order.jump_ns):
                     # the command clock restarted first (its commands are on the new pose's
                     # clock): the old poses' commands are gone, the new ones are kept
-                    for _ in range(len(self._pending)):
-                        self._event("no_command")
+                    if self._pending:
+                        self._event("no_command", len(self._pending))
                     self._pending.clear()
                     self.reset(keep_commands=True)
                 else:
@@ -441,8 +441,7 @@ class StreamAligner:
         self._trim_commands()
 
     def _made(self, p_prev, p0, p1, seg, rec) -> Optional[tuple]:
-        """The tuple from ``p0`` to ``p1`` with the commands known now (None, counted, if
-        none was in force at its start)."""
+        """The tuple ``p0`` -> ``p1`` with the commands known now; None (counted) without one at its start."""
         cmd = self._commands_over(p0.stamp)
         if cmd is None:
             self._event("no_command")
