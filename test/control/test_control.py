@@ -1,5 +1,7 @@
 """Sampling-based MPC (engine/mpc.py): planner maths on a toy system, costs, adapters,
 excitation, and short closed-loop rolling runs on MuJoCo (CI-sized)."""
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -375,6 +377,16 @@ def test_short_rolling_run_moves_forward(name, steps):
     assert dx > 0.1, m["final_xy"]
     assert dx > 2 * abs(m["final_xy"][1])
     assert len(ctrl.plan_times) == steps
+
+
+@pytest.mark.parametrize("control_dt,record_dt", [(0.1004, 0.01), (0.1, 0.0104), (0.1, 0.03), (0.1, 0.0)])
+def test_a_closed_loop_whose_periods_are_not_whole_steps_is_refused(three_bar, control_dt, record_dt):
+    """A control or record period the twin's step does not tile (0.1004 s stepped as 0.100,
+    every velocity 0.4 % off; records every 0.0104 s stamped so but 0.010 apart), or a record
+    period that does not divide the control period, is a clear error before the run."""
+    with pytest.raises(ValueError, match="multiples of robot.dt"):
+        mpc.run_closed_loop(None, SimpleNamespace(robot=three_bar), None, None, control_dt=control_dt,
+                            record_dt=record_dt)
 
 
 def test_plan_on_mujoco_and_rs_cem(three_bar):

@@ -31,8 +31,10 @@ def run_closed_loop(policy, twin, state0, act0, *, num_steps: int = 50, control_
     robot = twin.robot
     per_ctrl = int(round(control_dt / robot.dt))
     per_rec = int(round(record_dt / robot.dt))
-    if per_ctrl * robot.dt - control_dt > 1e-9 or per_ctrl % per_rec:
-        raise ValueError("record_dt must divide control_dt, which must be a multiple of robot.dt")
+    if (per_ctrl < 1 or per_rec < 1 or abs(per_ctrl * robot.dt - control_dt) > 1e-9
+            or abs(per_rec * robot.dt - record_dt) > 1e-9 or per_ctrl % per_rec):
+        raise ValueError(f"record_dt ({record_dt:g} s) must divide control_dt ({control_dt:g} s), and both be "
+                         f"multiples of robot.dt ({robot.dt:g} s)")
     twin.reset(state0, act0)
     states, times, commands, plan_time = [twin.get_state()[0]], [0.0], [], []
     for k in range(num_steps):
