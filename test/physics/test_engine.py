@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -395,6 +396,7 @@ def _superball_dict():
     (lambda d: d["contact"]["friction"].pop("sliding"), "contact.friction.sliding"),
     (lambda d: d.pop("cables"), "config.cables"),
     (lambda d: d["rods"][0].update(mass=float("nan")), "rods[0].mass"),
+    (lambda d: d["contact"].update(condim=True), "contact.condim"),         # True == 1: no friction
 ])
 def test_bad_config_gives_error_naming_the_field(mutate, field):
     data = copy.deepcopy(_superball_dict())
@@ -484,6 +486,49 @@ def test_delayed_commands_shift_by_whole_steps_and_interpolate_between():
     np.testing.assert_allclose(half[:, 2:].numpy(), 0.5 * (u[:, 1:-1] + u[:, :-2]).numpy(), atol=1e-15)
     d = torch.tensor(2.3 * dt, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda x: delayed_commands(u, x, dt), (d,))
+
+
+def test_a_config_value_is_held_inside_its_range_only_where_it_means_none_or_sits_on_a_bound(tmp_path):
+    """A robot YAML that leaves out the torsional and rolling friction (0: none) or sets a
+    slack share of 1 on every cable builds an engine (its values held just inside their
+    ranges); a value far outside a range (a 500 kg rod) is an error naming it, not a value
+    clipped to another robot's."""
+    data = copy.deepcopy(_superball_dict())
+    data["contact"]["friction"].pop("torsional")
+    data["contact"]["friction"].pop("rolling")
+    data["cable_defaults"]["slack_damping"] = 1.0
+    robot = robot_from_dict(data, source="test.yaml")
+    values = PhysicalParameters(robot).as_dict()
+    assert 0 < values["friction_torsional"][0] < 1e-4 and 0.999 < values["cable_slack_damping"][0] < 1.0
+    TensegrityEngine(robot)
+    heavy = load_robot("superball")
+    heavy = heavy.replace(rod_mass=np.where(np.arange(heavy.num_rods) == 0, 500.0, heavy.rod_mass))
+    with pytest.raises(ValueError, match="rod_mass .* outside the range"):
+        PhysicalParameters(heavy)
+
+
+def test_a_parameter_file_gives_each_element_the_value_it_says():
+    """A file whose rods all weigh 11 kg, for a config whose rods differ: each rod weighs 11
+    kg (one shared value would scale the config's profile: 5.5 / 11 / 16.5 kg); a file of
+    another robot with the same counts (cables between other ends) is refused."""
+    import tempfile
+
+    from tensegrity_engine.physics.config import robot_to_yaml
+    from tensegrity_engine.physics.parameter_files import params_from_file
+
+    robot = load_robot("superball")
+    profiled = robot.replace(rod_mass=np.linspace(5.0, 10.0, robot.num_rods))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "p.yaml"
+        path.write_text(yaml.safe_dump({"parameters": {"rod_mass": [11.0] * robot.num_rods}}))
+        np.testing.assert_allclose(params_from_file(profiled, path).as_dict()["rod_mass"], 11.0)
+        data = copy.deepcopy(_superball_dict())
+        data["cables"][0]["ends"], data["cables"][1]["ends"] = data["cables"][1]["ends"], data["cables"][0]["ends"]
+        other = robot_from_dict(data, source="other.yaml")
+        assert (other.num_rods, other.num_cables) == (robot.num_rods, robot.num_cables)
+        path.write_text(robot_to_yaml(other.replace(name=robot.name)))
+        with pytest.raises(ValueError, match="topology differs"):
+            params_from_file(robot, path)
 
 
 def test_shared_parameter_keeps_the_configs_per_element_profile():

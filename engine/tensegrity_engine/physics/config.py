@@ -346,7 +346,7 @@ def robot_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> RobotCon
             raise ConfigError("contact.solimp: need 0 < dmin <= dmax < 1, width >= 0, 0 < midpoint < 1, "
                               f"power >= 1; got {list(solimp)}")
         condim = con.get("condim", 0)
-        if condim not in (0, 1, 3, 4, 6):
+        if isinstance(condim, bool) or condim not in (0, 1, 3, 4, 6):      # True == 1: frictionless
             raise ConfigError(f"contact.condim must be 1, 3, 4 or 6, got {condim!r}")
         contact = ContactConfig(
             law=law, solref=solref, solimp=solimp, condim=int(condim),

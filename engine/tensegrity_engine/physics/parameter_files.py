@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from tensegrity_engine.physics.config import RobotConfig, robot_from_dict, robot_to_yaml
+from tensegrity_engine.physics.config import RobotConfig, robot_from_dict, robot_to_yaml, topology_fingerprint
 from tensegrity_engine.physics.params import ParameterError, PhysicalParameters, checked_parameters, nominal_values
 
 
@@ -35,7 +35,7 @@ def params_from_file(robot: RobotConfig, path) -> PhysicalParameters:
         data = yaml.safe_load(fh)
     if isinstance(data, dict) and "rods" in data and "cables" in data:
         other = robot_from_dict(data, source=str(path))
-        if (other.num_rods, other.num_cables) != (robot.num_rods, robot.num_cables):
+        if topology_fingerprint(other) != topology_fingerprint(robot):   # its cables' ends and order too
             raise ValueError(f"{path}: robot topology differs from {robot.name}")
         values = nominal_values(other)
         if other.integrator != robot.integrator:
@@ -48,9 +48,11 @@ def params_from_file(robot: RobotConfig, path) -> PhysicalParameters:
         values = data.get("parameters", data) if isinstance(data, dict) else None
         if not isinstance(values, dict):
             raise ValueError(f"{path}: expected a robot config or a mapping of parameters")
-    # A file is checked like a topic; equal per-element values stay one shared value.
-    shared = {k: v[:1] if np.size(v) > 1 and np.ptp(np.asarray(v, dtype=np.float64)) == 0 else v
-              for k, v in values.items()}
+    # A file is checked like a topic; equal per-element values stay one shared value where the
+    # robot's own are alike too (where they differ, one value would scale their profile)
+    configured = nominal_values(robot)
+    shared = {k: v[:1] if np.size(v) > 1 and np.ptp(np.asarray(v, dtype=np.float64)) == 0
+              and np.ptp(np.atleast_1d(configured.get(k, 0.0))) == 0 else v for k, v in values.items()}
     try:
         return checked_parameters(robot, shared)
     except ParameterError as exc:

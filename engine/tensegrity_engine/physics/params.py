@@ -158,6 +158,21 @@ def checked_parameters(robot: RobotConfig, values: Mapping[str, object], *,
     return params
 
 
+def held_inside(spec: ParamSpec, configured) -> np.ndarray:
+    """A robot config's values of ``spec`` just inside its bounds where they lie on one (a
+    slack share of 1) or are zero below a positive lower end ("none": no torsional friction,
+    no damping): raw values exist only strictly inside. A value further outside is a
+    ValueError naming it: clipped, the engine would model another robot than the config's
+    (its MuJoCo twin plays the config)."""
+    v = np.asarray(configured, dtype=np.float64)
+    lo, hi = spec.lower, spec.upper
+    ok = np.isfinite(v) & (((v >= lo) & (v <= hi)) | ((v == 0.0) & (lo > 0)))
+    if not ok.all():
+        raise ValueError(f"{spec.name} = {v[~ok][:4].tolist()} in the robot config is outside the range the "
+                         f"engine represents [{lo:g}, {hi:g}] {spec.unit}")
+    return np.clip(v, lo + 1e-6 * abs(lo), hi - 1e-6 * abs(hi))
+
+
 def checked_bounds(spec: ParamSpec, lower, upper) -> tuple[float, float]:
     """(lower, upper) as floats if they are a range ``spec``'s reparameterisation can map
     (finite, lower < upper, lower > 0 on a log scale); ValueError otherwise (a config's or a
@@ -201,7 +216,8 @@ class PhysicalParameters(nn.Module):
         for spec in PARAM_SPECS:
             lo, hi = checked_bounds(spec, *(bounds or {}).get(spec.name, (spec.lower, spec.upper)))
             self.specs[spec.name] = dataclasses.replace(spec, lower=lo, upper=hi)
-        start = nominal_values(robot)
+        start = {n: v if values is not None and n in values else held_inside(self.specs[n], v)
+                 for n, v in nominal_values(robot).items()}
         if values is not None:
             start.update({k: np.atleast_1d(np.asarray(v, dtype=np.float64)) for k, v in values.items()})
         learnable = set(SPEC_BY_NAME) if learnable is None else set(learnable)
@@ -243,7 +259,7 @@ class PhysicalParameters(nn.Module):
             return None
         full = np.broadcast_to(np.atleast_1d(np.asarray(configured, dtype=np.float64)),
                                (self._full_size(name),))
-        inside = np.clip(full, spec.lower + 1e-6 * abs(spec.lower), spec.upper - 1e-6 * abs(spec.upper))
+        inside = held_inside(spec, full)
         mean = float(inside.mean())
         if not (mean > 0 and np.isfinite(inside).all()) or np.ptp(inside) <= 1e-12 * abs(mean):
             return None
