@@ -932,6 +932,20 @@ def test_cables_that_differ_are_split_online_and_published_per_cable(three_bar):
     assert r.trainer.parameters.as_dict()["cable_stiffness"] == pytest.approx(list(_spread_truth(three_bar)))
 
 
+def _solver_then_split(robot, trainer_class):
+    """A session trying ``per_cable`` with ``trainer_class``: 91 tuples, its solver run to
+    its end and published, then the split's challenger run to its end."""
+    _, session = _structure_sessions(robot, trainer_class, ("per_cable",))
+    s = session()
+    s.add(_batch(robot, 0, 91))
+    while s.training:
+        s.step()
+    s.mark_published(s.finish()[1])
+    while s.training:
+        s.step()
+    return s
+
+
 class _StrictSplitTrainer(_SplitTrainer):
     """Loads only a state of its own shape (as a real trainer's parameters do)."""
 
@@ -946,14 +960,7 @@ def test_a_split_adopted_for_a_pin_comes_back_after_a_restart(three_bar):
     restart that follows pins; one that does not takes the data and the published cables,
     and its solver, whose shared value the saved per-cable state does not fit, starts
     afresh and has not converged (before, the restore raised and lost the session)."""
-    made, session = _structure_sessions(three_bar, _StrictSplitTrainer, ("per_cable",))
-    s = session()
-    s.add(_batch(three_bar, 0, 91))
-    while s.training:
-        s.step()
-    s.mark_published(s.finish()[1])
-    while s.training:
-        s.step()
+    s = _solver_then_split(three_bar, _StrictSplitTrainer)
     _, values = s.finish()
     s.mark_published(values)
     assert s.trials.adopted == ["per_cable"] and s.converged
@@ -987,14 +994,7 @@ def test_a_split_that_explains_nothing_is_refused(three_bar):
             loss = np.full(blocks, float(np.abs(k - 3000.0).mean()) + 1.0)
             return (loss, loss / 1e4) if per_block else (float(loss.mean()), float(loss.mean() / 1e4))
 
-    made, session = _structure_sessions(three_bar, _AlikeTrainer, ("per_cable",))
-    s = session()
-    s.add(_batch(three_bar, 0, 91))
-    while s.training:
-        s.step()
-    s.mark_published(s.finish()[1])
-    while s.training:
-        s.step()
+    s = _solver_then_split(three_bar, _AlikeTrainer)
     assert s.trials.adopted == [] and s.trials.log[0][0] == "per_cable" and s.trials.log[0][1] != "adopted"
     assert s.trainer.config.per_element == () and len(s.trainer.parameters.as_dict()["cable_stiffness"]) == 1
 
