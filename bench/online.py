@@ -100,11 +100,12 @@ LEARN = ("cable_stiffness", "cable_damping", "actuator_time_constant", "rod_iner
 
 
 def _median_diverged_last(values) -> float:
-    """The median of per-run errors where a run whose model diverged on the fresh data (a
-    NaN block) counts as the largest error, not as no run; NaN if no run was scored (no
-    fresh data)."""
+    """The median of per-run errors over the runs scored (NaN: not scored, no fresh data or no
+    trainer), a run whose model diverged on the fresh data (inf) counting as the largest
+    error, not as no run; NaN if none was scored."""
     v = np.asarray(values, dtype=np.float64)
-    return math.nan if np.isnan(v).all() else float(np.median(np.where(np.isnan(v), np.inf, v)))
+    v = v[~np.isnan(v)]
+    return float(np.median(v)) if v.size else math.nan
 
 
 def default_learn(law: str) -> tuple:
@@ -374,8 +375,9 @@ def run_session(z, args, seed: int, learn) -> dict:
                              ("true_all", true_all)):
             # each in its structure: the config's, the published model's
             structure = session.config_robot if name == "nominal" else session.incumbent_robot
-            if fresh is not None:
+            if fresh is not None:          # scored: a model that diverged on them is the largest error
                 com[name] = session.heldout_scores(values, structure, data=fresh)[1]
+                com[name] = com[name] if math.isfinite(com[name]) else math.inf
             if name in gate_com:
                 gate_com[name] = session.heldout_scores(values, structure)[1]
         if structure_key(session.incumbent_robot) == structure_key(session.robot):   # the trainer's structure

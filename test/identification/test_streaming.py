@@ -166,9 +166,9 @@ def test_a_restart_whose_commands_come_first_keeps_both_clocks_apart():
     restart threw it away and the new run made no tuple until the command changed)."""
     al = aligner()
     feed(al, 0, 10, t_offset=100 * NS)
-    new_command = command_at(70)
-    assert al.add_command(0, new_command)[0]               # the new clock's first command
-    for k in range(4):                                      # its poses; no other command
+    for k in range(3):                                      # the new clock's commands, before its poses
+        assert al.add_command(k * T_NS, command_at(70 + k))[0]
+    for k in range(4):                                      # its poses
         assert al.add_pose(k * T_NS, poses_at(k * 0.1))[0]
     al.flush()
     b = al.pop_tuples()
@@ -177,8 +177,9 @@ def test_a_restart_whose_commands_come_first_keeps_both_clocks_apart():
     for i in np.flatnonzero(old.numpy()):
         k = (int(b.t0[i]) - 100 * NS) // T_NS
         assert torch.allclose(b.commands[i], torch.as_tensor(command_at(k)).expand(100, A))
-    for i in np.flatnonzero(new.numpy()):
-        assert torch.allclose(b.commands[i], torch.as_tensor(new_command).expand(100, A))
+    for i in np.flatnonzero(new.numpy()):                   # each its own (not the newest one held)
+        k = int(b.t0[i]) // T_NS
+        assert torch.allclose(b.commands[i], torch.as_tensor(command_at(70 + k)).expand(100, A))
 
 
 def test_poses_that_jump_ahead_and_back_do_not_make_the_commands_late():

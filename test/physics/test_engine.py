@@ -505,6 +505,13 @@ def test_a_config_value_is_held_inside_its_range_only_where_it_means_none_or_sit
     heavy = heavy.replace(rod_mass=np.where(np.arange(heavy.num_rods) == 0, 500.0, heavy.rod_mass))
     with pytest.raises(ValueError, match="rod_mass .* outside the range"):
         PhysicalParameters(heavy)
+    # a caller's narrower bounds (an identification's, a message's) that leave the config's
+    # value out are the caller's choice: the value is held inside them, as before
+    narrowed = PhysicalParameters(load_robot("superball"), bounds={"cable_stiffness": (1e5, 2e5)})
+    assert 1e5 < narrowed.as_dict()["cable_stiffness"][0] < 2e5
+    given = PhysicalParameters(load_robot("superball"), values={"cable_stiffness": [1.5e5]},
+                               bounds={"cable_stiffness": (1e5, 2e5)})
+    assert given.as_dict()["cable_stiffness"][0] == pytest.approx(1.5e5)
 
 
 def test_a_parameter_file_gives_each_element_the_value_it_says():

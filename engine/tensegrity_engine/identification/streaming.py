@@ -468,8 +468,8 @@ class StreamAligner:
         needed = [p0.stamp for _, p0, _, _, _ in self._pending]
         if self._poses:
             needed.append(self._poses[-1].stamp)
-        if not needed:
-            return
+        if not needed or (self._cmd_t and min(needed) > self._cmd_t[-1] + self.jump_ns):
+            return       # poses on a clock ahead of the commands' (theirs restarted first): not theirs to trim
         t_keep = min(needed) - PREV_INTERVALS * self.T_ns
         while len(self._cmd_t) >= 2 and self._cmd_t[1] <= t_keep:
             self._cmd_t.popleft()

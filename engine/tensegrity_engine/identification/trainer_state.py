@@ -36,7 +36,8 @@ def check_trainer_state(trainer, sd: dict) -> None:
     """ValueError unless ``sd`` (read from a file: no more trusted than a topic) is a state
     this trainer can resume from: the schedule's counters, step count, rate and best loss,
     the damping, the loss scale, what it learns, and its windows and latents in range and
-    shape. A value that does not raise later would mislead (a step count of 0 divides by
+    shape (latents of another shape are left out by the loader: a rollback's state is
+    older than data that grew since). A value that does not raise later would mislead (a step count of 0 divides by
     zero, a NaN damping never recovers, a best loss of -inf ends every stage on patience)."""
     def number(key, low=-math.inf, allow_inf=False):
         v = sd.get(key)
@@ -66,10 +67,6 @@ def check_trainer_state(trainer, sd: dict) -> None:
                 and not windows.is_floating_point() and len(windows) and len(vel) == len(windows)
                 and int(windows.min()) >= 0):
             raise ValueError("trainer state: windows are not index rows with one latent block each")
-    for key, data in (("latent", trainer.train), ("val_latent", trainer.val)):
-        saved, own = sd.get(key), getattr(data, "latent", None)
-        if saved is not None and own is not None and tuple(saved.shape) != tuple(own.shape):
-            raise ValueError(f"trainer state: {key} of shape {tuple(saved.shape)}, the data's {tuple(own.shape)}")
 
 
 def load_trainer_state(trainer, sd: dict) -> None:
@@ -101,7 +98,8 @@ def load_trainer_state(trainer, sd: dict) -> None:
     with torch.no_grad():
         if sd["latent"] is not None and trainer.latent and sd["latent"].shape == trainer.train.latent.shape:
             trainer.train.latent.copy_(sd["latent"])
-        if sd["val_latent"] is not None and trainer.val is not None and trainer.val.latent is not None:
+        if sd["val_latent"] is not None and trainer.val is not None and trainer.val.latent is not None \
+                and sd["val_latent"].shape == trainer.val.latent.shape:
             trainer.val.latent.copy_(sd["val_latent"])
     trainer.adam.rebuild(trainer)
     if sd["optimizer"] is not None:

@@ -165,11 +165,12 @@ def held_inside(spec: ParamSpec, configured) -> np.ndarray:
     ValueError naming it: clipped, the engine would model another robot than the config's
     (its MuJoCo twin plays the config)."""
     v = np.asarray(configured, dtype=np.float64)
-    lo, hi = spec.lower, spec.upper
-    ok = np.isfinite(v) & (((v >= lo) & (v <= hi)) | ((v == 0.0) & (lo > 0)))
+    plo, phi = SPEC_BY_NAME[spec.name].lower, SPEC_BY_NAME[spec.name].upper     # the project's range
+    ok = np.isfinite(v) & (((v >= plo) & (v <= phi)) | ((v == 0.0) & (plo > 0)))
     if not ok.all():
         raise ValueError(f"{spec.name} = {v[~ok][:4].tolist()} in the robot config is outside the range the "
-                         f"engine represents [{lo:g}, {hi:g}] {spec.unit}")
+                         f"engine represents [{plo:g}, {phi:g}] {spec.unit}")
+    lo, hi = spec.lower, spec.upper                     # a caller's narrower bounds hold it inside them
     return np.clip(v, lo + 1e-6 * abs(lo), hi - 1e-6 * abs(hi))
 
 
