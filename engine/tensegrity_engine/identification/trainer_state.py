@@ -35,13 +35,13 @@ POSE_STAGES = ("finite_difference", "window")
 def check_trainer_state(trainer, sd: dict) -> None:
     """ValueError unless ``sd`` (read from a file: no more trusted than a topic) is a state
     this trainer can resume from: the schedule's counters, step count, rate and best loss,
-    the damping, the loss scale, what it learns, and its windows and latents in range and
-    shape (latents of another shape are left out by the loader: a rollback's state is
-    older than data that grew since). A value that does not raise later would mislead (a step count of 0 divides by
-    zero, a NaN damping never recovers, a best loss of -inf ends every stage on patience)."""
-    def number(key, low=-math.inf, allow_inf=False):
+    the damping, the loss scale, what it learns, and its windows' indices (latents of another
+    shape the loader leaves out: a rollback's state is older than data that grew since). A
+    value that does not raise later would mislead (a step count of 0 divides by zero, a NaN
+    damping never recovers, a best loss of -inf ends every stage on patience)."""
+    def number(key, allow_inf=False):
         v = sd.get(key)
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or math.isnan(v) or v < low \
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or math.isnan(v) \
                 or (math.isinf(v) and not allow_inf):
             raise ValueError(f"trainer state: {key} = {str(v)[:40]!r} is not a number of its range")
         return v

@@ -217,14 +217,14 @@ class PhysicalParameters(nn.Module):
         for spec in PARAM_SPECS:
             lo, hi = checked_bounds(spec, *(bounds or {}).get(spec.name, (spec.lower, spec.upper)))
             self.specs[spec.name] = dataclasses.replace(spec, lower=lo, upper=hi)
+        configured = nominal_values(robot)
         start = {n: v if values is not None and n in values else held_inside(self.specs[n], v)
-                 for n, v in nominal_values(robot).items()}
+                 for n, v in configured.items()}
         if values is not None:
             start.update({k: np.atleast_1d(np.asarray(v, dtype=np.float64)) for k, v in values.items()})
         learnable = set(SPEC_BY_NAME) if learnable is None else set(learnable)
         self.profiled: frozenset = frozenset()
         self._profile_range: dict[str, tuple[float, float]] = {}     # (min, max): no device sync
-        configured = nominal_values(robot)
         for name, spec in self.specs.items():
             shaped = None if name in self.per_element else self._config_profile(name, configured[name])
             if shaped is not None:
