@@ -125,6 +125,12 @@ def test_export_lists_what_mjcf_cannot_say():
     model = mujoco.MjModel.from_xml_string(export.xml)
     assert (model.actuator_delay == 0).all()
     assert model.ngeom == robot.num_rods + 1                 # rods and the floor
+    # hanging, the rods still meet each other under the penalty law: said too, unless they cannot
+    hanging = " ".join(calibrated_mjcf(params, floor=False, fixed_rods=(0,)).notes)
+    assert "contact between the rods" in hanging and "floor" not in hanging
+    apart = robot.replace(contact=dataclasses.replace(robot.contact, rod_rod=False))
+    assert not any("contact" in n for n in calibrated_mjcf(PhysicalParameters(apart), floor=False,
+                                                           fixed_rods=(0,)).notes)
 
 
 def test_a_stiff_identified_model_gets_a_step_it_is_stable_at():
