@@ -105,6 +105,23 @@ def test_the_windowed_stage_starts_from_the_fit_or_from_the_start_values():
     assert _windows_start("start") == (0, 1)
 
 
+def test_a_resumed_run_starts_its_windows_from_the_runs_start_not_the_resume():
+    """``windows_from: start`` after coarse stages: the values before the first epoch are
+    checkpointed, so a run resumed mid-way still starts its windows from them."""
+    cfg = IdentificationConfig(schedule="progressive", windows_from="start")
+    first = ProgressiveSchedule(cfg, full_steps=100, host=RecordingHost())
+    first.before_epoch()                                  # coarse: no windows yet, the start kept
+    assert first.phase == "coarse" and first.start_values == 0
+    host = RecordingHost()
+    host.values = 5                                       # where the run was when it was saved
+    resumed = ProgressiveSchedule(cfg, full_steps=100, host=host)
+    resumed.load_state_dict(first.state_dict())
+    resumed.before_epoch()
+    resumed.phase = "fine"                                # its finite-difference stage ends
+    resumed.lm_finish("Levenberg-Marquardt converged", epoch=9, val=1.0)
+    assert resumed.pose_stage == "window" and host.values == 0
+
+
 def test_values_settled_within_their_sigma_end_the_windowed_stage_as_converged():
     # the objective still falls 5 % per iteration (its latents improving): only the values'
     # path in sigmas can end the stage, and only at or below lm_settle_sigmas

@@ -124,11 +124,13 @@ def test_a_saved_state_with_bounds_no_reparameterisation_can_map_is_refused_unto
 @pytest.mark.parametrize("field,value", [("n_steps", 0), ("lr", float("nan")), ("best_val", -math.inf),
                                          ("lm_lambda", float("nan")), ("loss_scale", -1.0), ("phase", "warp"),
                                          ("learn", "cable_stiffness"), ("learn", ["cable_stifness"]),
-                                         ("bad_epochs", -3)])
+                                         ("bad_epochs", -3), ("start_values", {}),
+                                         ("start_values", {"cable_stiffness": float("nan")})])
 def test_a_saved_state_whose_schedule_or_solver_values_are_out_of_range_is_refused(superball, data, field, value):
     """A checkpoint's schedule and solver values are read from a file: a step count of 0, a
     NaN rate or damping, a best loss of -inf, a negative loss scale, an unknown phase, a
-    learn list that names nothing of this engine, a negative count: refused, nothing applied."""
+    learn list that names nothing of this engine, a negative count, start values that are not
+    the learnt ones: refused, nothing applied."""
     a = _trainer(superball, data, epoch_tuples=16)
     a.train_epoch()
     sd = a.state_dict()

@@ -63,7 +63,7 @@ class ProgressiveSchedule:
         self.stage_epochs = 0
         self.best_snapshot = None
         self.pose_stage = "finite_difference"        # pose-only LM: then "window"
-        self.start_values = None                     # the learnt values at the first epoch (not checkpointed)
+        self.start_values = None                     # the learnt values at the first epoch
         self.stage_log: list[dict] = []
 
     # ------------------------------------------------------------------ what runs now
@@ -308,10 +308,14 @@ class ProgressiveSchedule:
     STATE = ("phase", "n_steps", "lr", "best_val", "bad_epochs", "stage_epochs", "pose_stage", "stage_log")
 
     def state_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.STATE} | {"best_snapshot": self.best_snapshot}
+        return {k: getattr(self, k) for k in self.STATE} | {"best_snapshot": self.best_snapshot,
+                                                            "start_values": self.start_values}
 
     def load_state_dict(self, sd: dict) -> None:
         for k in self.STATE:
             if k in sd:
                 setattr(self, k, sd[k])
         self.best_snapshot = sd.get("best_snapshot")
+        # a resumed run's windows start from the run's start, not from where it was resumed
+        # (a state without it: the first epoch after the resume keeps the values then)
+        self.start_values = sd.get("start_values")

@@ -35,9 +35,9 @@ POSE_STAGES = ("finite_difference", "window")
 def check_trainer_state(trainer, sd: dict) -> None:
     """ValueError unless ``sd`` (read from a file: no more trusted than a topic) is a state
     this trainer can resume from: the schedule's counters, step count, rate and best loss,
-    the damping, the loss scale, what it learns, and its windows' indices (latents of another
-    shape the loader leaves out: a rollback's state is older than data that grew since). A
-    value that does not raise later would mislead (a step count of 0 divides by zero, a NaN
+    the damping, the loss scale, what it learns, the values it started from, and its windows'
+    indices (latents of another shape the loader leaves out: a rollback's state is older than
+    data that grew since). A value that does not raise later would mislead (a step count of 0 divides by zero, a NaN
     damping never recovers, a best loss of -inf ends every stage on patience)."""
     def number(key, allow_inf=False):
         v = sd.get(key)
@@ -61,6 +61,11 @@ def check_trainer_state(trainer, sd: dict) -> None:
     learn = sd.get("learn")
     if not isinstance(learn, (list, tuple)) or not all(isinstance(n, str) and n in trainer.params.specs for n in learn):
         raise ValueError(f"trainer state: learn {str(learn)[:80]} names no parameters of this engine")
+    start = sd.get("start_values")
+    if start is not None and not (isinstance(start, dict) and all(
+            n in start and isinstance(start[n], torch.Tensor) and start[n].shape == getattr(trainer.params, n).shape
+            and bool(torch.isfinite(start[n]).all()) for n in learn)):
+        raise ValueError("trainer state: start_values are not finite raw values of what it learns")
     windows, vel = sd.get("windows"), sd.get("window_vel")
     if windows is not None:
         if not (isinstance(windows, torch.Tensor) and isinstance(vel, torch.Tensor) and windows.dim() == 2
