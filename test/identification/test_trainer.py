@@ -237,6 +237,24 @@ def test_resume_inside_the_window_stage_reproduces_uninterrupted_training(superb
     np.testing.assert_array_equal(b.params.flat()[1], a.params.flat()[1])
 
 
+def test_a_resumed_windowed_stage_keeps_its_values_path_for_the_settle_test(superball, data, tmp_path):
+    """The windowed stage ends when the values stop moving in their sigma over the last
+    lm_patience accepted steps: a run resumed mid-stage measures that as the uninterrupted
+    one does (it started the path afresh and could not pass the test for lm_patience steps)."""
+    po = {k: [t.without_velocity() for t in v] for k, v in data.items() if k != "root"}
+    kw = dict(learn=("cable_stiffness", "cable_damping"), init="given", schedule="fine_only", lm_tuples=16,
+              lm_max_iters=40, lm_windows=4, val_tuples=8, lm_settle_sigmas=0.0)
+    a = _trainer(superball, po, **kw)
+    while a.window_lm.windows is None or len(a.window_lm.settled.path) < a.config.lm_patience:
+        a.train_epoch()
+    a.save_checkpoint(tmp_path / "settle.safetensors")
+    b = _trainer(superball, po, **kw)
+    b.load_checkpoint(tmp_path / "settle.safetensors")
+    ma, mb = a.train_epoch(), b.train_epoch()
+    assert ma["lm_accepted"] and np.isfinite(ma["settled_sigmas"])
+    assert mb["settled_sigmas"] == ma["settled_sigmas"]
+
+
 def test_add_tuples_keeps_training_with_grown_latents(superball, data):
     """Appending tuples grows the latent-velocity tensor: its stale Adam moments are dropped
     (the parameter moments kept) and the next epoch runs."""

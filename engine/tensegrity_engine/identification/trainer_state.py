@@ -25,7 +25,10 @@ def trainer_state(trainer) -> dict:
         "rollbacks": trainer.rollbacks, "coarse_params": trainer.coarse_params,
         "loss_scale": trainer.loss_scale, "lm_lambda": lm.lm_lambda,
         **{k: getattr(trainer.window_lm, k) for k in ("windows", "window_vel", "latent_jac", "jac_age")},
-        "windows_drawn_from": trainer.window_lm.drawn_from}
+        "windows_drawn_from": trainer.window_lm.drawn_from,
+        # the windowed stage's convergence test in the values: a resumed run passes it when
+        # the uninterrupted one would, not lm_patience accepted steps later
+        "settled_path": torch.stack(trainer.window_lm.settled.path) if trainer.window_lm.settled.path else None}
 
 
 PHASES = ("coarse", "fine", "done")
@@ -99,6 +102,11 @@ def load_trainer_state(trainer, sd: dict) -> None:
     lm.lm_lambda = sd.get("lm_lambda", lm.lm_lambda)
     trainer.window_lm.load(trainer, sd.get("windows"), sd.get("window_vel"), sd.get("latent_jac"), sd.get("jac_age"),
                            sd.get("windows_drawn_from"))
+    path = sd.get("settled_path")
+    width = sum(getattr(trainer.params, n).numel() for n in trainer.learn)
+    if trainer.window_lm.windows is not None and isinstance(path, torch.Tensor) and path.dim() == 2 \
+            and path.shape[1] == width and bool(torch.isfinite(path).all()):
+        trainer.window_lm.settled.path = list(path.double().cpu())
     trainer.rng.bit_generator.state = sd["rng"]
     with torch.no_grad():
         if sd["latent"] is not None and trainer.latent and sd["latent"].shape == trainer.train.latent.shape:
