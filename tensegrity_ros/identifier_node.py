@@ -407,7 +407,7 @@ def declare_identification(d) -> dict:
         "structure_options": d("structure_options", list(DEFAULT_STRUCTURE_OPTIONS),
                                "structural options fitted one at a time by a second trainer, each kept only if "
                                "it predicts the held-out blocks better by 2 standard errors and 5 %: end_heavy, "
-                               "slack_damping, winch_speed (values), per_cable, per_rod_mass (per-element values), "
+                               "slack_damping, winch_speed (values), per_cable, per_cable_stiffness, per_rod_mass (per-element values), "
                                "implicitfast, rk4 (the integrator), soft_contact (the soft ground law, for a "
                                "penalty-law robot), condim_3, condim_4, condim_6 (soft ground law), fresh_start (the same "
                                "model, its windowed stage started from the config's values, not the "
@@ -421,7 +421,7 @@ def declare_identification(d) -> dict:
                               "a value the fit pins at a bound of its range (at its end, or 3 epochs in a row), "
                               "where that points to missing structure (the motors' time constant at its lower "
                               "bound, the rods' inertia factor at its top: cables that differ), has the option it "
-                              "points to (per_cable) tried next, not refused early, listed in structure_options "
+                              "points to (per_cable_stiffness: a stiffness per cable) tried next, not refused early, listed in structure_options "
                               "or not; the hold-out gate still decides"),
     }
     out["config"] = declare_solver(d, out["interval"])

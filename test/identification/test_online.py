@@ -730,7 +730,7 @@ def _pinned_session(robot, follow_pins=True, trainer=_PinnedStructureTrainer):
 
 def test_a_value_the_finished_fit_pins_at_its_bound_has_the_structure_it_points_to_tried_at_once(three_bar):
     """The solver's finished fit pins the motors' time constant at its lower bound: the
-    split it points to (per_cable, not among the listed options) is started at once, the
+    split it points to (per_cable_stiffness, not among the listed options) is started at once, the
     running winch limit set aside (not refused: tried again later), and it takes every
     epoch, is never refused as futile, and is adopted. Not followed, the listed option runs
     on and the split is never tried; a pin on the way (one epoch) is not followed, one held
@@ -747,16 +747,16 @@ def test_a_value_the_finished_fit_pins_at_its_bound_has_the_structure_it_points_
     assert bound_sides(main.parameters, "actuator_time_constant") == ("lower",)
     s.finish()
     split = made[-1]
-    assert s.trials.option == "per_cable" and s.trials.urgent and split.config.per_element[:2] == (
-        "cable_stiffness", "cable_damping")
+    assert s.trials.option == "per_cable_stiffness" and s.trials.urgent and split.config.per_element == (
+        "cable_stiffness",)
     assert split.parameters.as_dict()["actuator_time_constant"][0] == pytest.approx(
         PhysicalParameters(three_bar).as_dict()["actuator_time_constant"][0])   # from the config's values
     assert "winch_speed" not in s.trials.refused and s.trials.log == []
-    while s.trials.option == "per_cable":
+    while s.trials.option == "per_cable_stiffness":
         s.step()
-    assert s.trials.log[-1] == ("per_cable", "adopted") and s.trainer is split and not s.trials.urgent
+    assert s.trials.log[-1] == ("per_cable_stiffness", "adopted") and s.trainer is split and not s.trials.urgent
     assert split.epoch == URGENT_JUDGE_EVERY < JUDGE_EVERY           # judged sooner than other options
-    assert s.trials.adopted == ["per_cable"]
+    assert s.trials.adopted == ["per_cable_stiffness"]
 
     off, made = _pinned_session(three_bar, follow_pins=False)
     while not off.finished:
@@ -765,7 +765,7 @@ def test_a_value_the_finished_fit_pins_at_its_bound_has_the_structure_it_points_
     assert off.trials.option == "winch_speed" and not off.trials.urgent
     while off.trials.active:
         off.step() if off.training else off.finish()
-    assert "per_cable" not in [o for o, _ in off.trials.log] and off.trials.option is None
+    assert "per_cable_stiffness" not in [o for o, _ in off.trials.log] and off.trials.option is None
 
     early, made = _pinned_session(three_bar)
     early.step()
@@ -778,7 +778,7 @@ def test_a_value_the_finished_fit_pins_at_its_bound_has_the_structure_it_points_
     while not lasting.trials.urgent:
         lasting.step()
         assert solver.epoch < _PinnedOnTheWay.pinned_from + PIN_EPOCHS or lasting.trials.urgent
-    assert lasting.trials.option == "per_cable" and not solver.done
+    assert lasting.trials.option == "per_cable_stiffness" and not solver.done
     assert lasting.trials.pin_streak[("actuator_time_constant", "lower")] == PIN_EPOCHS
     assert solver.epoch == _PinnedOnTheWay.pinned_from + PIN_EPOCHS - 1
 
@@ -800,7 +800,7 @@ def _split_run(session, made):
     while not session.trials.urgent:
         session.step()
     split, before = made[-1], solver.epoch
-    while session.trials.active and session.trials.option == "per_cable":
+    while session.trials.active and session.trials.option == "per_cable_stiffness":
         session.step()
     return split, solver.epoch - before
 
@@ -816,10 +816,10 @@ def test_a_split_a_pin_points_to_is_not_refused_early_and_shares_the_epochs(thre
     solver = s.trainer
     split, solver_epochs = _split_run(s, made)
     option, verdict = s.trials.log[-1]
-    assert option == "per_cable" and not verdict.startswith("futile"), verdict
+    assert option == "per_cable_stiffness" and not verdict.startswith("futile"), verdict
     assert split.done and split.epoch == _TrailingSplit.option_epochs > FUTILE_LOOKS * URGENT_JUDGE_EVERY
     assert solver_epochs >= (CHALLENGER_SHARE - 1) * (split.epoch - 1)
-    assert s.trainer is solver and s.trials.refused == {"per_cable": s.heldout_total}
+    assert s.trainer is solver and s.trials.refused == {"per_cable_stiffness": s.heldout_total}
     # once a model is published, the split takes every epoch
     published, made = _pinned_session(three_bar, trainer=_TrailingSplit)
     published.best_values = PhysicalParameters(three_bar).as_dict()
@@ -933,9 +933,9 @@ def test_cables_that_differ_are_split_online_and_published_per_cable(three_bar):
 
 
 def _solver_then_split(robot, trainer_class):
-    """A session trying ``per_cable`` with ``trainer_class``: 91 tuples, its solver run to
+    """A session trying ``per_cable_stiffness`` (what a pin points to) with ``trainer_class``: 91 tuples, its solver run to
     its end and published, then the split's challenger run to its end."""
-    _, session = _structure_sessions(robot, trainer_class, ("per_cable",))
+    _, session = _structure_sessions(robot, trainer_class, ("per_cable_stiffness",))
     s = session()
     s.add(_batch(robot, 0, 91))
     while s.training:
@@ -963,7 +963,7 @@ def test_a_split_adopted_for_a_pin_comes_back_after_a_restart(three_bar):
     s = _solver_then_split(three_bar, _StrictSplitTrainer)
     _, values = s.finish()
     s.mark_published(values)
-    assert s.trials.adopted == ["per_cable"] and s.converged
+    assert s.trials.adopted == ["per_cable_stiffness"] and s.converged
     data = s.checkpoint()
     for follow in (True, False):
         r = OnlineIdentification(three_bar, IdentificationConfig(learn=("cable_stiffness",)), min_tuples=2,
@@ -975,7 +975,7 @@ def test_a_split_adopted_for_a_pin_comes_back_after_a_restart(three_bar):
         r.log = logged.append
         r.restore(data)
         assert r.window_len == s.window_len and r.best_values["cable_stiffness"] == pytest.approx(values["cable_stiffness"])
-        assert r.trials.adopted == (["per_cable"] if follow else [])
+        assert r.trials.adopted == (["per_cable_stiffness"] if follow else [])
         assert r.converged is follow and r.status == ("resumed" if not follow else s.status)
         assert any("starts afresh" in line for line in logged) is not follow, logged
         k = r.trainer.parameters.as_dict()["cable_stiffness"]
@@ -995,7 +995,7 @@ def test_a_split_that_explains_nothing_is_refused(three_bar):
             return (loss, loss / 1e4) if per_block else (float(loss.mean()), float(loss.mean() / 1e4))
 
     s = _solver_then_split(three_bar, _AlikeTrainer)
-    assert s.trials.adopted == [] and s.trials.log[0][0] == "per_cable" and s.trials.log[0][1] != "adopted"
+    assert s.trials.adopted == [] and s.trials.log[0][0] == "per_cable_stiffness" and s.trials.log[0][1] != "adopted"
     assert s.trainer.config.per_element == () and len(s.trainer.parameters.as_dict()["cable_stiffness"]) == 1
 
 

@@ -78,7 +78,7 @@ def test_by_default_a_penalty_law_robot_has_its_ground_law_chosen_by_its_data(su
     # a pin that points to missing structure is followed unless structure_on_pin is off
     pinned = (("actuator_time_constant", "lower"),)
     learnt = ("cable_stiffness", "cable_damping", "actuator_time_constant")
-    assert session.trials.next_option(100, superball, True, learnt, pinned=pinned) == "per_cable"
+    assert session.trials.next_option(100, superball, True, learnt, pinned=pinned) == "per_cable_stiffness"
     off = make_session(three_bar, declare_identification(file_declarer({"structure_options": ["none"],
                                                                         "structure_on_pin": False})), "cpu",
                        log=lambda m: None)

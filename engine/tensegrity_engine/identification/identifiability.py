@@ -36,13 +36,13 @@ __all__ = ["Advice", "REVEALED_BY", "CARRIES", "SCALE_SHARE", "BOUND_HINTS", "ex
 # 5 seeds; 6.4 % on one more run: docs/online_identification.md).
 BOUND_HINTS = {
     ("actuator_time_constant", "lower"): "cables that differ from each other pin the motors' time constant "
-                                         "at its lower bound: a value per cable is tried next (per_cable, "
+                                         "at its lower bound: a stiffness per cable is tried next (per_cable_stiffness, "
                                          "structure_on_pin), the held-out data decide; where the cables are "
                                          "known to differ, fit it from the start (per_element: "
-                                         "[cable_stiffness, cable_damping])",
+                                         "[cable_stiffness])",
     ("rod_inertia_factor", "upper"): "the rods' inertia factor at its top (beyond all of a rod's mass at its "
-                                     "ends) came with cables that differ from each other: a value per cable is "
-                                     "tried next (per_cable, structure_on_pin), the held-out data decide",
+                                     "ends) came with cables that differ from each other: a stiffness per cable is "
+                                     "tried next (per_cable_stiffness, structure_on_pin), the held-out data decide",
 }
 
 # The motion (or measurement) that makes each learnable parameter act on the poses.

@@ -42,10 +42,10 @@ Options of these kinds can be tried online:
   (`IdentificationConfig.windows_from`), whose biased velocities can lead the solver into a
   basin where wrong values compensate each other (the four-bar's payload robot, docs/online_identification.md);
 - *per-element* options give learnt values one entry per cable (``per_cable``: stiffness and
-  damping) or per free rod (``per_rod_mass``). The message carries them as arrays, and the
-  gate scores a model of either kind exactly (`acceptance.heldout_scores` reads the split
-  from the values' lengths). The challenger then has some 50 values to learn where the
-  solver has 9: about 4x its epochs' cost on a CPU.
+  damping; ``per_cable_stiffness``: stiffness alone) or per free rod (``per_rod_mass``). The
+  message carries them as arrays, and the gate scores a model of either kind exactly
+  (`acceptance.heldout_scores` reads the split from the values' lengths). The challenger
+  then has some 30-50 values to learn where the solver has 9: 3-4x its epochs' cost on a CPU.
 """
 from __future__ import annotations
 
@@ -78,7 +78,8 @@ class OnlineOption:
 
 
 # `structure.OPTIONS` and `structure.SOFT_CONDIMS`, with the same names; ``soft_contact``:
-# `structure.select_contact_law`'s soft law for a config under the penalty law
+# `structure.select_contact_law`'s soft law for a config under the penalty law;
+# ``per_cable_stiffness``, online only: what a pin points to (`PIN_OPTIONS`)
 ONLINE_OPTIONS = {
     "end_heavy": OnlineOption(learn=("rod_inertia_factor",)),
     "slack_damping": OnlineOption(learn=("cable_slack_damping",)),
@@ -90,6 +91,7 @@ ONLINE_OPTIONS = {
     "condim_4": OnlineOption(condim=4),
     "condim_6": OnlineOption(condim=6),
     "per_cable": OnlineOption(per_element=("cable_stiffness", "cable_damping")),
+    "per_cable_stiffness": OnlineOption(per_element=("cable_stiffness",)),
     "per_rod_mass": OnlineOption(per_element=("rod_mass",)),
     "fresh_start": OnlineOption(windows_from="start"),
 }
@@ -145,7 +147,15 @@ _NOT_BETTER = "no better than the base fit"     # `_verdict`'s prefix when the b
 # The rods' inertia factor at its top (4: beyond 3, all of a rod's mass at its ends, so no
 # rod's) came with the same spread: on 9 of the 10 runs of the SUPERball zoo's two robots whose
 # cables differ, on none of the other 35 (`bench/online.py`, 2026-12-02).
-PIN_OPTIONS = {("actuator_time_constant", "lower"): "per_cable", ("rod_inertia_factor", "upper"): "per_cable"}
+# The split is the cables' stiffness alone: their spread shows in the robot's shape under
+# tension, which the poses see; a damping per cable adds nothing they can tell (kitchen_sink
+# seeds 1 and 2, the CoM error 1 s ahead on fresh data with the robot's true values: shared
+# 30.3 / 76.8 mm, per-cable stiffness 7.4 / 6.9, both per cable 6.0 / 6.5, damping alone
+# 30.7 / 76.7), and 24 values fewer to fit within the robot's first minute (5 seeds each of
+# kitchen_sink and stiff_light: the split adopted on 3 and 2 runs against 3 and 3, the
+# published CoM error 1 s ahead, median, 28.6 and 145.9 mm against 30.3 and 147.4).
+PIN_OPTIONS = {("actuator_time_constant", "lower"): "per_cable_stiffness",
+               ("rod_inertia_factor", "upper"): "per_cable_stiffness"}
 # A pin counts once the solver's fit has ended at it, or sat at it this many epochs in a row:
 # values on their way pass near a bound, and on the floor the solver seldom ends (measured:
 # kitchen_sink, time constant pinned at 60 s, the solver ended 0 times).
