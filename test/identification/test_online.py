@@ -932,10 +932,10 @@ def test_cables_that_differ_are_split_online_and_published_per_cable(three_bar):
     assert r.trainer.parameters.as_dict()["cable_stiffness"] == pytest.approx(list(_spread_truth(three_bar)))
 
 
-def _solver_then_split(robot, trainer_class):
-    """A session trying ``per_cable_stiffness`` (what a pin points to) with ``trainer_class``: 91 tuples, its solver run to
-    its end and published, then the split's challenger run to its end."""
-    _, session = _structure_sessions(robot, trainer_class, ("per_cable_stiffness",))
+def _solver_then_split(robot, trainer_class, option="per_cable_stiffness"):
+    """A session trying ``option`` (by default what a pin points to) with ``trainer_class``: 91
+    tuples, its solver run to its end and published, then the split's challenger run to its end."""
+    _, session = _structure_sessions(robot, trainer_class, (option,))
     s = session()
     s.add(_batch(robot, 0, 91))
     while s.training:
@@ -955,15 +955,17 @@ class _StrictSplitTrainer(_SplitTrainer):
         self.parameters.set_value("cable_stiffness", sd["k"])
 
 
-def test_a_split_adopted_for_a_pin_comes_back_after_a_restart(three_bar):
-    """A split adopted though not listed (a pinned value points to it) comes back with a
-    restart that follows pins; one that does not takes the data and the published cables,
-    and its solver, whose shared value the saved per-cable state does not fit, starts
-    afresh and has not converged (before, the restore raised and lost the session)."""
-    s = _solver_then_split(three_bar, _StrictSplitTrainer)
+@pytest.mark.parametrize("option", ["per_cable_stiffness", "per_cable"])
+def test_a_split_adopted_for_a_pin_comes_back_after_a_restart(three_bar, option):
+    """A split adopted though not listed (a pinned value points to it, or pointed to it
+    before: ``per_cable``) comes back with a restart that follows pins; one that does not
+    takes the data and the published cables, and its solver, whose shared value the saved
+    per-cable state does not fit, starts afresh and has not converged (before, the restore
+    raised and lost the session)."""
+    s = _solver_then_split(three_bar, _StrictSplitTrainer, option)
     _, values = s.finish()
     s.mark_published(values)
-    assert s.trials.adopted == ["per_cable_stiffness"] and s.converged
+    assert s.trials.adopted == [option] and s.converged
     data = s.checkpoint()
     for follow in (True, False):
         r = OnlineIdentification(three_bar, IdentificationConfig(learn=("cable_stiffness",)), min_tuples=2,
@@ -975,7 +977,7 @@ def test_a_split_adopted_for_a_pin_comes_back_after_a_restart(three_bar):
         r.log = logged.append
         r.restore(data)
         assert r.window_len == s.window_len and r.best_values["cable_stiffness"] == pytest.approx(values["cable_stiffness"])
-        assert r.trials.adopted == (["per_cable_stiffness"] if follow else [])
+        assert r.trials.adopted == ([option] if follow else [])
         assert r.converged is follow and r.status == ("resumed" if not follow else s.status)
         assert any("starts afresh" in line for line in logged) is not follow, logged
         k = r.trainer.parameters.as_dict()["cable_stiffness"]

@@ -125,7 +125,7 @@ def test_a_saved_state_with_bounds_no_reparameterisation_can_map_is_refused_unto
                                          ("lm_lambda", float("nan")), ("loss_scale", -1.0), ("phase", "warp"),
                                          ("learn", "cable_stiffness"), ("learn", ["cable_stifness"]),
                                          ("bad_epochs", -3), ("start_values", {}),
-                                         ("start_values", {"cable_stiffness": float("nan")})])
+                                         ("settled_path", [[1.0, 2.0]])])
 def test_a_saved_state_whose_schedule_or_solver_values_are_out_of_range_is_refused(superball, data, field, value):
     """A checkpoint's schedule and solver values are read from a file: a step count of 0, a
     NaN rate or damping, a best loss of -inf, a negative loss scale, an unknown phase, a
@@ -139,6 +139,38 @@ def test_a_saved_state_whose_schedule_or_solver_values_are_out_of_range_is_refus
     with pytest.raises(ValueError, match="trainer state"):
         b.load_state_dict(dict(sd, **{field: value}))
     np.testing.assert_array_equal(b.params.flat()[1], before)
+
+
+def test_saved_values_a_schedule_restores_are_checked_like_the_rest(superball, data):
+    """The start values and the stage's best snapshot are restored into the parameters by the
+    schedule later: from a file, each must hold exactly the learnt raw values (the snapshot
+    its latents too), finite, of their shapes, within max_raw; else the state is refused,
+    nothing applied. The state's own values load."""
+    a = _trainer(superball, data, epoch_tuples=16)
+    for _ in range(6):
+        a.train_epoch()
+        if a.schedule.best_snapshot is not None:
+            break
+    sd = a.state_dict()
+    assert sd["start_values"] is not None and sd["best_snapshot"] is not None
+    b = _trainer(superball, data, epoch_tuples=16)
+    before = b.params.flat()[1].copy()
+    name = a.learn[0]
+    for key, stray in (("start_values", "__latent"), ("best_snapshot", "__anything")):
+        base = sd[key]
+        good = base[name]
+        forged = [{**base, name: torch.full_like(good, math.nan)},
+                  {**base, name: torch.zeros(good.numel() + 1, dtype=good.dtype)},
+                  {**base, name: torch.full_like(good, 10 * a.config.max_raw)},
+                  {k: v for k, v in base.items() if k != name},
+                  {**base, stray: torch.zeros(3, dtype=good.dtype)}]    # the start's latents would be restored too
+        for bad in forged:
+            with pytest.raises(ValueError, match=key):
+                b.load_state_dict(dict(sd, **{key: bad}))
+            np.testing.assert_array_equal(b.params.flat()[1], before)
+    b.load_state_dict(dict(sd, best_snapshot={**sd["best_snapshot"], "__latent": torch.zeros(3)}))   # its latents may be there
+    b.load_state_dict(sd)
+    assert b.schedule.start_values.keys() == set(a.learn)
 
 
 def test_a_state_saved_before_the_data_grew_still_rolls_back(superball, data):
@@ -245,14 +277,21 @@ def test_a_resumed_windowed_stage_keeps_its_values_path_for_the_settle_test(supe
     kw = dict(learn=("cable_stiffness", "cable_damping"), init="given", schedule="fine_only", lm_tuples=16,
               lm_max_iters=40, lm_windows=4, val_tuples=8, lm_settle_sigmas=0.0)
     a = _trainer(superball, po, **kw)
-    while a.window_lm.windows is None or len(a.window_lm.settled.path) < a.config.lm_patience:
+    for _ in range(30):
+        if a.window_lm.windows is not None and len(a.window_lm.settled.path) >= a.config.lm_patience:
+            break
         a.train_epoch()
+    assert not a.done and len(a.window_lm.settled.path) >= a.config.lm_patience
     a.save_checkpoint(tmp_path / "settle.safetensors")
     b = _trainer(superball, po, **kw)
     b.load_checkpoint(tmp_path / "settle.safetensors")
     ma, mb = a.train_epoch(), b.train_epoch()
     assert ma["lm_accepted"] and np.isfinite(ma["settled_sigmas"])
     assert mb["settled_sigmas"] == ma["settled_sigmas"]
+    # a rollback to a state of the same windows taken before any accepted step: no path then
+    assert b.window_lm.settled.path
+    b.load_state_dict(dict(b.state_dict(), settled_path=None))
+    assert b.window_lm.settled.path == []
 
 
 def test_add_tuples_keeps_training_with_grown_latents(superball, data):

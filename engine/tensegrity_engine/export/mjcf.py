@@ -90,7 +90,8 @@ def calibrated_mjcf(params: PhysicalParameters, *, floor: bool = True, fixed_rod
                      f"a sensor property): the exported robot has no dead time")
         delay = 0.0
     # the soft law is MuJoCo's on the floor and between the rods: nothing of it is lost
-    where = " and ".join(w for w, on in (("on the floor", floor), ("between the rods", robot.contact.rod_rod)) if on)
+    rods_meet = robot.contact.rod_rod and robot.num_rods > 1
+    where = " and ".join(w for w, on in (("on the floor", floor), ("between the rods", rods_meet)) if on)
     if where and robot.contact.law != "soft":
         notes.append(f"contact {where}: MuJoCo soft contacts (default solref/solimp) with the identified friction; "
                      f"the engine's penalty contact (stiffness {robot.contact.stiffness:.4g} N/m, damping "

@@ -45,7 +45,8 @@ Options of these kinds can be tried online:
   damping; ``per_cable_stiffness``: stiffness alone) or per free rod (``per_rod_mass``). The
   message carries them as arrays, and the gate scores a model of either kind exactly
   (`acceptance.heldout_scores` reads the split from the values' lengths). The challenger
-  then has some 30-50 values to learn where the solver has 9: 3-4x its epochs' cost on a CPU.
+  then has 33-57 values to learn (SUPERball) where the solver has 9: 3-4x its epochs' cost on
+  a CPU.
 """
 from __future__ import annotations
 
@@ -156,6 +157,9 @@ _NOT_BETTER = "no better than the base fit"     # `_verdict`'s prefix when the b
 # published CoM error 1 s ahead, median, 28.6 and 145.9 mm against 30.3 and 147.4).
 PIN_OPTIONS = {("actuator_time_constant", "lower"): "per_cable_stiffness",
                ("rod_inertia_factor", "upper"): "per_cable_stiffness"}
+# What pins pointed to before (until 2026-12-02 both cable values were split): a checkpoint
+# that adopted it for a pin restores it, where pins are followed
+EARLIER_PIN_OPTIONS = ("per_cable",)
 # A pin counts once the solver's fit has ended at it, or sat at it this many epochs in a row:
 # values on their way pass near a bound, and on the floor the solver seldom ends (measured:
 # kitchen_sink, time constant pinned at 60 s, the solver ended 0 times).
@@ -521,7 +525,8 @@ class StructureTrials:
         self.reset()
         if not data:
             return
-        allowed = set(self.options) | (set(PIN_OPTIONS.values()) if self.follow_pins else set())
+        allowed = set(self.options) | (set(PIN_OPTIONS.values()) | set(EARLIER_PIN_OPTIONS) if self.follow_pins
+                                       else set())
         self.adopted = [n for n in online_options(data.get("adopted", ())) if n in allowed]   # a pin's too
         self.refused = {str(k): int(v) for k, v in dict(data.get("refused", {})).items()
                         if k in allowed and math.isfinite(float(v))}

@@ -38,9 +38,10 @@ POSE_STAGES = ("finite_difference", "window")
 def check_trainer_state(trainer, sd: dict) -> None:
     """ValueError unless ``sd`` (read from a file: no more trusted than a topic) is a state
     this trainer can resume from: the schedule's counters, step count, rate and best loss,
-    the damping, the loss scale, what it learns, the values it started from, and its windows'
-    indices (latents of another shape the loader leaves out: a rollback's state is older than
-    data that grew since). A value that does not raise later would mislead (a step count of 0 divides by zero, a NaN
+    the damping, the loss scale, what it learns, the values it started from and its stage's
+    best, its settle test's path, and its windows' indices (latents of another shape the
+    loader leaves out: a rollback's state is older than data that grew since). A value that
+    does not raise later would mislead (a step count of 0 divides by zero, a NaN
     damping never recovers, a best loss of -inf ends every stage on patience)."""
     def number(key, allow_inf=False):
         v = sd.get(key)
@@ -64,17 +65,33 @@ def check_trainer_state(trainer, sd: dict) -> None:
     learn = sd.get("learn")
     if not isinstance(learn, (list, tuple)) or not all(isinstance(n, str) and n in trainer.params.specs for n in learn):
         raise ValueError(f"trainer state: learn {str(learn)[:80]} names no parameters of this engine")
-    start = sd.get("start_values")
-    if start is not None and not (isinstance(start, dict) and all(
-            n in start and isinstance(start[n], torch.Tensor) and start[n].shape == getattr(trainer.params, n).shape
-            and bool(torch.isfinite(start[n]).all()) for n in learn)):
-        raise ValueError("trainer state: start_values are not finite raw values of what it learns")
+    _check_raw_values(trainer, sd, "start_values", learn)
+    _check_raw_values(trainer, sd, "best_snapshot", learn, latents=("__latent", "__window_vel"))
+    path = sd.get("settled_path")
+    width = sum(getattr(trainer.params, n).numel() for n in learn)
+    if path is not None and not (isinstance(path, torch.Tensor) and path.is_floating_point() and path.dim() == 2
+                                 and path.shape[1] == width and bool(torch.isfinite(path).all())):
+        raise ValueError("trainer state: settled_path is not rows of finite raw values of what it learns")
     windows, vel = sd.get("windows"), sd.get("window_vel")
     if windows is not None:
         if not (isinstance(windows, torch.Tensor) and isinstance(vel, torch.Tensor) and windows.dim() == 2
                 and not windows.is_floating_point() and len(windows) and len(vel) == len(windows)
                 and int(windows.min()) >= 0):
             raise ValueError("trainer state: windows are not index rows with one latent block each")
+
+
+def _check_raw_values(trainer, sd: dict, key: str, learn, latents=()) -> None:
+    """``sd[key]``, where present, is what a schedule restores: the raw values of exactly what
+    is learnt (and the ``latents`` keys), finite, of the parameters' shapes, within max_raw."""
+    v = sd.get(key)
+    if v is None:
+        return
+    ok = isinstance(v, dict) and set(learn) <= set(v) <= set(learn) | set(latents) and all(
+        isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() and bool(torch.isfinite(t).all())
+        for t in v.values())
+    if not (ok and all(v[n].shape == getattr(trainer.params, n).shape
+                       and float(v[n].abs().max()) <= trainer.config.max_raw for n in learn)):
+        raise ValueError(f"trainer state: {key} are not finite raw values of what it learns within max_raw")
 
 
 def load_trainer_state(trainer, sd: dict) -> None:
@@ -100,13 +117,10 @@ def load_trainer_state(trainer, sd: dict) -> None:
         trainer.objective.loss_scale = sd["loss_scale"]
     lm = trainer.window_lm if trainer.schedule.pose_stage == "window" else trainer.tuple_lm
     lm.lm_lambda = sd.get("lm_lambda", lm.lm_lambda)
-    trainer.window_lm.load(trainer, sd.get("windows"), sd.get("window_vel"), sd.get("latent_jac"), sd.get("jac_age"),
-                           sd.get("windows_drawn_from"))
-    path = sd.get("settled_path")
-    width = sum(getattr(trainer.params, n).numel() for n in trainer.learn)
-    if trainer.window_lm.windows is not None and isinstance(path, torch.Tensor) and path.dim() == 2 \
-            and path.shape[1] == width and bool(torch.isfinite(path).all()):
-        trainer.window_lm.settled.path = list(path.double().cpu())
+    if trainer.window_lm.load(trainer, sd.get("windows"), sd.get("window_vel"), sd.get("latent_jac"),
+                              sd.get("jac_age"), sd.get("windows_drawn_from")):
+        path = sd.get("settled_path")        # the state's own problem: its path, or none yet
+        trainer.window_lm.settled.path = [] if path is None else list(path.double().cpu())
     trainer.rng.bit_generator.state = sd["rng"]
     with torch.no_grad():
         if sd["latent"] is not None and trainer.latent and sd["latent"].shape == trainer.train.latent.shape:

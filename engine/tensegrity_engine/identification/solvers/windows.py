@@ -591,9 +591,9 @@ class WindowLevenbergMarquardt:
 
     def load(self, run, windows: Optional[torch.Tensor], window_vel: Optional[torch.Tensor],
              latent_jac: Optional[torch.Tensor] = None, jac_age: Optional[torch.Tensor] = None,
-             drawn_from: Optional[int] = None) -> None:
+             drawn_from: Optional[int] = None) -> bool:
         """Resume saved windows (and the cached latent Jacobians: a resumed run takes the
-        same steps) if they index the current data."""
+        same steps) if they index the current data; True if they did."""
         if windows is not None and run.latent and int(windows.max()) < len(run.train):
             self.windows, self.window_vel = windows.to(run.device), window_vel.to(run.device)
             same = latent_jac is not None and jac_age is not None and latent_jac.shape[0] == windows.shape[0]
@@ -601,3 +601,5 @@ class WindowLevenbergMarquardt:
             self.jac_age = jac_age.cpu().long() if same else None
             self._set_latent_cols(run)
             self.drawn_from = len(run.train) if drawn_from is None else int(drawn_from)
+            return True
+        return False
