@@ -271,6 +271,31 @@ def fit_start_velocities(objective, data, windows: torch.Tensor, p: dict, iterat
     return vel
 
 
+def blocks_cached(latent_jac: Optional[torch.Tensor], jac_age: Optional[torch.Tensor], windows: int,
+                  rows: int) -> bool:
+    """The cached latent blocks (and their ages) are those of ``windows`` windows of ``rows``
+    residual rows."""
+    return (latent_jac is not None and jac_age is not None
+            and latent_jac.shape[:2] == (windows, rows) and len(jac_age) == windows)
+
+
+def polish_blocks(residual, windows: torch.Tensor, vel: torch.Tensor, r0: torch.Tensor, cols: torch.Tensor,
+                  latent_jac: Optional[torch.Tensor], jac_age: Optional[torch.Tensor], reuse: int) -> torch.Tensor:
+    """Latent blocks good enough to polish with: the solver's cached ones where they are
+    younger than ``reuse`` iterations (its own steps use them so), fresh ones for the rest.
+    The block the information is taken from is then computed afresh at the polished latents;
+    before, the polish had its own fresh blocks too, and the two latent Jacobians were two
+    thirds of an estimate's rollouts."""
+    N = windows.shape[0]
+    if not blocks_cached(latent_jac, jac_age, N, r0.shape[-1]):
+        return latent_jacobian(residual, windows, vel, r0, cols, N, step=LATENT_STEP)
+    B = latent_jac.clone()
+    due = (jac_age >= reuse).nonzero()[:, 0].to(r0.device)
+    if len(due):
+        B[due] = latent_jacobian(residual, windows[due], vel[due], r0[due], cols, N, step=LATENT_STEP)
+    return B
+
+
 class WindowLevenbergMarquardt:
     def __init__(self, config):
         self.config = config
@@ -423,7 +448,7 @@ class WindowLevenbergMarquardt:
         computed, so the cost is spread evenly over iterations."""
         N = self.windows.shape[0]
         reuse = max(1, int(self.config.latent_jacobian_reuse))
-        if not self._blocks_cached(N, r0.shape[-1]):
+        if not blocks_cached(self.latent_jac, self.jac_age, N, r0.shape[-1]):
             self.latent_jac = r0.new_zeros((N, r0.shape[-1], len(self.latent_cols)))
             self.jac_age = torch.full((N,), reuse, dtype=torch.long)
         stale = self.jac_age >= reuse
@@ -535,7 +560,7 @@ class WindowLevenbergMarquardt:
     def information_at(self, run, theta: torch.Tensor, refit: bool = False) -> Optional[dict]:
         """What the uncertainty needs at the raw values ``theta``, the latents eliminated
         (`reduced_information`), from fresh blocks: every window's latents polished at
-        ``theta`` (with `_polish_blocks`; ``refit``: fitted from scratch,
+        ``theta`` (with `polish_blocks`; ``refit``: fitted from scratch,
         `fit_start_velocities`, for latents that are still the finite-difference estimates)
         and its latent block recomputed there (an iteration's cached blocks may be
         ``latent_jacobian_reuse`` iterations old). The
@@ -556,8 +581,9 @@ class WindowLevenbergMarquardt:
                 r0 = residual(windows, vel)
             else:
                 r0 = residual(windows, vel)
-                vel, r0 = self._polish_latents(run, theta, latent_normal(self._polish_blocks(residual, vel, r0)),
-                                               vel, r0)
+                B = polish_blocks(residual, windows, vel, r0, self.latent_cols, self.latent_jac, self.jac_age,
+                                  max(1, int(self.config.latent_jacobian_reuse)))
+                vel, r0 = self._polish_latents(run, theta, latent_normal(B), vel, r0)
             B = latent_jacobian(residual, windows, vel, r0, self.latent_cols, N)
             A = self._param_jacobian(run, theta, windows, vel, r0, one_sided=True)
             if not bool(torch.isfinite(A).all() and torch.isfinite(B).all() and torch.isfinite(r0).all()):
@@ -565,29 +591,6 @@ class WindowLevenbergMarquardt:
             return {"theta": theta.clone(), "vel": vel, **reduced_information(A, B, r0)}
         finally:
             set_raw_vector(run.params, run.learn, before)
-
-    def _blocks_cached(self, windows: int, rows: int) -> bool:
-        """The cached latent blocks (and their ages) are those of ``windows`` windows of
-        ``rows`` residual rows."""
-        return (self.latent_jac is not None and self.jac_age is not None
-                and self.latent_jac.shape[:2] == (windows, rows) and len(self.jac_age) == windows)
-
-    def _polish_blocks(self, residual, vel: torch.Tensor, r0: torch.Tensor) -> torch.Tensor:
-        """Latent blocks good enough to polish with: the solver's cached ones where they are
-        younger than ``latent_jacobian_reuse`` iterations (its own steps use them so), fresh
-        ones for the rest. The block the information is taken from is then computed afresh
-        at the polished latents; before, the polish had its own fresh blocks too, and the two
-        latent Jacobians were two thirds of an estimate's rollouts."""
-        N = self.windows.shape[0]
-        reuse = max(1, int(self.config.latent_jacobian_reuse))
-        if not self._blocks_cached(N, r0.shape[-1]):
-            return latent_jacobian(residual, self.windows, vel, r0, self.latent_cols, N, step=LATENT_STEP)
-        B = self.latent_jac.clone()
-        due = (self.jac_age >= reuse).nonzero()[:, 0].to(r0.device)
-        if len(due):
-            B[due] = latent_jacobian(residual, self.windows[due], vel[due], r0[due], self.latent_cols, N,
-                                     step=LATENT_STEP)
-        return B
 
     def load(self, run, windows: Optional[torch.Tensor], window_vel: Optional[torch.Tensor],
              latent_jac: Optional[torch.Tensor] = None, jac_age: Optional[torch.Tensor] = None,
