@@ -7,7 +7,7 @@ the absolute scale. Along that valley gradient steps crawl (measured on a zoo 3-
 and c/m within 1 % of the truth after the coarse phase, mass 17x too large), so after the
 random multi-start and before the fine stage the run tries a log grid of s (on that
 stage's loss) and keeps the best. The same log line search finds a winch speed limit,
-which has no gradient while it does not bind.
+which has no gradient while it does not bind, each limit at its best motor time constant.
 Without known wrenches the scale is unidentifiable and the search is skipped: the
 masses then stay where the user put them (weigh the rods).
 """
