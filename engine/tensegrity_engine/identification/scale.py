@@ -7,7 +7,8 @@ the absolute scale. Along that valley gradient steps crawl (measured on a zoo 3-
 and c/m within 1 % of the truth after the coarse phase, mass 17x too large), so after the
 random multi-start and before the fine stage the run tries a log grid of s (on that
 stage's loss) and keeps the best. The same log line search finds a winch speed limit,
-which has no gradient while it does not bind, each limit at its best motor time constant.
+which has no gradient while it does not bind; a limit found must still win at its best
+motor time constant.
 Without known wrenches the scale is unidentifiable and the search is skipped: the
 masses then stay where the user put them (weigh the rods).
 """
@@ -112,9 +113,10 @@ def speed_limit_search(run, *, octaves: float = 10.0, per_octave: int = 2, tuple
     A limit slows every large step, as a longer time constant does: judged at the start's
     time constant, a robot whose motors are slower than the config says looks speed-limited
     (measured on zoo/spring_driven, motors 2.5x slower, no limit: a 0.34 m/s limit taken,
-    and a fresh start kept a limit, τ +22 %). So where τ is learnt too, each limit, and no
-    limit, is scored at its best τ (a log line search over ``tau_octaves`` either side), and
-    a limit taken brings its τ with it."""
+    and a fresh start kept a limit, τ +22 %). So where τ is learnt too, the limit found is
+    kept only if it still wins with each side at its best τ (a log line search over
+    ``tau_octaves`` either side), and it brings its τ with it. Profiling every limit of the
+    grid instead cost ~3 s of a 2-core worker's first minute (the twin within 5 % 8 s later)."""
     from tensegrity_engine.physics.actuators import speed_limit_binds
 
     name, tau_name = "actuator_max_speed", "actuator_time_constant"
@@ -129,45 +131,44 @@ def speed_limit_search(run, *, octaves: float = 10.0, per_octave: int = 2, tuple
     start, tau_start = speed.detach().clone(), tau.detach().clone()
     fastest = float((span.max() / tau).max())
     lo, hi = run.params.bounds_of(name)
-    profile = tau_name in run.learn
-    best_tau, applied = {}, [1.0]                     # speed factor -> its best τ factor; the one set
 
     def apply(s: float) -> None:
-        applied[0] = s
         run.params.set_value(name, (start * s).cpu().numpy())
 
     def set_tau(f: float) -> None:
         run.params.set_value(tau_name, (tau_start * f).cpu().numpy())
 
-    def profiled() -> float:                          # the loss at the best τ for the limit set now
+    def best_tau() -> tuple[float, float]:            # (τ factor, loss) at the limit set now
         t_lo, t_hi = run.params.bounds_of(tau_name)
         grid = [float(2.0 ** e) for e in np.arange(-tau_octaves, tau_octaves + 1e-9, 1.0)]
         grid = [f for f in grid if t_lo * (1 + 1e-6) < float(tau_start.min()) * f
                 and float(tau_start.max()) * f < t_hi * (1 - 1e-6)]
         f, losses = log_line_search(run, set_tau, grid, idx)
-        best_tau[applied[0]] = f
-        set_tau(1.0)
-        return losses[f]
+        return f, losses[f]
 
     start_loss = _loss(run, idx)
     grid = [fastest * 2.0 ** -e / float(start.max()) for e in np.arange(0.0, octaves + 1e-9, 1.0 / per_octave)]
     grid = [s for s in grid if lo * (1 + 1e-6) < float(start.max()) * s < hi * (1 - 1e-6)]
-    best, losses = log_line_search(run, apply, grid, idx, refinements=6 if profile else 14,
-                                   loss=profiled if profile else None)
+    best, losses = log_line_search(run, apply, grid, idx)
     # a limit that barely binds fits noise: the loss falls by what the CPU's round-off or one
     # tuple decides (measured on a test's data: 3.529e-3 either way, the limit left at 1e3 on
     # an Intel Xeon, set to 8.7 m/s on an AMD EPYC); it must gain what the solver calls
     # progress on the loss the search started from (at its best τ, no limit may fit the data
     # to round-off, where any relative gain is noise)
-    if best != 1.0 and not losses[best] < losses[1.0] - run.config.min_rel_improvement * start_loss:
+    gain = run.config.min_rel_improvement * start_loss
+    limit_loss, none_loss, tau_factor = losses[best], losses[1.0], 1.0
+    if best != 1.0 and limit_loss < none_loss - gain and tau_name in run.learn:
+        tau_factor, limit_loss = best_tau()
         apply(1.0)
-        best = 1.0
+        _, none_loss = best_tau()
+        apply(best)
+    if best != 1.0 and not limit_loss < none_loss - gain:
+        apply(1.0)
+        best, tau_factor = 1.0, 1.0
+    if tau_name in run.learn:
+        set_tau(tau_factor)
     if best != 1.0:
-        if profile:
-            apply(best)
-            set_tau(best_tau[best])
         run.log(f"speed-limit search: {name} {float(start.max() * best):.3g}"
-                + (f", {tau_name} {float(run.params.value(tau_name).max()):.3g}" if profile else "")
-                + f", loss {losses[1.0]:.3e} -> {losses[best]:.3e}")
+                + (f", {tau_name} {float(run.params.value(tau_name).max()):.3g}" if tau_factor != 1.0 else "")
+                + f", loss {none_loss:.3e} -> {limit_loss:.3e}")
     return best
-
