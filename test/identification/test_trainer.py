@@ -436,34 +436,6 @@ def test_a_winch_speed_limit_is_found_from_a_start_where_it_does_not_bind(superb
     assert got["actuator_time_constant"][0] == pytest.approx(superball.actuator.time_constant, rel=0.02)
 
 
-def test_motors_slower_than_the_config_says_are_not_taken_for_a_speed_limit(superball, tmp_path):
-    """Motors 2.5x slower than the config says and no limit: at the config's time constant
-    a limit mimics the slow motor (zoo/spring_driven: 0.34 m/s taken), so the search scores
-    every limit, and none, at its best time constant, and keeps none."""
-    import dataclasses
-
-    from tensegrity_engine.physics.actuators import speed_limit_binds
-
-    tau = 2.5 * superball.actuator.time_constant
-    truth = superball.replace(actuator=dataclasses.replace(superball.actuator, time_constant=tau))
-    ds.generate_dataset(truth, "noncontact", tmp_path, counts={"train": 2, "val": 1, "test": 1},
-                        duration=0.6, period=PERIOD, seed=8, dense=False)
-    data = {s: ds.load_split(tmp_path / "noncontact", s, robot=superball) for s in ("train", "val")}
-    logged = []
-    cfg = dict(period=PERIOD, seed=3, batch_size=16, init="given", schedule="fine_only", val_tuples=16)
-    tr = idf.ProgressiveTrainer(superball, idf.IdentificationConfig(
-        learn=("actuator_max_speed", "actuator_time_constant"), **cfg), log=logged.append)
-    tr.set_data(data["train"], data["val"])
-    p = tr.engine.param_values(tr.dtype, tr.device)
-    span = tr.objective.cmd_high - tr.objective.cmd_low
-    assert not speed_limit_binds(p["actuator_time_constant"], p["actuator_max_speed"], span), logged
-    # the search is what decides: with τ fixed at the config's value it takes a limit
-    fixed = idf.ProgressiveTrainer(superball, idf.IdentificationConfig(learn=("actuator_max_speed",), **cfg))
-    fixed.set_data(data["train"], data["val"])
-    p = fixed.engine.param_values(fixed.dtype, fixed.device)
-    assert speed_limit_binds(p["actuator_time_constant"], p["actuator_max_speed"], span)
-
-
 def test_online_schedule_resumes_on_new_data_with_the_old_windows_latents(superball, data):
     """Schedule "online": it ends like fine_only, but `reopen` after new data goes on with
     the windowed stage on all of it; windows seen before keep their latent velocities."""

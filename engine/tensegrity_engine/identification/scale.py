@@ -7,8 +7,7 @@ the absolute scale. Along that valley gradient steps crawl (measured on a zoo 3-
 and c/m within 1 % of the truth after the coarse phase, mass 17x too large), so after the
 random multi-start and before the fine stage the run tries a log grid of s (on that
 stage's loss) and keeps the best. The same log line search finds a winch speed limit,
-which has no gradient while it does not bind; a limit found must still win at its best
-motor time constant.
+which has no gradient while it does not bind.
 Without known wrenches the scale is unidentifiable and the search is skipped: the
 masses then stay where the user put them (weigh the rods).
 """
@@ -35,18 +34,16 @@ def _tuples(run, tuples: int, salt: int) -> torch.Tensor:
     return torch.as_tensor(np.sort(rng.permutation(n)[:min(n, tuples)]), device=run.device)
 
 
-def log_line_search(run, apply, factors, idx, refinements: int = 14, loss=None) -> tuple[float, dict]:
-    """Best factor s for ``apply(s)`` on the current stage's loss of tuples ``idx`` (or on
-    ``loss()``, called after ``apply(s)``): the given grid (1 = no change, always scored),
-    then golden-section search in log s between the best grid point's neighbours. Applies
-    and returns it, with every loss scored."""
+def log_line_search(run, apply, factors, idx, refinements: int = 14) -> tuple[float, dict]:
+    """Best factor s for ``apply(s)`` on the current stage's loss of tuples ``idx``: the
+    given grid (1 = no change, always scored), then golden-section search in log s between
+    the best grid point's neighbours. Applies and returns it, with every loss scored."""
     losses = {}
-    loss = loss or (lambda: _loss(run, idx))
 
     def score(s: float) -> float:
         if s not in losses:
             apply(s)
-            losses[s] = loss()
+            losses[s] = _loss(run, idx)
         return losses[s]
 
     for s in sorted(set(factors) | {1.0}):
@@ -103,72 +100,39 @@ def scale_search(run, *, octaves: float = 8.0, per_octave: int = 2, refinements:
 
 
 @torch.no_grad()
-def speed_limit_search(run, *, octaves: float = 10.0, per_octave: int = 2, tuples: int = 64,
-                       tau_octaves: float = 3.0) -> float:
+def speed_limit_search(run, *, octaves: float = 10.0, per_octave: int = 2, tuples: int = 64) -> float:
     """A winch speed limit that does not bind has no gradient (a flat loss), so no local
     step finds one: when ``actuator_max_speed`` is learnt and does not bind, try limits from
     the fastest the filter ever runs (command span / tau) down ``octaves`` octaves and keep
-    the best on the current stage's loss. Returns the factor on the old value (1: kept).
-
-    A limit slows every large step, as a longer time constant does: judged at the start's
-    time constant, a robot whose motors are slower than the config says looks speed-limited
-    (measured on zoo/spring_driven, motors 2.5x slower, no limit: a 0.34 m/s limit taken,
-    and a fresh start kept a limit, τ +22 %). So where τ is learnt too, the limit found is
-    kept only if it still wins with each side at its best τ (a log line search over
-    ``tau_octaves`` either side), and it brings its τ with it. Profiling every limit of the
-    grid instead cost ~3 s of a 2-core worker's first minute (the twin within 5 % 8 s later)."""
+    the best on the current stage's loss. Returns the factor on the old value (1: kept)."""
     from tensegrity_engine.physics.actuators import speed_limit_binds
 
-    name, tau_name = "actuator_max_speed", "actuator_time_constant"
+    name = "actuator_max_speed"
     if name not in run.learn:
         return 1.0
     p = run.engine.param_values(run.dtype, run.device)
-    tau, speed = p[tau_name], p[name]
+    tau, speed = p["actuator_time_constant"], p[name]
     span = run.objective.cmd_high - run.objective.cmd_low
     if speed_limit_binds(tau, speed, span):
         return 1.0
     idx = _tuples(run, tuples, 7919)
-    start, tau_start = speed.detach().clone(), tau.detach().clone()
+    start = speed.detach().clone()
     fastest = float((span.max() / tau).max())
     lo, hi = run.params.bounds_of(name)
 
     def apply(s: float) -> None:
         run.params.set_value(name, (start * s).cpu().numpy())
 
-    def set_tau(f: float) -> None:
-        run.params.set_value(tau_name, (tau_start * f).cpu().numpy())
-
-    def best_tau() -> tuple[float, float]:            # (τ factor, loss) at the limit set now
-        t_lo, t_hi = run.params.bounds_of(tau_name)
-        grid = [float(2.0 ** e) for e in np.arange(-tau_octaves, tau_octaves + 1e-9, 1.0)]
-        grid = [f for f in grid if t_lo * (1 + 1e-6) < float(tau_start.min()) * f
-                and float(tau_start.max()) * f < t_hi * (1 - 1e-6)]
-        f, losses = log_line_search(run, set_tau, grid, idx)
-        return f, losses[f]
-
-    start_loss = _loss(run, idx)
     grid = [fastest * 2.0 ** -e / float(start.max()) for e in np.arange(0.0, octaves + 1e-9, 1.0 / per_octave)]
     grid = [s for s in grid if lo * (1 + 1e-6) < float(start.max()) * s < hi * (1 - 1e-6)]
     best, losses = log_line_search(run, apply, grid, idx)
     # a limit that barely binds fits noise: the loss falls by what the CPU's round-off or one
     # tuple decides (measured on a test's data: 3.529e-3 either way, the limit left at 1e3 on
-    # an Intel Xeon, set to 8.7 m/s on an AMD EPYC); it must gain what the solver calls
-    # progress on the loss the search started from (at its best τ, no limit may fit the data
-    # to round-off, where any relative gain is noise)
-    gain = run.config.min_rel_improvement * start_loss
-    limit_loss, none_loss, tau_factor = losses[best], losses[1.0], 1.0
-    if best != 1.0 and limit_loss < none_loss - gain and tau_name in run.learn:
-        tau_factor, limit_loss = best_tau()
+    # an Intel Xeon, set to 8.7 m/s on an AMD EPYC); it must gain what the solver calls progress
+    if best != 1.0 and not losses[best] < losses[1.0] * (1.0 - run.config.min_rel_improvement):
         apply(1.0)
-        _, none_loss = best_tau()
-        apply(best)
-    if best != 1.0 and not limit_loss < none_loss - gain:
-        apply(1.0)
-        best, tau_factor = 1.0, 1.0
-    if tau_name in run.learn:
-        set_tau(tau_factor)
+        best = 1.0
     if best != 1.0:
-        run.log(f"speed-limit search: {name} {float(start.max() * best):.3g}"
-                + (f", {tau_name} {float(run.params.value(tau_name).max()):.3g}" if tau_factor != 1.0 else "")
-                + f", loss {none_loss:.3e} -> {limit_loss:.3e}")
+        run.log(f"speed-limit search: {name} {float(start.max() * best):.3g}, loss {losses[1.0]:.3e} -> "
+                f"{losses[best]:.3e}")
     return best
