@@ -186,8 +186,11 @@ def _entry_robot(name: str, base: RobotConfig | str, path: Optional[Path], twin:
         name=f"{base.name}@{name}", source=f"{where} of {base.source}",
         cable_stiffness=stiffness, cable_damping=damping, rod_mass=mass,
         rod_radius=base.rod_radius * _factor(e.get("radius_scale", 1.0), f"{where}.radius_scale"),
+        # the base's winch limit is the robot's (a twin of a limited robot is limited); its
+        # declared delay and command-rate limit are the mocap's and the controller's, not the robot's
         actuator=ActuatorConfig(time_constant=base.actuator.time_constant * f["actuator_time_constant"],
-                                gain=base.actuator.gain, offset=base.actuator.offset),
+                                gain=base.actuator.gain, offset=base.actuator.offset,
+                                max_speed=base.actuator.max_speed),
         contact=dataclasses.replace(base.contact, friction=friction))
     try:
         realisation = Realisation.twin_of(truth) if twin else Realisation.from_dict(e.get("realisation") or {})

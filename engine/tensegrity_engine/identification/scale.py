@@ -34,16 +34,18 @@ def _tuples(run, tuples: int, salt: int) -> torch.Tensor:
     return torch.as_tensor(np.sort(rng.permutation(n)[:min(n, tuples)]), device=run.device)
 
 
-def log_line_search(run, apply, factors, idx, refinements: int = 14) -> tuple[float, dict]:
-    """Best factor s for ``apply(s)`` on the current stage's loss of tuples ``idx``: the
-    given grid (1 = no change, always scored), then golden-section search in log s between
-    the best grid point's neighbours. Applies and returns it, with every loss scored."""
+def log_line_search(run, apply, factors, idx, refinements: int = 14, loss=None) -> tuple[float, dict]:
+    """Best factor s for ``apply(s)`` on the current stage's loss of tuples ``idx`` (or on
+    ``loss()``): the given grid (1 = no change, always scored), then golden-section search
+    in log s between the best grid point's neighbours. Applies and returns it, with every
+    loss scored."""
     losses = {}
 
     def score(s: float) -> float:
         if s not in losses:
             apply(s)
-            losses[s] = _loss(run, idx)
+            value = _loss(run, idx) if loss is None else loss()
+            losses[s] = value if math.isfinite(value) else math.inf
         return losses[s]
 
     for s in sorted(set(factors) | {1.0}):

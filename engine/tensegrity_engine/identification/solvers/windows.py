@@ -34,6 +34,7 @@ from tensegrity_engine.identification.solvers.covariance import SettledValues, r
 from tensegrity_engine.identification.solvers.levenberg_marquardt import (JUMP_RATIO, boxed_step, jacobian_mode,
                                                                           one_sided_jacobian, parameter_jacobian,
                                                                           raw_vector, set_raw_vector)
+from tensegrity_engine.identification.solvers.limit_drop import REFIT_ITERATIONS, drop_speed_limit
 from tensegrity_engine.identification.solvers.settle import motor_settled, settle_steps
 
 SCORE_CLUSTERS = 10     # groups of consecutive windows behind the cluster-robust sigma
@@ -514,9 +515,16 @@ class WindowLevenbergMarquardt:
             if not accepted:
                 f = f0
                 set_raw_vector(run.params, run.learn, theta0)
-        val = f if math.isfinite(f) else math.inf
         settled = (self.settled.span(self.config.lm_patience, lambda: raw_sigmas(reduced_information(A, B, r0)))
                    if accepted else math.inf)       # the values' path in their sigma at the iteration's start
+        if cfg.lm_settle_sigmas > 0 and settled <= cfg.lm_settle_sigmas:
+            refit = lambda p, v: fit_start_velocities(run.objective, run.train, windows, p, REFIT_ITERATIONS, start=v)  # noqa: E731
+            dropped = drop_speed_limit(run, windows, self.window_vel, refit)
+            if dropped is not None:          # not settled: a better basin, a new path from there
+                (f, self.window_vel), settled = dropped, math.inf
+                self.latent_jac, self.lm_lambda = None, 1e-3
+                self.settled.clear()
+        val = f if math.isfinite(f) else math.inf
         return {"loss": f, "val_loss": val, "tuples": len(windows), "diverged": diverged,
                 "lm_lambda": self.lm_lambda, "lm_accepted": accepted, "step": step, "settled_sigmas": settled}
 
