@@ -90,3 +90,25 @@ def test_a_limit_the_robot_has_is_kept_and_the_values_left_as_they_were(limited)
     without = _window_loss(run, windows, vel)
     run.params.set_value(LIMIT, 0.3)
     assert without > 2.0 * with_limit
+
+
+@pytest.mark.parametrize("settled", [True, False])
+def test_the_windowed_solver_tests_its_limit_where_it_settles_and_only_there(unlimited, monkeypatch, settled):
+    run = unlimited
+    true_tau = float(run.params.value(TAU).detach().max())
+    run.params.set_value(LIMIT, 0.3)
+    run.params.set_value(TAU, 0.6 * true_tau)
+    windows, vel, _ = _windows_at_the_values(run)
+    solver = run.window_lm
+    solver.window_vel, solver.latent_jac = vel, None
+    # the values' path within lm_settle_sigmas of their sigma, or far from it
+    monkeypatch.setattr(solver.settled, "span", lambda *a, **k: 0.0 if settled else 10.0)
+    metrics = solver.epoch(run)
+    assert metrics["lm_accepted"]
+    if settled:      # dropped: the stage is not settled, its loss the limit-free fit's
+        assert metrics["settled_sigmas"] == float("inf")
+        assert not _binds(run)
+        assert metrics["loss"] == pytest.approx(_window_loss(run, windows, solver.window_vel), rel=1e-9)
+    else:
+        assert metrics["settled_sigmas"] == 10.0
+        assert _binds(run)

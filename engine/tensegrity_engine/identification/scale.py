@@ -106,7 +106,10 @@ def speed_limit_search(run, *, octaves: float = 10.0, per_octave: int = 2, tuple
     """A winch speed limit that does not bind has no gradient (a flat loss), so no local
     step finds one: when ``actuator_max_speed`` is learnt and does not bind, try limits from
     the fastest the filter ever runs (command span / tau) down ``octaves`` octaves and keep
-    the best on the current stage's loss. Returns the factor on the old value (1: kept)."""
+    the best on the current stage's loss. Returns the factor on the old value (1: kept).
+    It runs at the values of the moment: slow motors can pass for a limit at the config's
+    tau, so a limit taken here must pay for itself again where the windowed stage settles
+    (`solvers.limit_drop`)."""
     from tensegrity_engine.physics.actuators import speed_limit_binds
 
     name = "actuator_max_speed"
