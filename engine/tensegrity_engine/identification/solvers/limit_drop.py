@@ -75,5 +75,7 @@ def drop_speed_limit(run, windows: torch.Tensor, vel: torch.Tensor, refit) -> Op
         run.log(f"speed limit dropped: {LIMIT} {float(p[LIMIT].max()):.3g} -> none, {TAU} x{factor:.3g}, "
                 f"windows {before:.4e} -> {after:.4e}")
         return after, new_vel
+    run.log(f"speed limit kept: {LIMIT} {float(p[LIMIT].max()):.3g}, windows {before:.4e}, without it "
+            f"{after:.4e} ({TAU} x{factor:.3g})")
     set_raw_vector(run.params, run.learn, theta0)
     return None
