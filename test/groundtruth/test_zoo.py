@@ -222,3 +222,16 @@ def test_the_true_contact_is_the_one_mujoco_runs(superball, spec):
     expected = {"zoo/payload": (0.005, 1.0), "zoo/kitchen_sink": (0.03, 0.7)}.get(spec)
     if expected is not None:
         np.testing.assert_allclose(solref, expected)
+
+
+def test_a_limited_robots_winch_limit_stays_where_its_filter_is_the_engines(superball):
+    """A base with a winch limit: its twin and a zoo robot on the engine's filter keep the
+    limit (MuJoCo then drives the rest lengths: `realisation.driven`); a stepped actuation
+    has its own speed law (slow_winch's motor, spring_driven's springs), not the base's."""
+    limited = superball.replace(actuator=dataclasses.replace(superball.actuator, max_speed=0.3))
+    assert twin_robot("as_built", limited).max_speed() == pytest.approx(0.3)
+    assert zoo_robot("soft_slow", limited).max_speed() == pytest.approx(0.3)
+    assert zoo_robot("slow_winch", limited).max_speed() == pytest.approx(0.25)
+    assert zoo_robot("spring_driven", limited).max_speed() > 100.0
+    # the base without one: as before
+    assert twin_robot("as_built", superball).max_speed() > 100.0

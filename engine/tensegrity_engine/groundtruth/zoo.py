@@ -24,8 +24,8 @@ import yaml
 from tensegrity_engine.groundtruth.mujoco_twin import MujocoTwin
 from tensegrity_engine.groundtruth.realisation import Realisation, rod_inertia
 from tensegrity_engine.groundtruth.sensors import SensorModel
-from tensegrity_engine.physics.config import (CONFIG_DIR, ActuatorConfig, ConfigError, RobotConfig, load_robot,
-                                             topology_fingerprint)
+from tensegrity_engine.physics.config import (CONFIG_DIR, DEFAULT_MAX_SPEED, ActuatorConfig, ConfigError, RobotConfig,
+                                             load_robot, topology_fingerprint)
 
 __all__ = ["ZooRobot", "MUJOCO_DEFAULT_SOLREF", "zoo_names", "zoo_robot", "twin_names", "twin_robot", "ground_truth",
            "ZOO_FILE", "ZOO_PREFIX", "TWIN_PREFIX"]
@@ -182,21 +182,25 @@ def _entry_robot(name: str, base: RobotConfig | str, path: Optional[Path], twin:
     friction = base.contact.friction
     if "friction_sliding" in e:
         friction = dataclasses.replace(friction, sliding=_factor(e["friction_sliding"], f"{where}.friction_sliding"))
+    try:
+        realisation = None if twin else Realisation.from_dict(e.get("realisation") or {})
+        sensing = SensorModel(**{k: float(v) for k, v in (e.get("sensing") or {}).items()})
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{where}: {err}") from None
+    # the base's winch limit is the robot's where its filter is the engine's (a twin of a
+    # limited robot is limited); a stepped actuation has its own (`Actuation.max_speed`).
+    # The declared delay and command-rate limit are the mocap's and the controller's.
+    stepped = realisation is not None and realisation.actuation.stepped
     truth = base.replace(
         name=f"{base.name}@{name}", source=f"{where} of {base.source}",
         cable_stiffness=stiffness, cable_damping=damping, rod_mass=mass,
         rod_radius=base.rod_radius * _factor(e.get("radius_scale", 1.0), f"{where}.radius_scale"),
-        # the base's winch limit is the robot's (a twin of a limited robot is limited); its
-        # declared delay and command-rate limit are the mocap's and the controller's, not the robot's
         actuator=ActuatorConfig(time_constant=base.actuator.time_constant * f["actuator_time_constant"],
                                 gain=base.actuator.gain, offset=base.actuator.offset,
-                                max_speed=base.actuator.max_speed),
+                                max_speed=DEFAULT_MAX_SPEED if stepped else base.actuator.max_speed),
         contact=dataclasses.replace(base.contact, friction=friction))
-    try:
-        realisation = Realisation.twin_of(truth) if twin else Realisation.from_dict(e.get("realisation") or {})
-        sensing = SensorModel(**{k: float(v) for k, v in (e.get("sensing") or {}).items()})
-    except (TypeError, ValueError) as err:
-        raise ConfigError(f"{where}: {err}") from None
+    if realisation is None:
+        realisation = Realisation.twin_of(truth)
     return ZooRobot(name=where if twin else name, description=str(e.get("description", "")), nominal=base,
                     truth=truth, realisation=realisation, sensing=sensing)
 

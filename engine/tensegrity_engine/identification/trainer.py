@@ -52,12 +52,10 @@ from tensegrity_engine.identification.schedule import ProgressiveSchedule
 from tensegrity_engine.identification.trainer_state import load_trainer_state, trainer_state
 from tensegrity_engine.identification.solvers import (AdamSolver, TupleLevenbergMarquardt,
                                                       WindowLevenbergMarquardt)
+from tensegrity_engine.identification.solvers.levenberg_marquardt import LM_FREE_LAMBDA
 from tensegrity_engine.physics.config import MODEL_INTEGRATORS, RobotConfig
 from tensegrity_engine.physics.engine import TensegrityEngine
 from tensegrity_engine.physics.params import PhysicalParameters
-
-
-LM_FREE_LAMBDA = 1.0     # Levenberg-Marquardt damping above which a short step is not convergence
 
 
 def model_structure(robot: RobotConfig, config: IdentificationConfig) -> tuple[RobotConfig, IdentificationConfig]:

@@ -19,6 +19,7 @@ import torch
 
 from tensegrity_engine.identification.solvers.settle import motor_settled, settle_steps
 
+LM_FREE_LAMBDA = 1.0     # Levenberg-Marquardt damping above which a short step is not convergence
 JUMP_RATIO = 30.0       # a difference column this many times the median unit's is checked from the other side
 
 

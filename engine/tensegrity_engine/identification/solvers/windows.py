@@ -31,9 +31,10 @@ import torch
 
 from tensegrity_engine.identification.solvers.chaining import chain_latents
 from tensegrity_engine.identification.solvers.covariance import SettledValues, raw_sigmas
-from tensegrity_engine.identification.solvers.levenberg_marquardt import (JUMP_RATIO, boxed_step, jacobian_mode,
-                                                                          one_sided_jacobian, parameter_jacobian,
-                                                                          raw_vector, set_raw_vector)
+from tensegrity_engine.identification.solvers.levenberg_marquardt import (JUMP_RATIO, LM_FREE_LAMBDA, boxed_step,
+                                                                          jacobian_mode, one_sided_jacobian,
+                                                                          parameter_jacobian, raw_vector,
+                                                                          set_raw_vector)
 from tensegrity_engine.identification.solvers.limit_drop import REFIT_ITERATIONS, drop_speed_limit
 from tensegrity_engine.identification.solvers.settle import motor_settled, settle_steps
 
@@ -517,11 +518,12 @@ class WindowLevenbergMarquardt:
                 set_raw_vector(run.params, run.learn, theta0)
         settled = (self.settled.span(self.config.lm_patience, lambda: raw_sigmas(reduced_information(A, B, r0)))
                    if accepted else math.inf)       # the values' path in their sigma at the iteration's start
-        if cfg.lm_settle_sigmas > 0 and settled <= cfg.lm_settle_sigmas:
+        # settled as the trainer reads it (under heavy damping a short path is the trust region)
+        if cfg.lm_settle_sigmas > 0 and settled <= cfg.lm_settle_sigmas and self.lm_lambda <= LM_FREE_LAMBDA:
             refit = lambda p, v: fit_start_velocities(run.objective, run.train, windows, p, REFIT_ITERATIONS, start=v)  # noqa: E731
             dropped = drop_speed_limit(run, windows, self.window_vel, refit)
-            if dropped is not None:          # not settled: a better basin, a new path from there
-                (f, self.window_vel), settled = dropped, math.inf
+            if dropped is not None:          # neither settled nor converged: a better basin, a new path
+                (f, self.window_vel), settled, step = dropped, math.inf, math.inf
                 self.latent_jac, self.lm_lambda = None, 1e-3
                 self.settled.clear()
         val = f if math.isfinite(f) else math.inf
