@@ -235,3 +235,47 @@ def test_a_limited_robots_winch_limit_stays_where_its_filter_is_the_engines(supe
     assert zoo_robot("spring_driven", limited).max_speed() > 100.0
     # the base without one: as before
     assert twin_robot("as_built", superball).max_speed() > 100.0
+
+
+@pytest.mark.parametrize("base", ["superball", "three_bar"])
+def test_drawn_robots_are_far_from_nominal_varied_and_the_same_on_every_draw(base):
+    """``random/<seed>``: robots nobody tuned for. Every scaled value at least FAR from the
+    config's (either way), each seed the same robot every time, and over a few seeds every
+    mismatch the zoo knows turns up."""
+    from tensegrity_engine.groundtruth.random_robots import FAR, FARTHEST, random_entry
+
+    kinds, sides = set(), set()
+    for seed in range(24):
+        z = ground_truth(f"random/{seed}", base)
+        n, t = z.nominal, z.truth
+        payload = t.rod_mass.max() / n.rod_mass.max() > t.rod_mass.min() / n.rod_mass.min() * 1.01
+        ratios = {"K": np.exp(np.log(t.cable_stiffness / n.cable_stiffness).mean()),
+                  "c": np.exp(np.log(t.cable_damping / n.cable_damping).mean()),
+                  "tau": t.actuator.time_constant / n.actuator.time_constant,
+                  "m": t.rod_mass.min() / n.rod_mass.min()}
+        for key, r in ratios.items():
+            # a cable spread moves the geometric mean by a few percent at most
+            assert 1 / (FARTHEST * 1.05) <= r <= FARTHEST * 1.05, (seed, key, r)
+            if key != "m":
+                assert abs(np.log(r)) >= np.log(FAR) - 0.05, (seed, key, r)
+            sides.add((key, r > 1))
+        assert not z.realisation.is_twin and not z.sensing.ideal
+        kinds |= {z.realisation.integrator, z.realisation.actuation.kind, z.realisation.slack_damping,
+                  z.realisation.end_mass_fraction > 0, z.realisation.contact.condim, payload}
+        assert z.description.startswith("drawn: ")
+        again = ground_truth(f"random/{seed}", base)
+        np.testing.assert_array_equal(again.truth.cable_stiffness, t.cable_stiffness)
+        assert again.realisation == z.realisation and again.sensing == z.sensing
+    assert random_entry(0) != random_entry(1)
+    assert {"Euler", "implicitfast", "RK4", "filter", "motor", "spring_length", True, False, 4, 6} <= kinds
+    assert len(sides) == 8, "every value drawn both above and below the config's"
+    for bad in ("random/", "random/x", "random/-1"):
+        with pytest.raises(ConfigError, match="random/<seed>"):
+            ground_truth(bad, base)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_drawn_robot_runs_in_mujoco(three_bar, seed):
+    z = ground_truth(f"random/{seed}", three_bar)
+    states, _, _ = _rollout(z.truth, z.realisation, seconds=0.5, seed=seed)
+    assert np.isfinite(states).all()

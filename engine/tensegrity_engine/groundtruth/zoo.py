@@ -22,13 +22,14 @@ import numpy as np
 import yaml
 
 from tensegrity_engine.groundtruth.mujoco_twin import MujocoTwin
+from tensegrity_engine.groundtruth.random_robots import RANDOM_PREFIX, random_entry
 from tensegrity_engine.groundtruth.realisation import Realisation, rod_inertia
 from tensegrity_engine.groundtruth.sensors import SensorModel
 from tensegrity_engine.physics.config import (CONFIG_DIR, DEFAULT_MAX_SPEED, ActuatorConfig, ConfigError, RobotConfig,
                                              load_robot, topology_fingerprint)
 
 __all__ = ["ZooRobot", "MUJOCO_DEFAULT_SOLREF", "zoo_names", "zoo_robot", "twin_names", "twin_robot", "ground_truth",
-           "ZOO_FILE", "ZOO_PREFIX", "TWIN_PREFIX"]
+           "random_robot", "ZOO_FILE", "ZOO_PREFIX", "TWIN_PREFIX", "RANDOM_PREFIX"]
 
 ZOO_FILE = CONFIG_DIR / "zoo.yaml"
 ZOO_PREFIX = "zoo/"
@@ -152,12 +153,23 @@ def twin_robot(name: str, base: RobotConfig | str, path: Optional[Path] = None) 
 
 
 def _entry_robot(name: str, base: RobotConfig | str, path: Optional[Path], twin: bool) -> ZooRobot:
-    base = load_robot(base) if not isinstance(base, RobotConfig) else base
     entries = _entries(path, "twins" if twin else "robots")
     if name not in entries:
         raise ConfigError(f"no {'twin' if twin else 'zoo robot'} {name!r}; known: {sorted(entries)}")
-    e = dict(entries[name] or {})
     where = f"{TWIN_PREFIX if twin else ZOO_PREFIX}{name}"
+    return _robot_of_entry(dict(entries[name] or {}), where, where if twin else name, name, base, twin)
+
+
+def random_robot(seed: int, base: RobotConfig | str) -> ZooRobot:
+    """The robot `random_robots.random_entry` draws from ``seed``, applied to ``base``."""
+    where = f"{RANDOM_PREFIX}{int(seed)}"
+    return _robot_of_entry(random_entry(int(seed)), where, where, where, base, twin=False)
+
+
+def _robot_of_entry(e: dict, where: str, name: str, key: str, base: RobotConfig | str, twin: bool) -> ZooRobot:
+    """Entry ``e`` applied to ``base``: ``where`` names it in errors, ``name`` in the result;
+    ``key`` seeds its cable spread (the entry's own name: the same robot on every run)."""
+    base = load_robot(base) if not isinstance(base, RobotConfig) else base
     unknown = set(e) - (ENTRY_KEYS - {"realisation", "sensing"} if twin else ENTRY_KEYS)
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}")
@@ -166,7 +178,7 @@ def _entry_robot(name: str, base: RobotConfig | str, path: Optional[Path], twin:
         raise ConfigError(f"{where}: scale may name only {SCALED}, got {sorted(scale)}")
     f = {k: _factor(scale.get(k, 1.0), f"{where}.scale.{k}") for k in SCALED}
     # Seeded by the name alone: the same robot on every machine and every run.
-    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    rng = np.random.default_rng(zlib.crc32(key.encode()))
     spread = float(e.get("cable_spread", 0.0))
     if not 0.0 <= spread < 1.0:
         raise ConfigError(f"{where}.cable_spread must be in [0, 1), got {spread}")
@@ -201,19 +213,24 @@ def _entry_robot(name: str, base: RobotConfig | str, path: Optional[Path], twin:
         contact=dataclasses.replace(base.contact, friction=friction))
     if realisation is None:
         realisation = Realisation.twin_of(truth)
-    return ZooRobot(name=where if twin else name, description=str(e.get("description", "")), nominal=base,
+    return ZooRobot(name=name, description=str(e.get("description", "")), nominal=base,
                     truth=truth, realisation=realisation, sensing=sensing)
 
 
 def ground_truth(spec: str, base: RobotConfig) -> ZooRobot:
     """``zoo/<name>`` (a zoo entry applied to ``base``), ``twin`` (the engine's twin of
     ``base``), ``twin/<name>`` (a twins entry: the engine's twin with values far from
-    ``base``'s), or a robot-config YAML path (its values, realised as the twin). The
+    ``base``'s), ``random/<seed>`` (a robot drawn from the seed, `random_robots`), or a robot-config YAML path (its values, realised as the twin). The
     topology must be ``base``'s."""
     if spec.startswith(ZOO_PREFIX):
         return zoo_robot(spec[len(ZOO_PREFIX):], base)
     if spec.startswith(TWIN_PREFIX):
         return twin_robot(spec[len(TWIN_PREFIX):], base)
+    if spec.startswith(RANDOM_PREFIX):
+        seed = spec[len(RANDOM_PREFIX):]
+        if not seed.isdigit():
+            raise ConfigError(f"{spec!r}: a drawn robot is random/<seed>, the seed a whole number >= 0")
+        return random_robot(int(seed), base)
     truth = base if spec in ("", "twin") else load_robot(spec)
     if topology_fingerprint(truth) != topology_fingerprint(base):
         raise ConfigError(f"ground truth {spec!r} has another topology than {base.name!r}")
