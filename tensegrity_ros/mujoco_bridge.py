@@ -88,7 +88,8 @@ class MujocoBridge(Node):
                        "the robot MuJoCo plays: 'twin' (the config's values, the engine's equations), "
                        "'twin/<name>' (config/zoo.yaml's twins: the engine's equations, other values), "
                        "'zoo/<name>' (a config/zoo.yaml robot: other values, integrator, contacts, "
-                       "actuators) or a robot-config YAML path of the same topology", read_only=True)
+                       "actuators), 'random/<seed>' (a robot drawn from the seed: the same, nobody tuned "
+                       "for it) or a robot-config YAML path of the same topology", read_only=True)
         self.robot = load_robot(robot_name)
         try:
             self.truth = ground_truth(truth_spec, self.robot)

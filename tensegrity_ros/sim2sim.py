@@ -265,13 +265,15 @@ def realtime_figures(mon, rolling_start, period: float) -> dict:
 
 
 def true_values(robot, robot_truth: str = "twin") -> dict:
-    """The values of the robot the bridge plays (``robot_truth``: twin, twin/<name>, zoo/<name> or a YAML)."""
-    from tensegrity_engine.groundtruth.zoo import ground_truth
+    """The values of the robot the bridge plays (``robot_truth``: twin, twin/<name>, zoo/<name>,
+    random/<seed> or a YAML)."""
+    from tensegrity_engine.groundtruth.zoo import RANDOM_PREFIX, ZOO_PREFIX, ground_truth
     from tensegrity_engine.physics.params import nominal_values
 
     played = ground_truth(robot_truth, robot)
     # a zoo robot's contacts are MuJoCo's own: no engine value is "true" for them
-    values = played.true_values() if robot_truth.startswith("zoo/") else nominal_values(played.truth)
+    foreign = robot_truth.startswith((ZOO_PREFIX, RANDOM_PREFIX))
+    values = played.true_values() if foreign else nominal_values(played.truth)
     return {k: np.asarray(v, dtype=np.float64) for k, v in values.items()}
 
 

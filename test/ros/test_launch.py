@@ -159,7 +159,7 @@ def test_launch_description_parses(tmp_path, monkeypatch):
 
 
 def test_sim2sim_reports_the_values_of_the_robot_the_bridge_plays():
-    from tensegrity_engine.groundtruth.zoo import zoo_robot
+    from tensegrity_engine.groundtruth.zoo import ground_truth, zoo_robot
     from tensegrity_engine.physics.config import ConfigError, load_robot
     from tensegrity_ros.sim2sim import true_values
 
@@ -173,6 +173,9 @@ def test_sim2sim_reports_the_values_of_the_robot_the_bridge_plays():
     assert float(zoo["rod_mass"].mean()) != pytest.approx(float(robot.rod_mass.mean()))
     with pytest.raises(ConfigError):
         true_values(robot, "zoo/unicorn")
+    # a drawn robot is a foreign one too: its realisation's values (an end-heavy draw's inertia)
+    drawn = next(s for s in range(50) if ground_truth(f"random/{s}", robot).realisation.end_mass_fraction > 0.3)
+    assert float(true_values(robot, f"random/{drawn}")["rod_inertia_factor"].mean()) > 1.5
 
 
 def test_sim2sim_judges_unweighed_forces_per_unit_mass(capsys):
