@@ -105,6 +105,21 @@ def test_a_limit_the_robot_has_is_kept_and_the_values_left_as_they_were(limited)
     assert without > 2.0 * with_limit
 
 
+def test_what_a_refit_of_the_latents_gains_is_not_counted_for_dropping_the_limit(limited):
+    """The limit-free fit is scored on refitted latents; the fit with the limit must be too,
+    or latents the solver left off their optimum (stale, after the data grew) make a real
+    limit look worse than none."""
+    run = limited
+    windows, vel, refit = _windows_at_the_values(run)
+    fitted = _window_loss(run, windows, vel)
+    stale = vel + 0.5 * torch.randn(vel.shape, generator=torch.Generator().manual_seed(0), dtype=vel.dtype)
+    # far off: a refit gains more than the limit does (without it the windows fit ~0.12)
+    assert _window_loss(run, windows, stale) > 1e4 * fitted
+    raw = raw_vector(run.params, run.learn)
+    assert drop_speed_limit(run, windows, stale, refit) is None
+    assert torch.equal(raw_vector(run.params, run.learn), raw)
+
+
 @pytest.mark.parametrize("settled", [True, False])
 def test_the_windowed_solver_tests_its_limit_where_it_settles_and_only_there(unlimited, monkeypatch, settled):
     run = unlimited

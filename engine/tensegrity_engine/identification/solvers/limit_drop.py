@@ -54,7 +54,6 @@ def drop_speed_limit(run, windows: torch.Tensor, vel: torch.Tensor, refit) -> Op
     _, limit_hi = run.params.bounds_of(LIMIT)
     if not DEFAULT_MAX_SPEED < limit_hi:        # bounds that leave no "none" (a user's): nothing to test
         return None
-    before = objective(vel)
     tau_lo, tau_hi = run.params.bounds_of(TAU)
 
     def apply(s: float) -> None:
@@ -62,6 +61,9 @@ def drop_speed_limit(run, windows: torch.Tensor, vel: torch.Tensor, refit) -> Op
 
     dropped = False
     try:
+        # the fit as it is, scored on latents refitted like the limit-free fit's: a refit alone
+        # can lower the windows by more than a change must gain, and is not the limit's doing
+        before = objective(refit(p, vel))
         # the config's "none" (a value at the bound would read as pinned there and call the
         # options for a pinned value, `online_structure.PIN_OPTIONS`)
         run.params.set_value(LIMIT, np.full(tuple(p[LIMIT].shape), DEFAULT_MAX_SPEED))
