@@ -8,8 +8,8 @@
 
 What the sim2sim's identifier node does, without ROS and replayed against a clock: MuJoCo
 plays the robot (``--truth``: the twin, a zoo robot (config/zoo.yaml), or robots nobody
-tuned for, drawn from seeds (``random/<first>-<last>``, `groundtruth.random_robots`)) resting on the
-floor (the model has the robot's rod masses and radii, as a user who weighed and measured
+tuned for, drawn from seeds (``random/<first>-<last>``, `groundtruth.random_robots`))
+resting on the floor (the model has the robot's rod masses and radii, as a user who weighed and measured
 its rods writes them in the robot YAML; the rest is the config's), excited by the controller's multisine for ``--duration`` s of sim time; its mocap
 (``--noise robot``: the zoo robot's own noise, latency, jitter and drops; the twin's is
 ideal) and commands go through the node's `StreamAligner` into an `OnlineIdentification`

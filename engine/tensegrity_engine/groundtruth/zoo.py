@@ -220,8 +220,9 @@ def _robot_of_entry(e: dict, where: str, name: str, key: str, base: RobotConfig 
 def ground_truth(spec: str, base: RobotConfig) -> ZooRobot:
     """``zoo/<name>`` (a zoo entry applied to ``base``), ``twin`` (the engine's twin of
     ``base``), ``twin/<name>`` (a twins entry: the engine's twin with values far from
-    ``base``'s), ``random/<seed>`` (a robot drawn from the seed, `random_robots`), or a robot-config YAML path (its values, realised as the twin). The
-    topology must be ``base``'s."""
+    ``base``'s), ``random/<seed>`` (a robot drawn from the seed, `random_robots`), or a
+    robot-config YAML path (its values, realised as the twin). The topology must be
+    ``base``'s."""
     if spec.startswith(ZOO_PREFIX):
         return zoo_robot(spec[len(ZOO_PREFIX):], base)
     if spec.startswith(TWIN_PREFIX):
