@@ -84,9 +84,9 @@ def random_entry(seed: int) -> dict:
                         "latency": float(rng.uniform(0.0, 0.03)), "jitter": float(rng.uniform(0.0, 0.003)),
                         "drop_rate": float(rng.uniform(0.0, 0.1))}
     parts = [f"{k} x{v:.2f}" for k, v in entry["scale"].items()]
-    parts += [f"{realisation['integrator']}", f"{kind} actuation"]
+    parts += [realisation["integrator"], f"{kind} actuation"]
     parts += [k for k in ("cable_spread", "payload", "radius_scale") if k in entry]
-    parts += [k for k in ("slack_damping",) if realisation[k]]
+    parts += ["slack_damping"] if realisation["slack_damping"] else []
     parts += [f"end mass {realisation['end_mass_fraction']:.2f}"] if "end_mass_fraction" in realisation else []
     parts += [f"condim {condim}"] + (["solref " + "/".join(f"{v:.3g}" for v in contact["solref"])]
                                      if "solref" in contact else [])
