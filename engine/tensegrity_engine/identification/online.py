@@ -516,7 +516,7 @@ def session_state(s: OnlineIdentification) -> Optional[dict]:
     state = s.trainer.state_dict() if healthy_values(s.trainer.parameters.as_dict()) else None
     heldout = s.holdout.batch().to_dict() if s.heldout else None
     return {"robot": s.robot.name, "window": s.window_batch().to_dict(), "heldout": heldout,
-            "seen": s.holdout.seen, "trainer": state,
+            "seen": s.holdout.seen, "holdout_phase": s.holdout.phase(), "trainer": state,
             "best_loss": s.best_loss, "best_values": s.best_values, "epochs": s.epochs,
             "converged": s.converged, "status": s.status, "rollbacks": s.rollbacks,
             "structure": s.trials.state(), "heldout_total": s.heldout_total,
@@ -531,7 +531,7 @@ def restore_session(s: OnlineIdentification, data: dict) -> None:
     s.window = collections.deque([window])
     s.window_len = len(window)
     held = TupleBatch.from_dict(data["heldout"]) if data.get("heldout") is not None else None
-    s.holdout.restore(held, int(data.get("seen", 0)), data.get("heldout_total"))
+    s.holdout.restore(held, int(data.get("seen", 0)), data.get("heldout_total"), data.get("holdout_phase"))
     s._uncertainty_memo = None
     s.trials.restore(data.get("structure"))
     s._new_trainer(window)

@@ -83,6 +83,16 @@ def chain_windows(nxt, width: int) -> tuple[np.ndarray, int]:
     return np.array(pool, dtype=np.int64).reshape(-1, max(width, 1)), width
 
 
+def window_fits(present, start: int, width: int, fit: int = 0) -> bool:
+    """A `gapped_windows` window of ``width`` intervals can start at interval ``start`` of a
+    run whose intervals with a tuple are ``present`` (a set or mapping of positions): it ends
+    at a tuple and, with ``fit`` > 0, has tuples at two (or ``fit``) of its first ``fit``
+    intervals."""
+    need = min(int(fit), 2) if fit else 0
+    return ((start + width - 1) in present
+            and sum((start + j) in present for j in range(max(int(fit), 1))) >= need)
+
+
 def gapped_windows(data, width: int, fit: int = 0) -> np.ndarray:
     """[N, ``width``] tuple indices: windows of ``width`` consecutive intervals of one command
     run (`TrainingData.run_positions`: a record goes on across a dropped pose), -1 at an
@@ -95,7 +105,6 @@ def gapped_windows(data, width: int, fit: int = 0) -> np.ndarray:
     At 10 Hz with 5 % of frames lost, 43 % of 1 s chains break: scoring only unbroken chains
     left a hold-out gate waiting for blocks."""
     run, pos = data.run_positions()
-    need = min(int(fit), 2) if fit else 0
     sealed = data.wrenches is not None          # known wrenches are per tuple: none across a hole
     found = []
     for r in np.unique(run):
@@ -106,7 +115,7 @@ def gapped_windows(data, width: int, fit: int = 0) -> np.ndarray:
             if free_from is not None and start < free_from:
                 continue
             cells = [at.get(start + j, -1) for j in range(width)]
-            if cells[-1] < 0 or sum(c >= 0 for c in cells[:max(fit, 1)]) < need or (sealed and min(cells) < 0):
+            if not window_fits(at, start, width, fit) or (sealed and min(cells) < 0):
                 continue
             found.append(cells)
             free_from = start + width
