@@ -1221,3 +1221,40 @@ def test_a_challenger_that_cannot_take_the_window_is_refused_and_the_session_kep
         assert s.step() is None or s.trainer is main
     assert s.trials.log[-1][0] == "end_heavy" and s.trials.log[-1][1].startswith("failed to take the window")
     assert s.trainer is main and s.robot is robot and s.trials.adopted == [] and "end_heavy" in s.trials.refused
+
+
+def test_a_solver_that_ended_before_the_gate_could_judge_is_reopened_on_its_first_blocks(three_bar):
+    """The solver ended with two held-out blocks: its end was not judged (no_heldout_yet).
+    It is reopened once the third block completes, not after ``reopen_tuples`` more training
+    tuples (with lost frames that cost a run 10-25 s before its first publication); its
+    next epoch is a candidate the gate can judge. Later blocks wait for ``reopen_tuples``."""
+    made = []
+
+    class Reopening(_ScriptedTrainer):
+        def reopen(self, why):
+            self.calls.append(("reopen", why))
+            self.done = False
+            self.script.append(1.0)
+
+    def factory(robot_, config, device, initial=None, log=None):
+        made.append(Reopening(robot_, [1.0]))
+        return made[-1]
+
+    s = OnlineIdentification(three_bar, IdentificationConfig(schedule="online"), trainer_factory=factory,
+                             min_tuples=2, holdout_every=3, reopen_tuples=50)
+    s._tuple_set = lambda batch, context=(): batch
+    reopened = lambda: [c for c in made[0].calls if c[0] == "reopen"]      # noqa: E731
+    s.add(_batch(three_bar, 0, 61))                  # held out: 20-29, 50-59
+    while s.training:
+        s.step()
+    _, values = s.finish()
+    assert s.gate(values).reason == "no_heldout_yet" and s.holdout.blocks == 2
+    s.add(_batch(three_bar, 61, 19))                 # training tuples only
+    assert not reopened() and not s.training
+    s.add(_batch(three_bar, 80, 10))                 # the third block: 80-89
+    assert len(reopened()) == 1 and "first held-out blocks" in reopened()[0][1] and s.training
+    m, values = s.step()                             # a candidate, though its loss is no lower
+    assert s.gate(values).reason != "no_heldout_yet"
+    s.finish()
+    s.add(_batch(three_bar, 90, 30))                 # the fourth block (110-119): a reopen waits
+    assert len(reopened()) == 1 and not s.training

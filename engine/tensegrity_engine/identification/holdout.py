@@ -57,6 +57,7 @@ class HeldOutBlocks:
         self.seen = 0                        # tuples received
         self.until_held = (self.every - 1) * self.block   # training tuples before the next block
         self.open_block: list = []           # (record, t0 ns) of the block being held out
+        self.blocks = 0                      # blocks completed ever
 
     def split(self, new: TupleBatch) -> Optional[TupleBatch]:
         """Keep the held-out part of ``new``; returns the rest (None if none). In blocks: the
@@ -74,6 +75,7 @@ class HeldOutBlocks:
             held[i] = True
             self.open_block.append((int(records[i]), int(stamps[i])))
             if self._block_ends(period_ns):
+                self.blocks += 1
                 self.open_block = []
                 self.until_held = (self.every - 1) * self.block
         self.seen += len(new)
@@ -118,7 +120,8 @@ class HeldOutBlocks:
 
     def phase(self) -> dict:
         """Where the split is (a checkpoint's: `restore`)."""
-        return {"until_held": self.until_held, "open_block": [list(x) for x in self.open_block]}
+        return {"until_held": self.until_held, "open_block": [list(x) for x in self.open_block],
+                "blocks": self.blocks}
 
     def restore(self, held: Optional[TupleBatch], seen: int, total: Optional[int],
                 phase: Optional[dict] = None) -> None:
@@ -132,7 +135,9 @@ class HeldOutBlocks:
         if phase is not None:
             self.until_held = max(0, int(phase["until_held"]))
             self.open_block = [(int(r), int(t)) for r, t in phase["open_block"]]
+            self.blocks = max(0, int(phase["blocks"]))
         else:
             at = self.seen % max(self.every * self.block, 1)
             self.until_held = max(0, (self.every - 1) * self.block - at)
             self.open_block = []
+            self.blocks = self.total // max(self.block, 1)

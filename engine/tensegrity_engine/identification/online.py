@@ -168,6 +168,7 @@ class OnlineIdentification:
         self.trials.reset()                  # structure: adopted options, the running challenger
         self._solver_turns = 0               # solver epochs since the challenger's last (both training)
         self._looked_at = -1                 # held-out tuples (ever) when the gate last judged a fit of the solver's
+        self._blocks_at_end = 0              # held-out blocks (ever) when the solver's schedule last ended
 
     # ------------------------------------------------------------------ data window
     def _tuple_set(self, batch: TupleBatch, context=()):
@@ -281,6 +282,8 @@ class OnlineIdentification:
         leave, `WINDOW_SLIDE` of the window at once."""
         new = self.holdout.split(new)
         if new is None:
+            if self.trainer is not None:
+                self._maybe_reopen(0)            # a held-out block may have just completed
             return
         self.batches_added += 1
         self.window.append(new)
@@ -309,8 +312,13 @@ class OnlineIdentification:
         if not (self.converged and self.trainer.done and self.config.schedule == "online"):
             return
         self.since_end += added
-        if self.since_end >= self.reopen_tuples > 0:
-            self.trainer.reopen(f"{self.since_end} new tuples")
+        # the gate has never judged a fit of the solver's (too few held-out blocks when it
+        # ended), and a block has come since: its end is judged now, not a reopen later
+        first_look = (self._looked_at < 0 and self.holdout.blocks >= MIN_GATE_BLOCKS
+                      and self.holdout.blocks > self._blocks_at_end)
+        if self.since_end >= self.reopen_tuples > 0 or first_look:
+            self.trainer.reopen(f"{self.since_end} new tuples" + (", the gate's first held-out blocks"
+                                                                   if first_look else ""))
             self.since_end = 0
             self.converged = False
             self.status = "training"
@@ -389,6 +397,7 @@ class OnlineIdentification:
         budget ran out."""
         self.converged = True           # finished: no more epochs (the checkpoint's flag)
         self.since_end = 0
+        self._blocks_at_end = self.holdout.blocks
         schedule = self.trainer.schedule
         self.status = "converged" if schedule.converged else f"final ({schedule.stop_reason or 'stopped'})"
         values = self.trainer.parameters.as_dict()
