@@ -393,9 +393,10 @@ def declare_identification(d) -> dict:
                         range=(0.01, 1e6)),
         "min_tuples": d("min_tuples", 20, "tuples needed before training starts", range=(1, 10**7)),
         "max_tuples": d("max_tuples", 2000, "training window: newest tuples kept", range=(1, 10**7)),
-        "holdout_every": d("holdout_every", 5, "every n-th block of 1 s of tuples is held out: a model is "
-                           "published only if it predicts them better than the one it replaces, never "
-                           "before the first block (0 = no gate)", range=(0, 1000)),
+        "holdout_every": d("holdout_every", 5, "every n-th block of 1 s of tuples is held out (longer where "
+                           "lost frames break its 1 s chain): a model is published only if it predicts "
+                           "them better than the one it replaces, never before three blocks (0 = no gate)",
+                           range=(0, 1000)),
         "max_holdout": d("max_holdout", 0, "held-out tuples kept (newest); 0 = 20 blocks of 1 s (200 at 10 Hz)",
                          range=(0, 10**6)),
         "pose_frame": d("pose_frame", "world", "frame the rod poses are given in; poses in any other frame "
