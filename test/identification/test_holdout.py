@@ -25,11 +25,11 @@ def _tuples(intervals, record=0):
 
 
 def _held_blocks(blocks: HeldOutBlocks) -> list:
-    """The held-out intervals, cut where a training gap (more than a lost pose) parts them."""
+    """The held-out intervals, cut where training tuples (more than lost poses) part them."""
     held = (blocks.batch().t0 // T_NS).tolist()
     out = [[held[0]]]
     for k in held[1:]:
-        (out[-1].append if k - out[-1][-1] <= 3 else lambda v: out.append([v]))(k)
+        (out[-1].append if k - out[-1][-1] <= BLOCK else lambda v: out.append([v]))(k)
     return out
 
 
@@ -53,6 +53,15 @@ def test_a_held_out_block_around_a_lost_pose_goes_on_until_the_gate_can_score_it
     assert held[1] == list(range(53, 63)) and held[2] == list(range(83, 93))
     assert len(rest) + len(rest2) + blocks.length == len(stream) == blocks.seen
     assert blocks.total == 31 and blocks.blocks == 3
+
+
+def test_two_frames_lost_close_together_break_the_blocks_run():
+    """Poses 24 and 25 lost: tuples 23-25 missing, more intervals than a tuple's
+    ``prev_commands`` bridge, so the command run breaks there and 20-22 + 26-32 hold no chain
+    across it; the block goes on to 26-35."""
+    blocks = HeldOutBlocks(every=3, block=BLOCK, max_tuples=1000)
+    blocks.split(_tuples([k for k in range(60) if k not in (23, 24, 25)]))
+    assert _held_blocks(blocks)[0] == [20, 21, 22] + list(range(26, 36))
 
 
 def test_a_block_that_holds_no_chain_ends_at_its_stretch():
