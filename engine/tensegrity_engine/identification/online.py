@@ -281,10 +281,8 @@ class OnlineIdentification:
         """Append new tuples (less the held-out ones); beyond ``max_tuples`` the oldest
         leave, `WINDOW_SLIDE` of the window at once."""
         new = self.holdout.split(new)
-        if new is None:
-            if self.trainer is not None:
-                self._maybe_reopen(0)            # a held-out block may have just completed
-            return
+        if new is None:                 # a held-out block may have just completed
+            return self._maybe_reopen(0) if self.trainer is not None else None
         self.batches_added += 1
         self.window.append(new)
         self.window_len += len(new)
@@ -312,13 +310,11 @@ class OnlineIdentification:
         if not (self.converged and self.trainer.done and self.config.schedule == "online"):
             return
         self.since_end += added
-        # the gate has never judged a fit of the solver's (too few held-out blocks when it
-        # ended), and a block has come since: its end is judged now, not a reopen later
+        # the gate never judged the solver's fits (too few blocks at its end) and one came since
         first_look = (self._looked_at < 0 and self.holdout.blocks >= MIN_GATE_BLOCKS
                       and self.holdout.blocks > self._blocks_at_end)
         if self.since_end >= self.reopen_tuples > 0 or first_look:
-            self.trainer.reopen(f"{self.since_end} new tuples" + (", the gate's first held-out blocks"
-                                                                   if first_look else ""))
+            self.trainer.reopen(f"{self.since_end} new tuples" + ", the gate's first held-out blocks" * first_look)
             self.since_end = 0
             self.converged = False
             self.status = "training"
