@@ -9,7 +9,7 @@ import torch
 
 from tensegrity_engine.identification.acceptance import HELDOUT_FIT
 from tensegrity_engine.identification.solvers.windows import window_fits
-from tensegrity_engine.identification.streaming import HISTORY_SECONDS, PREV_INTERVALS, TupleBatch
+from tensegrity_engine.identification.streaming import HISTORY_SECONDS, PREV_INTERVALS, TupleBatch, stamp_intervals
 
 
 # Held-out blocks needed before anything is published: on one or two blocks a wrong model
@@ -97,13 +97,10 @@ class HeldOutBlocks:
         if n >= BLOCK_STRETCH * self.block:
             return True
         record = self.open_block[-1][0]
-        stamps = np.array([t for r, t in self.open_block if r == record], dtype=np.float64)
-        # intervals counted along the stamps (a clock a little off T still tiles them); a
-        # command run breaks where more intervals than a tuple's ``prev_commands`` cover have
+        position = stamp_intervals([t for r, t in self.open_block if r == record], period_ns)
+        # a command run breaks where more intervals than a tuple's ``prev_commands`` cover have
         # no tuple (two frames lost close together: `streaming.to_tuple_set`)
-        steps = np.maximum(np.rint(np.diff(stamps) / period_ns), 1).astype(np.int64)
-        position = np.concatenate([[0], np.cumsum(steps)])
-        runs = np.split(position, np.flatnonzero(steps > PREV_INTERVALS + 1) + 1)
+        runs = np.split(position, np.flatnonzero(np.diff(position) > PREV_INTERVALS + 1) + 1)
         return any(window_fits(present, start, self.block, HELDOUT_FIT)
                    for present in map(set, (run.tolist() for run in runs)) for start in present)
 

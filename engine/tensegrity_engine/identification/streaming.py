@@ -72,7 +72,7 @@ from tensegrity_engine.physics.state import (ANG_VEL, LIN_VEL, POS, QUAT, STATE_
                                              quat_log_world, quat_rotate)
 
 __all__ = ["StreamConfig", "TupleBatch", "StreamAligner", "StateEstimator", "REASONS", "NS",
-           "actuator_estimate"]
+           "actuator_estimate", "stamp_intervals"]
 
 NS = 1_000_000_000
 # Intervals of commands before each tuple (``prev_commands``): the second bridges a dropped
@@ -682,13 +682,21 @@ def _batches(context) -> list:
     return [b for b in context if b is not None and len(b)]
 
 
+def stamp_intervals(stamps, period_ns: float) -> np.ndarray:
+    """Each of a record's increasing ``stamps`` (ns) as its interval counted from the first:
+    each step their spacing in whole intervals, at least one. A clock a little off T (a mocap
+    at 99.98 Hz stamped by its own clock) still tiles the record, where exact multiples of T
+    would link nothing."""
+    steps = np.maximum(np.rint(np.diff(np.asarray(stamps, dtype=np.float64)) / period_ns), 1).astype(np.int64)
+    return np.concatenate([[0], np.cumsum(steps)])
+
+
 def _known_intervals(batches, records: set, lo: int, hi: int, T_ns: int) -> tuple[dict, dict]:
     """({(record, interval): its commands [S, A]}, {(record, t0): interval}) known from the
     tuples of ``batches`` in ``records`` with t0 in [lo, hi] (and a little after: their
     ``prev_commands`` reach back): each tuple's own interval, then those its
-    ``prev_commands`` cover. Intervals are counted along each record's stamps, each step
-    their spacing in whole intervals: a clock a little off T (a mocap at 99.98 Hz stamped by
-    its own clock) still tiles the record, where exact multiples of T would link nothing."""
+    ``prev_commands`` cover. Intervals are counted along each record's stamps
+    (`stamp_intervals`)."""
     rows = []            # (record, t0, commands, prev_commands)
     for b in batches:
         t, g = b.t0.numpy(), b.record.numpy()
@@ -698,8 +706,7 @@ def _known_intervals(batches, records: set, lo: int, hi: int, T_ns: int) -> tupl
     index = {}
     for r in {row[0] for row in rows}:
         stamps = np.unique([row[1] for row in rows if row[0] == r])
-        steps = np.maximum(np.rint(np.diff(stamps) / T_ns).astype(np.int64), 1)
-        index.update(zip(((r, int(t)) for t in stamps), np.concatenate([[0], np.cumsum(steps)]).tolist()))
+        index.update(zip(((r, int(t)) for t in stamps), stamp_intervals(stamps, T_ns).tolist()))
     known, before = {}, {}
     for r, t, cmd, prev_cmd in rows:
         k = index[(r, t)]
