@@ -60,7 +60,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from tensegrity_engine.control.excitation import KINDS, ExcitationPolicy
+from tensegrity_engine.control.excitation import DEFAULT_BAND, KINDS, ExcitationPolicy
 from tensegrity_engine.groundtruth.environments import rest_pose
 from tensegrity_engine.groundtruth.mujoco_twin import GroundTruthDiverged
 from tensegrity_engine.groundtruth.sensors import SensorModel
@@ -116,18 +116,25 @@ GYRO_NOISE = 0.01          # rad/s: a MEMS gyro's white noise at 10 Hz, the orde
 CONTROL_DT = 0.1
 
 
+def _band(text: str) -> tuple[float, float]:
+    """``FMIN,FMAX`` (Hz) from the command line."""
+    lo, hi = (float(v) for v in text.split(","))
+    return lo, hi
+
+
 def _line(*a):
     print(*a, flush=True)
 
 
 def record(z, seed: int, duration: float, noisy: bool, gyro_noise: Optional[float] = None,
-           excitation: str = "multisine"):
+           excitation: str = "multisine", band=DEFAULT_BAND):
     """The robot's run: command events [(stamp ns, targets)] and mocap events
     [(stamp ns, poses [R, 7])], in time order of their stamps, and its chaos floor (m).
     ``gyro_noise`` (rad/s) not None: every rod's IMU too, with every pose (events
     [(stamp ns, (rod, body-frame angular velocity, orientation))])."""
     robot = z.nominal
-    excite = ExcitationPolicy(robot, seed=seed, kind=excitation, amplitude=0.8, control_dt=CONTROL_DT)
+    excite = ExcitationPolicy(robot, seed=seed, kind=excitation, amplitude=0.8, control_dt=CONTROL_DT,
+                              freq_range=band)
     n_cmd = int(round(duration / CONTROL_DT)) + 2
     held = int(round(CONTROL_DT / robot.dt))
     cmd = excite.command_at(np.arange(n_cmd) * CONTROL_DT)
@@ -266,7 +273,7 @@ def run_session(z, args, seed: int, learn) -> dict:
     # gate saw, on which every model is scored (the gate's own blocks favour the model it
     # picked on them)
     events, floor = record(z, seed, args.duration + args.fresh, noisy,
-                           None if args.imu == "off" else args.gyro_noise, args.excitation)
+                           None if args.imu == "off" else args.gyro_noise, args.excitation, args.excitation_band)
     cfg = IdentificationConfig(period=CONTROL_DT, learn=learn, init=args.init, seed=seed,
                                schedule=args.schedule, lm_windows=args.lm_windows, pose_window=args.pose_window,
                                chain_latents=args.chain_latents == "on", window_refresh=args.window_refresh,
@@ -512,6 +519,8 @@ def main(argv=None) -> int:
     ap.add_argument("--excitation", choices=KINDS, default="multisine",
                     help="the excitation the robot runs (`ExcitationPolicy` kind; the controller node's "
                          "excitation_kind)")
+    ap.add_argument("--excitation-band", type=_band, default=DEFAULT_BAND, metavar="FMIN,FMAX",
+                    help="the excitation's band in Hz (the controller node's excitation_fmin / excitation_fmax)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="runs/bench_online")
     ap.add_argument("--verbose", action="store_true")
@@ -538,7 +547,7 @@ def main(argv=None) -> int:
           f"contact law {law}, masses {args.masses}, rod radii {args.geometry}, noise {args.noise}, latency {args.latency}, init {args.init}, schedule {args.schedule}, pose windows of {args.pose_window} from {args.windows_from} (latents chained: {args.chain_latents}, windows redrawn at {args.window_refresh:g}x, "
           f"none in the first {args.motor_settle:g} motor time constants), "
           f"gyros {args.imu}" + (f" (noise {args.gyro_noise} rad/s, weight {args.gyro_weight:g})" if args.imu == "on" else "")
-          + f", {args.excitation} excitation, seeds {args.seeds}, identification compute "
+          + f", {args.excitation} excitation ({args.excitation_band[0]:g}-{args.excitation_band[1]:g} Hz), seeds {args.seeds}, identification compute "
           f"{args.compute_per_sim_second:g} s per sim s on the {args.clock} clock"
           + (f", structure options tried online: {', '.join(args.structure_options)}" if args.structure_options else "")
           + f", options a pinned value points to tried: {args.follow_pins}")

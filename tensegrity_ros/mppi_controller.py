@@ -39,7 +39,7 @@ from std_srvs.srv import Trigger
 from visualization_msgs.msg import MarkerArray
 from tensegrity_ros_interfaces.msg import CableCommand, IdentifiedParameters
 
-from tensegrity_engine.control.excitation import KINDS as EXCITATION_KINDS
+from tensegrity_engine.control.excitation import DEFAULT_BAND as EXCITATION_BAND, KINDS as EXCITATION_KINDS
 from tensegrity_engine.control.realtime import TickSchedule
 from tensegrity_engine.control.safety import (MODEL_REJECTED, NS, OPERATOR, PLANNING_FAILED, CommandLimits,
                                               HoldLatch)
@@ -113,8 +113,8 @@ class MppiControllerNode(Node):
         kind = d("excitation_kind", "multisine", "excitation signal (steps: random levels held for random "
                  "times, for what acts within a sample interval)", choices=EXCITATION_KINDS)
         amp = d("excitation_amplitude", 0.8, "excitation amplitude / half command range", range=(0.01, 1.0))
-        fmin = d("excitation_fmin", 0.2, "lowest excitation frequency (Hz)", range=(0.001, 100.0))
-        fmax = d("excitation_fmax", 2.0, "highest excitation frequency (Hz)", range=(0.001, 100.0))
+        fmin = d("excitation_fmin", EXCITATION_BAND[0], "lowest excitation frequency (Hz)", range=(0.001, 100.0))
+        fmax = d("excitation_fmax", EXCITATION_BAND[1], "highest excitation frequency (Hz)", range=(0.001, 100.0))
         seed = d("seed", 0, "excitation / sampling seed", range=(0, 2**31 - 1))
         threads = d("torch_threads", 0, "torch intra-op threads (0 = torch default)", range=(0, 256))
         backend = d("backend", "auto", "planning rollouts: the native C kernel (CPU, semi-implicit), "

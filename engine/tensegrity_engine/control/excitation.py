@@ -7,6 +7,8 @@ from tensegrity_engine.physics.config import RobotConfig
 
 
 KINDS = ("multisine", "chirp", "steps")
+# The excitation's band (Hz) unless one is given (the controller node's excitation_fmin / fmax)
+DEFAULT_BAND = (0.2, 2.0)
 # Each cable's step schedule repeats after at least this long (s): a few hundred levels.
 STEPS_PERIOD = 600.0
 
@@ -29,7 +31,7 @@ class ExcitationPolicy:
     """
 
     def __init__(self, robot: RobotConfig, *, seed: int = 0, kind: str = "multisine",
-                 amplitude: float = 0.8, freq_range=(0.2, 2.0), num_sines: int = 3,
+                 amplitude: float = 0.8, freq_range=DEFAULT_BAND, num_sines: int = 3,
                  control_dt: float = 0.1, duration: float = 5.0):
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
