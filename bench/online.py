@@ -65,13 +65,12 @@ from tensegrity_engine.groundtruth.environments import rest_pose
 from tensegrity_engine.groundtruth.mujoco_twin import GroundTruthDiverged
 from tensegrity_engine.groundtruth.sensors import SensorModel
 from tensegrity_engine.groundtruth.zoo import RANDOM_PREFIX, ZOO_PREFIX, ground_truth, zoo_names
+from tensegrity_engine.identification.acceptance import window_fit
 from tensegrity_engine.identification.config import WINDOWS_FROM, IdentificationConfig, contact_params, resolve_learn
 from tensegrity_engine.identification.gate_pacing import GatePacing
 from tensegrity_engine.identification.online import HOLDOUT_SECONDS, OnlineIdentification, unseen_tuples
 from tensegrity_engine.identification.online_structure import (DEFAULT_STRUCTURE_OPTIONS, ONLINE_OPTIONS, online_options,
                                                                  structure_key)
-from tensegrity_engine.identification.solvers.settle import settle_steps
-from tensegrity_engine.identification.solvers.windows import fit_start_velocities, training_windows
 from tensegrity_engine.identification.streaming import StreamAligner, StreamConfig, TupleBatch
 from tensegrity_engine.identification.uncertainty import element_mean_sigma, elements_covered
 from tensegrity_engine.physics.config import MODEL_INTEGRATORS, load_robot
@@ -195,23 +194,11 @@ def model_robot(z, law: str, integrator: str = "config"):
     return robot
 
 
-@torch.no_grad()
 def training_objective(trainer, values: dict, width: int, max_windows: int = 256) -> float:
-    """The solver's pose-only objective for ``values`` on the session's training window:
-    the position loss over windows of ``width`` tuples (an even subset of at most
-    ``max_windows``), each window's start velocity fitted to it with the values fixed."""
-    data = trainer.train
-    model = PhysicalParameters(trainer.robot, values, per_element=[k for k, v in values.items() if len(v) > 1])
-    p = {k: v.to(trainer.dtype).to(trainer.device) for k, v in model.values().items()}
-    chains, got = training_windows(data.ts, width, settle_steps(trainer.robot, p, trainer.config.motor_settle, data.ts))
-    if got < 2 or not len(chains):
-        return math.nan
-    chains = torch.as_tensor(chains[np.linspace(0, len(chains) - 1, min(len(chains), max_windows)).astype(int)],
-                             device=trainer.device)
-    with trainer.objective.stepped_for(p):
-        vel = fit_start_velocities(trainer.objective, data, chains, p, chain=trainer.config.chain_latents)
-        r = trainer.objective.window_residual(data, chains, vel, p)
-    return float((r ** 2).sum())
+    """The solver's pose-only objective for ``values`` on the session's training window
+    (`acceptance.window_fit`, summed; NaN without windows)."""
+    fit = window_fit(trainer, values, width, max_windows)
+    return float(fit.sum()) if fit.size else math.nan
 
 
 def feed(aligner: StreamAligner, event) -> None:

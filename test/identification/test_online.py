@@ -1113,12 +1113,21 @@ def test_the_soft_law_is_tried_on_the_floor_under_the_penalty_law(three_bar):
         robot_in_structure(three_bar, (three_bar.integrator, "hertz", None))
 
 
-def test_a_fresh_start_challenger_fits_the_same_model_with_its_windows_from_the_configs_values(three_bar):
+def _stand_in_window_fit(run, values, width, max_windows=256):
+    """`acceptance.window_fit` for the scripted trainers: the stiffness's distance from the
+    stand-in truth (3000) on each of ten windows."""
+    return np.full(10, abs(float(np.mean(values["cable_stiffness"])) - 3000.0) + 1.0)
+
+
+def test_a_fresh_start_challenger_fits_the_same_model_with_its_windows_from_the_configs_values(three_bar, monkeypatch):
     """`fresh_start`: a challenger of the session's structure and learnt values whose
     windowed stage starts from the config's values, not from the finite-difference fit; it
     is not tried when the solver starts there already. Adopted, the session's trainer
     starts there from then on, after a restart too."""
+    from tensegrity_engine.identification import online_structure
     from tensegrity_engine.identification.online_structure import StructureTrials, structure_key
+
+    monkeypatch.setattr(online_structure, "window_fit", _stand_in_window_fit)
 
     import types
 
@@ -1158,6 +1167,41 @@ def test_a_fresh_start_challenger_fits_the_same_model_with_its_windows_from_the_
     r = session()
     r.restore(s.checkpoint())
     assert r.trials.adopted == ["fresh_start"] and r.trainer.config.windows_from == "start"
+
+
+def test_a_start_option_wins_on_the_training_windows_and_must_not_lose_on_held_out_data(monkeypatch):
+    """`StructureTrials._start_verdict`: the fresh start and the solver's fit are one model
+    fitted from two starts, so the lower training objective on the same windows wins (by
+    `START_MIN_GAIN`), not the held-out test a structure must pass; a fit no better on
+    the windows trails (futile after `FUTILE_LOOKS` such looks), and one whose held-out loss
+    is higher than the solver's is refused."""
+    from tensegrity_engine.identification import online_structure
+    from tensegrity_engine.identification.online_structure import START_MIN_GAIN, StructureTrials, _trails
+
+    monkeypatch.setattr(online_structure, "window_fit",
+                        lambda run, values, width, max_windows=256: np.asarray(values["fit"], dtype=float))
+    heldout = {"reason": "not_significant"}
+    asked = []
+
+    def compare(values, reference, significance, min_gain):
+        asked.append((significance, min_gain))
+        return heldout["reason"]
+
+    session = SimpleNamespace(trainer=SimpleNamespace(config=IdentificationConfig()), compare_on_heldout=compare)
+    base = {"fit": [0.5, 0.5]}
+    verdict = lambda fit: StructureTrials._start_verdict(session, {"fit": fit}, base)       # noqa: E731
+    # lower on the windows: adopted although the held-out blocks cannot tell the two apart
+    assert verdict([0.3, 0.3]) == "better" and asked == [(0.0, 0.0)]
+    tie = verdict([0.5 * (1 - START_MIN_GAIN / 2)] * 2)
+    assert tie != "better" and _trails(tie)
+    assert _trails(verdict([0.6, 0.6]))
+    heldout["reason"] = "worse"
+    worse = verdict([0.3, 0.3])
+    assert worse != "better" and "held-out" in worse and _trails(worse)
+    heldout["reason"] = "worse_com"                      # the gate judges the CoM at publication
+    assert verdict([0.3, 0.3]) == "better"
+    empty = verdict([])
+    assert empty != "better" and not _trails(empty)
 
 
 def test_a_value_option_is_not_tried_when_the_solver_learns_its_values_already(three_bar):

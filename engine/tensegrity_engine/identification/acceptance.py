@@ -27,11 +27,12 @@ from tensegrity_engine.identification.data import as_tuple_set
 from tensegrity_engine.identification.dataset import Trajectory
 from tensegrity_engine.identification.evaluation import horizon_errors
 from tensegrity_engine.identification.objective import window_inputs
-from tensegrity_engine.identification.solvers.windows import fit_start_velocities, gapped_windows
+from tensegrity_engine.identification.solvers.settle import settle_steps
+from tensegrity_engine.identification.solvers.windows import fit_start_velocities, gapped_windows, training_windows
 from tensegrity_engine.physics.params import PhysicalParameters
 from tensegrity_engine.physics.state import central_rotation
 
-__all__ = ["Verdict", "judge", "select", "with_estimated_velocity", "heldout_scores", "log_ratio_gain"]
+__all__ = ["Verdict", "judge", "select", "with_estimated_velocity", "heldout_scores", "log_ratio_gain", "window_fit"]
 
 HELDOUT_FIT = 3     # pose-only held-out chains: tuples that fix each chain's start velocity
 
@@ -60,6 +61,27 @@ def heldout_scores(run, data, values: dict, chain: int = 0, per_block: bool = Fa
     if per_block:
         return loss, com
     return float(loss.mean()), float(com.mean())
+
+
+@torch.no_grad()
+def window_fit(run, values: dict, width: int, max_windows: int = 256) -> np.ndarray:
+    """The pose-only windowed objective of ``values`` on ``run``'s training data (a
+    `ProgressiveTrainer`'s): the squared position error per window of ``width`` tuples (an
+    even subset of at most ``max_windows``, none where the motors may still be settling),
+    each window's start velocity fitted to it with the values fixed. Two fits of one model
+    to one data set compare on it with no held-out data: empty if there are no windows."""
+    data = run.train
+    model = PhysicalParameters(run.robot, values, per_element=[k for k, v in values.items() if np.size(v) > 1])
+    p = {k: v.to(run.dtype).to(run.device) for k, v in model.values().items()}
+    chains, got = training_windows(data.ts, width, settle_steps(run.robot, p, run.config.motor_settle, data.ts))
+    if got < 2 or not len(chains):
+        return np.zeros(0)
+    chains = torch.as_tensor(chains[np.linspace(0, len(chains) - 1, min(len(chains), max_windows)).astype(int)],
+                             device=run.device)
+    with run.objective.stepped_for(p):
+        vel = fit_start_velocities(run.objective, data, chains, p, chain=run.config.chain_latents)
+        r = run.objective.window_residual(data, chains, vel, p)
+    return (r ** 2).sum(-1).double().cpu().numpy()
 
 
 def chain_keys(run, held, chains: torch.Tensor, p: dict) -> list:

@@ -40,7 +40,9 @@ Options of these kinds can be tried online:
 - a *start* option (``fresh_start``) changes neither model nor values: its challenger starts
   the windowed stage from the config's values rather than from the finite-difference fit
   (`IdentificationConfig.windows_from`), whose biased velocities can lead the solver into a
-  basin where wrong values compensate each other (the four-bar's payload robot, docs/online_identification.md);
+  basin where wrong values compensate each other (the four-bar's payload robot, docs/online_identification.md).
+  Two minima of one model on one data set: the lower one on the solver's own objective over
+  the training windows wins (`StructureTrials._start_verdict`), not the structure test;
 - *per-element* options give learnt values one entry per cable (``per_cable``: stiffness and
   damping; ``per_cable_stiffness``: stiffness alone) or per free rod (``per_rod_mass``). The
   message carries them as arrays, and the gate scores a model of either kind exactly
@@ -56,6 +58,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from tensegrity_engine.identification.acceptance import window_fit
 from tensegrity_engine.identification.config import (COARSE_ONLY_SCHEDULES, CONTACT_PARAMS, IdentificationConfig,
                                                      contact_params)
 from tensegrity_engine.identification.uncertainty import bound_sides
@@ -64,7 +67,7 @@ from tensegrity_engine.physics.params import SOFT_LAW_PARAMS, SPEC_BY_NAME, Phys
 
 __all__ = ["ONLINE_OPTIONS", "DEFAULT_STRUCTURE_OPTIONS", "OnlineOption", "online_options", "StructureTrials",
            "healthy_values", "CHALLENGER_SHARE", "FUTILE_LOOKS", "JUDGE_EVERY", "STRUCTURE_SIGNIFICANCE",
-           "STRUCTURE_MIN_GAIN", "PIN_OPTIONS", "PIN_EPOCHS", "URGENT_JUDGE_EVERY", "structure_robot", "structure_key",
+           "STRUCTURE_MIN_GAIN", "START_MIN_GAIN", "PIN_OPTIONS", "PIN_EPOCHS", "URGENT_JUDGE_EVERY", "structure_robot", "structure_key",
            "robot_in_structure"]
 
 
@@ -111,6 +114,9 @@ DEFAULT_STRUCTURE_OPTIONS = ("soft_contact", "fresh_start")
 # As offline selection (`select_structure`: 2 standard errors, 5 % gain).
 STRUCTURE_SIGNIFICANCE = 2.0
 STRUCTURE_MIN_GAIN = 0.05
+# A start option (`fresh_start`) wins on the solver's objective over the training windows by
+# this much (`StructureTrials._start_verdict`): two local minima of one model, not a tie.
+START_MIN_GAIN = 0.01
 # A challenger's own budget: one that never passes its convergence test (a winch limit the
 # robot never reaches: a flat direction) must not hold the other options back for good.
 CHALLENGER_MAX_EPOCHS = 60
@@ -178,7 +184,7 @@ def _trails(reason: str) -> bool:
     not behind the model it would replace."""
     if reason.startswith(_NOT_BETTER):
         reason = reason[len(_NOT_BETTER):].strip(" ()")
-    return reason in ("worse", "unstable")
+    return reason.split(":", 1)[0] in ("worse", "unstable")      # "worse: <what>" too
 
 
 def _at_bounds(trainer) -> tuple:
@@ -493,16 +499,37 @@ class StructureTrials:
 
     def _verdict(self, session, values: dict, challenger) -> str:
         """"better" when the challenger's ``values`` pass the gate and beat the session's fit
-        as it stands now, both at the structure test; else why not."""
+        as it stands now, both at the structure test (a start option: `_start_verdict`);
+        else why not."""
+        current = session.trainer.parameters.as_dict()
+        base = current if healthy_values(current) else self.base_values
+        if ONLINE_OPTIONS[self.option].windows_from is not None:
+            return self._start_verdict(session, values, base)
         verdict = session.gate(values, significance=STRUCTURE_SIGNIFICANCE, min_gain=STRUCTURE_MIN_GAIN,
                                run=challenger)
         if not verdict.accepted:
             return verdict.reason
-        current = session.trainer.parameters.as_dict()
-        base = current if healthy_values(current) else self.base_values
         reason = session.compare_on_heldout(values, base, STRUCTURE_SIGNIFICANCE, STRUCTURE_MIN_GAIN,
                                             run=challenger)
         return reason if reason == "better" else f"{_NOT_BETTER} ({reason})"
+
+    @staticmethod
+    def _start_verdict(session, values: dict, base: dict) -> str:
+        """A start option's verdict: the same model fitted to the same data from elsewhere, so
+        the lower minimum of the solver's own objective wins, both scored on the session's
+        training windows as they are now (`acceptance.window_fit`: ~4x the held-out tuples,
+        no values added to pay for), by `START_MIN_GAIN`; and its held-out mean loss must be
+        no higher than the session fit's (`online._compare`'s "worse"), lest it fit the
+        training data's quirks. The gate then judges what it publishes as any fit."""
+        width = session.trainer.config.pose_window
+        fits = [window_fit(session.trainer, v, width) for v in (values, base)]
+        if not all(f.size for f in fits):
+            return "no training windows to compare on"
+        fit, fit_base = (float(f.sum()) for f in fits)
+        if not fit < (1.0 - START_MIN_GAIN) * fit_base:
+            return f"{_NOT_BETTER} (worse: training windows {fit:.4g} against {fit_base:.4g})"
+        reason = session.compare_on_heldout(values, base, significance=0.0, min_gain=0.0)
+        return "better" if reason != "worse" else f"{_NOT_BETTER} (worse: a higher held-out loss)"
 
     def _end(self, option: str, verdict: str, heldout_total: int) -> None:
         self.challenger, self.option, self.base_values = None, None, None
