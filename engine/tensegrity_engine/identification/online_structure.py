@@ -67,8 +67,8 @@ from tensegrity_engine.physics.params import SOFT_LAW_PARAMS, SPEC_BY_NAME, Phys
 
 __all__ = ["ONLINE_OPTIONS", "DEFAULT_STRUCTURE_OPTIONS", "OnlineOption", "online_options", "StructureTrials",
            "healthy_values", "CHALLENGER_SHARE", "FUTILE_LOOKS", "JUDGE_EVERY", "STRUCTURE_SIGNIFICANCE",
-           "STRUCTURE_MIN_GAIN", "START_MIN_GAIN", "PIN_OPTIONS", "PIN_EPOCHS", "URGENT_JUDGE_EVERY", "structure_robot", "structure_key",
-           "robot_in_structure"]
+           "STRUCTURE_MIN_GAIN", "START_MIN_GAIN", "PIN_OPTIONS", "PIN_EPOCHS", "URGENT_JUDGE_EVERY", "structure_robot",
+           "structure_key", "robot_in_structure"]
 
 
 @dataclasses.dataclass(frozen=True)
