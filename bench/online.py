@@ -266,7 +266,7 @@ def run_session(z, args, seed: int, learn) -> dict:
                                chain_latents=args.chain_latents == "on", window_refresh=args.window_refresh,
                                gyro_weight=args.gyro_weight if args.imu == "on" else 0.0,
                                motor_settle=args.motor_settle, per_element=args.per_element,
-                               windows_from=args.windows_from)
+                               windows_from=args.windows_from, latent_jacobian_reuse=args.latent_jacobian_reuse)
     session = OnlineIdentification(robot, cfg, min_tuples=args.min_tuples, max_tuples=args.max_tuples,
                                    floor=True, holdout_every=args.holdout_every,
                                    structure_options=args.structure_options, follow_pins=args.follow_pins == "on",
@@ -493,6 +493,9 @@ def main(argv=None) -> int:
     ap.add_argument("--window-refresh", type=float, default=IdentificationConfig().window_refresh,
                     help="a running windowed stage restarts on all the data once it has grown this many "
                     "times (IdentificationConfig.window_refresh; 0: only after its end)")
+    ap.add_argument("--latent-jacobian-reuse", type=int, default=IdentificationConfig().latent_jacobian_reuse,
+                    help="iterations a pose window's latent Jacobian is reused "
+                    "(IdentificationConfig.latent_jacobian_reuse; 1: afresh at each)")
     ap.add_argument("--imu", choices=("off", "on"), default="off",
                     help="on: every rod's gyro too, with every pose (the sim2sim's bridge does; the targets are pose-only)")
     ap.add_argument("--gyro-noise", type=float, default=None,
@@ -527,11 +530,13 @@ def main(argv=None) -> int:
                           else default_learn(law) + (("rod_mass",) if args.masses == "learnt" else ()), law)
     if args.latency == "learnt" and "actuator_delay" not in learn:
         learn += ("actuator_delay",)
+    if args.latent_jacobian_reuse < 1:
+        ap.error("--latent-jacobian-reuse must be >= 1")
     if unknown := [n for n in args.per_element if n not in learn]:
         ap.error(f"--per-element: {', '.join(unknown)} not learnt (learn: {', '.join(learn)})")
     _line(f"machine: {machine()}")
     _line(f"online identification of {', '.join(learn)} on {args.robot}: {args.duration:g} s of sim time, "
-          f"contact law {law}, masses {args.masses}, rod radii {args.geometry}, noise {args.noise}, latency {args.latency}, init {args.init}, schedule {args.schedule}, pose windows of {args.pose_window} from {args.windows_from} (latents chained: {args.chain_latents}, windows redrawn at {args.window_refresh:g}x, "
+          f"contact law {law}, masses {args.masses}, rod radii {args.geometry}, noise {args.noise}, latency {args.latency}, init {args.init}, schedule {args.schedule}, pose windows of {args.pose_window} from {args.windows_from} (latents chained: {args.chain_latents}, latent blocks reused {args.latent_jacobian_reuse}x, windows redrawn at {args.window_refresh:g}x, "
           f"none in the first {args.motor_settle:g} motor time constants), "
           f"gyros {args.imu}" + (f" (noise {args.gyro_noise} rad/s, weight {args.gyro_weight:g})" if args.imu == "on" else "")
           + f", {args.excitation} excitation ({args.excitation_band[0]:g}-{args.excitation_band[1]:g} Hz), seeds {args.seeds}, identification compute "
