@@ -498,6 +498,11 @@ def declare_solver(d, period: float):
     pose_window = d("pose_window", IdentificationConfig().pose_window, "pose-only Levenberg-Marquardt: tuples per "
                     "multiple-shooting window (each with its own start velocity)", range=(2, 100))
     defaults = IdentificationConfig()
+    latent_jacobian_reuse = d("latent_jacobian_reuse", defaults.latent_jacobian_reuse, "pose-only "
+                              "Levenberg-Marquardt: iterations a window's start-velocity Jacobian is reused (1: "
+                              "computed afresh at each, ~3x the rollouts; measured better on robots that lie on "
+                              "the floor with most rods: docs/online_identification.md, the thirty-eighth session)",
+                              range=(1, 1000))
     gyro_weight = d("gyro_weight", defaults.gyro_weight, "pose-only: weight of the IMU's angular velocity at "
                     "each window's start (1 rad/s as half a rod length x T of end-node error; 0 = the IMU unused "
                     "by identification; docs/online_identification.md, Gyros)", range=(0.0, 1e6))
@@ -528,7 +533,8 @@ def declare_solver(d, period: float):
         lr0=lr0, lr_min=lr_min, patience=patience, batch_size=batch, epoch_tuples=epoch_tuples or None,
         max_epochs=max_epochs, max_seconds=max_seconds or None, init=init, seed=seed, lm_windows=lm_windows,
         pose_window=pose_window, gyro_weight=gyro_weight, motor_settle=motor_settle, windows_from=windows_from,
-        lm_settle_sigmas=lm_settle_sigmas, per_element=tuple(n for n in per_element if n != "none"))
+        lm_settle_sigmas=lm_settle_sigmas, per_element=tuple(n for n in per_element if n != "none"),
+        latent_jacobian_reuse=latent_jacobian_reuse)
 
 
 def export_mjcf(node, response):

@@ -126,6 +126,19 @@ def test_the_settle_test_reaches_the_solver_and_a_bad_value_is_refused(superball
         declare_identification(file_declarer({"lm_settle_sigmas": -0.5}))
 
 
+def test_the_latent_jacobian_reuse_reaches_the_solver_and_zero_is_refused(superball):
+    """latent_jacobian_reuse is the engine's default unless set, set reaches the session's
+    trainer config, and a reuse below one iteration is a start-up error naming it."""
+    from tensegrity_engine.identification import IdentificationConfig
+
+    default = declare_identification(file_declarer({}))["config"].latent_jacobian_reuse
+    assert default == IdentificationConfig().latent_jacobian_reuse
+    setting = declare_identification(file_declarer({"latent_jacobian_reuse": 1}))
+    assert make_session(superball, setting, "cpu", log=lambda m: None).config.latent_jacobian_reuse == 1 != default
+    with pytest.raises(ConfigurationError, match="latent_jacobian_reuse"):
+        declare_identification(file_declarer({"latent_jacobian_reuse": 0}))
+
+
 def test_the_held_out_store_is_sized_in_blocks_and_a_store_too_small_to_judge_is_refused(superball):
     """By default the gate keeps 20 blocks of 1 s at any pose rate (100 Hz poses: 2 000
     tuples); a count that cannot hold the 3 blocks the gate needs is a start-up error."""
