@@ -198,6 +198,11 @@ class IdentificationConfig:
         if self.pose_window < 2 or self.lm_windows < 1:
             raise ValueError("pose_window must be >= 2 (one pose per latent velocity does not "
                              "identify) and lm_windows >= 1")
+        if isinstance(self.latent_jacobian_reuse, bool) or int(self.latent_jacobian_reuse) != self.latent_jacobian_reuse \
+                or self.latent_jacobian_reuse < 1:
+            raise ValueError(f"latent_jacobian_reuse must be an integer >= 1 (1: a fresh latent Jacobian at "
+                             f"every iteration), not {self.latent_jacobian_reuse!r}")
+        self.latent_jacobian_reuse = int(self.latent_jacobian_reuse)
         if self.patience < 1 or self.batch_size < 1:
             raise ValueError("patience and batch_size must be >= 1")
         if self.learn is not None:

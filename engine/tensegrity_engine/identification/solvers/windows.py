@@ -354,7 +354,7 @@ class WindowLevenbergMarquardt:
             pool = pool[np.sort((rng or run.rng).permutation(len(pool))[:cfg.lm_windows])]
         windows = torch.as_tensor(pool, device=run.device)
         vel = run.train.x0[windows[:, 0]][..., 7:].detach().clone()
-        reuse = max(1, int(cfg.latent_jacobian_reuse))
+        reuse = cfg.latent_jacobian_reuse
         jac, age = None, torch.full((len(pool),), reuse, dtype=torch.long)     # new: due now
         fresh = torch.ones(len(pool), dtype=torch.bool, device=run.device)   # latents not kept
         if self.stale and self.windows.shape[1] == width:
@@ -458,7 +458,7 @@ class WindowLevenbergMarquardt:
         and is ~90 % of an iteration's rollouts), new windows' and the oldest share are
         computed, so the cost is spread evenly over iterations."""
         N = self.windows.shape[0]
-        reuse = max(1, int(self.config.latent_jacobian_reuse))
+        reuse = self.config.latent_jacobian_reuse
         if not blocks_cached(self.latent_jac, self.jac_age, N, r0.shape[-1]):
             self.latent_jac = r0.new_zeros((N, r0.shape[-1], len(self.latent_cols)))
             self.jac_age = torch.full((N,), reuse, dtype=torch.long)
@@ -601,7 +601,7 @@ class WindowLevenbergMarquardt:
             else:
                 r0 = residual(windows, vel)
                 B = polish_blocks(residual, windows, vel, r0, self.latent_cols, self.latent_jac, self.jac_age,
-                                  max(1, int(self.config.latent_jacobian_reuse)))
+                                  self.config.latent_jacobian_reuse)
                 vel, r0 = self._polish_latents(run, theta, latent_normal(B), vel, r0)
             B = latent_jacobian(residual, windows, vel, r0, self.latent_cols, N)
             A = self._param_jacobian(run, theta, windows, vel, r0, one_sided=True)
