@@ -266,7 +266,8 @@ def run_session(z, args, seed: int, learn) -> dict:
                                chain_latents=args.chain_latents == "on", window_refresh=args.window_refresh,
                                gyro_weight=args.gyro_weight if args.imu == "on" else 0.0,
                                motor_settle=args.motor_settle, per_element=args.per_element,
-                               windows_from=args.windows_from, latent_jacobian_reuse=args.latent_jacobian_reuse)
+                               windows_from=args.windows_from, latent_jacobian_reuse=args.latent_jacobian_reuse,
+                               latent_restart_every=args.latent_restart_every)
     session = OnlineIdentification(robot, cfg, min_tuples=args.min_tuples, max_tuples=args.max_tuples,
                                    floor=True, holdout_every=args.holdout_every,
                                    structure_options=args.structure_options, follow_pins=args.follow_pins == "on",
@@ -496,6 +497,9 @@ def main(argv=None) -> int:
     ap.add_argument("--latent-jacobian-reuse", type=int, default=IdentificationConfig().latent_jacobian_reuse,
                     help="iterations a pose window's latent Jacobian is reused "
                     "(IdentificationConfig.latent_jacobian_reuse; 1: afresh at each)")
+    ap.add_argument("--latent-restart-every", type=int, default=IdentificationConfig().latent_restart_every,
+                    help="each iteration, one pose window in this many has its start velocity fitted afresh and "
+                    "takes it where it fits better (IdentificationConfig.latent_restart_every; 0: never)")
     ap.add_argument("--imu", choices=("off", "on"), default="off",
                     help="on: every rod's gyro too, with every pose (the sim2sim's bridge does; the targets are pose-only)")
     ap.add_argument("--gyro-noise", type=float, default=None,
@@ -532,11 +536,13 @@ def main(argv=None) -> int:
         learn += ("actuator_delay",)
     if args.latent_jacobian_reuse < 1:
         ap.error("--latent-jacobian-reuse must be >= 1")
+    if args.latent_restart_every < 0:
+        ap.error("--latent-restart-every must be >= 0")
     if unknown := [n for n in args.per_element if n not in learn]:
         ap.error(f"--per-element: {', '.join(unknown)} not learnt (learn: {', '.join(learn)})")
     _line(f"machine: {machine()}")
     _line(f"online identification of {', '.join(learn)} on {args.robot}: {args.duration:g} s of sim time, "
-          f"contact law {law}, masses {args.masses}, rod radii {args.geometry}, noise {args.noise}, latency {args.latency}, init {args.init}, schedule {args.schedule}, pose windows of {args.pose_window} from {args.windows_from} (latents chained: {args.chain_latents}, latent blocks reused {args.latent_jacobian_reuse}x, windows redrawn at {args.window_refresh:g}x, "
+          f"contact law {law}, masses {args.masses}, rod radii {args.geometry}, noise {args.noise}, latency {args.latency}, init {args.init}, schedule {args.schedule}, pose windows of {args.pose_window} from {args.windows_from} (latents chained: {args.chain_latents}, latent blocks reused {args.latent_jacobian_reuse}x, latent restarts 1 in {args.latent_restart_every or 'never'}, windows redrawn at {args.window_refresh:g}x, "
           f"none in the first {args.motor_settle:g} motor time constants), "
           f"gyros {args.imu}" + (f" (noise {args.gyro_noise} rad/s, weight {args.gyro_weight:g})" if args.imu == "on" else "")
           + f", {args.excitation} excitation ({args.excitation_band[0]:g}-{args.excitation_band[1]:g} Hz), seeds {args.seeds}, identification compute "

@@ -94,6 +94,10 @@ class IdentificationConfig:
     pose_window: int = 3
     lm_windows: int = 64                # pose-only LM: windows (fixed subset) per iteration
     latent_jacobian_reuse: int = 4      # pose-only LM: iterations a window's latent Jacobian is reused
+    # pose-only LM: each iteration, one window in this many has its start velocity fitted
+    # afresh from the finite differences and takes it where it fits better (0: never;
+    # `solvers.windows.restart_latents`)
+    latent_restart_every: int = 0
     # pose-only LM: a new window that continues another starts from that one's predicted end
     # velocity where it fits better (`solvers.chaining`: 10 Hz poses alias a rod's spin)
     chain_latents: bool = True
@@ -203,6 +207,10 @@ class IdentificationConfig:
             raise ValueError(f"latent_jacobian_reuse must be an integer >= 1 (1: a fresh latent Jacobian at "
                              f"every iteration), not {self.latent_jacobian_reuse!r}")
         self.latent_jacobian_reuse = int(self.latent_jacobian_reuse)
+        if isinstance(self.latent_restart_every, bool) or int(self.latent_restart_every) != self.latent_restart_every \
+                or self.latent_restart_every < 0:
+            raise ValueError(f"latent_restart_every must be an integer >= 0 (0: never), not {self.latent_restart_every!r}")
+        self.latent_restart_every = int(self.latent_restart_every)
         if self.patience < 1 or self.batch_size < 1:
             raise ValueError("patience and batch_size must be >= 1")
         if self.learn is not None:
