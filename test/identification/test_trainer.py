@@ -1115,3 +1115,47 @@ def test_the_tuple_stage_reports_its_own_reduction_and_online_its_stall_follows_
         assert not tr.schedule.windows                  # the finite-difference (tuple) stage ran
         assert m["lm_accepted"] and 0.0 < m["reduction"] < 1.0      # the config's values are off: a step helps
         assert given == ([m["reduction"]] if schedule == "online" else [None])
+
+
+def test_latent_restarts_take_a_fresh_fit_only_where_it_fits_better_and_only_on_their_turn(superball,
+                                                                                           floor_poses):
+    """`restart_latents`: windows on their turn (index = turn mod every) fit their start
+    velocity afresh and keep it only where it fits better: on the floor, windows whose
+    latents were thrown onto another piece come back, windows at their true start velocity
+    (the exact model: residual ~0) keep it; the residuals it returns are the solver's,
+    weighed for all windows."""
+    from tensegrity_engine.identification.solvers.windows import chain_windows, restart_latents
+
+    trajs, _ = floor_poses
+    tr = idf.ProgressiveTrainer(superball, idf.IdentificationConfig(period=0.1, init="given",
+                                                                     learn=("cable_stiffness",)))
+    tr.set_data([t.without_velocity() for t in trajs])
+    data = tr.train
+    windows = torch.as_tensor(chain_windows(data.ts.next, 3)[0])
+    N = len(windows)
+    p = tr.engine.param_values(torch.float64, "cpu")
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad(), tr.objective.stepped_for(p):
+        residual = lambda vel: tr.objective.window_residual(data, windows, vel, p)      # noqa: E731
+        from tensegrity_engine.identification.solvers.windows import fit_start_velocities
+        good = fit_start_velocities(tr.objective, data, windows, p)
+        bad = good + 0.5 * torch.randn(good.shape, generator=gen, dtype=good.dtype)    # m/s, rad/s
+        vel = torch.where((torch.arange(N) % 2 == 1)[:, None, None], bad, good)
+        r0 = residual(vel)
+        f0 = (r0 ** 2).sum(-1)
+        for turn in (0, 1):
+            new_vel, new_r, restarted = restart_latents(tr.objective, data, windows, vel, r0, p, 2, turn)
+            off_turn = torch.arange(N) % 2 != turn
+            assert not bool(restarted[off_turn].any())
+            assert torch.equal(new_vel[off_turn], vel[off_turn]) and torch.equal(new_r[off_turn], r0[off_turn])
+            torch.testing.assert_close(new_r, residual(new_vel), rtol=1e-9, atol=1e-12)
+            f = (new_r ** 2).sum(-1)
+            assert bool((f <= f0).all())
+            assert bool((f[restarted] < f0[restarted]).all())
+            if turn == 1:       # the thrown latents: nearly all come back, the objective falls 10x
+                assert int(restarted.sum()) >= 0.8 * int((~off_turn).sum())
+                assert float(f[~off_turn].sum()) < 0.1 * float(f0[~off_turn].sum())
+            else:               # already the fresh fit: not strictly better, so kept
+                assert not bool(restarted.any())
+    with pytest.raises(ValueError, match="latent_restart_every"):
+        idf.IdentificationConfig(latent_restart_every=-1)
