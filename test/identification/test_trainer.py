@@ -1157,5 +1157,9 @@ def test_latent_restarts_take_a_fresh_fit_only_where_it_fits_better_and_only_on_
                 assert float(f[~off_turn].sum()) < 0.1 * float(f0[~off_turn].sum())
             else:               # fitted longer than a restart fits: mostly kept
                 assert int(restarted.sum()) <= 0.5 * int((~off_turn).sum())
+        # fewer windows than ``every``: a turn past the last window restarts none
+        few = windows[:2]
+        out = restart_latents(tr.objective, data, few, vel[:2], residual(vel)[:2], p, 8, 5)
+        assert torch.equal(out[0], vel[:2]) and not bool(out[2].any())
     with pytest.raises(ValueError, match="latent_restart_every"):
         idf.IdentificationConfig(latent_restart_every=-1)

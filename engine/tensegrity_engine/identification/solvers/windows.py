@@ -295,7 +295,7 @@ def restart_latents(objective, data, windows: torch.Tensor, vel: torch.Tensor, r
     noise-free, seed 0, at its last redraw): a fresh fit was better on 56 of 104 windows,
     their objective 1.8e-3 -> 6.4e-4."""
     N = windows.shape[0]
-    pick = torch.arange(turn % every, N, every, device=windows.device)
+    pick = (torch.arange(N, device=windows.device) % every == turn % every).nonzero()[:, 0]
     restarted = torch.zeros(N, dtype=torch.bool, device=windows.device)
     if not len(pick):
         return vel, r0, restarted
