@@ -139,6 +139,19 @@ def test_the_latent_jacobian_reuse_reaches_the_solver_and_zero_is_refused(superb
         declare_identification(file_declarer({"latent_jacobian_reuse": 0}))
 
 
+def test_latent_restarts_are_off_unless_set_and_a_set_count_reaches_the_solver(superball):
+    """latent_restart_every is the engine's default (0: never) unless set, set reaches the
+    session's trainer config, and a negative count is a start-up error naming it."""
+    from tensegrity_engine.identification import IdentificationConfig
+
+    default = declare_identification(file_declarer({}))["config"].latent_restart_every
+    assert default == IdentificationConfig().latent_restart_every == 0
+    setting = declare_identification(file_declarer({"latent_restart_every": 3}))
+    assert make_session(superball, setting, "cpu", log=lambda m: None).config.latent_restart_every == 3
+    with pytest.raises(ConfigurationError, match="latent_restart_every"):
+        declare_identification(file_declarer({"latent_restart_every": -1}))
+
+
 def test_the_held_out_store_is_sized_in_blocks_and_a_store_too_small_to_judge_is_refused(superball):
     """By default the gate keeps 20 blocks of 1 s at any pose rate (100 Hz poses: 2 000
     tuples); a count that cannot hold the 3 blocks the gate needs is a start-up error."""
