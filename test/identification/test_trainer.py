@@ -511,13 +511,14 @@ def test_a_running_windowed_stage_restarts_once_its_data_has_doubled(superball, 
         idf.IdentificationConfig(window_refresh=0.5)
 
 
-@pytest.mark.parametrize("reuse", [0, -2, 2.5, True])
+@pytest.mark.parametrize("reuse", [0, -2, 2.5, True, float("nan"), "4"])
 def test_a_latent_jacobian_reuse_below_one_or_not_a_count_is_refused(reuse):
     """The windowed solver reuses a latent block for latent_jacobian_reuse iterations: 0 or
     a fraction means nothing it could do, and is refused where the setting is made."""
     with pytest.raises(ValueError, match="latent_jacobian_reuse"):
         idf.IdentificationConfig(latent_jacobian_reuse=reuse)
     assert idf.IdentificationConfig(latent_jacobian_reuse=2.0).latent_jacobian_reuse == 2
+    assert type(idf.IdentificationConfig(latent_jacobian_reuse=np.int64(3)).latent_jacobian_reuse) is int
 
 
 def test_native_and_torch_residuals_agree(superball, data):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from typing import Optional
 
 from tensegrity_engine.physics.params import SOFT_LAW_PARAMS, SPEC_BY_NAME
@@ -202,15 +203,14 @@ class IdentificationConfig:
         if self.pose_window < 2 or self.lm_windows < 1:
             raise ValueError("pose_window must be >= 2 (one pose per latent velocity does not "
                              "identify) and lm_windows >= 1")
-        if isinstance(self.latent_jacobian_reuse, bool) or int(self.latent_jacobian_reuse) != self.latent_jacobian_reuse \
-                or self.latent_jacobian_reuse < 1:
-            raise ValueError(f"latent_jacobian_reuse must be an integer >= 1 (1: a fresh latent Jacobian at "
-                             f"every iteration), not {self.latent_jacobian_reuse!r}")
-        self.latent_jacobian_reuse = int(self.latent_jacobian_reuse)
-        if isinstance(self.latent_restart_every, bool) or int(self.latent_restart_every) != self.latent_restart_every \
-                or self.latent_restart_every < 0:
-            raise ValueError(f"latent_restart_every must be an integer >= 0 (0: never), not {self.latent_restart_every!r}")
-        self.latent_restart_every = int(self.latent_restart_every)
+        for name, least, meaning in (("latent_jacobian_reuse", 1, "1: a fresh latent Jacobian at every iteration"),
+                                     ("latent_restart_every", 0, "0: never")):
+            value = getattr(self, name)
+            whole = (isinstance(value, numbers.Integral) and not isinstance(value, bool)) or \
+                (isinstance(value, float) and value.is_integer())
+            if not (whole and value >= least):
+                raise ValueError(f"{name} must be an integer >= {least} ({meaning}), not {value!r}")
+            setattr(self, name, int(value))
         if self.patience < 1 or self.batch_size < 1:
             raise ValueError("patience and batch_size must be >= 1")
         if self.learn is not None:
