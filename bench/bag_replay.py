@@ -118,7 +118,7 @@ def main(argv=None) -> int:
     out = Path(args.out or tempfile.mkdtemp(prefix="bench_bag_"))
     out.mkdir(parents=True, exist_ok=True)
     bag = out / "run.mcap"
-    n = write_bag(record(z, args.seed, args.duration, noisy=True), robot, bag)
+    n = write_bag(record(z, args.seed, args.duration, noise="robot"), robot, bag)
     print(f"{args.truth}: {args.duration:g} s recorded, {n} messages in {bag}", flush=True)
 
     values, _ = load_settings(args.params_file, args.robot)
