@@ -475,7 +475,7 @@ class _StructureTrainer(_ScriptedTrainer):
         self.config = dataclasses.replace(self.config, max_epochs=max_epochs, max_seconds=max_seconds)
 
 
-def _structure_sessions(robot, trainer_class, options):
+def _structure_sessions(robot, trainer_class, options, learn=("cable_stiffness",)):
     """(made trainers, a maker of sessions that try ``options`` with ``trainer_class``)."""
     made = []
 
@@ -484,7 +484,7 @@ def _structure_sessions(robot, trainer_class, options):
         return made[-1]
 
     def session():
-        s = OnlineIdentification(robot, IdentificationConfig(learn=("cable_stiffness",)), min_tuples=2,
+        s = OnlineIdentification(robot, IdentificationConfig(learn=learn), min_tuples=2,
                                  holdout_every=3, max_holdout=40, reopen_tuples=0, trainer_factory=factory,
                                  structure_options=options)
         s._tuple_set = lambda batch, context=(): batch
@@ -1167,6 +1167,74 @@ def test_a_fresh_start_challenger_fits_the_same_model_with_its_windows_from_the_
     r = session()
     r.restore(s.checkpoint())
     assert r.trials.adopted == ["fresh_start"] and r.trainer.config.windows_from == "start"
+
+
+def test_swapped_lags_exchange_the_motors_lag_and_the_cables_keeping_their_sum_and_profile():
+    """The mirror start of `swapped_lags`: the motor gets the cables' mean lag c / k, each
+    cable a damping that gives the motor's lag (its profile kept); no start where the two
+    lags are alike or the exchange leaves a value's range."""
+    from tensegrity_engine.identification.online_structure import LAG_SWAP_MIN_RATIO, swapped_lags
+
+    k = np.array([4000.0, 6000.0, 5000.0])
+    c = np.array([400.0, 720.0, 500.0])                       # lags 0.10, 0.12, 0.10 s
+    values = {"cable_stiffness": k.tolist(), "cable_damping": c.tolist(), "actuator_time_constant": [0.02],
+              "rod_mass": [3.0]}
+    out = swapped_lags(values)
+    cable_lag = float(np.mean(c / k))
+    assert out["actuator_time_constant"] == pytest.approx([cable_lag])
+    assert np.mean(np.asarray(out["cable_damping"]) / k) == pytest.approx(0.02)
+    assert np.asarray(out["cable_damping"]) / c == pytest.approx(np.full(3, 0.02 / cable_lag))
+    assert out["cable_stiffness"] == values["cable_stiffness"] and out["rod_mass"] == [3.0]
+    assert 0.02 + cable_lag == pytest.approx(out["actuator_time_constant"][0] + np.mean(out["cable_damping"] / k))
+    back = swapped_lags(out)                                  # the mirror's mirror: where it started
+    assert back["cable_damping"] == pytest.approx(c.tolist()) and back["actuator_time_constant"] == pytest.approx([0.02])
+    alike = {**values, "actuator_time_constant": [0.99 * LAG_SWAP_MIN_RATIO * cable_lag]}
+    assert swapped_lags(alike) is None
+    assert swapped_lags({**values, "cable_damping": (15.0 * c).tolist()}) is None    # tau 1.6 s > its 1 s bound
+    assert swapped_lags({k_: v for k_, v in values.items() if k_ != "cable_damping"}) is None
+
+
+def test_a_swapped_lags_challenger_starts_its_windows_from_the_solvers_fit_with_the_lags_exchanged(three_bar, monkeypatch):
+    """`swapped_lags`: tried only where the solver learns both lags and has a windowed stage
+    (after an adopted fresh start too: another start), its challenger starts from the
+    solver's values as they stand, the two lags exchanged, and is judged as a start option."""
+    from tensegrity_engine.identification import online_structure
+    from tensegrity_engine.identification.online_structure import StructureTrials, swapped_lags
+
+    monkeypatch.setattr(online_structure, "window_fit", _stand_in_window_fit)
+    lags = ("cable_stiffness", "cable_damping", "actuator_time_constant")
+    trials = StructureTrials(("swapped_lags",))
+    assert trials.next_option(0, three_bar, learnt=("cable_stiffness", "cable_damping")) is None
+    assert trials.next_option(0, three_bar, learnt=lags, windows_from=None) is None
+    assert trials.next_option(0, three_bar, learnt=lags) == "swapped_lags"
+    assert trials.next_option(0, three_bar, learnt=lags, windows_from="start") == "swapped_lags"
+    made, session = _structure_sessions(three_bar, _StructureTrainer, ("swapped_lags",), learn=lags)
+    s = session()
+    s.add(_batch(three_bar, 0, 91))
+    main = s.trainer
+    main.parameters.set_value("cable_damping", 300.0)          # c / k = 0.3 s against tau 0.05 s
+    s.step()
+    challenger = made[-1]
+    assert s.trials.option == "swapped_lags" and challenger is not main
+    assert challenger.config.windows_from == "start"
+    expected = swapped_lags(s.trials.base_values)
+    assert expected["actuator_time_constant"][0] == pytest.approx(0.3 * 1000.0 / float(
+        np.mean(s.trials.base_values["cable_stiffness"])))
+    for name in lags:
+        assert challenger.parameters.as_dict()[name] == pytest.approx(expected[name])
+    while s.training:
+        s.step()
+        if s.finished:
+            s.best_values = s.finish()[1]
+    assert s.trials.adopted == ["swapped_lags"]
+    # lags alike: not tried now, tried again on more held-out data
+    made, session = _structure_sessions(three_bar, _StructureTrainer, ("swapped_lags",), learn=lags)
+    s = session()
+    s.add(_batch(three_bar, 0, 91))
+    s.trainer.parameters.set_value("cable_damping", 125.0)     # c / k = tau at the solver's 2500 N/m
+    s.step()
+    assert not s.trials.active and s.trials.log == [("swapped_lags", "nothing to exchange")]
+    assert "swapped_lags" in s.trials.refused
 
 
 def test_a_start_option_wins_on_the_training_windows_and_must_not_lose_on_held_out_data(monkeypatch):
