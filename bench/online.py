@@ -69,7 +69,7 @@ from tensegrity_engine.identification.acceptance import window_fit
 from tensegrity_engine.identification.config import WINDOWS_FROM, IdentificationConfig, contact_params, resolve_learn
 from tensegrity_engine.identification.gate_pacing import GatePacing
 from tensegrity_engine.identification.online import HOLDOUT_SECONDS, OnlineIdentification, unseen_tuples
-from tensegrity_engine.identification.online_structure import (DEFAULT_STRUCTURE_OPTIONS, ONLINE_OPTIONS, online_options,
+from tensegrity_engine.identification.online_structure import (DEFAULT_STRUCTURE_OPTIONS, ONLINE_OPTIONS, motor_and_cable_lags, online_options,
                                                                  structure_key)
 from tensegrity_engine.identification.streaming import StreamAligner, StreamConfig, TupleBatch
 from tensegrity_engine.identification.uncertainty import element_mean_sigma, elements_covered
@@ -393,6 +393,12 @@ def run_session(z, args, seed: int, learn) -> dict:
                 objective[name] = training_objective(session.trainer, values, cfg.pose_window)
     reported = [n for n in TARGETS if n in learn]
     err = relative_errors(final, truth, reported)
+    # the motors' lag plus the cables' (tau + c / k): what commanded motion determines, where
+    # their split may not be (`online_structure.swapped_lags`)
+    lags = {name: motor_and_cable_lags(v) for name, v in (("identified", final), ("true", truth))}
+    lag_sum_error = (math.nan if None in lags.values() or "cable_damping" not in learn
+                     or "actuator_time_constant" not in learn
+                     else sum(lags["identified"]) / sum(lags["true"]) - 1.0)
     within = None                     # sim time from which every published value stays within tol
     for t, values, _ in trace:
         ok = all(abs(e) <= tol for e in relative_errors(values, truth, reported).values())
@@ -413,7 +419,7 @@ def run_session(z, args, seed: int, learn) -> dict:
     return {"robot": z.name, "seed": seed, "compute": dict(worker.spent), "error": err, "candidate_error": cand, "sigma": sigma, "chaos_floor": floor,
             "nominal_error": relative_errors(nominal, truth, reported), "heldout_com_1s": com,
             "gate_com_1s": gate_com, "fresh_seconds": args.fresh,
-            "training_objective": objective,
+            "training_objective": objective, "lag_sum_error": lag_sum_error, "lags": lags,
             "relative_sigma": None if sigma is None else {n: sigma[n] / abs(np.mean(final[n])) for n in reported},
             "all_errors": relative_errors(final, truth, [n for n in learn if n in truth and n != "actuator_delay"]), "undetermined": undetermined, "at_bound": at_bound,
             "delay_ms": (1e3 * float(np.mean(final["actuator_delay"])), 1e3 * float(np.mean(truth["actuator_delay"]))),
@@ -590,6 +596,10 @@ def main(argv=None) -> int:
                 f"{100 * s:.1f}%" for s in r["relative_shift"].values()) + ")")
             if r["at_bound"]:
                 sig += " (at a bound: " + ", ".join(r["at_bound"]) + ")"
+            if math.isfinite(r["lag_sum_error"]):
+                (tau, cable), (tau_true, cable_true) = r["lags"]["identified"], r["lags"]["true"]
+                errs += (f" lag sum tau + c/k {100 * r['lag_sum_error']:+.1f}% (tau {1e3 * tau:.1f} + c/k {1e3 * cable:.1f} ms, "
+                         f"true {1e3 * tau_true:.1f} + {1e3 * cable_true:.1f})")
             if "actuator_delay" in learn or args.latency == "declared":
                 errs += " delay {:.1f} ms (true {:.1f})".format(*r["delay_ms"])
             c = r["contact"]
@@ -634,6 +644,13 @@ def main(argv=None) -> int:
         ok = sum(r["within_tol_from"] is not None for r in rs)
         _line(f"| {name} | {' | '.join(cells)} | {com['nominal']:.1f} / {com['identified']:.1f} / {com['true']:.1f} / {com['true_all']:.1f} / {chaos:.1f} | "
               f"{100 * cov[0]:.0f} / {100 * cov[1]:.0f} / {_percent(cov[2])} | {ok}/{len(rs)} |")
+    lag_runs = [r for r in results if math.isfinite(r["lag_sum_error"])]
+    if lag_runs:
+        med = lambda key: 100 * float(np.median([abs(r["error"][key]) for r in lag_runs]))    # noqa: E731
+        _line(f"the motors' plus the cables' lag (tau + c/k), median |error| over {len(lag_runs)} runs: "
+              f"{100 * float(np.median([abs(r['lag_sum_error']) for r in lag_runs])):.1f} % (largest "
+              f"{100 * max(abs(r['lag_sum_error']) for r in lag_runs):.1f} %), against cable_damping {med('cable_damping'):.1f} % "
+              f"and actuator_time_constant {med('actuator_time_constant'):.1f} %")
     # beyond 10 % and the chaos floor: two fits of the same model differ by a few percent, and
     # a gap below what a 1 % error in the start velocity makes is the start's (the twin: 0.5
     # against 0.8 mm 1 s ahead, floor 1.3 mm)

@@ -1173,7 +1173,8 @@ def test_swapped_lags_exchange_the_motors_lag_and_the_cables_keeping_their_sum_a
     """The mirror start of `swapped_lags`: the motor gets the cables' mean lag c / k, each
     cable a damping that gives the motor's lag (its profile kept); no start where the two
     lags are alike or the exchange leaves a value's range."""
-    from tensegrity_engine.identification.online_structure import LAG_SWAP_MIN_RATIO, swapped_lags
+    from tensegrity_engine.identification.online_structure import (LAG_SWAP_MIN_RATIO, motor_and_cable_lags,
+                                                                   swapped_lags)
 
     k = np.array([4000.0, 6000.0, 5000.0])
     c = np.array([400.0, 720.0, 500.0])                       # lags 0.10, 0.12, 0.10 s
@@ -1181,6 +1182,8 @@ def test_swapped_lags_exchange_the_motors_lag_and_the_cables_keeping_their_sum_a
               "rod_mass": [3.0]}
     out = swapped_lags(values)
     cable_lag = float(np.mean(c / k))
+    assert motor_and_cable_lags(values) == pytest.approx((0.02, cable_lag))
+    assert sum(motor_and_cable_lags(out)) == pytest.approx(0.02 + cable_lag)         # the sum kept
     assert out["actuator_time_constant"] == pytest.approx([cable_lag])
     assert np.mean(np.asarray(out["cable_damping"]) / k) == pytest.approx(0.02)
     assert np.asarray(out["cable_damping"]) / c == pytest.approx(np.full(3, 0.02 / cable_lag))

@@ -268,6 +268,17 @@ def _kind(option: OnlineOption) -> Optional[str]:
             else "law" if option.law else (option.start or "start") if option.windows_from else None)
 
 
+def motor_and_cable_lags(values: dict) -> Optional[tuple[float, float]]:
+    """(the motors' time constant, the cables' mean Kelvin-Voigt lag c / k) in s, or None
+    without the three values. Their sum is what commanded motion determines (`swapped_lags`)."""
+    k = np.asarray(values.get("cable_stiffness", ()), dtype=np.float64)
+    c = np.asarray(values.get("cable_damping", ()), dtype=np.float64)
+    tau = np.asarray(values.get("actuator_time_constant", ()), dtype=np.float64)
+    if k.size == 0 or c.size == 0 or tau.size != 1:
+        return None
+    return float(tau[0]), float(np.mean(c / k))
+
+
 def swapped_lags(values: dict) -> Optional[dict]:
     """``values`` with the motor's lag and the cables' exchanged, or None where the two are
     within `LAG_SWAP_MIN_RATIO` of each other or the exchange leaves a value's range.
@@ -280,16 +291,13 @@ def swapped_lags(values: dict) -> Optional[dict]:
     truth's with the two lags exchanged, and one of them fitted its training windows 8x
     worse than the true values: a local minimum the mirror start leaves. The cables keep
     their damping profile (scaled to a mean lag tau); the motor gets their mean lag."""
-    k = np.asarray(values.get("cable_stiffness", ()), dtype=np.float64)
-    c = np.asarray(values.get("cable_damping", ()), dtype=np.float64)
-    tau = np.asarray(values.get("actuator_time_constant", ()), dtype=np.float64)
-    if k.size == 0 or c.size == 0 or tau.size != 1:
+    lags = motor_and_cable_lags(values)
+    if lags is None:
         return None
-    cable_lag = float(np.mean(c / k))
-    motor_lag = float(tau[0])
+    motor_lag, cable_lag = lags
     if not (cable_lag > 0 and motor_lag > 0) or max(cable_lag, motor_lag) < LAG_SWAP_MIN_RATIO * min(cable_lag, motor_lag):
         return None
-    damping = c * (motor_lag / cable_lag)
+    damping = np.asarray(values["cable_damping"], dtype=np.float64) * (motor_lag / cable_lag)
     spec_c, spec_tau = SPEC_BY_NAME["cable_damping"], SPEC_BY_NAME["actuator_time_constant"]
     if not (spec_c.lower < damping.min() and damping.max() < spec_c.upper
             and spec_tau.lower < cable_lag < spec_tau.upper):
