@@ -69,7 +69,8 @@ from tensegrity_engine.identification.acceptance import window_fit
 from tensegrity_engine.identification.config import WINDOWS_FROM, IdentificationConfig, contact_params, resolve_learn
 from tensegrity_engine.identification.gate_pacing import GatePacing
 from tensegrity_engine.identification.online import HOLDOUT_SECONDS, OnlineIdentification, unseen_tuples
-from tensegrity_engine.identification.online_structure import (DEFAULT_STRUCTURE_OPTIONS, ONLINE_OPTIONS, motor_and_cable_lags, online_options,
+from tensegrity_engine.identification.lag_split import motor_and_cable_lags
+from tensegrity_engine.identification.online_structure import (DEFAULT_STRUCTURE_OPTIONS, ONLINE_OPTIONS, online_options,
                                                                  structure_key)
 from tensegrity_engine.identification.streaming import StreamAligner, StreamConfig, TupleBatch
 from tensegrity_engine.identification.uncertainty import element_mean_sigma, elements_covered

@@ -1173,8 +1173,7 @@ def test_swapped_lags_exchange_the_motors_lag_and_the_cables_keeping_their_sum_a
     """The mirror start of `swapped_lags`: the motor gets the cables' mean lag c / k, each
     cable a damping that gives the motor's lag (its profile kept); no start where the two
     lags are alike or the exchange leaves a value's range."""
-    from tensegrity_engine.identification.online_structure import (LAG_SWAP_MIN_RATIO, motor_and_cable_lags,
-                                                                   swapped_lags)
+    from tensegrity_engine.identification.lag_split import LAG_SWAP_MIN_RATIO, motor_and_cable_lags, swapped_lags
 
     k = np.array([4000.0, 6000.0, 5000.0])
     c = np.array([400.0, 720.0, 500.0])                       # lags 0.10, 0.12, 0.10 s
@@ -1202,7 +1201,8 @@ def test_a_swapped_lags_challenger_starts_its_windows_from_the_solvers_fit_with_
     (after an adopted fresh start too: another start), its challenger starts from the
     solver's values as they stand, the two lags exchanged, and is judged as a start option."""
     from tensegrity_engine.identification import online_structure
-    from tensegrity_engine.identification.online_structure import StructureTrials, swapped_lags
+    from tensegrity_engine.identification.lag_split import swapped_lags
+    from tensegrity_engine.identification.online_structure import StructureTrials
 
     monkeypatch.setattr(online_structure, "window_fit", _stand_in_window_fit)
     lags = ("cable_stiffness", "cable_damping", "actuator_time_constant")

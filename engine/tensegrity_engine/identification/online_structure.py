@@ -64,6 +64,7 @@ import numpy as np
 from tensegrity_engine.identification.acceptance import window_fit
 from tensegrity_engine.identification.config import (COARSE_ONLY_SCHEDULES, CONTACT_PARAMS, IdentificationConfig,
                                                      contact_params)
+from tensegrity_engine.identification.lag_split import swapped_lags
 from tensegrity_engine.identification.uncertainty import bound_sides
 from tensegrity_engine.physics.config import MODEL_INTEGRATORS, RobotConfig
 from tensegrity_engine.physics.params import SOFT_LAW_PARAMS, SPEC_BY_NAME, PhysicalParameters
@@ -108,8 +109,7 @@ ONLINE_OPTIONS = {
 }
 # The values a start option needs learnt (the lags it exchanges)
 START_NEEDS = {"swapped_lags": ("cable_damping", "actuator_time_constant")}
-# Lags closer than this ratio are one start, not two: the swap is not worth a challenger
-LAG_SWAP_MIN_RATIO = 1.5
+
 # What a session tries when its caller names nothing: the soft ground law for a robot whose
 # YAML has the penalty law (the schema's default; `next_option` skips it under the soft law),
 # then a fresh start of the windowed stage. A robot YAML written without a law is played by
@@ -266,43 +266,6 @@ def _splits(option: OnlineOption, robot: Optional[RobotConfig], learnt: Sequence
 def _kind(option: OnlineOption) -> Optional[str]:
     return ("integrator" if option.integrator else "condim" if option.condim
             else "law" if option.law else (option.start or "start") if option.windows_from else None)
-
-
-def motor_and_cable_lags(values: dict) -> Optional[tuple[float, float]]:
-    """(the motors' time constant, the cables' mean Kelvin-Voigt lag c / k) in s, or None
-    without the three values. Their sum is what commanded motion determines (`swapped_lags`)."""
-    k = np.asarray(values.get("cable_stiffness", ()), dtype=np.float64)
-    c = np.asarray(values.get("cable_damping", ()), dtype=np.float64)
-    tau = np.asarray(values.get("actuator_time_constant", ()), dtype=np.float64)
-    if k.size == 0 or c.size == 0 or tau.size != 1:
-        return None
-    return float(tau[0]), float(np.mean(c / k))
-
-
-def swapped_lags(values: dict) -> Optional[dict]:
-    """``values`` with the motor's lag and the cables' exchanged, or None where the two are
-    within `LAG_SWAP_MIN_RATIO` of each other or the exchange leaves a value's range.
-
-    A rest length commanded through a first-order motor (time constant tau) into a cable
-    whose damping c acts beside its stiffness k (a Kelvin-Voigt lag c / k) is two lags in
-    series: at the frequencies a robot's excitation reaches they add, so the data fix their
-    sum and hardly their split. Measured (the four-bar's drawn robots, `bench/online.py
-    --noise drops`): the fits at +150 to +470 % damping kept tau + c / k within 3 % of the
-    truth's with the two lags exchanged, and one of them fitted its training windows 8x
-    worse than the true values: a local minimum the mirror start leaves. The cables keep
-    their damping profile (scaled to a mean lag tau); the motor gets their mean lag."""
-    lags = motor_and_cable_lags(values)
-    if lags is None:
-        return None
-    motor_lag, cable_lag = lags
-    if not (cable_lag > 0 and motor_lag > 0) or max(cable_lag, motor_lag) < LAG_SWAP_MIN_RATIO * min(cable_lag, motor_lag):
-        return None
-    damping = np.asarray(values["cable_damping"], dtype=np.float64) * (motor_lag / cable_lag)
-    spec_c, spec_tau = SPEC_BY_NAME["cable_damping"], SPEC_BY_NAME["actuator_time_constant"]
-    if not (spec_c.lower < damping.min() and damping.max() < spec_c.upper
-            and spec_tau.lower < cable_lag < spec_tau.upper):
-        return None
-    return {**values, "cable_damping": damping.tolist(), "actuator_time_constant": [cable_lag]}
 
 
 def _windows_from(trainer) -> Optional[str]:
