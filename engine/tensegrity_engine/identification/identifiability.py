@@ -48,11 +48,15 @@ BOUND_HINTS = {
 # The motion (or measurement) that makes each learnable parameter act on the poses.
 REVEALED_BY = {
     "cable_stiffness": "cables stretched by different amounts (large rest-length changes under load)",
-    "cable_damping": "fast cable-length changes (command steps and the oscillation after them)",
+    # for commanded motion the cables' lag c / k adds to the motors' (`lag_split`): only the motion
+    # the commands do not drive tells them apart
+    "cable_damping": "the structure oscillating on its own (after an impact or a sudden release; command "
+                     "steps alone show the cables' lag c/k only added to the motors')",
     "cable_slack_damping": "cables going slack and taut again (commands that slacken them)",
     "rod_mass": "rods lifted or swung against gravity by the cables",
     "rod_inertia_factor": "rods spinning or tumbling (fast changes of their orientation)",
-    "actuator_time_constant": "command steps faster than the motors follow (steps, a fast multisine)",
+    "actuator_time_constant": "command steps faster than the motors follow (steps, a fast multisine), beside "
+                              "motion the commands do not drive, which shows the cables' damping alone",
     "actuator_max_speed": "command changes large enough for the winches to reach their top speed",
     "actuator_delay": "command steps whose timing the poses can resolve (sharp steps)",
     "actuator_gain": "commands over the winches' whole range",
