@@ -794,6 +794,13 @@ def published_uncertainty(node, params, values: dict):
         node.diag.warn_throttled("undetermined", f"the data does not determine {', '.join(u.undetermined)} yet: "
                                  + (node.excite or "excite the motions they act on"))
     node.undetermined, node.unreached = u.undetermined, u.unreached
+    split = getattr(u, "lag_split", None)
+    if split is not None and not split.determined:
+        node.diag.warn_throttled("lag_split", f"the motors' time constant ({1e3 * split.motor:.1f} ms) and the cables' "
+                                 f"lag c/k ({1e3 * split.cable:.1f} ms) are determined as their sum; the data fit the "
+                                 "two exchanged about as well, so their sigma reaches that mirror: a bench measurement "
+                                 "of either (a motor's step response) fixes the other (set it in the robot YAML and "
+                                 "leave it out of learn)")
     if u.at_bound and u.at_bound != node.at_bound:
         hints = "".join(f"; {h}" for h in structure_hints(params, u.at_bound))
         none = ("; every value makes up for it, so they are published with no sigma (inf)" if u.compensating

@@ -785,3 +785,70 @@ def test_the_windowed_solver_converges_when_its_values_settle_within_their_sigma
     assert off.schedule.stop_reason != SETTLED and len(off_path) > len(path) + k
     assert off.history[-1]["val_loss"] < (1 - tr.config.min_rel_improvement) * tr.history[-1]["val_loss"]
     assert float(((off_path[-1][0].double() - path[-1][0].double()).abs() / sigma_raw).max()) <= 0.5
+
+
+def test_a_lag_split_the_training_windows_cannot_tell_from_its_mirror_widens_the_published_sigma(monkeypatch):
+    """`lag_split.check_lag_split`: the fit and its mirror (tau and the cables' c / k
+    exchanged) are scored on the same windows; a mirror no significantly worse leaves the
+    split undetermined and the published 1-sigma of c and tau reaches it, one significantly
+    worse leaves it determined and adds nothing."""
+    from tensegrity_engine.identification import acceptance
+    from tensegrity_engine.identification.lag_split import SPLIT_SIGNIFICANCE, check_lag_split, swapped_lags
+    from tensegrity_engine.identification.uncertainty import ParameterUncertainty
+
+    values = {"cable_stiffness": [5000.0], "cable_damping": [500.0], "actuator_time_constant": [0.02]}  # 0.1 s / 0.02 s
+    mirror = swapped_lags(values)
+    rng = np.random.default_rng(0)
+    base = rng.uniform(1.0, 2.0, 40)
+    scored, settled = {}, []
+
+    def fake_fit(run, vals, width, max_windows=256, settle_values=None):
+        settled.append(settle_values)
+        is_mirror = float(vals["actuator_time_constant"][0]) != 0.02
+        return base * (scored["worse"] if is_mirror else 1.0) * (1.0 + 0.05 * rng.standard_normal(40))
+
+    monkeypatch.setattr(acceptance, "window_fit", fake_fit)
+    scored["worse"] = 1.0                                     # a tie: the split is undetermined
+    tie = check_lag_split(None, values, 3)
+    assert tie.windows == 40 and abs(tie.t) < SPLIT_SIGNIFICANCE and not tie.determined
+    assert all(s is settled[0] for s in settled) and settled[0]["actuator_time_constant"] == mirror["actuator_time_constant"]
+    sigma = tie.sigma(values)
+    assert sigma["actuator_time_constant"] == pytest.approx([(0.1 - 0.02) / np.sqrt(2)])
+    assert sigma["cable_damping"] == pytest.approx([(500.0 - 100.0) / np.sqrt(2)])
+    scored["worse"] = 1.3                                     # the mirror fits 30 % worse
+    worse = check_lag_split(None, values, 3)
+    assert worse.determined and worse.log_ratio == pytest.approx(np.log(1.3), abs=0.05) and worse.sigma(values) == {}
+    assert check_lag_split(None, {**values, "actuator_time_constant": [0.09]}, 3) is None     # lags alike: no mirror
+
+    u = ParameterUncertainty(sigma={"cable_damping": np.array([5.0]), "actuator_time_constant": np.array([0.001])},
+                             undetermined=(), residual_sigma=1.0, dof=10)
+    wide = dataclasses.replace(u, sigma_split=sigma, lag_split=tie)
+    assert wide.published()["cable_damping"] == pytest.approx(np.sqrt(25.0 + sigma["cable_damping"] ** 2))
+    assert 2 * wide.published()["actuator_time_constant"][0] >= 0.1 - 0.02          # 2 sigma reaches the mirror
+    assert u.published()["cable_damping"] == pytest.approx([5.0])
+
+
+def test_the_windowed_uncertainty_carries_the_lag_split_check(superball, monkeypatch):
+    """Pose-only data learning both lags: `trainer_uncertainty` runs the split check at the
+    values it is asked about and publishes its sigma."""
+    import rolling_records
+    from tensegrity_engine.identification import uncertainty
+    from tensegrity_engine.identification.lag_split import LagSplit
+
+    run, _ = rolling_records.rolling_twin_run(superball, seconds=2.4, config=dict(
+        learn=("cable_stiffness", "cable_damping", "actuator_time_constant")))
+    asked = []
+
+    def fake_check(trainer, values, width):
+        asked.append((values["actuator_time_constant"][0], width))
+        mirror = {**values, "cable_damping": [2.0 * values["cable_damping"][0]], "actuator_time_constant": [0.2]}
+        return LagSplit(0.1, 0.2, mirror, 0.0, 0.0, 10)
+
+    monkeypatch.setattr(uncertainty, "check_lag_split", fake_check)
+    own = run.parameters.as_dict()["actuator_time_constant"][0]
+    at = {**run.parameters.as_dict(), "actuator_time_constant": [0.15]}
+    u = uncertainty.trainer_uncertainty(run, at=at)
+    assert asked == [(pytest.approx(0.15), run.config.pose_window)]
+    assert u.sigma_split["actuator_time_constant"] == pytest.approx([0.05 / np.sqrt(2)])
+    assert u.published()["actuator_time_constant"][0] >= 0.05 / np.sqrt(2)
+    assert run.parameters.as_dict()["actuator_time_constant"][0] == pytest.approx(own)    # the trainer's values restored

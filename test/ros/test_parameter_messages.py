@@ -451,3 +451,32 @@ def test_a_schedule_ended_by_a_limit_keeps_the_excitation_while_sigma_is_wide(th
     closed = node(0.2)
     closed.session.reopen_tuples = 0
     assert end_stage(closed, "final (Levenberg-Marquardt iteration limit)", values).startswith("final")
+
+
+def test_an_undetermined_lag_split_is_warned_about_and_published_with_the_mirrors_sigma(three_bar):
+    """The training windows cannot tell the motors' time constant from the cables' lag c/k
+    (`lag_split`): the node warns, naming both lags and what fixes them, and publishes the
+    sigma that reaches the mirror; a determined split adds neither."""
+    from types import SimpleNamespace
+
+    from tensegrity_engine.identification.lag_split import LagSplit
+    from tensegrity_engine.identification.uncertainty import ParameterUncertainty
+    from tensegrity_ros.identifier_node import published_uncertainty
+
+    params = PhysicalParameters(three_bar)
+    values = params.as_dict()
+    names, _ = params.flat()
+    warnings = []
+    node = SimpleNamespace(sigma_tuples=64, undetermined=(), at_bound=(), robot=three_bar,
+                           diag=SimpleNamespace(count=lambda *a: None, warn_throttled=lambda *a: warnings.append(a)))
+    base = ParameterUncertainty(sigma={"actuator_time_constant": np.array([0.001])}, undetermined=(),
+                                residual_sigma=1.0, dof=10)
+    for t, sigma in ((0.5, 0.03), (6.0, 0.0)):
+        split = LagSplit(0.05, 0.02, {}, 0.01, t, 30)
+        u = dataclasses.replace(base, lag_split=split,
+                                sigma_split={"actuator_time_constant": np.array([sigma])} if sigma else {})
+        node.session = SimpleNamespace(uncertainty=lambda max_tuples, at: u)
+        flat = published_uncertainty(node, params, values)
+        assert flat[names.index("actuator_time_constant")] == pytest.approx(np.hypot(0.001, sigma))
+    assert len(warnings) == 1 and warnings[0][0] == "lag_split"
+    assert "50.0 ms" in warnings[0][1] and "20.0 ms" in warnings[0][1] and "step response" in warnings[0][1]

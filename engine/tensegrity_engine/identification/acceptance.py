@@ -64,16 +64,23 @@ def heldout_scores(run, data, values: dict, chain: int = 0, per_block: bool = Fa
 
 
 @torch.no_grad()
-def window_fit(run, values: dict, width: int, max_windows: int = 256) -> np.ndarray:
+def _model_values(run, values: dict) -> dict:
+    model = PhysicalParameters(run.robot, values, per_element=[k for k, v in values.items() if np.size(v) > 1])
+    return {k: v.to(run.dtype).to(run.device) for k, v in model.values().items()}
+
+
+def window_fit(run, values: dict, width: int, max_windows: int = 256,
+               settle_values: Optional[dict] = None) -> np.ndarray:
     """The pose-only windowed objective of ``values`` on ``run``'s training data (a
     `ProgressiveTrainer`'s): the squared position error per window of ``width`` tuples (an
-    even subset of at most ``max_windows``, none where the motors may still be settling),
+    even subset of at most ``max_windows``, none where the motors may still be settling:
+    under ``settle_values`` where given, so that two sets of values score the same windows),
     each window's start velocity fitted to it with the values fixed. Two fits of one model
     to one data set compare on it with no held-out data: empty if there are no windows."""
     data = run.train
-    model = PhysicalParameters(run.robot, values, per_element=[k for k, v in values.items() if np.size(v) > 1])
-    p = {k: v.to(run.dtype).to(run.device) for k, v in model.values().items()}
-    chains, got = training_windows(data.ts, width, settle_steps(run.robot, p, run.config.motor_settle, data.ts))
+    p = _model_values(run, values)
+    settle = p if settle_values is None else _model_values(run, settle_values)
+    chains, got = training_windows(data.ts, width, settle_steps(run.robot, settle, run.config.motor_settle, data.ts))
     if got < 2 or not len(chains):
         return np.zeros(0)
     chains = torch.as_tensor(chains[np.linspace(0, len(chains) - 1, min(len(chains), max_windows)).astype(int)],

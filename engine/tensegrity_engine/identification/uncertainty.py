@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from tensegrity_engine.identification.config import CONTACT_PARAMS, SOFT_CONTACT_PARAMS
+from tensegrity_engine.identification.lag_split import check_lag_split
 from tensegrity_engine.identification.solvers.levenberg_marquardt import (bounded_step, jacobian_mode,
                                                                           one_sided_jacobian, raw_vector,
                                                                           residual_jacobian, set_raw_vector,
@@ -107,6 +108,11 @@ class ParameterUncertainty:
     # `identifiability.excitation_advice` says what would determine them
     weak_directions: tuple = ()
     force_scale: dict = dataclasses.field(default_factory=dict)
+    # cable_damping and actuator_time_constant -> 1-sigma per element that reaches the mirror
+    # split where the training windows cannot tell the two lags apart (`lag_split`); empty
+    # where they can, or where both are not learnt; ``lag_split`` the check behind it
+    sigma_split: dict = dataclasses.field(default_factory=dict)
+    lag_split: Optional[object] = None
     # learnt limits (``ParamSpec.limit``: a winch's top speed) the data never reach: sigma inf,
     # yet not undetermined; the model predicts these data the same for any value of them
     unreached: tuple = ()
@@ -137,14 +143,16 @@ class ParameterUncertainty:
 
     def published(self) -> dict:
         """Learnt name -> the 1-sigma the node publishes: the spread (sigma where there is
-        none), the horizon shift and the solver's remaining step added in quadrature; inf
+        none), the horizon shift, the solver's remaining step and an undetermined lag split
+        (`sigma_split`) added in quadrature; inf
         for every value while a value is `compensating` (no sigma describes a compensation:
         its error is the missing structure's, not the data's)."""
         base = self.sigma_spread or self.sigma
         if self.compensating:
             return {n: np.full(np.shape(s), np.inf) for n, s in base.items()}
         return {n: np.sqrt(np.square(s) + np.square(self.sigma_structure.get(n, 0.0))
-                           + np.square(self.sigma_step.get(n, 0.0))) for n, s in base.items()}
+                           + np.square(self.sigma_step.get(n, 0.0)) + np.square(self.sigma_split.get(n, 0.0)))
+                for n, s in base.items()}
 
     def structure_suspect(self) -> tuple:
         """Learnt names whose values move with the horizon by more than twice their spread:
@@ -400,7 +408,13 @@ def _windowed_uncertainty(trainer, names, theta0, seed: int) -> ParameterUncerta
         shift = horizon_shift(trainer, theta0, short_step=step, seed=seed, solver=lm)
     except (RuntimeError, ValueError):        # a failed shift must not cost the sigma
         shift, remaining = {}, {}
-    return dataclasses.replace(u, sigma_structure=shift, sigma_step=remaining)
+    split, sigma_split = None, {}
+    if "cable_damping" in names and "actuator_time_constant" in names:
+        values = trainer.params.as_dict()
+        split = check_lag_split(trainer, values, trainer.config.pose_window)
+        sigma_split = {} if split is None else split.sigma(values)
+    return dataclasses.replace(u, sigma_structure=shift, sigma_step=remaining, sigma_split=sigma_split,
+                               lag_split=split)
 
 
 def _scratch_solver(trainer, seed: int) -> tuple[WindowLevenbergMarquardt, bool]:
