@@ -35,8 +35,8 @@ LAG_SWAP_MIN_RATIO = 1.5
 # The mirror fits the training windows worse by this many standard errors of the mean
 # per-window log ratio: the data determine the split (the structure test's 2, `online_structure`)
 SPLIT_SIGNIFICANCE = 2.0
-# at most this many training windows scored (an even subset; two window fits per estimate,
-# ~1.5 s each on a 2-core CPU for the SUPERball's windows of 3 x 100 ms)
+# at most this many training windows scored (an even subset; two window fits per estimate:
+# 3.2 s each for the SUPERball's windows of 3 x 100 ms on a 2-core CPU running four processes)
 SPLIT_WINDOWS = 16
 
 
