@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tensegrity_engine.identification.acceptance import with_estimated_velocity
-from tensegrity_engine.identification.data import backward_difference_velocity, finite_difference_velocity
+from tensegrity_engine.identification.data import finite_difference_velocity
 from tensegrity_engine.identification.dataset import Trajectory
 from tensegrity_engine.identification.streaming import NS, StreamAligner, StreamConfig
 from tensegrity_engine.physics.config import load_robot
@@ -44,45 +44,12 @@ def test_the_direct_rotation_aliases_the_spin_and_the_central_one_does_not():
 def test_tuple_latents_start_at_the_spin():
     x = np.stack([pose(k * T, 2) for k in range(4)])           # 4 poses -> 3 tuples
     x0, x1 = x[:-1], x[1:]
-    prev, nxt = np.array([-1, 0, 1]), np.array([1, 2, -1])
-    for v in (finite_difference_velocity(x0, x1, prev, T, nxt), finite_difference_velocity(x0, x1, prev, T)):
-        np.testing.assert_allclose(v[1:, :, 3:], np.broadcast_to(world_spin(), (2, 2, 3)), atol=1e-9)
-        np.testing.assert_allclose(v[..., :3], np.broadcast_to(V, (3, 2, 3)), atol=1e-9)
-        # a chain's first tuple: one-sided (three-point or forward), still within pi / T
-        np.testing.assert_allclose(v[0, :, 3:], np.broadcast_to(world_spin(), (2, 3)), atol=1e-9)
-    np.testing.assert_allclose(backward_difference_velocity(x0, x1, prev, T)[..., 3:],
-                               np.broadcast_to(world_spin(), (3, 2, 3)), atol=1e-9)
-
-
-def test_a_chain_ends_velocities_are_second_order_like_its_middle():
-    """Where a dropped frame ends or starts a chain, its velocity is the one-sided
-    three-point difference: exact under a constant acceleration (linear and about a fixed
-    axis), where the forward / backward difference is a T / 2 off."""
-    acc, alpha, omega0 = np.array([3.0, -2.0, 9.81]), 40.0, 5.0          # m/s^2, rad/s^2, rad/s
-    axis = np.array([0.0, -math.sin(0.6), math.cos(0.6)])                # the tilted rod axis, world frame
-
-    def state(t):
-        angle = omega0 * t + 0.5 * alpha * t * t
-        q = quat_multiply(TILT, np.array([math.cos(angle / 2), 0.0, 0.0, math.sin(angle / 2)]))
-        return np.concatenate([V * t + 0.5 * acc * t * t, q])[None]      # one rod
-
-    x = np.stack([state(k * T) for k in range(4)])
-    x0, x1 = x[:-1], x[1:]
-    prev, nxt = np.array([-1, 0, 1]), np.array([1, 2, -1])
-    true = lambda t: np.concatenate([V + acc * t, (omega0 + alpha * t) * axis])    # noqa: E731
-    v0 = finite_difference_velocity(x0, x1, prev, T, nxt)
-    v1 = backward_difference_velocity(x0, x1, prev, T)
-    for k in range(3):
-        np.testing.assert_allclose(v0[k, 0], true(k * T), atol=1e-9)
-    np.testing.assert_allclose(v1[2, 0], true(3 * T), atol=1e-9)
-    # the first-order differences the chain's ends had: half an interval's change off
-    forward = finite_difference_velocity(x0, x1, prev, T)[0, 0]
-    np.testing.assert_allclose(forward - true(0.0), 0.5 * T * np.concatenate([acc, alpha * axis]), atol=1e-9)
-    backward = finite_difference_velocity(x0, x1, -np.ones(3, dtype=np.int64), T)[2, 0]
-    np.testing.assert_allclose(true(3 * T) - backward, 0.5 * T * np.concatenate([acc, alpha * axis]), atol=1e-9)
-    # a tuple alone between two drops keeps the first-order difference: nothing else is known
-    alone = finite_difference_velocity(x0[:1], x1[:1], np.array([-1]), T, np.array([-1]))
-    np.testing.assert_allclose(alone[0, 0], forward, atol=1e-12)
+    prev = np.array([-1, 0, 1])
+    v = finite_difference_velocity(x0, x1, prev, T)
+    np.testing.assert_allclose(v[1:, :, 3:], np.broadcast_to(world_spin(), (2, 2, 3)), atol=1e-9)
+    np.testing.assert_allclose(v[..., :3], np.broadcast_to(V, (3, 2, 3)), atol=1e-9)
+    # a chain's first tuple has only the forward difference, still within pi / T
+    np.testing.assert_allclose(v[0, :, 3:], np.broadcast_to(world_spin(), (2, 3)), atol=1e-9)
 
 
 def test_held_out_trajectories_and_the_live_aligner_estimate_the_spin():

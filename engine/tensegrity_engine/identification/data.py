@@ -10,7 +10,7 @@ import torch
 
 from tensegrity_engine.identification.dataset import Trajectory, TupleSet, to_tuples
 from tensegrity_engine.physics.params import SPEC_BY_NAME
-from tensegrity_engine.physics.state import ANG_VEL, POS, QUAT, central_rotation, quat_log_world
+from tensegrity_engine.physics.state import ANG_VEL, POS, QUAT, central_rotation
 
 
 def as_tuple_set(data, period: float, dt: float) -> Optional[TupleSet]:
@@ -23,45 +23,13 @@ def as_tuple_set(data, period: float, dt: float) -> Optional[TupleSet]:
     return TupleSet.concat(sets) if sets else None
 
 
-def _increments(a: np.ndarray, b: np.ndarray, T: float) -> np.ndarray:
-    """[..., R, 6] mean velocity from pose ``a`` to pose ``b`` T later: linear, and the
-    world-frame rotation vector (the shorter way, so spins up to pi / T resolve)."""
-    return np.concatenate([b[..., POS] - a[..., POS], quat_log_world(a[..., QUAT], b[..., QUAT])], -1) / T
-
-
-def finite_difference_velocity(x0: np.ndarray, x1: np.ndarray, prev: np.ndarray, T: float,
-                               nxt: Optional[np.ndarray] = None) -> np.ndarray:
-    """[N, R, 6] velocity estimates at x0 from tuple poses: central differences where the
-    tuple before is known (``prev``); at a chain's start the one-sided three-point
-    difference (3 d01 - d12) / 2 over x0, x1 and the next tuple's x1 (``nxt``), of the same
-    second order; a forward difference only where neither neighbour is known. A forward
-    difference misses half an interval's velocity change (a T / 2): fitted, it asks the
-    model for no acceleration over that tuple, and every dropped mocap frame makes one."""
+def finite_difference_velocity(x0: np.ndarray, x1: np.ndarray, prev: np.ndarray, T: float) -> np.ndarray:
+    """[N, R, 6] central (or forward) differences of tuple poses: velocity estimates at x0."""
     before = np.where((prev >= 0)[:, None, None], x0[np.clip(prev, 0, None)], x0)
     span = np.where(prev >= 0, 2.0 * T, T)[:, None, None]
     v = (x1[..., POS] - before[..., POS]) / span
     # through x0: a spin up to pi / T resolves, not pi / 2T (`central_rotation`)
-    v = np.concatenate([v, central_rotation(before[..., QUAT], x0[..., QUAT], x1[..., QUAT]) / span], -1)
-    if nxt is not None:
-        start = (prev < 0) & (nxt >= 0)
-        if start.any():
-            d01 = _increments(x0[start], x1[start], T)
-            d12 = _increments(x1[start], x1[nxt[start]], T)
-            v[start] = 1.5 * d01 - 0.5 * d12
-    return v
-
-
-def backward_difference_velocity(x0: np.ndarray, x1: np.ndarray, prev: np.ndarray, T: float) -> np.ndarray:
-    """[N, R, 6] velocity estimates at x1 from the poses before it: the one-sided
-    three-point difference (3 d12 - d01) / 2 where the tuple before is known, else the
-    backward difference (for a chain's last tuple, which has no next one)."""
-    d12 = _increments(x0, x1, T)
-    v = d12.copy()
-    linked = prev >= 0
-    if linked.any():
-        d01 = _increments(x0[prev[linked]], x0[linked], T)
-        v[linked] = 1.5 * d12[linked] - 0.5 * d01
-    return v
+    return np.concatenate([v, central_rotation(before[..., QUAT], x0[..., QUAT], x1[..., QUAT]) / span], -1)
 
 
 def piece_depths(prev: np.ndarray) -> np.ndarray:
@@ -136,14 +104,14 @@ class TrainingData:
         if gyro and ts.has_gyro:
             self.gyro0, self.gyro1 = (torch.as_tensor(g, device=device) for g in ts.gyro_masks())
         if latent:
-            # Velocity estimates by finite differences: x0 central (one-sided, second order
-            # at a chain start), x1 the next tuple's estimate (one-sided at a chain end). They stand in
+            # Velocity estimates by finite differences: x0 central (forward at a chain start),
+            # x1 the next tuple's estimate (backward difference at a chain end). They stand in
             # for measured velocities in the coarse stage and initialise the latents. A gyro's
             # angular velocity replaces the difference's: 10 Hz poses miss the spin about a
             # rod's axis that friction changes within 0.1 s (measured, the SUPERball twin
             # rolling: 0.48 rad/s off on average; 5.1 when the differences aliased it).
-            v0 = finite_difference_velocity(ts.x0, ts.x1, ts.prev, ts.period, ts.next)
-            v_back = backward_difference_velocity(ts.x0, ts.x1, ts.prev, ts.period)
+            v0 = finite_difference_velocity(ts.x0, ts.x1, ts.prev, ts.period)
+            v_back = finite_difference_velocity(ts.x0, ts.x1, -np.ones(len(ts), dtype=np.int64), ts.period)
             v1 = np.where((ts.next >= 0)[:, None, None], v0[np.clip(ts.next, 0, None)], v_back)
             if self.gyro0 is not None:
                 g0, g1 = ts.gyro_masks()
