@@ -328,6 +328,18 @@ def test_the_published_sigma_includes_the_groups_scatter_and_convergence_does_no
         assert not_yet_determined(node, values) == ()                  # 1 %: converged either way
 
 
+def _warning_node(robot):
+    """(the robot's config parameters, their values, their flat names, a stand-in identifier
+    node for `published_uncertainty`, the warnings it gives)."""
+    from types import SimpleNamespace
+
+    params = PhysicalParameters(robot)
+    warnings = []
+    node = SimpleNamespace(sigma_tuples=64, undetermined=(), at_bound=(), robot=robot,
+                           diag=SimpleNamespace(count=lambda *a: None, warn_throttled=lambda *a: warnings.append(a)))
+    return params, params.as_dict(), params.flat()[0], node, warnings
+
+
 def test_a_value_pinned_at_its_bound_is_warned_about_once_and_in_the_diagnostics(three_bar):
     """The data pushed a value against its bound: the node says so (a warning naming it and
     what to do, once while it stays so; the `at_bound` diagnostic). A motor's, cable's or
@@ -338,12 +350,7 @@ def test_a_value_pinned_at_its_bound_is_warned_about_once_and_in_the_diagnostics
     from tensegrity_engine.identification.uncertainty import ParameterUncertainty
     from tensegrity_ros.identifier_node import published_uncertainty
 
-    params = PhysicalParameters(three_bar)
-    values = params.as_dict()
-    names, _ = params.flat()
-    warnings = []
-    node = SimpleNamespace(sigma_tuples=64, undetermined=(), at_bound=(), robot=three_bar,
-                           diag=SimpleNamespace(count=lambda *a: None, warn_throttled=lambda *a: warnings.append(a)))
+    params, values, names, node, warnings = _warning_node(three_bar)
     for at_bound, sigma in ((("actuator_time_constant",), math.inf), (("actuator_time_constant",), math.inf),
                             ((), 0.001), (("contact_damping",), 0.001)):
         u = ParameterUncertainty(sigma={"actuator_time_constant": np.array([0.001])}, undetermined=(),
@@ -463,12 +470,7 @@ def test_an_undetermined_lag_split_is_warned_about_and_published_with_the_mirror
     from tensegrity_engine.identification.uncertainty import ParameterUncertainty
     from tensegrity_ros.identifier_node import published_uncertainty
 
-    params = PhysicalParameters(three_bar)
-    values = params.as_dict()
-    names, _ = params.flat()
-    warnings = []
-    node = SimpleNamespace(sigma_tuples=64, undetermined=(), at_bound=(), robot=three_bar,
-                           diag=SimpleNamespace(count=lambda *a: None, warn_throttled=lambda *a: warnings.append(a)))
+    params, values, names, node, warnings = _warning_node(three_bar)
     base = ParameterUncertainty(sigma={"actuator_time_constant": np.array([0.001])}, undetermined=(),
                                 residual_sigma=1.0, dof=10)
     for t, sigma in ((0.5, 0.03), (6.0, 0.0)):
