@@ -395,7 +395,7 @@ def run_session(z, args, seed: int, learn) -> dict:
     reported = [n for n in TARGETS if n in learn]
     err = relative_errors(final, truth, reported)
     # the motors' lag plus the cables' (tau + c / k): what commanded motion determines, where
-    # their split may not be (`online_structure.swapped_lags`)
+    # their split may not be (`lag_split`)
     lags = {name: motor_and_cable_lags(v) for name, v in (("identified", final), ("true", truth))}
     lag_sum_error = (math.nan if None in lags.values() or "cable_damping" not in learn
                      or "actuator_time_constant" not in learn

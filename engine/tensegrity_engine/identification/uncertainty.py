@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from tensegrity_engine.identification.config import CONTACT_PARAMS, SOFT_CONTACT_PARAMS
-from tensegrity_engine.identification.lag_split import check_lag_split
+from tensegrity_engine.identification.lag_split import LagSplit, check_lag_split
 from tensegrity_engine.identification.solvers.levenberg_marquardt import (bounded_step, jacobian_mode,
                                                                           one_sided_jacobian, raw_vector,
                                                                           residual_jacobian, set_raw_vector,
@@ -112,7 +112,7 @@ class ParameterUncertainty:
     # split where the training windows cannot tell the two lags apart (`lag_split`); empty
     # where they can, or where both are not learnt; ``lag_split`` the check behind it
     sigma_split: dict = dataclasses.field(default_factory=dict)
-    lag_split: Optional[object] = None
+    lag_split: Optional[LagSplit] = None
     # learnt limits (``ParamSpec.limit``: a winch's top speed) the data never reach: sigma inf,
     # yet not undetermined; the model predicts these data the same for any value of them
     unreached: tuple = ()
@@ -411,7 +411,10 @@ def _windowed_uncertainty(trainer, names, theta0, seed: int) -> ParameterUncerta
     split, sigma_split = None, {}
     if "cable_damping" in names and "actuator_time_constant" in names:
         values = trainer.params.as_dict()
-        split = check_lag_split(trainer, values, trainer.config.pose_window)
+        try:
+            split = check_lag_split(trainer, values, trainer.config.pose_window)
+        except (RuntimeError, ValueError):     # a failed check must not cost the sigma
+            split = None
         sigma_split = {} if split is None else split.sigma(values)
     return dataclasses.replace(u, sigma_structure=shift, sigma_step=remaining, sigma_split=sigma_split,
                                lag_split=split)
