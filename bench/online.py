@@ -266,6 +266,9 @@ def run_session(z, args, seed: int, learn) -> dict:
         robot = robot.replace(rod_mass=z.truth.rod_mass.copy())
     if args.geometry == "measured":       # and measured them: the capsules' radii
         robot = robot.replace(rod_radius=z.truth.rod_radius.copy())
+    if args.motors == "measured":         # a motor's step response on the bench gave its time constant
+        robot = robot.replace(actuator=dataclasses.replace(robot.actuator,
+                                                           time_constant=float(z.truth.actuator.time_constant)))
     sensing = sensing_for(z, args.noise)
     if "latency" in NOISE_PARTS[args.noise] and args.latency == "declared":   # the mocap's data sheet
         robot = robot.replace(actuator=dataclasses.replace(robot.actuator, delay=sensing.latency))
@@ -281,7 +284,9 @@ def run_session(z, args, seed: int, learn) -> dict:
                                motor_settle=args.motor_settle, per_element=args.per_element,
                                windows_from=args.windows_from, latent_jacobian_reuse=args.latent_jacobian_reuse,
                                latent_restart_every=args.latent_restart_every)
+    worker = WorkerClock(args.clock)
     session = OnlineIdentification(robot, cfg, min_tuples=args.min_tuples, max_tuples=args.max_tuples,
+                                   compute_clock=worker.now,     # the challenger's share of the worker
                                    floor=True, holdout_every=args.holdout_every,
                                    structure_options=args.structure_options, follow_pins=args.follow_pins == "on",
                                    log=(lambda m: _line(f"    [{z.name} {seed}] {m}")) if args.verbose else (lambda m: None))
@@ -289,7 +294,6 @@ def run_session(z, args, seed: int, learn) -> dict:
     truth = z.true_values(sensed=sensing.latency > 0)
     tol = 0.05 if dataclasses.replace(sensing, gyro_noise=0.0).ideal else 0.10     # the issue's targets
     clock, i_event = 0.0, 0
-    worker = WorkerClock(args.clock)
     pacing = GatePacing(args.publish_interval, clock=worker.now)     # the node's pacing of the gate
     trace = []                        # (sim time, published values, sigma) per publication
     candidate_trace = []              # (sim time, the trainer's values) per epoch
@@ -481,6 +485,11 @@ def main(argv=None) -> int:
     ap.add_argument("--masses", choices=("weighed", "learnt"), default="weighed",
                     help="weighed: the config has the robot's rod masses (pose-only data without known "
                     "forces cannot fix the force scale, see scale.py); learnt: they are identified too")
+    # what the identifier's lag-split warning asks for: poses fix the sum of the motors' lag
+    # and the cables' c/k (`identification.lag_split`), a bench step response the first
+    ap.add_argument("--motors", choices=("learnt", "measured"), default="learnt",
+                    help="measured: the config has the robot's motor time constant (a step response on the "
+                    "bench gives it) and actuator_time_constant is not learnt; learnt: identified from the poses")
     ap.add_argument("--latency", choices=("declared", "learnt"), default="declared",
                     help="declared: the config carries the mocap's latency as actuator.delay (a data "
                     "sheet or a timing test gives it); learnt: actuator_delay is identified from 0")
@@ -553,6 +562,8 @@ def main(argv=None) -> int:
     law = robot.contact.law if args.law == "config" else args.law
     learn = resolve_learn(args.learn.split(",") if args.learn
                           else default_learn(law) + (("rod_mass",) if args.masses == "learnt" else ()), law)
+    if args.motors == "measured":
+        learn = tuple(n for n in learn if n != "actuator_time_constant")
     if args.latency == "learnt" and "actuator_delay" not in learn:
         learn += ("actuator_delay",)
     if args.latent_jacobian_reuse < 1:
@@ -563,7 +574,7 @@ def main(argv=None) -> int:
         ap.error(f"--per-element: {', '.join(unknown)} not learnt (learn: {', '.join(learn)})")
     _line(f"machine: {machine()}")
     _line(f"online identification of {', '.join(learn)} on {args.robot}: {args.duration:g} s of sim time, "
-          f"contact law {law}, masses {args.masses}, rod radii {args.geometry}, noise {args.noise}, latency {args.latency}, init {args.init}, schedule {args.schedule}, pose windows of {args.pose_window} from {args.windows_from} (latents chained: {args.chain_latents}, latent blocks reused {args.latent_jacobian_reuse}x, latent restarts 1 in {args.latent_restart_every or 'never'}, windows redrawn at {args.window_refresh:g}x, "
+          f"contact law {law}, masses {args.masses}, rod radii {args.geometry}, motors' time constant {args.motors}, noise {args.noise}, latency {args.latency}, init {args.init}, schedule {args.schedule}, pose windows of {args.pose_window} from {args.windows_from} (latents chained: {args.chain_latents}, latent blocks reused {args.latent_jacobian_reuse}x, latent restarts 1 in {args.latent_restart_every or 'never'}, windows redrawn at {args.window_refresh:g}x, "
           f"none in the first {args.motor_settle:g} motor time constants), "
           f"gyros {args.imu}" + (f" (noise {args.gyro_noise} rad/s, weight {args.gyro_weight:g})" if args.imu == "on" else "")
           + f", {args.excitation} excitation ({args.excitation_band[0]:g}-{args.excitation_band[1]:g} Hz), seeds {args.seeds}, identification compute "
