@@ -26,9 +26,18 @@ def _batch(robot, start, n):
                       segment=torch.zeros(n, dtype=torch.long))
 
 
+_WORK = [0.0]        # the stand-in trainers' compute: ``epoch_cost`` per epoch
+
+
+def _work_clock() -> float:
+    """The sessions' compute clock here (`OnlineIdentification`'s ``compute_clock``)."""
+    return _WORK[0]
+
+
 class _ScriptedTrainer:
     """Records what the session feeds it; epochs follow a script of validation losses
-    (NaN: the parameters explode)."""
+    (NaN: the parameters explode), each costing ``epoch_cost`` on `_work_clock`."""
+    epoch_cost = 1.0
 
     def __init__(self, robot, script, converges=False):
         self.parameters = PhysicalParameters(robot)
@@ -46,6 +55,7 @@ class _ScriptedTrainer:
     def train_epoch(self):
         loss = self.script.pop(0)
         self.epoch += 1
+        _WORK[0] += self.epoch_cost
         if math.isnan(loss):
             with torch.no_grad():
                 self.parameters.cable_stiffness.fill_(float("nan"))
@@ -486,7 +496,7 @@ def _structure_sessions(robot, trainer_class, options, learn=("cable_stiffness",
     def session():
         s = OnlineIdentification(robot, IdentificationConfig(learn=learn), min_tuples=2,
                                  holdout_every=3, max_holdout=40, reopen_tuples=0, trainer_factory=factory,
-                                 structure_options=options)
+                                 compute_clock=_work_clock, structure_options=options)
         s._tuple_set = lambda batch, context=(): batch
         return s
     return made, session
@@ -585,14 +595,26 @@ class _TrailingStructureTrainer(_LongStructureTrainer):
         return super().train_epoch()
 
 
-def test_a_challenger_takes_one_epoch_in_its_share_and_is_refused_when_it_trails(three_bar):
+class _CostlyTrailingStructureTrainer(_TrailingStructureTrainer):
+    """The same trailing challenger, whose epochs cost 4x the solver's (a fit from far off:
+    more rejected steps); the base takes 200 epochs."""
+    base_epochs = 200
+
+    def __init__(self, robot, config, initial=None):
+        super().__init__(robot, config, initial)
+        self.epoch_cost = 4.0 if "cable_slack_damping" in self.learn else 1.0
+
+
+@pytest.mark.parametrize("trainer", [_TrailingStructureTrainer, _CostlyTrailingStructureTrainer])
+def test_a_challenger_takes_its_share_of_the_compute_and_is_refused_when_it_trails(three_bar, trainer):
     """A challenger whose held-out loss is above the fit it must beat at FUTILE_LOOKS looks
     in a row is refused then, not at its end: the look at epoch 10 (2510, not worse) restarts
-    the count, so the refusal comes at epoch 25, not 20. Meanwhile the solver trained
-    CHALLENGER_SHARE - 1 epochs to each of the challenger's."""
+    the count, so the refusal comes at epoch 25, not 20. Meanwhile the solver had
+    CHALLENGER_SHARE - 1 times the challenger's compute: as many epochs where they cost the
+    same, 4 to each of the challenger's where those cost 4x (not one in two)."""
     from tensegrity_engine.identification.online_structure import CHALLENGER_SHARE, FUTILE_LOOKS, JUDGE_EVERY
 
-    made, session = _structure_sessions(three_bar, _TrailingStructureTrainer, ("slack_damping",))
+    made, session = _structure_sessions(three_bar, trainer, ("slack_damping",))
     s = session()
     s.add(_batch(three_bar, 0, 91))
     main = s.trainer
@@ -605,8 +627,11 @@ def test_a_challenger_takes_one_epoch_in_its_share_and_is_refused_when_it_trails
     # it beats the config, so the gate passes it and the base fit's test finds it worse
     assert option == "slack_damping"
     assert verdict == f"futile: trailed at {FUTILE_LOOKS} looks in a row (no better than the base fit (worse))"
-    assert slack.epoch == (2 + FUTILE_LOOKS) * JUDGE_EVERY < _TrailingStructureTrainer.option_epochs
-    assert not slack.done and main.epoch == 1 + (CHALLENGER_SHARE - 1) * slack.epoch and not main.done
+    assert slack.epoch == (2 + FUTILE_LOOKS) * JUDGE_EVERY < trainer.option_epochs
+    # the solver's first epoch came before the challenger; each later one of its epochs in
+    # turn until it has had its share of the challenger's compute
+    ratio = (CHALLENGER_SHARE - 1) * slack.epoch_cost / main.epoch_cost
+    assert not slack.done and main.epoch == 1 + ratio * (slack.epoch - 1) and not main.done
     assert s.trials.refused == {"slack_damping": 30} and s.trainer is main
 
 
@@ -722,7 +747,7 @@ def _pinned_session(robot, follow_pins=True, trainer=_PinnedStructureTrainer):
     learn = ("cable_stiffness", "cable_damping", "actuator_time_constant")
     s = OnlineIdentification(robot, IdentificationConfig(learn=learn), min_tuples=2, holdout_every=3,
                              max_holdout=40, reopen_tuples=0, trainer_factory=factory,
-                             structure_options=("winch_speed",), follow_pins=follow_pins)
+                             compute_clock=_work_clock, structure_options=("winch_speed",), follow_pins=follow_pins)
     s._tuple_set = lambda batch, context=(): batch
     s.add(_batch(robot, 0, 91))
     return s, made
@@ -838,7 +863,7 @@ def test_a_structure_option_must_beat_the_solvers_fit(three_bar):
 
     s = OnlineIdentification(three_bar, IdentificationConfig(learn=("cable_stiffness",)), min_tuples=2,
                              holdout_every=3, reopen_tuples=0, trainer_factory=factory,
-                             structure_options=("end_heavy",))
+                             compute_clock=_work_clock, structure_options=("end_heavy",))
     s._tuple_set = lambda batch, context=(): batch
     s.add(_batch(three_bar, 0, 91))
     while s.training:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+import time
 from typing import Callable, Optional
 
 import numpy as np
@@ -30,7 +31,7 @@ import torch
 from tensegrity_engine.identification.acceptance import log_ratio_gain
 from tensegrity_engine.identification.config import IdentificationConfig, resolve_learn
 from tensegrity_engine.identification.heldout_scoring import StructuredScores
-from tensegrity_engine.identification.online_structure import (CHALLENGER_SHARE, StructureTrials, healthy_values,
+from tensegrity_engine.identification.online_structure import (StructureTrials, healthy_values,
                                                                 robot_in_structure, structure_key, structure_robot)
 from tensegrity_engine.identification.holdout import (HOLDOUT_KEPT_BLOCKS, MIN_GATE_BLOCKS,  # noqa: F401
                                                        HeldOutBlocks, kept_tuples)
@@ -131,7 +132,8 @@ class OnlineIdentification:
                  min_tuples: int = 20, max_tuples: int = 2000, floor: bool = True, fixed_rods=(),
                  holdout_every: int = 5, max_holdout: Optional[int] = None, reopen_tuples: int = 50,
                  trainer_factory: TrainerFactory = default_trainer_factory, structure_options=(),
-                 follow_pins: bool = True, log: Callable[[str], None] = lambda msg: None):
+                 follow_pins: bool = True, log: Callable[[str], None] = lambda msg: None,
+                 compute_clock: Callable[[], float] = time.perf_counter):
         if config.fine_integrator in MODEL_INTEGRATORS and config.fine_integrator != robot.integrator:
             robot = robot.replace(integrator=config.fine_integrator)     # as the trainer builds it
         self.config_robot, self.config, self.device = robot, config, device
@@ -141,6 +143,7 @@ class OnlineIdentification:
         self.max_holdout = kept_tuples(max_holdout, self.holdout_block, self.holdout_every, config.period)
         self.floor, self.fixed_rods = bool(floor), tuple(fixed_rods)
         self.trainer_factory, self.log = trainer_factory, log
+        self.compute_clock = compute_clock      # seconds of the worker's compute: the challenger's share
         self.trials = StructureTrials(structure_options, follow_pins)
         self.scores = StructuredScores()
         self.reset()
@@ -166,7 +169,6 @@ class OnlineIdentification:
         self.since_end = 0                   # training tuples added after the schedule's end
         self.scores.reset()                  # scorers per structure, the reference models' scores
         self.trials.reset()                  # structure: adopted options, the running challenger
-        self._solver_turns = 0               # solver epochs since the challenger's last (both training)
         self._looked_at = -1                 # held-out tuples (ever) when the gate last judged a fit of the solver's
         self._blocks_at_end = 0              # held-out blocks (ever) when the solver's schedule last ended
 
@@ -338,18 +340,24 @@ class OnlineIdentification:
         on the best so far or the gate can judge (`can_judge`) and has judged no fit of the
         solver's since the last held-out block was completed, None otherwise; a diverged
         epoch is rolled back and counted in ``rollbacks`` (compare it before and after to
-        tell). Once the solver is done, an epoch of the structure challenger, and one epoch
-        in ``CHALLENGER_SHARE`` while both train (None, or the values of one adopted now before
+        tell). Once the solver is done, an epoch of the structure challenger, and its share
+        of the compute while both train (`StructureTrials.challengers_turn`; None, or the values of one adopted now before
         its end: it becomes the solver, and the gate has just passed them at the stricter
         test)."""
-        if self.trials.active and (self.trainer.done or self._solver_turns >= CHALLENGER_SHARE - 1
-                                   or (self.trials.urgent and self.best_values is not None)):
-            self._solver_turns = 0
-            return self.trials.step(self)
+        trials = self.trials
+        if trials.active and (self.trainer.done or trials.challengers_turn()
+                              or (trials.urgent and self.best_values is not None)):
+            start = self.compute_clock()
+            try:
+                return trials.step(self)
+            finally:
+                trials.challenger_seconds += self.compute_clock() - start
         # on the floor the solver rarely waits (it reopens on every reopen_tuples new
-        # tuples and trains until then): a running challenger takes its share of the epochs
-        self._solver_turns = self._solver_turns + 1 if self.trials.active else 0
+        # tuples and trains until then): a running challenger takes its share of the time
+        start = self.compute_clock()
         m = self.trainer.train_epoch()
+        if trials.active:
+            trials.solver_seconds += self.compute_clock() - start
         self.epochs += 1
         self.last_metrics = {k: v for k, v in m.items() if k != "params"}
         values = self.trainer.parameters.as_dict()

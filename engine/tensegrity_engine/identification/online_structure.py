@@ -5,10 +5,9 @@ only what the robot does on the floor, and no time to fit every option at once. 
 option at a time is fitted by a *challenger*: a second trainer on the training window as it
 was when it started (a problem that grows under it every 5 s of data does not converge on
 one core: measured, `bench/online.py` at 120 s), with the option's values learnt as well.
-It starts from the config's values once the gate can judge, takes one epoch in
-``CHALLENGER_SHARE`` while the solver trains and every epoch while the solver waits for new
-tuples. Every
-``JUDGE_EVERY`` of its epochs and when its schedule ends, it is judged on the held-out
+It starts from the config's values once the gate can judge, takes one second of the
+worker's compute in ``CHALLENGER_SHARE`` while the solver trains and every epoch while the
+solver waits for new tuples. Every ``JUDGE_EVERY`` of its epochs and when its schedule ends, it is judged on the held-out
 blocks by the session's gate with a stricter test than a candidate of the same structure
 (more parameters must pay for themselves: a lower held-out loss by
 ``STRUCTURE_SIGNIFICANCE`` standard errors of the per-block log ratio *and* by
@@ -139,10 +138,14 @@ CHALLENGER_MAX_SECONDS = 120.0
 # looks reuse the held-out data, so they pass a useless option more often than one test
 # would; the 5 % minimum gain on held-out data keeps that rare (`bench/online.py`, docs/online_identification.md).
 JUDGE_EVERY = 5
-# While the solver trains, a challenger takes one epoch in this many. Measured (docs/online_identification.md, 8
-# robots x 3 seeds, implicitfast and winch_speed): one in three kept no solver closer to the
-# truth than one in two and left every challenger later; the futility stop (below) is what
-# saves the solver's time.
+# While the solver trains, a challenger takes one second of the worker's compute in this many
+# (`StructureTrials.challengers_turn`). Measured (docs/online_identification.md, 8 robots x 3
+# seeds, implicitfast and winch_speed, then one epoch in this many): one in three kept no solver
+# closer to the truth than one in two and left every challenger later; the futility stop
+# (below) is what saves the solver's time. Counted in time, not epochs: a challenger that fits
+# from the config's values (`fresh_start`) takes 5-10x the solver's time per epoch, so one epoch
+# in two gave it ~85 % of the worker (sim2sim on soft_slow: its 5 epochs 35 s against the
+# solver's 6, which then did not converge before the controller's 90 s excitation limit).
 CHALLENGER_SHARE = 2
 # A challenger whose held-out loss is above the fit it must beat at this many looks in a row
 # (its point estimate, not its significance) is refused then: an option that changes nothing
@@ -306,6 +309,8 @@ class StructureTrials:
         self.option: Optional[str] = None      # the option it tries
         self.base_values: Optional[dict] = None   # the solver's values when it started
         self.challenger_epochs = 0             # epochs the running challenger has trained
+        self.challenger_seconds = 0.0          # the worker's compute it took (the session's clock)
+        self.solver_seconds = 0.0              # and the solver's beside it, since it started
         self.trailing = 0                      # its looks in a row with a held-out loss above the base's
         self.urgent = False                    # it runs for a value the solver's fit pins (`PIN_OPTIONS`)
         self.pin_streak: dict = {}             # (name, side) -> the solver's epochs in a row pinned there
@@ -356,6 +361,11 @@ class StructureTrials:
                 continue
             return name
         return None
+
+    def challengers_turn(self) -> bool:
+        """While both train, the challenger's epoch is next as long as its compute since it
+        started is within its share (`CHALLENGER_SHARE`) of the two's."""
+        return self.challenger_seconds * (CHALLENGER_SHARE - 1) <= self.solver_seconds
 
     def observe(self, session) -> None:
         """After each epoch of ``session``'s solver: count its pins (`PIN_EPOCHS`), and start
@@ -466,6 +476,7 @@ class StructureTrials:
             return
         self.challenger, self.option, self.base_values = trainer, option, values
         self.challenger_epochs = self.trailing = 0
+        self.challenger_seconds = self.solver_seconds = 0.0
         self.urgent = urgent
         session.log(f"structure: fitting {option} on top of {'+'.join(self.adopted) or 'the base'}"
                     + (f" ({', '.join(f'{n} at its {side} bound' for n, side in pinned)})"
