@@ -1272,10 +1272,16 @@ def test_a_start_option_wins_on_the_training_windows_and_must_not_lose_on_held_o
     the windows trails (futile after `FUTILE_LOOKS` such looks), and one whose held-out loss
     is higher than the solver's is refused."""
     from tensegrity_engine.identification import online_structure
-    from tensegrity_engine.identification.online_structure import START_MIN_GAIN, StructureTrials, _trails
+    from tensegrity_engine.identification.online_structure import (START_MIN_GAIN, START_WINDOWS, StructureTrials,
+                                                                    _trails)
 
-    monkeypatch.setattr(online_structure, "window_fit",
-                        lambda run, values, width, max_windows=256: np.asarray(values["fit"], dtype=float))
+    scored = []
+
+    def window_fit(run, values, width, max_windows=256):
+        scored.append(max_windows)
+        return np.asarray(values["fit"], dtype=float)
+
+    monkeypatch.setattr(online_structure, "window_fit", window_fit)
     heldout = {"reason": "not_significant"}
     asked = []
 
@@ -1288,6 +1294,7 @@ def test_a_start_option_wins_on_the_training_windows_and_must_not_lose_on_held_o
     verdict = lambda fit: StructureTrials._start_verdict(session, {"fit": fit}, base)       # noqa: E731
     # lower on the windows: adopted although the held-out blocks cannot tell the two apart
     assert verdict([0.3, 0.3]) == "better" and asked == [(0.0, 0.0)]
+    assert scored == [START_WINDOWS] * 2            # a subset: the worker waits for the window fits
     tie = verdict([0.5 * (1 - START_MIN_GAIN / 2)] * 2)
     assert tie != "better" and _trails(tie)
     assert _trails(verdict([0.6, 0.6]))

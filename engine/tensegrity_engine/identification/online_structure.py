@@ -70,7 +70,7 @@ from tensegrity_engine.physics.params import SOFT_LAW_PARAMS, SPEC_BY_NAME, Phys
 
 __all__ = ["ONLINE_OPTIONS", "DEFAULT_STRUCTURE_OPTIONS", "OnlineOption", "online_options", "StructureTrials",
            "healthy_values", "CHALLENGER_SHARE", "FUTILE_LOOKS", "JUDGE_EVERY", "STRUCTURE_SIGNIFICANCE",
-           "STRUCTURE_MIN_GAIN", "START_MIN_GAIN", "PIN_OPTIONS", "PIN_EPOCHS", "URGENT_JUDGE_EVERY", "structure_robot",
+           "STRUCTURE_MIN_GAIN", "START_MIN_GAIN", "START_WINDOWS", "PIN_OPTIONS", "PIN_EPOCHS", "URGENT_JUDGE_EVERY", "structure_robot",
            "structure_key", "robot_in_structure"]
 
 
@@ -127,6 +127,11 @@ STRUCTURE_MIN_GAIN = 0.05
 # A start option (`fresh_start`) wins on the solver's objective over the training windows by
 # this much (`StructureTrials._start_verdict`): two local minima of one model, not a tie.
 START_MIN_GAIN = 0.01
+# ... scored on at most this many of the training windows (an even subset, the same for both):
+# each window's start velocity is fitted afresh for each set of values, ~0.1 s of a core per
+# SUPERball window, and the worker does nothing else meanwhile (all ~130 windows at 40 s of
+# data: 25 s, in which the sim2sim's solver neither trained nor published)
+START_WINDOWS = 32
 # A challenger's own budget: one that never passes its convergence test (a winch limit the
 # robot never reaches: a flat direction) must not hold the other options back for good.
 CHALLENGER_MAX_EPOCHS = 60
@@ -549,12 +554,12 @@ class StructureTrials:
     def _start_verdict(session, values: dict, base: dict) -> str:
         """A start option's verdict: the same model fitted to the same data from elsewhere, so
         the lower minimum of the solver's own objective wins, both scored on the session's
-        training windows as they are now (`acceptance.window_fit`: ~4x the held-out tuples,
-        no values added to pay for), by `START_MIN_GAIN`; and its held-out mean loss must be
+        training windows as they are now (`acceptance.window_fit`, `START_WINDOWS` of them:
+        ~4x the held-out tuples, no values added to pay for), by `START_MIN_GAIN`; and its held-out mean loss must be
         no higher than the session fit's (`online._compare`'s "worse"), lest it fit the
         training data's quirks. The gate then judges what it publishes as any fit."""
         width = session.trainer.config.pose_window
-        fits = [window_fit(session.trainer, v, width) for v in (values, base)]
+        fits = [window_fit(session.trainer, v, width, max_windows=START_WINDOWS) for v in (values, base)]
         if not all(f.size for f in fits):
             return "no training windows to compare on"
         fit, fit_base = (float(f.sum()) for f in fits)
