@@ -341,23 +341,17 @@ class OnlineIdentification:
         solver's since the last held-out block was completed, None otherwise; a diverged
         epoch is rolled back and counted in ``rollbacks`` (compare it before and after to
         tell). Once the solver is done, an epoch of the structure challenger, and its share
-        of the compute while both train (`StructureTrials.challengers_turn`; None, or the values of one adopted now before
-        its end: it becomes the solver, and the gate has just passed them at the stricter
-        test)."""
+        of the compute while both train (`StructureTrials.challengers_turn`; None, or the
+        values of one adopted before its end: the solver now, the gate passed them)."""
         trials = self.trials
         if trials.active and (self.trainer.done or trials.challengers_turn()
                               or (trials.urgent and self.best_values is not None)):
-            start = self.compute_clock()
-            try:
-                return trials.step(self)
-            finally:
-                trials.challenger_seconds += self.compute_clock() - start
+            return trials.step(self)
         # on the floor the solver rarely waits (it reopens on every reopen_tuples new
         # tuples and trains until then): a running challenger takes its share of the time
         start = self.compute_clock()
         m = self.trainer.train_epoch()
-        if trials.active:
-            trials.solver_seconds += self.compute_clock() - start
+        trials.solver_took(self.compute_clock() - start)
         self.epochs += 1
         self.last_metrics = {k: v for k, v in m.items() if k != "params"}
         values = self.trainer.parameters.as_dict()

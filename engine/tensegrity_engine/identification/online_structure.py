@@ -487,7 +487,22 @@ class StructureTrials:
                     + (f" ({', '.join(f'{n} at its {side} bound' for n, side in pinned)})"
                        if urgent else ""))
 
+    def solver_took(self, seconds: float) -> None:
+        """The solver's epoch took ``seconds`` of the worker's compute (`challengers_turn`)."""
+        if self.active:
+            self.solver_seconds += seconds
+
     def step(self, session) -> Optional[tuple[dict, dict]]:
+        """`_epoch`, its compute (``session.compute_clock``) counted toward the running
+        challenger's share (`challengers_turn`)."""
+        challenger, start = self.challenger, session.compute_clock()
+        try:
+            return self._epoch(session)
+        finally:
+            if self.challenger is challenger:          # not a new one's
+                self.challenger_seconds += session.compute_clock() - start
+
+    def _epoch(self, session) -> Optional[tuple[dict, dict]]:
         """One epoch of the challenger; at its end, and every `JUDGE_EVERY` of its epochs,
         the verdict: adopted (``session.adopt``) only if the gate passes it at the stricter
         test *and* it beats, by the same test, the session's fit as it stands now (the
