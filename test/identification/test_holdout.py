@@ -52,7 +52,7 @@ def test_a_held_out_block_around_a_lost_pose_goes_on_until_the_gate_can_score_it
     assert not _scoreable(held[0][:BLOCK]) and _scoreable(held[0])
     assert held[1] == list(range(53, 63)) and held[2] == list(range(83, 93))
     assert len(rest) + len(rest2) + blocks.length == len(stream) == blocks.seen
-    assert blocks.total == 31 and blocks.blocks == 3
+    assert blocks.total == 31 and blocks.blocks == blocks.scorable == 3
 
 
 def test_two_frames_lost_close_together_break_the_blocks_run():
@@ -66,13 +66,15 @@ def test_two_frames_lost_close_together_break_the_blocks_run():
 
 def test_a_block_that_holds_no_chain_ends_at_its_stretch():
     """Every third pose lost: no ten intervals with a tuple at the end and two among the first
-    three; the block ends at `BLOCK_STRETCH` blocks of tuples, not never."""
+    three; the block ends at `BLOCK_STRETCH` blocks of tuples, not never, and is not counted
+    among the blocks the gate can score."""
     blocks = HeldOutBlocks(every=2, block=BLOCK, max_tuples=1000)
     stream = [k for k in range(200) if k % 3 == 0]
     blocks.split(_tuples(stream))
     held = blocks.batch().t0 // T_NS
     assert blocks.total == BLOCK_STRETCH * BLOCK + BLOCK_STRETCH * BLOCK   # two full stretched blocks
     assert held[BLOCK_STRETCH * BLOCK - 1] < held[BLOCK_STRETCH * BLOCK] - 3 * BLOCK   # training between
+    assert blocks.blocks == 2 and blocks.scorable == 0
 
 
 def test_an_open_block_survives_a_checkpoint():
@@ -85,8 +87,8 @@ def test_an_open_block_survives_a_checkpoint():
     for b in (blocks, again):
         b.split(_tuples(stream[25:]))
     assert _held_blocks(again) == _held_blocks(blocks) and again.total == blocks.total == 11 + 7      # the next block open: 53-59
-    assert again.blocks == blocks.blocks == 1
+    assert again.blocks == blocks.blocks == again.scorable == blocks.scorable == 1
     # a checkpoint without the phase (older): the split's place from the tuples seen
     old = HeldOutBlocks(every=3, block=BLOCK, max_tuples=1000)
     old.restore(None, 10, 0)
-    assert old.until_held == 10 and old.open_block == [] and old.blocks == 0
+    assert old.until_held == 10 and old.open_block == [] and old.blocks == old.scorable == 0

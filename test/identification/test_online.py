@@ -153,6 +153,24 @@ def test_divergence_rolls_back_to_the_last_healthy_state(three_bar):
     assert s.status == "final (epoch/time limit reached)"           # a budget, not convergence
 
 
+def test_the_gate_can_judge_on_three_blocks_it_can_score_not_on_their_tuples(three_bar):
+    """Two blocks held out (20-29, 50-59), then the third opens at 80 and pose 82 is lost
+    (tuples 81 and 82 missing): its ten tuples 80, 83-91 hold no chain the gate can score, so
+    with 30 held-out tuples the gate cannot judge yet, no epoch is offered to it as new
+    evidence, and no structure challenger starts (one did, and was refused at its end for
+    want of blocks). Tuple 92 completes a chain (83-92): now it can."""
+    s, _ = _session(three_bar, [1.0, 0.2] + [0.9] * 8, min_tuples=2, holdout_every=3,
+                    structure_options=("soft_contact",))
+    s.add(_batch(three_bar, 0, 80))
+    assert s.step() is not None and s.step() is not None
+    s.add(TupleBatch.cat([_batch(three_bar, 80, 1), _batch(three_bar, 83, 9)]))
+    assert s.heldout_len == 3 * s.holdout_block and s.holdout.scorable == 2
+    assert not s.can_judge and s.step() is None and not s.trials.active
+    s.add(_batch(three_bar, 92, 1))
+    assert s.holdout.scorable == 3 and s.can_judge
+    assert s.step() is not None and s.trials.active    # new evidence: offered though 0.9 > 0.2
+
+
 def test_epochs_are_candidates_once_the_gate_can_judge_and_again_on_each_new_block(three_bar):
     """Losses fall on the first windows, before any block is held out, and no later epoch
     beats them: once the held-out blocks suffice, epochs are offered to the gate until it

@@ -58,6 +58,10 @@ class HeldOutBlocks:
         self.until_held = (self.every - 1) * self.block   # training tuples before the next block
         self.open_block: list = []           # (record, t0 ns) of the block being held out
         self.blocks = 0                      # blocks completed ever
+        # ... of them holding a chain the gate can score: what it waits for (counted in tuples,
+        # four-bar random/0 had a challenger started on 33 held-out tuples, 2 scorable blocks
+        # and an open one; each of its looks was "no_heldout_yet", and so was its end: refused)
+        self.scorable = 0
 
     def split(self, new: TupleBatch) -> Optional[TupleBatch]:
         """Keep the held-out part of ``new``; returns the rest (None if none). In blocks: the
@@ -74,8 +78,10 @@ class HeldOutBlocks:
                 continue
             held[i] = True
             self.open_block.append((int(records[i]), int(stamps[i])))
-            if self._block_ends(period_ns):
+            ends, holds_chain = self._block_ends(period_ns)
+            if ends:
                 self.blocks += 1
+                self.scorable += holds_chain
                 self.open_block = []
                 self.until_held = (self.every - 1) * self.block
         self.seen += len(new)
@@ -88,14 +94,16 @@ class HeldOutBlocks:
                 self.length -= len(self.retired[-1])
         return new.slice(~held) if not bool(held.all()) else None
 
-    def _block_ends(self, period_ns: float) -> bool:
-        """The open block has ``block`` tuples and holds a chain the gate can score (on its
-        newest record), or has `BLOCK_STRETCH` times as many."""
+    def _block_ends(self, period_ns: float) -> tuple[bool, bool]:
+        """(the open block ends, it holds a chain the gate can score): it ends with ``block``
+        tuples holding a chain (on its newest record), or with `BLOCK_STRETCH` times as many."""
         n = len(self.open_block)
         if n < self.block:
-            return False
-        if n >= BLOCK_STRETCH * self.block:
-            return True
+            return False, False
+        holds_chain = self._holds_chain(period_ns)
+        return holds_chain or n >= BLOCK_STRETCH * self.block, holds_chain
+
+    def _holds_chain(self, period_ns: float) -> bool:
         record = self.open_block[-1][0]
         position = stamp_intervals([t for r, t in self.open_block if r == record], period_ns)
         # a command run breaks where more intervals than a tuple's ``prev_commands`` cover have
@@ -122,7 +130,7 @@ class HeldOutBlocks:
     def phase(self) -> dict:
         """Where the split is (a checkpoint's: `restore`)."""
         return {"until_held": self.until_held, "open_block": [list(x) for x in self.open_block],
-                "blocks": self.blocks}
+                "blocks": self.blocks, "scorable": self.scorable}
 
     def restore(self, held: Optional[TupleBatch], seen: int, total: Optional[int],
                 phase: Optional[dict] = None) -> None:
@@ -137,8 +145,9 @@ class HeldOutBlocks:
             self.until_held = max(0, int(phase["until_held"]))
             self.open_block = [(int(r), int(t)) for r, t in phase["open_block"]]
             self.blocks = max(0, int(phase["blocks"]))
+            self.scorable = min(self.blocks, max(0, int(phase.get("scorable", self.blocks))))
         else:
             at = self.seen % max(self.every * self.block, 1)
             self.until_held = max(0, (self.every - 1) * self.block - at)
             self.open_block = []
-            self.blocks = self.total // max(self.block, 1)
+            self.blocks = self.scorable = self.total // max(self.block, 1)

@@ -170,7 +170,7 @@ class OnlineIdentification:
         self.scores.reset()                  # scorers per structure, the reference models' scores
         self.trials.reset()                  # structure: adopted options, the running challenger
         self._looked_at = -1                 # held-out tuples (ever) when the gate last judged a fit of the solver's
-        self._blocks_at_end = 0              # held-out blocks (ever) when the solver's schedule last ended
+        self._blocks_at_end = 0              # scorable held-out blocks when the solver's schedule last ended
 
     # ------------------------------------------------------------------ data window
     def _tuple_set(self, batch: TupleBatch, context=()):
@@ -248,8 +248,9 @@ class OnlineIdentification:
 
     @property
     def can_judge(self) -> bool:
-        """Enough held-out tuples for the gate (``MIN_GATE_BLOCKS`` blocks); False without a gate."""
-        return self.holdout_every >= 2 and self.heldout_len >= MIN_GATE_BLOCKS * self.holdout_block
+        """``MIN_GATE_BLOCKS`` completed held-out blocks the gate can score (`HeldOutBlocks.scorable`,
+        not tuples: an open block's are not scored); False without a gate."""
+        return self.holdout_every >= 2 and self.holdout.scorable >= MIN_GATE_BLOCKS
 
     def compare_on_heldout(self, values: dict, reference: dict, significance: float = GATE_SIGNIFICANCE,
                            min_gain: float = 0.0, run=None) -> str:
@@ -313,8 +314,7 @@ class OnlineIdentification:
             return
         self.since_end += added
         # the gate never judged the solver's fits (too few blocks at its end) and one came since
-        first_look = (self._looked_at < 0 and self.holdout.blocks >= MIN_GATE_BLOCKS
-                      and self.holdout.blocks > self._blocks_at_end)
+        first_look = (self._looked_at < 0 and self.can_judge and self.holdout.scorable > self._blocks_at_end)
         if self.since_end >= self.reopen_tuples > 0 or first_look:
             self.trainer.reopen(f"{self.since_end} new tuples" + ", the gate's first held-out blocks" * first_look)
             self.since_end = 0
@@ -395,7 +395,7 @@ class OnlineIdentification:
         budget ran out."""
         self.converged = True           # finished: no more epochs (the checkpoint's flag)
         self.since_end = 0
-        self._blocks_at_end = self.holdout.blocks
+        self._blocks_at_end = self.holdout.scorable
         schedule = self.trainer.schedule
         self.status = "converged" if schedule.converged else f"final ({schedule.stop_reason or 'stopped'})"
         values = self.trainer.parameters.as_dict()
