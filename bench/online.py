@@ -325,9 +325,10 @@ def run_session(z, args, seed: int, learn) -> dict:
                 pacing.offer(improved)
         elif session.finished:             # as the node: the final values are gated at once
             pacing.drop()
+            again = session.judging_end_again        # an end taken before, judged now
             pacing.offer(session.finish())
             finished = True
-            if session.status == "converged":        # the solver's convergence test passed
+            if session.status == "converged" and not again:     # the solver's convergence test passed
                 converged_at.append(clock)
         judged = pacing.gate(lambda candidate: session.gate(candidate[1]), force=finished)
         improved = None

@@ -238,11 +238,12 @@ class IdentifierNode(Node):
             revert_to_config(self, m)
 
     def _publish(self, m: dict, values: dict, stage: str = "", params=None, heldout_loss: float = math.nan,
-                 com: tuple = (math.nan, math.nan, math.nan), robot=None) -> None:
+                 com: tuple = (math.nan, math.nan, math.nan), robot=None, estimate: bool = True) -> None:
         """Publish ``values`` (the best so far, fitted in the structure ``robot``: the
         session's by default) with the metrics ``m`` (latched); the message's validation
         loss is ``heldout_loss`` where there is one; ``com`` the held-out CoM errors of these
-        values, the model they replace and the config (in diagnostics only)."""
+        values, the model they replace and the config (in diagnostics only); their sigma
+        unless ``estimate`` is False (the config's values: nothing identified)."""
         self.pacing.published()
         robot = params.robot if params is not None else robot or self.session.robot
         self.session.mark_published(values, robot)
@@ -252,11 +253,12 @@ class IdentifierNode(Node):
                                         bounds={n: (sp.lower, sp.upper) for n, sp in cur.specs.items()})
             # sigma and the step come from the session's trainer: only for values of its structure
             same = structure_key(robot) == structure_key(self.session.robot)
-            if same:
+            if same and estimate:
                 sigma = published_uncertainty(self, params, values)
             else:
                 sigma = None
-                clear_uncertainty_flags(self, "not estimated (values of another structure)")
+                clear_uncertainty_flags(self, "not estimated (" + ("values of another structure)" if estimate
+                                                                  else "the config's values: nothing identified yet)"))
         else:
             sigma, same = None, False        # a checkpoint's values: no data behind them yet
             clear_uncertainty_flags(self, "not estimated (values from a checkpoint)")
@@ -277,10 +279,13 @@ class IdentifierNode(Node):
     def _on_done(self) -> None:
         """The schedule finished: publish the final (best) parameters as converged."""
         m, values = self.session.finish()
-        stage = end_stage(self, self.session.status, values)
         config_in_use = self.session.best_values is None
         accepted = passes_gate(self, values)
         g = self.last_gate
+        # its sigma (seconds of the worker) says what to excite once published; refused with
+        # nothing published, the config's values are said again, with none (never identified)
+        estimate = accepted or not config_in_use
+        stage = end_stage(self, self.session.status, values) if estimate else self.session.status
         if accepted:
             held, com = g.candidate_loss, (g.candidate_com_error, g.incumbent_com_error, g.config_com_error)
         else:                                   # the end state is said with the model in use
@@ -293,7 +298,7 @@ class IdentifierNode(Node):
             held = g.incumbent_loss
             com = (g.incumbent_com_error, g.incumbent_com_error, g.config_com_error)
         self._publish(m, values, stage=stage, heldout_loss=held, com=com,
-                      robot=None if accepted else robot)
+                      robot=None if accepted else robot, estimate=estimate)
         if not accepted and config_in_use:
             self.session.mark_published(None)      # the config's values: nothing identified to export
         self.get_logger().info(f"identification {self.session.status} after {self.epochs} epochs: "

@@ -166,6 +166,9 @@ def test_the_gate_can_judge_on_three_blocks_it_can_score_not_on_their_tuples(thr
     s.add(TupleBatch.cat([_batch(three_bar, 80, 1), _batch(three_bar, 83, 9)]))
     assert s.heldout_len == 3 * s.holdout_block and s.holdout.scorable == 2
     assert not s.can_judge and s.step() is None and not s.trials.active
+    scored = []
+    s.scores.candidate = lambda *a, **k: scored.append(a) or ([1.0] * 3, [0.01] * 3)
+    assert s.gate({"cable_stiffness": [2500.0]}).reason == "no_heldout_yet" and not scored   # no rollout spent
     s.add(_batch(three_bar, 92, 1))
     assert s.holdout.scorable == 3 and s.can_judge
     assert s.step() is not None and s.trials.active    # new evidence: offered though 0.9 > 0.2
@@ -1388,11 +1391,13 @@ def test_a_challenger_that_cannot_take_the_window_is_refused_and_the_session_kep
     assert s.trainer is main and s.robot is robot and s.trials.adopted == [] and "end_heavy" in s.trials.refused
 
 
-def test_a_solver_that_ended_before_the_gate_could_judge_is_reopened_on_its_first_blocks(three_bar):
+def test_an_end_the_gate_could_not_judge_is_taken_again_on_its_first_blocks(three_bar):
     """The solver ended with two held-out blocks: its end was not judged (no_heldout_yet).
-    It is reopened once the third block completes, not after ``reopen_tuples`` more training
-    tuples (with lost frames that cost a run 10-25 s before its first publication); its
-    next epoch is a candidate the gate can judge. Later blocks wait for ``reopen_tuples``."""
+    Once the third block completes, that end is taken again (`finished`, then `finish`): the
+    gate judges the finished fit, which was resumed before and had to end anew before it
+    could be published as converged (sim2sim: MPPI from 33-91 s). The solver is not
+    reopened for it; the training tuples since its end still count toward ``reopen_tuples``,
+    and later blocks take nothing again."""
     made = []
 
     class Reopening(_ScriptedTrainer):
@@ -1412,14 +1417,16 @@ def test_a_solver_that_ended_before_the_gate_could_judge_is_reopened_on_its_firs
     s.add(_batch(three_bar, 0, 61))                  # held out: 20-29, 50-59
     while s.training:
         s.step()
-    _, values = s.finish()
-    assert s.gate(values).reason == "no_heldout_yet" and s.holdout.blocks == 2
-    s.add(_batch(three_bar, 61, 19))                 # training tuples only
-    assert not reopened() and not s.training
+    _, ended = s.finish()
+    assert s.gate(ended).reason == "no_heldout_yet" and s.holdout.scorable == 2
+    s.add(_batch(three_bar, 61, 19))                 # 19 training tuples
+    assert not s.finished and not s.training and s.since_end == 19
     s.add(_batch(three_bar, 80, 10))                 # the third block: 80-89
-    assert len(reopened()) == 1 and "first held-out blocks" in reopened()[0][1] and s.training
-    m, values = s.step()                             # a candidate, though its loss is no lower
-    assert s.gate(values).reason != "no_heldout_yet"
-    s.finish()
-    s.add(_batch(three_bar, 90, 30))                 # the fourth block (110-119): a reopen waits
-    assert len(reopened()) == 1 and not s.training
+    assert s.finished and s.judging_end_again and not s.training and not reopened()
+    _, values = s.finish()
+    assert values == ended and s.gate(values).reason != "no_heldout_yet"
+    assert not s.judging_end_again and s.since_end == 19
+    s.add(_batch(three_bar, 90, 30))                 # 20 more, and the fourth block (110-119)
+    assert not s.finished and not s.training and not reopened()
+    s.add(_batch(three_bar, 120, 11))                # 50 since the end: resumed
+    assert len(reopened()) == 1 and "50 new tuples" in reopened()[0][1] and s.training

@@ -140,7 +140,10 @@ def test_the_summary_puts_the_configs_heldout_error_beside_the_identified_models
 def test_a_refused_first_fit_publishes_the_config_without_calling_it_identified(monkeypatch):
     """The gate refuses the finished fit and nothing was published before: the config's
     values go out with the end state, and the session still holds no identified model (the
-    MJCF export then says so instead of writing the config as identified)."""
+    MJCF export then says so instead of writing the config as identified). No sigma is
+    estimated, of the fit or of the config's values (seconds of the worker's time, measured
+    in the sim2sim before the gate's first blocks); once a model is published, a refused
+    end is said with the published model's sigma."""
     from tensegrity_engine.physics.config import load_robot
     from tensegrity_engine.physics.params import PhysicalParameters
     from tensegrity_ros import identifier_node as node_module
@@ -154,19 +157,23 @@ def test_a_refused_first_fit_publishes_the_config_without_calling_it_identified(
                               finish=lambda: ({"epoch": 3}, fitted), gate=lambda values: verdict,
                               trainer=SimpleNamespace(learn=("cable_stiffness",), format_parameters=lambda: ""))
     session.mark_published = lambda values, robot=None: setattr(session, "best_values", values)
-    published = []
+    published, estimated, stages = [], [], []
 
     def publish(m, values, **kw):                     # as IdentifierNode._publish marks it published
         published.append(values)
+        estimated.append(kw.get("estimate", True))
         session.mark_published(values, kw.get("robot"))
     node = SimpleNamespace(session=session, diag=_Diag(), last_gate=None, last_refused=None, epochs=3,
                            trainer=session.trainer, _publish=publish, _save_checkpoint=lambda: None,
                            get_logger=lambda: SimpleNamespace(info=lambda *a: None))
-    monkeypatch.setattr(node_module, "end_stage", lambda node, status, values: status)
+    monkeypatch.setattr(node_module, "end_stage", lambda node, status, values: stages.append(values) or status)
     monkeypatch.setattr(node_module, "refused_finish_stage", lambda node, gate, stage, fitted: stage)
     node_module.IdentifierNode._on_done(node)
-    assert published == [PhysicalParameters(robot).as_dict()]
+    assert published == [PhysicalParameters(robot).as_dict()] and estimated == [False] and stages == []
     assert session.best_values is None
+    session.best_values = {"cable_stiffness": [6000.0]}             # a model published since
+    node_module.IdentifierNode._on_done(node)
+    assert published[-1] == {"cable_stiffness": [6000.0]} and estimated[-1] is True and stages == [fitted]
 
 
 def test_an_end_that_fails_to_publish_is_published_on_the_next_pass():

@@ -171,6 +171,7 @@ class OnlineIdentification:
         self.trials.reset()                  # structure: adopted options, the running challenger
         self._looked_at = -1                 # held-out tuples (ever) when the gate last judged a fit of the solver's
         self._blocks_at_end = 0              # scorable held-out blocks when the solver's schedule last ended
+        self.judging_end_again = False       # `finished` once more: an end the gate could not judge
 
     # ------------------------------------------------------------------ data window
     def _tuple_set(self, batch: TupleBatch, context=()):
@@ -216,8 +217,8 @@ class OnlineIdentification:
         its own structure."""
         if self.holdout_every < 2:
             return HeldOutVerdict(True, "gate_off", math.nan, math.nan, 0)
-        if self.trainer is None or not self.heldout:
-            return HeldOutVerdict(False, "no_heldout_yet", math.nan, math.nan, 0)
+        if self.trainer is None or not self.can_judge:           # nothing scored (rollouts cost)
+            return HeldOutVerdict(False, "no_heldout_yet", math.nan, math.nan, self.heldout_len)
         data = self.heldout_tuples()
         config = PhysicalParameters(self.config_robot).as_dict()
         incumbent = self.best_values if self.best_values is not None else config
@@ -308,18 +309,18 @@ class OnlineIdentification:
             self.trials.maybe_start(self)
 
     def _maybe_reopen(self, added: int) -> None:
-        """Schedule "online": resume the finished solver once ``reopen_tuples`` new tuples
-        have arrived (the robot keeps moving: the model keeps learning)."""
+        """Schedule "online": resume the finished solver once ``reopen_tuples`` new tuples have
+        arrived (the model keeps learning). An end the gate could not judge (too few blocks) is
+        taken again once it can (`finished`; resumed, it had to end anew: MPPI at 33-91 s)."""
         if not (self.converged and self.trainer.done and self.config.schedule == "online"):
             return
         self.since_end += added
-        # the gate never judged the solver's fits (too few blocks at its end) and one came since
-        first_look = (self._looked_at < 0 and self.can_judge and self.holdout.scorable > self._blocks_at_end)
-        if self.since_end >= self.reopen_tuples > 0 or first_look:
-            self.trainer.reopen(f"{self.since_end} new tuples" + ", the gate's first held-out blocks" * first_look)
-            self.since_end = 0
+        if self._looked_at < 0 and self.can_judge and self.holdout.scorable > self._blocks_at_end:
             self.converged = False
-            self.status = "training"
+            self.judging_end_again = True
+        elif self.since_end >= self.reopen_tuples > 0:
+            self.trainer.reopen(f"{self.since_end} new tuples")
+            self.since_end, self.converged, self.status = 0, False, "training"
 
     # ------------------------------------------------------------------ training
     @property
@@ -394,7 +395,8 @@ class OnlineIdentification:
         says "converged" only if a convergence test ended it, else "final (<why>)": a
         budget ran out."""
         self.converged = True           # finished: no more epochs (the checkpoint's flag)
-        self.since_end = 0
+        self.since_end *= self.judging_end_again      # the tuples since the end are still new
+        self.judging_end_again = False
         self._blocks_at_end = self.holdout.scorable
         schedule = self.trainer.schedule
         self.status = "converged" if schedule.converged else f"final ({schedule.stop_reason or 'stopped'})"
@@ -434,14 +436,11 @@ class OnlineIdentification:
         self.converged = False
 
     def uncertainty(self, max_tuples: int = 256, at: Optional[dict] = None):
-        """`uncertainty.ParameterUncertainty` of the trainer's current values (or of ``at``)
-        on the window, or None (no trainer yet, or the estimate failed: no sigma beats a
-        wrong one)."""
+        """`session_uncertainty`: the current values' (or ``at``'s) on the window, or None."""
         return session_uncertainty(self, max_tuples, at)
 
     def predict_newest(self) -> Optional[tuple[np.ndarray, int]]:
-        """The identified model's prediction X_t+T [R, 13] of the newest tuple and its
-        start stamp (ns), or None (no model or data yet, or a non-finite prediction)."""
+        """`predict_newest`: the model's X_t+T [R, 13] of the newest tuple and its stamp (ns)."""
         return predict_newest(self)
 
     # ------------------------------------------------------------------ checkpoint
@@ -477,7 +476,9 @@ def unseen_tuples(s: OnlineIdentification, batch: TupleBatch, since_ns: Optional
 
 
 def session_uncertainty(s: OnlineIdentification, max_tuples: int = 256, at: Optional[dict] = None):
-    """`OnlineIdentification.uncertainty`."""
+    """`uncertainty.ParameterUncertainty` of the session trainer's current values (or of
+    ``at``) on the window, or None (no trainer yet, or the estimate failed: no sigma beats a
+    wrong one)."""
     from tensegrity_engine.identification.uncertainty import trainer_uncertainty
 
     if s.trainer is None:
@@ -500,7 +501,8 @@ def session_uncertainty(s: OnlineIdentification, max_tuples: int = 256, at: Opti
 
 @torch.no_grad()
 def predict_newest(s: OnlineIdentification) -> Optional[tuple[np.ndarray, int]]:
-    """`OnlineIdentification.predict_newest`."""
+    """The identified model's prediction X_t+T [R, 13] of the newest tuple and its start
+    stamp (ns), or None (no model or data yet, or a non-finite prediction)."""
     engine = getattr(s.trainer, "engine", None)
     if engine is None or not s.window:
         return None
