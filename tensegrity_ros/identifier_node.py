@@ -257,8 +257,8 @@ class IdentifierNode(Node):
                 sigma = published_uncertainty(self, params, values)
             else:
                 sigma = None
-                clear_uncertainty_flags(self, "not estimated (" + ("values of another structure)" if estimate
-                                                                  else "the config's values: nothing identified yet)"))
+                why = "values of another structure" if estimate else "the config's values: nothing identified yet"
+                clear_uncertainty_flags(self, f"not estimated ({why})")
         else:
             sigma, same = None, False        # a checkpoint's values: no data behind them yet
             clear_uncertainty_flags(self, "not estimated (values from a checkpoint)")
