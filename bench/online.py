@@ -399,6 +399,10 @@ def run_session(z, args, seed: int, learn) -> dict:
                 objective[name] = training_objective(session.trainer, values, cfg.pose_window)
     reported = [n for n in TARGETS if n in learn]
     err = relative_errors(final, truth, reported)
+    # the sigma of the published values estimated again on the session's last window: what the
+    # node publishes with them when a finish ties them (`identifier_node.ties_published`)
+    at_end = session.uncertainty(max_tuples=64, at=published) if published is not None else None
+    full_at_end = None if at_end is None else _mean_sigmas(at_end.published())
     # the motors' lag plus the cables' (tau + c / k): what commanded motion determines, where
     # their split may not be (`lag_split`)
     lags = {name: motor_and_cable_lags(v) for name, v in (("identified", final), ("true", truth))}
@@ -433,6 +437,9 @@ def run_session(z, args, seed: int, learn) -> dict:
             "elements_covered": {n: c for n in reported if full_elements is not None and n in full_elements
                                  and (c := elements_covered(final[n], truth[n], full_elements[n])) is not None},
             "claimed": claimed(reported), "compensating": compensating,
+            "covered_at_end": within_2(full_at_end),
+            "claimed_at_end": {n: full_at_end is not None and math.isfinite(full_at_end.get(n, math.inf))
+                               for n in reported},
             "relative_shift": None if shift is None else {n: shift[n] / abs(np.mean(final[n])) for n in reported},
             "relative_spread": None if spread is None else {n: spread[n] / abs(np.mean(final[n])) for n in reported},
             "within_tol_from": within, "tol": tol, "publications": len(trace), "reverts": reverts,
@@ -705,6 +712,9 @@ def main(argv=None) -> int:
           f"pinned at a bound ({', '.join(sorted({r['robot'] for r in voided})) or 'none'}), whose values were "
           f"covered by 2x the curvature-and-spread sigma on "
           f"{100 * np.mean([r['covered_spread'][n] for r in voided for n in reported]) if voided else math.nan:.0f} %")
+    hits = [r["covered_at_end"][n] for r in results for n in reported if r["claimed_at_end"][n]]
+    _line(f"the same, the published values' sigma estimated again on the last window (as the node publishes them "
+          f"with a finish that ties them): {_percent(float(np.mean(hits))) + f' of {len(hits)}' if hits else 'none'}")
     split = [(r, c) for r in results for c in r["elements_covered"].values()]
     if split:
         hits, given = (sum(c[i] for _, c in split) for i in (0, 1))

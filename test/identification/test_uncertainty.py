@@ -726,6 +726,40 @@ def test_the_horizon_shift_shows_a_structure_the_model_lacks_and_not_an_exact_on
             assert off.sigma_step["cable_stiffness"][0] == pytest.approx(0.03 * here["cable_stiffness"][0], rel=0.3)
     assert max(shifts["delayed"].values()) > 0.005, shifts
     assert max(shifts["exact"].values()) < 1e-4, shifts
+    # the estimates are pooled per model: an earlier shift of 50 % widens the next one's
+    tr.horizon_shifts.insert(0, {n: np.array([0.5]) for n in learn})
+    pooled = len(tr.horizon_shifts) + 1
+    again = trainer_uncertainty(tr)
+    assert again.sigma_structure["cable_damping"][0] >= 0.5 / np.sqrt(pooled) * here["cable_damping"][0]
+
+
+def test_the_horizon_shifts_of_a_models_estimates_are_pooled(superball):
+    """One estimate's shift is one noisy draw of the model's mismatch: the published
+    shift is the root mean square of the model's draws (relative to the values each was
+    made at), so a draw near 0 after a large one does not make the mismatch vanish; a new
+    model (a new trainer) starts its own pool, and a failed draw leaves the pool as it is."""
+    from types import SimpleNamespace
+
+    from tensegrity_engine.identification.uncertainty import SHIFT_POOL, pooled_shift
+
+    def trainer(k: float):
+        params = PhysicalParameters(superball)
+        params.set_value("cable_stiffness", [k])
+        return SimpleNamespace(learn=("cable_stiffness",), params=params)
+
+    tr = trainer(5000.0)
+    first = pooled_shift(tr, {"cable_stiffness": np.array([60.0])})
+    assert first["cable_stiffness"][0] == pytest.approx(60.0)
+    second = pooled_shift(tr, {"cable_stiffness": np.array([0.5])})
+    assert second["cable_stiffness"][0] == pytest.approx(np.sqrt((60.0 ** 2 + 0.5 ** 2) / 2), rel=1e-6)
+    assert pooled_shift(tr, {})["cable_stiffness"][0] == pytest.approx(second["cable_stiffness"][0])
+    tr.params.set_value("cable_stiffness", [2500.0])       # relative: the same share of a value half as large
+    assert pooled_shift(tr, {})["cable_stiffness"][0] == pytest.approx(second["cable_stiffness"][0] / 2, rel=1e-6)
+    assert pooled_shift(trainer(5000.0), {"cable_stiffness": np.array([0.5])})["cable_stiffness"][0] == \
+        pytest.approx(0.5)
+    for _ in range(SHIFT_POOL):                            # the oldest draws leave the pool
+        latest = pooled_shift(tr, {"cable_stiffness": np.array([1.0])})
+    assert latest["cable_stiffness"][0] == pytest.approx(1.0)
 
 
 def _pose_only_noisy(records, mm: float, seed: int):
