@@ -99,7 +99,6 @@ class ProgressiveTrainer:
         self.tuple_lm = TupleLevenbergMarquardt(self.config)
         self.window_lm = WindowLevenbergMarquardt(self.config)
         self.sigma_scratch = None   # the uncertainty's windows before the windowed stage (`uncertainty`)
-        self.horizon_shifts = []    # relative horizon shifts of this model's estimates (`uncertainty.pooled_shift`)
         self._last_metrics: dict = {}
 
     # ------------------------------------------------------------------ state of the run

@@ -532,7 +532,7 @@ def pooled_shift(trainer, shift: dict) -> dict:
     names = tuple(trainer.learn)
     current = {n: trainer.params.shared_value(n).detach().double().cpu().numpy().reshape(-1) for n in names}
     history = getattr(trainer, "horizon_shifts", None)
-    if history is None:                       # a trainer made without one (a restored or stub trainer)
+    if history is None:                       # the pool lives on the trainer: one per model
         history = trainer.horizon_shifts = []
     if shift and all(n in shift for n in names):
         history.append({n: np.asarray(shift[n], dtype=np.float64) / np.maximum(np.abs(current[n]), 1e-300)
