@@ -33,8 +33,9 @@ is how far the values move when the same data is fitted over windows `HORIZON_FA
 as long (one Gauss-Newton step of each problem from the values: a specification check in
 the spirit of Hausman's; it carries the noise of a fit on a subset too, so it is not zero
 for a right model on noisy data); each estimate's shift is pooled with the earlier ones of
-the same model (`pooled_shift`: the mismatch stays, the noise of one draw does not). ``sigma_step`` is how far one more step of the solver's
-own problem would move the values. What the node publishes adds both to the spread.
+the same model (`pooled_shift`: the mismatch stays, the noise of one draw does not).
+``sigma_step`` is how far one more step of the solver's own problem would move the values.
+What the node publishes adds both to the spread.
 """
 from __future__ import annotations
 
