@@ -395,7 +395,7 @@ class OnlineIdentification:
         says "converged" only if a convergence test ended it, else "final (<why>)": a
         budget ran out."""
         self.converged = True           # finished: no more epochs (the checkpoint's flag)
-        self.since_end *= self.judging_end_again      # the tuples since the end are still new
+        self.since_end = self.since_end if self.judging_end_again else 0   # since an end judged again: still new
         self.judging_end_again = False
         self._blocks_at_end = self.holdout.scorable
         schedule = self.trainer.schedule
