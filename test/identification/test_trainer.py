@@ -103,6 +103,38 @@ def test_resume_reproduces_uninterrupted_training(superball, data, tmp_path):
     assert (c.epoch, c.n_steps, c.lr, c.phase) == (a.epoch, a.n_steps, a.lr, a.phase)
 
 
+def test_a_checkpoint_keeps_the_models_horizon_shift_pool(superball, data, tmp_path):
+    """The published sigma pools the horizon shifts of every estimate made for the model
+    (`uncertainty.pooled_shift`): a restart from a checkpoint keeps them, so its next sigma
+    is not one noisy draw again. From a file the pool is checked like the rest: rows of
+    finite, non-negative relative shifts of exactly what is learnt, at most `SHIFT_POOL`."""
+    from tensegrity_engine.identification.uncertainty import SHIFT_POOL, pooled_shift
+
+    a = _trainer(superball, data, epoch_tuples=16)
+    a.train_epoch()
+    first = pooled_shift(a, {n: 0.3 * np.abs(np.asarray(a.parameters.as_dict()[n], dtype=float)) for n in a.learn})
+    pooled_shift(a, {n: np.zeros_like(v) for n, v in first.items()})    # a draw near 0 after it
+    a.save_checkpoint(tmp_path / "ck.safetensors")
+    b = _trainer(superball, data, epoch_tuples=16)
+    b.load_checkpoint(tmp_path / "ck.safetensors")
+    assert len(b.horizon_shifts) == 2
+    resumed = pooled_shift(b, {})
+    for n in a.learn:
+        np.testing.assert_allclose(resumed[n], first[n] / np.sqrt(2), rtol=1e-9)
+    sd = a.state_dict()
+    good = sd["horizon_shifts"][0]
+    name = a.learn[0]
+    for bad in ([{**good, name: np.full_like(good[name], np.nan)}], [{**good, name: -good[name] - 1.0}],
+                [{k: v for k, v in good.items() if k != name}], [{**good, "no_such_value": np.ones(1)}],
+                [good] * (SHIFT_POOL + 1), "0.3"):
+        c = _trainer(superball, data, epoch_tuples=16)
+        before = c.params.flat()[1].copy()
+        with pytest.raises(ValueError, match="horizon_shifts"):
+            c.load_state_dict(dict(sd, horizon_shifts=bad))
+        np.testing.assert_array_equal(c.params.flat()[1], before)
+        assert not getattr(c, "horizon_shifts", [])
+
+
 def test_a_saved_state_with_bounds_no_reparameterisation_can_map_is_refused_untouched(superball, data):
     """A checkpoint's bounds are read from a file: a NaN, an infinite or an inverted range
     (or a non-positive one on a log scale) is refused before any bound is changed."""

@@ -5,8 +5,10 @@ import copy
 import dataclasses
 import math
 
+import numpy as np
 import torch
 
+from tensegrity_engine.identification.uncertainty import SHIFT_POOL
 from tensegrity_engine.physics.params import checked_bounds
 
 
@@ -28,7 +30,10 @@ def trainer_state(trainer) -> dict:
         "windows_drawn_from": trainer.window_lm.drawn_from,
         # the windowed stage's convergence test in the values: a resumed run passes it when
         # the uninterrupted one would, not lm_patience accepted steps later
-        "settled_path": torch.stack(trainer.window_lm.settled.path) if trainer.window_lm.settled.path else None}
+        "settled_path": torch.stack(trainer.window_lm.settled.path) if trainer.window_lm.settled.path else None,
+        # the model's horizon-shift draws (`uncertainty.pooled_shift`): a restart keeps its sigma's pool
+        "horizon_shifts": [{n: np.array(v, dtype=np.float64) for n, v in h.items()}
+                           for h in getattr(trainer, "horizon_shifts", []) if set(h) == set(trainer.learn)]}
 
 
 PHASES = ("coarse", "fine", "done")
@@ -72,6 +77,13 @@ def check_trainer_state(trainer, sd: dict) -> None:
     if path is not None and not (isinstance(path, torch.Tensor) and path.is_floating_point() and path.dim() == 2
                                  and path.shape[1] == width and bool(torch.isfinite(path).all())):
         raise ValueError("trainer state: settled_path is not rows of finite raw values of what it learns")
+    shifts = sd.get("horizon_shifts", [])
+    if not (isinstance(shifts, list) and len(shifts) <= SHIFT_POOL and all(
+            isinstance(h, dict) and set(h) == set(learn) and all(
+                isinstance(v, np.ndarray) and v.ndim == 1 and v.size and v.dtype.kind == "f"
+                and bool(np.isfinite(v).all()) and bool((v >= 0).all()) for v in h.values()) for h in shifts)):
+        raise ValueError(f"trainer state: horizon_shifts are not at most {SHIFT_POOL} rows of finite, non-negative "
+                         "relative shifts of what it learns")
     windows, vel = sd.get("windows"), sd.get("window_vel")
     if windows is not None:
         if not (isinstance(windows, torch.Tensor) and isinstance(vel, torch.Tensor) and windows.dim() == 2
@@ -112,6 +124,8 @@ def load_trainer_state(trainer, sd: dict) -> None:
         raw.requires_grad_(name in trainer.learn)
     for key in ("epoch", "elapsed", "history", "rollbacks", "coarse_params"):
         setattr(trainer, key, sd[key])
+    trainer.horizon_shifts = [{n: np.array(v, dtype=np.float64) for n, v in h.items()}
+                              for h in sd.get("horizon_shifts", [])]
     trainer.schedule.load_state_dict(sd)
     if sd.get("loss_scale") is not None:
         trainer.objective.loss_scale = sd["loss_scale"]

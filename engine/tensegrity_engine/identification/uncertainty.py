@@ -539,7 +539,7 @@ def pooled_shift(trainer, shift: dict) -> dict:
         history.append({n: np.asarray(shift[n], dtype=np.float64) / np.maximum(np.abs(current[n]), 1e-300)
                         for n in names})
         del history[:-SHIFT_POOL]
-    pooled = [h for h in history if all(np.shape(h[n]) == np.shape(current[n]) for n in names)]
+    pooled = [h for h in history if all(n in h and np.shape(h[n]) == np.shape(current[n]) for n in names)]
     if not pooled:
         return shift
     return {n: np.sqrt(np.mean([np.square(h[n]) for h in pooled], axis=0)) * np.abs(current[n]) for n in names}
