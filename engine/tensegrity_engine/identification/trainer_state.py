@@ -44,10 +44,10 @@ def check_trainer_state(trainer, sd: dict) -> None:
     """ValueError unless ``sd`` (read from a file: no more trusted than a topic) is a state
     this trainer can resume from: the schedule's counters, step count, rate and best loss,
     the damping, the loss scale, what it learns, the values it started from and its stage's
-    best, its settle test's path, and its windows' indices (latents of another shape the
-    loader leaves out: a rollback's state is older than data that grew since). A value that
-    does not raise later would mislead (a step count of 0 divides by zero, a NaN
-    damping never recovers, a best loss of -inf ends every stage on patience)."""
+    best, its settle test's path, its horizon-shift pool, and its windows' indices (latents
+    of another shape the loader leaves out: a rollback's state is older than data that grew
+    since). A value that does not raise later would mislead (a step count of 0 divides by
+    zero, a NaN damping never recovers, a best loss of -inf ends every stage on patience)."""
     def number(key, allow_inf=False):
         v = sd.get(key)
         if not isinstance(v, (int, float)) or isinstance(v, bool) or math.isnan(v) \
