@@ -53,7 +53,7 @@ from . import conversions as conv
 from .common import TOPIC_COMMAND, TOPIC_PARAMS, TOPIC_POSES, ConfigurationError, latched_qos, run_node, \
     stream_qos
 from .diagnostics import Diagnostics
-from .params import declare, load_robot
+from .params import declare, load_robot, refuse_undeclared
 
 NS = conv.NS
 
@@ -113,6 +113,7 @@ class CameraTrackerNode(Node):
         self.walls: collections.deque = collections.deque(maxlen=200)    # fit times (s) and overlaps, recent
         self.ious: collections.deque = collections.deque(maxlen=200)
         self.diag = Diagnostics(self, extra=self._diag_values)
+        refuse_undeclared(self)      # all declared by now, Diagnostics' period too
         self.get_logger().info(f"camera tracker for {self.robot.name}: waiting for camera info, camera pose "
                                "and the robot's first pose")
 

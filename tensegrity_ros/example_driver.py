@@ -28,7 +28,7 @@ from tensegrity_engine.identification.measurements import StampOrder
 from . import conversions as conv
 from .common import TOPIC_COMMAND, TOPIC_IMU, TOPIC_POSES, ConfigurationError, run_node, stream_qos
 from .diagnostics import Diagnostics
-from .params import declare, load_robot, resolve_config
+from .params import declare, load_robot, refuse_undeclared, resolve_config
 
 NS = conv.NS
 
@@ -63,6 +63,7 @@ class ExampleDriver(Node):
         self.create_subscription(CableCommand, TOPIC_COMMAND, self._on_command, stream_qos())
         self.diag = Diagnostics(self, extra=lambda: {"sample": self.index, "samples": self.traj.num_samples,
                                                      "replays": self.replays})
+        refuse_undeclared(self)      # all declared by now, Diagnostics' period too
         self.index = self.next_command = self.replays = 0
         self.start_ns = None
         self.timer = self.create_timer(0.005, self._tick)    # stamps come from the file; this sets the latency

@@ -44,7 +44,7 @@ from .common import (TOPIC_APPLIED, TOPIC_COMMAND, TOPIC_IMU, TOPIC_MARKERS, TOP
                      DONE_WORDS, ConfigurationError, latched_qos, lower_thread_priority, resolve_device, run_node,
                      stream_qos)
 from .diagnostics import Diagnostics
-from .params import declare, load_robot
+from .params import declare, load_robot, refuse_undeclared
 
 NS = conv.NS
 STREAM_EVENTS = ("gap", "clock_jump", "decimated", "no_command", "overflow")
@@ -118,6 +118,7 @@ class IdentifierNode(Node):
         self.create_subscription(CableCommand, command_topic, self._on_command, stream_qos())
         self.create_service(Trigger, "~/export_mjcf", lambda _req, res: export_mjcf(self, res))
         self.diag = Diagnostics(self, extra=self._diag_values)
+        refuse_undeclared(self)      # all declared by now, Diagnostics' period too
         self._counted = collections.Counter()
         if self.ckpt_dir and self.resume:
             self._load_checkpoint()

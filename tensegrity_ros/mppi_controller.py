@@ -52,7 +52,7 @@ from . import conversions as conv
 from .common import (TOPIC_COMMAND, TOPIC_GOAL, TOPIC_IMU, TOPIC_MARKERS, TOPIC_PARAMS, TOPIC_POSES,
                      ConfigurationError, DONE_WORDS, goal_qos, latched_qos, resolve_device, run_node, stream_qos)
 from .diagnostics import Diagnostics
-from .params import declare, load_robot
+from .params import declare, load_robot, refuse_undeclared
 
 
 def report_inactive_residual(node) -> None:
@@ -187,6 +187,7 @@ class MppiControllerNode(Node):
         self.create_service(Trigger, "~/hold", self._on_hold)
         self.create_service(Trigger, "~/resume", self._on_resume)
         self.diag = Diagnostics(self, extra=lambda: diag_values(self))
+        refuse_undeclared(self)      # all declared by now, Diagnostics' period too
         self._worker = threading.Thread(target=self._run, name="mppi_worker", daemon=True)
         self._worker.start()
         self.get_logger().info(f"MPPI controller on {self.device}: {planner}, H={cfg.horizon}, N={cfg.num_samples}, "

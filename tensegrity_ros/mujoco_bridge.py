@@ -47,7 +47,7 @@ from .common import (TOPIC_APPLIED, TOPIC_COMMAND, TOPIC_IMU, TOPIC_MARKERS, TOP
                      run_node, stream_qos)
 from .depth_publisher import DepthCameraOutput
 from .diagnostics import Diagnostics
-from .params import declare, load_robot
+from .params import declare, load_robot, refuse_undeclared
 
 NS = conv.NS
 FIRST_POSE_REPEAT = 2.0   # s (wall): re-send the waiting pose until the first command arrives
@@ -133,6 +133,7 @@ class MujocoBridge(Node):
         self._wall0 = time.monotonic()
         self._stop = threading.Event()
         self.diag = Diagnostics(self, extra=self._diag_values)
+        refuse_undeclared(self)      # all declared by now, Diagnostics' period too
         self._thread = threading.Thread(target=self._run, name="mujoco_sim", daemon=True)
         self._thread.start()
         self.get_logger().info(

@@ -1,6 +1,7 @@
 """Declared ROS parameters with descriptions and ranges, and config-file lookup."""
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from pathlib import Path
@@ -80,6 +81,32 @@ def file_declarer(values: dict, where: str = "parameter file"):
     d.unused = unused
     d.where = where
     return d
+
+
+def undeclared_overrides(node) -> list:
+    """Names given to ``node`` (its parameter file's section, ``-p name:=value``) that it
+    never declared. rclpy keeps such overrides and ignores them without a word, so a typo
+    (``max_secnds``) would run with the default."""
+    overrides = getattr(node, "_parameter_overrides", None)
+    if overrides is None:       # an rclpy without the attribute: say so rather than pass unchecked
+        raise ConfigurationError("this rclpy does not expose a node's parameter overrides; "
+                                 "undeclared parameters cannot be checked")
+    return sorted(set(overrides) - set(node._parameters))
+
+
+def refuse_undeclared(node) -> None:
+    """`ConfigurationError` naming every undeclared parameter given to ``node``, each with
+    the nearest declared names."""
+    unknown = undeclared_overrides(node)
+    if not unknown:
+        return
+    declared = sorted(node._parameters)
+    hints = []
+    for name in unknown:
+        near = difflib.get_close_matches(name, declared, n=2, cutoff=0.6)
+        hints.append(name + (f" (did you mean {' or '.join(near)}?)" if near else ""))
+    raise ConfigurationError(f"node {node.get_name()} declares no parameter {', '.join(hints)} "
+                             "(given in its parameter file or by -p; it would run with its default)")
 
 
 def _parameter_problem(name: str, exc: Exception, range) -> str:

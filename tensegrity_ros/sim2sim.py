@@ -758,9 +758,14 @@ def main(argv=None) -> int:
     if args.robot:          # the bridge plays it and every node models it (weighed below)
         for name in ("mujoco_bridge",) + MODEL_NODES:
             overrides.setdefault(name, []).append(("robot", args.robot))
+    running = [name for name, _ in nodes]
     for item in args.param:
         node, _, rest = item.partition(":")
-        key, _, value = rest.partition(":=")
+        key, assign, value = rest.partition(":=")
+        if not assign or not key:
+            ap.error(f"-p {item!r}: expected node:name:=value")
+        if node not in running:         # the override would reach no node
+            ap.error(f"-p {item!r}: no node {node!r} runs here; the nodes: {', '.join(running)}")
         overrides.setdefault(node, []).append((key, value))
         if (node, key) == ("mujoco_bridge", "robot_truth"):
             robot_truth = value
@@ -799,7 +804,11 @@ def main(argv=None) -> int:
             wall = time.monotonic() - wall0
             dead = [p for p in procs if p.poll() is not None]
             if dead:
-                print(f"a node exited early (rc={dead[0].returncode}); see the logs in {out_dir}", flush=True)
+                name = nodes[procs.index(dead[0])][0]
+                log = out_dir / f"{name}.log"
+                tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
+                print(f"node {name} exited early (rc={dead[0].returncode}): {tail[0] if tail else '(no output)'}; "
+                      f"see {log}", flush=True)
                 break
             with mon.lock:
                 t_sim = mon.last_pose_t

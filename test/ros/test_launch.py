@@ -178,6 +178,22 @@ def test_sim2sim_reports_the_values_of_the_robot_the_bridge_plays():
     assert float(true_values(robot, f"random/{drawn}")["rod_inertia_factor"].mean()) > 1.5
 
 
+@pytest.mark.parametrize("override,expected", [
+    ("bridge:robot_truth:=zoo/kitchen_sink", "no node 'bridge' runs here; the nodes: mujoco_bridge"),
+    ("camera_tracker:cameras:=2", "no node 'camera_tracker' runs here"),    # poses from mocap: no tracker
+    ("identifier:max_seconds=30", "expected node:name:=value"),
+])
+def test_sim2sim_refuses_an_override_that_reaches_no_node(override, expected, tmp_path, capsys):
+    """Before any node starts: an override for a node that does not run would be dropped."""
+    from tensegrity_ros.sim2sim import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["-p", override, "--output-dir", str(tmp_path), "--domain-id", "1"])
+    assert exit_.value.code == 2
+    assert expected in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())        # nothing ran, nothing written
+
+
 def test_sim2sim_judges_unweighed_forces_per_unit_mass(capsys):
     """zoo/soft_slow's rods are 1.3x the config's and rod mass is not learnt: cable values
     identified exactly per unit mass are 1/1.3 of the truth, and the summary says they are

@@ -88,6 +88,9 @@ def finish(proc: subprocess.Popen, timeout: float = 60.0) -> tuple[int, str]:
     ("identifier", "max_holdout:=20", "keep at least 30"),
     ("mppi_controller", "plan_budget:=0.2", "plan_budget (0.2 s) must be below the control period (0.1 s)"),
     ("mujoco_bridge", "robot_truth:=zoo/unicorn", "robot_truth 'zoo/unicorn'"),
+    # rclpy alone keeps an undeclared override and runs with the default
+    ("identifier", "max_secnds:=30", "declares no parameter max_secnds (did you mean max_seconds"),
+    ("mppi_controller", "goal_speed:=2.0", "declares no parameter goal_speed"),
 ])
 def test_bad_parameter_is_one_line_and_exit_code_2(node_env, entry, override, expected):
     rc, err = finish(spawn(entry, node_env, "-p", override))
@@ -105,6 +108,19 @@ def _wait_ready(proc: subprocess.Popen, marker: str, timeout: float = 60.0) -> N
             return
         time.sleep(0.05)
     pytest.fail(f"{marker!r} never logged:\n{stderr_of(proc)[-2000:]}")
+
+
+@pytest.mark.parametrize("entry", sorted(READY))
+def test_every_parameter_a_node_declares_is_accepted(node_env, entry):
+    """The undeclared-parameter check runs once the node has declared everything: a value
+    given for its last declaration (the diagnostics period, declared by `Diagnostics`) and
+    one of its first (robot) start it."""
+    proc = spawn(entry, node_env, "-p", "diagnostics_period:=2.0", "-p", "robot:=superball")
+    _wait_ready(proc, READY[entry])
+    proc.send_signal(signal.SIGINT)
+    rc, err = finish(proc)
+    assert rc == 0, err
+    assert "declares no parameter" not in err
 
 
 @pytest.mark.parametrize("entry,moment", [
