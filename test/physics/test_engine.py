@@ -397,6 +397,15 @@ def _superball_dict():
     (lambda d: d.pop("cables"), "config.cables"),
     (lambda d: d["rods"][0].update(mass=float("nan")), "rods[0].mass"),
     (lambda d: d["contact"].update(condim=True), "contact.condim"),         # True == 1: no friction
+    # a misspelt optional key would leave its value at the default without a word
+    (lambda d: d["actuator"].update(max_sped=0.25), "actuator: unknown key 'max_sped' (did you mean 'max_speed'?)"),
+    (lambda d: d["engine"].update(integrater="rk4"), "engine: unknown key 'integrater'"),
+    (lambda d: d["cables"][4].update(slack_dampng=0.1), "cables[4]: unknown key 'slack_dampng'"),
+    (lambda d: d["cable_defaults"].update(stifness=1.0), "cable_defaults: unknown key 'stifness'"),
+    (lambda d: d["rods"][3].update(inertia=2.0), "rods[3]: unknown key 'inertia'"),
+    (lambda d: d["contact"]["friction"].update(roling=0.1), "contact.friction: unknown key 'roling'"),
+    (lambda d: d["contact"].update(solrf=[0.02, 1.0]), "contact: unknown key 'solrf'"),
+    (lambda d: d.update(cable_default={}), "config: unknown key 'cable_default'"),
 ])
 def test_bad_config_gives_error_naming_the_field(mutate, field):
     data = copy.deepcopy(_superball_dict())

@@ -6,6 +6,7 @@ Every validation error names the offending field, e.g. ``cables[3].ends``.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 from pathlib import Path
@@ -179,6 +180,36 @@ class RobotConfig:
 
 
 # --------------------------------------------------------------------------- parsing
+# The keys each mapping of a robot YAML may have: anything else is a typo that would
+# otherwise leave a value at its default without a word (``max_sped: 0.25``).
+KEYS = {
+    "config": ("name", "gravity", "engine", "rod_defaults", "rods", "cable_defaults", "cables", "actuator",
+               "contact"),
+    "engine": ("dt", "integrator"),
+    "rod": ("name", "end_nodes", "mass", "radius", "length", "inertia_factor"),
+    "cable": ("name", "ends", "rest_length", "stiffness", "damping", "slack_damping", "actuated",
+              "command_range"),
+    "actuator": ("time_constant", "gain", "offset", "max_speed", "delay", "max_command_rate"),
+    "contact": ("law", "solref", "solimp", "condim", "ground_height", "rod_rod", "stiffness", "damping",
+                "friction"),
+    "friction": ("sliding", "torsional", "rolling"),
+}
+
+
+def _known_keys(mapping: Any, kind: str, where: str) -> None:
+    """`ConfigError` naming every key of ``mapping`` a robot YAML's ``kind`` does not have,
+    with the nearest known ones."""
+    if not isinstance(mapping, Mapping):
+        raise ConfigError(f"{where}: expected a mapping, got {mapping!r}")
+    unknown = [str(k) for k in mapping if k not in KEYS[kind]]
+    if unknown:
+        hints = []
+        for key in unknown:
+            near = difflib.get_close_matches(key, KEYS[kind], n=1, cutoff=0.6)
+            hints.append(f"{key!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
+        raise ConfigError(f"{where}: unknown key {', '.join(hints)}; the keys: {', '.join(KEYS[kind])}")
+
+
 def _require(mapping: Mapping[str, Any], key: str, where: str) -> Any:
     if not isinstance(mapping, Mapping):
         raise ConfigError(f"{where}: expected a mapping, got {type(mapping).__name__}")
@@ -222,6 +253,7 @@ def _merged(defaults: Mapping[str, Any], item: Any, where: str) -> dict:
 
 def _parse_rods(data: Mapping[str, Any]):
     defaults = data.get("rod_defaults", {}) or {}
+    _known_keys(defaults, "rod", "rod_defaults")
     rods = _require(data, "rods", "config")
     if not isinstance(rods, list) or len(rods) < 2:
         raise ConfigError("config.rods: expected a list of at least 2 rods")
@@ -229,6 +261,7 @@ def _parse_rods(data: Mapping[str, Any]):
     for i, raw in enumerate(rods):
         where = f"rods[{i}]"
         rod = _merged(defaults, raw, where)
+        _known_keys(raw, "rod", where)
         names.append(str(rod.get("name", f"rod_{i}")))
         nodes = _require(rod, "end_nodes", where)
         if not isinstance(nodes, list) or len(nodes) != 2:
@@ -254,6 +287,7 @@ def _parse_rods(data: Mapping[str, Any]):
 
 def _parse_cables(data: Mapping[str, Any], num_rods: int):
     defaults = data.get("cable_defaults", {}) or {}
+    _known_keys(defaults, "cable", "cable_defaults")
     cables = _require(data, "cables", "config")
     if not isinstance(cables, list) or not cables:
         raise ConfigError("config.cables: expected a non-empty list of cables")
@@ -261,6 +295,7 @@ def _parse_cables(data: Mapping[str, Any], num_rods: int):
     for i, raw in enumerate(cables):
         where = f"cables[{i}]"
         cable = _merged(defaults, raw, where)
+        _known_keys(raw, "cable", where)
         names.append(str(cable.get("name", f"cable_{i}")))
         pair = _require(cable, "ends", where)
         if not isinstance(pair, list) or len(pair) != 2:
@@ -309,9 +344,11 @@ def robot_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> RobotCon
     if not isinstance(data, Mapping):
         raise ConfigError(f"{source}: top level must be a mapping")
     try:
+        _known_keys(data, "config", "config")
         name = str(_require(data, "name", "config"))
         gravity = _vector(data.get("gravity", [0.0, 0.0, -9.81]), 3, "config.gravity")
         engine = data.get("engine", {}) or {}
+        _known_keys(engine, "engine", "engine")
         dt = _number(engine.get("dt", 0.001), "engine.dt", positive=True)
         integrator = engine.get("integrator", "semi_implicit")
         if integrator not in MODEL_INTEGRATORS:
@@ -319,6 +356,7 @@ def robot_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> RobotCon
         rod_names, rod_ends, mass, radius, length, inertia = _parse_rods(data)
         cable = _parse_cables(data, len(rod_names))
         act = _require(data, "actuator", "config")
+        _known_keys(act, "actuator", "actuator")
         actuator = ActuatorConfig(
             time_constant=_number(_require(act, "time_constant", "actuator"),
                                   "actuator.time_constant", positive=True),
@@ -330,7 +368,9 @@ def robot_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> RobotCon
                               if act.get("max_command_rate") is not None else math.inf),
         )
         con = _require(data, "contact", "config")
+        _known_keys(con, "contact", "contact")
         fr = _require(con, "friction", "contact")
+        _known_keys(fr, "friction", "contact.friction")
         rod_rod = con.get("rod_rod", True)
         if not isinstance(rod_rod, bool):
             raise ConfigError(f"contact.rod_rod: expected true/false, got {rod_rod!r}")
