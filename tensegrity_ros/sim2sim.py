@@ -281,6 +281,9 @@ WEIGHED_FILE = "robot_weighed.yaml"
 # the nodes that model the robot: with a robot_truth other than the config's twin they get
 # the YAML its builder would write (`weighed_robot_file`)
 MODEL_NODES = ("identifier", "mppi_controller", "camera_tracker")
+# The runner's own section of the parameter file (``sim2sim: ros__parameters:``)
+RUN_SETTINGS = ("rolling_duration", "wall_timeout", "goal_vx", "goal_vy", "output_dir", "pose_source", "cameras",
+                "weigh_rods")
 
 
 def weighed_robot_file(robot, robot_truth: str, out_dir: Path) -> Optional[Path]:
@@ -718,7 +721,16 @@ def main(argv=None) -> int:
 
     cfg_path = resolve_config(args.config)
     data = yaml.safe_load(cfg_path.read_text())
+    if not isinstance(data, dict):
+        ap.error(f"{cfg_path}: expected a ROS 2 parameter file (node: ros__parameters: ...)")
+    sections = sorted(set(data) - {name for name, _ in NODES} - {"camera_tracker", "sim2sim", "/**"})
+    if sections:            # a misspelt node's section would reach no node
+        ap.error(f"{cfg_path}: no node {', '.join(map(repr, sections))} runs in the sim2sim; the sections: "
+                 f"{', '.join(name for name, _ in NODES)}, camera_tracker, sim2sim")
     run = (data.get("sim2sim") or {}).get("ros__parameters", {})
+    if set(run) - set(RUN_SETTINGS):
+        ap.error(f"{cfg_path}: sim2sim has no setting {', '.join(map(repr, sorted(set(run) - set(RUN_SETTINGS))))}; "
+                 f"the settings: {', '.join(RUN_SETTINGS)}")
     rolling = args.rolling_duration if args.rolling_duration is not None else float(run.get("rolling_duration", 10.0))
     wall_timeout = args.wall_timeout if args.wall_timeout is not None else float(run.get("wall_timeout", 900.0))
     out_dir = Path(args.output_dir or run.get("output_dir", "runs/sim2sim"))

@@ -194,6 +194,24 @@ def test_sim2sim_refuses_an_override_that_reaches_no_node(override, expected, tm
     assert not list(tmp_path.iterdir())        # nothing ran, nothing written
 
 
+@pytest.mark.parametrize("edit,expected", [
+    (lambda d: d.update(identifer=d.pop("identifier")), "no node 'identifer' runs in the sim2sim"),
+    (lambda d: d["sim2sim"]["ros__parameters"].update(goal_vz=0.5), "sim2sim has no setting 'goal_vz'"),
+])
+def test_sim2sim_refuses_a_parameter_file_section_or_setting_it_would_ignore(edit, expected, tmp_path, capsys):
+    from tensegrity_ros.sim2sim import main
+
+    data = yaml.safe_load(CONFIG.read_text())
+    edit(data)
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(SystemExit) as exit_:
+        main(["--config", str(path), "--output-dir", str(tmp_path / "out"), "--domain-id", "1"])
+    assert exit_.value.code == 2
+    assert expected in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()       # refused before anything ran
+
+
 def test_sim2sim_judges_unweighed_forces_per_unit_mass(capsys):
     """zoo/soft_slow's rods are 1.3x the config's and rod mass is not learnt: cable values
     identified exactly per unit mass are 1/1.3 of the truth, and the summary says they are
