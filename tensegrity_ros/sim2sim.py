@@ -697,6 +697,20 @@ def print_summary(s: dict) -> None:
 
 
 def main(argv=None) -> int:
+    """`_main`; a config it cannot use (the robot YAML, the robot_truth, the parameter
+    file) is one line on stderr and exit status 2, before any node starts."""
+    from tensegrity_engine.physics.config import ConfigError
+
+    from .common import ConfigurationError
+
+    try:
+        return _main(argv)
+    except (ConfigError, ConfigurationError) as exc:
+        sys.stderr.write(f"tensegrity-sim2sim: error: {exc}\n")
+        return 2
+
+
+def _main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="sim2sim over ROS 2 topics without ros2 launch")
     ap.add_argument("--config", default="sim2sim", help="parameter YAML (name in config/ or a path)")
     ap.add_argument("--rolling-duration", type=float, default=None, help="sim seconds of MPPI")

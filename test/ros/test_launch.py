@@ -212,6 +212,24 @@ def test_sim2sim_refuses_a_parameter_file_section_or_setting_it_would_ignore(edi
     assert not (tmp_path / "out").exists()       # refused before anything ran
 
 
+@pytest.mark.parametrize("args,expected", [
+    (["--robot", "no_such_robot"], "config 'no_such_robot' not found"),
+    (["-p", "mujoco_bridge:robot_truth:=zoo/unicorn"], "no zoo robot 'unicorn'"),
+    (["--robot", "PASSIVE"], "no cable is actuated"),
+])
+def test_sim2sim_refuses_a_robot_it_cannot_play_in_one_line(args, expected, tmp_path, capsys):
+    from tensegrity_ros.sim2sim import main
+
+    passive = yaml.safe_load((ROOT / "config" / "three_bar.yaml").read_text())
+    passive["cable_defaults"]["actuated"] = False
+    (tmp_path / "passive.yaml").write_text(yaml.safe_dump(passive))
+    args = [str(tmp_path / "passive.yaml") if a == "PASSIVE" else a for a in args]
+    assert main(args + ["--output-dir", str(tmp_path / "out"), "--domain-id", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tensegrity-sim2sim: error: ") and expected in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_sim2sim_judges_unweighed_forces_per_unit_mass(capsys):
     """zoo/soft_slow's rods are 1.3x the config's and rod mass is not learnt: cable values
     identified exactly per unit mass are 1/1.3 of the truth, and the summary says they are

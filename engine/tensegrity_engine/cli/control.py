@@ -247,23 +247,26 @@ def main(argv: Optional[list] = None) -> int:
 
     import torch
 
-    from tensegrity_engine.physics.config import load_robot
+    from tensegrity_engine.physics.config import ConfigError, load_robot
     from tensegrity_engine.physics.native import NativeBuildError
-    from tensegrity_engine.physics.params import PhysicalParameters
+    from tensegrity_engine.physics.params import ParameterError, PhysicalParameters
     from tensegrity_engine.physics.parameter_files import params_from_file
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    robot = load_robot(args.robot)
-    params, what = None, "nominal-parameter engine"
-    if args.model == "engine":
-        if args.params:
+    try:                 # a robot or a parameter file it cannot use: one line, exit 2
+        robot = load_robot(args.robot)
+        params, what = None, "nominal-parameter engine"
+        if args.model == "engine" and args.params:
             params, what = params_from_file(robot, args.params), f"engine, parameters from {args.params}"
-        elif args.random_params is not None:
-            params = PhysicalParameters(robot)
-            params.randomize(np.random.default_rng(args.random_params))
-            what = f"engine, random parameters (seed {args.random_params})"
-    else:
+    except (ConfigError, ParameterError, ValueError, OSError) as exc:
+        print(f"tensegrity-control: {exc}", file=sys.stderr)
+        return 2
+    if args.model == "engine" and not args.params and args.random_params is not None:
+        params = PhysicalParameters(robot)
+        params.randomize(np.random.default_rng(args.random_params))
+        what = f"engine, random parameters (seed {args.random_params})"
+    elif args.model != "engine":
         what = "MuJoCo (ground truth)"
     label = args.label or f"{args.planner}-{args.model}"
     out = Path(args.out)

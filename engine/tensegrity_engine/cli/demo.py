@@ -13,6 +13,7 @@ identification then reduces).
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import numpy as np
@@ -20,7 +21,7 @@ import torch
 
 from tensegrity_engine.groundtruth import environments
 from tensegrity_engine.physics.collision import rods_overlapping
-from tensegrity_engine.physics.config import load_robot
+from tensegrity_engine.physics.config import ConfigError, load_robot
 from tensegrity_engine.physics.engine import TensegrityEngine
 from tensegrity_engine.physics.state import center_of_mass
 
@@ -34,14 +35,18 @@ def _com_error(robot, engine_states: torch.Tensor, mujoco_states: np.ndarray):
     return error, path, com_engine, com_mujoco
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--robot", default="superball", help="config name or YAML path")
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
-    robot = load_robot(args.robot)
+    try:
+        robot = load_robot(args.robot)
+    except ConfigError as exc:          # one line, exit 2
+        print(f"tensegrity-demo: {exc}", file=sys.stderr)
+        return 2
     steps = int(round(args.seconds / robot.dt))
     rng = np.random.default_rng(args.seed)
     print(f"{robot.name}: {robot.num_rods} rods, {robot.num_cables} cables, {args.seconds:g} s at "
@@ -83,7 +88,8 @@ def main(argv=None) -> None:
     print(f"  CoM error after {args.seconds:g} s: {error[-1]:.3f} m "
           f"({100 * error[-1] / max(path, 1e-9):.1f} % of the path); contact models differ by design, "
           "identification closes the gap")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -188,10 +188,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    from tensegrity_engine.physics.config import ConfigError
+
     args = _parser().parse_args(argv)
     try:
         return _run(args)
-    except (RecordingError, FileNotFoundError) as exc:
+    except (RecordingError, FileNotFoundError, ConfigError) as exc:
         print(f"tensegrity-track: {exc}", file=sys.stderr)
         return 2
 
