@@ -36,7 +36,7 @@ from tensegrity_ros_interfaces.msg import CableCommand
 from visualization_msgs.msg import MarkerArray
 
 from tensegrity_engine.groundtruth.environments import rest_pose
-from tensegrity_engine.groundtruth.mujoco_twin import nominal_commands
+from tensegrity_engine.groundtruth.mujoco_twin import GroundTruthDiverged, nominal_commands
 from tensegrity_engine.groundtruth.zoo import ground_truth
 from tensegrity_engine.physics.config import ConfigError
 from tensegrity_engine.groundtruth.sensors import noisy_rod_poses
@@ -96,11 +96,14 @@ class MujocoBridge(Node):
         except ConfigError as err:
             raise ConfigurationError(f"robot_truth {truth_spec!r}: {err}") from None
         self.rng = np.random.default_rng(self.seed)
-        self.twin = self.truth.twin(floor=True, nthread=1)
-        rs, act = rest_pose(self.truth.truth, realisation=self.truth.realisation)
-        com = center_of_mass(rs, self.truth.truth.rod_mass)
-        rs[:, 0:2] += np.array([self.start_x, self.start_y]) - com[:2]
-        self.twin.reset(rs, act)
+        try:                # the robot settles into its rest pose in MuJoCo: a robot that cannot be
+            self.twin = self.truth.twin(floor=True, nthread=1)          # simulated as given says so
+            rs, act = rest_pose(self.truth.truth, realisation=self.truth.realisation)
+            com = center_of_mass(rs, self.truth.truth.rod_mass)
+            rs[:, 0:2] += np.array([self.start_x, self.start_y]) - com[:2]
+            self.twin.reset(rs, act)
+        except GroundTruthDiverged as err:
+            raise ConfigurationError(f"robot {robot_name!r} as {truth_spec!r}: {err}") from None
         self.publish_poses = d("publish_poses", True,
                                "publish rod poses (off when a camera tracker publishes them instead)")
         if self.lockstep and not self.publish_poses:

@@ -157,10 +157,11 @@ def resolve_config(name_or_path: str, suffix: str = ".yaml") -> Path:
 
 def load_robot(name_or_path: str):
     """The robot config; a missing or malformed file is a `ConfigurationError`."""
-    from tensegrity_engine.physics.config import load_robot as _load
+    from tensegrity_engine.physics.params import load_representable as _load
 
     path = resolve_config(name_or_path)
     try:
         return _load(path)
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigurationError(f"robot config {str(path)!r}: {exc}") from None
+        said = str(exc)           # the loader's messages start with the file already
+        raise ConfigurationError(said if said.startswith(str(path)) else f"robot config {str(path)!r}: {said}") from None

@@ -216,6 +216,7 @@ def test_sim2sim_refuses_a_parameter_file_section_or_setting_it_would_ignore(edi
     (["--robot", "no_such_robot"], "config 'no_such_robot' not found"),
     (["-p", "mujoco_bridge:robot_truth:=zoo/unicorn"], "no zoo robot 'unicorn'"),
     (["--robot", "PASSIVE"], "no cable is actuated"),
+    (["--robot", "TINY_MASS"], "outside the range the engine represents"),     # a node would fail on it
 ])
 def test_sim2sim_refuses_a_robot_it_cannot_play_in_one_line(args, expected, tmp_path, capsys):
     from tensegrity_ros.sim2sim import main
@@ -223,7 +224,11 @@ def test_sim2sim_refuses_a_robot_it_cannot_play_in_one_line(args, expected, tmp_
     passive = yaml.safe_load((ROOT / "config" / "three_bar.yaml").read_text())
     passive["cable_defaults"]["actuated"] = False
     (tmp_path / "passive.yaml").write_text(yaml.safe_dump(passive))
-    args = [str(tmp_path / "passive.yaml") if a == "PASSIVE" else a for a in args]
+    tiny = yaml.safe_load((ROOT / "config" / "three_bar.yaml").read_text())
+    tiny["rod_defaults"]["mass"] = 1e-6
+    (tmp_path / "tiny_mass.yaml").write_text(yaml.safe_dump(tiny))
+    files = {"PASSIVE": "passive.yaml", "TINY_MASS": "tiny_mass.yaml"}
+    args = [str(tmp_path / files[a]) if a in files else a for a in args]
     assert main(args + ["--output-dir", str(tmp_path / "out"), "--domain-id", "1"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("tensegrity-sim2sim: error: ") and expected in err and "Traceback" not in err

@@ -110,6 +110,25 @@ def _wait_ready(proc: subprocess.Popen, marker: str, timeout: float = 60.0) -> N
     pytest.fail(f"{marker!r} never logged:\n{stderr_of(proc)[-2000:]}")
 
 
+def test_a_robot_mujoco_cannot_simulate_stops_the_bridge_in_one_line(node_env, tmp_path):
+    """A 0.1 s step: the robot diverges while it settles into its rest pose (before that,
+    a traceback)."""
+    import yaml
+
+    from tensegrity_engine.physics.config import CONFIG_DIR
+
+    data = yaml.safe_load((CONFIG_DIR / "three_bar.yaml").read_text())
+    data["engine"]["dt"] = 0.1
+    path = tmp_path / "coarse.yaml"
+    path.write_text(yaml.safe_dump(data))
+    rc, err = finish(spawn("mujoco_bridge", node_env, "-p", f"robot:={path}", "-p", "robot_truth:=twin"))
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2, (rc, err)
+    # MuJoCo's own warning may come first
+    assert lines[-1].startswith("mujoco_bridge: ") and "MuJoCo diverged" in lines[-1], err
+    assert "Traceback" not in err
+
+
 @pytest.mark.parametrize("entry", sorted(READY))
 def test_every_parameter_a_node_declares_is_accepted(node_env, entry):
     """The undeclared-parameter check runs once the node has declared everything: a value

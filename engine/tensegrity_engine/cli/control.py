@@ -247,15 +247,15 @@ def main(argv: Optional[list] = None) -> int:
 
     import torch
 
-    from tensegrity_engine.physics.config import ConfigError, load_robot
+    from tensegrity_engine.physics.config import ConfigError
     from tensegrity_engine.physics.native import NativeBuildError
-    from tensegrity_engine.physics.params import ParameterError, PhysicalParameters
+    from tensegrity_engine.physics.params import ParameterError, PhysicalParameters, load_representable
     from tensegrity_engine.physics.parameter_files import params_from_file
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     try:                 # a robot or a parameter file it cannot use: one line, exit 2
-        robot = load_robot(args.robot)
+        robot = load_representable(args.robot)
         params, what = None, "nominal-parameter engine"
         if args.model == "engine" and args.params:
             params, what = params_from_file(robot, args.params), f"engine, parameters from {args.params}"

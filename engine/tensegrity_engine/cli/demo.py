@@ -21,8 +21,9 @@ import torch
 
 from tensegrity_engine.groundtruth import environments
 from tensegrity_engine.physics.collision import rods_overlapping
-from tensegrity_engine.physics.config import ConfigError, load_robot
+from tensegrity_engine.physics.config import ConfigError
 from tensegrity_engine.physics.engine import TensegrityEngine
+from tensegrity_engine.physics.params import load_representable
 from tensegrity_engine.physics.state import center_of_mass
 
 
@@ -43,7 +44,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
     try:
-        robot = load_robot(args.robot)
+        robot = load_representable(args.robot)
     except ConfigError as exc:          # one line, exit 2
         print(f"tensegrity-demo: {exc}", file=sys.stderr)
         return 2

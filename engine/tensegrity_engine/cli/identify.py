@@ -28,8 +28,8 @@ import numpy as np
 
 
 def _robot(name_or_path):
-    from tensegrity_engine.physics.config import load_robot
-    return load_robot(name_or_path)
+    from tensegrity_engine.physics.params import load_representable
+    return load_representable(name_or_path)
 
 
 def _plot_history(trainer, reference, out: Path) -> list[Path]:

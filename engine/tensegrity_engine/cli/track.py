@@ -205,14 +205,14 @@ def _run(args) -> int:
     from tensegrity_engine.perception.overlay import overlay_writer
     from tensegrity_engine.perception.session import TrackingSession
     from tensegrity_engine.perception.tracker import TrackerConfig
-    from tensegrity_engine.physics.config import load_robot
+    from tensegrity_engine.physics.params import load_representable
     from tensegrity_engine.physics.parameter_files import params_from_file
 
     torch.set_num_threads(max(1, args.threads))
     folders = [Path(p) for p in ([args.recording] if args.recording else []) + args.camera]
     if not folders:
         raise RecordingError("give a recording folder or --camera folders")
-    robot = load_robot(args.robot)
+    robot = load_representable(args.robot)
     cams = [load_camera_folder(f, args.rate) for f in folders]
     count = min(len(c[2]) for c in cams)
     if any(len(c[2]) != count for c in cams):

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tensegrity_engine.physics.config import RobotConfig
+from tensegrity_engine.physics.config import ConfigError, RobotConfig, load_robot
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,6 +156,18 @@ def checked_parameters(robot: RobotConfig, values: Mapping[str, object], *,
     if not all(np.isfinite(v).all() for v in params.as_dict().values()):
         raise ParameterError("non_finite", "values not representable within their bounds")
     return params
+
+
+def load_representable(name_or_path) -> RobotConfig:
+    """`config.load_robot`, refusing (`ConfigError`, naming it) a value the engine cannot
+    represent (outside its parameter ranges, `PARAM_SPECS`): every model of the robot
+    would otherwise fail on it later, in the middle of a run (`held_inside`)."""
+    robot = load_robot(name_or_path)
+    try:
+        PhysicalParameters(robot)
+    except ValueError as exc:
+        raise ConfigError(f"{robot.source}: {exc}") from None
+    return robot
 
 
 def held_inside(spec: ParamSpec, configured) -> np.ndarray:
