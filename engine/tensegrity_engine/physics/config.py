@@ -337,8 +337,8 @@ def _parse_cables(data: Mapping[str, Any], num_rods: int):
     if len(set(names)) != len(names):
         raise ConfigError("config.cables: cable names must be unique")
     if not any(actuated):       # the tuples are (poses, commands, poses); MPPI drives the commands
-        raise ConfigError("config.cables: no cable is actuated (actuated: true): nothing to command, "
-                          "identify from commands or control")
+        raise ConfigError("config.cables: no cable is actuated (actuated: true); the robot needs one to be "
+                          "commanded, identified from its commands and controlled")
     return (tuple(names), np.array(ends, dtype=np.int64), np.array(rest), np.array(stiff),
             np.array(damp), np.array(actuated, dtype=bool), np.array(cmd_range), np.array(slack))
 
