@@ -407,6 +407,7 @@ def _superball_dict():
     (lambda d: d["contact"].update(solrf=[0.02, 1.0]), "contact: unknown key 'solrf'"),
     (lambda d: d.update(cable_default={}), "config: unknown key 'cable_default'"),
     (lambda d: d["cable_defaults"].update(actuated=False), "config.cables: no cable is actuated"),
+    (lambda d: d["rod_defaults"].update(radius=5.0), "rods[0].radius: 5.0 m is not below half"),   # cm for m
 ])
 def test_bad_config_gives_error_naming_the_field(mutate, field):
     data = copy.deepcopy(_superball_dict())

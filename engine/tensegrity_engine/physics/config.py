@@ -280,6 +280,9 @@ def _parse_rods(data: Mapping[str, Any]):
                 raise ConfigError(
                     f"{where}.length: {declared} m disagrees with the end nodes ({span:.6f} m apart)")
         length.append(span)
+        if not radius[-1] < 0.5 * span:        # a radius in cm or mm: a ball, not a rod
+            raise ConfigError(f"{where}.radius: {radius[-1]} m is not below half the rod's length "
+                              f"({span:.4g} m between its end nodes); lengths are in metres")
     if len(set(names)) != len(names):
         raise ConfigError("config.rods: rod names must be unique")
     return tuple(names), np.stack(ends), np.array(mass), np.array(radius), np.array(length), np.array(inertia)
