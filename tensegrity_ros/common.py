@@ -169,9 +169,6 @@ def run_node(node_cls, args=None) -> int:
         if not isinstance(node_cls, type):
             node_cls = node_cls()
         node = node_cls(context=context)
-        from .params import refuse_undeclared   # params imports this module
-
-        refuse_undeclared(node)
         executor = SingleThreadedExecutor(context=context)
         executor.add_node(node)
         while not ShutdownRequest.event.is_set() and context.ok():

@@ -147,13 +147,14 @@ def _node_class():
         return getattr(importlib.import_module(f"{pkg}.msg"), name)
 
     from .common import latched_qos, stream_qos
-    from .params import declare
+    from .params import declare, refuse_undeclared
 
     class Recorder(Node):
         def __init__(self, **kwargs):
             super().__init__("recorder", **kwargs)
             out = declare(self, "output", "tensegrity.mcap", "MCAP file to write")
             topics = declare(self, "topics", list(TOPICS), "topics to record")
+            refuse_undeclared(self)      # before the file is created
             self.bag = BagWriter(out)
             for topic in topics:
                 datatype = TOPICS.get(topic)

@@ -742,8 +742,9 @@ def _main(argv=None) -> int:
         ap.error(f"{cfg_path}: no node {', '.join(map(repr, sections))} runs in the sim2sim; the sections: "
                  f"{', '.join(name for name, _ in NODES)}, camera_tracker, sim2sim")
     run = (data.get("sim2sim") or {}).get("ros__parameters", {})
-    if set(run) - set(RUN_SETTINGS):
-        ap.error(f"{cfg_path}: sim2sim has no setting {', '.join(map(repr, sorted(set(run) - set(RUN_SETTINGS))))}; "
+    unread = sorted(set(run) - set(RUN_SETTINGS))
+    if unread:
+        ap.error(f"{cfg_path}: sim2sim has no setting {', '.join(map(repr, unread))}; "
                  f"the settings: {', '.join(RUN_SETTINGS)}")
     rolling = args.rolling_duration if args.rolling_duration is not None else float(run.get("rolling_duration", 10.0))
     wall_timeout = args.wall_timeout if args.wall_timeout is not None else float(run.get("wall_timeout", 900.0))
