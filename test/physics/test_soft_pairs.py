@@ -106,8 +106,8 @@ def test_hanging_rods_touch_as_in_mujoco():
                                                     ("implicitfast", False, torch.float64),
                                                     ("semi_implicit", True, torch.float32)])
 def test_native_kernel_takes_the_torch_engines_coupled_steps(integrator, floor, dtype):
-    """The C kernel's coupled solve (a lane with a pair touching is solved whole, in scalar
-    code) against the torch engine's: a batch of thick-rod 3-bars rolling, or hanging from a
+    """The C kernel's coupled solve (a lane with a pair touching is solved whole, in vectors
+    of lanes over the union of their rods) against the torch engine's: a batch of thick-rod 3-bars rolling, or hanging from a
     welded rod, to rounding over 300 steps; float32 within a millimetre."""
     robot = _fat_three_bar("soft", 4, integrator)
     fixed = () if floor else (environments.NONCONTACT_FIXED_ROD,)
@@ -206,3 +206,21 @@ def test_float32_gradients_stay_finite_with_welded_pairs():
     assert torch.isfinite(state.grad).all()
     assert all(torch.isfinite(v.grad).all() for v in p.values() if v.grad is not None)
     assert state.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_a_lanes_coupled_solve_does_not_depend_on_its_neighbours(dtype):
+    """The kernel solves the lanes of a vector together, over the union of their rods: a
+    lane's rods alone enter its solve, so each sample's rollout is bit for bit the same
+    beside other samples (the batch reversed puts each in another lane, beside others,
+    some touching and some not)."""
+    robot = _fat_three_bar("soft", 4)
+    engine = TensegrityEngine(robot)
+    inputs = [torch.as_tensor(x).to(dtype) for x in _episodes(robot, floor=True, seeds=tuple(range(3, 13)), steps=200)]
+    with torch.no_grad():
+        out, _ = native.NativeRollout(engine).rollout(*inputs, robot.dt)
+        back, _ = native.NativeRollout(engine).rollout(*(x.flip(0) for x in inputs), robot.dt)
+    touching = _touching(engine, out.double())
+    assert touching.double().mean() > 0.2
+    assert (touching != touching[:1]).any()                           # lanes of a step differ
+    assert torch.equal(out, back.flip(0))
