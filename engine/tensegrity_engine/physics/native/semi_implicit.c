@@ -1038,8 +1038,9 @@ static void soft_minimise(soft_rod *restrict s, real mass, int o)
  * leaves 80 % of the lanes done after one step, against 56 % with the rows re-evaluated
  * at the last solution (a row at z = 0 there flips with the step's new aref). write_acc: the result into
  * acc / alpha (semi-implicit); else its wrench M (a - a0) into force / torque
- * (implicitfast solves its own update). */
-static void soft_ground(const tg_model *m, tg_work *w, int write_acc)
+ * (implicitfast solves its own update). coupled: the rods of lanes that soft_pairs_solve
+ * solved ([R] per lane, or NULL), left alone here (soft_pairs_write replaces them). */
+static void soft_ground(const tg_model *m, tg_work *w, int write_acc, const real *coupled)
 {
     const int R = m->rods, N = 2 * m->rods;
     const real gh = m->ground_height;
@@ -1048,12 +1049,14 @@ static void soft_ground(const tg_model *m, tg_work *w, int write_acc)
     for (int r = 0; r < R; ++r) {
         const real rad0 = m->node_radius[2 * r], rad1 = m->node_radius[2 * r + 1];
         const real *z0 = ROW(w->node, 2 * N + 2 * r), *z1 = ROW(w->node, 2 * N + 2 * r + 1);
-        real *warm = ROW(w->soft_prev, 6 * R + r);
+        real *warm = ROW(w->soft_prev, 6 * R + r), skip[LANES];
+        LANE_LOOP skip[l] = coupled ? ROW(coupled, r)[l] : (real)0;
         int any = 0;
-        for (int l = 0; l < LANES; ++l) any |= (z0[l] - rad0 - gh < 0) | (z1[l] - rad1 - gh < 0);
+        for (int l = 0; l < LANES; ++l) any |= ((z0[l] - rad0 - gh < 0) | (z1[l] - rad1 - gh < 0)) & (skip[l] == 0);
         if (!any) { memset(warm, 0, LANES * sizeof(real)); continue; }
         const real mass = m->mass[r], fr = m->free[r];
         soft_rows(m, w, r, &s, low, high);
+        LANE_LOOP s.done[l] = skip[l] != 0 ? (real)1 : s.done[l];
         for (int i = 0; i < 3; ++i) {
             const real *acc = ROW(w->acc, i * R + r), *alpha = ROW(w->alpha, i * R + r);
             const real *last_v = ROW(w->soft_prev, i * R + r), *last_w = ROW(w->soft_prev, (3 + i) * R + r);
@@ -1075,7 +1078,7 @@ static void soft_ground(const tg_model *m, tg_work *w, int write_acc)
             real *set = ROW(w->soft_set, q * R + r);
             LANE_LOOP set[l] = s.set[q][l];
         }
-        LANE_LOOP warm[l] = s.done[l] != 0 && (z0[l] - rad0 - gh < 0 || z1[l] - rad1 - gh < 0) ? (real)1 : (real)0;
+        LANE_LOOP warm[l] = s.done[l] != 0 && skip[l] == 0 && (z0[l] - rad0 - gh < 0 || z1[l] - rad1 - gh < 0) ? (real)1 : (real)0;
         for (int i = 0; i < 3; ++i) {
             real *last_v = ROW(w->soft_prev, i * R + r), *last_w = ROW(w->soft_prev, (3 + i) * R + r);
             LANE_LOOP { last_v[l] = s.a[i][l]; last_w[l] = s.a[3 + i][l]; }
@@ -1169,100 +1172,113 @@ static int soft_pairs_alloc(tg_work *w, const tg_model *m)
     return 0;
 }
 
-static real soft_impedance1(const tg_model *m, real dist, real low, real high)
-{
-    real in[LANES], out[LANES];
-    for (int l = 0; l < LANES; ++l) in[l] = dist;
-    soft_impedance(m, in, out, low, high);
-    return out[0];
-}
-
-/* Lane l's pyramid rows of pair p (SoftPairRows.rows) into the slots from `out`, if the
- * capsules touch there; returns whether they do. */
-static int soft_pair_lane_rows(const tg_model *m, tg_work *w, int p, int l, real low, real high, soft_slot *out)
+/* Pair p's pyramid rows (SoftPairRows.rows) into the slots from `out`, in every lane where
+ * the pair came near (`near`: pair_geometry's depth) and the capsules touch (`touch`: 1,
+ * else 0 with D = 0 and zero rows); returns whether any lane touches. */
+static int soft_pair_rows(const tg_model *m, tg_work *w, int p, real low, real high, soft_slot *out, real *touch)
 {
     const int R = m->rods, N = 2 * R, ia = m->pair_a[p], ib = m->pair_b[p];
     const int na = 2 * ia, nb = 2 * ib;
-    real A0[3], A1[3], B0[3], B1[3], ca[3], cb[3], tw[12];
-    for (int i = 0; i < 3; ++i) {
-        A0[i] = ROW(w->node, i * N + na)[l]; A1[i] = ROW(w->node, i * N + na + 1)[l];
-        B0[i] = ROW(w->node, i * N + nb)[l]; B1[i] = ROW(w->node, i * N + nb + 1)[l];
-        ca[i] = ROW(w->st, i * R + ia)[l]; cb[i] = ROW(w->st, i * R + ib)[l];
-        tw[i] = ROW(w->st, (7 + i) * R + ia)[l]; tw[3 + i] = ROW(w->st, (10 + i) * R + ia)[l];
-        tw[6 + i] = ROW(w->st, (7 + i) * R + ib)[l]; tw[9 + i] = ROW(w->st, (10 + i) * R + ib)[l];
-    }
     const real inv_pair = m->free[ia] / m->mass[ia] + m->free[ib] / m->mass[ib];
-    /* closest points of the axis segments (collision.segment_closest_points) */
-    const real d1[3] = {A1[0] - A0[0], A1[1] - A0[1], A1[2] - A0[2]};
-    const real d2[3] = {B1[0] - B0[0], B1[1] - B0[1], B1[2] - B0[2]};
-    const real r[3] = {A0[0] - B0[0], A0[1] - B0[1], A0[2] - B0[2]};
-    const real a = d1[0] * d1[0] + d1[1] * d1[1] + d1[2] * d1[2];
-    const real e = d2[0] * d2[0] + d2[1] * d2[1] + d2[2] * d2[2];
-    const real f = d2[0] * r[0] + d2[1] * r[1] + d2[2] * r[2];
-    const real c = d1[0] * r[0] + d1[1] * r[1] + d1[2] * r[2];
-    const real b = d1[0] * d2[0] + d1[1] * d2[1] + d1[2] * d2[2];
-    const real denom = a * e - b * b;
-    const int parallel = denom <= (real)1e-9 * a * e;
-    real s = clamp01(parallel ? (real)0 : (b * f - c * e) / denom);
-    const real t = (b * s + f) / e, tc = clamp01(t);
-    if (t != tc) s = clamp01((b * tc - c) / a);
-    real pa[3], pb[3], nv[3], pt[3], la[3], lb[3];
-    for (int i = 0; i < 3; ++i) { pa[i] = A0[i] + s * d1[i]; pb[i] = B0[i] + tc * d2[i]; }
-    const real g0 = pb[0] - pa[0], g1 = pb[1] - pa[1], g2 = pb[2] - pa[2];
-    real len2 = g0 * g0 + g1 * g1 + g2 * g2;
-    len2 = len2 < (real)1e-30 ? (real)1e-30 : len2;
-    const real len = SQRT(len2);
-    nv[0] = g0 / len; nv[1] = g1 / len; nv[2] = g2 / len;
     const real ra = m->pair_radius_a[p], rb = m->pair_radius_b[p];
-    const real dist = len - ra - rb;
-    if (!(dist < 0) || !(inv_pair > 0)) return 0;
-    for (int i = 0; i < 3; ++i) {
-        pt[i] = pa[i] + (ra + (real)0.5 * dist) * nv[i];
-        la[i] = pt[i] - ca[i]; lb[i] = pt[i] - cb[i];
+    const real *near = ROW(w->depth, p);
+    real dist[LANES], nv[3][LANES], la[3][LANES], lb[3][LANES];
+    LANE_LOOP {
+        real A0[3], A1[3], B0[3];
+        real d1[3], d2[3], r[3];
+        for (int i = 0; i < 3; ++i) {
+            A0[i] = ROW(w->node, i * N + na)[l]; A1[i] = ROW(w->node, i * N + na + 1)[l];
+            B0[i] = ROW(w->node, i * N + nb)[l];
+            d1[i] = A1[i] - A0[i]; d2[i] = ROW(w->node, i * N + nb + 1)[l] - B0[i]; r[i] = A0[i] - B0[i];
+        }
+        /* closest points of the axis segments (collision.segment_closest_points) */
+        const real a = d1[0] * d1[0] + d1[1] * d1[1] + d1[2] * d1[2];
+        const real e = d2[0] * d2[0] + d2[1] * d2[1] + d2[2] * d2[2];
+        const real f = d2[0] * r[0] + d2[1] * r[1] + d2[2] * r[2];
+        const real c = d1[0] * r[0] + d1[1] * r[1] + d1[2] * r[2];
+        const real b = d1[0] * d2[0] + d1[1] * d2[1] + d1[2] * d2[2];
+        const real denom = a * e - b * b;
+        const int parallel = denom <= (real)1e-9 * a * e;
+        real sa = clamp01(parallel ? (real)0 : (b * f - c * e) / denom);
+        const real t = (b * sa + f) / e, tc = clamp01(t);
+        sa = t != tc ? clamp01((b * tc - c) / a) : sa;
+        real pa[3], g[3];
+        for (int i = 0; i < 3; ++i) { pa[i] = A0[i] + sa * d1[i]; g[i] = (B0[i] + tc * d2[i]) - pa[i]; }
+        real len2 = g[0] * g[0] + g[1] * g[1] + g[2] * g[2];
+        len2 = len2 < (real)1e-30 ? (real)1e-30 : len2;
+        const real len = SQRT(len2);
+        dist[l] = len - ra - rb;
+        touch[l] = near[l] > -SOFT_PAIR_NEAR && dist[l] < 0 && inv_pair > 0 ? (real)1 : (real)0;
+        for (int i = 0; i < 3; ++i) {
+            nv[i][l] = g[i] / len;
+            const real pt = pa[i] + (ra + (real)0.5 * dist[l]) * nv[i][l];
+            la[i][l] = pt - ROW(w->st, i * R + ia)[l];
+            lb[i][l] = pt - ROW(w->st, i * R + ib)[l];
+        }
     }
-    /* mju_makeFrame: (0, 1, 0), or (0, 0, 1) within 60 degrees of the normal */
-    const real side = FABS(nv[1]) < (real)0.5 ? (real)1 : (real)0;
-    const real seed[3] = {0, side, 1 - side};
-    const real sn = nv[0] * seed[0] + nv[1] * seed[1] + nv[2] * seed[2];
-    real tg[3] = {seed[0] - sn * nv[0], seed[1] - sn * nv[1], seed[2] - sn * nv[2]};
-    const real tn = SQRT(tg[0] * tg[0] + tg[1] * tg[1] + tg[2] * tg[2]);
-    tg[0] /= tn; tg[1] /= tn; tg[2] /= tn;
-    const real bn[3] = {nv[1] * tg[2] - nv[2] * tg[1], nv[2] * tg[0] - nv[0] * tg[2], nv[0] * tg[1] - nv[1] * tg[0]};
+    int any = 0;
+    for (int l = 0; l < LANES; ++l) any |= touch[l] != 0;
+    if (!any) return 0;
     /* rows on (a's velocities, b's): a point direction d is [-d, -la x d | d, lb x d], an
-     * angular one [0, -d | 0, d] */
-    real dirs[6][12];
-    const real *pd[3] = {nv, tg, bn};
-    for (int k = 0; k < 3; ++k) {
-        const real *d = pd[k];
-        real *o = dirs[k];
-        o[0] = -d[0]; o[1] = -d[1]; o[2] = -d[2];
-        o[3] = -(la[1] * d[2] - la[2] * d[1]); o[4] = -(la[2] * d[0] - la[0] * d[2]); o[5] = -(la[0] * d[1] - la[1] * d[0]);
-        o[6] = d[0]; o[7] = d[1]; o[8] = d[2];
-        o[9] = lb[1] * d[2] - lb[2] * d[1]; o[10] = lb[2] * d[0] - lb[0] * d[2]; o[11] = lb[0] * d[1] - lb[1] * d[0];
+     * angular one [0, -d | 0, d]; directions n, t, b of MuJoCo's frame, then torsion about n
+     * and rolling about t, b */
+    real frame[3][3][LANES], dirs[6][12][LANES], imp[LANES], drow[LANES], pos[LANES], tw[12][LANES];
+    soft_impedance(m, dist, imp, low, high);
+    LANE_LOOP {
+        const real n0 = nv[0][l], n1 = nv[1][l], n2 = nv[2][l];
+        /* mju_makeFrame: (0, 1, 0), or (0, 0, 1) within 60 degrees of the normal */
+        const real side = FABS(n1) < (real)0.5 ? (real)1 : (real)0;
+        const real sn = n1 * side + n2 * (1 - side);
+        real t0 = -sn * n0, t1 = side - sn * n1, t2 = (1 - side) - sn * n2;
+        const real tn = SQRT(t0 * t0 + t1 * t1 + t2 * t2);
+        t0 /= tn; t1 /= tn; t2 /= tn;
+        frame[0][0][l] = n0; frame[0][1][l] = n1; frame[0][2][l] = n2;
+        frame[1][0][l] = t0; frame[1][1][l] = t1; frame[1][2][l] = t2;
+        frame[2][0][l] = n1 * t2 - n2 * t1; frame[2][1][l] = n2 * t0 - n0 * t2; frame[2][2][l] = n0 * t1 - n1 * t0;
+        drow[l] = imp[l] / (((real)1 - imp[l]) * m->soft_reg * inv_pair);
+        pos[l] = m->soft_k * imp[l] * dist[l];
+        for (int i = 0; i < 3; ++i) {
+            tw[i][l] = ROW(w->st, (7 + i) * R + ia)[l]; tw[3 + i][l] = ROW(w->st, (10 + i) * R + ia)[l];
+            tw[6 + i][l] = ROW(w->st, (7 + i) * R + ib)[l]; tw[9 + i][l] = ROW(w->st, (10 + i) * R + ib)[l];
+        }
     }
-    const real *ad[3] = {nv, tg, bn};               /* torsion about n, rolling about t, b */
     for (int k = 0; k < 3; ++k) {
-        real *o = dirs[3 + k];
-        for (int i = 0; i < 3; ++i) { o[i] = 0; o[3 + i] = -ad[k][i]; o[6 + i] = 0; o[9 + i] = ad[k][i]; }
+        real (*d)[LANES] = frame[k], (*o)[LANES] = dirs[k], (*ang)[LANES] = dirs[3 + k];
+        LANE_LOOP {
+            o[0][l] = -d[0][l]; o[1][l] = -d[1][l]; o[2][l] = -d[2][l];
+            o[3][l] = -(la[1][l] * d[2][l] - la[2][l] * d[1][l]); o[4][l] = -(la[2][l] * d[0][l] - la[0][l] * d[2][l]);
+            o[5][l] = -(la[0][l] * d[1][l] - la[1][l] * d[0][l]);
+            o[6][l] = d[0][l]; o[7][l] = d[1][l]; o[8][l] = d[2][l];
+            o[9][l] = lb[1][l] * d[2][l] - lb[2][l] * d[1][l]; o[10][l] = lb[2][l] * d[0][l] - lb[0][l] * d[2][l];
+            o[11][l] = lb[0][l] * d[1][l] - lb[1][l] * d[0][l];
+            for (int i = 0; i < 3; ++i) {
+                ang[i][l] = 0; ang[3 + i][l] = -d[i][l];
+                ang[6 + i][l] = 0; ang[9 + i][l] = d[i][l];
+            }
+        }
     }
     const int condim = m->soft_condim;
     const int nd = condim == 6 ? 5 : condim == 4 ? 3 : condim == 3 ? 2 : 0;
-    const int which[5] = {1, 2, 3, 4, 5};           /* the cone's directions among dirs */
     const real mus[5] = {m->mu, m->mu, m->mu_torsional, m->mu_rolling, m->mu_rolling};
-    const real imp = soft_impedance1(m, dist, low, high);
-    const real drow = imp / (((real)1 - imp) * m->soft_reg * inv_pair);
-    const real pos = m->soft_k * imp * dist;
     const int edges = nd ? 2 * nd : 1;
     for (int q = 0; q < edges; ++q) {
-        real J[12];
         const real mu = nd ? (q & 1 ? -mus[q / 2] : mus[q / 2]) : (real)0;
-        for (int i = 0; i < 12; ++i) J[i] = nd ? dirs[0][i] + mu * dirs[which[q / 2]][i] : dirs[0][i];
-        real speed = 0;
-        for (int i = 0; i < 12; ++i) speed += J[i] * tw[i];
+        const int dir = nd ? 1 + q / 2 : 0;          /* the cone's direction among dirs */
         soft_slot *row = out + q;
-        for (int i = 0; i < 6; ++i) { row->Ja[i][l] = J[i] * m->free[ia]; row->Jb[i][l] = J[6 + i] * m->free[ib]; }
-        row->aref[l] = -m->soft_b * speed - pos;
-        row->D[l] = drow;
+        LANE_LOOP {
+            real J[12], speed = 0;
+            for (int i = 0; i < 12; ++i) {
+                J[i] = nd ? dirs[0][i][l] + mu * dirs[dir][i][l] : dirs[0][i][l];
+                speed += J[i] * tw[i][l];
+            }
+            const int in = touch[l] != 0;
+            for (int i = 0; i < 6; ++i) {
+                row->Ja[i][l] = in ? J[i] * m->free[ia] : (real)0;
+                row->Jb[i][l] = in ? J[6 + i] * m->free[ib] : (real)0;
+            }
+            row->aref[l] = in ? -m->soft_b * speed - pos[l] : (real)0;
+            row->D[l] = in ? drow[l] : (real)0;
+        }
     }
     return 1;
 }
@@ -1290,30 +1306,29 @@ static inline vreal vfma(vreal a, vreal b, vreal c)
 #pragma GCC optimize("fp-contract=off")
 
 /* x = H^-1 x in place, H [n][n] symmetric positive definite (its lower triangle read and
- * overwritten by its Cholesky factor, the diagonal by its reciprocal). A zero block of H
- * stays a zero block of the factor (0 * 1/d), so uncoupled unknowns stay uncoupled. */
-static void pair_cholesky_solve(vreal *restrict H, int n, vreal *restrict x)
+ * overwritten by its L D L' factor: L below the diagonal, 1 / D on it). Right-looking: each
+ * column, once final, updates the rest of the matrix and of x, updates independent of each
+ * other (a left-looking inner product is one chain of FMAs, latency-bound at these sizes);
+ * no square roots, so a column's chain is one division. A zero block of H stays a zero
+ * block of the factor (0 * 1/d, h - 0 * l), so uncoupled unknowns stay uncoupled. */
+static void pair_ldl_solve(vreal *restrict H, int n, vreal *restrict x)
 {
     for (int j = 0; j < n; ++j) {
-        vreal d = H[j * n + j];
-        for (int k = 0; k < j; ++k) d = vfma(-H[j * n + k], H[j * n + k], d);
-        const vreal inv = 1 / vsqrt(d);
+        const vreal inv = 1 / H[j * n + j];
         H[j * n + j] = inv;
-        for (int i = j + 1; i < n; ++i) {
-            vreal v = H[i * n + j];
-            for (int k = 0; k < j; ++k) v = vfma(-H[i * n + k], H[j * n + k], v);
-            H[i * n + j] = v * inv;
+        const vreal xj = x[j];
+        for (int i = j + 1; i < n; ++i) {              /* column j still l_cj d_j here */
+            const vreal lij = H[i * n + j] * inv;
+            vreal *row = H + (size_t)i * n;
+            for (int c = j + 1; c <= i; ++c) row[c] = vfma(-lij, H[c * n + j], row[c]);
+            x[i] = vfma(-lij, xj, x[i]);
         }
+        for (int i = j + 1; i < n; ++i) H[i * n + j] *= inv;
     }
-    for (int i = 0; i < n; ++i) {
-        vreal v = x[i];
-        for (int k = 0; k < i; ++k) v = vfma(-H[i * n + k], x[k], v);
-        x[i] = v * H[i * n + i];
-    }
-    for (int i = n - 1; i >= 0; --i) {
-        vreal v = x[i];
-        for (int k = i + 1; k < n; ++k) v = vfma(-H[k * n + i], x[k], v);
-        x[i] = v * H[i * n + i];
+    for (int i = 0; i < n; ++i) x[i] *= H[i * n + i];
+    for (int i = n - 1; i > 0; --i) {
+        const vreal xi = -x[i];
+        for (int k = 0; k < i; ++k) x[k] = vfma(H[i * n + k], xi, x[k]);
     }
 }
 
@@ -1428,7 +1443,7 @@ static void pair_minimise(const tg_model *m, tg_work *w, int o, int k, const int
             }
         }
         for (int i = 0; i < n; ++i) step[i] = -g[i];
-        pair_cholesky_solve(H, n, step);
+        pair_ldl_solve(H, n, step);
         vreal curv = zero, slope = zero;
         pair_mass_times(mass, Mr, k, step, g);          /* g: M step from here on */
         for (int i = 0; i < n; ++i) { curv = vfma(step[i], g[i], curv); slope = vfma(step[i], Mda[i], slope); }
@@ -1445,7 +1460,11 @@ static void pair_minimise(const tg_model *m, tg_work *w, int o, int k, const int
             second = vfma(cjs, js, second);
         }
         keeps = vflag((keeps != 0) & (vabs(first) <= SOFT_ALPHA * second));
-        vreal settled = vsel(done != 0, one, keeps), alpha = one;
+        /* the derivative along the step is piecewise linear and increasing: Newton on it is
+         * exact within a piece but can cycle between two, so it keeps a bracket [lo, hi] of
+         * the minimum and bisects where it would leave it (unbracketed, a quarter of the
+         * searches on a crossed pair of rods ran all PAIR_LINE_SEARCH rounds) */
+        vreal settled = vsel(done != 0, one, keeps), alpha = one, lo = zero, hi = zero + (real)1e30;
         const int search = vany((done == 0) & (keeps == 0));
         for (int ls = 0; search && ls < PAIR_LINE_SEARCH; ++ls) {
             if (ls) {
@@ -1458,8 +1477,10 @@ static void pair_minimise(const tg_model *m, tg_work *w, int o, int k, const int
                     second = vfma(cjs, Js[q], second);
                 }
             }
+            lo = vsel(first < 0, alpha, lo);
+            hi = vsel(first > 0, alpha, hi);
             vreal al = vsel(second > 0, alpha - first / vsel(second > 0, second, one), alpha);
-            al = vsel(al < 0, zero, al);
+            al = vsel((al < lo) | (al > hi), (real)0.5 * (lo + hi), al);    /* hi is finite then */
             settled = vsel(vabs(al - alpha) <= SOFT_ALPHA * vsel(al > 1, al, one), one, settled);
             alpha = vsel(settled != 0, alpha, al);
             if (!vany(settled == 0)) break;
@@ -1509,16 +1530,13 @@ static int soft_pairs_solve(const tg_model *m, tg_work *w, real low, real high)
     for (int p = 0; p < P; ++p) {
         if (!w->pair_touch[p]) continue;
         soft_slot *out = slots + count;
-        memset(out, 0, sizeof(soft_slot) * edges);
-        const real *depth = ROW(w->depth, p);
-        int any = 0;
-        for (int l = 0; l < LANES; ++l) {
-            if (!(depth[l] > -SOFT_PAIR_NEAR) || !soft_pair_lane_rows(m, w, p, l, low, high, out)) continue;
-            ROW(w->pair_own, m->pair_a[p])[l] = 1;
-            ROW(w->pair_own, m->pair_b[p])[l] = 1;
-            any = 1;
+        real touch[LANES];
+        if (!soft_pair_rows(m, w, p, low, high, out, touch)) continue;
+        real *own_a = ROW(w->pair_own, m->pair_a[p]), *own_b = ROW(w->pair_own, m->pair_b[p]);
+        LANE_LOOP {
+            own_a[l] = touch[l] != 0 ? (real)1 : own_a[l];
+            own_b[l] = touch[l] != 0 ? (real)1 : own_b[l];
         }
-        if (!any) continue;
         for (int q = 0; q < edges; ++q) { out[q].a = m->pair_a[p]; out[q].b = m->pair_b[p]; out[q].key = p * PAIR_EDGES + q; }
         count += edges;
     }
@@ -1874,7 +1892,7 @@ static void derivatives(const tg_model *m, tg_work *w, int with_wrench)
             const real high = soft_power(1 - m->soft_mid, m->soft_power - 1);
             coupled = soft_pairs_solve(m, w, low, high);
         }
-        if (m->floor && m->soft_ground) soft_ground(m, w, !m->implicitfast);
+        if (m->floor && m->soft_ground) soft_ground(m, w, !m->implicitfast, coupled ? w->pair_own : NULL);
         if (coupled) soft_pairs_write(m, w, !m->implicitfast);
         if (m->implicitfast) accelerations_implicit(m, w);
     } else {
