@@ -1107,20 +1107,21 @@ static void soft_ground(const tg_model *m, tg_work *w, int write_acc, const real
  * 1/2 (a - a0)'M(a - a0) + sum 1/2 D min(0, J a - aref)^2 over the accelerations of the rods
  * its touching pairs hold (the lane's rods), with their ground rows (as soft_rows builds
  * them) and the pairs' rows. The problem separates by rods: every other rod's minimum is its
- * own ground problem, which soft_ground solves for all lanes, so it is left out (a lane of a
- * folded four-bar solves 12 unknowns instead of 24).
+ * own ground problem, which soft_ground solves for the other lanes, so it is left out.
  *
  * The lanes of a vector are solved together, in vector types as soft_minimise, over the
  * union of their rods: a slot is one row across the lanes (an edge of a pair's pyramid, or a
  * ground row of a rod), with D = 0 in a lane it is not in (the pair apart there, or the rod
  * not one of the lane's). A rod that is not the lane's has a0 = 0 and no row there, so its
- * unknowns stay exactly 0 and its block of the Cholesky factor exactly uncoupled: each lane
+ * unknowns stay exactly 0 and its block of the factor exactly uncoupled: each lane
  * takes the steps it would take alone, and its result does not depend on the rest of its
- * vector (wide and narrow chunks agree). A lane whose rods are the last solve's starts from
- * that solution and its active rows. Measured on a crossed pair of rods that always touch
- * (bench/planning.py, MPPI at the paper's sizes in float32, the AVX2 kernel on one thread of
- * an AMD EPYC): 0.279 s per plan solved one lane at a time in scalar code, 0.093 s so (0.020
- * without rod contacts). */
+ * vector (wide and narrow chunks agree, up to a zero's sign). The price: the dense factor is
+ * the union's (n = 6 rods of the vector), where lanes touching different pairs would each
+ * have solved fewer unknowns. A lane whose rods are the last solve's starts from that
+ * solution and its active rows. Measured on a crossed pair of rods that always touch
+ * (bench/planning.py --steps 10, MPPI at the paper's sizes in float32, the AVX2 kernel on one
+ * thread of an AMD EPYC): 0.298 s per plan solved one lane at a time in scalar code, 0.094 s
+ * so (0.020 without rod contacts). */
 #define PAIR_EDGES 10                 /* rows of one contact's pyramid at most (condim 6) */
 #define PAIR_NEWTON 50
 #define PAIR_LINE_SEARCH 30
@@ -1281,13 +1282,6 @@ static int soft_pair_rows(const tg_model *m, tg_work *w, int p, real low, real h
         }
     }
     return 1;
-}
-
-static inline vreal vsqrt(vreal x)
-{
-    vreal y;
-    for (int l = 0; l < (int)VL; ++l) y[l] = SQRT(x[l]);
-    return y;
 }
 
 /* a * b + c rounded once, in every lane (one instruction where the target has FMA) */
@@ -1462,8 +1456,8 @@ static void pair_minimise(const tg_model *m, tg_work *w, int o, int k, const int
         keeps = vflag((keeps != 0) & (vabs(first) <= SOFT_ALPHA * second));
         /* the derivative along the step is piecewise linear and increasing: Newton on it is
          * exact within a piece but can cycle between two, so it keeps a bracket [lo, hi] of
-         * the minimum and bisects where it would leave it (unbracketed, a quarter of the
-         * searches on a crossed pair of rods ran all PAIR_LINE_SEARCH rounds) */
+         * the minimum and bisects where it would leave it (unbracketed, one search in six on
+         * a crossed pair of rods ran all PAIR_LINE_SEARCH rounds) */
         vreal settled = vsel(done != 0, one, keeps), alpha = one, lo = zero, hi = zero + (real)1e30;
         const int search = vany((done == 0) & (keeps == 0));
         for (int ls = 0; search && ls < PAIR_LINE_SEARCH; ++ls) {
