@@ -107,8 +107,9 @@ def test_hanging_rods_touch_as_in_mujoco():
                                                     ("semi_implicit", True, torch.float32)])
 def test_native_kernel_takes_the_torch_engines_coupled_steps(integrator, floor, dtype):
     """The C kernel's coupled solve (a lane with a pair touching is solved whole, in vectors
-    of lanes over the union of their rods) against the torch engine's: a batch of thick-rod 3-bars rolling, or hanging from a
-    welded rod, to rounding over 300 steps; float32 within a millimetre."""
+    of lanes over the union of their rods) against the torch engine's: a batch of thick-rod
+    3-bars rolling, or hanging from a welded rod, to rounding over 300 steps; float32 within
+    a millimetre."""
     robot = _fat_three_bar("soft", 4, integrator)
     fixed = () if floor else (environments.NONCONTACT_FIXED_ROD,)
     engine = TensegrityEngine(robot, floor=floor, fixed_rods=fixed)
@@ -216,7 +217,8 @@ def test_a_lanes_coupled_solve_does_not_depend_on_its_neighbours(dtype):
     some touching and some not)."""
     robot = _fat_three_bar("soft", 4)
     engine = TensegrityEngine(robot)
-    inputs = [torch.as_tensor(x).to(dtype) for x in _episodes(robot, floor=True, seeds=tuple(range(3, 13)), steps=200)]
+    episodes = _episodes(robot, floor=True, seeds=tuple(range(3, 13)), steps=200)
+    inputs = [torch.as_tensor(x).to(dtype) for x in episodes]
     with torch.no_grad():
         out, _ = native.NativeRollout(engine).rollout(*inputs, robot.dt)
         back, _ = native.NativeRollout(engine).rollout(*(x.flip(0) for x in inputs), robot.dt)
