@@ -112,6 +112,10 @@ def _median_diverged_last(values) -> float:
 def default_learn(law: str) -> tuple:
     return LEARN + contact_params(law)[:3]
 NS = 1_000_000_000
+# N: a load cell's noise on a cable (a 500 N cell at 0.4 % of its range); the weight's
+# position noise is at least a mocap's millimetre (noise-free runs weigh as if it were there)
+TENSION_NOISE = 2.0
+WEIGHT_FLOOR_NOISE = 1e-3
 GYRO_NOISE = 0.01          # rad/s: a MEMS gyro's white noise at 10 Hz, the order of a data sheet's
 CONTROL_DT = 0.1
 
@@ -132,18 +136,29 @@ NOISE_PARTS = {"robot": ("position_noise", "rotation_noise", "latency", "jitter"
                "jitter": ("jitter",), "latency": ("latency",), "drops": ("drop_rate",)}
 
 
+def tension_weight(args, sensing: SensorModel) -> float:
+    """The identifier's ``tension_weight`` (m/N) of a run: 0 without load cells."""
+    if args.tension == "off":
+        return 0.0
+    if args.tension_weight is not None:
+        return args.tension_weight
+    return max(sensing.position_noise, WEIGHT_FLOOR_NOISE) / max(args.tension_noise, 1e-3)
+
+
 def sensing_for(z, noise: str) -> SensorModel:
     """The zoo robot ``z``'s mocap with only the imperfections ``noise`` names (`NOISE_PARTS`)."""
     return dataclasses.replace(z.sensing, **{f: 0.0 for f in NOISE_PARTS["robot"] if f not in NOISE_PARTS[noise]})
 
 
 def record(z, seed: int, duration: float, noise: str, gyro_noise: Optional[float] = None,
-           excitation: str = "multisine", band=DEFAULT_BAND):
+           excitation: str = "multisine", band=DEFAULT_BAND, tension_noise: Optional[float] = None):
     """The robot's run: command events [(stamp ns, targets)] and mocap events
     [(stamp ns, poses [R, 7])], in time order of their stamps, and its chaos floor (m).
     ``noise``: the mocap's imperfections it has (`NOISE_PARTS`).
     ``gyro_noise`` (rad/s) not None: every rod's IMU too, with every pose (events
-    [(stamp ns, (rod, body-frame angular velocity, orientation))])."""
+    [(stamp ns, (rod, body-frame angular velocity, orientation))]).
+    ``tension_noise`` (N) not None: every cable's load cell too, with every pose (events
+    [(stamp ns, tensions [C])]; its noise drawn apart, so the poses are the same either way)."""
     robot = z.nominal
     excite = ExcitationPolicy(robot, seed=seed, kind=excitation, amplitude=0.8, control_dt=CONTROL_DT,
                               freq_range=band)
@@ -152,22 +167,29 @@ def record(z, seed: int, duration: float, noise: str, gyro_noise: Optional[float
     cmd = excite.command_at(np.arange(n_cmd) * CONTROL_DT)
     rs, act = rest_pose(z.truth, realisation=z.realisation)
     steps = np.repeat(cmd, held, 0)
-    with z.twin(floor=True, nthread=1) as twin:
-        states, acts = twin.rollout(rs, act, steps)
-        dense = np.concatenate([rs[None], states[0]])          # t = k dt
-        floor = chaos_floor(z, twin, dense, np.concatenate([np.asarray(act)[None], acts[0]]), steps)
     sensing = sensing_for(z, noise)
     if gyro_noise is not None:
         sensing = dataclasses.replace(sensing, gyro_noise=gyro_noise)
+    if tension_noise is not None:
+        sensing = dataclasses.replace(sensing, tension_noise=tension_noise)
     stamps = np.arange(1, n_cmd) * CONTROL_DT
-    kept, poses = sensing.measure(dense, robot.dt, stamps, np.random.default_rng(seed + 7),
-                                  gyro=gyro_noise is not None)
+    with z.twin(floor=True, nthread=1) as twin:
+        states, acts = twin.rollout(rs, act, steps)
+        dense = np.concatenate([rs[None], states[0]])          # t = k dt
+        dense_act = np.concatenate([np.asarray(act)[None], acts[0]])
+        floor = chaos_floor(z, twin, dense, dense_act, steps)
+        kept, poses, seen = sensing.measure_at(dense, robot.dt, stamps, np.random.default_rng(seed + 7),
+                                               gyro=gyro_noise is not None)
+        tensions = None if tension_noise is None else sensing.measure_tensions(
+            twin.cable_tensions(dense[seen], dense_act[seen]), np.arange(len(seen)), np.random.default_rng(seed + 11))
     events = [(int(round(k * CONTROL_DT * NS)), "cmd", cmd[k]) for k in range(n_cmd)]
     events += [(int(round(t * NS)), "pose", p[:, :7]) for t, p in zip(kept, poses)]
     if gyro_noise is not None:     # the IMU reports in its rod's frame, with its orientation
         body = quat_rotate(quat_conjugate(poses[..., QUAT]), poses[..., ANG_VEL])
         events += [(int(round(t * NS)), "imu", (r, b[r], p[r, QUAT])) for t, p, b in zip(kept, poses, body)
                    for r in range(p.shape[0])]
+    if tensions is not None:
+        events += [(int(round(t * NS)), "tension", v) for t, v in zip(kept, tensions)]
     events.sort(key=lambda e: (e[0], e[1] != "cmd"))
     return events, floor
 
@@ -219,6 +241,8 @@ def feed(aligner: StreamAligner, event) -> None:
     stamp, kind, value = event
     if kind == "imu":
         aligner.add_imu(stamp, *value)
+    elif kind == "tension":
+        aligner.add_tensions(stamp, value)
     else:
         (aligner.add_command if kind == "cmd" else aligner.add_pose)(stamp, value)
 
@@ -276,11 +300,13 @@ def run_session(z, args, seed: int, learn) -> dict:
     # gate saw, on which every model is scored (the gate's own blocks favour the model it
     # picked on them)
     events, floor = record(z, seed, args.duration + args.fresh, args.noise,
-                           None if args.imu == "off" else args.gyro_noise, args.excitation, args.excitation_band)
+                           None if args.imu == "off" else args.gyro_noise, args.excitation, args.excitation_band,
+                           None if args.tension == "off" else args.tension_noise)
     cfg = IdentificationConfig(period=CONTROL_DT, learn=learn, init=args.init, seed=seed,
                                schedule=args.schedule, lm_windows=args.lm_windows, pose_window=args.pose_window,
                                chain_latents=args.chain_latents == "on", window_refresh=args.window_refresh,
                                gyro_weight=args.gyro_weight if args.imu == "on" else 0.0,
+                               tension_weight=tension_weight(args, sensing),
                                motor_settle=args.motor_settle, per_element=args.per_element,
                                windows_from=args.windows_from, latent_jacobian_reuse=args.latent_jacobian_reuse,
                                latent_restart_every=args.latent_restart_every)
@@ -544,6 +570,12 @@ def main(argv=None) -> int:
                     help=f"rad/s per axis (default {GYRO_NOISE} with --noise robot, else 0)")
     ap.add_argument("--gyro-weight", type=float, default=1.0,
                     help="with --imu on: as the identifier node's gyro_weight (its default 0 leaves the IMU unused)")
+    ap.add_argument("--tension", choices=("off", "on"), default="off",
+                    help="on: every cable's load cell too, with every pose (the targets are pose-only)")
+    ap.add_argument("--tension-noise", type=float, default=TENSION_NOISE, help="N per cable, with --tension on")
+    ap.add_argument("--tension-weight", type=float, default=None,
+                    help="m/N, with --tension on: as the identifier node's tension_weight (default: the mocap's "
+                         f"position noise, at least {WEIGHT_FLOOR_NOISE * 1e3:g} mm, over the tension noise)")
     ap.add_argument("--motor-settle", type=float, default=IdentificationConfig().motor_settle,
                     help="as IdentificationConfig.motor_settle (0: windows from a stream's first command on)")
     ap.add_argument("--per-element", default="", help="comma-separated learnt names identified per cable / per "
@@ -585,6 +617,9 @@ def main(argv=None) -> int:
           f"contact law {law}, masses {args.masses}, rod radii {args.geometry}, motors' time constant {args.motors}, noise {args.noise}, latency {args.latency}, init {args.init}, schedule {args.schedule}, pose windows of {args.pose_window} from {args.windows_from} (latents chained: {args.chain_latents}, latent blocks reused {args.latent_jacobian_reuse}x, latent restarts 1 in {args.latent_restart_every or 'never'}, windows redrawn at {args.window_refresh:g}x, "
           f"none in the first {args.motor_settle:g} motor time constants), "
           f"gyros {args.imu}" + (f" (noise {args.gyro_noise} rad/s, weight {args.gyro_weight:g})" if args.imu == "on" else "")
+          + f", load cells {args.tension}" + (f" (noise {args.tension_noise:g} N, weight "
+                                               f"{'position noise / tension noise' if args.tension_weight is None else f'{args.tension_weight:g} m/N'})"
+                                               if args.tension == "on" else "")
           + f", {args.excitation} excitation ({args.excitation_band[0]:g}-{args.excitation_band[1]:g} Hz), seeds {args.seeds}, identification compute "
           f"{args.compute_per_sim_second:g} s per sim s on the {args.clock} clock"
           + (f", structure options tried online: {', '.join(args.structure_options)}" if args.structure_options else "")

@@ -16,11 +16,13 @@ from tensegrity_engine.physics.state import ANG_VEL, QUAT, quat_conjugate, quat_
 PERIOD = 0.1
 
 
-def rolling_twin_run(superball, *, gyro_noise=None, seconds: float = 8.0, config: dict = None, dropped=()):
+def rolling_twin_run(superball, *, gyro_noise=None, seconds: float = 8.0, config: dict = None, dropped=(),
+                     tensions: bool = False, unsensed=()):
     """(trainer at the true values, holding the record as pose-only training data; the true
     states at every tuple start). ``gyro_noise`` (rad/s) not None: each rod's IMU reports
     with every pose, after it (as a bridge publishes them). ``dropped``: the mocap frames
-    (by index, 1 the first) that never arrive."""
+    (by index, 1 the first) that never arrive. ``tensions``: every cable's load cell reports
+    its true tension with every pose, after it, but the cables ``unsensed`` (NaN)."""
     z = ground_truth("twin/as_built", superball)
     robot = z.nominal.replace(rod_mass=z.truth.rod_mass.copy())
     n_cmd = int(round(seconds / PERIOD)) + 2
@@ -29,8 +31,13 @@ def rolling_twin_run(superball, *, gyro_noise=None, seconds: float = 8.0, config
     rs, act = rest_pose(z.truth, realisation=z.realisation)
     held = int(round(PERIOD / robot.dt))
     with z.twin(floor=True, nthread=1) as twin:
-        states, _ = twin.rollout(rs, act, np.repeat(cmd, held, 0))
-    dense = np.concatenate([rs[None], states[0]])
+        states, acts = twin.rollout(rs, act, np.repeat(cmd, held, 0))
+        dense = np.concatenate([rs[None], states[0]])
+        dense_act = np.concatenate([np.asarray(act)[None], acts[0]])
+        pose_steps = np.arange(1, n_cmd - 1) * held
+        measured = twin.cable_tensions(dense[pose_steps], dense_act[pose_steps]) if tensions else None
+    if measured is not None:
+        measured[:, list(unsensed)] = np.nan
     aligner = StreamAligner(StreamConfig.for_robot(robot, interval=PERIOD))
     rng = np.random.default_rng(3)
     for k in range(n_cmd):
@@ -44,6 +51,8 @@ def rolling_twin_run(superball, *, gyro_noise=None, seconds: float = 8.0, config
                 body = body + rng.normal(0.0, gyro_noise, body.shape)
                 for rod in range(robot.num_rods):
                     assert aligner.add_imu(stamp, rod, body[rod], state[rod, QUAT]) == (True, "ok")
+            if measured is not None:
+                assert aligner.add_tensions(stamp, measured[k - 1]) == (True, "ok")
     batch = aligner.pop_tuples()
     start = (batch.t0.numpy() // 1_000_000).astype(int)        # ms: the dense index
     settings = dict(period=PERIOD, learn=("cable_stiffness",), init="given")

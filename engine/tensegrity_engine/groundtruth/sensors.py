@@ -32,7 +32,8 @@ class SensorModel:
     m per axis and orientations a random rotation of N(0, rotation_noise^2) rad per axis;
     each frame but the first is lost with probability ``drop_rate``. No velocities: a
     mocap measures poses; with ``gyro`` each rod's IMU adds its angular velocity at the same
-    instant (N(0, gyro_noise^2) rad/s per axis).
+    instant (N(0, gyro_noise^2) rad/s per axis); `measure_tensions` gives each frame the cables'
+    load cells at that instant (N(0, tension_noise^2) N per cable).
     """
 
     position_noise: float = 0.0      # m
@@ -41,6 +42,7 @@ class SensorModel:
     jitter: float = 0.0              # s, standard deviation of the stamp error
     drop_rate: float = 0.0           # fraction of frames lost
     gyro_noise: float = 0.0          # rad/s, per axis
+    tension_noise: float = 0.0       # N, per cable
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -57,6 +59,19 @@ class SensorModel:
                 rng: np.random.Generator, gyro: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """dense_states [N, R, 13] at t = k dt; stamps [K] (s) -> (kept stamps, poses [K', R, 13]
         with zero velocities, but for the gyros' world-frame angular velocity with ``gyro``)."""
+        stamps, poses, _ = self.measure_at(dense_states, dt, stamps, rng, gyro)
+        return stamps, poses
+
+    def measure_tensions(self, dense_tensions: np.ndarray, seen: np.ndarray,
+                         rng: np.random.Generator) -> np.ndarray:
+        """[K', C] the load cells' readings of the frames that `measure_at` kept, seen at the
+        dense indices ``seen`` of the true tensions ``dense_tensions`` [N, C]."""
+        values = np.asarray(dense_tensions, dtype=np.float64)[np.asarray(seen)]
+        return values + (rng.normal(0.0, self.tension_noise, values.shape) if self.tension_noise else 0.0)
+
+    def measure_at(self, dense_states: np.ndarray, dt: float, stamps: np.ndarray,
+                   rng: np.random.Generator, gyro: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`measure`, and the dense index each kept frame shows (for `measure_tensions`)."""
         stamps = np.asarray(stamps, dtype=np.float64)
         seen = stamps - self.latency + (rng.normal(0.0, self.jitter, stamps.shape) if self.jitter else 0.0)
         idx = np.clip(np.rint(seen / dt).astype(int), 0, len(dense_states) - 1)
@@ -73,4 +88,4 @@ class SensorModel:
         poses = np.stack(out)
         if gyro and self.gyro_noise:      # drawn after the poses: their noise is the same with or without
             poses[..., ANG_VEL] += rng.normal(0.0, self.gyro_noise, poses[..., ANG_VEL].shape)
-        return stamps[keep], poses
+        return stamps[keep], poses, idx[keep]

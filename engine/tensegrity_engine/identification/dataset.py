@@ -357,6 +357,8 @@ class TupleSet:
     ``gyro0`` / ``gyro1`` [N, R] bool (or None: none): the angular velocity of that rod in
     x0 / x1 is a gyro's (world frame), not an estimate, also where the velocities are not
     measured (pose-only data from rods with IMUs).
+    ``tension0`` / ``tension1`` [N, C] float (or None: none): measured cable tensions (N) at x0 /
+    x1, NaN (or any non-finite value) where a cable's was not measured.
     """
 
     x0: np.ndarray
@@ -378,6 +380,8 @@ class TupleSet:
     traj_prev: Optional[np.ndarray] = None
     gyro0: Optional[np.ndarray] = None
     gyro1: Optional[np.ndarray] = None
+    tension0: Optional[np.ndarray] = None
+    tension1: Optional[np.ndarray] = None
     traj_act0_assumed: Optional[np.ndarray] = None
 
     def __post_init__(self):
@@ -393,6 +397,15 @@ class TupleSet:
                 if mask.shape != self.x0.shape[:2]:
                     raise DatasetError(f"{name}: one flag per tuple and rod {self.x0.shape[:2]}, got {mask.shape}")
                 setattr(self, name, mask)
+        if (self.tension0 is None) != (self.tension1 is None):
+            raise DatasetError("tension0 and tension1 come together")
+        if self.tension0 is not None:
+            shape = (len(self.x0), self.robot.num_cables)
+            for name in ("tension0", "tension1"):
+                values = np.asarray(getattr(self, name), dtype=np.float64)
+                if values.shape != shape:
+                    raise DatasetError(f"{name}: one tension per tuple and cable {shape}, got {values.shape}")
+                setattr(self, name, values)
         if self.traj_act0_assumed is not None:
             self.traj_act0_assumed = np.asarray(self.traj_act0_assumed, dtype=bool)
             if self.traj_act0_assumed.shape != (n,):
@@ -407,6 +420,17 @@ class TupleSet:
     @property
     def has_gyro(self) -> bool:
         return self.gyro0 is not None or self.gyro1 is not None
+
+    @property
+    def has_tension(self) -> bool:
+        return self.tension0 is not None
+
+    def tensions(self) -> tuple[np.ndarray, np.ndarray]:
+        """(tension0, tension1) as arrays, NaN where None."""
+        if self.tension0 is not None:
+            return self.tension0, self.tension1
+        none = np.full((len(self.x0), self.robot.num_cables), np.nan)
+        return none, none
 
     def gyro_masks(self) -> tuple[np.ndarray, np.ndarray]:
         """(gyro0, gyro1) as arrays, all False where None."""
@@ -446,6 +470,7 @@ class TupleSet:
         shift = lambda a, o: np.where(a >= 0, a + o, -1)
         gyro = [s.gyro_masks() for s in sets] if any(s.has_gyro for s in sets) else None
         assumed = any(s.traj_act0_assumed is not None for s in sets)
+        tension = [s.tensions() for s in sets] if any(s.has_tension for s in sets) else None
         return TupleSet(
             x0=np.concatenate([s.x0 for s in sets]), x1=np.concatenate([s.x1 for s in sets]),
             commands=np.concatenate([s.commands for s in sets]),
@@ -461,6 +486,8 @@ class TupleSet:
             traj_prev=np.concatenate([shift(s.traj_prev, o) for s, o in zip(sets, traj_off)]),
             gyro0=None if gyro is None else np.concatenate([g[0] for g in gyro]),
             gyro1=None if gyro is None else np.concatenate([g[1] for g in gyro]),
+            tension0=None if tension is None else np.concatenate([t[0] for t in tension]),
+            tension1=None if tension is None else np.concatenate([t[1] for t in tension]),
             traj_act0_assumed=np.concatenate([s.act0_assumed() for s in sets]) if assumed else None)
 
 

@@ -11,7 +11,7 @@ from typing import Hashable, Optional
 
 import numpy as np
 
-__all__ = ["pose_problem", "imu_problem", "command_problem", "StampOrder"]
+__all__ = ["pose_problem", "imu_problem", "command_problem", "tension_problem", "StampOrder"]
 
 
 def pose_problem(arr, num_rods: int, *, max_abs_position: float, quat_tolerance: float) -> Optional[str]:
@@ -72,6 +72,23 @@ def command_problem(u, num_actuated: int, low=None, high=None, *, tolerance: flo
         slack = tolerance * (high - low)
         if np.any(u < low - slack) or np.any(u > high + slack):
             return "out_of_range"
+    return None
+
+
+def tension_problem(tensions, num_cables: int, *, max_abs_tension: float) -> Optional[str]:
+    """Measured cable tensions [C] (N), config order; NaN where a cable has no sensor (at least
+    one measured). Negative values are allowed (a load cell's noise and offset about a slack
+    cable's zero, a tendon damper); beyond ``max_abs_tension`` a reading is garbage."""
+    try:
+        arr = np.asarray(tensions, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError):
+        return "wrong_length"
+    if arr.shape[0] != num_cables or num_cables == 0:
+        return "wrong_length"
+    if np.isinf(arr).any() or np.isnan(arr).all():
+        return "nonfinite"
+    if np.nanmax(np.abs(arr)) > max_abs_tension:
+        return "out_of_range"
     return None
 
 

@@ -431,31 +431,57 @@ class RecurrentObjective:
         """[N, M] weighted end-node position errors at every sample of each multiple-shooting
         window, from the window's first pose and latent velocity ``vel`` [N, R, 6];
         sum(r^2) is the normalised position loss averaged over windows and samples. Then,
-        where gyros measured the window's start, `gyro_start_rows`."""
-        pred = self.window_rollout(data, windows, p, vel, record_every=data.commands.shape[1])
+        where gyros measured the window's start, `gyro_start_rows`; where cable tensions were
+        measured, `tension_rows`."""
+        pred, acts = self.window_rollout(data, windows, p, vel, record_every=data.commands.shape[1],
+                                         with_acts=True)
         pos, _ = node_state(pred, self.half)                          # [N, W, R, 2, 3]
         target, _ = node_state(data.x1[windows.clamp(min=0)], self.half)     # -1: a dropped pose
         w = self.free / (2.0 * self.free.sum() * windows.shape[0] * windows.shape[1]
                          * (self.loss_scale or 1.0))
-        r = ((pos - target) * sample_weights(windows, w).sqrt()[..., None, None]).flatten(1)
-        if not self.config.gyro_weight:
-            return r
-        scale = (2.0 * w).sqrt() * self.half * self.config.period * math.sqrt(self.config.gyro_weight)
-        return torch.cat([r, gyro_start_rows(data, windows, vel, scale)], 1)
+        rows = [((pos - target) * sample_weights(windows, w).sqrt()[..., None, None]).flatten(1)]
+        if self.config.gyro_weight:
+            scale = (2.0 * w).sqrt() * self.half * self.config.period * math.sqrt(self.config.gyro_weight)
+            rows.append(gyro_start_rows(data, windows, vel, scale))
+        if self.config.tension_weight and data.tension0 is not None:
+            node = 1.0 / (2.0 * float(self.free.sum()) * windows.shape[0] * windows.shape[1] * (self.loss_scale or 1.0))
+            rows.append(self.tension_rows(data, windows, vel, pred, acts, p) * (self.config.tension_weight * math.sqrt(node)))
+        return torch.cat(rows, 1) if len(rows) > 1 else rows[0]
+
+    def tension_rows(self, data: TrainingData, windows: torch.Tensor, vel: torch.Tensor, pred: torch.Tensor,
+                     acts: torch.Tensor, p: dict) -> torch.Tensor:
+        """[N, (W + 1) C] the model's cable tensions (N) less the measured ones at each window's
+        start (its pose and latent velocity ``vel``) and at each of its samples (the rollout's
+        ``pred`` [N, W, R, 13] and ``acts`` [N, W, A]); zero where a tension was not measured
+        (or a pose dropped), so the residual keeps its size. Poses see the cables' force only
+        through the motion it causes, which fixes c / K of an overdamped robot but not its
+        scale (docs/online_identification.md); a measured force fixes it."""
+        first = windows[:, 0]
+        start = torch.cat([data.x0[first][..., :7], vel], -1)[:, None]
+        states = torch.cat([start, pred], 1)
+        act = torch.cat([self.act_starts(data, p)[first][:, None], acts], 1)
+        model = self.engine.cable_tensions(states, act, p)                          # [N, W + 1, C]
+        at = windows.clamp(min=0)
+        measured = torch.cat([data.tension0[first][:, None], data.tension1[at]], 1)
+        seen = torch.cat([data.tension_seen0[first][:, None],
+                          data.tension_seen1[at] & (windows >= 0)[..., None]], 1)
+        return torch.where(seen, model - measured, torch.zeros_like(model)).flatten(1)
 
     def window_rollout(self, data: TrainingData, windows: torch.Tensor, p: dict,
-                       vel: Optional[torch.Tensor] = None, record_every: Optional[int] = None) -> torch.Tensor:
+                       vel: Optional[torch.Tensor] = None, record_every: Optional[int] = None,
+                       with_acts: bool = False):
         """[N, K, R, 13] the model's states over each window of consecutive tuples (-1: an
         interval whose pose was dropped), rolled out open loop from its first tuple's pose and
         latent velocity ``vel`` [N, R, 6] (None: its state as estimated), every
-        ``record_every`` engine steps (None: the end only)."""
+        ``record_every`` engine steps (None: the end only); ``with_acts``: (states, the
+        actuator states [N, K, A])."""
         first = windows[:, 0]
         x0 = data.x0[first] if vel is None else torch.cat([data.x0[first][..., :7], vel], -1)
         act = self.act_starts(data, p)[first]
         cmd, wr = window_inputs(data, windows, *self.timed_commands(data, p))
-        pred, _ = self.rollout(x0, act, cmd, self.robot.dt, self.config.fine_integrator, wr,
-                               record_every or cmd.shape[1], p)
-        return pred
+        pred, acts = self.rollout(x0, act, cmd, self.robot.dt, self.config.fine_integrator, wr,
+                                  record_every or cmd.shape[1], p)
+        return (pred, acts) if with_acts else pred
 
     @torch.no_grad()
     def chain_com_error(self, data: TrainingData, chains: torch.Tensor, p: dict,

@@ -28,7 +28,7 @@ from torch import nn
 from tensegrity_engine.physics import rollouts
 from tensegrity_engine.physics.actuators import CableActuators
 from tensegrity_engine.physics.config import RobotConfig
-from tensegrity_engine.physics.forces import ForceModel
+from tensegrity_engine.physics.forces import ForceModel, cables
 from tensegrity_engine.physics.integrators import INTEGRATORS, make_integrators
 from tensegrity_engine.physics.jacobians import force_jacobians
 from tensegrity_engine.physics.params import PhysicalParameters
@@ -286,5 +286,8 @@ class TensegrityEngine(nn.Module):
         return total
 
     def cable_tensions(self, state, act, params: Optional[dict] = None) -> torch.Tensor:
+        """[..., C] cable tensions (N) of states [..., R, 13] with actuator states [..., A]:
+        the cables alone (no contact is solved)."""
         p = params if params is not None else self.param_values(state.dtype, state.device)
-        return self.forces(state, self.rest_lengths(act, p), p)["tension"]
+        k = self.constants(state.dtype, state.device)
+        return cables(state.transpose(-1, -2), self.rest_lengths(act, p), p, k)["tension"]

@@ -24,6 +24,28 @@ def per_rod(node_values: torch.Tensor) -> torch.Tensor:
     return node_values[..., 0::2] + node_values[..., 1::2]
 
 
+def cables(S: torch.Tensor, rest: torch.Tensor, p: dict, k: dict) -> dict:
+    """The cables (CFG) of the components-first state S [..., 13, R]: tension-only
+    spring-dampers between end nodes. Also what the rest of the force model builds on (the
+    rod axes and the generalised node coordinates Y = [centres, axes])."""
+    pos, vel, w = S[..., 0:3, :], S[..., 7:10, :], S[..., 10:13, :]
+    qw, qx, qy, qz = S[..., 3, :], S[..., 4, :], S[..., 5, :], S[..., 6, :]
+    axis = torch.stack([2.0 * (qx * qz + qw * qy), 2.0 * (qy * qz - qw * qx),
+                        qw * qw - qx * qx - qy * qy + qz * qz], -2)
+    axis_rate = cross(w, axis)
+    Y = torch.cat([pos, axis], -1)                                     # [..., 3, 2R]
+    Ydot = torch.cat([vel, axis_rate], -1)
+    d = Y @ k["Wt"]                                                    # [..., 3, C]
+    length = torch.sqrt(dot(d, d))
+    u = d / length.unsqueeze(-2)
+    length_rate = dot(Ydot @ k["Wt"], u)
+    K, c, s = p["cable_stiffness"], p["cable_damping"], p["cable_slack_damping"]
+    stretch = K * (length - rest) + ((1.0 - s) * c) * length_rate
+    tension = torch.relu(stretch) + (s * c) * length_rate
+    return {"axis": axis, "axis_rate": axis_rate, "Y": Y, "Ydot": Ydot, "d": d, "length": length, "u": u,
+            "length_rate": length_rate, "stretch": stretch, "tension": tension}
+
+
 class ForceModel:
     """Net force and torque on every rod of the components-first state S [..., 13, R].
 
@@ -73,21 +95,10 @@ class ForceModel:
         """
         k = self.topology.constants(S.dtype, S.device)
         R = self.topology.num_rods
+        cab = cables(S, rest, p, k)
+        axis, axis_rate, Y, Ydot = cab["axis"], cab["axis_rate"], cab["Y"], cab["Ydot"]
+        d, length, u, stretch, tension = cab["d"], cab["length"], cab["u"], cab["stretch"], cab["tension"]
         pos, vel, w = S[..., 0:3, :], S[..., 7:10, :], S[..., 10:13, :]
-        qw, qx, qy, qz = S[..., 3, :], S[..., 4, :], S[..., 5, :], S[..., 6, :]
-        axis = torch.stack([2.0 * (qx * qz + qw * qy), 2.0 * (qy * qz - qw * qx),
-                            qw * qw - qx * qx - qy * qy + qz * qz], -2)
-        axis_rate = cross(w, axis)
-        Y = torch.cat([pos, axis], -1)                                     # [..., 3, 2R]
-        Ydot = torch.cat([vel, axis_rate], -1)
-        # ---- cables (CFG): tension-only spring-dampers between end nodes
-        d = Y @ k["Wt"]                                                    # [..., 3, C]
-        length = torch.sqrt(dot(d, d))
-        u = d / length.unsqueeze(-2)
-        length_rate = dot(Ydot @ k["Wt"], u)
-        K, c, s = p["cable_stiffness"], p["cable_damping"], p["cable_slack_damping"]
-        stretch = K * (length - rest) + ((1.0 - s) * c) * length_rate
-        tension = torch.relu(stretch) + (s * c) * length_rate
         general = -((tension.unsqueeze(-2) * u) @ k["W"])                  # on Y, [..., 3, 2R]
         mass = p["rod_mass"].expand(R)
         out = {"axis": axis, "axis_rate": axis_rate, "mass": mass, "tension": tension,
