@@ -115,6 +115,9 @@ NS = 1_000_000_000
 # N: a load cell's noise on a cable (a 500 N cell at 0.4 % of its range); the weight's
 # position noise is at least a mocap's millimetre (noise-free runs weigh as if it were there)
 TENSION_NOISE = 2.0
+# m: a winch encoder's rest length (a 4096-count encoder on a 2 cm spool: 0.03 mm a count;
+# the spool's wrap and the cable's creep make it 0.2 mm)
+REST_LENGTH_NOISE = 2e-4
 WEIGHT_FLOOR_NOISE = 1e-3
 GYRO_NOISE = 0.01          # rad/s: a MEMS gyro's white noise at 10 Hz, the order of a data sheet's
 CONTROL_DT = 0.1
@@ -136,13 +139,24 @@ NOISE_PARTS = {"robot": ("position_noise", "rotation_noise", "latency", "jitter"
                "jitter": ("jitter",), "latency": ("latency",), "drops": ("drop_rate",)}
 
 
-def tension_weight(args, sensing: SensorModel) -> float:
-    """The identifier's ``tension_weight`` (m/N) of a run: 0 without load cells."""
-    if args.tension == "off":
-        return 0.0
-    if args.tension_weight is not None:
-        return args.tension_weight
-    return max(sensing.position_noise, WEIGHT_FLOOR_NOISE) / max(args.tension_noise, 1e-3)
+def cable_sensors(args) -> Optional[tuple]:
+    """`record`'s ``cables``: (encoder noise or None, load cell noise or None), or None."""
+    if args.encoders == "off" and args.tension == "off":
+        return None
+    return (args.rest_length_noise if args.encoders == "on" else None,
+            args.tension_noise if args.tension == "on" else None)
+
+
+def cable_weights(args, sensing: SensorModel) -> dict:
+    """The identifier's ``rest_length_weight`` and ``tension_weight`` of a run (0 without the
+    sensor; by default the mocap's position noise, at least `WEIGHT_FLOOR_NOISE`, over its)."""
+    position = max(sensing.position_noise, WEIGHT_FLOOR_NOISE)
+    out = {}
+    for name, on, noise, floor in (("rest_length_weight", args.encoders, args.rest_length_noise, 1e-6),
+                                   ("tension_weight", args.tension, args.tension_noise, 1e-3)):
+        given = getattr(args, name)
+        out[name] = 0.0 if on == "off" else given if given is not None else position / max(noise, floor)
+    return out
 
 
 def sensing_for(z, noise: str) -> SensorModel:
@@ -151,14 +165,16 @@ def sensing_for(z, noise: str) -> SensorModel:
 
 
 def record(z, seed: int, duration: float, noise: str, gyro_noise: Optional[float] = None,
-           excitation: str = "multisine", band=DEFAULT_BAND, tension_noise: Optional[float] = None):
+           excitation: str = "multisine", band=DEFAULT_BAND, cables: Optional[tuple] = None):
     """The robot's run: command events [(stamp ns, targets)] and mocap events
     [(stamp ns, poses [R, 7])], in time order of their stamps, and its chaos floor (m).
     ``noise``: the mocap's imperfections it has (`NOISE_PARTS`).
     ``gyro_noise`` (rad/s) not None: every rod's IMU too, with every pose (events
     [(stamp ns, (rod, body-frame angular velocity, orientation))]).
-    ``tension_noise`` (N) not None: every cable's load cell too, with every pose (events
-    [(stamp ns, tensions [C])]; its noise drawn apart, so the poses are the same either way)."""
+    ``cables`` (rest length noise m or None, tension noise N or None) not None: the winches'
+    encoders and / or every cable's load cell too, with every pose (events [(stamp ns, (rest
+    lengths [C] or None, tensions [C] or None))], NaN where a cable has no encoder; their
+    noise drawn apart, so the poses are the same either way)."""
     robot = z.nominal
     excite = ExcitationPolicy(robot, seed=seed, kind=excitation, amplitude=0.8, control_dt=CONTROL_DT,
                               freq_range=band)
@@ -170,8 +186,8 @@ def record(z, seed: int, duration: float, noise: str, gyro_noise: Optional[float
     sensing = sensing_for(z, noise)
     if gyro_noise is not None:
         sensing = dataclasses.replace(sensing, gyro_noise=gyro_noise)
-    if tension_noise is not None:
-        sensing = dataclasses.replace(sensing, tension_noise=tension_noise)
+    if cables is not None:
+        sensing = dataclasses.replace(sensing, rest_length_noise=cables[0] or 0.0, tension_noise=cables[1] or 0.0)
     stamps = np.arange(1, n_cmd) * CONTROL_DT
     with z.twin(floor=True, nthread=1) as twin:
         states, acts = twin.rollout(rs, act, steps)
@@ -180,16 +196,21 @@ def record(z, seed: int, duration: float, noise: str, gyro_noise: Optional[float
         floor = chaos_floor(z, twin, dense, dense_act, steps)
         kept, poses, seen = sensing.measure_at(dense, robot.dt, stamps, np.random.default_rng(seed + 7),
                                                gyro=gyro_noise is not None)
-        tensions = None if tension_noise is None else sensing.measure_tensions(
-            twin.cable_tensions(dense[seen], dense_act[seen]), np.arange(len(seen)), np.random.default_rng(seed + 11))
+        readings = None if cables is None else sensing.measure_cables(
+            twin.rest_lengths(dense_act[seen]), twin.cable_tensions(dense[seen], dense_act[seen]),
+            np.random.default_rng(seed + 11))
     events = [(int(round(k * CONTROL_DT * NS)), "cmd", cmd[k]) for k in range(n_cmd)]
     events += [(int(round(t * NS)), "pose", p[:, :7]) for t, p in zip(kept, poses)]
     if gyro_noise is not None:     # the IMU reports in its rod's frame, with its orientation
         body = quat_rotate(quat_conjugate(poses[..., QUAT]), poses[..., ANG_VEL])
         events += [(int(round(t * NS)), "imu", (r, b[r], p[r, QUAT])) for t, p, b in zip(kept, poses, body)
                    for r in range(p.shape[0])]
-    if tensions is not None:
-        events += [(int(round(t * NS)), "tension", v) for t, v in zip(kept, tensions)]
+    if readings is not None:
+        rest, tension = readings
+        rest[:, ~robot.cable_actuated] = np.nan           # a passive cable has no winch
+        events += [(int(round(t * NS)), "cables", (r if cables[0] is not None else None,
+                                                   f if cables[1] is not None else None))
+                   for t, r, f in zip(kept, rest, tension)]
     events.sort(key=lambda e: (e[0], e[1] != "cmd"))
     return events, floor
 
@@ -241,8 +262,8 @@ def feed(aligner: StreamAligner, event) -> None:
     stamp, kind, value = event
     if kind == "imu":
         aligner.add_imu(stamp, *value)
-    elif kind == "tension":
-        aligner.add_tensions(stamp, value)
+    elif kind == "cables":
+        aligner.add_cable_states(stamp, *value)
     else:
         (aligner.add_command if kind == "cmd" else aligner.add_pose)(stamp, value)
 
@@ -301,12 +322,12 @@ def run_session(z, args, seed: int, learn) -> dict:
     # picked on them)
     events, floor = record(z, seed, args.duration + args.fresh, args.noise,
                            None if args.imu == "off" else args.gyro_noise, args.excitation, args.excitation_band,
-                           None if args.tension == "off" else args.tension_noise)
+                           cable_sensors(args))
     cfg = IdentificationConfig(period=CONTROL_DT, learn=learn, init=args.init, seed=seed,
                                schedule=args.schedule, lm_windows=args.lm_windows, pose_window=args.pose_window,
                                chain_latents=args.chain_latents == "on", window_refresh=args.window_refresh,
                                gyro_weight=args.gyro_weight if args.imu == "on" else 0.0,
-                               tension_weight=tension_weight(args, sensing),
+                               **cable_weights(args, sensing),
                                motor_settle=args.motor_settle, per_element=args.per_element,
                                windows_from=args.windows_from, latent_jacobian_reuse=args.latent_jacobian_reuse,
                                latent_restart_every=args.latent_restart_every)
@@ -576,6 +597,13 @@ def main(argv=None) -> int:
     ap.add_argument("--tension-weight", type=float, default=None,
                     help="m/N, with --tension on: as the identifier node's tension_weight (default: the mocap's "
                          f"position noise, at least {WEIGHT_FLOOR_NOISE * 1e3:g} mm, over the tension noise)")
+    ap.add_argument("--encoders", choices=("off", "on"), default="off",
+                    help="on: every winch's encoder (its cable's rest length) too, with every pose")
+    ap.add_argument("--rest-length-noise", type=float, default=REST_LENGTH_NOISE,
+                    help="m per winch, with --encoders on")
+    ap.add_argument("--rest-length-weight", type=float, default=None,
+                    help="with --encoders on: as the identifier node's rest_length_weight (default: the mocap's "
+                         "position noise over the encoder's)")
     ap.add_argument("--motor-settle", type=float, default=IdentificationConfig().motor_settle,
                     help="as IdentificationConfig.motor_settle (0: windows from a stream's first command on)")
     ap.add_argument("--per-element", default="", help="comma-separated learnt names identified per cable / per "
@@ -620,6 +648,9 @@ def main(argv=None) -> int:
           + f", load cells {args.tension}" + (f" (noise {args.tension_noise:g} N, weight "
                                                f"{'position noise / tension noise' if args.tension_weight is None else f'{args.tension_weight:g} m/N'})"
                                                if args.tension == "on" else "")
+          + f", encoders {args.encoders}" + (f" (noise {args.rest_length_noise * 1e3:g} mm, weight "
+                                             f"{'position noise / encoder noise' if args.rest_length_weight is None else f'{args.rest_length_weight:g}'})"
+                                             if args.encoders == "on" else "")
           + f", {args.excitation} excitation ({args.excitation_band[0]:g}-{args.excitation_band[1]:g} Hz), seeds {args.seeds}, identification compute "
           f"{args.compute_per_sim_second:g} s per sim s on the {args.clock} clock"
           + (f", structure options tried online: {', '.join(args.structure_options)}" if args.structure_options else "")

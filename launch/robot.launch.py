@@ -21,7 +21,8 @@ from launch_ros.actions import Node
 
 # the product topics (tensegrity_ros.common), remappable to the driver's names
 TOPICS = {"poses_topic": "/tensegrity/rod_poses", "imu_topic": "/tensegrity/imu",
-          "command_topic": "/tensegrity/cable_command", "goal_topic": "/tensegrity/goal",
+          "cable_states_topic": "/tensegrity/cable_states", "command_topic": "/tensegrity/cable_command",
+          "goal_topic": "/tensegrity/goal",
           "parameters_topic": "/tensegrity/identified_parameters"}
 
 

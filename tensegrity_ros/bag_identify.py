@@ -26,7 +26,7 @@ import numpy as np
 
 from .common import ConfigurationError, ShutdownRequest
 
-TOPIC_KIND = {"/tensegrity/rod_poses": "poses", "/tensegrity/imu": "imu"}
+TOPIC_KIND = {"/tensegrity/rod_poses": "poses", "/tensegrity/imu": "imu", "/tensegrity/cable_states": "cables"}
 
 
 def load_settings(params_file: Optional[str], robot_name: Optional[str]) -> tuple[dict, str]:

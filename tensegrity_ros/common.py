@@ -10,6 +10,9 @@ TOPIC_POSES = "/tensegrity/rod_poses"
 TOPIC_IMU = "/tensegrity/imu"
 TOPIC_COMMAND = "/tensegrity/cable_command"
 TOPIC_APPLIED = "/tensegrity/applied_command"      # optional driver echo: stamp = when it took effect
+# optional sensor_msgs/JointState per pose: a cable's rest length (position, m, its winch's
+# encoder) and tension (effort, N, its load cell), named as the robot YAML's cables
+TOPIC_CABLE_STATES = "/tensegrity/cable_states"
 # words in a parameter message's ``stage`` that tell the controller identification is done
 DONE_WORDS = ("converged", "done", "final")
 TOPIC_PARAMS = "/tensegrity/identified_parameters"

@@ -7,6 +7,9 @@ Conventions (docs/ros_interface.md):
 * Imu: one message per rod, ``header.frame_id = rod_<i>``; ``angular_velocity`` in the rod
   (body) frame as REP 145 asks; ``orientation`` the rod's world orientation, or
   ``orientation_covariance[0] = -1`` when not provided.
+* JointState (cable states): ``name`` the robot YAML's cable names (any subset, any order),
+  ``position`` rest lengths (m, a winch's encoder) and ``effort`` tensions (N, a load cell),
+  either empty; a NaN is a cable without that sensor.
 * Stamps: ``builtin_interfaces/Time`` <-> integer nanoseconds.
 """
 from __future__ import annotations
@@ -124,6 +127,45 @@ def imu_to_arrays(msg):
         if not np.any(q):
             q = None
     return rod, w, q
+
+
+def joint_state_to_cable_states(msg, cable_names: Sequence[str]
+                                ) -> tuple[Optional[np.ndarray], Optional[np.ndarray], str]:
+    """JointState -> (rest lengths [C] or None, tensions [C] or None, problem): config order of
+    every cable (``cable_names``), NaN for a cable the message does not name. ``problem`` is ''
+    or why the message cannot be mapped (the caller counts it as ``wrong_length``)."""
+    names = list(msg.name)
+    index = {n: i for i, n in enumerate(cable_names)}
+    if not names or len(set(names)) != len(names) or any(n not in index for n in names):
+        return None, None, "joint names must be distinct cable names of the robot YAML"
+    out = []
+    for field in (msg.position, msg.effort):
+        if len(field) == 0:
+            out.append(None)
+            continue
+        if len(field) != len(names):
+            return None, None, f"{len(field)} values for {len(names)} named cables"
+        values = np.full(len(cable_names), np.nan)
+        values[[index[n] for n in names]] = np.asarray(field, dtype=np.float64)
+        out.append(values)
+    if out[0] is None and out[1] is None:
+        return None, None, "neither position (rest length) nor effort (tension) given"
+    return out[0], out[1], ""
+
+
+def cable_states_message(rest_lengths, tensions, stamp_ns_: int, cable_names: Sequence[str]):
+    """A JointState of every cable (``cable_names``, config order): rest lengths as position
+    and tensions as effort, either None (left empty); NaN where a cable has no such sensor."""
+    from sensor_msgs.msg import JointState
+
+    m = JointState()
+    ns_to_stamp(stamp_ns_, m.header.stamp)
+    m.name = list(cable_names)
+    if rest_lengths is not None:
+        m.position = [float(v) for v in rest_lengths]
+    if tensions is not None:
+        m.effort = [float(v) for v in tensions]
+    return m
 
 
 def cable_command_to_array(msg, cable_names: Sequence[str]) -> Optional[np.ndarray]:

@@ -28,11 +28,12 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from .common import TOPIC_COMMAND, TOPIC_GOAL, TOPIC_IMU, TOPIC_PARAMS, TOPIC_POSES, goal_qos, latched_qos, stream_qos
+from .common import (TOPIC_CABLE_STATES, TOPIC_COMMAND, TOPIC_GOAL, TOPIC_IMU, TOPIC_PARAMS, TOPIC_POSES, goal_qos,
+                     latched_qos, stream_qos)
 from .common import reserve_domain_id
 from .fuzz_messages import HostileStream, Item
 
-SUBSCRIBED = {"identifier": ("poses", "imu", "commands"),
+SUBSCRIBED = {"identifier": ("poses", "imu", "cables", "commands"),
               "mppi_controller": ("poses", "imu", "parameters", "goals"),
               "mujoco_bridge": ("commands",)}
 EXACT = ("identifier", "mppi_controller")   # nodes whose accepted count is predicted
@@ -40,6 +41,7 @@ CONTROLLER_COMMANDS = "/fuzz/controller_command"
 IDENTIFIER_PARAMETERS = "/fuzz/identifier_parameters"
 REMAP = {"mppi_controller": {TOPIC_COMMAND: CONTROLLER_COMMANDS},
          "mujoco_bridge": {TOPIC_POSES: "/fuzz/bridge/rod_poses", TOPIC_IMU: "/fuzz/bridge/imu",
+                           TOPIC_CABLE_STATES: "/fuzz/bridge/cable_states",
                            "/clock": "/fuzz/bridge/clock", "/tensegrity/markers": "/fuzz/bridge/markers"},
          # the identifier's models would race the fuzzed ones into the controller's
          # depth-1 (latched) queue, where the newer replaces the older unseen
@@ -64,13 +66,14 @@ class FuzzHarness:
     def __init__(self, node, robot, nodes=tuple(SUBSCRIBED), *, chunk: int = 30, wait_s: float = 60.0):
         from diagnostic_msgs.msg import DiagnosticArray
         from geometry_msgs.msg import PoseArray, Vector3Stamped
-        from sensor_msgs.msg import Imu
+        from sensor_msgs.msg import Imu, JointState
         from tensegrity_ros_interfaces.msg import CableCommand, IdentifiedParameters
 
         self.node, self.robot, self.nodes = node, robot, tuple(nodes)
         self.chunk, self.wait_s = int(chunk), float(wait_s)
         self.pubs = {"poses": node.create_publisher(PoseArray, TOPIC_POSES, stream_qos()),
                      "imu": node.create_publisher(Imu, TOPIC_IMU, stream_qos(100)),
+                     "cables": node.create_publisher(JointState, TOPIC_CABLE_STATES, stream_qos()),
                      "commands": node.create_publisher(CableCommand, TOPIC_COMMAND, stream_qos()),
                      "parameters": node.create_publisher(IdentifiedParameters, TOPIC_PARAMS, latched_qos()),
                      "goals": node.create_publisher(Vector3Stamped, TOPIC_GOAL, goal_qos())}

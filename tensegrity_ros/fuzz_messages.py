@@ -1,6 +1,7 @@
 """A seeded stream of clean and hostile messages for every topic the nodes subscribe to.
 
-`HostileStream` interleaves a clean 10 Hz robot (poses, one gyro per rod, commands) with
+`HostileStream` interleaves a clean 10 Hz robot (poses, one gyro per rod, the cables'
+encoders and load cells, commands) with
 malformed and hostile messages: NaN/inf, wrong sizes (0, R-1, R+1, 1000), zero and
 non-unit quaternions, 1e30 values, negative and malformed stamps, duplicate and
 out-of-order stamps, clock jumps both ways, wrong frame ids and cable names, forged
@@ -27,6 +28,8 @@ POSE_KINDS = ("nan", "inf", "size_0", "size_short", "size_long", "size_1000", "z
               "duplicate", "out_of_order", "jump_forward", "jump_back")
 IMU_KINDS = ("nan", "inf", "huge_rate", "unknown_rod", "negative_rod", "no_frame", "other_frame",
              "long_quat", "nan_quat", "negative_stamp", "bad_nanosec", "duplicate", "out_of_order")
+CABLE_KINDS = ("nan_all", "inf", "huge_tension", "negative_rest", "unknown_name", "duplicate_name",
+               "values_mismatch", "nothing", "negative_stamp", "bad_nanosec", "duplicate", "out_of_order")
 COMMAND_KINDS = ("nan", "inf", "size_0", "size_short", "size_long", "size_1000", "huge", "negative",
                  "unknown_name", "duplicate_name", "names_values_mismatch", "negative_stamp",
                  "bad_nanosec", "duplicate", "out_of_order")
@@ -34,7 +37,7 @@ PARAMETER_KINDS = ("wrong_robot", "negative", "huge", "nan", "inf", "fewer_value
                    "unparsable_name", "duplicate_name", "widened_bounds", "bounds_length", "empty",
                    "thousand_names", "valid")
 GOAL_KINDS = ("nan", "inf", "huge", "too_fast", "wrong_frame", "valid")
-TOPICS = ("poses", "imu", "commands", "parameters", "goals")
+TOPICS = ("poses", "imu", "cables", "commands", "parameters", "goals")
 
 
 @dataclasses.dataclass
@@ -70,6 +73,7 @@ class HostileStream:
         self.rest = np.asarray(rest_state, dtype=np.float64)
         self.R, self.A = robot.num_rods, robot.num_actuated
         self.cable_names = [robot.cable_names[i] for i in robot.actuated_indices]
+        self.all_cables = list(robot.cable_names)
         self.low, self.high = robot.command_low, robot.command_high
         self.frame = pose_frame
         self.rate = float(hostile_per_tick)
@@ -89,17 +93,27 @@ class HostileStream:
         state[:, 10:13] = self.rng.normal(0.0, 0.1, (self.R, 3))
         return conv.rod_imu_messages(state, t)[rod]
 
+    def _cables_msg(self, t: int):
+        """Every cable's rest length and tension; one load cell missing (NaN: a valid reading)."""
+        C = len(self.all_cables)
+        rest = self.robot.cable_rest_length * self.rng.uniform(0.9, 1.1, C)
+        tension = self.rng.uniform(0.0, 500.0, C)
+        tension[int(self.rng.integers(C))] = math.nan
+        return conv.cable_states_message(rest, tension, t, self.all_cables)
+
     def _command(self, t: int, values=None, names=()):
         u = self.low + (self.high - self.low) * self.rng.uniform(0.1, 0.9, self.A) if values is None else values
         msg = conv.make_cable_command(u, t, cable_names=names, frame_id="fuzz")
         return msg
 
     def clean_tick(self) -> list:
-        """One 100 ms step of the clean robot: a pose, a command, gyros of some rods."""
+        """One 100 ms step of the clean robot: a pose, a command, the cables' states, gyros of
+        some rods."""
         self.t += TICK_NS
         out = [Item("poses", self._pose_msg(self.t), True, "clean", barrier_before=True),
-               Item("commands", self._command(self.t), True, "clean")]
-        self.last["pose"] = self.last["command"] = self.t
+               Item("commands", self._command(self.t), True, "clean"),
+               Item("cables", self._cables_msg(self.t), True, "clean")]
+        self.last["pose"] = self.last["command"] = self.last["cables"] = self.t
         for rod in np.flatnonzero(self.rng.uniform(size=self.R) < 0.5):
             out.append(Item("imu", self._imu_msg(self.t, int(rod)), True, "clean"))
             self.last[("imu", int(rod))] = self.t
@@ -187,6 +201,37 @@ class HostileStream:
                 return None
             _stamp(msg, stamp)
         return Item("imu", msg, False, kind)
+
+    def _hostile_cables(self, kind: str) -> Optional[Item]:
+        msg = self._cables_msg(self.t)
+        position, effort = list(msg.position), list(msg.effort)
+        if kind == "nan_all":
+            position, effort = [math.nan] * len(position), [math.nan] * len(effort)
+        elif kind == "inf":
+            effort[0] = math.inf
+        elif kind == "huge_tension":
+            effort[-1] = 1e30
+        elif kind == "negative_rest":
+            position[0] = -0.5
+        elif kind == "unknown_name":
+            msg.name = list(msg.name[:-1]) + ["warp_drive"]
+        elif kind == "duplicate_name":
+            msg.name = [msg.name[0]] + list(msg.name[:-1])
+        elif kind == "values_mismatch":
+            effort = effort[:-1]
+        elif kind == "nothing":
+            position, effort = [], []
+        elif kind == "negative_stamp":
+            _stamp(msg, self.t, sec=-3)
+        elif kind == "bad_nanosec":
+            _stamp(msg, self.t, nanosec=2**31)
+        else:
+            stamp = self._stamp_kind(kind, "cables")
+            if stamp is None:
+                return None
+            _stamp(msg, stamp)
+        msg.position, msg.effort = position, effort
+        return Item("cables", msg, False, kind)
 
     def _hostile_command(self, kind: str) -> Optional[Item]:
         t, A = self.t, self.A
@@ -278,12 +323,12 @@ class HostileStream:
 
     def hostile(self) -> Optional[Item]:
         """One random hostile (or rare valid parameter / goal) message."""
-        topic = self.rng.choice(TOPICS, p=(0.35, 0.25, 0.3, 0.05, 0.05))
-        kinds = {"poses": POSE_KINDS, "imu": IMU_KINDS, "commands": COMMAND_KINDS,
+        topic = self.rng.choice(TOPICS, p=(0.3, 0.2, 0.15, 0.25, 0.05, 0.05))
+        kinds = {"poses": POSE_KINDS, "imu": IMU_KINDS, "cables": CABLE_KINDS, "commands": COMMAND_KINDS,
                  "parameters": PARAMETER_KINDS, "goals": GOAL_KINDS}[topic]
         kind = str(self.rng.choice(kinds))
-        return {"poses": self._hostile_pose, "imu": self._hostile_imu, "commands": self._hostile_command,
-                "parameters": self._parameters, "goals": self._goal}[topic](kind)
+        return {"poses": self._hostile_pose, "imu": self._hostile_imu, "cables": self._hostile_cables,
+                "commands": self._hostile_command, "parameters": self._parameters, "goals": self._goal}[topic](kind)
 
     def items(self, n: int) -> Iterator[Item]:
         sent = 0

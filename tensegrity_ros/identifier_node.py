@@ -23,7 +23,7 @@ import torch
 from diagnostic_msgs.msg import DiagnosticStatus
 from geometry_msgs.msg import PoseArray
 from rclpy.node import Node
-from sensor_msgs.msg import Imu
+from sensor_msgs.msg import Imu, JointState
 from std_srvs.srv import Trigger
 from tensegrity_ros_interfaces.msg import CableCommand, IdentifiedParameters
 from visualization_msgs.msg import MarkerArray
@@ -40,9 +40,9 @@ from tensegrity_engine.identification.streaming import StreamAligner, StreamConf
 from tensegrity_engine.physics.params import PhysicalParameters, checked_parameters, element_count
 
 from . import conversions as conv
-from .common import (TOPIC_APPLIED, TOPIC_COMMAND, TOPIC_IMU, TOPIC_MARKERS, TOPIC_PARAMS, TOPIC_POSES,
-                     DONE_WORDS, ConfigurationError, latched_qos, lower_thread_priority, resolve_device, run_node,
-                     stream_qos)
+from .common import (TOPIC_APPLIED, TOPIC_CABLE_STATES, TOPIC_COMMAND, TOPIC_IMU, TOPIC_MARKERS, TOPIC_PARAMS,
+                     TOPIC_POSES, DONE_WORDS, ConfigurationError, latched_qos, lower_thread_priority, resolve_device,
+                     run_node, stream_qos)
 from .diagnostics import Diagnostics
 from .params import declare, load_robot, refuse_undeclared
 
@@ -112,6 +112,7 @@ class IdentifierNode(Node):
         self.pub_markers = self.create_publisher(MarkerArray, TOPIC_MARKERS, 5)
         self.create_subscription(PoseArray, TOPIC_POSES, self._on_pose, stream_qos())
         self.create_subscription(Imu, TOPIC_IMU, self._on_imu, stream_qos(100))
+        self.create_subscription(JointState, TOPIC_CABLE_STATES, self._on_cables, stream_qos())
         command_topic = d("command_topic", TOPIC_COMMAND, "the commands to align with the poses: the "
                           "controller's (valid-from stamps) or a driver's echo of what it applied "
                           f"({TOPIC_APPLIED}: stamped when each took effect)", read_only=True)
@@ -162,6 +163,9 @@ class IdentifierNode(Node):
 
     def _on_imu(self, msg: Imu) -> None:
         self._on_message("imu", msg)
+
+    def _on_cables(self, msg: JointState) -> None:
+        self._on_message("cables", msg)
 
     def _on_command(self, msg: CableCommand) -> None:
         self._on_message("commands", msg)
@@ -371,7 +375,7 @@ class IdentifierNode(Node):
 
 def feed_aligner(aligner: StreamAligner, topic: str, msg, pose_frame: str, cable_names
                  ) -> tuple[bool, str, str]:
-    """One message (topic "poses", "imu" or "commands") into the aligner, as the node and
+    """One message (topic "poses", "imu", "cables" or "commands") into the aligner, as the node and
     the offline bag tool both do: (accepted, reason, detail); a detail is set when the
     message was refused before the aligner saw it."""
     problem = conv.header_problem(msg.header, pose_frame if topic == "poses" else None)
@@ -382,6 +386,11 @@ def feed_aligner(aligner: StreamAligner, topic: str, msg, pose_frame: str, cable
         return (*aligner.add_pose(stamp, conv.pose_array_to_array(msg)), "")
     if topic == "imu":
         return (*aligner.add_imu(stamp, *conv.imu_to_arrays(msg)), "")
+    if topic == "cables":
+        rest, tension, problem = conv.joint_state_to_cable_states(msg, aligner.cfg.cable_names)
+        if problem:
+            return False, "wrong_length", problem
+        return (*aligner.add_cable_states(stamp, rest, tension), "")
     u = conv.cable_command_to_array(msg, cable_names)
     if u is None:
         return False, "wrong_length", "cable names do not match the robot's"
@@ -519,6 +528,13 @@ def declare_solver(d, period: float):
     gyro_weight = d("gyro_weight", defaults.gyro_weight, "pose-only: weight of the IMU's angular velocity at "
                     "each window's start (1 rad/s as half a rod length x T of end-node error; 0 = the IMU unused "
                     "by identification; docs/online_identification.md, Gyros)", range=(0.0, 1e6))
+    tension_weight = d("tension_weight", defaults.tension_weight, "pose-only: weight of the cables' measured "
+                       "tensions (JointState effort on cable_states_topic) beside the poses, m/N: 1 N off as this "
+                       "many m of end-node error (0 = unused; the mocap's position noise over the load cell's; "
+                       "docs/online_identification.md, Cable sensors)", range=(0.0, 1e3))
+    rest_length_weight = d("rest_length_weight", defaults.rest_length_weight, "pose-only: weight of the "
+                           "cables' measured rest lengths (JointState position: the winches' encoders) beside the "
+                           "poses, m/m (0 = unused; the mocap's position noise over the encoder's)", range=(0.0, 1e6))
     motor_settle = d("motor_settle", defaults.motor_settle, "pose-only: no window within this many actuator "
                      "time constants of a stream's first command (the motors' state there is assumed)",
                      range=(0.0, 1e3))
@@ -545,7 +561,8 @@ def declare_solver(d, period: float):
         period=period, learn=None if list(learn) == ["default"] else tuple(learn), schedule=schedule,
         lr0=lr0, lr_min=lr_min, patience=patience, batch_size=batch, epoch_tuples=epoch_tuples or None,
         max_epochs=max_epochs, max_seconds=max_seconds or None, init=init, seed=seed, lm_windows=lm_windows,
-        pose_window=pose_window, gyro_weight=gyro_weight, motor_settle=motor_settle, windows_from=windows_from,
+        pose_window=pose_window, gyro_weight=gyro_weight, tension_weight=tension_weight,
+        rest_length_weight=rest_length_weight, motor_settle=motor_settle, windows_from=windows_from,
         lm_settle_sigmas=lm_settle_sigmas, per_element=tuple(n for n in per_element if n != "none"),
         latent_jacobian_reuse=latent_jacobian_reuse, latent_restart_every=latent_restart_every)
 

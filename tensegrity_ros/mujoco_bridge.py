@@ -31,7 +31,7 @@ from diagnostic_msgs.msg import DiagnosticStatus
 from geometry_msgs.msg import PoseArray
 from rclpy.node import Node
 from rosgraph_msgs.msg import Clock
-from sensor_msgs.msg import Imu
+from sensor_msgs.msg import Imu, JointState
 from tensegrity_ros_interfaces.msg import CableCommand
 from visualization_msgs.msg import MarkerArray
 
@@ -43,8 +43,8 @@ from tensegrity_engine.groundtruth.sensors import noisy_rod_poses
 from tensegrity_engine.physics.state import center_of_mass
 
 from . import conversions as conv
-from .common import (TOPIC_APPLIED, TOPIC_COMMAND, TOPIC_IMU, TOPIC_MARKERS, TOPIC_POSES, ConfigurationError,
-                     run_node, stream_qos)
+from .common import (TOPIC_APPLIED, TOPIC_CABLE_STATES, TOPIC_COMMAND, TOPIC_IMU, TOPIC_MARKERS, TOPIC_POSES,
+                     ConfigurationError, run_node, stream_qos)
 from .depth_publisher import DepthCameraOutput
 from .diagnostics import Diagnostics
 from .params import declare, load_robot, refuse_undeclared
@@ -66,6 +66,11 @@ class MujocoBridge(Node):
                          range=(0.0, 5.0))
         self.imu_enabled = d("imu", True, "publish one sensor_msgs/Imu per rod with every pose")
         self.imu_noise = d("imu_noise", 0.0, "std of gyro noise (rad/s)", range=(0.0, 10.0))
+        self.cable_states = d("cable_states", True, "publish a sensor_msgs/JointState of the cables with every "
+                              "pose: each winch's rest length (position) and each cable's tension (effort)")
+        self.tension_noise = d("tension_noise", 0.0, "std of the load cells' noise (N)", range=(0.0, 1e4))
+        self.rest_length_noise = d("rest_length_noise", 0.0, "std of the winch encoders' noise (m)",
+                                   range=(0.0, 1.0))
         self.marker_rate = d("marker_rate", 2.0, "marker publishing rate (Hz, sim time; 0 = off)",
                              range=(0.0, 100.0))
         self.publish_clock = d("publish_clock", True, "publish /clock (sim time) for use_sim_time nodes")
@@ -117,6 +122,7 @@ class MujocoBridge(Node):
 
         self.pub_pose = self.create_publisher(PoseArray, TOPIC_POSES, stream_qos())
         self.pub_imu = self.create_publisher(Imu, TOPIC_IMU, stream_qos(100))
+        self.pub_cables = self.create_publisher(JointState, TOPIC_CABLE_STATES, stream_qos())
         self.pub_applied = self.create_publisher(CableCommand, TOPIC_APPLIED, stream_qos())
         self.pub_markers = self.create_publisher(MarkerArray, TOPIC_MARKERS, 5)
         self.pub_clock = self.create_publisher(Clock, "/clock", 10)
@@ -181,16 +187,25 @@ class MujocoBridge(Node):
 
     # ------------------------------------------------------------------ sim thread
     def _measure(self, t_ns: int):
-        rs, _ = self.twin.get_state()
-        return t_ns, noisy_rod_poses(rs, self.rng, pos_noise=self.pos_noise, rot_noise=self.rot_noise), rs
+        rs, act = self.twin.get_state()
+        cables = None
+        if self.cable_states:       # the winches' encoders (none on a passive cable) and load cells
+            rest = self.twin.rest_lengths(act) + self.rng.normal(0.0, self.rest_length_noise, self.robot.num_cables)
+            rest[~self.robot.cable_actuated] = np.nan
+            tension = (self.twin.cable_tensions(rs, act)
+                       + self.rng.normal(0.0, self.tension_noise, self.robot.num_cables))
+            cables = (rest, tension)
+        return t_ns, noisy_rod_poses(rs, self.rng, pos_noise=self.pos_noise, rot_noise=self.rot_noise), rs, cables
 
-    def _publish_measurement(self, t_ns: int, meas: np.ndarray, truth: np.ndarray) -> None:
+    def _publish_measurement(self, t_ns: int, meas: np.ndarray, truth: np.ndarray, cables) -> None:
         if self.publish_poses:
             self.pub_pose.publish(conv.rod_state_to_pose_array(meas, t_ns))
             self.poses_published += 1
         if self.imu_enabled:
             for m in conv.rod_imu_messages(truth, t_ns, noise_std=self.imu_noise, rng=self.rng):
                 self.pub_imu.publish(m)
+        if cables is not None:
+            self.pub_cables.publish(conv.cable_states_message(*cables, t_ns, self.robot.cable_names))
 
     def _publish_clock(self, t_ns: int) -> None:
         if self.publish_clock:
@@ -220,7 +235,7 @@ class MujocoBridge(Node):
         next_depth = t if depth_ns else None
         if depth_ns:
             self.depth.announce(t, self.twin.get_state()[0])
-        delayed: list = []               # [(publish_at, t_meas, meas, truth)]
+        delayed: list = []               # [(publish_at, t_meas, meas, truth, cables)]
         wall0, sim0 = time.monotonic(), t
         end_ns = int(self.max_duration * NS) if self.max_duration > 0 else None
         self._publish_clock(t)
@@ -244,9 +259,9 @@ class MujocoBridge(Node):
                     if self._wait_lockstep(t, meas[1]):
                         wall0, sim0 = time.monotonic(), t      # paced from here: no catching up
             while delayed and delayed[0][0] <= t:
-                _, tm, meas, truth = delayed.pop(0)
+                _, tm, meas, truth, cables = delayed.pop(0)
                 self._publish_clock(t)
-                self._publish_measurement(tm, meas, truth)
+                self._publish_measurement(tm, meas, truth, cables)
                 if self._wait_lockstep(tm, meas):
                     wall0, sim0 = time.monotonic(), t
             if marker_ns and t >= next_marker:

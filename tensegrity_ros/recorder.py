@@ -24,6 +24,7 @@ import numpy as np
 TOPICS = {
     "/tensegrity/rod_poses": "geometry_msgs/msg/PoseArray",
     "/tensegrity/imu": "sensor_msgs/msg/Imu",
+    "/tensegrity/cable_states": "sensor_msgs/msg/JointState",
     "/tensegrity/cable_command": "tensegrity_ros_interfaces/msg/CableCommand",
     "/tensegrity/applied_command": "tensegrity_ros_interfaces/msg/CableCommand",
     "/tensegrity/identified_parameters": "tensegrity_ros_interfaces/msg/IdentifiedParameters",

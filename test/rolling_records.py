@@ -17,12 +17,13 @@ PERIOD = 0.1
 
 
 def rolling_twin_run(superball, *, gyro_noise=None, seconds: float = 8.0, config: dict = None, dropped=(),
-                     tensions: bool = False, unsensed=()):
+                     cables: bool = False, unsensed=(), no_encoder=()):
     """(trainer at the true values, holding the record as pose-only training data; the true
     states at every tuple start). ``gyro_noise`` (rad/s) not None: each rod's IMU reports
     with every pose, after it (as a bridge publishes them). ``dropped``: the mocap frames
-    (by index, 1 the first) that never arrive. ``tensions``: every cable's load cell reports
-    its true tension with every pose, after it, but the cables ``unsensed`` (NaN)."""
+    (by index, 1 the first) that never arrive. ``cables``: every winch's encoder and every cable's
+    load cell report the true rest length and tension with every pose, after it, but the load
+    cells of the cables ``unsensed`` (NaN), and passive cables have no encoder."""
     z = ground_truth("twin/as_built", superball)
     robot = z.nominal.replace(rod_mass=z.truth.rod_mass.copy())
     n_cmd = int(round(seconds / PERIOD)) + 2
@@ -35,9 +36,13 @@ def rolling_twin_run(superball, *, gyro_noise=None, seconds: float = 8.0, config
         dense = np.concatenate([rs[None], states[0]])
         dense_act = np.concatenate([np.asarray(act)[None], acts[0]])
         pose_steps = np.arange(1, n_cmd - 1) * held
-        measured = twin.cable_tensions(dense[pose_steps], dense_act[pose_steps]) if tensions else None
-    if measured is not None:
-        measured[:, list(unsensed)] = np.nan
+        measured = None
+        if cables:
+            measured = (twin.rest_lengths(dense_act[pose_steps]),
+                        twin.cable_tensions(dense[pose_steps], dense_act[pose_steps]))
+            measured[0][:, ~robot.cable_actuated] = np.nan
+            measured[0][:, list(no_encoder)] = np.nan
+            measured[1][:, list(unsensed)] = np.nan
     aligner = StreamAligner(StreamConfig.for_robot(robot, interval=PERIOD))
     rng = np.random.default_rng(3)
     for k in range(n_cmd):
@@ -52,7 +57,7 @@ def rolling_twin_run(superball, *, gyro_noise=None, seconds: float = 8.0, config
                 for rod in range(robot.num_rods):
                     assert aligner.add_imu(stamp, rod, body[rod], state[rod, QUAT]) == (True, "ok")
             if measured is not None:
-                assert aligner.add_tensions(stamp, measured[k - 1]) == (True, "ok")
+                assert aligner.add_cable_states(stamp, measured[0][k - 1], measured[1][k - 1]) == (True, "ok")
     batch = aligner.pop_tuples()
     start = (batch.t0.numpy() // 1_000_000).astype(int)        # ms: the dense index
     settings = dict(period=PERIOD, learn=("cable_stiffness",), init="given")

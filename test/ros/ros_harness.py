@@ -16,13 +16,13 @@ from diagnostic_msgs.msg import DiagnosticArray
 from geometry_msgs.msg import PoseArray
 from rclpy.parameter import Parameter
 from rosgraph_msgs.msg import Clock
-from sensor_msgs.msg import Imu
+from sensor_msgs.msg import Imu, JointState
 from tensegrity_ros_interfaces.msg import CableCommand, IdentifiedParameters
 
 from tensegrity_engine.physics.state import center_of_mass
 from tensegrity_ros import conversions as conv
-from tensegrity_ros.common import (TOPIC_COMMAND, TOPIC_IMU, TOPIC_PARAMS, TOPIC_POSES, Spinner, latched_qos,
-                                   release_domain_id, reserve_domain_id, stream_qos)
+from tensegrity_ros.common import (TOPIC_CABLE_STATES, TOPIC_COMMAND, TOPIC_IMU, TOPIC_PARAMS, TOPIC_POSES, Spinner,
+                                   latched_qos, release_domain_id, reserve_domain_id, stream_qos)
 from tensegrity_ros.sim2sim import clean_dds_shm
 
 NS = 1_000_000_000
@@ -120,8 +120,9 @@ class Recorder:
     def __init__(self, node):
         self.lock = threading.Lock()
         self.poses, self.pose_wall, self.imu, self.clock, self.params, self.diag = [], [], [], [], [], {}
-        self.commands = []
+        self.commands, self.cables = [], []
         node.create_subscription(PoseArray, TOPIC_POSES, self._pose, stream_qos())
+        node.create_subscription(JointState, TOPIC_CABLE_STATES, lambda m: self._add(self.cables, m), stream_qos())
         node.create_subscription(Imu, TOPIC_IMU, lambda m: self._add(self.imu, m), stream_qos(100))
         node.create_subscription(Clock, "/clock", lambda m: self._add(self.clock, m), 10)
         node.create_subscription(IdentifiedParameters, TOPIC_PARAMS, lambda m: self._add(self.params, m),

@@ -87,6 +87,17 @@ def test_bridge_identifier_controller(ros, tmp_path):
     assert len(rec.poses[0].poses) == ROBOT.num_rods
     assert {m.header.frame_id for m in rec.imu} == {f"rod_{i}" for i in range(ROBOT.num_rods)}
     assert rec.clock, "no /clock"
+    # the cables' sensors with every pose: each winch's rest length, each cable's tension,
+    # all cables named; the identifier takes them (its tension_weight 0 leaves them unused)
+    cables = rec.cables[-1]
+    assert list(cables.name) == list(ROBOT.cable_names)
+    rest, tension = np.asarray(cables.position), np.asarray(cables.effort)
+    assert np.all(rest[ROBOT.cable_actuated] > 0.0) and np.isnan(rest[~ROBOT.cable_actuated]).all()
+    assert np.isfinite(tension).all() and tension.max() > 1.0
+    assert {conv.stamp_ns(m.header.stamp) for m in rec.cables} <= set(stamps.tolist()) | {
+        conv.stamp_ns(m.header.stamp) for m in rec.poses}
+    assert wait_for(lambda: rec.value("identifier", "cables_accepted") >= 10, 30)
+    assert rec.value("identifier", "cables_rejected") == 0
     # real_time_factor 2: the simulation never runs ahead of twice the wall clock (a slow
     # machine only makes it slower, so this cannot flake)
     sim_span, wall_span = (stamps[-1] - stamps[0]) / NS, t_wall[-1] - t_wall[0]

@@ -491,6 +491,15 @@ class MujocoTwin:
         single = np.asarray(rod_state).ndim == 2 and np.asarray(act).ndim == 1
         return out[0] if single else out
 
+    def rest_lengths(self, act) -> np.ndarray:
+        """Rest lengths (m) of every cable in config order ([..., C]) at actuator states [..., A]
+        (the actuated cables in config order): what a winch's encoder reads."""
+        robot = self.robot
+        act = np.asarray(act, dtype=np.float64)
+        out = np.broadcast_to(robot.cable_rest_length, act.shape[:-1] + (robot.num_cables,)).copy()
+        out[..., robot.actuated_indices] = robot.actuator.gain * act + robot.actuator.offset
+        return out
+
     def cable_lengths(self, rod_state) -> np.ndarray:
         """Cable lengths [C] (config order) of a rod state [R, 13] (tendon lengths)."""
         d = mujoco.MjData(self.model)

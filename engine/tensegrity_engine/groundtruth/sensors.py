@@ -32,8 +32,9 @@ class SensorModel:
     m per axis and orientations a random rotation of N(0, rotation_noise^2) rad per axis;
     each frame but the first is lost with probability ``drop_rate``. No velocities: a
     mocap measures poses; with ``gyro`` each rod's IMU adds its angular velocity at the same
-    instant (N(0, gyro_noise^2) rad/s per axis); `measure_tensions` gives each frame the cables'
-    load cells at that instant (N(0, tension_noise^2) N per cable).
+    instant (N(0, gyro_noise^2) rad/s per axis); `measure_cables` gives each frame the cables'
+    load cells (N(0, tension_noise^2) N) and the winches' encoders (N(0, rest_length_noise^2) m)
+    at that instant.
     """
 
     position_noise: float = 0.0      # m
@@ -43,6 +44,7 @@ class SensorModel:
     drop_rate: float = 0.0           # fraction of frames lost
     gyro_noise: float = 0.0          # rad/s, per axis
     tension_noise: float = 0.0       # N, per cable
+    rest_length_noise: float = 0.0   # m, per winch
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -62,16 +64,20 @@ class SensorModel:
         stamps, poses, _ = self.measure_at(dense_states, dt, stamps, rng, gyro)
         return stamps, poses
 
-    def measure_tensions(self, dense_tensions: np.ndarray, seen: np.ndarray,
-                         rng: np.random.Generator) -> np.ndarray:
-        """[K', C] the load cells' readings of the frames that `measure_at` kept, seen at the
-        dense indices ``seen`` of the true tensions ``dense_tensions`` [N, C]."""
-        values = np.asarray(dense_tensions, dtype=np.float64)[np.asarray(seen)]
-        return values + (rng.normal(0.0, self.tension_noise, values.shape) if self.tension_noise else 0.0)
+    def measure_cables(self, rest_lengths: np.ndarray, tensions: np.ndarray,
+                       rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """The winches' encoders and the load cells: the true rest lengths and tensions [K, C]
+        of the frames `measure_at` kept, each with its noise."""
+        rest, tension = (np.asarray(v, dtype=np.float64) for v in (rest_lengths, tensions))
+        if self.rest_length_noise:
+            rest = rest + rng.normal(0.0, self.rest_length_noise, rest.shape)
+        if self.tension_noise:
+            tension = tension + rng.normal(0.0, self.tension_noise, tension.shape)
+        return rest, tension
 
     def measure_at(self, dense_states: np.ndarray, dt: float, stamps: np.ndarray,
                    rng: np.random.Generator, gyro: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """`measure`, and the dense index each kept frame shows (for `measure_tensions`)."""
+        """`measure`, and the dense index each kept frame shows (for `measure_cables`)."""
         stamps = np.asarray(stamps, dtype=np.float64)
         seen = stamps - self.latency + (rng.normal(0.0, self.jitter, stamps.shape) if self.jitter else 0.0)
         idx = np.clip(np.rint(seen / dt).astype(int), 0, len(dense_states) - 1)

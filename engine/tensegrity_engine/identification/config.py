@@ -116,11 +116,14 @@ class IdentificationConfig:
     # 3 seeds) it predicted held-out data better on the twin and the noisy mocap and worse
     # on soft_slow, end_heavy and payload, whose spin the model cannot carry
     gyro_weight: float = 0.0
-    # pose-only LM: where cable tensions were measured (load cells, a winch's current), the
-    # model's tension at each window sample is fitted beside the poses with this weight, in m/N:
-    # an error of 1 N counts as one of this many m in one end node's position (0: unused). The
-    # mocap's position noise over the tension sensor's is the maximum-likelihood choice
+    # pose-only LM: where cable states were measured, the model's at each window sample and
+    # start is fitted beside the poses (`objective.cable_rows`): tensions (load cells, a winch's
+    # current) with ``tension_weight`` m/N (1 N off counts as this many m off in one end node's
+    # position), rest lengths (winch encoders) with ``rest_length_weight`` m/m; 0: unused. The
+    # mocap's position noise over the sensor's is the maximum-likelihood weight of a model
+    # that is the robot; docs/online_identification.md measures it on robots that are not
     tension_weight: float = 0.0
+    rest_length_weight: float = 0.0
     # pose-only LM: no window starts within this many actuator time constants (plus the
     # delay) of a stream's first command, where the motors' state is assumed (0: no wait)
     motor_settle: float = 5.0
@@ -199,8 +202,9 @@ class IdentificationConfig:
             raise ValueError(f"motor_settle must be finite and >= 0, not {self.motor_settle}")
         if not (math.isfinite(self.gyro_weight) and self.gyro_weight >= 0.0):
             raise ValueError(f"gyro_weight must be finite and >= 0, not {self.gyro_weight}")
-        if not (math.isfinite(self.tension_weight) and self.tension_weight >= 0.0):
-            raise ValueError(f"tension_weight must be finite and >= 0, not {self.tension_weight}")
+        for name in ("tension_weight", "rest_length_weight"):
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0.0):
+                raise ValueError(f"{name} must be finite and >= 0, not {getattr(self, name)}")
         if self.windows_from not in WINDOWS_FROM:
             raise ValueError(f"windows_from must be one of {WINDOWS_FROM}, not {self.windows_from!r}")
         if not (self.lm_settle_sigmas >= 0.0 and math.isfinite(self.lm_settle_sigmas)):

@@ -103,17 +103,17 @@ class TrainingData:
         self.gyro0 = self.gyro1 = None
         if gyro and ts.has_gyro:
             self.gyro0, self.gyro1 = (torch.as_tensor(g, device=device) for g in ts.gyro_masks())
-        # [N, C] measured cable tensions at x0 / x1 (0 where none) and where they were measured
-        # (None: nowhere; `objective.tension_rows`)
-        self.tension0 = self.tension1 = self.tension_seen0 = self.tension_seen1 = None
-        if ts.has_tension:
-            t0, t1 = ts.tensions()
+        # [N, C, 2] measured cable states at x0 / x1 (rest length, tension; 0 where none) and
+        # where they were measured (None: nowhere; `objective.cable_rows`)
+        self.cables0 = self.cables1 = self.cables_seen0 = self.cables_seen1 = None
+        if ts.has_cable_states:
+            c0, c1 = ts.cable_states()
             # x1 is the next tuple's x0, whose reading a stream has where it came after the
             # pose that closed this tuple (as a gyro's, below)
-            has_next = (ts.next >= 0)[:, None]
-            t1 = np.where(np.isfinite(t1) | ~has_next, t1, t0[np.clip(ts.next, 0, None)])
-            self.tension_seen0, self.tension_seen1 = (torch.as_tensor(np.isfinite(t), device=device) for t in (t0, t1))
-            self.tension0, self.tension1 = (f(np.where(np.isfinite(t), t, 0.0)) for t in (t0, t1))
+            has_next = (ts.next >= 0)[:, None, None]
+            c1 = np.where(np.isfinite(c1) | ~has_next, c1, c0[np.clip(ts.next, 0, None)])
+            self.cables_seen0, self.cables_seen1 = (torch.as_tensor(np.isfinite(c), device=device) for c in (c0, c1))
+            self.cables0, self.cables1 = (f(np.where(np.isfinite(c), c, 0.0)) for c in (c0, c1))
         if latent:
             # Velocity estimates by finite differences: x0 central (forward at a chain start),
             # x1 the next tuple's estimate (backward difference at a chain end). They stand in

@@ -357,8 +357,9 @@ class TupleSet:
     ``gyro0`` / ``gyro1`` [N, R] bool (or None: none): the angular velocity of that rod in
     x0 / x1 is a gyro's (world frame), not an estimate, also where the velocities are not
     measured (pose-only data from rods with IMUs).
-    ``tension0`` / ``tension1`` [N, C] float (or None: none): measured cable tensions (N) at x0 /
-    x1, NaN (or any non-finite value) where a cable's was not measured.
+    ``cables0`` / ``cables1`` [N, C, 2] float (or None: none): measured cable states at x0 / x1,
+    rest length (m) and tension (N) (`measurements.REST_LENGTH`, `TENSION`), NaN (or any
+    non-finite value) where not measured.
     """
 
     x0: np.ndarray
@@ -380,8 +381,8 @@ class TupleSet:
     traj_prev: Optional[np.ndarray] = None
     gyro0: Optional[np.ndarray] = None
     gyro1: Optional[np.ndarray] = None
-    tension0: Optional[np.ndarray] = None
-    tension1: Optional[np.ndarray] = None
+    cables0: Optional[np.ndarray] = None
+    cables1: Optional[np.ndarray] = None
     traj_act0_assumed: Optional[np.ndarray] = None
 
     def __post_init__(self):
@@ -397,14 +398,15 @@ class TupleSet:
                 if mask.shape != self.x0.shape[:2]:
                     raise DatasetError(f"{name}: one flag per tuple and rod {self.x0.shape[:2]}, got {mask.shape}")
                 setattr(self, name, mask)
-        if (self.tension0 is None) != (self.tension1 is None):
-            raise DatasetError("tension0 and tension1 come together")
-        if self.tension0 is not None:
-            shape = (len(self.x0), self.robot.num_cables)
-            for name in ("tension0", "tension1"):
+        if (self.cables0 is None) != (self.cables1 is None):
+            raise DatasetError("cables0 and cables1 come together")
+        if self.cables0 is not None:
+            shape = (len(self.x0), self.robot.num_cables, 2)
+            for name in ("cables0", "cables1"):
                 values = np.asarray(getattr(self, name), dtype=np.float64)
                 if values.shape != shape:
-                    raise DatasetError(f"{name}: one tension per tuple and cable {shape}, got {values.shape}")
+                    raise DatasetError(f"{name}: a rest length and a tension per tuple and cable {shape}, "
+                                       f"got {values.shape}")
                 setattr(self, name, values)
         if self.traj_act0_assumed is not None:
             self.traj_act0_assumed = np.asarray(self.traj_act0_assumed, dtype=bool)
@@ -422,14 +424,14 @@ class TupleSet:
         return self.gyro0 is not None or self.gyro1 is not None
 
     @property
-    def has_tension(self) -> bool:
-        return self.tension0 is not None
+    def has_cable_states(self) -> bool:
+        return self.cables0 is not None
 
-    def tensions(self) -> tuple[np.ndarray, np.ndarray]:
-        """(tension0, tension1) as arrays, NaN where None."""
-        if self.tension0 is not None:
-            return self.tension0, self.tension1
-        none = np.full((len(self.x0), self.robot.num_cables), np.nan)
+    def cable_states(self) -> tuple[np.ndarray, np.ndarray]:
+        """(cables0, cables1) as arrays, NaN where None."""
+        if self.cables0 is not None:
+            return self.cables0, self.cables1
+        none = np.full((len(self.x0), self.robot.num_cables, 2), np.nan)
         return none, none
 
     def gyro_masks(self) -> tuple[np.ndarray, np.ndarray]:
@@ -470,7 +472,7 @@ class TupleSet:
         shift = lambda a, o: np.where(a >= 0, a + o, -1)
         gyro = [s.gyro_masks() for s in sets] if any(s.has_gyro for s in sets) else None
         assumed = any(s.traj_act0_assumed is not None for s in sets)
-        tension = [s.tensions() for s in sets] if any(s.has_tension for s in sets) else None
+        cables = [s.cable_states() for s in sets] if any(s.has_cable_states for s in sets) else None
         return TupleSet(
             x0=np.concatenate([s.x0 for s in sets]), x1=np.concatenate([s.x1 for s in sets]),
             commands=np.concatenate([s.commands for s in sets]),
@@ -486,8 +488,8 @@ class TupleSet:
             traj_prev=np.concatenate([shift(s.traj_prev, o) for s, o in zip(sets, traj_off)]),
             gyro0=None if gyro is None else np.concatenate([g[0] for g in gyro]),
             gyro1=None if gyro is None else np.concatenate([g[1] for g in gyro]),
-            tension0=None if tension is None else np.concatenate([t[0] for t in tension]),
-            tension1=None if tension is None else np.concatenate([t[1] for t in tension]),
+            cables0=None if cables is None else np.concatenate([c[0] for c in cables]),
+            cables1=None if cables is None else np.concatenate([c[1] for c in cables]),
             traj_act0_assumed=np.concatenate([s.act0_assumed() for s in sets]) if assumed else None)
 
 

@@ -11,7 +11,8 @@ from typing import Hashable, Optional
 
 import numpy as np
 
-__all__ = ["pose_problem", "imu_problem", "command_problem", "tension_problem", "StampOrder"]
+__all__ = ["pose_problem", "imu_problem", "command_problem", "cable_state_problem", "REST_LENGTH", "TENSION",
+           "StampOrder"]
 
 
 def pose_problem(arr, num_rods: int, *, max_abs_position: float, quat_tolerance: float) -> Optional[str]:
@@ -75,22 +76,41 @@ def command_problem(u, num_actuated: int, low=None, high=None, *, tolerance: flo
     return None
 
 
-def tension_problem(tensions, num_cables: int, *, max_abs_tension: float) -> Optional[str]:
-    """Measured cable tensions [C] (N), config order; NaN where a cable has no sensor (at least
-    one measured). Negative values are allowed (a load cell's noise and offset about a slack
-    cable's zero, a tendon damper); beyond ``max_abs_tension`` a reading is garbage."""
-    try:
-        arr = np.asarray(tensions, dtype=np.float64).reshape(-1)
-    except (TypeError, ValueError):
+# the last axis of a cable reading [..., C, 2] (NaN where not measured)
+REST_LENGTH, TENSION = 0, 1
+
+
+def cable_state_problem(rest_lengths, tensions, num_cables: int, *, max_abs_tension: float,
+                        max_rest_length: float) -> Optional[str]:
+    """Measured cable states, config order: a winch encoder's rest lengths [C] (m) and a load
+    cell's tensions [C] (N), either None; NaN where a cable has no such sensor (at least one
+    value measured). A negative tension is allowed (a load cell's noise about a slack cable's
+    0, a tendon damper); a rest length must be positive."""
+    values = []
+    for given in (rest_lengths, tensions):
+        if given is None:
+            values.append(None)
+            continue
+        try:
+            arr = np.asarray(given, dtype=np.float64).reshape(-1)
+        except (TypeError, ValueError):
+            return "wrong_length"
+        if arr.shape[0] != num_cables or num_cables == 0:
+            return "wrong_length"
+        values.append(arr)
+    rest, tension = values
+    given = [v for v in values if v is not None]
+    if not given:
         return "wrong_length"
-    if arr.shape[0] != num_cables or num_cables == 0:
-        return "wrong_length"
-    if np.isinf(arr).any() or np.isnan(arr).all():
+    if any(np.isinf(v).any() for v in given) or all(np.isnan(v).all() for v in given):
         return "nonfinite"
-    if np.nanmax(np.abs(arr)) > max_abs_tension:
+    if rest is not None and np.isfinite(rest).any():
+        r = rest[np.isfinite(rest)]
+        if r.min() <= 0.0 or r.max() > max_rest_length:
+            return "out_of_range"
+    if tension is not None and np.isfinite(tension).any() and np.nanmax(np.abs(tension)) > max_abs_tension:
         return "out_of_range"
     return None
-
 
 class StampOrder:
     """Last accepted stamp per stream (a pose stream, a command stream, one gyro per rod).

@@ -42,6 +42,7 @@ import torch
 
 from tensegrity_engine.identification.config import IdentificationConfig
 from tensegrity_engine.identification.data import TrainingData
+from tensegrity_engine.identification.measurements import REST_LENGTH, TENSION
 from tensegrity_engine.physics.actuators import delayed_commands, limited_filter_states, speed_limit_binds
 from tensegrity_engine.physics.config import MODEL_INTEGRATORS, RobotConfig
 from tensegrity_engine.physics.engine import TensegrityEngine
@@ -431,8 +432,8 @@ class RecurrentObjective:
         """[N, M] weighted end-node position errors at every sample of each multiple-shooting
         window, from the window's first pose and latent velocity ``vel`` [N, R, 6];
         sum(r^2) is the normalised position loss averaged over windows and samples. Then,
-        where gyros measured the window's start, `gyro_start_rows`; where cable tensions were
-        measured, `tension_rows`."""
+        where gyros measured the window's start, `gyro_start_rows`; where cable states were
+        measured, `cable_rows`."""
         pred, acts = self.window_rollout(data, windows, p, vel, record_every=data.commands.shape[1],
                                          with_acts=True)
         pos, _ = node_state(pred, self.half)                          # [N, W, R, 2, 3]
@@ -443,29 +444,38 @@ class RecurrentObjective:
         if self.config.gyro_weight:
             scale = (2.0 * w).sqrt() * self.half * self.config.period * math.sqrt(self.config.gyro_weight)
             rows.append(gyro_start_rows(data, windows, vel, scale))
-        if self.config.tension_weight and data.tension0 is not None:
+        weights = (self.config.rest_length_weight, self.config.tension_weight)
+        if any(weights) and data.cables0 is not None:
             node = 1.0 / (2.0 * float(self.free.sum()) * windows.shape[0] * windows.shape[1] * (self.loss_scale or 1.0))
-            rows.append(self.tension_rows(data, windows, vel, pred, acts, p) * (self.config.tension_weight * math.sqrt(node)))
+            rows.append(self.cable_rows(data, windows, vel, pred, acts, p, weights, math.sqrt(node)))
         return torch.cat(rows, 1) if len(rows) > 1 else rows[0]
 
-    def tension_rows(self, data: TrainingData, windows: torch.Tensor, vel: torch.Tensor, pred: torch.Tensor,
-                     acts: torch.Tensor, p: dict) -> torch.Tensor:
-        """[N, (W + 1) C] the model's cable tensions (N) less the measured ones at each window's
-        start (its pose and latent velocity ``vel``) and at each of its samples (the rollout's
-        ``pred`` [N, W, R, 13] and ``acts`` [N, W, A]); zero where a tension was not measured
-        (or a pose dropped), so the residual keeps its size. Poses see the cables' force only
-        through the motion it causes, which fixes c / K of an overdamped robot but not its
-        scale (docs/online_identification.md); a measured force fixes it."""
+    def cable_rows(self, data: TrainingData, windows: torch.Tensor, vel: torch.Tensor, pred: torch.Tensor,
+                   acts: torch.Tensor, p: dict, weights=(1.0, 1.0), scale: float = 1.0) -> torch.Tensor:
+        """[N, (W + 1) C k] the model's cable states less the measured ones at each window's start
+        (its pose and latent velocity ``vel``) and at each of its samples (the rollout's ``pred``
+        [N, W, R, 13] and ``acts`` [N, W, A]), for each of the k kinds whose ``weights``
+        (rest length, tension) is not 0, times it and ``scale``; zero where not measured (or a
+        pose dropped), so the residual keeps its size. Poses see the cables' force only through
+        the motion it causes, which fixes c / K of an overdamped robot but not its scale
+        (docs/online_identification.md): a load cell fixes it; an encoder fixes the motors' lag,
+        which poses confuse with the cables'."""
         first = windows[:, 0]
         start = torch.cat([data.x0[first][..., :7], vel], -1)[:, None]
         states = torch.cat([start, pred], 1)
         act = torch.cat([self.act_starts(data, p)[first][:, None], acts], 1)
-        model = self.engine.cable_tensions(states, act, p)                          # [N, W + 1, C]
         at = windows.clamp(min=0)
-        measured = torch.cat([data.tension0[first][:, None], data.tension1[at]], 1)
-        seen = torch.cat([data.tension_seen0[first][:, None],
-                          data.tension_seen1[at] & (windows >= 0)[..., None]], 1)
-        return torch.where(seen, model - measured, torch.zeros_like(model)).flatten(1)
+        measured = torch.cat([data.cables0[first][:, None], data.cables1[at]], 1)            # [N, W + 1, C, 2]
+        seen = torch.cat([data.cables_seen0[first][:, None],
+                          data.cables_seen1[at] & (windows >= 0)[..., None, None]], 1)
+        out = []
+        for kind, weight in ((REST_LENGTH, weights[0]), (TENSION, weights[1])):
+            if weight:
+                model = (self.engine.rest_lengths(act, p) if kind == REST_LENGTH
+                         else self.engine.cable_tensions(states, act, p))                    # [N, W + 1, C]
+                error = torch.where(seen[..., kind], model - measured[..., kind], torch.zeros_like(model))
+                out.append(error.flatten(1) * (weight * scale))
+        return torch.cat(out, 1)
 
     def window_rollout(self, data: TrainingData, windows: torch.Tensor, p: dict,
                        vel: Optional[torch.Tensor] = None, record_every: Optional[int] = None,

@@ -11,8 +11,9 @@ Inputs (stamps are integer nanoseconds, the measurement / application time):
 * ``add_imu(stamp, rod, omega_body [3], quat_wxyz [4] or None)``: optional gyro of one rod;
 * ``add_command(stamp, targets [A])``: target rest lengths, held from ``stamp`` until
   the next command (zero-order hold);
-* ``add_tensions(stamp, tensions [C])``: optional measured cable tensions (N), config order,
-  NaN where a cable has no sensor (a load cell, or a winch's current); used with the pose
+* ``add_cable_states(stamp, rest_lengths [C] or None, tensions [C] or None)``: optional
+  measured cable states, config order: rest lengths (m, a winch's encoder) and tensions (N, a
+  load cell or a winch's current), NaN where a cable has no such sensor; used with the pose
   of the same stamp (within ``stamp_tolerance``).
 
 Output: `TupleBatch` from ``pop_tuples()`` -- N tuples with ``x0 [N, R, 13]`` (state at a
@@ -33,11 +34,12 @@ Stream rules (each rejection is counted by reason in ``counters``; nothing raise
 ``nonfinite``       NaN/inf anywhere in a pose, IMU or command message
 ``rod_count``       a pose array whose length is not R (unknown rod count)
 ``unknown_rod``     an IMU message for a rod index outside 0..R-1
-``wrong_length``    a command whose length is not A, tensions whose length is not C
+``wrong_length``    a command whose length is not A, cable states whose length is not C
 ``bad_quaternion``  a quaternion whose norm is far from 1
 ``out_of_range``    a position beyond ``max_abs_position`` (m), a gyro rate beyond
                     ``max_abs_angular_velocity`` (rad/s), a tension beyond
-                    ``max_abs_tension`` (N), a command outside the robot's
+                    ``max_abs_tension`` (N), a rest length <= 0 or beyond
+                    ``max_abs_position``, a command outside the robot's
                     command range (by more than ``command_tolerance`` of its width)
 ``duplicate``       a stamp equal to the previous one of that stream
 ``out_of_order``    a stamp earlier than the previous one (by < clock_jump)
@@ -56,7 +58,7 @@ Stream rules (each rejection is counted by reason in ``counters``; nothing raise
 
 Buffers are bounded: a segment keeps its last few poses only, the command history only
 what pending tuples still need (and at most ``max_commands``), the IMU cache at most
-``max_imu`` entries (the tensions' as many), the output queue at most ``max_tuples`` tuples.
+``max_imu`` entries (the cable states' as many), the output queue at most ``max_tuples`` tuples.
 """
 from __future__ import annotations
 
@@ -69,8 +71,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from tensegrity_engine.identification.measurements import (StampOrder, command_problem, imu_problem,
-                                                           pose_problem, tension_problem)
+from tensegrity_engine.identification.measurements import (REST_LENGTH, TENSION, StampOrder, cable_state_problem,
+                                                           command_problem, imu_problem, pose_problem)
 from tensegrity_engine.physics.actuators import held_command_update
 from tensegrity_engine.physics.state import (ANG_VEL, LIN_VEL, POS, QUAT, STATE_DIM, canonical_quat, central_rotation,
                                              quat_log_world, quat_rotate)
@@ -105,7 +107,8 @@ class StreamConfig:
     #                                      arrive (default: T); then the interval is final
     max_abs_position: float = 1e3     # m
     max_abs_angular_velocity: float = 1e3   # rad/s, a gyro reading beyond this is garbage
-    num_cables: int = 0               # C: the length of a tension message (0: tensions refused)
+    num_cables: int = 0               # C: the length of a cable-state message (0: refused)
+    cable_names: tuple = ()           # the C cables' names, config order (what a message may name)
     max_abs_tension: float = 1e5      # N, a tension reading beyond this is garbage
     quat_tolerance: float = 0.1       # | |q| - 1 | allowed (q is normalised after)
     command_low: Optional[tuple] = None     # [A] the robot's command range (None: unchecked)
@@ -125,6 +128,7 @@ class StreamConfig:
         kw.setdefault("command_low", tuple(float(v) for v in robot.command_low))
         kw.setdefault("command_high", tuple(float(v) for v in robot.command_high))
         kw.setdefault("num_cables", robot.num_cables)
+        kw.setdefault("cable_names", tuple(robot.cable_names))
         return cls(num_rods=robot.num_rods, num_actuated=robot.num_actuated, **kw)
 
 
@@ -146,22 +150,24 @@ class TupleBatch:
     # pose does not end it; a restarted clock does); unique per aligner (None: the segment)
     record: Optional[torch.Tensor] = None
     omega_measured1: Optional[torch.Tensor] = None  # [N, R] bool: x1 angular velocity from the IMU (None: none)
-    # [N, C] measured cable tensions (N) at x0 / x1, NaN where none (None: none in the batch)
-    tension0: Optional[torch.Tensor] = None
-    tension1: Optional[torch.Tensor] = None
+    # [N, C, 2] measured cable states at x0 / x1: rest length (m) and tension (N)
+    # (`measurements.REST_LENGTH`, `TENSION`), NaN where none (None: none in the batch)
+    cables0: Optional[torch.Tensor] = None
+    cables1: Optional[torch.Tensor] = None
 
     def __post_init__(self):
         if self.record is None:
             self.record = self.segment.clone()
         if self.omega_measured1 is None:
             self.omega_measured1 = torch.zeros_like(self.omega_measured0)
-        if (self.tension0 is None) != (self.tension1 is None):
-            raise ValueError("tension0 and tension1 come together")
-        if self.tension0 is not None and not (
-                self.tension0.ndim == 2 and self.tension0.shape == self.tension1.shape
-                and self.tension0.shape[0] == self.x0.shape[0] and self.tension0.is_floating_point()):
-            raise ValueError(f"tensions: [N, C] floats at x0 and x1 for N = {self.x0.shape[0]} tuples, "
-                             f"got {tuple(self.tension0.shape)} and {tuple(self.tension1.shape)}")
+        if (self.cables0 is None) != (self.cables1 is None):
+            raise ValueError("cables0 and cables1 come together")
+        if self.cables0 is not None and not (
+                self.cables0.ndim == 3 and self.cables0.shape == self.cables1.shape
+                and self.cables0.shape[0] == self.x0.shape[0] and self.cables0.shape[2] == 2
+                and self.cables0.is_floating_point() and self.cables1.is_floating_point()):
+            raise ValueError(f"cable states: [N, C, 2] floats at x0 and x1 for N = {self.x0.shape[0]} tuples, "
+                             f"got {tuple(self.cables0.shape)} and {tuple(self.cables1.shape)}")
         S, width = self.commands.shape[1], self.prev_commands.shape[1]
         if width < PREV_INTERVALS * S:        # an older checkpoint's: its first command held before it
             head = self.prev_commands[:, :1].expand(-1, PREV_INTERVALS * S - width, -1)
@@ -175,14 +181,14 @@ class TupleBatch:
         batches = [b for b in batches if b is not None and len(b)]
         if not batches:
             raise ValueError("no tuples")
-        optional = ("tension0", "tension1")
+        optional = ("cables0", "cables1")
         fields = {f.name: torch.cat([getattr(b, f.name) for b in batches])
                   for f in dataclasses.fields(TupleBatch) if f.name not in ("engine_dt",) + optional}
         for name in optional:
-            width = next((getattr(b, name).shape[1] for b in batches if getattr(b, name) is not None), None)
+            width = next((getattr(b, name).shape[1:] for b in batches if getattr(b, name) is not None), None)
             fields[name] = None if width is None else torch.cat(
                 [getattr(b, name) if getattr(b, name) is not None
-                 else torch.full((len(b), width), math.nan, dtype=torch.float64) for b in batches])
+                 else torch.full((len(b), *width), math.nan, dtype=torch.float64) for b in batches])
         return TupleBatch(**fields, engine_dt=batches[0].engine_dt)
 
     def slice(self, idx) -> "TupleBatch":
@@ -205,7 +211,7 @@ class _Pose:
     pos: np.ndarray    # [R, 3]
     quat: np.ndarray   # [R, 4]
     omega_imu: np.ndarray  # [R, 3] world, NaN where unknown
-    tension: np.ndarray = dataclasses.field(default_factory=lambda: np.empty(0))   # [C] N, NaN where unknown
+    cables: np.ndarray = dataclasses.field(default_factory=lambda: np.empty((0, 2)))   # [C, 2], NaN where unknown
 
 
 class StreamAligner:
@@ -238,7 +244,7 @@ class StreamAligner:
         self._cmd_t: collections.deque = collections.deque()
         self._cmd_u: collections.deque = collections.deque()
         self._imu: collections.OrderedDict = collections.OrderedDict()
-        self._tensions: collections.OrderedDict = collections.OrderedDict()     # stamp -> [C]
+        self._cables: collections.OrderedDict = collections.OrderedDict()     # stamp -> [C, 2]
         self._out: collections.deque = collections.deque()
         self._order = StampOrder(self.jump_ns)   # keys: "pose", "command", ("imu", rod)
         self._final_before: int = -(1 << 62)   # commands before this stamp are final
@@ -261,7 +267,7 @@ class StreamAligner:
     def stats(self) -> dict:
         return {
             "poses_accepted": self.accepted["pose"], "commands_accepted": self.accepted["command"],
-            "imu_accepted": self.accepted["imu"], "tensions_accepted": self.accepted["tension"],
+            "imu_accepted": self.accepted["imu"], "cable_states_accepted": self.accepted["cables"],
             "tuples_made": self.tuples_made,
             "tuples_waiting": len(self._out), "pending": len(self._pending),
             "segment": self._segment_id, "commands_buffered": len(self._cmd_t),
@@ -275,9 +281,9 @@ class StreamAligner:
         self._new_segment()
         self._record_id += 1
         self._imu.clear()
-        self._tensions.clear()
+        self._cables.clear()
         if keep_commands:            # final up to the newest command (old poses moved the watermark)
-            self._order.forget(("pose", "imu", "tension"))
+            self._order.forget(("pose", "imu", "cables"))
             self._final_before = self._order.get("command")
             return
         self._cmd_t.clear()
@@ -331,9 +337,9 @@ class StreamAligner:
         self._order.accept("pose", stamp)
         self.accepted["pose"] += 1
         pose = _Pose(stamp, arr[:, :3].copy(), arr[:, 3:] / qn[:, None],
-                     np.full((self.R, 3), np.nan), np.full(self.cfg.num_cables, np.nan))
+                     np.full((self.R, 3), np.nan), np.full((self.cfg.num_cables, 2), np.nan))
         self._attach_imu(pose)
-        self._attach_tensions(pose)
+        self._attach_cables(pose)
         self._poses.append(pose)
         if len(self._poses) >= 2:
             p_prev = self._poses[-3] if len(self._poses) >= 3 else None
@@ -415,34 +421,40 @@ class StreamAligner:
                 self._set_imu(pose, rod, w, q)
         return True, "ok"
 
-    def add_tensions(self, stamp: int, tensions) -> tuple[bool, str]:
-        """Measured tension of every cable [C] (N), NaN where a cable has none."""
-        problem = tension_problem(tensions, self.cfg.num_cables, max_abs_tension=self.cfg.max_abs_tension)
+    def add_cable_states(self, stamp: int, rest_lengths=None, tensions=None) -> tuple[bool, str]:
+        """Measured rest lengths [C] (m) and tensions [C] (N) of the cables, either None, NaN
+        where a cable has no such sensor."""
+        cfg = self.cfg
+        problem = cable_state_problem(rest_lengths, tensions, cfg.num_cables, max_abs_tension=cfg.max_abs_tension,
+                                      max_rest_length=cfg.max_abs_position)
         if problem:
             return self._reject(problem)
-        values = np.asarray(tensions, dtype=np.float64).reshape(-1).copy()
+        values = np.full((cfg.num_cables, 2), np.nan)
+        for column, given in ((REST_LENGTH, rest_lengths), (TENSION, tensions)):
+            if given is not None:
+                values[:, column] = np.asarray(given, dtype=np.float64).reshape(-1)
         stamp = int(stamp)
-        verdict = self._order.verdict("tension", stamp)
+        verdict = self._order.verdict("cables", stamp)
         if verdict in ("duplicate", "out_of_order"):
             return self._reject(verdict)
         if verdict == "clock_jump":
             self._event("clock_jump")
-            self._tensions.clear()
-        self._order.accept("tension", stamp)
-        self.accepted["tension"] += 1
-        self._tensions[stamp] = values
-        while len(self._tensions) > self.cfg.max_imu:
-            self._tensions.popitem(last=False)
+            self._cables.clear()
+        self._order.accept("cables", stamp)
+        self.accepted["cables"] += 1
+        self._cables[stamp] = values
+        while len(self._cables) > cfg.max_imu:
+            self._cables.popitem(last=False)
         for pose in self._poses:           # a reading may arrive after its pose
             if abs(pose.stamp - stamp) <= self.tol_ns:
-                pose.tension = values
+                pose.cables = values
         return True, "ok"
 
     # ------------------------------------------------------------------ internals
-    def _attach_tensions(self, pose: _Pose) -> None:
-        for stamp, values in self._tensions.items():
+    def _attach_cables(self, pose: _Pose) -> None:
+        for stamp, values in self._cables.items():
             if abs(stamp - pose.stamp) <= self.tol_ns:
-                pose.tension = values
+                pose.cables = values
 
     def _set_imu(self, pose: _Pose, rod: int, w: np.ndarray, q: Optional[np.ndarray]) -> None:
         q = pose.quat[rod] if q is None else q
@@ -506,7 +518,7 @@ class StreamAligner:
         x0, known0 = self._state(p0, p_prev, p1)
         x1, known1 = self._state(p1, p0, None)
         return (x0, cmd, x1, prev, known0, known1, np.isfinite(p0.omega_imu).all(-1),
-                p0.stamp, seg, rec, np.isfinite(p1.omega_imu).all(-1), p0.tension, p1.tension)
+                p0.stamp, seg, rec, np.isfinite(p1.omega_imu).all(-1), p0.cables, p1.cables)
 
     def _prev_commands(self, t0: int, cmd: np.ndarray) -> np.ndarray:
         """[PREV_INTERVALS S, A] commands before t0; where the stream began later, the first
@@ -569,16 +581,16 @@ class StreamAligner:
             engine_dt=self.cfg.engine_dt,
             record=torch.as_tensor(np.array(cols[9], dtype=np.int64)),
             omega_measured1=torch.as_tensor(np.stack(cols[10])),
-            **_measured_tensions(cols[11], cols[12]),
+            **_measured_cables(cols[11], cols[12]),
         )
 
 
-def _measured_tensions(at0, at1) -> dict:
-    """A batch's tension fields: None where no tuple has a reading."""
-    t0, t1 = np.stack(at0), np.stack(at1)
-    if t0.shape[1] == 0 or not (np.isfinite(t0).any() or np.isfinite(t1).any()):
+def _measured_cables(at0, at1) -> dict:
+    """A batch's cable-state fields: None where no tuple has a reading."""
+    c0, c1 = np.stack(at0), np.stack(at1)
+    if c0.shape[1] == 0 or not (np.isfinite(c0).any() or np.isfinite(c1).any()):
         return {}
-    return {"tension0": torch.as_tensor(t0, dtype=torch.float64), "tension1": torch.as_tensor(t1, dtype=torch.float64)}
+    return {"cables0": torch.as_tensor(c0, dtype=torch.float64), "cables1": torch.as_tensor(c1, dtype=torch.float64)}
 
 
 class StateEstimator:
@@ -689,8 +701,8 @@ def to_tuple_set(batch: TupleBatch, robot, *, period: Optional[float] = None, fl
     take = (lambda x: x) if ordered else (lambda x: x[order])      # noqa: E731
     x0, x1, cmd = take(batch.x0.numpy()), take(batch.x1.numpy()), take(batch.commands.numpy())
     gyro0, gyro1 = take(batch.omega_measured0.numpy()), take(batch.omega_measured1.numpy())
-    tension0, tension1 = ((None, None) if batch.tension0 is None
-                          else (take(batch.tension0.numpy()), take(batch.tension1.numpy())))
+    cables0, cables1 = ((None, None) if batch.cables0 is None
+                        else (take(batch.cables0.numpy()), take(batch.cables1.numpy())))
     t0, seg, rec = take(t0), take(group), take(batch.record.numpy())
     known, index = _known_intervals([batch] + _batches(context), set(rec.tolist()),
                                     int(t0.min()) - reach * T_ns if n else 0, int(t0.max()) if n else -1, T_ns)
@@ -740,7 +752,7 @@ def to_tuple_set(batch: TupleBatch, robot, *, period: Optional[float] = None, fl
         has_velocity=has_velocity, period=T, dt=batch.engine_dt, fixed_rods=tuple(fixed_rods),
         floor=bool(floor), robot=robot, traj_prev=np.asarray(traj_prev, dtype=np.int64),
         gyro0=gyro0 if gyro0.any() else None, gyro1=gyro1 if gyro1.any() else None,
-        tension0=tension0, tension1=tension1, traj_act0_assumed=np.asarray(traj_prev, dtype=np.int64) < 0)
+        cables0=cables0, cables1=cables1, traj_act0_assumed=np.asarray(traj_prev, dtype=np.int64) < 0)
 
 
 def _batches(context) -> list:
