@@ -462,13 +462,15 @@ def make_session(robot, setting: dict, device, *, log, trainer_factory=default_t
     except ValueError as err:
         raise ConfigurationError(f"parameter learn: {err}") from None
     contact_acts = bool(setting["floor"] or robot.contact.rod_rod)
-    if scaled := unfixed_force_scale(learn, robot.contact.law, contact_acts):   # could never converge
-        if config.learn is not None:
+    # the cables' load cells, fitted beside the poses, are a known force
+    if scaled := unfixed_force_scale(learn, robot.contact.law, contact_acts, config.tension_weight > 0):
+        if config.learn is not None:                 # could never converge
             raise ConfigurationError(
-                f"parameter learn: {', '.join(scaled)} scale together: poses without a known force (these "
-                "topics carry none) fix only forces per unit mass, so their common scale could never be "
-                "determined; weigh the rods (the robot YAML's rod mass) and leave rod_mass out of learn, or "
-                "keep a force whose value you know (e.g. cable_stiffness from its data sheet) out of it")
+                f"parameter learn: {', '.join(scaled)} scale together: poses without a known force fix only "
+                "forces per unit mass, so their common scale could never be determined; weigh the rods (the "
+                "robot YAML's rod mass) and leave rod_mass out of learn, keep a force whose value you know (e.g. "
+                "cable_stiffness from its data sheet) out of it, or measure one: the cables' load cells on "
+                "cable_states_topic with tension_weight > 0")
         # the default (offline data has known pushes; these topics do not): the rods as weighed
         learn = tuple(n for n in learn if n != "rod_mass")
         config = dataclasses.replace(config, learn=learn)

@@ -179,6 +179,9 @@ def test_masses_learnt_with_every_acting_force_have_no_scale_without_a_known_for
     assert unfixed_force_scale(penalty, "penalty") == penalty
     assert unfixed_force_scale(("cable_stiffness", "rod_mass"), "soft") == ()
     assert unfixed_force_scale(("cable_stiffness", "cable_damping"), "soft") == ()
+    # a load cell's tension is a known force
+    assert unfixed_force_scale(km, "soft", measured_force=True) == ()
+    assert unfixed_force_scale(penalty, "penalty", measured_force=True) == ()
 
 
 

@@ -21,6 +21,10 @@ def test_the_identifier_leaves_the_rod_mass_out_of_its_default_learn_and_refuses
                                                                                "rod_mass"]}))
     with pytest.raises(ConfigurationError, match="scale together"):
         make_session(superball, setting, "cpu", log=lambda m: None)
+    # with the cables' load cells fitted, their tensions fix the scale: all three are learnt
+    setting = declare_identification(file_declarer({"floor": False, "tension_weight": 5e-4, "learn": [
+        "cable_stiffness", "cable_damping", "rod_mass"]}))
+    assert "rod_mass" in make_session(superball, setting, "cpu", log=lambda m: None).config.learn
 
 
 def test_per_element_values_are_learnt_per_cable_and_must_be_learnt(superball):

@@ -47,16 +47,19 @@ BOUND_HINTS = {
 
 # The motion (or measurement) that makes each learnable parameter act on the poses.
 REVEALED_BY = {
-    "cable_stiffness": "cables stretched by different amounts (large rest-length changes under load)",
+    "cable_stiffness": "cables stretched by different amounts (large rest-length changes under load), or a "
+                       "load cell's tension (cable_states effort, tension_weight)",
     # for commanded motion the cables' lag c / k adds to the motors' (`lag_split`): only the motion
     # the commands do not drive tells them apart
     "cable_damping": "the structure oscillating on its own (after an impact or a sudden release; command "
-                     "steps alone show the cables' lag c/k only added to the motors')",
+                     "steps alone show the cables' lag c/k only added to the motors'), or the winches' encoders "
+                     "that take the motors' lag out of it (cable_states position, rest_length_weight)",
     "cable_slack_damping": "cables going slack and taut again (commands that slacken them)",
     "rod_mass": "rods lifted or swung against gravity by the cables",
     "rod_inertia_factor": "rods spinning or tumbling (fast changes of their orientation)",
     "actuator_time_constant": "command steps faster than the motors follow (steps, a fast multisine), beside "
-                              "motion the commands do not drive, which shows the cables' damping alone",
+                              "motion the commands do not drive, which shows the cables' damping alone; or the "
+                              "winches' encoders (cable_states position, rest_length_weight)",
     "actuator_max_speed": "command changes large enough for the winches to reach their top speed",
     "actuator_delay": "command steps whose timing the poses can resolve (sharp steps)",
     "actuator_gain": "commands over the winches' whole range",
@@ -118,7 +121,8 @@ def excitation_advice(u) -> tuple[Advice, ...]:
         moved = tuple(dict.fromkeys(_name(lab) for lab in scale))
         out.append(Advice(moved, f"the force scale ({', '.join(moved)} together): poses fix only forces per unit "
                           "mass, so no motion determines it; weigh the rods (the robot YAML's rod mass, rod_mass "
-                          "left out of learn) or give the data a known force (a wrench)", True))
+                          "left out of learn) or give the data a known force (a wrench, or a cable's load cell: "
+                          "cable_states effort with tension_weight)", True))
         B = _without(B, projected / np.linalg.norm(projected))
     if B.shape[1] == 0:
         return tuple(out)
@@ -145,14 +149,17 @@ def advice_text(u) -> str:
     return " | ".join(a.text for a in excitation_advice(u))
 
 
-def unfixed_force_scale(learn, law: str, contact_acts: bool = True) -> tuple[str, ...]:
+def unfixed_force_scale(learn, law: str, contact_acts: bool = True, measured_force: bool = False) -> tuple[str, ...]:
     """The learnt values whose common scale nothing fixes when the data carries no known
     force: the rod mass learnt together with every force that acts on the poses (the cables'
     stiffness and damping; under the penalty law, where contact can act (``contact_acts``: a
     floor, or rods that may touch), also its contact stiffness and damping, in newtons; the
     soft law's contact values are per unit mass). Empty when some force that acts is kept at
-    a known value (the masses are then determined relative to it)."""
+    a known value (the masses are then determined relative to it), or is measured
+    (``measured_force``: the cables' load cells fitted beside the poses)."""
     learn = tuple(learn)
+    if measured_force:
+        return ()
     acting = ["cable_stiffness", "cable_damping"]
     if law == "penalty" and contact_acts:
         acting += ["contact_stiffness", "contact_damping"]
