@@ -192,3 +192,24 @@ def test_batches_with_and_without_cable_sensors_join_and_a_malformed_one_is_refu
         TupleBatch.from_dict(dict(fields, cables1=fields["cables1"][..., :1], cables0=fields["cables0"][..., :1]))
     with pytest.raises(ValueError, match="together"):
         TupleBatch.from_dict(dict(fields, cables1=None))
+
+
+def test_the_tuple_stage_fits_the_cable_states_and_its_loss_counts_them_alike(with_cables):
+    """The finite-difference stage (tuples, not windows) has the cable rows too, weighed as
+    its loss weighs them: a fit that starts in the motors' wrong basin meets the encoders
+    before the windows do."""
+    run, _ = with_cables
+    data, objective = run.train, run.objective
+    idx = torch.arange(10, 40)
+    p = _truth(run)
+    off = dict(p, actuator_time_constant=p["actuator_time_constant"] * 0.2)
+    n_pos = run.robot.num_rods * 2 * 6
+    with torch.no_grad():
+        for values in (p, off):
+            r = objective.residuals(data, idx, values, data.commands.shape[1], "semi_implicit").reshape(len(idx), -1)
+            assert r.shape[1] == n_pos + 2 * 2 * run.robot.num_cables
+            loss = objective.batch_loss(data, idx, values, data.commands.shape[1], "semi_implicit", use_latent=False)
+            assert torch.allclose((r ** 2).sum(), loss, rtol=1e-10, atol=0.0)
+        cable_part = (r[:, n_pos:] ** 2).sum()
+    # the wrong motor costs far more in the encoders' rows than in the poses'
+    assert float(cable_part) > 10.0 * float((r[:, :n_pos] ** 2).sum())

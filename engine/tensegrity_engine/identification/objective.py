@@ -374,14 +374,14 @@ class RecurrentObjective:
                    acts: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Mean recurrent loss of tuples ``idx``. ``use_latent``: start from the per-tuple
         latent velocities (Adam formulation); otherwise pose-only data runs on its
-        finite-difference velocities."""
+        finite-difference velocities. Measured cable states count as in `residuals`."""
         T = self.config.period
         lat = (data.latent if latent is None else latent) if use_latent else None
         x0 = data.x0[idx]
         if lat is not None:
             x0 = torch.cat([x0[..., :7], lat[idx]], -1)
         act = (self.act_starts(data, p) if acts is None else acts)[idx]
-        pred = self.predict_end(data, idx, x0, act, p, n_steps, integrator)
+        pred, act_end = self.predict_end(data, idx, x0, act, p, n_steps, integrator, with_act=True)
         half, free = self.half, self.free
         weight = free / (2.0 * free.sum())                      # mean over free rods and 2 nodes
         pp, pv = node_state(pred, half)
@@ -396,12 +396,20 @@ class RecurrentObjective:
             _, nv = node_state(nv, half)
             per = per + has * self.config.w_vel * T * T * ((pv - nv) ** 2).sum(-1).sum(-1)
         loss = (per * weight).sum(-1).mean()
+        weights = (self.config.rest_length_weight, self.config.tension_weight)
+        if any(weights) and data.cables0 is not None:
+            cables = self._cable_errors(
+                torch.stack([x0, pred], 1), torch.stack([act, act_end], 1),
+                torch.stack([data.cables0[idx], data.cables1[idx]], 1),
+                torch.stack([data.cables_seen0[idx], data.cables_seen1[idx]], 1), p, weights, 1.0)
+            loss = loss + (cables ** 2).sum(-1).mean() / (2.0 * free.sum())
         return loss / self.loss_scale if self.loss_scale else loss
 
     def predict_end(self, data: TrainingData, idx: torch.Tensor, x0: torch.Tensor, act: torch.Tensor,
-                    p: dict, n_steps: int, integrator: str) -> torch.Tensor:
+                    p: dict, n_steps: int, integrator: str, with_act: bool = False):
         """Engine state after T from x0 under the tuples' commands (and known wrenches),
-        averaged onto n_steps engine steps: the prediction both losses compare with X_t+T."""
+        averaged onto n_steps engine steps: the prediction both losses compare with X_t+T
+        (``with_act``: and the actuator state then)."""
         cmd = self.timed_commands(data, p)[0][idx]
         wr = None if data.wrenches is None else data.wrenches[idx]
         if n_steps != cmd.shape[1]:
@@ -410,21 +418,31 @@ class RecurrentObjective:
             wr = None if wr is None else torch.einsum("cs,bsrk->bcrk", M, wr)
         low = _training_dtype(self, x0, p)
         cast = (lambda t: t) if low is None else (lambda t: None if t is None else t.to(low))   # noqa: E731
-        pred, _ = self.rollout(cast(x0), cast(act), cast(cmd), self.config.period / n_steps, integrator, cast(wr),
-                               n_steps, {k: cast(v) for k, v in p.items()})
-        return pred[:, -1].to(x0.dtype)
+        pred, acts = self.rollout(cast(x0), cast(act), cast(cmd), self.config.period / n_steps, integrator, cast(wr),
+                                  n_steps, {k: cast(v) for k, v in p.items()})
+        end = pred[:, -1].to(x0.dtype)
+        return (end, acts[:, -1].to(x0.dtype)) if with_act else end
 
     def residuals(self, data: TrainingData, idx: torch.Tensor, p: dict, n_steps: int,
                   integrator: str) -> torch.Tensor:
-        """Flat residual vector r with sum(r^2) == batch_loss (velocity data only)."""
+        """Flat residual vector r with sum(r^2) == batch_loss (velocity data only), tuple by
+        tuple; where cable states were measured, each tuple's at its start and end (as
+        `cable_rows` weighs them) after its own rows."""
         T = self.config.period
         act = self.act_starts(data, p)[idx]
-        pred = self.predict_end(data, idx, data.x0[idx], act, p, n_steps, integrator)
+        pred, act_end = self.predict_end(data, idx, data.x0[idx], act, p, n_steps, integrator, with_act=True)
         pp, pv = node_state(pred, self.half)
         tp, tv = node_state(data.x1[idx], self.half)
         w = (self.free / (2.0 * self.free.sum() * len(idx) * (self.loss_scale or 1.0))).sqrt()
         w = w[None, :, None, None]
-        r = torch.cat([(pp - tp) * w, (pv - tv) * (w * T * math.sqrt(self.config.w_vel))], -1)
+        r = torch.cat([(pp - tp) * w, (pv - tv) * (w * T * math.sqrt(self.config.w_vel))], -1).flatten(1)
+        weights = (self.config.rest_length_weight, self.config.tension_weight)
+        if any(weights) and data.cables0 is not None:
+            node = 1.0 / (2.0 * float(self.free.sum()) * len(idx) * (self.loss_scale or 1.0))
+            r = torch.cat([r, self._cable_errors(
+                torch.stack([data.x0[idx], pred], 1), torch.stack([act, act_end], 1),
+                torch.stack([data.cables0[idx], data.cables1[idx]], 1),
+                torch.stack([data.cables_seen0[idx], data.cables_seen1[idx]], 1), p, weights, math.sqrt(node))], 1)
         return r.reshape(-1)
 
     def window_residual(self, data: TrainingData, windows: torch.Tensor, vel: torch.Tensor,
@@ -462,17 +480,21 @@ class RecurrentObjective:
         which poses confuse with the cables'."""
         first = windows[:, 0]
         start = torch.cat([data.x0[first][..., :7], vel], -1)[:, None]
-        states = torch.cat([start, pred], 1)
-        act = torch.cat([self.act_starts(data, p)[first][:, None], acts], 1)
         at = windows.clamp(min=0)
-        measured = torch.cat([data.cables0[first][:, None], data.cables1[at]], 1)            # [N, W + 1, C, 2]
-        seen = torch.cat([data.cables_seen0[first][:, None],
-                          data.cables_seen1[at] & (windows >= 0)[..., None, None]], 1)
+        return self._cable_errors(
+            torch.cat([start, pred], 1), torch.cat([self.act_starts(data, p)[first][:, None], acts], 1),
+            torch.cat([data.cables0[first][:, None], data.cables1[at]], 1),
+            torch.cat([data.cables_seen0[first][:, None], data.cables_seen1[at] & (windows >= 0)[..., None, None]], 1),
+            p, weights, scale)
+
+    def _cable_errors(self, states, acts, measured, seen, p: dict, weights, scale: float) -> torch.Tensor:
+        """[N, K C k]: states [N, K, R, 13] and actuator states [N, K, A] against the cable
+        states ``measured`` [N, K, C, 2] where ``seen``, for each kind whose weight is not 0."""
         out = []
         for kind, weight in ((REST_LENGTH, weights[0]), (TENSION, weights[1])):
             if weight:
-                model = (self.engine.rest_lengths(act, p) if kind == REST_LENGTH
-                         else self.engine.cable_tensions(states, act, p))                    # [N, W + 1, C]
+                model = (self.engine.rest_lengths(acts, p) if kind == REST_LENGTH
+                         else self.engine.cable_tensions(states, acts, p))                   # [N, K, C]
                 error = torch.where(seen[..., kind], model - measured[..., kind], torch.zeros_like(model))
                 out.append(error.flatten(1) * (weight * scale))
         return torch.cat(out, 1)
