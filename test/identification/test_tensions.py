@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from rolling_records import rolling_twin_run
+from tensegrity_engine.identification.cable_rows import window_cable_rows
 from tensegrity_engine.identification.measurements import REST_LENGTH, TENSION
 from tensegrity_engine.identification.solvers.windows import chain_windows
 from tensegrity_engine.identification.streaming import StreamAligner, StreamConfig, TupleBatch
@@ -40,7 +41,7 @@ def _rows(run, windows, vel, p, weights=(1.0, 1.0)):
     with torch.no_grad():
         pred, acts = objective.window_rollout(data, windows, p, vel, record_every=data.commands.shape[1],
                                               with_acts=True)
-        rows = objective.cable_rows(data, windows, vel, pred, acts, p, weights)
+        rows = window_cable_rows(objective, data, windows, vel, pred, acts, p, weights=weights)
     kinds = sum(bool(w) for w in weights)
     return rows.reshape(len(windows), kinds, windows.shape[1] + 1, run.robot.num_cables).transpose(1, 3)
 

@@ -64,5 +64,5 @@ def test_the_identifier_feeds_cable_states_to_its_aligner_and_counts_a_refusal(t
     out_of_range = feed_aligner(aligner, "cables", _state(names, [], np.full(C, 1e9), t=30), "world", [])
     assert out_of_range[:2] == (False, "out_of_range")
     assert aligner.stats()["cable_states_accepted"] == 1
-    assert aligner._cables[10][:, REST_LENGTH].tolist() == [0.8] * C
-    assert aligner._cables[10][:, TENSION].tolist() == [30.0] * C
+    assert aligner._cables.by_stamp[10][:, REST_LENGTH].tolist() == [0.8] * C
+    assert aligner._cables.by_stamp[10][:, TENSION].tolist() == [30.0] * C

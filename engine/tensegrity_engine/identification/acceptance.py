@@ -26,7 +26,7 @@ import torch
 from tensegrity_engine.identification.data import as_tuple_set
 from tensegrity_engine.identification.dataset import Trajectory
 from tensegrity_engine.identification.evaluation import horizon_errors
-from tensegrity_engine.identification.objective import window_inputs
+from tensegrity_engine.identification.objective import validation_loss, window_inputs
 from tensegrity_engine.identification.solvers.settle import settle_steps
 from tensegrity_engine.identification.solvers.windows import fit_start_velocities, gapped_windows, training_windows
 from tensegrity_engine.physics.params import PhysicalParameters
@@ -136,8 +136,8 @@ def _scores(run, held, p: dict, chain: int, known: Optional[dict] = None) -> tup
     if whole and pose_only:
         return _scores_of(run, held, p, torch.as_tensor(chains, device=run.device))
     idx = torch.arange(len(held), device=run.device)
-    loss = np.array([run.objective.validation_loss(held, idx, p, run.full_steps, run.config.fine_integrator,
-                                                   use_latent=False)])
+    loss = np.array([validation_loss(run.objective, held, idx, p, run.full_steps, run.config.fine_integrator,
+                                     use_latent=False)])
     if not whole:
         return loss, np.array([math.nan])
     com = run.objective.chain_com_error(held, torch.as_tensor(chains, device=run.device), p)

@@ -117,7 +117,7 @@ class IdentificationConfig:
     # on soft_slow, end_heavy and payload, whose spin the model cannot carry
     gyro_weight: float = 0.0
     # pose-only LM: where cable states were measured, the model's at each window sample and
-    # start is fitted beside the poses (`objective.cable_rows`): tensions (load cells, a winch's
+    # start is fitted beside the poses (`identification.cable_rows`): tensions (load cells, a winch's
     # current) with ``tension_weight`` m/N (1 N off counts as this many m off in one end node's
     # position), rest lengths (winch encoders) with ``rest_length_weight`` m/m; 0: unused. The
     # mocap's position noise over the sensor's is the maximum-likelihood weight of a model

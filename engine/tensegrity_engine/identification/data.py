@@ -104,7 +104,7 @@ class TrainingData:
         if gyro and ts.has_gyro:
             self.gyro0, self.gyro1 = (torch.as_tensor(g, device=device) for g in ts.gyro_masks())
         # [N, C, 2] measured cable states at x0 / x1 (rest length, tension; 0 where none) and
-        # where they were measured (None: nowhere; `objective.cable_rows`)
+        # where they were measured (None: nowhere; `identification.cable_rows`)
         self.cables0 = self.cables1 = self.cables_seen0 = self.cables_seen1 = None
         if ts.has_cable_states:
             c0, c1 = ts.cable_states()

@@ -42,7 +42,7 @@ import torch
 
 from tensegrity_engine.identification.config import IdentificationConfig
 from tensegrity_engine.identification.data import TrainingData
-from tensegrity_engine.identification.measurements import REST_LENGTH, TENSION
+from tensegrity_engine.identification.cable_rows import sensed, tuple_cable_rows, window_cable_rows
 from tensegrity_engine.physics.actuators import delayed_commands, limited_filter_states, speed_limit_binds
 from tensegrity_engine.physics.config import MODEL_INTEGRATORS, RobotConfig
 from tensegrity_engine.physics.engine import TensegrityEngine
@@ -396,12 +396,8 @@ class RecurrentObjective:
             _, nv = node_state(nv, half)
             per = per + has * self.config.w_vel * T * T * ((pv - nv) ** 2).sum(-1).sum(-1)
         loss = (per * weight).sum(-1).mean()
-        weights = (self.config.rest_length_weight, self.config.tension_weight)
-        if any(weights) and data.cables0 is not None:
-            cables = self._cable_errors(
-                torch.stack([x0, pred], 1), torch.stack([act, act_end], 1),
-                torch.stack([data.cables0[idx], data.cables1[idx]], 1),
-                torch.stack([data.cables_seen0[idx], data.cables_seen1[idx]], 1), p, weights, 1.0)
+        if sensed(self.config, data):
+            cables = tuple_cable_rows(self, data, idx, x0, act, pred, act_end, p)
             loss = loss + (cables ** 2).sum(-1).mean() / (2.0 * free.sum())
         return loss / self.loss_scale if self.loss_scale else loss
 
@@ -426,8 +422,7 @@ class RecurrentObjective:
     def residuals(self, data: TrainingData, idx: torch.Tensor, p: dict, n_steps: int,
                   integrator: str) -> torch.Tensor:
         """Flat residual vector r with sum(r^2) == batch_loss (velocity data only), tuple by
-        tuple; where cable states were measured, each tuple's at its start and end (as
-        `cable_rows` weighs them) after its own rows."""
+        tuple; measured cable states (`cable_rows`) after each tuple's own rows."""
         T = self.config.period
         act = self.act_starts(data, p)[idx]
         pred, act_end = self.predict_end(data, idx, data.x0[idx], act, p, n_steps, integrator, with_act=True)
@@ -436,13 +431,9 @@ class RecurrentObjective:
         w = (self.free / (2.0 * self.free.sum() * len(idx) * (self.loss_scale or 1.0))).sqrt()
         w = w[None, :, None, None]
         r = torch.cat([(pp - tp) * w, (pv - tv) * (w * T * math.sqrt(self.config.w_vel))], -1).flatten(1)
-        weights = (self.config.rest_length_weight, self.config.tension_weight)
-        if any(weights) and data.cables0 is not None:
-            node = 1.0 / (2.0 * float(self.free.sum()) * len(idx) * (self.loss_scale or 1.0))
-            r = torch.cat([r, self._cable_errors(
-                torch.stack([data.x0[idx], pred], 1), torch.stack([act, act_end], 1),
-                torch.stack([data.cables0[idx], data.cables1[idx]], 1),
-                torch.stack([data.cables_seen0[idx], data.cables_seen1[idx]], 1), p, weights, math.sqrt(node))], 1)
+        if sensed(self.config, data):
+            node = 2.0 * float(self.free.sum()) * len(idx) * (self.loss_scale or 1.0)
+            r = torch.cat([r, tuple_cable_rows(self, data, idx, data.x0[idx], act, pred, act_end, p, node ** -0.5)], 1)
         return r.reshape(-1)
 
     def window_residual(self, data: TrainingData, windows: torch.Tensor, vel: torch.Tensor,
@@ -451,7 +442,7 @@ class RecurrentObjective:
         window, from the window's first pose and latent velocity ``vel`` [N, R, 6];
         sum(r^2) is the normalised position loss averaged over windows and samples. Then,
         where gyros measured the window's start, `gyro_start_rows`; where cable states were
-        measured, `cable_rows`."""
+        measured, `cable_rows.window_cable_rows`."""
         pred, acts = self.window_rollout(data, windows, p, vel, record_every=data.commands.shape[1],
                                          with_acts=True)
         pos, _ = node_state(pred, self.half)                          # [N, W, R, 2, 3]
@@ -462,42 +453,10 @@ class RecurrentObjective:
         if self.config.gyro_weight:
             scale = (2.0 * w).sqrt() * self.half * self.config.period * math.sqrt(self.config.gyro_weight)
             rows.append(gyro_start_rows(data, windows, vel, scale))
-        weights = (self.config.rest_length_weight, self.config.tension_weight)
-        if any(weights) and data.cables0 is not None:
-            node = 1.0 / (2.0 * float(self.free.sum()) * windows.shape[0] * windows.shape[1] * (self.loss_scale or 1.0))
-            rows.append(self.cable_rows(data, windows, vel, pred, acts, p, weights, math.sqrt(node)))
+        if sensed(self.config, data):     # as one free rod's end node
+            node = 2.0 * float(self.free.sum()) * windows.shape[0] * windows.shape[1] * (self.loss_scale or 1.0)
+            rows.append(window_cable_rows(self, data, windows, vel, pred, acts, p, node ** -0.5))
         return torch.cat(rows, 1) if len(rows) > 1 else rows[0]
-
-    def cable_rows(self, data: TrainingData, windows: torch.Tensor, vel: torch.Tensor, pred: torch.Tensor,
-                   acts: torch.Tensor, p: dict, weights=(1.0, 1.0), scale: float = 1.0) -> torch.Tensor:
-        """[N, (W + 1) C k] the model's cable states less the measured ones at each window's start
-        (its pose and latent velocity ``vel``) and at each of its samples (the rollout's ``pred``
-        [N, W, R, 13] and ``acts`` [N, W, A]), for each of the k kinds whose ``weights``
-        (rest length, tension) is not 0, times it and ``scale``; zero where not measured (or a
-        pose dropped), so the residual keeps its size. Poses see the cables' force only through
-        the motion it causes, which fixes c / K of an overdamped robot but not its scale
-        (docs/online_identification.md): a load cell fixes it; an encoder fixes the motors' lag,
-        which poses confuse with the cables'."""
-        first = windows[:, 0]
-        start = torch.cat([data.x0[first][..., :7], vel], -1)[:, None]
-        at = windows.clamp(min=0)
-        return self._cable_errors(
-            torch.cat([start, pred], 1), torch.cat([self.act_starts(data, p)[first][:, None], acts], 1),
-            torch.cat([data.cables0[first][:, None], data.cables1[at]], 1),
-            torch.cat([data.cables_seen0[first][:, None], data.cables_seen1[at] & (windows >= 0)[..., None, None]], 1),
-            p, weights, scale)
-
-    def _cable_errors(self, states, acts, measured, seen, p: dict, weights, scale: float) -> torch.Tensor:
-        """[N, K C k]: states [N, K, R, 13] and actuator states [N, K, A] against the cable
-        states ``measured`` [N, K, C, 2] where ``seen``, for each kind whose weight is not 0."""
-        out = []
-        for kind, weight in ((REST_LENGTH, weights[0]), (TENSION, weights[1])):
-            if weight:
-                model = (self.engine.rest_lengths(acts, p) if kind == REST_LENGTH
-                         else self.engine.cable_tensions(states, acts, p))                   # [N, K, C]
-                error = torch.where(seen[..., kind], model - measured[..., kind], torch.zeros_like(model))
-                out.append(error.flatten(1) * (weight * scale))
-        return torch.cat(out, 1)
 
     def window_rollout(self, data: TrainingData, windows: torch.Tensor, p: dict,
                        vel: Optional[torch.Tensor] = None, record_every: Optional[int] = None,
@@ -528,26 +487,27 @@ class RecurrentObjective:
         com = lambda x: (x[..., :3] * w[:, None]).sum(-2) / w.sum()          # noqa: E731
         return (com(pred[:, -1]) - com(data.x1[chains[:, -1]])).norm(dim=-1)
 
-    def validation_loss(self, data: TrainingData, idx: torch.Tensor, p: dict, n_steps: int,
-                        integrator: str, *, use_latent: bool,
-                        latent_step: Optional[Callable[[torch.Tensor], None]] = None) -> float:
-        """Mean loss over ``idx`` in minibatches. With ``latent_step`` (pose-only Adam
-        formulation) each minibatch also takes one step of its latent velocities, with the
-        parameters frozen."""
-        acts = self.act_starts(data, p)
-        total, count = 0.0, 0
-        bs = self.config.batch_size
-        for b in range(0, len(idx), bs):
-            sub = idx[b:b + bs]
-            if latent_step is not None:
-                loss = self.batch_loss(data, sub, p, n_steps, integrator, use_latent=use_latent, acts=acts)
-                if torch.isfinite(loss):
-                    latent_step(loss)
-                loss = loss.detach()
-            else:
-                with torch.no_grad():
-                    loss = self.batch_loss(data, sub, p, n_steps, integrator, use_latent=use_latent,
-                                           acts=acts)
-            total += float(loss) * len(sub)
-            count += len(sub)
-        return total / max(count, 1)
+
+def validation_loss(objective, data: TrainingData, idx: torch.Tensor, p: dict, n_steps: int,
+                    integrator: str, *, use_latent: bool,
+                    latent_step: Optional[Callable[[torch.Tensor], None]] = None) -> float:
+    """Mean loss over ``idx`` in minibatches. With ``latent_step`` (pose-only Adam
+    formulation) each minibatch also takes one step of its latent velocities, with the
+    parameters frozen."""
+    acts = objective.act_starts(data, p)
+    total, count = 0.0, 0
+    bs = objective.config.batch_size
+    for b in range(0, len(idx), bs):
+        sub = idx[b:b + bs]
+        if latent_step is not None:
+            loss = objective.batch_loss(data, sub, p, n_steps, integrator, use_latent=use_latent, acts=acts)
+            if torch.isfinite(loss):
+                latent_step(loss)
+            loss = loss.detach()
+        else:
+            with torch.no_grad():
+                loss = objective.batch_loss(data, sub, p, n_steps, integrator, use_latent=use_latent,
+                                            acts=acts)
+        total += float(loss) * len(sub)
+        count += len(sub)
+    return total / max(count, 1)

@@ -214,6 +214,47 @@ class _Pose:
     cables: np.ndarray = dataclasses.field(default_factory=lambda: np.empty((0, 2)))   # [C, 2], NaN where unknown
 
 
+class CableReadings:
+    """The cables' readings (`StreamAligner.add_cable_states`) by stamp, bounded, until a
+    pose of their stamp takes them; their own stamp order (a clock jump starts it over)."""
+
+    def __init__(self, config: StreamConfig, tol_ns: int, jump_ns: int):
+        self.cfg, self.tol_ns = config, tol_ns
+        self.order = StampOrder(jump_ns)
+        self.by_stamp: collections.OrderedDict = collections.OrderedDict()     # stamp -> [C, 2]
+
+    def reset(self) -> None:
+        self.by_stamp.clear()
+        self.order.forget()
+
+    def add(self, stamp: int, rest_lengths, tensions, poses) -> str:
+        """'ok', 'clock_jump' (kept: the stream starts over) or why the reading is refused."""
+        cfg = self.cfg
+        problem = cable_state_problem(rest_lengths, tensions, cfg.num_cables, max_abs_tension=cfg.max_abs_tension,
+                                      max_rest_length=cfg.max_abs_position)
+        verdict = problem or self.order.verdict("cables", stamp)
+        if verdict not in (None, "clock_jump"):
+            return verdict
+        if verdict == "clock_jump":
+            self.by_stamp.clear()
+        values = np.full((cfg.num_cables, 2), np.nan)
+        for column, given in ((REST_LENGTH, rest_lengths), (TENSION, tensions)):
+            if given is not None:
+                values[:, column] = np.asarray(given, dtype=np.float64).reshape(-1)
+        self.order.accept("cables", stamp)
+        self.by_stamp[stamp] = values
+        while len(self.by_stamp) > cfg.max_imu:
+            self.by_stamp.popitem(last=False)
+        for pose in poses:           # a reading may arrive after its pose
+            self.attach(pose, (stamp,))
+        return verdict or "ok"
+
+    def attach(self, pose, stamps=None) -> None:
+        for stamp in self.by_stamp if stamps is None else stamps:
+            if abs(stamp - pose.stamp) <= self.tol_ns:
+                pose.cables = self.by_stamp[stamp]
+
+
 class StreamAligner:
     """Validates stamped poses / IMU / commands and emits `TupleBatch` es.
 
@@ -244,7 +285,7 @@ class StreamAligner:
         self._cmd_t: collections.deque = collections.deque()
         self._cmd_u: collections.deque = collections.deque()
         self._imu: collections.OrderedDict = collections.OrderedDict()
-        self._cables: collections.OrderedDict = collections.OrderedDict()     # stamp -> [C, 2]
+        self._cables = CableReadings(config, self.tol_ns, self.jump_ns)
         self._out: collections.deque = collections.deque()
         self._order = StampOrder(self.jump_ns)   # keys: "pose", "command", ("imu", rod)
         self._final_before: int = -(1 << 62)   # commands before this stamp are final
@@ -281,9 +322,9 @@ class StreamAligner:
         self._new_segment()
         self._record_id += 1
         self._imu.clear()
-        self._cables.clear()
+        self._cables.reset()
         if keep_commands:            # final up to the newest command (old poses moved the watermark)
-            self._order.forget(("pose", "imu", "cables"))
+            self._order.forget(("pose", "imu"))
             self._final_before = self._order.get("command")
             return
         self._cmd_t.clear()
@@ -339,7 +380,7 @@ class StreamAligner:
         pose = _Pose(stamp, arr[:, :3].copy(), arr[:, 3:] / qn[:, None],
                      np.full((self.R, 3), np.nan), np.full((self.cfg.num_cables, 2), np.nan))
         self._attach_imu(pose)
-        self._attach_cables(pose)
+        self._cables.attach(pose)
         self._poses.append(pose)
         if len(self._poses) >= 2:
             p_prev = self._poses[-3] if len(self._poses) >= 3 else None
@@ -423,39 +464,16 @@ class StreamAligner:
 
     def add_cable_states(self, stamp: int, rest_lengths=None, tensions=None) -> tuple[bool, str]:
         """Measured rest lengths [C] (m) and tensions [C] (N) of the cables, either None, NaN
-        where a cable has no such sensor."""
-        cfg = self.cfg
-        problem = cable_state_problem(rest_lengths, tensions, cfg.num_cables, max_abs_tension=cfg.max_abs_tension,
-                                      max_rest_length=cfg.max_abs_position)
-        if problem:
-            return self._reject(problem)
-        values = np.full((cfg.num_cables, 2), np.nan)
-        for column, given in ((REST_LENGTH, rest_lengths), (TENSION, tensions)):
-            if given is not None:
-                values[:, column] = np.asarray(given, dtype=np.float64).reshape(-1)
-        stamp = int(stamp)
-        verdict = self._order.verdict("cables", stamp)
-        if verdict in ("duplicate", "out_of_order"):
-            return self._reject(verdict)
-        if verdict == "clock_jump":
-            self._event("clock_jump")
-            self._cables.clear()
-        self._order.accept("cables", stamp)
+        where a cable has no such sensor (`CableReadings`)."""
+        reason = self._cables.add(int(stamp), rest_lengths, tensions, self._poses)
+        if reason not in ("ok", "clock_jump"):
+            return self._reject(reason)
+        if reason == "clock_jump":
+            self._event(reason)
         self.accepted["cables"] += 1
-        self._cables[stamp] = values
-        while len(self._cables) > cfg.max_imu:
-            self._cables.popitem(last=False)
-        for pose in self._poses:           # a reading may arrive after its pose
-            if abs(pose.stamp - stamp) <= self.tol_ns:
-                pose.cables = values
         return True, "ok"
 
     # ------------------------------------------------------------------ internals
-    def _attach_cables(self, pose: _Pose) -> None:
-        for stamp, values in self._cables.items():
-            if abs(stamp - pose.stamp) <= self.tol_ns:
-                pose.cables = values
-
     def _set_imu(self, pose: _Pose, rod: int, w: np.ndarray, q: Optional[np.ndarray]) -> None:
         q = pose.quat[rod] if q is None else q
         pose.omega_imu[rod] = quat_rotate(q[None], w[None])[0]
@@ -565,24 +583,28 @@ class StreamAligner:
         n = len(self._out) if max_count is None else min(len(self._out), int(max_count))
         if n == 0:
             return None
-        items = [self._out.popleft() for _ in range(n)]
-        cols = list(zip(*items))
-        f64 = torch.float64
-        return TupleBatch(
-            x0=torch.as_tensor(np.stack(cols[0]), dtype=f64),
-            commands=torch.as_tensor(np.stack(cols[1]), dtype=f64),
-            x1=torch.as_tensor(np.stack(cols[2]), dtype=f64),
-            prev_commands=torch.as_tensor(np.stack(cols[3]), dtype=f64),
-            vel_known0=torch.as_tensor(np.array(cols[4], dtype=bool)),
-            vel_known1=torch.as_tensor(np.array(cols[5], dtype=bool)),
-            omega_measured0=torch.as_tensor(np.stack(cols[6])),
-            t0=torch.as_tensor(np.array(cols[7], dtype=np.int64)),
-            segment=torch.as_tensor(np.array(cols[8], dtype=np.int64)),
-            engine_dt=self.cfg.engine_dt,
-            record=torch.as_tensor(np.array(cols[9], dtype=np.int64)),
-            omega_measured1=torch.as_tensor(np.stack(cols[10])),
-            **_measured_cables(cols[11], cols[12]),
-        )
+        return _batch_of([self._out.popleft() for _ in range(n)], self.cfg.engine_dt)
+
+
+def _batch_of(items: list, engine_dt: float) -> TupleBatch:
+    """The `TupleBatch` of finished tuples (`StreamAligner._made`'s)."""
+    cols = list(zip(*items))
+    f64 = torch.float64
+    return TupleBatch(
+        x0=torch.as_tensor(np.stack(cols[0]), dtype=f64),
+        commands=torch.as_tensor(np.stack(cols[1]), dtype=f64),
+        x1=torch.as_tensor(np.stack(cols[2]), dtype=f64),
+        prev_commands=torch.as_tensor(np.stack(cols[3]), dtype=f64),
+        vel_known0=torch.as_tensor(np.array(cols[4], dtype=bool)),
+        vel_known1=torch.as_tensor(np.array(cols[5], dtype=bool)),
+        omega_measured0=torch.as_tensor(np.stack(cols[6])),
+        t0=torch.as_tensor(np.array(cols[7], dtype=np.int64)),
+        segment=torch.as_tensor(np.array(cols[8], dtype=np.int64)),
+        engine_dt=engine_dt,
+        record=torch.as_tensor(np.array(cols[9], dtype=np.int64)),
+        omega_measured1=torch.as_tensor(np.stack(cols[10])),
+        **_measured_cables(cols[11], cols[12]),
+    )
 
 
 def _measured_cables(at0, at1) -> dict:

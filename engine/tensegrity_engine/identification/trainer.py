@@ -46,7 +46,7 @@ from tensegrity_engine.identification.config import IdentificationConfig, resolv
 from tensegrity_engine.identification.data import TrainingData, as_tuple_set
 from tensegrity_engine.identification.dataset import TupleSet
 from tensegrity_engine.identification.multistart import multi_start
-from tensegrity_engine.identification.objective import RecurrentObjective
+from tensegrity_engine.identification.objective import RecurrentObjective, validation_loss
 from tensegrity_engine.identification.scale import scale_search, speed_limit_search
 from tensegrity_engine.identification.schedule import ProgressiveSchedule
 from tensegrity_engine.identification.trainer_state import load_trainer_state, trainer_state
@@ -250,8 +250,8 @@ class ProgressiveTrainer:
         p = {k: v.detach() for k, v in self.engine.param_values(self.dtype, self.device).items()}
         use_latent = self.schedule.latent_adam
         step = self.adam.val_latent_step if (use_latent and data is self.val and data.latent is not None) else None
-        return self.objective.validation_loss(data, idx, p, self.n_steps, self.integrator,
-                                              use_latent=use_latent, latent_step=step)
+        return validation_loss(self.objective, data, idx, p, self.n_steps, self.integrator,
+                               use_latent=use_latent, latent_step=step)
 
     # ------------------------------------------------------------------ epochs
     def snapshot(self) -> dict:
