@@ -198,7 +198,7 @@ def record(z, seed: int, duration: float, noise: str, gyro_noise: Optional[float
                                                gyro=gyro_noise is not None)
         readings = None if cables is None else sensing.measure_cables(
             twin.rest_lengths(dense_act[seen]), twin.cable_tensions(dense[seen], dense_act[seen]),
-            np.random.default_rng(seed + 11))
+            np.random.default_rng(seed + 11), actuated=robot.cable_actuated)
     events = [(int(round(k * CONTROL_DT * NS)), "cmd", cmd[k]) for k in range(n_cmd)]
     events += [(int(round(t * NS)), "pose", p[:, :7]) for t, p in zip(kept, poses)]
     if gyro_noise is not None:     # the IMU reports in its rod's frame, with its orientation
@@ -207,7 +207,6 @@ def record(z, seed: int, duration: float, noise: str, gyro_noise: Optional[float
                    for r in range(p.shape[0])]
     if readings is not None:
         rest, tension = readings
-        rest[:, ~robot.cable_actuated] = np.nan           # a passive cable has no winch
         events += [(int(round(t * NS)), "cables", (r if cables[0] is not None else None,
                                                    f if cables[1] is not None else None))
                    for t, r, f in zip(kept, rest, tension)]

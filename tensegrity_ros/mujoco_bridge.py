@@ -39,7 +39,7 @@ from tensegrity_engine.groundtruth.environments import rest_pose
 from tensegrity_engine.groundtruth.mujoco_twin import GroundTruthDiverged, nominal_commands
 from tensegrity_engine.groundtruth.zoo import ground_truth
 from tensegrity_engine.physics.config import ConfigError
-from tensegrity_engine.groundtruth.sensors import noisy_rod_poses
+from tensegrity_engine.groundtruth.sensors import SensorModel, noisy_rod_poses
 from tensegrity_engine.physics.state import center_of_mass
 
 from . import conversions as conv
@@ -68,9 +68,9 @@ class MujocoBridge(Node):
         self.imu_noise = d("imu_noise", 0.0, "std of gyro noise (rad/s)", range=(0.0, 10.0))
         self.cable_states = d("cable_states", True, "publish a sensor_msgs/JointState of the cables with every "
                               "pose: each winch's rest length (position) and each cable's tension (effort)")
-        self.tension_noise = d("tension_noise", 0.0, "std of the load cells' noise (N)", range=(0.0, 1e4))
-        self.rest_length_noise = d("rest_length_noise", 0.0, "std of the winch encoders' noise (m)",
-                                   range=(0.0, 1.0))
+        self.cable_sensors = SensorModel(
+            tension_noise=d("tension_noise", 0.0, "std of the load cells' noise (N)", range=(0.0, 1e4)),
+            rest_length_noise=d("rest_length_noise", 0.0, "std of the winch encoders' noise (m)", range=(0.0, 1.0)))
         self.marker_rate = d("marker_rate", 2.0, "marker publishing rate (Hz, sim time; 0 = off)",
                              range=(0.0, 100.0))
         self.publish_clock = d("publish_clock", True, "publish /clock (sim time) for use_sim_time nodes")
@@ -190,11 +190,8 @@ class MujocoBridge(Node):
         rs, act = self.twin.get_state()
         cables = None
         if self.cable_states:       # the winches' encoders (none on a passive cable) and load cells
-            rest = self.twin.rest_lengths(act) + self.rng.normal(0.0, self.rest_length_noise, self.robot.num_cables)
-            rest[~self.robot.cable_actuated] = np.nan
-            tension = (self.twin.cable_tensions(rs, act)
-                       + self.rng.normal(0.0, self.tension_noise, self.robot.num_cables))
-            cables = (rest, tension)
+            cables = self.cable_sensors.measure_cables(self.twin.rest_lengths(act), self.twin.cable_tensions(rs, act),
+                                                       self.rng, actuated=self.robot.cable_actuated)
         return t_ns, noisy_rod_poses(rs, self.rng, pos_noise=self.pos_noise, rot_noise=self.rot_noise), rs, cables
 
     def _publish_measurement(self, t_ns: int, meas: np.ndarray, truth: np.ndarray, cables) -> None:

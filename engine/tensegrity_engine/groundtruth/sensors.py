@@ -64,15 +64,18 @@ class SensorModel:
         stamps, poses, _ = self.measure_at(dense_states, dt, stamps, rng, gyro)
         return stamps, poses
 
-    def measure_cables(self, rest_lengths: np.ndarray, tensions: np.ndarray,
-                       rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        """The winches' encoders and the load cells: the true rest lengths and tensions [K, C]
-        of the frames `measure_at` kept, each with its noise."""
+    def measure_cables(self, rest_lengths: np.ndarray, tensions: np.ndarray, rng: np.random.Generator,
+                       actuated=None) -> tuple[np.ndarray, np.ndarray]:
+        """The winches' encoders and the load cells: the true rest lengths and tensions [..., C]
+        (of the frames `measure_at` kept), each with its noise; NaN rest lengths where a cable
+        is not ``actuated`` [C] (no winch, so no encoder; None: every cable has one)."""
         rest, tension = (np.asarray(v, dtype=np.float64) for v in (rest_lengths, tensions))
         if self.rest_length_noise:
             rest = rest + rng.normal(0.0, self.rest_length_noise, rest.shape)
         if self.tension_noise:
             tension = tension + rng.normal(0.0, self.tension_noise, tension.shape)
+        if actuated is not None:
+            rest = np.where(np.asarray(actuated, dtype=bool), rest, np.nan)
         return rest, tension
 
     def measure_at(self, dense_states: np.ndarray, dt: float, stamps: np.ndarray,

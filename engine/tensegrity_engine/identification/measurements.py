@@ -112,6 +112,7 @@ def cable_state_problem(rest_lengths, tensions, num_cables: int, *, max_abs_tens
         return "out_of_range"
     return None
 
+
 class StampOrder:
     """Last accepted stamp per stream (a pose stream, a command stream, one gyro per rod).
 
