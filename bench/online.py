@@ -73,7 +73,7 @@ from tensegrity_engine.identification.lag_split import motor_and_cable_lags
 from tensegrity_engine.identification.online_structure import (DEFAULT_STRUCTURE_OPTIONS, ONLINE_OPTIONS, online_options,
                                                                  structure_key)
 from tensegrity_engine.identification.streaming import StreamAligner, StreamConfig, TupleBatch
-from tensegrity_engine.identification.uncertainty import element_mean_sigma, elements_covered
+from tensegrity_engine.identification.uncertainty import data_information, element_mean_sigma, elements_covered
 from tensegrity_engine.physics.config import MODEL_INTEGRATORS, load_robot
 from tensegrity_engine.physics.params import PhysicalParameters
 from tensegrity_engine.physics.state import ANG_VEL, QUAT, quat_conjugate, quat_rotate
@@ -249,6 +249,21 @@ def model_robot(z, law: str, integrator: str = "config"):
     return robot
 
 
+def truth_information(trainer, truth: dict, names) -> Optional[dict]:
+    """The training data's information at the robot's true values in the model's structure
+    (`uncertainty.data_information`): each name's Cramer-Rao 1-sigma of its mean (correlations
+    taken in) relative to the true mean, and the residual scale there; None where the windowed
+    problem fails there or the trainer has no pose-only windows. Where the model is the robot,
+    no fit of these data is expected to come closer than this (an efficient one: a median
+    |error| of 0.67 sigma)."""
+    try:
+        u = data_information(trainer, truth)
+    except RuntimeError:
+        return None
+    return {"sigma": {n: u.mean_sigma(n) / abs(float(np.mean(truth[n]))) for n in names},
+            "residual_sigma": u.residual_sigma}
+
+
 def training_objective(trainer, values: dict, width: int, max_windows: int = 256) -> float:
     """The solver's pose-only objective for ``values`` on the session's training window
     (`acceptance.window_fit`, summed; NaN without windows)."""
@@ -421,6 +436,7 @@ def run_session(z, args, seed: int, learn) -> dict:
     # and the true learnt values: which the solver's objective prefers.
     com = {k: math.nan for k in ("nominal", "identified", "true", "true_all")}
     gate_com = {"identified": math.nan, "true": math.nan}     # the same on the gate's blocks
+    information = None                 # `truth_information`, with --information on
     objective = {"identified": math.nan, "true": math.nan}
     if session.heldout and session.trainer is not None:
         # from the session's end in sim time (its last epoch overshoots it by a varying
@@ -443,6 +459,8 @@ def run_session(z, args, seed: int, learn) -> dict:
         if structure_key(session.incumbent_robot) == structure_key(session.robot):   # the trainer's structure
             for name, values in (("identified", final), ("true", true_learnt)):
                 objective[name] = training_objective(session.trainer, values, cfg.pose_window)
+            if args.information == "on":
+                information = truth_information(session.trainer, true_learnt, [n for n in TARGETS if n in learn])
     reported = [n for n in TARGETS if n in learn]
     err = relative_errors(final, truth, reported)
     # the sigma of the published values estimated again on the session's last window: what the
@@ -475,7 +493,7 @@ def run_session(z, args, seed: int, learn) -> dict:
     return {"robot": z.name, "seed": seed, "compute": dict(worker.spent), "error": err, "candidate_error": cand, "sigma": sigma, "chaos_floor": floor,
             "nominal_error": relative_errors(nominal, truth, reported), "heldout_com_1s": com,
             "gate_com_1s": gate_com, "fresh_seconds": args.fresh,
-            "training_objective": objective, "lag_sum_error": lag_sum_error, "lags": lags,
+            "training_objective": objective, "lag_sum_error": lag_sum_error, "lags": lags, "information": information,
             "relative_sigma": None if sigma is None else {n: sigma[n] / abs(np.mean(final[n])) for n in reported},
             "all_errors": relative_errors(final, truth, [n for n in learn if n in truth and n != "actuator_delay"]), "undetermined": undetermined, "at_bound": at_bound,
             "delay_ms": (1e3 * float(np.mean(final["actuator_delay"])), 1e3 * float(np.mean(truth["actuator_delay"]))),
@@ -556,6 +574,11 @@ def main(argv=None) -> int:
                     help="as the identifier node's structure_on_pin: a value the fit pins at a bound of its range "
                     "(at its end, or PIN_EPOCHS epochs in a row) has the option it points to tried next, not "
                     "refused early (PIN_OPTIONS)")
+    ap.add_argument("--information", choices=("off", "on"), default="off",
+                    help="on: after each session, how well its training data determine the robot's true values "
+                    "in the model's structure (every window, the latents fitted there: the Cramer-Rao 1-sigma, "
+                    "uncertainty.data_information); where the model is the robot, no solver is expected to come "
+                    "closer. Costs a Jacobian over all the data per run")
     ap.add_argument("--min-tuples", type=int, default=30)
     ap.add_argument("--max-tuples", type=int, default=1500)
     ap.add_argument("--holdout-every", type=int, default=5)
@@ -693,6 +716,10 @@ def main(argv=None) -> int:
                 f"{', 2 sigma covers' if c['covered_published'][n] else ''})" for n in c["names"]) or "not learnt")
             if r["compensating"]:
                 sig += " (published with no sigma: every value compensates)"
+            if r["information"] is not None:
+                sig += ("; the data's 1-sigma at the true values " + " ".join(
+                    f"{100 * v:.1f}%" for v in r["information"]["sigma"].values())
+                    + f" (residual scale there {r['information']['residual_sigma']:.3g})")
             _line(f"  {z.name:14s} seed {seed}: {errs};{sig}; within {100 * r['tol']:g}% from "
                   f"{r['within_tol_from'] if r['within_tol_from'] is None else round(r['within_tol_from'], 1)} s; "
                   f"CoM 1 s ahead on {args.fresh:g} s of fresh data: nominal {1e3 * r['heldout_com_1s']['nominal']:.1f} / identified "
@@ -786,6 +813,7 @@ def main(argv=None) -> int:
         _line(f"per element (values split per cable or rod as the robot's): {hits} of {given} elements given a "
               f"finite sigma within 2 published sigma of their own true value ({_percent(hits / given) if given else 'none'}; "
               f"{len({id(r) for r, _ in split})} runs)")
+    _information_table(results, reported)
     _contact_table(results)
     (out / "results.json").write_text(json.dumps(results, indent=1, default=float))
     return 0
@@ -810,6 +838,30 @@ def _claimed_coverage(runs: list, names=None, key: str = "covered_published") ->
     none; how many were given one): of ``names``, or each run's own (``names`` None)."""
     hits = [r[key][n] for r in runs for n in (r["names"] if names is None else names) if r["claimed"][n]]
     return (float(np.mean(hits)) if hits else math.nan), len(hits)
+
+
+def _information_table(results: list, reported) -> None:
+    """With --information on: per robot, the median over its runs of the data's Cramer-Rao
+    1-sigma at the true values beside the median |error| the runs reached, and whether an
+    efficient estimator's median |error| (0.67 sigma) is within the tolerance."""
+    runs = [r for r in results if r["information"] is not None]
+    if not runs:
+        return
+    _line("")
+    _line("how well 60 s of these data determine the true values in the model's structure (Cramer-Rao 1-sigma "
+          "of each mean, every training window; where the model is the robot no solver comes closer; an "
+          "efficient one's median |error| is 0.67 sigma): median over runs, relative")
+    _line("| robot | " + " | ".join(f"{n}: 1-sigma / reached" for n in reported) + " | 0.67 sigma within tol |")
+    _line("|---|" + "---|" * (len(reported) + 1))
+    for name in dict.fromkeys(r["robot"] for r in runs):
+        rs = [r for r in runs if r["robot"] == name]
+        sig = {n: float(np.median([r["information"]["sigma"][n] for r in rs])) for n in reported}
+        got = {n: float(np.median([abs(r["error"][n]) for r in rs])) for n in reported}
+        reach = [n for n in reported if 0.6745 * sig[n] <= rs[0]["tol"]]
+        _line(f"| {name} | " + " | ".join(f"{100 * sig[n]:.1f} / {100 * got[n]:.1f} %" for n in reported)
+              + f" | {len(reach)} of {len(reported)}" + ("" if len(reach) == len(reported) else
+                                                        f" (not {', '.join(n for n in reported if n not in reach)})")
+              + " |")
 
 
 def _contact_table(results: list) -> None:

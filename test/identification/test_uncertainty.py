@@ -886,3 +886,59 @@ def test_the_windowed_uncertainty_carries_the_lag_split_check(superball, monkeyp
     assert u.sigma_split["actuator_time_constant"] == pytest.approx([0.05 / np.sqrt(2)])
     assert u.published()["actuator_time_constant"][0] >= 0.05 / np.sqrt(2)
     assert run.parameters.as_dict()["actuator_time_constant"][0] == pytest.approx(own)    # the trainer's values restored
+
+
+def test_the_sigma_of_a_mean_takes_the_elements_correlation_in():
+    """`mean_sigma`: 1' Sigma 1 / n with Sigma from the elements' plain sigmas and their
+    correlation; n sigmas fully correlated give their mean, independent ones sqrt(sum s^2) / n."""
+    from tensegrity_engine.identification.uncertainty import ParameterUncertainty
+
+    s = np.array([1.0, 2.0, 4.0])
+    labels = ("cable_stiffness[0]", "cable_stiffness[1]", "cable_stiffness[2]", "rod_mass")
+    for rho, expected in ((1.0, s.mean()), (0.0, np.sqrt((s ** 2).sum()) / 3), (-0.4, None)):
+        corr = np.full((4, 4), 0.0)
+        corr[:3, :3] = rho
+        np.fill_diagonal(corr, 1.0)
+        u = ParameterUncertainty(sigma={"cable_stiffness": 2 * s, "rod_mass": np.array([0.5])}, undetermined=(),
+                                 residual_sigma=1.0, dof=10, correlation=corr, labels=labels,
+                                 sigma_curvature={"cable_stiffness": s, "rod_mass": np.array([0.5])})
+        cov = s[:, None] * s[None, :] * corr[:3, :3]
+        assert u.mean_sigma("cable_stiffness") == pytest.approx(np.sqrt(cov.sum()) / 3, rel=1e-12)
+        if expected is not None:
+            assert u.mean_sigma("cable_stiffness") == pytest.approx(expected, rel=1e-12)
+        assert u.mean_sigma("cable_stiffness", curvature=False) == pytest.approx(2 * u.mean_sigma("cable_stiffness"))
+        assert u.mean_sigma("rod_mass") == 0.5
+    u.sigma_curvature["cable_stiffness"] = np.array([1.0, np.inf, 1.0])
+    assert u.mean_sigma("cable_stiffness") == np.inf
+
+
+def test_data_information_uses_every_window_at_the_values_given_and_leaves_the_trainer(superball, sigma_data):
+    """The data's information at given values: every window of the training data (not the
+    solver's subset of lm_windows), the latents fitted there (clean data from the config's
+    values fit to round-off at the truth and not at a stiffness 20 % off), its plain sigma
+    no wider than the published one and narrower than on the solver's subset; the trainer's
+    values and windows as they were."""
+    from tensegrity_engine.identification.solvers.windows import training_windows
+    from tensegrity_engine.identification.uncertainty import data_information
+
+    cfg = idf.IdentificationConfig(period=PERIOD, learn=("cable_stiffness", "cable_damping"), schedule="online",
+                                   init="given", lm_max_iters=40, lm_windows=6, seed=0)
+    tr = idf.ProgressiveTrainer(superball, cfg, log=lambda m: None)
+    pose = {k: ds.tuples_from([t.without_velocity() for t in v], period=PERIOD) for k, v in sigma_data.items()}
+    tr.set_data(pose["train"], pose["val"])
+    truth = {k: np.asarray(v) for k, v in PhysicalParameters(superball).as_dict().items()}
+    tr.parameters.set_value("cable_stiffness", 1.3 * truth["cable_stiffness"])
+    before = tr.parameters.as_dict()
+    u = data_information(tr, truth)
+    assert all(np.array_equal(v, before[k]) for k, v in tr.parameters.as_dict().items())
+    assert tr.window_lm.windows is None
+    pool, width = training_windows(tr.train.ts, cfg.pose_window, 0)
+    assert len(pool) > cfg.lm_windows
+    # dof: every window's 36 coordinates at each of its samples, less 2 values and 6 x 5 latents per window
+    assert u.dof == len(pool) * (36 * width - 30) - 2
+    off = data_information(tr, {**truth, "cable_stiffness": 0.8 * truth["cable_stiffness"]})
+    assert u.residual_sigma < 1e-3 * off.residual_sigma
+    subset = trainer_uncertainty(tr, at=truth)
+    for name in ("cable_stiffness", "cable_damping"):
+        assert 0 < u.sigma_curvature[name][0] <= u.sigma[name][0]
+        assert u.sigma_curvature[name][0] < subset.sigma_curvature[name][0]

@@ -121,6 +121,11 @@ class ParameterUncertainty:
     # learnt limits (``ParamSpec.limit``: a winch's top speed) the data never reach: sigma inf,
     # yet not undetermined; the model predicts these data the same for any value of them
     unreached: tuple = ()
+    # learnt name -> the plain 1-sigma per element, s^2 H^-1 alone: what the data say at these
+    # values if their residuals were independent noise, before `sigma` widens it for residuals
+    # correlated within a window and for mismatch (a Cramer-Rao bound where the model is the
+    # robot and the values are its own: `data_information`); inf where undetermined
+    sigma_curvature: dict = dataclasses.field(default_factory=dict)
 
     @staticmethod
     def awaited(names) -> tuple:
@@ -181,6 +186,19 @@ class ParameterUncertainty:
                 s = np.asarray(s) * profile.detach().cpu().double().numpy()
             out.extend([math.nan] * n if s is None else np.broadcast_to(s, (n,)).tolist())
         return out
+
+    def mean_sigma(self, name: str, curvature: bool = True) -> float:
+        """1-sigma of the mean of ``name``'s elements with their correlation (s^2 H^-1's) taken
+        in: of `sigma_curvature` (``curvature``) or `sigma`. What `element_mean_sigma` bounds
+        without the correlation (the message carries none)."""
+        s = np.asarray((self.sigma_curvature if curvature else self.sigma)[name], dtype=np.float64).reshape(-1)
+        if not np.isfinite(s).all():
+            return math.inf
+        rows = [i for i, lab in enumerate(self.labels) if lab == name or lab.startswith(name + "[")]
+        if s.size == 1 or self.correlation is None or len(rows) != s.size:
+            return float(s.mean()) if s.size == 1 else element_mean_sigma(s)
+        corr = self.correlation[np.ix_(rows, rows)]
+        return float(math.sqrt(max(float(s @ corr @ s), 0.0)) / s.size)
 
     def relative(self, params: PhysicalParameters) -> dict:
         """Learnt name -> largest sigma / |value| over its elements."""
@@ -278,6 +296,7 @@ def normal_matrix_uncertainty(params: PhysicalParameters, names, H: torch.Tensor
     scale = H.detach().double().cpu().diagonal().clamp(min=0).sqrt() if ev is None else ev.scale
     alive = scale > 0
     var = torch.full((P,), math.inf, dtype=torch.float64)
+    plain_var = torch.full((P,), math.inf, dtype=torch.float64)
     corr = torch.full((P, P), math.nan, dtype=torch.float64)
     spread_var = None
     weak_directions = []
@@ -299,6 +318,7 @@ def normal_matrix_uncertainty(params: PhysicalParameters, names, H: torch.Tensor
             spread_var[alive] = torch.where(determined, total_var + ev.groups * (ev.robust - model_var).clamp(min=0),
                                             torch.full_like(model_var, math.inf))
         var[alive] = torch.where(determined, total_var, torch.full_like(total_var, math.inf))
+        plain_var[alive] = torch.where(determined, model_var, torch.full_like(model_var, math.inf))
         # correlation of the estimate (scales cancel; the reparameterisation's slopes are
         # positive, so raw and value correlations agree)
         sd = inv.diagonal().sqrt()
@@ -313,11 +333,13 @@ def normal_matrix_uncertainty(params: PhysicalParameters, names, H: torch.Tensor
                         if not a and not SPEC_BY_NAME[lab.split("[")[0]].limit]
     slopes = value_slopes(params, names).abs().cpu()
     sigma_value = var.sqrt() * slopes
+    plain_value = plain_var.sqrt() * slopes
     spread_value = None if spread_var is None else spread_var.sqrt() * slopes
-    sigma, spread, flagged, unreached, i = {}, {}, [], [], 0
+    sigma, plain, spread, flagged, unreached, i = {}, {}, {}, [], [], 0
     for name in names:
         k = getattr(params, name).numel()
         sigma[name] = sigma_value[i:i + k].numpy().copy()
+        plain[name] = plain_value[i:i + k].numpy().copy()
         if spread_value is not None:
             spread[name] = spread_value[i:i + k].numpy().copy()
         if SPEC_BY_NAME[name].limit and not bool(alive[i:i + k].any()):
@@ -328,7 +350,8 @@ def normal_matrix_uncertainty(params: PhysicalParameters, names, H: torch.Tensor
     return ParameterUncertainty(sigma=sigma, undetermined=tuple(flagged), residual_sigma=math.sqrt(s2), dof=dof,
                                 correlation=corr.numpy(), labels=tuple(labels), sigma_spread=spread,
                                 at_bound=pinned_at_bound(params, names), weak_directions=tuple(weak_directions),
-                                force_scale=force_scale_direction(params, names, scale), unreached=tuple(unreached))
+                                force_scale=force_scale_direction(params, names, scale), unreached=tuple(unreached),
+                                sigma_curvature=plain)
 
 
 def force_scale_direction(params: PhysicalParameters, names, scale: torch.Tensor) -> dict:
@@ -384,6 +407,33 @@ def trainer_uncertainty(trainer, max_tuples: int = 256, seed: int = 0, at: Optio
         return _tuple_uncertainty(trainer, names, theta0, idx)
     finally:
         set_raw_vector(trainer.params, names, before)
+
+
+def data_information(trainer, at: dict, seed: int = 0) -> ParameterUncertainty:
+    """How well a pose-only trainer's training data determine the values ``at`` in its model:
+    the windowed problem on *every* window of the data (the solver fits a subset of
+    ``lm_windows`` at a time), the latents fitted afresh at ``at`` and eliminated. Where the
+    model is the robot and ``at`` its true values, `sigma_curvature` is the Cramer-Rao bound
+    of these data: no estimator that is unbiased has a smaller 1-sigma, so a target tighter
+    than it is out of reach of any solver (bench/online.py prints it). The trainer's values
+    and solver are left as they were."""
+    if trainer.train is None or not trainer.learn or not trainer.latent:
+        raise RuntimeError("data_information needs a pose-only trainer with data and values to learn")
+    names = tuple(trainer.learn)
+    before = raw_vector(trainer.params, names)
+    try:
+        for name in names:
+            trainer.params.set_value(name, at[name])
+        theta = raw_vector(trainer.params, names)
+        lm = WindowLevenbergMarquardt(dataclasses.replace(trainer.config, lm_windows=len(trainer.train)))
+        lm.setup(trainer, rng=np.random.default_rng(seed), announce=False, chain=False)
+        with trainer.objective.stepped_for(trainer.engine.param_values(trainer.dtype, trainer.device)):
+            info = lm.information_at(trainer, theta, refit=True)
+    finally:
+        set_raw_vector(trainer.params, names, before)
+    if info is None:
+        raise RuntimeError("the windowed problem has non-finite residuals or Jacobians at these values")
+    return normal_matrix_uncertainty(trainer.params, names, info["H"], info["rss"], info["dof"])
 
 
 def _windowed_uncertainty(trainer, names, theta0, seed: int) -> ParameterUncertainty:
