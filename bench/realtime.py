@@ -17,6 +17,9 @@ cases differ in timing only:
 * ``air0`` / ``air3`` / ``air30``: real time with the airborne cost's weight at 0 (the
   paper's cost), 3, 30 instead of 10: the speed / airborne trade-off on a robot that does
   not wait.
+* ``enc`` / ``noenc``: real time, the winches' encoders published (0.2 mm) and planned from,
+  or ignored (``use_encoders: false``): on a robot whose winches the config's model gets
+  wrong (``--truth zoo/slow_winch``), what a measured actuator state is worth.
 
 Printed per case: achieved speed along the goal (and its ratio to lockstep), command
 period jitter p99, late-command rejections, missed ticks, plans over budget, how early
@@ -46,6 +49,10 @@ CASES = {          # config/sim2sim.yaml's bridge runs in real time; lockstep is
     "air0": ["mppi_controller:airborne_weight:=0.0"],
     "air3": ["mppi_controller:airborne_weight:=3.0"],
     "air30": ["mppi_controller:airborne_weight:=30.0"],
+    # the winches' encoders (0.2 mm) planned from, or not: the actuator state a robot with a
+    # winch speed limit, a dead band or a time constant the model lacks is really in
+    "enc": ["mujoco_bridge:rest_length_noise:=0.0002"],
+    "noenc": ["mujoco_bridge:rest_length_noise:=0.0002", "mppi_controller:use_encoders:=false"],
 }
 # the cases differ in timing only: noise-free poses, as before the sim2sim's default robot had
 # its mocap's noise (2026-11-29)

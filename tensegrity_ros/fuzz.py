@@ -34,7 +34,7 @@ from .common import reserve_domain_id
 from .fuzz_messages import HostileStream, Item
 
 SUBSCRIBED = {"identifier": ("poses", "imu", "cables", "commands"),
-              "mppi_controller": ("poses", "imu", "parameters", "goals"),
+              "mppi_controller": ("poses", "imu", "cables", "parameters", "goals"),
               "mujoco_bridge": ("commands",)}
 EXACT = ("identifier", "mppi_controller")   # nodes whose accepted count is predicted
 CONTROLLER_COMMANDS = "/fuzz/controller_command"

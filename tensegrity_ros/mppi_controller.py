@@ -1,7 +1,8 @@
 """mppi_controller: MPPI over the identified engine, exploratory commands before that.
 
 Subscribes to rod poses (+ IMU), identified parameters (latched; swaps the planning
-model whenever new ones arrive) and the goal (desired CoM velocity, world XY). On its own
+model whenever new ones arrive), the goal (desired CoM velocity, world XY) and, where the
+winches have encoders, the cable states (the actuator state plans start from). On its own
 clock (sim or wall time, per use_sim_time), at every multiple of ``control_period``, a
 worker thread plans one command (`tensegrity_engine.control.realtime.RealTimePlanner`):
 it takes effect ``plan_budget + command_latency`` after the tick and is stamped so, it is
@@ -34,7 +35,7 @@ import numpy as np
 from diagnostic_msgs.msg import DiagnosticStatus
 from geometry_msgs.msg import PoseArray, Vector3Stamped
 from rclpy.node import Node
-from sensor_msgs.msg import Imu
+from sensor_msgs.msg import Imu, JointState
 from std_srvs.srv import Trigger
 from visualization_msgs.msg import MarkerArray
 from tensegrity_ros_interfaces.msg import CableCommand, IdentifiedParameters
@@ -44,12 +45,12 @@ from tensegrity_engine.control.realtime import TickSchedule
 from tensegrity_engine.control.safety import (MODEL_REJECTED, NS, OPERATOR, PLANNING_FAILED, CommandLimits,
                                               HoldLatch)
 from tensegrity_engine.groundtruth.mujoco_twin import nominal_commands
-from tensegrity_engine.identification.measurements import StampOrder, imu_problem, pose_problem
+from tensegrity_engine.identification.measurements import StampOrder, cable_state_problem, imu_problem, pose_problem
 from tensegrity_engine.identification.streaming import StateEstimator, StreamConfig
 from tensegrity_engine.physics.params import ParameterError
 
 from . import conversions as conv
-from .common import (TOPIC_COMMAND, TOPIC_GOAL, TOPIC_IMU, TOPIC_MARKERS, TOPIC_PARAMS, TOPIC_POSES,
+from .common import (TOPIC_CABLE_STATES, TOPIC_COMMAND, TOPIC_GOAL, TOPIC_IMU, TOPIC_MARKERS, TOPIC_PARAMS, TOPIC_POSES,
                      ConfigurationError, DONE_WORDS, goal_qos, latched_qos, resolve_device, run_node, stream_qos)
 from .diagnostics import Diagnostics
 from .params import declare, load_robot, refuse_undeclared
@@ -179,7 +180,11 @@ class MppiControllerNode(Node):
 
         self.pub = self.create_publisher(CableCommand, TOPIC_COMMAND, stream_qos())
         self.create_subscription(PoseArray, TOPIC_POSES, self._on_pose, stream_qos())
-        self.create_subscription(Imu, TOPIC_IMU, self._on_imu, stream_qos(100))
+        self.create_subscription(Imu, TOPIC_IMU, lambda msg: on_imu(self, msg), stream_qos(100))
+        self._encoders = None               # (stamp, rest lengths [C]) not yet handed to the planner
+        if timing["use_encoders"]:
+            self.create_subscription(JointState, TOPIC_CABLE_STATES, lambda msg: on_cable_states(self, msg),
+                                     stream_qos())
         self.create_subscription(IdentifiedParameters, TOPIC_PARAMS, self._on_params, latched_qos())
         self.create_subscription(Vector3Stamped, TOPIC_GOAL, self._on_goal, goal_qos())
         self.pub_markers = self.create_publisher(MarkerArray, TOPIC_MARKERS, 5)
@@ -222,25 +227,6 @@ class MppiControllerNode(Node):
             self.latch.pose_received(self.get_clock().now().nanoseconds)
         self.diag.accept("poses")
         self._new_pose.set()
-
-    def _on_imu(self, msg: Imu) -> None:
-        self.diag.received("imu")
-        problem = conv.header_problem(msg.header)
-        if problem:
-            return self.diag.reject(*problem, topic="imu")
-        rod, w, q = conv.imu_to_arrays(msg)
-        problem = imu_problem(rod, w, q, self.R, max_abs_angular_velocity=self.checks.max_abs_angular_velocity,
-                              quat_tolerance=self.checks.quat_tolerance)
-        if problem:
-            return self.diag.reject(problem, f"IMU {msg.header.frame_id[:64]!r}", topic="imu")
-        stamp = conv.stamp_ns(msg.header.stamp)
-        with self._lock:
-            verdict = self.order.verdict(("imu", rod), stamp)
-            if verdict in ("duplicate", "out_of_order"):
-                return self.diag.reject(verdict, "IMU stamp not increasing", topic="imu")
-            self.order.accept(("imu", rod), stamp)
-            self.estimator.add_imu(stamp, rod, w)
-        self.diag.accept("imu")
 
     def _on_params(self, msg: IdentifiedParameters) -> None:
         """Swap in identified parameters only after every check (`conv.msg_to_params`);
@@ -331,6 +317,9 @@ class MppiControllerNode(Node):
         with self._lock:
             stamp = self.estimator.stamp
             state = self.estimator.state()
+            encoders, self._encoders = self._encoders, None
+        if encoders is not None:
+            self.rt.measured_rest_lengths(*encoders)
         if state is None:
             return False
         start = self.rt.excite_start_ns
@@ -417,6 +406,54 @@ class MppiControllerNode(Node):
         self._worker.join(timeout=30.0)
 
 
+def on_imu(node: MppiControllerNode, msg: Imu) -> None:
+    """A rod's IMU: its angular velocity refines the state estimate's."""
+    node.diag.received("imu")
+    problem = conv.header_problem(msg.header)
+    if problem:
+        return node.diag.reject(*problem, topic="imu")
+    rod, w, q = conv.imu_to_arrays(msg)
+    problem = imu_problem(rod, w, q, node.R, max_abs_angular_velocity=node.checks.max_abs_angular_velocity,
+                          quat_tolerance=node.checks.quat_tolerance)
+    if problem:
+        return node.diag.reject(problem, f"IMU {msg.header.frame_id[:64]!r}", topic="imu")
+    stamp = conv.stamp_ns(msg.header.stamp)
+    with node._lock:
+        verdict = node.order.verdict(("imu", rod), stamp)
+        if verdict in ("duplicate", "out_of_order"):
+            return node.diag.reject(verdict, "IMU stamp not increasing", topic="imu")
+        node.order.accept(("imu", rod), stamp)
+        node.estimator.add_imu(stamp, rod, w)
+    node.diag.accept("imu")
+
+
+def on_cable_states(node: MppiControllerNode, msg: JointState) -> None:
+    """The cables' own sensors (docs/driver_contract.md): the winches' encoders (``position``,
+    rest lengths) are kept for the next tick, whose plan then starts from the actuator state
+    they measure (`RealTimePlanner.measured_rest_lengths`); load cells alone are accepted and
+    not used. Refused as the identifier refuses them, and counted."""
+    node.diag.received("cables")
+    problem = conv.header_problem(msg.header)
+    if problem:
+        return node.diag.reject(*problem, topic="cables")
+    rest, tension, problem = conv.joint_state_to_cable_states(msg, node.robot.cable_names)
+    if problem:
+        return node.diag.reject("wrong_length", problem, topic="cables")
+    problem = cable_state_problem(rest, tension, node.robot.num_cables, max_abs_tension=node.checks.max_abs_tension,
+                                  max_rest_length=node.checks.max_abs_position)
+    if problem:
+        return node.diag.reject(problem, "cable states", topic="cables")
+    stamp = conv.stamp_ns(msg.header.stamp)
+    with node._lock:
+        verdict = node.order.verdict("cables", stamp)
+        if verdict in ("duplicate", "out_of_order"):
+            return node.diag.reject(verdict, "cable state stamp not increasing", topic="cables")
+        node.order.accept("cables", stamp)
+        if rest is not None:
+            node._encoders = (stamp, rest)
+    node.diag.accept("cables")
+
+
 def hold_after_failure(node: MppiControllerNode, exc: Exception) -> None:
     """Hold the robot after a failed tick; a hold that fails too is counted and logged,
     never raised: a worker that dies sends nothing ever again."""
@@ -440,6 +477,7 @@ def restart_if_clock_went_back(node: MppiControllerNode, now: int) -> bool:
         node.rt.restart()
         node.last_command_ns = None
         node.estimator = StateEstimator(node.R)
+        node._encoders = None
         node.order.forget()
         if node.latch.last_pose_ns is not None:
             node.latch.pose_received(now)
@@ -461,7 +499,7 @@ def diag_values(node: MppiControllerNode) -> dict:
             "last_plan_time_s": round(r.plan_s, 4) if r else "n/a",
             "last_iterations": r.iterations if r else "n/a",
             "last_predicted_ahead_s": round(r.predicted_s, 4) if r else "n/a",
-            "ticks_missed": node.ticks_missed,
+            "ticks_missed": node.ticks_missed, "actuator_from_encoders": node.rt.encoder_readings,
             "goal": str(node.mpc.cost.target_velocity.tolist())}
 
 
@@ -496,6 +534,9 @@ def declare_timing(d, period: float) -> dict:
                              range=(0.0, 1.0)),
         "compensate_latency": d("compensate_latency", True, "plan from the state the model predicts for "
                                 "the command's stamp (else from the newest measurement)"),
+        "use_encoders": d("use_encoders", True, "plan from the actuator state the winches' encoders measure "
+                          "(JointState position on the cable_states topic) where every actuated cable has one; "
+                          "else from the model's response to the commands sent"),
         "airborne_weight": d("airborne_weight", 10.0, "cost per metre the robot's lowest point is above "
                              "1 cm (a robot in the air lands on its motors; 0 = the paper's cost; 10: "
                              "airborne 0-1.2 % in real time at the same speed, bench/realtime.py air*)",

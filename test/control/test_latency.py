@@ -176,3 +176,54 @@ def test_warm_up_leaves_the_planner_as_new(superball):
         superball.command_high - superball.command_low))
     assert rt.warm_up() > 0.0
     assert mpc.planner.rollouts_evaluated == 0 and torch.equal(mpc.planner.mean, fresh)
+
+
+def test_the_winches_encoders_restart_the_actuator_estimate():
+    """Encoders' rest lengths replace the commands' first-order estimate at their stamp,
+    through the model's gain and offset, and the estimate runs on from them; a reading that
+    misses an actuated cable, or is older than the last one taken, is not taken (a passive
+    cable has no winch: its NaN is no loss); a restart forgets them."""
+    import torch
+
+    from tensegrity_engine.control import ExcitationPolicy, MPPIController, PlannerConfig, task_start
+    from tensegrity_engine.control.realtime import RealTimePlanner
+    from tensegrity_engine.physics.config import load_robot
+    from tensegrity_engine.physics.params import PhysicalParameters
+
+    robot = load_robot("three_bar")                       # passive cables beside the winches
+
+    s0, a0 = task_start(robot)
+    mpc = MPPIController(robot, config=PlannerConfig(iterations=2, num_samples=8, horizon=3),
+                         dtype=torch.float64)
+    rt = RealTimePlanner(robot, mpc, ExcitationPolicy(robot, seed=1), a0)
+    idx = robot.actuated_indices
+    assert len(idx) < robot.num_cables                     # passive cables too
+    rt.actuator_at(NS)
+    rt.sent(NS, a0 + 0.05)                                     # a command step at 1 s
+    lagging = a0 + 0.02                                        # where the winches really are at 2 s
+    rest = np.full(robot.num_cables, np.nan)
+    rest[idx] = robot.actuator.gain * lagging + robot.actuator.offset
+    unmeasured = rt.actuator_at(2 * NS)
+    np.testing.assert_allclose(unmeasured, a0 + 0.05, atol=1e-6)    # the model followed the step
+    assert rt.measured_rest_lengths(2 * NS, rest) and rt.encoder_readings == 1
+    np.testing.assert_allclose(rt.actuator_at(2 * NS), lagging, atol=1e-12)
+    later = rt.actuator_at(2 * NS + 50_000_000)
+    expected = rt.history.actuator_at(lagging, 2 * NS, 2 * NS + 50_000_000, rt.tau, rt.max_speed, rt.delay)
+    np.testing.assert_allclose(later, expected, atol=1e-12)
+    assert np.all(later > lagging + 1e-4) and np.all(later < a0 + 0.05)   # on its way from the reading
+    gap = rest.copy()
+    gap[idx[0]] = np.nan
+    assert not rt.measured_rest_lengths(3 * NS, gap)
+    assert not rt.measured_rest_lengths(NS, rest)              # older than the last one taken
+    assert rt.encoder_readings == 1
+    with pytest.raises(ValueError, match="rest lengths"):
+        rt.measured_rest_lengths(3 * NS, rest[:-1])
+    params = PhysicalParameters(robot)                     # another model's actuator calibration
+    params.set_value("actuator_gain", np.array([1.2]))
+    params.set_value("actuator_offset", np.array([0.01]))
+    rt.set_model(params)
+    assert rt.measured_rest_lengths(3 * NS, rest)
+    np.testing.assert_allclose(rt.actuator_at(3 * NS), (rest[idx] - 0.01) / 1.2, atol=1e-12)
+    rt.restart()
+    np.testing.assert_allclose(rt.actuator_at(4 * NS), a0)
+    assert rt.measured_rest_lengths(NS, rest)                  # a new clock: its first reading is taken

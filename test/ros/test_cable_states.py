@@ -66,3 +66,35 @@ def test_the_identifier_feeds_cable_states_to_its_aligner_and_counts_a_refusal(t
     assert aligner.stats()["cable_states_accepted"] == 1
     assert aligner._cables.by_stamp[10][:, REST_LENGTH].tolist() == [0.8] * C
     assert aligner._cables.by_stamp[10][:, TENSION].tolist() == [30.0] * C
+
+
+def test_the_controller_keeps_the_newest_encoder_reading_and_refuses_bad_ones(three_bar):
+    """The controller's side (`on_cable_states`): the winches' rest lengths are kept for the
+    next tick; load cells alone are accepted and not kept; unmappable, out-of-range and
+    out-of-order messages are refused and counted as the identifier refuses them."""
+    import threading
+    from types import SimpleNamespace
+
+    from tensegrity_engine.identification.measurements import StampOrder
+    from tensegrity_ros.mppi_controller import on_cable_states
+
+    counts = {}
+    bump = lambda k: counts.__setitem__(k, counts.get(k, 0) + 1)       # noqa: E731
+    diag = SimpleNamespace(received=lambda topic: bump(f"{topic}_received"),
+                           accept=lambda topic: bump(f"{topic}_accepted"),
+                           reject=lambda reason, detail="", topic="": bump(f"{topic}_{reason}"))
+    node = SimpleNamespace(diag=diag, robot=three_bar, checks=StreamConfig.for_robot(three_bar),
+                           order=StampOrder(int(5e9)), _lock=threading.Lock(), _encoders=None)
+    names = list(three_bar.cable_names)
+    rest = np.where(three_bar.cable_actuated, 0.9 * three_bar.cable_rest_length, np.nan)
+    on_cable_states(node, conv.cable_states_message(rest, None, 200, names))
+    assert node._encoders[0] == 200 and np.array_equal(node._encoders[1], rest, equal_nan=True)
+    on_cable_states(node, conv.cable_states_message(None, np.full(len(names), 30.0), 300, names))
+    assert node._encoders[0] == 200                                   # load cells: nothing for the planner
+    for bad, reason in ((_state(["nope"], position=[1.0], t=400), "wrong_length"),
+                        (conv.cable_states_message(-rest, None, 500, names), "out_of_range"),
+                        (conv.cable_states_message(rest, None, 250, names), "out_of_order")):
+        on_cable_states(node, bad)
+        assert counts.get(f"cables_{reason}") == 1, (reason, counts)
+    assert node._encoders[0] == 200
+    assert counts["cables_received"] == 5 and counts["cables_accepted"] == 2

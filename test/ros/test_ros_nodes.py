@@ -98,6 +98,9 @@ def test_bridge_identifier_controller(ros, tmp_path):
         conv.stamp_ns(m.header.stamp) for m in rec.poses}
     assert wait_for(lambda: rec.value("identifier", "cables_accepted") >= 10, 30)
     assert rec.value("identifier", "cables_rejected") == 0
+    # the controller plans from the actuator state the encoders measure (use_encoders, on by default)
+    assert wait_for(lambda: rec.value("mppi_controller", "actuator_from_encoders") >= 5, 30)
+    assert rec.value("mppi_controller", "cables_rejected") == 0
     # real_time_factor 2: the simulation never runs ahead of twice the wall clock (a slow
     # machine only makes it slower, so this cannot flake)
     sim_span, wall_span = (stamps[-1] - stamps[0]) / NS, t_wall[-1] - t_wall[0]

@@ -79,7 +79,12 @@ class RealTimePlanner:
         self.tau = float(robot.actuator.time_constant)
         self.max_speed: Optional[float] = float(robot.actuator.max_speed)
         self.delay = float(robot.actuator.delay)
+        self.gain = np.broadcast_to(np.asarray(robot.actuator.gain, dtype=np.float64), (robot.num_actuated,)).copy()
+        self.offset = np.broadcast_to(np.asarray(robot.actuator.offset, dtype=np.float64),
+                                      (robot.num_actuated,)).copy()
         self._act_ref: Optional[tuple[int, np.ndarray]] = None    # (t, actuator state) anchor
+        self._measured_ns: Optional[int] = None    # stamp of the last encoder reading taken
+        self.encoder_readings = 0                  # readings the estimate restarted from
         self.excite_start_ns: Optional[int] = None
 
     def warm_up(self, state=None) -> float:
@@ -106,15 +111,19 @@ class RealTimePlanner:
         """The actuator values the estimate follows (the planner's model is swapped by the caller)."""
         def scalar(name):
             return float(np.asarray(params.value(name).detach().cpu()).reshape(-1)[0])
+        def per_actuator(name):
+            value = np.asarray(params.value(name).detach().cpu(), dtype=np.float64).reshape(-1)
+            return np.broadcast_to(value, self.gain.shape).copy()
         self.tau, self.max_speed = scalar("actuator_time_constant"), scalar("actuator_max_speed")
         self.delay = scalar("actuator_delay")
+        self.gain, self.offset = per_actuator("actuator_gain"), per_actuator("actuator_offset")
 
     def restart(self) -> None:
         """The clock went back (a restarted simulation or bag): the commands sent, the
         actuator estimate and the excitation's start belong to the old clock (a command
         stamped on the new one would not follow them); the planner's warm start too."""
         self.history = CommandHistory(self.history.initial)
-        self._act_ref = None
+        self._act_ref = self._measured_ns = None
         self.excite_start_ns = None
         self.mpc.reset()
 
@@ -132,6 +141,24 @@ class RealTimePlanner:
         act = self.history.actuator_at(a0, t0, int(t_ns), self.tau, self.max_speed, self.delay)
         self._act_ref = (int(t_ns), act)
         return act
+
+    def measured_rest_lengths(self, t_ns: int, rest_lengths) -> bool:
+        """The winches' encoders at ``t_ns``: rest lengths [C] in config order, NaN where a
+        cable has none. Where every actuated cable has one, the actuator estimate restarts
+        from them (the model's gain and offset map a rest length to its actuator state), so
+        what the first-order model gets wrong between commands (a winch's speed limit or dead
+        band it lacks, a time constant a little off) stops at the last reading instead of
+        adding up. True if taken; a reading older than the last one taken is not."""
+        rest = np.asarray(rest_lengths, dtype=np.float64).reshape(-1)
+        if rest.shape[0] != self.robot.num_cables:
+            raise ValueError(f"{rest.shape[0]} rest lengths for {self.robot.num_cables} cables")
+        rest = rest[self.robot.actuated_indices]
+        if not np.isfinite(rest).all() or (self._measured_ns is not None and t_ns < self._measured_ns):
+            return False
+        self._act_ref = (int(t_ns), (rest - self.offset) / self.gain)
+        self._measured_ns = int(t_ns)
+        self.encoder_readings += 1
+        return True
 
     def tick(self, tick_ns: int, pose_ns: int, state, mode: str, now_ns: Optional[int] = None) -> TickResult:
         """The command for the tick at ``tick_ns`` from the state measured at ``pose_ns``;
