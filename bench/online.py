@@ -251,11 +251,12 @@ def model_robot(z, law: str, integrator: str = "config"):
 
 def truth_information(trainer, truth: dict, names) -> Optional[dict]:
     """The training data's information at the robot's true values in the model's structure
-    (`uncertainty.data_information`): each name's Cramer-Rao 1-sigma of its mean (correlations
-    taken in) relative to the true mean, and the residual scale there; None where the windowed
-    problem fails there or the trainer has no pose-only windows. Where the model is the robot,
-    no fit of these data is expected to come closer than this (an efficient one: a median
-    |error| of 0.67 sigma)."""
+    (`uncertainty.data_information`; learnt values without a truth, the contact's, as
+    published): each name's Gauss-Newton 1-sigma of its mean under independent residuals
+    (correlations between elements taken in) relative to the true mean, and the residual scale
+    there; None where the windowed problem fails there or the trainer has no pose-only windows.
+    Where the model is the robot this estimates the Cramer-Rao bound of these data (an
+    efficient fit: a median |error| of 0.67 sigma)."""
     try:
         u = data_information(trainer, truth)
     except RuntimeError:
@@ -576,9 +577,9 @@ def main(argv=None) -> int:
                     "refused early (PIN_OPTIONS)")
     ap.add_argument("--information", choices=("off", "on"), default="off",
                     help="on: after each session, how well its training data determine the robot's true values "
-                    "in the model's structure (every window, the latents fitted there: the Cramer-Rao 1-sigma, "
-                    "uncertainty.data_information); where the model is the robot, no solver is expected to come "
-                    "closer. Costs a Jacobian over all the data per run")
+                    "in the model's structure (every window, the latents fitted there: the Gauss-Newton 1-sigma "
+                    "under independent residuals, uncertainty.data_information); where the model is the robot, "
+                    "an estimate of the Cramer-Rao bound. Costs a Jacobian over all the data per run")
     ap.add_argument("--min-tuples", type=int, default=30)
     ap.add_argument("--max-tuples", type=int, default=1500)
     ap.add_argument("--holdout-every", type=int, default=5)
@@ -848,9 +849,10 @@ def _information_table(results: list, reported) -> None:
     if not runs:
         return
     _line("")
-    _line("how well 60 s of these data determine the true values in the model's structure (Cramer-Rao 1-sigma "
-          "of each mean, every training window; where the model is the robot no solver comes closer; an "
-          "efficient one's median |error| is 0.67 sigma): median over runs, relative")
+    _line("how well 60 s of these data determine the true values in the model's structure (the Gauss-Newton "
+          "1-sigma of each mean under independent residuals, every training window: where the model is the robot, "
+          "an estimate of the Cramer-Rao bound; an efficient fit's median |error| is 0.67 sigma): median over "
+          "runs, relative")
     _line("| robot | " + " | ".join(f"{n}: 1-sigma / reached" for n in reported) + " | 0.67 sigma within tol |")
     _line("|---|" + "---|" * (len(reported) + 1))
     for name in dict.fromkeys(r["robot"] for r in runs):

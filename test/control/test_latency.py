@@ -205,8 +205,9 @@ def test_the_winches_encoders_restart_the_actuator_estimate():
     rest[idx] = robot.actuator.gain * lagging + robot.actuator.offset
     unmeasured = rt.actuator_at(2 * NS)
     np.testing.assert_allclose(unmeasured, a0 + 0.05, atol=1e-6)    # the model followed the step
-    assert rt.measured_rest_lengths(2 * NS, rest) and rt.encoder_readings == 1
+    assert rt.measured_rest_lengths(2 * NS, rest) and rt.encoder_readings == 0
     np.testing.assert_allclose(rt.actuator_at(2 * NS), lagging, atol=1e-12)
+    assert rt.encoder_readings == 1
     later = rt.actuator_at(2 * NS + 50_000_000)
     expected = rt.history.actuator_at(lagging, 2 * NS, 2 * NS + 50_000_000, rt.tau, rt.max_speed, rt.delay)
     np.testing.assert_allclose(later, expected, atol=1e-12)
@@ -216,6 +217,21 @@ def test_the_winches_encoders_restart_the_actuator_estimate():
     assert not rt.measured_rest_lengths(3 * NS, gap)
     assert not rt.measured_rest_lengths(NS, rest)              # older than the last one taken
     assert rt.encoder_readings == 1
+    # a reading newer than the pose a tick plans from waits for it (not rolled on twice)
+    ahead = rest.copy()
+    ahead[idx] += 0.01
+    assert rt.measured_rest_lengths(2 * NS + 150_000_000, ahead)
+    before = rt.actuator_at(2 * NS + 100_000_000)
+    np.testing.assert_allclose(before, rt.history.actuator_at(lagging, 2 * NS, 2 * NS + 100_000_000, rt.tau,
+                                                              rt.max_speed, rt.delay), atol=1e-12)
+    np.testing.assert_allclose(rt.actuator_at(2 * NS + 150_000_000), (ahead[idx] - robot.actuator.offset)
+                               / robot.actuator.gain, atol=1e-12)
+    assert rt.encoder_readings == 2
+    # a stream that starts over (stamps a clock jump back) is taken; one stamped far ahead by
+    # mistake does not hold the later ones off
+    assert rt.measured_rest_lengths(2 * NS + 150_000_000 + 10 * NS, ahead)
+    assert rt.measured_rest_lengths(2 * NS + 200_000_000, rest)
+    np.testing.assert_allclose(rt.actuator_at(2 * NS + 200_000_000), lagging, atol=1e-12)
     with pytest.raises(ValueError, match="rest lengths"):
         rt.measured_rest_lengths(3 * NS, rest[:-1])
     params = PhysicalParameters(robot)                     # another model's actuator calibration
@@ -224,6 +240,7 @@ def test_the_winches_encoders_restart_the_actuator_estimate():
     rt.set_model(params)
     assert rt.measured_rest_lengths(3 * NS, rest)
     np.testing.assert_allclose(rt.actuator_at(3 * NS), (rest[idx] - 0.01) / 1.2, atol=1e-12)
+    assert not rt.measured_rest_lengths(2 * NS + 500_000_000, rest)     # older, within a clock jump
     rt.restart()
     np.testing.assert_allclose(rt.actuator_at(4 * NS), a0)
     assert rt.measured_rest_lengths(NS, rest)                  # a new clock: its first reading is taken

@@ -20,6 +20,11 @@ import numpy as np
 from tensegrity_engine.control.latency import NS, CommandHistory, predict_at
 
 
+# ns: an encoder reading this much older than the last one taken starts a new stream (a
+# restarted robot or bag), as `measurements.StampOrder` takes a pose stamp's jump
+STREAM_RESTART_NS = 5 * NS
+
+
 class TickSchedule:
     """Ticks at the multiples of ``period`` on a clock that may pause (sim time), jump
     ahead (a slow tick) or go back (a restarted clock)."""
@@ -84,6 +89,7 @@ class RealTimePlanner:
                                       (robot.num_actuated,)).copy()
         self._act_ref: Optional[tuple[int, np.ndarray]] = None    # (t, actuator state) anchor
         self._measured_ns: Optional[int] = None    # stamp of the last encoder reading taken
+        self._reading: Optional[tuple[int, np.ndarray]] = None   # taken, not yet reached by the estimate
         self.encoder_readings = 0                  # readings the estimate restarted from
         self.excite_start_ns: Optional[int] = None
 
@@ -123,7 +129,7 @@ class RealTimePlanner:
         actuator estimate and the excitation's start belong to the old clock (a command
         stamped on the new one would not follow them); the planner's warm start too."""
         self.history = CommandHistory(self.history.initial)
-        self._act_ref = self._measured_ns = None
+        self._act_ref = self._measured_ns = self._reading = None
         self.excite_start_ns = None
         self.mpc.reset()
 
@@ -132,7 +138,11 @@ class RealTimePlanner:
         self.history.add(stamp_ns, command)
 
     def actuator_at(self, t_ns: int) -> np.ndarray:
-        """The estimated actuator state at ``t_ns`` (first call: settled at the initial command)."""
+        """The estimated actuator state at ``t_ns`` (first call: settled at the initial command),
+        from the newest encoder reading at or before ``t_ns`` where one was taken."""
+        if self._reading is not None and self._reading[0] <= t_ns:
+            self._act_ref, self._reading = self._reading, None
+            self.encoder_readings += 1
         if self._act_ref is None:
             self._act_ref = (int(t_ns), self.history.initial.copy())
         t0, a0 = self._act_ref
@@ -148,16 +158,19 @@ class RealTimePlanner:
         from them (the model's gain and offset map a rest length to its actuator state), so
         what the first-order model gets wrong between commands (a winch's speed limit or dead
         band it lacks, a time constant a little off) stops at the last reading instead of
-        adding up. True if taken; a reading older than the last one taken is not."""
+        adding up. The estimate restarts there once it is asked for a time at or after the
+        reading (a reading newer than the pose a tick plans from waits for its pose: it must not
+        be rolled on twice). True if taken; a reading older than the last one taken is not,
+        unless by more than a clock jump (`STREAM_RESTART_NS`: a restarted stream)."""
         rest = np.asarray(rest_lengths, dtype=np.float64).reshape(-1)
         if rest.shape[0] != self.robot.num_cables:
             raise ValueError(f"{rest.shape[0]} rest lengths for {self.robot.num_cables} cables")
         rest = rest[self.robot.actuated_indices]
-        if not np.isfinite(rest).all() or (self._measured_ns is not None and t_ns < self._measured_ns):
+        last = self._measured_ns
+        if not np.isfinite(rest).all() or (last is not None and last - STREAM_RESTART_NS <= t_ns < last):
             return False
-        self._act_ref = (int(t_ns), (rest - self.offset) / self.gain)
+        self._reading = (int(t_ns), (rest - self.offset) / self.gain)
         self._measured_ns = int(t_ns)
-        self.encoder_readings += 1
         return True
 
     def tick(self, tick_ns: int, pose_ns: int, state, mode: str, now_ns: Optional[int] = None) -> TickResult:

@@ -123,8 +123,8 @@ class ParameterUncertainty:
     unreached: tuple = ()
     # learnt name -> the plain 1-sigma per element, s^2 H^-1 alone: what the data say at these
     # values if their residuals were independent noise, before `sigma` widens it for residuals
-    # correlated within a window and for mismatch (a Cramer-Rao bound where the model is the
-    # robot and the values are its own: `data_information`); inf where undetermined
+    # correlated within a window and for mismatch (`data_information` at a robot's true
+    # values: what its data determine); inf where undetermined
     sigma_curvature: dict = dataclasses.field(default_factory=dict)
 
     @staticmethod
@@ -413,10 +413,11 @@ def data_information(trainer, at: dict, seed: int = 0) -> ParameterUncertainty:
     """How well a pose-only trainer's training data determine the values ``at`` in its model:
     the windowed problem on *every* window of the data (the solver fits a subset of
     ``lm_windows`` at a time), the latents fitted afresh at ``at`` and eliminated. Where the
-    model is the robot and ``at`` its true values, `sigma_curvature` is the Cramer-Rao bound
-    of these data: no estimator that is unbiased has a smaller 1-sigma, so a target tighter
-    than it is out of reach of any solver (bench/online.py prints it). The trainer's values
-    and solver are left as they were."""
+    model is the robot and ``at`` its true values, `sigma_curvature` is the Gauss-Newton
+    1-sigma these data give under independent residuals: the Cramer-Rao bound for exact
+    start poses, and an estimate of it here (each window starts from a measured pose whose
+    error its residuals share), against which a solver's error is judged (bench/online.py
+    --information). The trainer's values and solver are left as they were."""
     if trainer.train is None or not trainer.learn or not trainer.latent:
         raise RuntimeError("data_information needs a pose-only trainer with data and values to learn")
     names = tuple(trainer.learn)
