@@ -45,8 +45,8 @@ from tensegrity_engine.control.realtime import TickSchedule
 from tensegrity_engine.control.safety import (MODEL_REJECTED, NS, OPERATOR, PLANNING_FAILED, CommandLimits,
                                               HoldLatch)
 from tensegrity_engine.groundtruth.mujoco_twin import nominal_commands
-from tensegrity_engine.identification.measurements import StampOrder, cable_state_problem, imu_problem, pose_problem
-from tensegrity_engine.identification.streaming import StateEstimator, StreamConfig
+from tensegrity_engine.identification.measurements import StampOrder, imu_problem, pose_problem
+from tensegrity_engine.identification.streaming import StateEstimator, StreamConfig, cable_reading_verdict
 from tensegrity_engine.physics.params import ParameterError
 
 from . import conversions as conv
@@ -439,15 +439,11 @@ def on_cable_states(node: MppiControllerNode, msg: JointState) -> None:
     rest, tension, problem = conv.joint_state_to_cable_states(msg, node.robot.cable_names)
     if problem:
         return node.diag.reject("wrong_length", problem, topic="cables")
-    problem = cable_state_problem(rest, tension, node.robot.num_cables, max_abs_tension=node.checks.max_abs_tension,
-                                  max_rest_length=node.checks.max_abs_position)
-    if problem:
-        return node.diag.reject(problem, "cable states", topic="cables")
     stamp = conv.stamp_ns(msg.header.stamp)
     with node._lock:
-        verdict = node.order.verdict("cables", stamp)
-        if verdict in ("duplicate", "out_of_order"):
-            return node.diag.reject(verdict, "cable state stamp not increasing", topic="cables")
+        verdict = cable_reading_verdict(node.checks, node.order, stamp, rest, tension)
+        if verdict not in (None, "clock_jump"):
+            return node.diag.reject(verdict, "cable states", topic="cables")
         node.order.accept("cables", stamp)
         if rest is not None:
             node._encoders = (stamp, rest)

@@ -214,6 +214,16 @@ class _Pose:
     cables: np.ndarray = dataclasses.field(default_factory=lambda: np.empty((0, 2)))   # [C, 2], NaN where unknown
 
 
+def cable_reading_verdict(cfg: StreamConfig, order: StampOrder, stamp: int, rest_lengths, tensions
+                          ) -> Optional[str]:
+    """Why a reading of the cables' sensors at ``stamp`` is refused (`cable_state_problem`,
+    then ``order``'s "duplicate" / "out_of_order"), "clock_jump" (a stream that starts over:
+    its caller decides), or None. The identifier's aligner and the controller judge alike."""
+    problem = cable_state_problem(rest_lengths, tensions, cfg.num_cables, max_abs_tension=cfg.max_abs_tension,
+                                  max_rest_length=cfg.max_abs_position)
+    return problem or order.verdict("cables", stamp)
+
+
 class CableReadings:
     """The cables' readings (`StreamAligner.add_cable_states`) by stamp, bounded, until a
     pose of their stamp takes them; their own stamp order (a clock jump starts it over)."""
@@ -230,9 +240,7 @@ class CableReadings:
     def add(self, stamp: int, rest_lengths, tensions, poses) -> str:
         """'ok', 'clock_jump' (kept: the stream starts over) or why the reading is refused."""
         cfg = self.cfg
-        problem = cable_state_problem(rest_lengths, tensions, cfg.num_cables, max_abs_tension=cfg.max_abs_tension,
-                                      max_rest_length=cfg.max_abs_position)
-        verdict = problem or self.order.verdict("cables", stamp)
+        verdict = cable_reading_verdict(cfg, self.order, stamp, rest_lengths, tensions)
         if verdict not in (None, "clock_jump"):
             return verdict
         if verdict == "clock_jump":
