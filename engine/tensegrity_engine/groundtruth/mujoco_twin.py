@@ -128,7 +128,7 @@ def build_mjcf(robot: RobotConfig, *, fixed_rods: Sequence[int] = (), floor: boo
 
     root = ET.Element("mujoco", model=robot.name)
     ET.SubElement(root, "compiler", angle="radian", autolimits="true")
-    ET.SubElement(root, "option", timestep=_f(robot.dt), integrator=real.integrator,
+    ET.SubElement(root, "option", timestep=_f(robot.dt / real.substeps), integrator=real.integrator,
                   cone=real.contact.cone, gravity=_vec(robot.gravity))
     world = ET.SubElement(root, "worldbody")
     if floor:
@@ -371,12 +371,17 @@ class MujocoTwin:
         init = self.mj_state_from(np.broadcast_to(rs, (B,) + rs.shape[1:]),
                                   np.broadcast_to(a0, (B, self.num_actuated)))
         n_rec = S // k
+        sub = self.realisation.substeps            # MuJoCo steps per step of dt, each input held
+        if sub > 1:
+            cmd = np.repeat(cmd, sub, axis=1)
+            wr = None if wr is None else np.repeat(wr, sub, axis=1)
+        S, kk = cmd.shape[1], k * sub              # in MuJoCo's steps
         out_rs = np.empty((B, n_rec, self.num_rods, STATE_DIM))
         out_act = np.empty((B, n_rec, self.num_actuated))
         if S == 0:
             return out_rs, out_act
         if self.driver is not None:
-            self._stepped_rollout(init, cmd, wr, k, out_rs, out_act)
+            self._stepped_rollout(init, cmd, wr, kk, out_rs, out_act)
             return self._checked(rs, out_rs, k), out_act
         chunk = max(1, min(B, _ROLLOUT_BUFFER_FLOATS // max(1, S * self.nstate)))
         buf = np.empty((chunk, S, self.nstate))
@@ -386,7 +391,7 @@ class MujocoTwin:
             st = buf[:b1 - b0]
             st, _ = self._rollout.rollout(self.model, self._datas, init[b0:b1], ctrl,
                                           control_spec=spec, nstep=S, state=st)
-            rec = st[:, k - 1:n_rec * k:k]
+            rec = st[:, kk - 1:n_rec * kk:kk]
             out_rs[b0:b1], out_act[b0:b1] = self.rod_state_from(rec)
         return self._checked(rs, out_rs, k), out_act
 
@@ -401,7 +406,7 @@ class MujocoTwin:
         if not np.isfinite(rod_states).all() or max(jump, speed) > MAX_SPEED:
             raise GroundTruthDiverged(
                 f"{self.robot.name}: MuJoCo diverged (speed {max(jump, speed):.3g} m/s > {MAX_SPEED} m/s) "
-                f"with integrator {self.realisation.integrator} at dt {self.robot.dt} s; a stiffer or "
+                f"with integrator {self.realisation.integrator} at dt {self.model.opt.timestep} s; a stiffer or "
                 "more damped robot needs an implicit integrator or a smaller step")
         return rod_states
 
@@ -452,10 +457,10 @@ class MujocoTwin:
         before = [self.data.warning[w].number for w in _RESETS]
         t0 = self.data.time
         if self.driver is not None:
-            self.driver.step(self.model, self.data, command, nsteps)
+            self.driver.step(self.model, self.data, command, int(nsteps) * self.realisation.substeps)
         else:
             self.data.ctrl[:self.num_actuated] = command
-            mujoco.mj_step(self.model, self.data, nstep=int(nsteps))
+            mujoco.mj_step(self.model, self.data, nstep=int(nsteps) * self.realisation.substeps)
         # A reset restarts the clock and may leave a warning count at 1: any change is one.
         if [self.data.warning[w].number for w in _RESETS] != before or self.data.time < t0:
             raise GroundTruthDiverged(

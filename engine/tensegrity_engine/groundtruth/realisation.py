@@ -14,7 +14,10 @@ equations, as a robot someone built is not:
 * ``actuation``: how a command becomes a rest length (see `Actuation`);
 * ``end_mass_fraction``: that share of each rod's mass sits at its two ends (motors and
   batteries on SUPERball), so the transverse inertia is ``m L^2/12 (1 + 2 f)`` instead of a
-  uniform cylinder's.
+  uniform cylinder's;
+* ``substeps``: MuJoCo steps per step of the robot's ``dt`` (commands held over them), so a
+  robot whose motion at ``dt`` is mostly MuJoCo's discretisation error is played as the
+  physical system it stands for (`bench/discretisation.py` measures that error).
 
 Per-cable stiffness/damping spread, payloads and capsule radii are values of the truth's
 `RobotConfig` (the engine can represent them); only the structure lives here.
@@ -94,8 +97,11 @@ class Realisation:
     actuation: Actuation = Actuation()
     slack_damping: bool = False
     end_mass_fraction: float = 0.0
+    substeps: int = 1
 
     def __post_init__(self):
+        if isinstance(self.substeps, bool) or not isinstance(self.substeps, (int, np.integer)) or self.substeps < 1:
+            raise ValueError(f"substeps must be an integer >= 1, got {self.substeps!r}")
         if self.integrator not in INTEGRATORS:
             raise ValueError(f"integrator must be one of {INTEGRATORS}, got {self.integrator!r}")
         if not 0.0 <= self.end_mass_fraction < 1.0:
