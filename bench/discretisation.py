@@ -4,14 +4,14 @@
                                    [--seconds 10] [--finer 2,10,40] [--reference 80]
 
 A zoo robot stands for a robot someone built: continuous physics. MuJoCo steps it at the
-robot's ``dt`` (times its realisation's ``substeps``) with the realisation's integrator, and
+robot's ``dt`` (divided by its realisation's ``substeps``) with the realisation's integrator, and
 where the cables are stiff or heavily damped for the rods' mass that step is not converged:
 the played motion is then partly the integrator's error, which no model of the physics (and
 no identified value) can reproduce, only a model with the same step. This prints, per robot,
-the CoM gap 1 s ahead between the robot as played and the same robot stepped ``--reference``
-times finer (the converged motion), restarted from the played run's state every second
+the CoM gap 1 s ahead between the robot as played and the same robot stepped at dt /
+``--reference`` (the converged motion), restarted from the played run's state every second
 of a ``--seconds`` multisine excitation on the floor (the online bench's) and given the same
-commands; the same for the steps ``--finer`` times finer (convergence); and, beside them,
+commands; the same for the steps dt / ``--finer`` (convergence); and, beside them,
 the chaos floor (the robot as played, restarted with every velocity 1 % larger: what any
 model's error 1 s ahead is judged against, `bench/online.py`). A played motion more than a
 few chaos floors from its converged one is a discretisation artefact at that step.
@@ -45,8 +45,9 @@ def com(states: np.ndarray, rod_mass: np.ndarray) -> np.ndarray:
 
 
 def gaps(z, finer, reference: int, seconds: float, seed: int = 0) -> dict:
-    """Mean CoM gap (m) 1 s ahead: {factor: played at ``factor`` times finer vs ``reference``
-    times finer} with factor 1 the robot as played, and "chaos" its 1 % velocity kick."""
+    """Mean CoM gap (m) 1 s ahead: {factor: stepped at dt / ``factor`` vs at dt /
+    ``reference``} with factor 1 the robot as played (at dt / its substeps), and "chaos" its 1 %
+    velocity kick."""
     truth, real = z.truth, z.realisation
     excite = ExcitationPolicy(z.nominal, seed=seed, kind="multisine", amplitude=0.8, control_dt=CONTROL_DT)
     n_cmd = int(round((seconds + HORIZON) / CONTROL_DT)) + 1
@@ -61,7 +62,7 @@ def gaps(z, finer, reference: int, seconds: float, seed: int = 0) -> dict:
         out = {"chaos": float(kicked_com_gaps(played, s0, a0, cmd, truth.rod_mass, [span]).mean())}
         ends = {1: played.rollout(s0, a0, cmd)[0][:, -1]}
     for factor in sorted(set(finer) | {reference}):
-        fine = dataclasses.replace(real, substeps=real.substeps * int(factor))
+        fine = dataclasses.replace(real, substeps=int(factor))
         with MujocoTwin(truth, floor=True, nthread=1, realisation=fine) as twin:
             ends[factor] = twin.rollout(s0, a0, cmd)[0][:, -1]
     ref = com(ends[reference], truth.rod_mass)
@@ -76,8 +77,8 @@ def main(argv=None) -> int:
     ap.add_argument("--robot", default="superball")
     ap.add_argument("--truth", default="zoo", help="comma-separated: twin/<name>, zoo/<name>, or 'zoo' (all)")
     ap.add_argument("--seconds", type=float, default=10.0, help="excitation run; a restart every second of it")
-    ap.add_argument("--finer", default="2,10,40", help="comma-separated step factors for the convergence columns")
-    ap.add_argument("--reference", type=int, default=80, help="the converged motion: this many times finer")
+    ap.add_argument("--finer", default="2,10,40", help="comma-separated divisors of dt: the convergence columns")
+    ap.add_argument("--reference", type=int, default=80, help="the converged motion: stepped at dt / this")
     args = ap.parse_args(argv)
     finer = [int(f) for f in args.finer.split(",") if f]
     if any(f < 2 or f >= args.reference for f in finer) or args.reference < 2:
@@ -87,9 +88,9 @@ def main(argv=None) -> int:
              if args.truth == "zoo" else args.truth.split(","))
     print(f"machine: {machine()}")
     print(f"CoM gap 1 s ahead (mm), mean over restarts every second of {args.seconds:g} s of multisine on the "
-          f"floor: the robot as played (its dt / substeps, its integrator) and {', '.join(f'{f}x' for f in finer)} "
-          f"finer, each against {args.reference}x finer; the chaos floor beside")
-    header = ["robot", "played step", "as played"] + [f"{f}x finer" for f in finer] + ["chaos floor", "as played / chaos"]
+          f"floor: the robot as played (dt / its substeps, its integrator) and at dt / {', '.join(map(str, finer))}, "
+          f"each against dt / {args.reference}; the chaos floor beside")
+    header = ["robot", "played step", "as played"] + [f"dt / {f}" for f in finer] + ["chaos floor", "as played / chaos"]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for spec in specs:
