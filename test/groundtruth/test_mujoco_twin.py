@@ -272,7 +272,7 @@ def test_a_command_delay_survives_yaml_and_is_refused_by_the_twin(superball, tmp
 
 
 @pytest.mark.parametrize("actuation", ["filter", "motor"])
-def test_substeps_play_the_robot_at_a_finer_step_behind_the_same_interface(superball, actuation):
+def test_substeps_play_the_robot_at_a_finer_step_behind_the_same_interface(superball, actuation, monkeypatch):
     """A realisation with ``substeps`` n steps MuJoCo at dt / n with every command held over
     its n steps: its rollout and its live steps are those of the same robot built at dt / n
     and given each command n times, recorded every n-th step; and the finer step changes
@@ -309,6 +309,11 @@ def test_substeps_play_the_robot_at_a_finer_step_behind_the_same_interface(super
     assert played.time == pytest.approx(k * superball.dt)
     rs_1, _ = MujocoTwin(superball, nthread=1, realisation=coarse).rollout(s0, a0, cmd, wrench, record_every=k)
     assert np.abs(rs_1[..., :3] - rs[..., :3]).max() > 1e-6
+    # an episode whose every sub-step would not fit the rollout buffer is stepped in Python, the same
+    monkeypatch.setattr(mt, "_ROLLOUT_BUFFER_FLOATS", 4 * S * played.nstate - 1)
+    rs_loop, acts_loop = played.rollout(s0, a0, cmd, wrench, record_every=k)
+    np.testing.assert_allclose(rs_loop, rs, atol=1e-10)
+    np.testing.assert_allclose(acts_loop, acts, atol=1e-12)
 
 
 def test_substeps_must_be_a_positive_integer():

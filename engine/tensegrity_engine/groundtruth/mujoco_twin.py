@@ -380,7 +380,9 @@ class MujocoTwin:
         out_act = np.empty((B, n_rec, self.num_actuated))
         if S == 0:
             return out_rs, out_act
-        if self.driver is not None:
+        # one episode's every state must fit the buffer (sub-steps multiply it: stiff_light's
+        # 80 s at dt / 40 would be 2.8 GB); else step it in Python, keeping every k-th state
+        if self.driver is not None or S * self.nstate > _ROLLOUT_BUFFER_FLOATS:
             self._stepped_rollout(init, cmd, wr, kk, out_rs, out_act)
             return self._checked(rs, out_rs, k), out_act
         chunk = max(1, min(B, _ROLLOUT_BUFFER_FLOATS // max(1, S * self.nstate)))
@@ -411,17 +413,22 @@ class MujocoTwin:
         return rod_states
 
     def _stepped_rollout(self, init, cmd, wr, k, out_rs, out_act):
-        """`rollout` for stepped actuations: one episode after another in a Python loop."""
+        """`rollout` in a Python loop, one episode after another: for stepped actuations, and
+        for episodes whose every state would not fit the rollout buffer."""
         S = cmd.shape[1]
         d = mujoco.MjData(self.model)
         state = np.empty(self.nstate)
         for b in range(len(init)):
             mujoco.mj_setState(self.model, d, init[b], FULLPHYSICS)
             d.xfrc_applied[:] = 0.0
+            d.ctrl[:] = 0.0
             for s in range(S):
                 if wr is not None:
                     self._set_wrench(d, wr[b, s])
-                self.driver.before_step(self.model, d, cmd[b, s])
+                if self.driver is None:
+                    d.ctrl[:self.num_actuated] = cmd[b, s]
+                else:
+                    self.driver.before_step(self.model, d, cmd[b, s])
                 mujoco.mj_step(self.model, d)
                 if (s + 1) % k == 0 and (s + 1) // k <= out_rs.shape[1]:
                     mujoco.mj_getState(self.model, d, state, FULLPHYSICS)
