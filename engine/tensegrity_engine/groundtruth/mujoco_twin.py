@@ -372,10 +372,7 @@ class MujocoTwin:
                                   np.broadcast_to(a0, (B, self.num_actuated)))
         n_rec = S // k
         sub = self.realisation.substeps            # MuJoCo steps per step of dt, each input held
-        if sub > 1:
-            cmd = np.repeat(cmd, sub, axis=1)
-            wr = None if wr is None else np.repeat(wr, sub, axis=1)
-        S, kk = cmd.shape[1], k * sub              # in MuJoCo's steps
+        S, kk = S * sub, k * sub                   # in MuJoCo's steps
         out_rs = np.empty((B, n_rec, self.num_rods, STATE_DIM))
         out_act = np.empty((B, n_rec, self.num_actuated))
         if S == 0:
@@ -383,8 +380,11 @@ class MujocoTwin:
         # one episode's every state must fit the buffer (sub-steps multiply it: stiff_light's
         # 80 s at dt / 40 would be 2.8 GB); else step it in Python, keeping every k-th state
         if self.driver is not None or S * self.nstate > _ROLLOUT_BUFFER_FLOATS:
-            self._stepped_rollout(init, cmd, wr, kk, out_rs, out_act)
+            self._stepped_rollout(init, cmd, wr, sub, kk, out_rs, out_act)
             return self._checked(rs, out_rs, k), out_act
+        if sub > 1:
+            cmd = np.repeat(cmd, sub, axis=1)
+            wr = None if wr is None else np.repeat(wr, sub, axis=1)
         chunk = max(1, min(B, _ROLLOUT_BUFFER_FLOATS // max(1, S * self.nstate)))
         buf = np.empty((chunk, S, self.nstate))
         for b0 in range(0, B, chunk):
@@ -412,10 +412,11 @@ class MujocoTwin:
                 "more damped robot needs an implicit integrator or a smaller step")
         return rod_states
 
-    def _stepped_rollout(self, init, cmd, wr, k, out_rs, out_act):
+    def _stepped_rollout(self, init, cmd, wr, sub, k, out_rs, out_act):
         """`rollout` in a Python loop, one episode after another: for stepped actuations, and
-        for episodes whose every state would not fit the rollout buffer."""
-        S = cmd.shape[1]
+        for episodes whose every state would not fit the rollout buffer. Each input (per step
+        of dt) is held over ``sub`` MuJoCo steps; ``k``: MuJoCo steps per record."""
+        S = cmd.shape[1] * sub
         d = mujoco.MjData(self.model)
         state = np.empty(self.nstate)
         for b in range(len(init)):
@@ -424,11 +425,11 @@ class MujocoTwin:
             d.ctrl[:] = 0.0
             for s in range(S):
                 if wr is not None:
-                    self._set_wrench(d, wr[b, s])
+                    self._set_wrench(d, wr[b, s // sub])
                 if self.driver is None:
-                    d.ctrl[:self.num_actuated] = cmd[b, s]
+                    d.ctrl[:self.num_actuated] = cmd[b, s // sub]
                 else:
-                    self.driver.before_step(self.model, d, cmd[b, s])
+                    self.driver.before_step(self.model, d, cmd[b, s // sub])
                 mujoco.mj_step(self.model, d)
                 if (s + 1) % k == 0 and (s + 1) // k <= out_rs.shape[1]:
                     mujoco.mj_getState(self.model, d, state, FULLPHYSICS)
