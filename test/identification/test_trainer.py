@@ -1196,3 +1196,45 @@ def test_latent_restarts_take_a_fresh_fit_only_where_it_fits_better_and_only_on_
         assert torch.equal(out[0], vel[:2]) and not bool(out[2].any())
     with pytest.raises(ValueError, match="latent_restart_every"):
         idf.IdentificationConfig(latent_restart_every=-1)
+
+
+def test_the_force_scale_search_moves_stiffness_and_damping_together_back_to_the_exact_fit(superball, data):
+    """Pose-only windows of the exact twin: with the cables' stiffness and damping both 0.75x
+    the truth, one search (`solvers.force_scale`) brings them back within 4 % together and
+    lowers the windows' objective; at the truth it keeps the values; without the damping
+    learnt it does nothing."""
+    from tensegrity_engine.identification.solvers.force_scale import force_scale_search
+    from tensegrity_engine.identification.solvers.levenberg_marquardt import raw_vector
+    from tensegrity_engine.identification.solvers.windows import latent_normal
+
+    po = {k: [t.without_velocity() for t in v] for k, v in data.items() if k != "root"}
+    tr = _trainer(superball, po, init="given", schedule="fine_only", lm_windows=8,
+                  learn=("cable_stiffness", "cable_damping", "actuator_time_constant"))
+    lm = tr.window_lm
+    lm.setup(tr)
+    K, c = float(superball.cable_stiffness.mean()), float(superball.cable_damping.mean())
+
+    def objective_now():
+        theta = raw_vector(tr.params, tr.learn)
+        p = tr.engine.param_values(torch.float64, "cpu")
+        with torch.no_grad():
+            r = tr.objective.window_residual(tr.train, lm.windows, lm.window_vel, p)
+        normal = latent_normal(lm._latent_blocks(tr, theta, r))
+        vel, r = lm._polish_latents(tr, theta, normal, lm.window_vel, r)
+        lm.window_vel = vel
+        return normal, float((r ** 2).sum())
+
+    normal, f_true = objective_now()
+    f, moved = lm._force_scale(tr, normal, f_true)
+    assert not moved and f == f_true                              # at the truth: kept
+    assert float(tr.params.value("cable_stiffness").detach().mean()) == pytest.approx(K, rel=1e-9)
+    tr.params.set_value("cable_stiffness", 0.75 * K)
+    tr.params.set_value("cable_damping", 0.75 * c)
+    normal, f_off = objective_now()
+    f, moved = lm._force_scale(tr, normal, f_off)
+    assert moved and f < f_off
+    k_now, c_now = (float(tr.params.value(n).detach().mean()) for n in ("cable_stiffness", "cable_damping"))
+    assert abs(k_now / K - 1) < 0.04 and abs(c_now / c - 1) < 0.04, (k_now / K, c_now / c)
+    assert k_now / c_now == pytest.approx(K / c, rel=1e-9)        # together: the lag c/k kept
+    tr2 = _trainer(superball, po, init="given", schedule="fine_only", lm_windows=8, learn=("cable_stiffness",))
+    assert force_scale_search(tr2, lambda: 0.0)[0] == 1.0
