@@ -345,7 +345,7 @@ def run_session(z, args, seed: int, learn) -> dict:
                                **cable_weights(args, sensing),
                                motor_settle=args.motor_settle, per_element=args.per_element,
                                windows_from=args.windows_from, latent_jacobian_reuse=args.latent_jacobian_reuse,
-                               latent_restart_every=args.latent_restart_every, force_scale_every=args.force_scale_every)
+                               latent_restart_every=args.latent_restart_every)
     worker = WorkerClock(args.clock)
     session = OnlineIdentification(robot, cfg, min_tuples=args.min_tuples, max_tuples=args.max_tuples,
                                    compute_clock=worker.now,     # the challenger's share of the worker
@@ -611,9 +611,6 @@ def main(argv=None) -> int:
     ap.add_argument("--latent-jacobian-reuse", type=int, default=IdentificationConfig().latent_jacobian_reuse,
                     help="iterations a pose window's latent Jacobian is reused "
                     "(IdentificationConfig.latent_jacobian_reuse; 1: afresh at each)")
-    ap.add_argument("--force-scale-every", type=int, default=IdentificationConfig().force_scale_every,
-                    help="pose-only: every this many windowed iterations, the cables' stiffness and damping scaled "
-                    "together along a log line (IdentificationConfig.force_scale_every; 0: never)")
     ap.add_argument("--latent-restart-every", type=int, default=IdentificationConfig().latent_restart_every,
                     help="each iteration, one pose window in this many has its start velocity fitted afresh and "
                     "takes it where it fits better (IdentificationConfig.latent_restart_every; 0: never)")
@@ -670,13 +667,11 @@ def main(argv=None) -> int:
         ap.error("--latent-jacobian-reuse must be >= 1")
     if args.latent_restart_every < 0:
         ap.error("--latent-restart-every must be >= 0")
-    if args.force_scale_every < 0:
-        ap.error("--force-scale-every must be >= 0")
     if unknown := [n for n in args.per_element if n not in learn]:
         ap.error(f"--per-element: {', '.join(unknown)} not learnt (learn: {', '.join(learn)})")
     _line(f"machine: {machine()}")
     _line(f"online identification of {', '.join(learn)} on {args.robot}: {args.duration:g} s of sim time, "
-          f"contact law {law}, masses {args.masses}, rod radii {args.geometry}, motors' time constant {args.motors}, noise {args.noise}, latency {args.latency}, init {args.init}, schedule {args.schedule}, pose windows of {args.pose_window} from {args.windows_from} (latents chained: {args.chain_latents}, latent blocks reused {args.latent_jacobian_reuse}x, latent restarts 1 in {args.latent_restart_every or 'never'}, force-scale search every {args.force_scale_every or 'never'}, windows redrawn at {args.window_refresh:g}x, "
+          f"contact law {law}, masses {args.masses}, rod radii {args.geometry}, motors' time constant {args.motors}, noise {args.noise}, latency {args.latency}, init {args.init}, schedule {args.schedule}, pose windows of {args.pose_window} from {args.windows_from} (latents chained: {args.chain_latents}, latent blocks reused {args.latent_jacobian_reuse}x, latent restarts 1 in {args.latent_restart_every or 'never'}, windows redrawn at {args.window_refresh:g}x, "
           f"none in the first {args.motor_settle:g} motor time constants), "
           f"gyros {args.imu}" + (f" (noise {args.gyro_noise} rad/s, weight {args.gyro_weight:g})" if args.imu == "on" else "")
           + f", load cells {args.tension}" + (f" (noise {args.tension_noise:g} N, weight "

@@ -95,9 +95,6 @@ class IdentificationConfig:
     pose_window: int = 3
     lm_windows: int = 64                # pose-only LM: windows (fixed subset) per iteration
     latent_jacobian_reuse: int = 4      # pose-only LM: iterations a window's latent Jacobian is reused
-    # pose-only LM: every this many iterations, the cables' stiffness and damping scaled
-    # together along a log line (`solvers.force_scale`; 0: never)
-    force_scale_every: int = 0
     # pose-only LM: each iteration, one window in this many has its start velocity fitted
     # afresh from the finite differences and takes it where it fits better (0: never;
     # `solvers.windows.restart_latents`)
@@ -218,8 +215,7 @@ class IdentificationConfig:
             raise ValueError("pose_window must be >= 2 (one pose per latent velocity does not "
                              "identify) and lm_windows >= 1")
         for name, least, meaning in (("latent_jacobian_reuse", 1, "1: a fresh latent Jacobian at every iteration"),
-                                     ("latent_restart_every", 0, "0: never"),
-                                     ("force_scale_every", 0, "0: never")):
+                                     ("latent_restart_every", 0, "0: never")):
             value = getattr(self, name)
             whole = (isinstance(value, numbers.Integral) and not isinstance(value, bool)) or \
                 (isinstance(value, float) and value.is_integer())

@@ -31,7 +31,6 @@ import torch
 
 from tensegrity_engine.identification.solvers.chaining import chain_latents
 from tensegrity_engine.identification.solvers.covariance import SettledValues, raw_sigmas
-from tensegrity_engine.identification.solvers.force_scale import force_scale_search
 from tensegrity_engine.identification.solvers.levenberg_marquardt import (JUMP_RATIO, LM_FREE_LAMBDA, boxed_step,
                                                                           jacobian_mode, one_sided_jacobian,
                                                                           parameter_jacobian, raw_vector,
@@ -558,9 +557,6 @@ class WindowLevenbergMarquardt:
             if not accepted:
                 f = f0
                 set_raw_vector(run.params, run.learn, theta0)
-            if cfg.force_scale_every and run.epoch % cfg.force_scale_every == 0:
-                f, moved = self._force_scale(run, normal, f)
-                accepted, step = (True, math.inf) if moved else (accepted, step)
         settled = (self.settled.span(self.config.lm_patience, lambda: raw_sigmas(reduced_information(A, B, r0)))
                    if accepted else math.inf)       # the values' path in their sigma at the iteration's start
         # settled as the trainer reads it (under heavy damping a short path is the trust region)
@@ -574,29 +570,6 @@ class WindowLevenbergMarquardt:
         val = f if math.isfinite(f) else math.inf
         return {"loss": f, "val_loss": val, "tuples": len(windows), "diverged": diverged,
                 "lm_lambda": self.lm_lambda, "lm_accepted": accepted, "step": step, "settled_sigmas": settled}
-
-    @torch.no_grad()
-    def _force_scale(self, run, normal, f: float) -> tuple[float, bool]:
-        """`force_scale.force_scale_search` on the windows, each factor's latents polished
-        from the current ones (one sweep). Taken: the latents move with it, and the values'
-        path starts anew (a jump is not a settled step). Returns (objective, taken)."""
-        vel0 = self.window_vel
-
-        def polished():
-            theta = raw_vector(run.params, run.learn)
-            r = self._residual(run, theta, self.windows, vel0)
-            return self._polish_latents(run, theta, normal, vel0, r, sweeps=1)
-
-        def loss() -> float:
-            value = float((polished()[1] ** 2).sum())
-            return value if math.isfinite(value) else math.inf
-
-        factor, _, after = force_scale_search(run, loss)
-        if factor == 1.0:
-            return f, False
-        self.window_vel = polished()[0]
-        self.settled.clear()
-        return after, True
 
     @torch.no_grad()
     def _trial_latents(self, run, theta, normal, vel_old, vel_joint):
