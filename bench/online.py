@@ -265,6 +265,35 @@ def truth_information(trainer, truth: dict, names) -> Optional[dict]:
             "residual_sigma": u.residual_sigma}
 
 
+# points of the line from the published values (0) to the robot's (1) the training objective
+# is scored at with --profile on (0 and 1 are the bench's own scores; 1.25: beyond the robot)
+PROFILE_POINTS = (0.25, 0.5, 0.75, 1.25)
+
+
+def line_values(start: dict, end: dict, s: float) -> dict:
+    """The values a share ``s`` of the way from ``start`` to ``end`` (each name of ``end``):
+    geometric where both ends are positive (stiffness, time constants: the solver's log
+    scales), linear otherwise; the other names as in ``start``."""
+    out = dict(start)
+    for name, b in end.items():
+        a, b = np.asarray(start[name], float), np.asarray(b, float)
+        out[name] = (np.exp((1 - s) * np.log(a) + s * np.log(b)) if bool((a > 0).all() and (b > 0).all())
+                     else (1 - s) * a + s * b)
+    return out
+
+
+def ridge(profile: list) -> Optional[float]:
+    """The first point of ``profile`` ((s, objective) pairs in s order, up to s = 1) whose
+    objective is above its predecessor's by more than rounding: where a ridge lies between the
+    published values and the robot's; None where the objective falls all the way (a local
+    solver could have gone on to the robot)."""
+    points = [(s, f) for s, f in profile if s <= 1.0 and math.isfinite(f)]
+    for (_, before), (s, f) in zip(points, points[1:]):
+        if f > before * (1 + 1e-9):
+            return s
+    return None
+
+
 def training_objective(trainer, values: dict, width: int, max_windows: int = 256) -> float:
     """The solver's pose-only objective for ``values`` on the session's training window
     (`acceptance.window_fit`, summed; NaN without windows)."""
@@ -462,10 +491,20 @@ def run_session(z, args, seed: int, learn) -> dict:
             # the fitted contact can make up for the rest, so the true learnt values alone do not
             # say whether the objective's minimum lies at the robot
             own_contact = {n: v for n, v in z.true_contact().items() if n in final}
-            for name, values in (("identified", final), ("true", true_learnt),
-                                 ("true_contact", {**true_learnt, **own_contact} if own_contact else None)):
+            robots = {**true_learnt, **own_contact} if own_contact else None
+            for name, values in (("identified", final), ("true", true_learnt), ("true_contact", robots)):
                 if values is not None:
                     objective[name] = training_objective(session.trainer, values, cfg.pose_window)
+            if args.profile == "on":
+                # the straight line to the robot's values (with its own contact where the model
+                # has one): whether the objective falls all the way there, or a ridge lies between
+                end = robots or true_learnt
+                moving = {n: end[n] for n in end if n in learn or n in own_contact}
+                ends = {0.0: objective["identified"],
+                        1.0: objective["true_contact"] if robots else objective["true"]}
+                objective["profile"] = sorted(
+                    [*ends.items(), *((s, training_objective(session.trainer, line_values(final, moving, s),
+                                                             cfg.pose_window)) for s in PROFILE_POINTS)])
             if args.information == "on":
                 information = truth_information(session.trainer, true_learnt, [n for n in TARGETS if n in learn])
     reported = [n for n in TARGETS if n in learn]
@@ -586,6 +625,12 @@ def main(argv=None) -> int:
                     "in the model's structure (every window, the latents fitted there: the Gauss-Newton 1-sigma "
                     "under independent residuals, uncertainty.data_information); where the model is the robot, "
                     "an estimate of the Cramer-Rao bound. Costs a Jacobian over all the data per run")
+    ap.add_argument("--profile", choices=("off", "on"), default="off",
+                    help="on: after each session, the training objective along the straight line from the "
+                    "published values to the robot's (its true learnt values, with its own contact where the model "
+                    "has one; geometric in positive values), at s = 0.25, 0.5, 0.75 and 1.25 beside the bench's 0 "
+                    "and 1: whether the objective falls all the way to the robot or a ridge lies between. Four "
+                    "window fits more per run")
     ap.add_argument("--min-tuples", type=int, default=30)
     ap.add_argument("--max-tuples", type=int, default=1500)
     ap.add_argument("--holdout-every", type=int, default=5)
@@ -737,6 +782,7 @@ def main(argv=None) -> int:
                   f"training objective identified "
                   f"{r['training_objective']['identified']:.4f} / true learnt {r['training_objective']['true']:.4f} "
                   f"(with the robot's contact {r['training_objective'].get('true_contact', math.nan):.4f}); "
+                  + _profile_text(r['training_objective'].get("profile")) +
                   f"{r['publications']} publications ({r['reverts']} to the config), {r['epochs']} epochs, {r['status']}, solver converged "
                   f"{len(r['converged_at'])} times (first at "
                   f"{'-' if not r['converged_at'] else round(r['converged_at'][0], 1)} s); "
@@ -791,6 +837,7 @@ def main(argv=None) -> int:
               f"({', '.join(sorted({r['robot'] for r in lower})) or 'none'}: the solver stopped in a worse "
               f"local minimum) and worse on {len(better) - len(lower)} (the objective prefers the published values)")
     _objective_line(results)
+    _profile_line(results)
     # the product's promise: never publish a model that predicts worse than the one it replaced
     worse = [r for r in results if apart(com(r, "identified"), com(r, "nominal"), r)]
     _line(f"the published model predicts the fresh data >10 % (and the chaos floor) worse than the config on "
@@ -847,6 +894,34 @@ def _objective_line(results: list) -> None:
           f"the published ones on {len(short)} of {len(runs)} runs ({names(short)}: the solver stopped short of the "
           f"objective's minimum) and worse on {len(runs) - len(short)} "
           f"({names([r for r in runs if r not in short])}: the minimum is away from the robot, by noise or structure)")
+
+
+def _profile_text(profile: Optional[list]) -> str:
+    """A run's objective along the line to the robot's values (--profile on), or nothing."""
+    if not profile:
+        return ""
+    at = " ".join(f"{s:g}: {f:.4f}" for s, f in profile)
+    where = ridge(profile)
+    return (f"along the line to the robot's values {at} ("
+            + ("falls all the way" if where is None else f"a ridge before s = {where:g}") + "); ")
+
+
+def _profile_line(results: list) -> None:
+    """Over the runs with a profile (--profile on) whose robot's values fit the training windows
+    better than the published ones: on how many the objective falls all the way along the
+    straight line to them (the solver stopped on a slope it could have gone down) and on how
+    many a ridge lies between (another basin)."""
+    runs = [r for r in results if r["training_objective"].get("profile")
+            and min(f for s, f in r["training_objective"]["profile"] if s == 1.0)
+            < r["training_objective"]["identified"]]
+    if not any(r["training_objective"].get("profile") for r in results):
+        return
+    ridged = [r for r in runs if ridge(r["training_objective"]["profile"]) is not None]
+    names = lambda rs: ", ".join(sorted({f"{r['robot']} {r['seed']}" for r in rs})) or "none"     # noqa: E731
+    _line(f"of the {len(runs)} runs whose robot's values fit the training windows better, the objective falls all the "
+          f"way along the straight line from the published values to the robot's on {len(runs) - len(ridged)} "
+          f"({names([r for r in runs if r not in ridged])}: the solver stopped on a slope) and has a ridge between on "
+          f"{len(ridged)} ({names(ridged)}: another basin)")
 
 
 def _mean_sigmas(sigmas: dict) -> dict:

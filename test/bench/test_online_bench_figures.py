@@ -4,6 +4,8 @@ import math
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import online  # noqa: E402
 
@@ -29,3 +31,37 @@ def test_the_objective_line_counts_where_the_robots_values_fit_the_windows_bette
     out = capsys.readouterr().out
     assert "better than the published ones on 2 of 3 runs (a, b:" in out
     assert "worse on 1 (c:" in out
+
+
+def test_the_line_to_the_robots_values_moves_only_its_names_and_is_geometric_in_positive_values():
+    start = {"cable_stiffness": [8000.0, 12000.0], "offset": [-0.01], "rod_mass": [10.0]}
+    end = {"cable_stiffness": [16000.0, 3000.0], "offset": [0.03]}
+    mid = online.line_values(start, end, 0.5)
+    assert mid["cable_stiffness"] == pytest.approx([(8000 * 16000) ** 0.5, 6000.0])
+    assert mid["offset"] == pytest.approx([0.01])       # a sign change: linear
+    assert mid["rod_mass"] == [10.0]                                   # not on the line: as published
+    assert online.line_values(start, end, 1.0)["cable_stiffness"] == pytest.approx([16000, 3000])
+
+
+def test_the_profile_line_tells_a_slope_from_a_ridge(capsys):
+    """A run whose objective falls all the way to the robot's values stopped on a slope; one
+    with a rise on the way has a ridge between (even where the robot's values fit better); a
+    run where the published values fit better, or without a profile, is not counted."""
+    def run(robot, seed, profile, identified=None):
+        f = dict(profile)
+        return {"robot": robot, "seed": seed,
+                "training_objective": {"identified": f[0.0] if identified is None else identified,
+                                       "true": f[1.0], "profile": profile}}
+    slope = [(0.0, 0.030), (0.25, 0.029), (0.5, 0.028), (0.75, 0.027), (1.0, 0.026), (1.25, 0.027)]
+    ridged = [(0.0, 0.030), (0.25, 0.031), (0.5, 0.029), (0.75, 0.027), (1.0, 0.026), (1.25, 0.025)]
+    away = [(0.0, 0.030), (0.25, 0.031), (0.5, 0.032), (0.75, 0.033), (1.0, 0.034), (1.25, 0.035)]
+    assert online.ridge(slope) is None                    # beyond the robot (1.25) does not count
+    assert online.ridge(ridged) == 0.25
+    online._profile_line([run("a", 0, slope), run("b", 1, ridged), run("c", 2, away),
+                          {"robot": "d", "seed": 3, "training_objective": {"identified": 0.03, "true": 0.02}}])
+    out = capsys.readouterr().out
+    assert "of the 2 runs whose robot's values fit the training windows better" in out
+    assert "on 1 (a 0: the solver stopped on a slope)" in out
+    assert "between on 1 (b 1: another basin)" in out
+    online._profile_line([{"robot": "d", "seed": 3, "training_objective": {"identified": 0.03, "true": 0.02}}])
+    assert capsys.readouterr().out == ""                  # no profiles: no line
