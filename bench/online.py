@@ -283,15 +283,26 @@ def line_values(start: dict, end: dict, s: float) -> dict:
 
 
 def ridge(profile: list) -> Optional[float]:
-    """The first point of ``profile`` ((s, objective) pairs in s order, up to s = 1) whose
-    objective is above its predecessor's by more than rounding: where a ridge lies between the
-    published values and the robot's; None where the objective falls all the way (a local
-    solver could have gone on to the robot)."""
+    """The first point of ``profile`` ((s, objective) pairs in s order, up to s = 1) where the
+    objective rises above its predecessor by more than rounding *before* the line's lowest
+    point: a ridge between the published values and the lowest point toward the robot's;
+    None where it falls from the published values to that lowest point (a local solver could
+    have gone on downhill; a rise after the lowest point is where the line passes the
+    objective's minimum short of the robot)."""
     points = [(s, f) for s, f in profile if s <= 1.0 and math.isfinite(f)]
-    for (_, before), (s, f) in zip(points, points[1:]):
+    if not points:
+        return None
+    lowest = min(range(len(points)), key=lambda i: points[i][1])
+    for (_, before), (s, f) in zip(points[:lowest], points[1:lowest + 1]):
         if f > before * (1 + 1e-9):
             return s
     return None
+
+
+def line_lowest(profile: list) -> float:
+    """Where along the line (s up to 1) the objective is lowest."""
+    points = [(s, f) for s, f in profile if s <= 1.0 and math.isfinite(f)]
+    return min(points, key=lambda p: p[1])[0] if points else math.nan
 
 
 def training_objective(trainer, values: dict, width: int, max_windows: int = 256) -> float:
@@ -901,27 +912,31 @@ def _profile_text(profile: Optional[list]) -> str:
     if not profile:
         return ""
     at = " ".join(f"{s:g}: {f:.4f}" for s, f in profile)
-    where = ridge(profile)
-    return (f"along the line to the robot's values {at} ("
-            + ("falls all the way" if where is None else f"a ridge before s = {where:g}") + "); ")
+    where, lowest = ridge(profile), line_lowest(profile)
+    shape = (f"a ridge before s = {where:g}" if where is not None else "falls all the way" if lowest == 1.0
+             else f"falls to its lowest at s = {lowest:g}")
+    return f"along the line to the robot's values {at} ({shape}); "
 
 
 def _profile_line(results: list) -> None:
     """Over the runs with a profile (--profile on) whose robot's values fit the training windows
-    better than the published ones: on how many the objective falls all the way along the
-    straight line to them (the solver stopped on a slope it could have gone down) and on how
-    many a ridge lies between (another basin)."""
+    better than the published ones: on how many the objective falls from the published values
+    along the straight line toward the robot's (the solver stopped on a slope it could have
+    gone down; its lowest point on the line at the robot's, or short of them) and on how many
+    a ridge lies between (another basin)."""
+    if not any(r["training_objective"].get("profile") for r in results):
+        return
     runs = [r for r in results if r["training_objective"].get("profile")
             and min(f for s, f in r["training_objective"]["profile"] if s == 1.0)
             < r["training_objective"]["identified"]]
-    if not any(r["training_objective"].get("profile") for r in results):
-        return
     ridged = [r for r in runs if ridge(r["training_objective"]["profile"]) is not None]
+    slope = [r for r in runs if r not in ridged]
+    at_robot = [r for r in slope if line_lowest(r["training_objective"]["profile"]) == 1.0]
     names = lambda rs: ", ".join(sorted({f"{r['robot']} {r['seed']}" for r in rs})) or "none"     # noqa: E731
-    _line(f"of the {len(runs)} runs whose robot's values fit the training windows better, the objective falls all the "
-          f"way along the straight line from the published values to the robot's on {len(runs) - len(ridged)} "
-          f"({names([r for r in runs if r not in ridged])}: the solver stopped on a slope) and has a ridge between on "
-          f"{len(ridged)} ({names(ridged)}: another basin)")
+    _line(f"of the {len(runs)} runs whose robot's values fit the training windows better, the objective falls from the "
+          f"published values along the straight line toward the robot's on {len(slope)} ({names(slope)}: the solver "
+          f"stopped on a slope; lowest at the robot's values on {len(at_robot)}, short of them on "
+          f"{len(slope) - len(at_robot)}) and has a ridge between on {len(ridged)} ({names(ridged)}: another basin)")
 
 
 def _mean_sigmas(sigmas: dict) -> dict:

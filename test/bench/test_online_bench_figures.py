@@ -44,24 +44,30 @@ def test_the_line_to_the_robots_values_moves_only_its_names_and_is_geometric_in_
 
 
 def test_the_profile_line_tells_a_slope_from_a_ridge(capsys):
-    """A run whose objective falls all the way to the robot's values stopped on a slope; one
-    with a rise on the way has a ridge between (even where the robot's values fit better); a
-    run where the published values fit better, or without a profile, is not counted."""
-    def run(robot, seed, profile, identified=None):
+    """A run whose objective falls from the published values toward the robot's stopped on a
+    slope (its lowest point at the robot's values, or short of them); one with a rise before
+    the lowest point has a ridge between (even where the robot's values fit better); a run
+    where the published values fit better, or without a profile, is not counted."""
+    def run(robot, seed, profile):
         f = dict(profile)
-        return {"robot": robot, "seed": seed,
-                "training_objective": {"identified": f[0.0] if identified is None else identified,
-                                       "true": f[1.0], "profile": profile}}
+        return {"robot": robot, "seed": seed, "training_objective": {"identified": f[0.0], "true": f[1.0],
+                                                                     "profile": profile}}
     slope = [(0.0, 0.030), (0.25, 0.029), (0.5, 0.028), (0.75, 0.027), (1.0, 0.026), (1.25, 0.027)]
+    short = [(0.0, 0.030), (0.25, 0.029), (0.5, 0.025), (0.75, 0.024), (1.0, 0.026), (1.25, 0.027)]
     ridged = [(0.0, 0.030), (0.25, 0.031), (0.5, 0.029), (0.75, 0.027), (1.0, 0.026), (1.25, 0.025)]
     away = [(0.0, 0.030), (0.25, 0.031), (0.5, 0.032), (0.75, 0.033), (1.0, 0.034), (1.25, 0.035)]
-    assert online.ridge(slope) is None                    # beyond the robot (1.25) does not count
+    assert online.ridge(slope) is None and online.line_lowest(slope) == 1.0     # 1.25 does not count
+    assert online.ridge(short) is None and online.line_lowest(short) == 0.75   # the rise after the lowest
     assert online.ridge(ridged) == 0.25
-    online._profile_line([run("a", 0, slope), run("b", 1, ridged), run("c", 2, away),
+    online._profile_line([run("a", 0, slope), run("b", 1, ridged), run("c", 2, away), run("e", 4, short),
                           {"robot": "d", "seed": 3, "training_objective": {"identified": 0.03, "true": 0.02}}])
     out = capsys.readouterr().out
-    assert "of the 2 runs whose robot's values fit the training windows better" in out
-    assert "on 1 (a 0: the solver stopped on a slope)" in out
-    assert "between on 1 (b 1: another basin)" in out
+    assert "of the 3 runs whose robot's values fit the training windows better" in out
+    assert "toward the robot's on 2 (a 0, e 4: the solver stopped on a slope; lowest at the robot's values on 1, " \
+           "short of them on 1)" in out
+    assert "has a ridge between on 1 (b 1: another basin)" in out
+    assert "a ridge before s = 0.25" in online._profile_text(ridged)
+    assert "falls to its lowest at s = 0.75" in online._profile_text(short)
+    assert "falls all the way" in online._profile_text(slope)
     online._profile_line([{"robot": "d", "seed": 3, "training_objective": {"identified": 0.03, "true": 0.02}}])
     assert capsys.readouterr().out == ""                  # no profiles: no line
