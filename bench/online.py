@@ -914,7 +914,7 @@ def _profile_text(profile: Optional[list]) -> str:
     at = " ".join(f"{s:g}: {f:.4f}" for s, f in profile)
     where, lowest = ridge(profile), line_lowest(profile)
     shape = (f"a ridge before s = {where:g}" if where is not None else "falls all the way" if lowest == 1.0
-             else f"falls to its lowest at s = {lowest:g}")
+             else "lowest at the published values" if lowest == 0.0 else f"falls to its lowest at s = {lowest:g}")
     return f"along the line to the robot's values {at} ({shape}); "
 
 

@@ -69,5 +69,6 @@ def test_the_profile_line_tells_a_slope_from_a_ridge(capsys):
     assert "a ridge before s = 0.25" in online._profile_text(ridged)
     assert "falls to its lowest at s = 0.75" in online._profile_text(short)
     assert "falls all the way" in online._profile_text(slope)
+    assert "lowest at the published values" in online._profile_text(away)
     online._profile_line([{"robot": "d", "seed": 3, "training_objective": {"identified": 0.03, "true": 0.02}}])
     assert capsys.readouterr().out == ""                  # no profiles: no line
