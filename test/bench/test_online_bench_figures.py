@@ -69,6 +69,8 @@ def test_the_profile_line_tells_a_slope_from_a_ridge(capsys):
     assert "a ridge before s = 0.25" in online._profile_text(ridged)
     assert "falls to its lowest at s = 0.75" in online._profile_text(short)
     assert "falls all the way" in online._profile_text(slope)
+    beyond = slope[:-1] + [(1.25, 0.025)]                 # still falling past the robot's values
+    assert online.line_lowest(beyond) == 1.0 and "falls all the way" in online._profile_text(beyond)
     assert "lowest at the published values" in online._profile_text(away)
     online._profile_line([{"robot": "d", "seed": 3, "training_objective": {"identified": 0.03, "true": 0.02}}])
     assert capsys.readouterr().out == ""                  # no profiles: no line
