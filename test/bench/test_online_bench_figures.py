@@ -38,8 +38,8 @@ def test_the_line_to_the_robots_values_moves_only_its_names_and_is_geometric_in_
     end = {"cable_stiffness": [16000.0, 3000.0], "offset": [0.03]}
     mid = online.line_values(start, end, 0.5)
     assert mid["cable_stiffness"] == pytest.approx([(8000 * 16000) ** 0.5, 6000.0])
-    assert mid["offset"] == pytest.approx([0.01])       # a sign change: linear
-    assert mid["rod_mass"] == [10.0]                                   # not on the line: as published
+    assert mid["offset"] == pytest.approx([0.01])      # a sign change: linear
+    assert mid["rod_mass"] == [10.0]                   # not on the line: as published
     assert online.line_values(start, end, 1.0)["cable_stiffness"] == pytest.approx([16000, 3000])
 
 
