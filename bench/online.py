@@ -284,6 +284,11 @@ def line_values(start: dict, end: dict, s: float) -> dict:
     return out
 
 
+def _line_points(profile: list) -> list:
+    """A profile's finite points up to the robot's values (s <= 1)."""
+    return [(s, f) for s, f in profile if s <= 1.0 and math.isfinite(f)]
+
+
 def ridge(profile: list) -> Optional[float]:
     """The first point of ``profile`` ((s, objective) pairs in s order, up to s = 1) where the
     objective rises above its predecessor by more than rounding *before* the line's lowest
@@ -291,7 +296,7 @@ def ridge(profile: list) -> Optional[float]:
     None where it falls from the published values to that lowest point (a local solver could
     have gone on downhill; a rise after the lowest point is where the line passes the
     objective's minimum short of the robot)."""
-    points = [(s, f) for s, f in profile if s <= 1.0 and math.isfinite(f)]
+    points = _line_points(profile)
     if not points:
         return None
     lowest = min(range(len(points)), key=lambda i: points[i][1])
@@ -303,7 +308,7 @@ def ridge(profile: list) -> Optional[float]:
 
 def line_lowest(profile: list) -> float:
     """Where along the line (s up to 1) the objective is lowest."""
-    points = [(s, f) for s, f in profile if s <= 1.0 and math.isfinite(f)]
+    points = _line_points(profile)
     return min(points, key=lambda p: p[1])[0] if points else math.nan
 
 
