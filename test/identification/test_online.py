@@ -502,8 +502,9 @@ class _StructureTrainer(_ScriptedTrainer):
             self.parameters.set_value("cable_stiffness", self.target)
         return m
 
-    def set_budget(self, max_epochs, max_seconds):
-        self.config = dataclasses.replace(self.config, max_epochs=max_epochs, max_seconds=max_seconds)
+    def set_budget(self, max_epochs, max_seconds, fd_max_iters=None):
+        self.config = dataclasses.replace(self.config, max_epochs=max_epochs, max_seconds=max_seconds,
+                                          fd_max_iters=fd_max_iters)
 
 
 def _structure_sessions(robot, trainer_class, options, learn=("cable_stiffness",)):
@@ -697,13 +698,17 @@ def test_what_counts_as_trailing():
         assert not _trails(reason), reason
 
 
-def test_a_challenger_is_judged_while_it_runs_and_refused_only_at_its_end(three_bar):
+def test_a_challenger_is_judged_while_it_runs_and_refused_only_at_its_end(three_bar, monkeypatch):
     """Every JUDGE_EVERY of its epochs a challenger is judged: end-heavy rods (2990 against
     the solver's 2500) are adopted at the first look, before their fit ends; a winch limit
     (2520: 4 %, under the 5 % an option must bring) is not refused at the looks, only at its
-    end."""
-    from tensegrity_engine.identification.online_structure import JUDGE_EVERY
+    end. Its finite differences are capped while it is a challenger, and each of its epochs
+    offers it the solver's windows."""
+    from tensegrity_engine.identification import online_structure
+    from tensegrity_engine.identification.online_structure import CHALLENGER_FD_ITERS, JUDGE_EVERY
 
+    windows = []
+    monkeypatch.setattr(online_structure, "solvers_windows", lambda trainer, solver: windows.append((trainer, solver)))
     made, session = _structure_sessions(three_bar, _LongStructureTrainer, ("winch_speed", "end_heavy"))
     s, main = _judging_session(session, three_bar)
     winch = made[-1]
@@ -724,6 +729,9 @@ def test_a_challenger_is_judged_while_it_runs_and_refused_only_at_its_end(three_
     assert offered[:-1] and np.allclose(offered[:-1], 2500.0)   # before: the solver's fits
     # it took the session's window as an extension of its own: its latents kept
     assert heavy.calls[0][0] == "set" and [c[0] for c in heavy.calls if c[0] != "heldout"][-1] == "extend"
+    # the session's solver's finite differences are not capped, nor the adopted one's since
+    assert windows.count((heavy, main)) == heavy.epoch
+    assert [c.config.fd_max_iters for c in (winch, main, heavy)] == [CHALLENGER_FD_ITERS, None, None]
     assert s.trainer is heavy and s.training                 # it trains on as the session's solver,
     assert heavy.config.max_epochs == s.config.max_epochs > 60   # under the session's budget
     assert s.trials.adopted == ["end_heavy"]

@@ -164,3 +164,30 @@ def test_a_stage_without_one_finite_loss_does_not_end_as_converged():
                 break
         assert schedule.done and schedule.converged is converged, schedule.stop_reason
         assert ("no finite loss" in schedule.stop_reason) is not converged
+
+
+def test_a_finite_difference_stage_capped_at_fd_max_iters_moves_on_to_its_windows_not_to_its_end():
+    """``fd_max_iters`` (a structure challenger's): the finite-difference stage hands over
+    to the windows after that many iterations however well it still progresses; the
+    windowed stage it hands over to is not capped by it. None: only
+    convergence or lm_max_iters end it."""
+    def run(cap, n=12):
+        cfg = IdentificationConfig(schedule="online", fd_max_iters=cap, lm_settle_sigmas=0.0)
+        host = RecordingHost()
+        schedule = ProgressiveSchedule(cfg, full_steps=100, host=host)
+        vals = [0.9 ** k for k in range(1, n + 1)]
+        handed = None
+        for epoch, val in enumerate(vals, start=1):
+            host.values = epoch
+            schedule.after_lm_iteration(val, step=1.0, epoch=epoch, elapsed=0.0, reduction=0.05)
+            if handed is None and "window" in host.changes:
+                handed = epoch, host.values, schedule.stage_log[-1]["from"]
+        return handed, schedule
+
+    (at, values, why), schedule = run(3)
+    assert at == 3 and values == 3 and "finite-difference iteration limit" in why
+    assert schedule.windows and not schedule.done                # windows ran on past 3 iterations
+    assert run(None)[0] is None                                  # progress: the stage goes on
+    for bad in (0, 2.5, -1):
+        with pytest.raises(ValueError, match="fd_max_iters"):
+            IdentificationConfig(fd_max_iters=bad)

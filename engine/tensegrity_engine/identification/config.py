@@ -138,6 +138,9 @@ class IdentificationConfig:
     fine_optimizer: str = "lm"          # "lm" (Levenberg-Marquardt) or "adam" for the fine stage
     lm_tuples: int = 256                # tuples per Levenberg-Marquardt iteration (random subset)
     lm_max_iters: int = 40
+    # pose-only LM: the finite-difference stage moves on to the windows after this many
+    # iterations (None: lm_max_iters); a structure challenger's is short (`online_structure`)
+    fd_max_iters: Optional[int] = None
     lm_patience: int = 4                # non-improving LM iterations before the fine stage ends
     lm_tol: float = 1e-24               # normalised val loss at which LM stops (exact data: round-off)
     lm_step_tol: float = 1e-8           # LM stops when an accepted step moves no raw parameter more
@@ -198,6 +201,8 @@ class IdentificationConfig:
         for name in ("period", "lr0", "lr_min"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")
+        if self.fd_max_iters is not None and (int(self.fd_max_iters) != self.fd_max_iters or self.fd_max_iters < 1):
+            raise ValueError(f"fd_max_iters must be None or a positive integer, got {self.fd_max_iters!r}")
         if not (math.isfinite(self.motor_settle) and self.motor_settle >= 0.0):
             raise ValueError(f"motor_settle must be finite and >= 0, not {self.motor_settle}")
         if not (math.isfinite(self.gyro_weight) and self.gyro_weight >= 0.0):

@@ -422,8 +422,8 @@ class OnlineIdentification:
         fitted every window's latents again first. Raises (the session unchanged) if the
         challenger cannot take the window."""
         old = self.trainer
-        if not trainer.done and hasattr(trainer, "set_budget"):
-            trainer.set_budget(self.config.max_epochs, self.config.max_seconds)
+        if not trainer.done and hasattr(trainer, "set_budget"):    # and its finite differences uncapped
+            trainer.set_budget(self.config.max_epochs, self.config.max_seconds, self.config.fd_max_iters)
         trainer.extend_data(self.window_tuples())
         inherit_scratch(trainer, old)            # its first sigma polishes the old solver's latents
         self.robot = getattr(trainer, "robot", self.robot)

@@ -64,6 +64,7 @@ from tensegrity_engine.identification.acceptance import window_fit
 from tensegrity_engine.identification.config import (COARSE_ONLY_SCHEDULES, CONTACT_PARAMS, IdentificationConfig,
                                                      contact_params)
 from tensegrity_engine.identification.lag_split import swapped_lags
+from tensegrity_engine.identification.solvers.windows import inherit_windows
 from tensegrity_engine.identification.uncertainty import bound_sides
 from tensegrity_engine.physics.config import MODEL_INTEGRATORS, RobotConfig
 from tensegrity_engine.physics.params import SOFT_LAW_PARAMS, SPEC_BY_NAME, PhysicalParameters
@@ -71,7 +72,7 @@ from tensegrity_engine.physics.params import SOFT_LAW_PARAMS, SPEC_BY_NAME, Phys
 __all__ = ["ONLINE_OPTIONS", "DEFAULT_STRUCTURE_OPTIONS", "OnlineOption", "online_options", "StructureTrials",
            "healthy_values", "CHALLENGER_SHARE", "FUTILE_LOOKS", "JUDGE_EVERY", "STRUCTURE_SIGNIFICANCE",
            "STRUCTURE_MIN_GAIN", "START_MIN_GAIN", "START_WINDOWS", "PIN_OPTIONS", "PIN_EPOCHS", "URGENT_JUDGE_EVERY", "structure_robot",
-           "structure_key", "robot_in_structure"]
+           "structure_key", "robot_in_structure", "solvers_windows"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,6 +136,12 @@ START_WINDOWS = 32
 # A challenger's own budget: one that never passes its convergence test (a winch limit the
 # robot never reaches: a flat direction) must not hold the other options back for good.
 CHALLENGER_MAX_EPOCHS = 60
+# A challenger's finite-difference stage (pose-only) moves on to its windows after this many
+# iterations, on the windows and fitted latents of the session's solver where they index its
+# tuples (`_epoch`): it finds the basin from the config's values; the windows remove its
+# velocities' bias, and with a value per cable each of its iterations on the whole window costs
+# more than a windowed one (kitchen_sink: 1.4-6.1 s of work against 1.2-2.3 s).
+CHALLENGER_FD_ITERS = 3
 CHALLENGER_MAX_SECONDS = 120.0
 # A running challenger is also judged every this many of its epochs, and adopted then if it
 # already wins; refused then only once it trails (`FUTILE_LOOKS`). On the floor the solver seldom
@@ -284,6 +291,22 @@ def _windows_from(trainer) -> Optional[str]:
             or config.schedule in COARSE_ONLY_SCHEDULES):
         return None
     return config.windows_from
+
+
+def solvers_windows(trainer, solver) -> bool:
+    """A pose-only ``trainer`` in its windowed stage that has drawn no windows yet takes those
+    of ``solver`` that index its tuples, with their fitted latents
+    (`WindowLevenbergMarquardt.inherit`), rather than fitting each from its finite-difference
+    velocities (kitchen_sink's per-cable challenger: 11.2 s of work for its first windowed
+    epoch on 44 windows). True if it took any."""
+    lm = getattr(trainer, "window_lm", None)
+    if not getattr(trainer, "latent", False) or not getattr(getattr(trainer, "schedule", None), "windows", False) \
+            or lm is None or lm.windows is not None:
+        return False
+    if not inherit_windows(lm, trainer, getattr(solver, "window_lm", None), getattr(solver, "train", None)):
+        return False
+    trainer.log(f"windows: {lm.windows.shape[0]} of the solver's, their latents kept")
+    return True
 
 
 def online_options(names: Sequence[str]) -> tuple[str, ...]:
@@ -461,6 +484,7 @@ class StructureTrials:
         cfg = dataclasses.replace(config, per_element=split, init="given",
                                   windows_from=windows_from or config.windows_from,
                                   fine_integrator=None if own_step else config.fine_integrator,
+                                  fd_max_iters=CHALLENGER_FD_ITERS,
                                   max_epochs=min(config.max_epochs, CHALLENGER_MAX_EPOCHS),
                                   max_seconds=min(config.max_seconds or math.inf, CHALLENGER_MAX_SECONDS))
         cfg = self.config_with(cfg, learnt, (option,))
@@ -517,6 +541,7 @@ class StructureTrials:
         try:
             m = challenger.train_epoch()
             self.challenger_epochs += 1
+            solvers_windows(challenger, session.trainer)      # its windows begin at its next epoch
             values = challenger.parameters.as_dict()
             if m.get("diverged") or not math.isfinite(float(m.get("val_loss", math.nan))) or not healthy_values(values):
                 raise FloatingPointError("diverged")

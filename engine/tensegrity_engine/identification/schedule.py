@@ -219,6 +219,9 @@ class ProgressiveSchedule:
         if (self.phase == "fine" and settled is not None and cfg.lm_settle_sigmas > 0
                 and settled <= cfg.lm_settle_sigmas):
             self.lm_finish(SETTLED, epoch, val)
+        elif (self.phase == "fine" and cfg.fd_max_iters is not None and self.host.latent
+              and self.pose_stage == "finite_difference" and self.stage_epochs >= cfg.fd_max_iters):
+            self.lm_finish("finite-difference iteration limit", epoch, val)
         elif self.phase == "fine" and self.stage_epochs >= cfg.lm_max_iters:
             self.lm_finish("Levenberg-Marquardt iteration limit", epoch, val)
         elif self.phase == "fine" and val <= cfg.lm_tol:

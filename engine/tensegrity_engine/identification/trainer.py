@@ -329,10 +329,10 @@ class ProgressiveTrainer:
         elif kind == "lr":
             self.adam.set_lr(self.lr)
 
-    def set_budget(self, max_epochs: int, max_seconds: Optional[float]) -> None:
-        """Another budget for the schedule (a structure challenger adopted before its end
-        takes the session's)."""
-        self.config = dataclasses.replace(self.config, max_epochs=max_epochs, max_seconds=max_seconds)
+    def set_budget(self, max_epochs: int, max_seconds: Optional[float], fd_max_iters: Optional[int] = None) -> None:
+        """Another budget for the schedule, its finite differences' cap too (an adopted challenger's)."""
+        self.config = dataclasses.replace(self.config, max_epochs=max_epochs, max_seconds=max_seconds,
+                                          fd_max_iters=fd_max_iters)
         self.schedule.config = self.config
 
     def reopen(self, why: str) -> None:

@@ -55,7 +55,7 @@ from tensegrity_engine.identification.solvers.levenberg_marquardt import (bounde
 from tensegrity_engine.identification.scale import SCALE_GROUP
 from tensegrity_engine.identification.solvers.covariance import (MIN_JACKKNIFE_GROUPS, SINGULAR,  # noqa: F401
                                                                 element_variance, jackknife_variance)
-from tensegrity_engine.identification.solvers.windows import WindowLevenbergMarquardt, score_groups
+from tensegrity_engine.identification.solvers.windows import WindowLevenbergMarquardt, inherit_windows, score_groups
 from tensegrity_engine.physics.params import SPEC_BY_NAME, PhysicalParameters
 
 # A value whose position in its range (sigmoid of its raw value) is within this of 0 or 1 is
@@ -503,18 +503,11 @@ def inherit_scratch(trainer, donor) -> bool:
     solver it replaces has fitted those windows; the rods' velocities they hold are the
     robot's, whatever the model). False (nothing given) where the trainer has windows, the
     donor has none, or the tuples differ."""
-    lm, own = getattr(donor, "window_lm", None), getattr(trainer, "window_lm", None)
-    if getattr(trainer, "train", None) is None or own is None or own.windows is not None or lm is None \
-            or lm.windows is None or lm.window_vel is None or getattr(donor, "train", None) is None \
-            or lm.windows.shape[1] != trainer.config.pose_window \
-            or int(lm.windows.max()) >= min(len(trainer.train), len(donor.train)):
-        return False
-    starts = lm.windows[:, 0]
-    if not torch.equal(trainer.train.x0[starts], donor.train.x0[starts]):
+    own = getattr(trainer, "window_lm", None)
+    if own is None or own.windows is not None:
         return False
     scratch = WindowLevenbergMarquardt(trainer.config)
-    scratch.load(trainer, lm.windows.clone(), lm.window_vel.clone())
-    if scratch.windows is None:
+    if not inherit_windows(scratch, trainer, getattr(donor, "window_lm", None), getattr(donor, "train", None)):
         return False
     _keep_scratch(trainer, scratch)
     return True

@@ -657,3 +657,26 @@ class WindowLevenbergMarquardt:
             self.drawn_from = len(run.train) if drawn_from is None else int(drawn_from)
             return True
         return False
+
+
+def inherit_windows(lm: WindowLevenbergMarquardt, run, donor: Optional[WindowLevenbergMarquardt],
+                    donor_data) -> bool:
+    """Give ``lm`` (``run``'s windowed solver, without windows) the windows and fitted latents
+    of ``donor``, another model's windowed solver on the same stream (``donor_data``: its
+    training data), where it has them: those of its windows that lie within ``run``'s data
+    and start at the same poses there, if the width is ``lm``'s (the rods' velocities they hold are the robot's, whatever the
+    model; a donor that has grown past ``run``'s data since gives the windows within it).
+    When they were drawn is kept, so they are drawn again on the same growth (`refresh`).
+    True if any were taken."""
+    if lm.windows is not None or donor is None or donor.windows is None or donor.window_vel is None \
+            or donor_data is None or getattr(run, "train", None) is None \
+            or donor.windows.shape[1] != lm.config.pose_window:
+        return False
+    inside = torch.nonzero((donor.windows < min(len(run.train), len(donor_data))).all(1)).flatten()
+    starts = donor.windows[inside, 0]
+    same = (run.train.x0[starts] == donor_data.x0[starts]).reshape(len(starts), -1).all(1)
+    keep = inside[same]
+    if not len(keep):
+        return False
+    return lm.load(run, donor.windows[keep].clone(), donor.window_vel[keep].clone(),
+                   drawn_from=min(donor.drawn_from, len(run.train)))
