@@ -296,7 +296,7 @@ def _windows_from(trainer) -> Optional[str]:
 def solvers_windows(trainer, solver) -> bool:
     """A pose-only ``trainer`` in its windowed stage that has drawn no windows yet takes those
     of ``solver`` that index its tuples, with their fitted latents
-    (`WindowLevenbergMarquardt.inherit`), rather than fitting each from its finite-difference
+    (`solvers.windows.inherit_windows`), rather than fitting each from its finite-difference
     velocities (kitchen_sink's per-cable challenger: 11.2 s of work for its first windowed
     epoch on 44 windows). True if it took any."""
     lm = getattr(trainer, "window_lm", None)

@@ -664,10 +664,10 @@ def inherit_windows(lm: WindowLevenbergMarquardt, run, donor: Optional[WindowLev
     """Give ``lm`` (``run``'s windowed solver, without windows) the windows and fitted latents
     of ``donor``, another model's windowed solver on the same stream (``donor_data``: its
     training data), where it has them: those of its windows that lie within ``run``'s data
-    and start at the same poses there, if the width is ``lm``'s (the rods' velocities they hold are the robot's, whatever the
-    model; a donor that has grown past ``run``'s data since gives the windows within it).
-    When they were drawn is kept, so they are drawn again on the same growth (`refresh`).
-    True if any were taken."""
+    and start at the same poses there, if the width is ``lm``'s (the rods' velocities they
+    hold are the robot's, whatever the model; a donor that has grown past ``run``'s data
+    since gives the windows within it). When they were drawn is kept, so they are drawn
+    again on the same growth (`WindowLevenbergMarquardt.refresh`). True if any were taken."""
     if lm.windows is not None or donor is None or donor.windows is None or donor.window_vel is None \
             or donor_data is None or getattr(run, "train", None) is None \
             or donor.windows.shape[1] != lm.config.pose_window:
