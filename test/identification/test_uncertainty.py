@@ -942,3 +942,37 @@ def test_data_information_uses_every_window_at_the_values_given_and_leaves_the_t
     for name in ("cable_stiffness", "cable_damping"):
         assert 0 < u.sigma_curvature[name][0] <= u.sigma[name][0]
         assert u.sigma_curvature[name][0] < subset.sigma_curvature[name][0]
+
+
+def test_a_compensating_estimate_skips_the_horizon_shift_and_the_lag_split_check(superball, monkeypatch):
+    """A value pinned at a bound of its range publishes every sigma as inf (`compensating`):
+    the estimate then draws no horizon shift and runs no lag split check (nothing published
+    would change), yet keeps the model's earlier shifts; the same values off the bound do both."""
+    import rolling_records
+    from tensegrity_engine.identification import uncertainty
+    from tensegrity_engine.physics.params import SPEC_BY_NAME
+
+    learn = ("cable_stiffness", "cable_damping", "actuator_time_constant")
+    run, _ = rolling_records.rolling_twin_run(superball, seconds=2.4, config=dict(learn=learn))
+    calls = []
+    shift_of, check_of = uncertainty.horizon_shift, uncertainty.check_lag_split
+    monkeypatch.setattr(uncertainty, "horizon_shift", lambda *a, **k: calls.append("shift") or shift_of(*a, **k))
+    monkeypatch.setattr(uncertainty, "check_lag_split", lambda *a, **k: calls.append("split") or check_of(*a, **k))
+    spec = SPEC_BY_NAME["actuator_time_constant"]
+    here = run.parameters.as_dict()
+    # the motors' lag well apart from the cables' (a mirror to check) and, pinned, within
+    # 0.05 % of its log range from the lower bound
+    off = {**here, "actuator_time_constant": [4.0 * here["cable_damping"][0] / here["cable_stiffness"][0]]}
+    pinned = {**here, "actuator_time_constant": [spec.lower * (spec.upper / spec.lower) ** 5e-4]}
+
+    free = uncertainty.trainer_uncertainty(run, at=off)
+    assert not free.compensating and calls == ["shift", "split"], calls
+    assert free.sigma_structure
+    calls.clear()
+    run.horizon_shifts = [{n: np.array([0.25]) for n in learn}]       # an earlier estimate's draw
+    u = uncertainty.trainer_uncertainty(run, at=pinned)
+    assert u.compensating == ("actuator_time_constant",) and calls == [], calls
+    assert u.lag_split is None and u.sigma_split == {}
+    assert u.sigma_structure["cable_stiffness"][0] == pytest.approx(0.25 * pinned["cable_stiffness"][0])
+    assert len(run.horizon_shifts) == 1                                  # no draw added
+    assert all(np.isinf(s).all() for s in u.published().values())

@@ -99,7 +99,8 @@ class ParameterUncertainty:
     # learnt name -> |value fitted over windows HORIZON_FACTOR x as long - value| per element
     # (`horizon_shift`), pooled over the model's estimates (`pooled_shift`): mismatch every
     # group shares; empty where not estimated (data with velocities, no chains long enough, a
-    # non-finite longer problem)
+    # non-finite longer problem) and no earlier estimate of the model's has one; no new draw
+    # while a value is `compensating`
     sigma_structure: dict = dataclasses.field(default_factory=dict)
     # learnt name -> |value after one Gauss-Newton step of the solver's own problem - value|
     # per element: how far the values are from the optimum of their own objective (a solver
@@ -115,7 +116,8 @@ class ParameterUncertainty:
     force_scale: dict = dataclasses.field(default_factory=dict)
     # cable_damping and actuator_time_constant -> 1-sigma per element that reaches the mirror
     # split where the training windows cannot tell the two lags apart (`lag_split`); empty
-    # where they can, or where both are not learnt; ``lag_split`` the check behind it
+    # where they can, where both are not learnt, or while a value is `compensating` (not
+    # checked then); ``lag_split`` the check behind it
     sigma_split: dict = dataclasses.field(default_factory=dict)
     lag_split: Optional[LagSplit] = None
     # learnt limits (``ParamSpec.limit``: a winch's top speed) the data never reach: sigma inf,
@@ -456,17 +458,22 @@ def _windowed_uncertainty(trainer, names, theta0, seed: int) -> ParameterUncerta
             _keep_scratch(trainer, lm)
     u = normal_matrix_uncertainty(trainer.params, names, info["H"], info["rss"], info["dof"], scores=info["G"],
                                   group_information=info["HG"])
+    # A value pinned at a bound publishes every sigma as inf (`compensating`): the horizon
+    # shift and the lag split's check would change nothing published, and they are most of
+    # an estimate's cost (kitchen_sink seed 1's first publication: 4.2 and 6.2 of 13.1 s of
+    # the worker's work, with 40 s of the minute left). The model's earlier shifts still pool.
+    checked = not u.compensating
     try:
         step = bounded_step(gauss_newton_step(info["H"], info["G"].sum(0)))
         if not bool(torch.isfinite(step).all()):
             raise ValueError("non-finite Gauss-Newton step")
         remaining = _value_changes(trainer, theta0, torch.zeros_like(step), step)
-        shift = horizon_shift(trainer, theta0, short_step=step, seed=seed, solver=lm)
+        shift = horizon_shift(trainer, theta0, short_step=step, seed=seed, solver=lm) if checked else {}
     except (RuntimeError, ValueError):        # a failed shift must not cost the sigma
         shift, remaining = {}, {}
     shift = pooled_shift(trainer, shift)
     split, sigma_split = None, {}
-    if "cable_damping" in names and "actuator_time_constant" in names:
+    if checked and "cable_damping" in names and "actuator_time_constant" in names:
         values = trainer.params.as_dict()
         try:
             split = check_lag_split(trainer, values, trainer.config.pose_window)
