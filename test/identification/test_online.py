@@ -702,8 +702,8 @@ def test_a_challenger_is_judged_while_it_runs_and_refused_only_at_its_end(three_
     """Every JUDGE_EVERY of its epochs a challenger is judged: end-heavy rods (2990 against
     the solver's 2500) are adopted at the first look, before their fit ends; a winch limit
     (2520: 4 %, under the 5 % an option must bring) is not refused at the looks, only at its
-    end. Its finite differences are capped while it is a challenger, and each of its epochs
-    offers it the solver's windows."""
+    end. Its finite differences are capped while it is a challenger and once adopted, and each
+    of its epochs offers it the solver's windows."""
     from tensegrity_engine.identification import online_structure
     from tensegrity_engine.identification.online_structure import CHALLENGER_FD_ITERS, JUDGE_EVERY
 
@@ -729,9 +729,9 @@ def test_a_challenger_is_judged_while_it_runs_and_refused_only_at_its_end(three_
     assert offered[:-1] and np.allclose(offered[:-1], 2500.0)   # before: the solver's fits
     # it took the session's window as an extension of its own: its latents kept
     assert heavy.calls[0][0] == "set" and [c[0] for c in heavy.calls if c[0] != "heldout"][-1] == "extend"
-    # the session's solver's finite differences are not capped, nor the adopted one's since
+    # the session's solver's finite differences are not capped; the adopted one keeps its cap
     assert windows.count((heavy, main)) == heavy.epoch
-    assert [c.config.fd_max_iters for c in (winch, main, heavy)] == [CHALLENGER_FD_ITERS, None, None]
+    assert [c.config.fd_max_iters for c in (winch, main, heavy)] == [CHALLENGER_FD_ITERS, None, CHALLENGER_FD_ITERS]
     assert s.trainer is heavy and s.training                 # it trains on as the session's solver,
     assert heavy.config.max_epochs == s.config.max_epochs > 60   # under the session's budget
     assert s.trials.adopted == ["end_heavy"]

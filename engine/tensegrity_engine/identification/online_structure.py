@@ -140,7 +140,8 @@ CHALLENGER_MAX_EPOCHS = 60
 # iterations, on the windows and fitted latents of the session's solver where they index its
 # tuples (`_epoch`): it finds the basin from the config's values; the windows remove its
 # velocities' bias, and with a value per cable each of its iterations on the whole window costs
-# more than a windowed one (kitchen_sink: 1.4-6.1 s of work against 1.2-2.3 s).
+# more than a windowed one (kitchen_sink: 1.4-6.1 s of work against 1.2-2.3 s). An adopted
+# challenger keeps the cap (`OnlineIdentification.adopt`); the session's first solver has none.
 CHALLENGER_FD_ITERS = 3
 CHALLENGER_MAX_SECONDS = 120.0
 # A running challenger is also judged every this many of its epochs, and adopted then if it
