@@ -419,11 +419,9 @@ class OnlineIdentification:
         taken as an extension of the one it fitted (`extend_data`: its windows and latents
         kept, the new tuples in its training data, in its windows once the data has grown
         ``window_refresh`` times; set anew if the window slid since), not set anew, which
-        fitted every window's latents again first. Its finite-difference stage keeps the
-        challenger's cap (`online_structure.CHALLENGER_FD_ITERS`): uncapped, kitchen_sink's
-        per-cable split, adopted after 2 epochs at 20-25 s, was still there at 60 s, damping
-        37-80 % off; capped, its windows took it within 10 % on 3 of 5 seeds (the damping
-        +0.1 to +8.3 %). Raises (the session unchanged) if the challenger cannot take the window."""
+        fitted every window's latents again first. Its finite differences keep the
+        challenger's cap (`online_structure.CHALLENGER_FD_ITERS`, measured there). Raises
+        (the session unchanged) if the challenger cannot take the window."""
         old = self.trainer
         if not trainer.done and hasattr(trainer, "set_budget"):
             trainer.set_budget(self.config.max_epochs, self.config.max_seconds, trainer.config.fd_max_iters)
