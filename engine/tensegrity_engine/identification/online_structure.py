@@ -144,7 +144,7 @@ CHALLENGER_MAX_EPOCHS = 60
 # challenger keeps the cap (`OnlineIdentification.adopt`); the session's first solver has none.
 # Uncapped once adopted, kitchen_sink's per-cable split (adopted after 2 epochs, at 20-25 s)
 # was still in its finite differences at 60 s, the damping 37-80 % high on 4 of 5 seeds;
-# capped, its windows took 3 of them within 10 % (the damping +0.1 to +8.3 %).
+# capped, its windows took 3 of the 5 within 10 % (the damping +0.1 to +8.3 %).
 CHALLENGER_FD_ITERS = 3
 CHALLENGER_MAX_SECONDS = 120.0
 # A running challenger is also judged every this many of its epochs, and adopted then if it
