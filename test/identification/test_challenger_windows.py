@@ -79,35 +79,3 @@ def test_a_challenger_entering_its_windows_takes_the_solvers_windows_within_its_
     assert not solvers_windows(challenger, solver)                # it has its own now
     m = challenger.train_epoch()
     assert not m["diverged"] and torch.equal(challenger.window_lm.windows, solver.window_lm.windows[within])
-
-
-def test_an_adopted_challenger_entering_its_windows_takes_those_of_the_solver_it_replaced(superball, poses):
-    """Adopted while still on finite differences, a challenger is the session's solver when it
-    enters its windowed stage: the solver it replaced (`StructureTrials.window_donor`) gives
-    it its windows and latents there (`StructureTrials.observe`), not before, and once."""
-    import types
-
-    from tensegrity_engine.identification.online_structure import StructureTrials
-
-    replaced = idf.ProgressiveTrainer(superball, _config(), log=lambda m: None)
-    replaced.set_data(poses["train"])
-    while replaced.window_lm.windows is None:
-        replaced.train_epoch()
-    adopted = idf.ProgressiveTrainer(superball, _config(per_element=("cable_stiffness",), fd_max_iters=2),
-                                     log=lambda m: None)
-    adopted.set_data(poses["train"])
-    trials = StructureTrials(())
-    trials.window_donor = replaced
-    session = types.SimpleNamespace(trainer=adopted, can_judge=False)     # no challenger is started
-    adopted.train_epoch()
-    trials.observe(session)
-    assert not adopted.schedule.windows and adopted.window_lm.windows is None     # still on finite differences
-    assert trials.window_donor is replaced
-    adopted.train_epoch()
-    trials.observe(session)
-    assert adopted.schedule.windows
-    assert torch.equal(adopted.window_lm.windows, replaced.window_lm.windows)
-    assert torch.equal(adopted.window_lm.window_vel, replaced.window_lm.window_vel)
-    assert trials.window_donor is None
-    m = adopted.train_epoch()
-    assert not m["diverged"] and torch.equal(adopted.window_lm.windows, replaced.window_lm.windows)

@@ -703,7 +703,7 @@ def test_a_challenger_is_judged_while_it_runs_and_refused_only_at_its_end(three_
     the solver's 2500) are adopted at the first look, before their fit ends; a winch limit
     (2520: 4 %, under the 5 % an option must bring) is not refused at the looks, only at its
     end. Its finite differences are capped while it is a challenger and once adopted, and each
-    of its epochs offers it the solver's windows, also once adopted (the solver it replaced)."""
+    of its epochs offers it the solver's windows."""
     from tensegrity_engine.identification import online_structure
     from tensegrity_engine.identification.online_structure import CHALLENGER_FD_ITERS, JUDGE_EVERY
 
@@ -737,7 +737,6 @@ def test_a_challenger_is_judged_while_it_runs_and_refused_only_at_its_end(three_
     assert s.trials.adopted == ["end_heavy"]
     out = s.step()                                           # and its next epoch is a candidate
     assert out is not None and out[1]["cable_stiffness"][0] == pytest.approx(2990.0)
-    assert windows.count((heavy, main)) == heavy.epoch       # offered the replaced solver's windows
 
 
 class _PinnedStructureTrainer(_LongStructureTrainer):

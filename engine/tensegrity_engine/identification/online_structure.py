@@ -347,7 +347,6 @@ class StructureTrials:
         self.urgent = False                    # it runs for a value the solver's fit pins (`PIN_OPTIONS`)
         self.pin_streak: dict = {}             # (name, side) -> the solver's epochs in a row pinned there
         self.log: list[tuple[str, str]] = []   # (option, verdict) in the order they were judged
-        self.window_donor = None               # the solver an adopted challenger replaced (`observe`)
 
     @property
     def active(self) -> bool:
@@ -401,17 +400,9 @@ class StructureTrials:
         return self.challenger_seconds * (CHALLENGER_SHARE - 1) <= self.solver_seconds
 
     def observe(self, session) -> None:
-        """After each epoch of ``session``'s solver: offer an adopted challenger the windows of
-        the solver it replaced, count its pins (`PIN_EPOCHS`), and start a challenger where
-        none runs beside a training solver or a pin is due."""
+        """After each epoch of ``session``'s solver: count its pins (`PIN_EPOCHS`), and start
+        a challenger where none runs beside a training solver or a pin is due."""
         main = session.trainer
-        # an adopted challenger entering its windows takes those of the solver it replaced, as
-        # it did while a challenger (stiff_light seed 3's per-cable split, adopted on finite
-        # differences: its first windowed epoch took 12.6 s of work, mostly fitting latents)
-        lm = getattr(main, "window_lm", None)
-        if self.window_donor is not None and (solvers_windows(main, self.window_donor)
-                                              or lm is None or lm.windows is not None):
-            self.window_donor = None
         now = _at_bounds(main)
         self.pin_streak = {p: self.pin_streak.get(p, 0) + 1 for p in now}
         if (not self.active and not main.done) or (not self.urgent and self.pin_options(self._counted(main, now))):
@@ -576,9 +567,7 @@ class StructureTrials:
             reason = f"futile: trailed at {self.trailing} looks in a row ({reason})"
         if adopted:
             try:
-                replaced = session.trainer
                 session.adopt(challenger, float(m["val_loss"]))
-                self.window_donor = replaced
             except Exception as exc:  # noqa: BLE001 - the session keeps its own trainer and structure
                 adopted, reason = False, f"failed to take the window ({exc})"
         session.log(f"structure: {option} {'adopted' if adopted else 'refused: ' + reason}"
