@@ -77,6 +77,7 @@ from tensegrity_engine.identification.online_structure import (DEFAULT_STRUCTURE
 from tensegrity_engine.identification.streaming import StreamAligner, StreamConfig, TupleBatch
 from tensegrity_engine.identification.uncertainty import data_information, element_mean_sigma, elements_covered
 from tensegrity_engine.physics.config import MODEL_INTEGRATORS, load_robot
+from tensegrity_engine.identification.worker_account import WorkerAccount
 from tensegrity_engine.physics.params import PhysicalParameters
 from tensegrity_engine.physics.state import ANG_VEL, QUAT, quat_conjugate, quat_rotate
 from tensegrity_engine.physics.work import METER
@@ -100,6 +101,13 @@ CONTACT_TARGETS = ("friction_sliding", "contact_time_constant", "contact_damping
 # (penalty stiffness and damping, or the soft law's time constant and damping ratio) and
 # sliding friction.
 LEARN = ("cable_stiffness", "cable_damping", "actuator_time_constant", "rod_inertia_factor", "actuator_max_speed")
+
+
+def _work_text(work: dict) -> str:
+    """The worker's seconds per kind of work (`worker_account.WorkerAccount`), with shares."""
+    account = WorkerAccount()
+    account.seconds.update({k: v for k, v in work.items() if k != "other"})
+    return account.summary(account.total() + work.get("other", 0.0))
 
 
 def _median_diverged_last(values) -> float:
@@ -473,6 +481,8 @@ def run_session(z, args, seed: int, learn) -> dict:
             raise SystemExit("--clock work counts the native kernel's rollouts, and this model rolls out in torch")
         spent = worker.close(session.training)
         clock += spent / args.compute_per_sim_second if session.training else max(spent, CONTROL_DT)
+    # where the worker's compute went in the session (not the scoring below)
+    work = {**session.work.snapshot(), "other": max(worker.spent[args.clock] - session.work.total(), 0.0)}
     fresh = fresh_tuples(aligner, events[i_event:])
     nominal = PhysicalParameters(robot).as_dict()
     final = published if published is not None else nominal
@@ -554,7 +564,7 @@ def run_session(z, args, seed: int, learn) -> dict:
     contact = {"names": contact_names, "error": relative_errors(final, contact_truth, contact_names),
                "nominal_error": relative_errors(nominal, contact_truth, contact_names),
                "covered_published": within_2(full, contact_names, contact_truth), "claimed": claimed(contact_names)}
-    return {"robot": z.name, "seed": seed, "compute": dict(worker.spent), "error": err, "candidate_error": cand, "sigma": sigma, "chaos_floor": floor,
+    return {"robot": z.name, "seed": seed, "compute": dict(worker.spent), "work": work, "error": err, "candidate_error": cand, "sigma": sigma, "chaos_floor": floor,
             "nominal_error": relative_errors(nominal, truth, reported), "heldout_com_1s": com,
             "gate_com_1s": gate_com, "fresh_seconds": args.fresh,
             "training_objective": objective, "lag_sum_error": lag_sum_error, "lags": lags, "information": information,
@@ -804,7 +814,8 @@ def main(argv=None) -> int:
                   f"{r['publications']} publications ({r['reverts']} to the config), {r['epochs']} epochs, {r['status']}, solver converged "
                   f"{len(r['converged_at'])} times (first at "
                   f"{'-' if not r['converged_at'] else round(r['converged_at'][0], 1)} s); "
-                  f"identification {r['compute']['wall']:.0f} s wall, {r['compute']['work']:.0f} s of reference work"
+                  f"identification {r['compute']['wall']:.0f} s wall, {r['compute']['work']:.0f} s of reference work "
+                  f"({_work_text(r['work'])})"
                   + (f", structure {'+'.join(r['structure']) or 'base'}, published in "
                      f"{'/'.join(str(k) for k in r['published_structure'] if k is not None)} (tried: "
                      + ", ".join(f"{o} {v}" for o, v in r["structure_log"]) + ")"
@@ -828,6 +839,11 @@ def main(argv=None) -> int:
         ok = sum(r["within_tol_from"] is not None for r in rs)
         _line(f"| {name} | {' | '.join(cells)} | {com['nominal']:.1f} / {com['identified']:.1f} / {com['true']:.1f} / {com['true_all']:.1f} / {chaos:.1f} | "
               f"{100 * cov[0]:.0f} / {100 * cov[1]:.0f} / {_percent(cov[2])} | {ok}/{len(rs)} |")
+    summed: dict = {}
+    for r in results:
+        for kind, seconds in r["work"].items():
+            summed[kind] = summed.get(kind, 0.0) + seconds
+    _line(f"the worker's compute within the sessions ({args.clock} clock), over the {len(results)} runs: {_work_text(summed)}")
     lag_runs = [r for r in results if math.isfinite(r["lag_sum_error"])]
     if lag_runs:
         med = lambda key: 100 * float(np.median([abs(r["error"][key]) for r in lag_runs]))    # noqa: E731

@@ -349,7 +349,8 @@ class IdentifierNode(Node):
                "at_bound": ", ".join(self.at_bound), "structure_suspect": ", ".join(self.structure_suspect),
                "unreached": ", ".join(self.unreached),
                "uncertainty": self.sigma_state, "heldout_tuples": s.heldout_len,
-               "published_config_com_error": self.published_config_com_error}     # m, `_publish`
+               "published_config_com_error": self.published_config_com_error,     # m, `_publish`
+               "worker_compute": s.work.summary()}     # the worker's seconds per kind of work
         if self.last_gate is not None:
             g = self.last_gate
             out.update(gate=g.reason, heldout_loss=g.candidate_loss, heldout_improvement=g.improvement)

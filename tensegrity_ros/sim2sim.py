@@ -477,7 +477,8 @@ def summarize(robot, mon: Monitor, rolling_start, out_dir: Path, wall_s: float, 
                "refused_candidate": refused_candidate(mon, truth),
                "mppi_start_sim_t": rolling_start, "per_unit_mass": per_unit_mass(rows, truth, config),
                "published_structure": published_structure(model, mon.structure),
-               "sigma_state": identifier_diagnostic(mon, "uncertainty")}
+               "sigma_state": identifier_diagnostic(mon, "uncertainty"),
+               "identifier_worker": identifier_diagnostic(mon, "worker_compute")}
     if len(t) > 1:
         summary["pose_rate_sim_hz"] = float((len(t) - 1) / (t[-1] - t[0]))
     if rolling_start is not None and len(t) > 1:
@@ -667,6 +668,8 @@ def print_summary(s: dict) -> None:
         if com is not None and np.isfinite(com):
             print(f"held-out CoM error 1 s ahead: {1e3 * com:.1f} mm (the model it replaced: {1e3 * old:.1f} mm"
                   + (f"; the config: {1e3 * nominal:.1f} mm)" if nominal is not None else ")"))
+    if s.get("identifier_worker"):
+        print(f"the identifier's worker: {s['identifier_worker']}")
     if s.get("refused_candidate"):
         print("the newest candidate, refused by the hold-out gate (not published), relative to the truth: "
               + ", ".join(f"{n} {100 * e:+.1f}%" for n, e in s["refused_candidate"].items()))

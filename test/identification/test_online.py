@@ -655,6 +655,9 @@ def test_a_challenger_takes_its_share_of_the_compute_and_is_refused_when_it_trai
     ratio = (CHALLENGER_SHARE - 1) * slack.epoch_cost / main.epoch_cost
     assert not slack.done and main.epoch == 1 + ratio * (slack.epoch - 1) and not main.done
     assert s.trials.refused == {"slack_damping": 30} and s.trainer is main
+    # the worker's account (the node's diagnostics, the bench's split) holds each one's compute
+    assert s.work.seconds["solver"] == pytest.approx(main.epoch * main.epoch_cost)
+    assert s.work.seconds["challengers"] == pytest.approx(slack.epoch * slack.epoch_cost)
 
 
 class _TrailingBesideAWaitingSolver(_TrailingStructureTrainer):

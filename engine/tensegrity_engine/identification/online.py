@@ -37,6 +37,7 @@ from tensegrity_engine.identification.holdout import (HOLDOUT_KEPT_BLOCKS, MIN_G
                                                        HeldOutBlocks, kept_tuples)
 from tensegrity_engine.identification.streaming import TupleBatch, to_tuple_set
 from tensegrity_engine.identification.uncertainty import inherit_scratch
+from tensegrity_engine.identification.worker_account import WorkerAccount, accounted
 from tensegrity_engine.physics.actuators import delayed_commands
 from tensegrity_engine.physics.config import MODEL_INTEGRATORS, RobotConfig
 from tensegrity_engine.physics.params import PhysicalParameters, checked_parameters
@@ -144,6 +145,7 @@ class OnlineIdentification:
         self.floor, self.fixed_rods = bool(floor), tuple(fixed_rods)
         self.trainer_factory, self.log = trainer_factory, log
         self.compute_clock = compute_clock      # seconds of the worker's compute: the challenger's share
+        self.work = WorkerAccount()             # and where they went (`accounted`)
         self.trials = StructureTrials(structure_options, follow_pins)
         self.scores = StructuredScores()
         self.reset()
@@ -202,19 +204,18 @@ class OnlineIdentification:
         self.trainer = self.trainer_factory(self.robot, config, self.device, None, self.log)
         self.trainer.set_data(self._tuple_set(batch, context=self.holdout.context()))
 
+    @accounted("gate")
     def gate(self, values: dict, significance: float = GATE_SIGNIFICANCE, min_gain: float = 0.0,
              run=None) -> HeldOutVerdict:
         """May ``values`` replace the published model (``best_values``, else the config's)?
-        Only if their loss on the held-out blocks is finite and lower by more than
-        ``significance`` standard errors of the per-block log ratio (and by ``min_gain`` of
-        the reference's loss), and their CoM error
-        at the end of the blocks no larger, than both the published model's and the
-        config's (``revert``: the config now beats the published model); not before there are
+        Only if their loss on the held-out blocks is finite and lower by more than ``significance``
+        standard errors of the per-block log ratio (and by ``min_gain`` of the reference's loss),
+        and their CoM error at the end of the blocks no larger, than both the published model's
+        and the config's (``revert``: the config now beats the published model); not before
         ``MIN_GATE_BLOCKS`` held-out blocks (an early fit to a few seconds would become the
-        incumbent every later model is judged against), unless the gate is off
-        (``holdout_every`` < 2). ``values`` are scored by ``run`` (a trainer of their structure:
-        a structure challenger; the session's trainer by default), each reference model in
-        its own structure."""
+        incumbent every later model is judged against), unless the gate is off (``holdout_every``
+        < 2). ``values`` are scored by ``run`` (a trainer of their structure: a structure
+        challenger; the session's trainer by default), each reference model in its own structure."""
         if self.holdout_every < 2:
             return HeldOutVerdict(True, "gate_off", math.nan, math.nan, 0)
         if self.trainer is None or not self.can_judge:           # nothing scored (rollouts cost)
@@ -253,6 +254,7 @@ class OnlineIdentification:
         not tuples: an open block's are not scored); False without a gate."""
         return self.holdout_every >= 2 and self.holdout.scorable >= MIN_GATE_BLOCKS
 
+    @accounted("gate")
     def compare_on_heldout(self, values: dict, reference: dict, significance: float = GATE_SIGNIFICANCE,
                            min_gain: float = 0.0, run=None) -> str:
         """`_compare` of two models on today's held-out blocks ("better": ``values``, scored
@@ -310,8 +312,8 @@ class OnlineIdentification:
 
     def _maybe_reopen(self, added: int) -> None:
         """Schedule "online": resume the finished solver once ``reopen_tuples`` new tuples have
-        arrived (the model keeps learning). An end the gate could not judge (too few blocks) is
-        taken again once it can (`finished`; resumed, it had to end anew: MPPI at 33-91 s)."""
+        arrived. An end the gate could not judge (too few blocks) is taken again once it can
+        (`finished`; resumed, it had to end anew: MPPI at 33-91 s)."""
         if not (self.converged and self.trainer.done and self.config.schedule == "online"):
             return
         self.since_end += added
@@ -337,13 +339,12 @@ class OnlineIdentification:
         return self.trainer is not None and self.trainer.done and not self.converged
 
     def step(self) -> Optional[tuple[dict, dict]]:
-        """One epoch. Returns (metrics, parameter values) when the validation loss improved
-        on the best so far or the gate can judge (`can_judge`) and has judged no fit of the
-        solver's since the last held-out block was completed, None otherwise; a diverged
-        epoch is rolled back and counted in ``rollbacks`` (compare it before and after to
-        tell). Once the solver is done, an epoch of the structure challenger, and its share
-        of the compute while both train (`StructureTrials.challengers_turn`; None, or the
-        values of one adopted before its end: the solver now, the gate passed them)."""
+        """One epoch. Returns (metrics, parameter values) when the validation loss improved on
+        the best so far or the gate can judge (`can_judge`) and has judged no fit of the solver's
+        since the last held-out block was completed, None otherwise; a diverged epoch is rolled
+        back and counted in ``rollbacks``. Once the solver is done, an epoch of the structure
+        challenger, and its share of the compute while both train (`StructureTrials.challengers_turn`;
+        None, or the values of one adopted before its end: the solver now, the gate passed them)."""
         trials = self.trials
         if trials.active and (self.trainer.done or trials.challengers_turn()
                               or (trials.urgent and self.best_values is not None)):
@@ -351,7 +352,8 @@ class OnlineIdentification:
         # on the floor the solver rarely waits (it reopens on every reopen_tuples new
         # tuples and trains until then): a running challenger takes its share of the time
         start = self.compute_clock()
-        m = self.trainer.train_epoch()
+        with self.work.timed(self.compute_clock, "solver"):
+            m = self.trainer.train_epoch()
         trials.solver_took(self.compute_clock() - start)
         self.epochs += 1
         self.last_metrics = {k: v for k, v in m.items() if k != "params"}
@@ -436,6 +438,7 @@ class OnlineIdentification:
         self._uncertainty_memo = None
         self.converged = False
 
+    @accounted("sigma")
     def uncertainty(self, max_tuples: int = 256, at: Optional[dict] = None):
         """`session_uncertainty`: the current values' (or ``at``'s) on the window, or None."""
         return session_uncertainty(self, max_tuples, at)
@@ -444,14 +447,12 @@ class OnlineIdentification:
         """`predict_newest`: the model's X_t+T [R, 13] of the newest tuple and its stamp (ns)."""
         return predict_newest(self)
 
-    # ------------------------------------------------------------------ checkpoint
     def checkpoint(self) -> Optional[dict]:
         """The session as a dict, or None before the trainer exists."""
         return session_state(self)
 
     def restore(self, data: dict) -> None:
-        """Resume from `checkpoint` output. Raises (and leaves the session empty) on a
-        checkpoint of another robot or a malformed one."""
+        """Resume from `checkpoint` output; raises (the session left empty) on another robot's or a malformed one."""
         try:
             restore_session(self, data)
         except Exception:

@@ -525,7 +525,8 @@ class StructureTrials:
         challenger's share (`challengers_turn`)."""
         challenger, start = self.challenger, session.compute_clock()
         try:
-            return self._epoch(session)
+            with session.work.timed(session.compute_clock, "challengers"):
+                return self._epoch(session)
         finally:
             if self.challenger is challenger:          # not a new one's
                 self.challenger_seconds += session.compute_clock() - start
