@@ -76,8 +76,8 @@ from tensegrity_engine.identification.online_structure import (DEFAULT_STRUCTURE
                                                                  structure_key)
 from tensegrity_engine.identification.streaming import StreamAligner, StreamConfig, TupleBatch
 from tensegrity_engine.identification.uncertainty import data_information, element_mean_sigma, elements_covered
-from tensegrity_engine.physics.config import MODEL_INTEGRATORS, load_robot
 from tensegrity_engine.identification.worker_account import WorkerAccount
+from tensegrity_engine.physics.config import MODEL_INTEGRATORS, load_robot
 from tensegrity_engine.physics.params import PhysicalParameters
 from tensegrity_engine.physics.state import ANG_VEL, QUAT, quat_conjugate, quat_rotate
 from tensegrity_engine.physics.work import METER

@@ -51,3 +51,27 @@ def test_a_call_that_raises_is_still_counted_and_the_stack_unwinds():
     with account.timed(clock, "gate"):               # nothing left open: a fresh call is its own
         clock.now += 1.0
     assert account.snapshot()["gate"] == pytest.approx(1.0)
+
+
+def test_threads_time_their_own_calls():
+    """A call timed on another thread (a node publishing a checkpoint's values while its
+    worker trains) neither closes nor nests in the worker's open one."""
+    import threading
+
+    clock, account = _Clock(), WorkerAccount()
+    inside, release = threading.Event(), threading.Event()
+
+    def other():
+        with account.timed(clock, "sigma"):
+            inside.set()
+            release.wait(5.0)
+
+    with account.timed(clock, "solver"):
+        clock.now += 1.0
+        thread = threading.Thread(target=other)
+        thread.start()
+        inside.wait(5.0)
+        clock.now += 2.0                                  # both calls open over these 2 s
+        release.set()
+        thread.join(5.0)
+    assert account.snapshot() == pytest.approx({"solver": 3.0, "sigma": 2.0})

@@ -1,13 +1,14 @@
 """Where an online session's compute goes: seconds of the worker per kind of work (ROS-free).
 
 On one core the solver shares the worker with the structure challengers, the held-out gate
-and the published sigma's estimate, and what the solver reaches within the robot's first
-minute depends on its share. Measured (`bench/online.py --truth zoo/stiff_light --clock
-work`, seeds 3 and 4, 2026-12-07): of the 76 / 61 reference seconds the worker spent in 60 s
-of sim time, the two sigma estimates took 31 / 25 (41 %; the second alone 21 / 17 s, the
-lag-split check 9 of them), the challengers 26 / 19, the gate 9 / 6, the solver's epochs 8 /
-10. Counted exclusively: a gate inside a challenger's verdict is the gate's, not the
-challenger's. The node publishes the shares in its diagnostics, the bench prints them.
+and the published sigma's estimates, and what the solver reaches within the robot's first
+minute depends on its share. Measured (`bench/online.py --clock work`, 2026-12-07): of the
+75.6 reference seconds stiff_light seed 3's worker spent in 60 s of sim time, the solver's
+epochs took 23.0, the challengers 10.5, the gate 8.9 and the two sigma estimates 31.2 (41 %;
+the second alone 20.8, its lag-split check 4.6 of them); kitchen_sink seed 3: 16.0, 10.2,
+9.5 and 23.5 of 62.6 (38 %). Counted exclusively: a gate inside a challenger's verdict is
+the gate's, not the challenger's. The node publishes the account in its diagnostics
+(``worker_compute``), the bench prints it per run.
 """
 from __future__ import annotations
 
@@ -25,27 +26,28 @@ WORK_KINDS = ("solver", "challengers", "gate", "sigma")
 
 class WorkerAccount:
     """Seconds per label of the calls timed with `timed`, exclusive of the timed calls
-    nested in them. One thread times (the worker's); any may read (`summary`: a node's
-    diagnostics)."""
+    nested in them (per thread: a node's worker, and its start-up publishing a checkpoint's
+    values); any thread may read (`summary`: a node's diagnostics)."""
 
     def __init__(self):
         self.seconds: collections.Counter = collections.Counter()
-        self._inner: list[float] = []        # per open call: the seconds its nested calls took
+        self._open = threading.local()       # per thread: the seconds each open call's nested calls took
         self._lock = threading.Lock()
 
     @contextlib.contextmanager
     def timed(self, clock: Callable[[], float], label: str) -> Iterator[None]:
+        stack = self._open.__dict__.setdefault("inner", [])
         start = clock()
-        self._inner.append(0.0)
+        stack.append(0.0)
         try:
             yield
         finally:
             spent = clock() - start
-            inner = self._inner.pop()
+            inner = stack.pop()
             with self._lock:
                 self.seconds[label] += spent - inner
-            if self._inner:
-                self._inner[-1] += spent
+            if stack:
+                stack[-1] += spent
 
     def snapshot(self) -> dict:
         with self._lock:
