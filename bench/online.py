@@ -76,7 +76,7 @@ from tensegrity_engine.identification.online_structure import (DEFAULT_STRUCTURE
                                                                  structure_key)
 from tensegrity_engine.identification.streaming import StreamAligner, StreamConfig, TupleBatch
 from tensegrity_engine.identification.uncertainty import data_information, element_mean_sigma, elements_covered
-from tensegrity_engine.identification.worker_account import WorkerAccount
+from tensegrity_engine.identification.worker_account import work_summary
 from tensegrity_engine.physics.config import MODEL_INTEGRATORS, load_robot
 from tensegrity_engine.physics.params import PhysicalParameters
 from tensegrity_engine.physics.state import ANG_VEL, QUAT, quat_conjugate, quat_rotate
@@ -101,13 +101,6 @@ CONTACT_TARGETS = ("friction_sliding", "contact_time_constant", "contact_damping
 # (penalty stiffness and damping, or the soft law's time constant and damping ratio) and
 # sliding friction.
 LEARN = ("cable_stiffness", "cable_damping", "actuator_time_constant", "rod_inertia_factor", "actuator_max_speed")
-
-
-def _work_text(work: dict) -> str:
-    """The worker's seconds per kind of work (`worker_account.WorkerAccount`), with shares."""
-    account = WorkerAccount()
-    account.seconds.update({k: v for k, v in work.items() if k != "other"})
-    return account.summary(account.total() + work.get("other", 0.0))
 
 
 def _median_diverged_last(values) -> float:
@@ -815,7 +808,7 @@ def main(argv=None) -> int:
                   f"{len(r['converged_at'])} times (first at "
                   f"{'-' if not r['converged_at'] else round(r['converged_at'][0], 1)} s); "
                   f"identification {r['compute']['wall']:.0f} s wall, {r['compute']['work']:.0f} s of reference work "
-                  f"({_work_text(r['work'])})"
+                  f"({work_summary(r['work'])})"
                   + (f", structure {'+'.join(r['structure']) or 'base'}, published in "
                      f"{'/'.join(str(k) for k in r['published_structure'] if k is not None)} (tried: "
                      + ", ".join(f"{o} {v}" for o, v in r["structure_log"]) + ")"
@@ -843,7 +836,7 @@ def main(argv=None) -> int:
     for r in results:
         for kind, seconds in r["work"].items():
             summed[kind] = summed.get(kind, 0.0) + seconds
-    _line(f"the worker's compute within the sessions ({args.clock} clock), over the {len(results)} runs: {_work_text(summed)}")
+    _line(f"the worker's compute within the sessions ({args.clock} clock), over the {len(results)} runs: {work_summary(summed)}")
     lag_runs = [r for r in results if math.isfinite(r["lag_sum_error"])]
     if lag_runs:
         med = lambda key: 100 * float(np.median([abs(r["error"][key]) for r in lag_runs]))    # noqa: E731

@@ -351,10 +351,9 @@ class OnlineIdentification:
             return trials.step(self)
         # on the floor the solver rarely waits (it reopens on every reopen_tuples new
         # tuples and trains until then): a running challenger takes its share of the time
-        start = self.compute_clock()
-        with self.work.timed(self.compute_clock, "solver"):
+        with self.work.timed(self.compute_clock, "solver") as epoch:
             m = self.trainer.train_epoch()
-        trials.solver_took(self.compute_clock() - start)
+        trials.solver_took(epoch.seconds)
         self.epochs += 1
         self.last_metrics = {k: v for k, v in m.items() if k != "params"}
         values = self.trainer.parameters.as_dict()

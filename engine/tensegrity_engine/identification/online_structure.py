@@ -66,6 +66,7 @@ from tensegrity_engine.identification.config import (COARSE_ONLY_SCHEDULES, CONT
 from tensegrity_engine.identification.lag_split import swapped_lags
 from tensegrity_engine.identification.solvers.windows import inherit_windows
 from tensegrity_engine.identification.uncertainty import bound_sides
+from tensegrity_engine.identification.worker_account import TimedCall
 from tensegrity_engine.physics.config import MODEL_INTEGRATORS, RobotConfig
 from tensegrity_engine.physics.params import SOFT_LAW_PARAMS, SPEC_BY_NAME, PhysicalParameters
 
@@ -523,13 +524,13 @@ class StructureTrials:
     def step(self, session) -> Optional[tuple[dict, dict]]:
         """`_epoch`, its compute (``session.compute_clock``) counted toward the running
         challenger's share (`challengers_turn`)."""
-        challenger, start = self.challenger, session.compute_clock()
+        challenger, epoch = self.challenger, TimedCall()
         try:
-            with session.work.timed(session.compute_clock, "challengers"):
+            with session.work.timed(session.compute_clock, "challengers") as epoch:
                 return self._epoch(session)
-        finally:
+        finally:                                           # the call has returned: its seconds are in
             if self.challenger is challenger:          # not a new one's
-                self.challenger_seconds += session.compute_clock() - start
+                self.challenger_seconds += epoch.seconds
 
     def _epoch(self, session) -> Optional[tuple[dict, dict]]:
         """One epoch of the challenger; at its end, and every `JUDGE_EVERY` of its epochs,

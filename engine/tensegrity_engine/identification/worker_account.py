@@ -18,10 +18,26 @@ import functools
 import threading
 from typing import Callable, Iterator
 
-__all__ = ["WorkerAccount", "accounted", "WORK_KINDS"]
+__all__ = ["WorkerAccount", "TimedCall", "accounted", "work_summary", "WORK_KINDS"]
 
 # the kinds in the order they are reported (an unlisted label is reported after them)
 WORK_KINDS = ("solver", "challengers", "gate", "sigma")
+
+
+class TimedCall:
+    """What `WorkerAccount.timed` yields: the call's whole seconds, nested ones included,
+    once it has returned (a challenger's share counts them all)."""
+    seconds = 0.0
+
+
+def work_summary(seconds: dict, other: float = None) -> str:
+    """"solver 7.9 s (10 %), ..." per kind of work in ``seconds``; ``other``: the worker's
+    seconds none of them took."""
+    seconds = dict(seconds) if other is None else {**seconds, "other": max(float(other), 0.0)}
+    whole = sum(seconds.values())
+    order = [k for k in WORK_KINDS if k in seconds] + sorted(k for k in seconds if k not in WORK_KINDS)
+    return ", ".join(f"{k} {seconds[k]:.1f} s ({100.0 * seconds[k] / whole:.0f} %)" if whole > 0
+                     else f"{k} {seconds[k]:.1f} s" for k in order)
 
 
 class WorkerAccount:
@@ -35,14 +51,15 @@ class WorkerAccount:
         self._lock = threading.Lock()
 
     @contextlib.contextmanager
-    def timed(self, clock: Callable[[], float], label: str) -> Iterator[None]:
+    def timed(self, clock: Callable[[], float], label: str) -> Iterator[TimedCall]:
         stack = self._open.__dict__.setdefault("inner", [])
+        call = TimedCall()
         start = clock()
         stack.append(0.0)
         try:
-            yield
+            yield call
         finally:
-            spent = clock() - start
+            spent = call.seconds = clock() - start
             inner = stack.pop()
             with self._lock:
                 self.seconds[label] += spent - inner
@@ -60,12 +77,7 @@ class WorkerAccount:
         """"solver 7.9 s (10 %), ..." per label; with the worker's ``worker_total`` seconds
         what none of the labels took is "other"."""
         seconds = self.snapshot()
-        if worker_total is not None:
-            seconds["other"] = max(float(worker_total) - self.total(), 0.0)
-        whole = sum(seconds.values())
-        order = [k for k in WORK_KINDS if k in seconds] + sorted(k for k in seconds if k not in WORK_KINDS)
-        return ", ".join(f"{k} {seconds[k]:.1f} s ({100.0 * seconds[k] / whole:.0f} %)" if whole > 0
-                         else f"{k} {seconds[k]:.1f} s" for k in order)
+        return work_summary(seconds, None if worker_total is None else float(worker_total) - sum(seconds.values()))
 
 
 def accounted(label: str):
