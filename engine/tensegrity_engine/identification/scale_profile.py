@@ -1,0 +1,232 @@
+"""How far the data let the cables' force scale move: a profile over the windowed problem.
+
+Multiplying every cable's stiffness and damping by one factor f changes the motion only
+through how the cables balance gravity and the rods' inertia; stiff cables on light rods
+barely sag, their modes lie far above the 5 Hz that 10 Hz poses resolve, and the pose-only
+objective along f is then nearly flat, far beyond the quadratic the Gauss-Newton sigma
+assumes. Measured (`bench/online.py --truth zoo/stiff_light`, seed 3, the fifty-sixth
+session): refits started at 1 and 1.5 x the published K and c ended 1 % apart in objective
+with K at -32 and +1 % of the truth, while the published sigma of K was 8 %.
+
+`profile_cable_scale` holds the learnt cable stiffness and damping at f x the fit's values,
+refits every other learnt value and the windows' latents by a few Gauss-Newton steps on a
+subset of the solver's windows (each rung sub-stepped as its values need, the held values'
+Jacobian columns not computed), and scores each window against the same refit at f = 1: a
+test of "the robot's scale is f", inverted into the factors the data do not reject
+(per-window log ratio within `PROFILE_SIGNIFICANCE` standard errors, as the lag split's
+check and the structure test judge). Rungs of `PROFILE_FACTORS` go out on each side until
+one is rejected; the reach is interpolated between the last rung kept and that one (a first
+rung rejected leaves the curvature's sigma to hold inside it). The published sigma of the
+cables' values then reaches the farther reach (`ScaleProfile.sigma`), every other learnt
+value's where the refit moved it. A model keeps its profile until its data doubles.
+
+Off by default (`IdentificationConfig.scale_profile`): measured (the fifty-seventh
+session, one core at the bench's 1 s of compute per sim second), it keeps stiff_light's
+scale (the robot at 1.48 x the published) where the curvature's sigma excludes it, and took
+82 % of the worker's compute there, the solver's fit 31 mm off 1 s ahead instead of 21.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from typing import Optional
+
+import numpy as np
+import torch
+
+from tensegrity_engine.identification.acceptance import log_ratio_gain
+from tensegrity_engine.identification.scale import SCALE_GROUP
+from tensegrity_engine.identification.solvers.levenberg_marquardt import bounded_step, raw_vector, set_raw_vector
+from tensegrity_engine.identification.solvers.windows import WindowLevenbergMarquardt
+
+__all__ = ["ScaleProfile", "profile_cable_scale", "kept_profile", "keep_profile", "CABLE_FORCES", "PROFILE_FACTORS",
+           "PROFILE_SIGNIFICANCE", "PROFILE_WINDOWS", "PROFILE_ITERATIONS", "PROFILE_REDRAW"]
+
+CABLE_FORCES = ("cable_stiffness", "cable_damping")
+# the rungs each side (f and 1 / f), nearest first: a side stops at its first rejected rung
+PROFILE_FACTORS = (1.5, 2.0)
+# a rung the windows fit worse by this many standard errors of the mean per-window log
+# ratio is rejected (`lag_split.SPLIT_SIGNIFICANCE`, the structure test's 2)
+PROFILE_SIGNIFICANCE = 2.0
+# at most this many of the solver's windows (an even subset) and Gauss-Newton steps per rung
+# (16 windows x 3 steps on stiff_light, all 31 columns: 3.1-3.7 s of a core a rung)
+PROFILE_WINDOWS = 12
+PROFILE_ITERATIONS = 2
+# A model's profile is made again once its data has grown this many times since
+# (`uncertainty.SCRATCH_REDRAW`'s reasoning: the data narrow a profile slowly, and each costs
+# a few refits)
+PROFILE_REDRAW = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaleProfile:
+    """The rungs tested, their verdicts and the reach on each side."""
+    factors: tuple           # the factors f scored, in the order scored
+    t: tuple                 # per factor: standard errors by which its refit fits the windows worse
+    reach: tuple             # (lowest, highest) factor the data do not reject (interpolated)
+    windows: int
+    # learnt name -> per element |value refitted at the farther reach - value refitted at
+    # f = 1| over |the latter|
+    moved: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def spread(self) -> float:
+        """The larger of highest reach / 1 and 1 / lowest reach: how far the scale may be off."""
+        return max(self.reach[1], 1.0 / self.reach[0])
+
+    def sigma(self, values: dict) -> dict:
+        """Learnt name -> 1-sigma per element at ``values`` (name -> elements) whose twice spans
+        the move to the farther reach, relative to the values."""
+        return {n: np.asarray(m, dtype=np.float64) * np.abs(np.asarray(values[n], dtype=np.float64)) / 2.0
+                for n, m in self.moved.items()}
+
+
+def kept_profile(trainer) -> Optional[ScaleProfile]:
+    """The model's last profile (`keep_profile`) while its data has only grown, less than
+    `PROFILE_REDRAW` times, since; else None. Its reach is relative, so it carries over to
+    values that moved since."""
+    kept, data = getattr(trainer, "scale_profile", None), trainer.train
+    if kept is None or data is None:
+        return None
+    profile, size, first, starts = kept
+    if not size <= len(data) < PROFILE_REDRAW * size or int(first.max()) >= len(data):
+        return None
+    return profile if torch.equal(data.x0[first], starts) else None
+
+
+def keep_profile(trainer, profile: Optional[ScaleProfile], windows: Optional[torch.Tensor]) -> None:
+    """Keep ``profile`` (made on the training ``windows``) for the model's next estimates."""
+    if profile is None or windows is None:
+        trainer.scale_profile = None
+        return
+    first = windows[:, 0]
+    trainer.scale_profile = (profile, len(trainer.train), first, trainer.train.x0[first].clone())
+
+
+@contextlib.contextmanager
+def _learning(trainer, names):
+    """Within: ``trainer`` learns only ``names`` (the held values' Jacobian columns are not
+    computed: 7 of stiff_light's 31 with a stiffness per cable)."""
+    learn = trainer.learn
+    trainer.learn = tuple(names)
+    try:
+        yield
+    finally:
+        trainer.learn = learn
+
+
+def _scaled(params, names, scaled, f: float) -> bool:
+    """Multiply the learnt ``scaled`` values of ``params`` by ``f`` in place; False (nothing
+    changed) where an element would leave its range."""
+    new = {}
+    for n in scaled:
+        spec, v = params.raw_spec(n), params.shared_value(n).detach().double().cpu().numpy() * f
+        if not (np.all(v > spec.lower) and np.all(v < spec.upper)):
+            return False
+        new[n] = v
+    for n, v in new.items():
+        params.set_value(n, v)
+    return True
+
+
+def _refit(trainer, lm: WindowLevenbergMarquardt, free, iterations: int) -> Optional[dict]:
+    """Gauss-Newton on the learnt ``free`` values (the others as ``trainer.params`` holds
+    them) and the latents, from the current values; a step that does not lower the windows'
+    objective is quartered and tried again. Leaves the best point in ``trainer.params`` and
+    returns its information; None where the first is not finite."""
+    from tensegrity_engine.identification.uncertainty import gauss_newton_step   # uncertainty imports this module
+
+    params = trainer.params
+    with _learning(trainer, free), trainer.objective.stepped_for(trainer.engine.param_values(trainer.dtype,
+                                                                                              trainer.device)):
+        best = lm.information_at(trainer, raw_vector(params, free))
+        if best is None:
+            return None
+        lm.window_vel = best["vel"]
+        step = None
+        for _ in range(iterations):
+            if step is None:
+                step = bounded_step(gauss_newton_step(best["H"], best["G"].sum(0))).to(best["theta"])
+                if not bool(torch.isfinite(step).all()):
+                    break
+            info = lm.information_at(trainer, best["theta"] + step)
+            if info is not None and info["rss"] < best["rss"]:
+                best, step = info, None
+                lm.window_vel = best["vel"]
+            else:
+                step = step / 4.0
+        set_raw_vector(params, free, best["theta"])
+    return best
+
+
+def _values(params, names) -> dict:
+    return {n: params.shared_value(n).detach().double().cpu().numpy().reshape(-1) for n in names}
+
+
+@torch.no_grad()
+def profile_cable_scale(trainer, solver: WindowLevenbergMarquardt, latents: torch.Tensor, theta0: torch.Tensor,
+                        factors=PROFILE_FACTORS, max_windows: int = PROFILE_WINDOWS,
+                        iterations: int = PROFILE_ITERATIONS) -> Optional[ScaleProfile]:
+    """The profile of the cables' force scale at the raw values ``theta0`` of ``trainer.learn``
+    on an even subset of ``solver``'s windows with their ``latents`` (fitted at ``theta0``).
+    None without a learnt cable force and another learnt value, with fewer than three windows
+    or where the refit at f = 1 is not finite. The trainer's values and the solver are left
+    as they were."""
+    names = tuple(trainer.learn)
+    fixed = [n for n in names if n in CABLE_FORCES]
+    free = tuple(n for n in names if n not in CABLE_FORCES)
+    if not fixed or not free or solver.windows is None or len(solver.windows) < 3:
+        return None
+    params = trainer.params
+    pick = torch.as_tensor(np.unique(np.linspace(0, len(solver.windows) - 1, max_windows).astype(int)),
+                           device=solver.windows.device)
+    lm = WindowLevenbergMarquardt(solver.config)
+    lm.windows, lm.window_vel = solver.windows[pick], latents[pick].clone()
+    lm.latent_cols = solver.latent_cols
+    # the rest of the force scale (a learnt mass, the contact's stiffness) moves along
+    # (`scale.SCALE_GROUP`: with the mass learnt too the motion is the same, the profile flat)
+    scaled = [n for n in names if n in SCALE_GROUP]
+    before = raw_vector(params, names)
+    try:
+        set_raw_vector(params, names, theta0)
+        base = _refit(trainer, lm, free, iterations)
+        if base is None:
+            return None
+        base_theta, base_vel, base_values = raw_vector(params, names), lm.window_vel.clone(), _values(params, names)
+        scored, t_of, reach, far = [], [], [1.0, 1.0], {}
+        for side, sign in ((0, -1.0), (1, 1.0)):
+            # each rung starts from the last one's refit (values and latents): the valley bends
+            set_raw_vector(params, names, base_theta)
+            lm.window_vel = base_vel.clone()
+            last_a, last_t, last_values = 0.0, 0.0, base_values
+            for f in factors:
+                a = sign * math.log(f)
+                if not _scaled(params, names, scaled, math.exp(a - last_a)):
+                    break
+                point = _refit(trainer, lm, free, iterations)
+                if point is None or not math.isfinite(point["rss"]):
+                    break
+                t = log_ratio_gain(base["window_rss"], point["window_rss"])
+                t = t if math.isfinite(t) else math.inf
+                scored.append(math.exp(a))
+                t_of.append(t)
+                values = _values(params, names)
+                if t >= PROFILE_SIGNIFICANCE:
+                    # rejected: the reach lies between the last rung kept and this one (none
+                    # kept: the curvature's sigma holds inside the first rung)
+                    if last_a:
+                        w = (min(max((PROFILE_SIGNIFICANCE - last_t) / (t - last_t), 0.0), 1.0)
+                             if math.isfinite(t) else 0.0)
+                        last_values = {n: last_values[n] + w * (values[n] - last_values[n]) for n in names}
+                        last_a = last_a + w * (a - last_a)
+                    break
+                last_a, last_t, last_values = a, max(t, last_t), values
+            reach[side] = math.exp(last_a)
+            far[side] = {**last_values, **{n: base_values[n] * reach[side] for n in fixed}}
+    finally:
+        set_raw_vector(params, names, before)
+    side = 0 if 1.0 / reach[0] >= reach[1] else 1
+    moved = {n: np.abs(far[side][n] - base_values[n]) / np.maximum(np.abs(base_values[n]), 1e-300) for n in names}
+    return ScaleProfile(factors=tuple(scored), t=tuple(t_of), reach=(reach[0], reach[1]),
+                        windows=int(len(pick)), moved=moved)

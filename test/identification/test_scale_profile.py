@@ -1,0 +1,110 @@
+"""The cables' force-scale profile (`identification.scale_profile`) behind the published sigma."""
+import math
+
+import numpy as np
+import pytest
+
+import rolling_records
+from tensegrity_engine.identification import scale_profile, uncertainty
+from tensegrity_engine.identification.scale_profile import PROFILE_FACTORS, PROFILE_SIGNIFICANCE
+
+
+@pytest.fixture(scope="module")
+def runs(superball):
+    """The twin rolling (pose-only, at its true values) learning the cables and the motors'
+    lag, and learning the cables and the rods' mass: scaling all three moves nothing."""
+    out = {}
+    for key, learn in (("lag", ("cable_stiffness", "cable_damping", "actuator_time_constant")),
+                       ("mass", ("cable_stiffness", "cable_damping", "rod_mass"))):
+        out[key], _ = rolling_records.rolling_twin_run(superball, seconds=2.4,
+                                                       config=dict(learn=learn, scale_profile=True))
+    return out
+
+
+def test_a_scale_the_windows_determine_is_not_widened_and_a_symmetry_reaches_the_last_rung(runs):
+    """The motors' lag learnt beside the cables: the first rung each side fits the windows
+    significantly worse, so the profile adds nothing to the published sigma. The rods' mass
+    learnt instead: every rung refits as well as the published values (forces and inertia
+    scale together), the reach is the last rung each side and the published 2-sigma of every
+    scaled value spans it; the trainer's values are left as they were."""
+    lag = runs["lag"]
+    before = lag.parameters.as_dict()
+    u = uncertainty.trainer_uncertainty(lag)
+    p = u.scale_profile
+    assert p is not None and p.windows >= 3
+    assert p.factors == (1.0 / PROFILE_FACTORS[0], PROFILE_FACTORS[0])
+    assert min(p.t) >= PROFILE_SIGNIFICANCE and p.reach == (1.0, 1.0) and p.spread == 1.0
+    assert all(np.all(s == 0.0) for s in u.sigma_scale.values())
+    assert lag.parameters.as_dict() == before and lag.learn == ("cable_stiffness", "cable_damping",
+                                                                 "actuator_time_constant")
+
+    mass = runs["mass"]
+    values = {n: np.asarray(v) for n, v in mass.parameters.as_dict().items()}
+    u = uncertainty.trainer_uncertainty(mass)
+    p = u.scale_profile
+    top = PROFILE_FACTORS[-1]
+    assert len(p.factors) == 2 * len(PROFILE_FACTORS) and max(abs(t) for t in p.t) < PROFILE_SIGNIFICANCE
+    assert p.reach == pytest.approx((1.0 / top, top)) and p.spread == pytest.approx(top)
+    # the reach is as far on either side: twice the sigma spans at least the nearer one
+    for name in ("cable_stiffness", "cable_damping", "rod_mass"):
+        reach = values[name] * (1.0 - 1.0 / top)
+        assert np.all(2.0 * u.sigma_scale[name] >= reach * 0.9)
+    published = u.published()
+    assert np.all(published["cable_stiffness"] >= u.sigma_scale["cable_stiffness"])
+
+
+def test_no_profile_unless_the_config_asks_for_one(runs, monkeypatch):
+    """`IdentificationConfig.scale_profile` off (the default): no profile is made and the
+    published sigma is the rest's."""
+    import dataclasses
+
+    run = runs["mass"]
+    monkeypatch.setattr(run, "config", dataclasses.replace(run.config, scale_profile=False))
+    monkeypatch.setattr(run, "scale_profile", None)
+    u = uncertainty.trainer_uncertainty(run)
+    assert u.scale_profile is None and u.sigma_scale == {} and run.scale_profile is None
+
+
+def test_a_models_profile_is_kept_until_its_data_doubles(runs, monkeypatch):
+    """The next estimate of the same model on the same data reuses the profile (scaled to its
+    values); data that has doubled since, or other data, makes it again."""
+    run = runs["lag"]
+    uncertainty.trainer_uncertainty(run)
+    kept = run.scale_profile
+    assert kept is not None and scale_profile.kept_profile(run) is kept[0]
+
+    def not_again(*args, **kwargs):
+        raise AssertionError("profiled again")
+
+    monkeypatch.setattr(uncertainty, "profile_cable_scale", not_again)
+    k = float(run.parameters.as_dict()["cable_stiffness"][0])
+    u = uncertainty.trainer_uncertainty(run, at={**run.parameters.as_dict(), "cable_stiffness": [1.1 * k]})
+    assert u.scale_profile is kept[0]
+    profile, size, first, starts = kept
+    run.scale_profile = (profile, len(run.train) // 2, first, starts)          # the data doubled since
+    assert scale_profile.kept_profile(run) is None
+    run.scale_profile = (profile, size, first, starts + 1.0)                   # other data
+    assert scale_profile.kept_profile(run) is None
+    run.scale_profile = kept
+
+
+def test_the_reach_is_interpolated_between_the_last_rung_kept_and_the_first_rejected(runs, monkeypatch):
+    """Each side goes out rung by rung and stops at its first rejected rung; the reach lies
+    where the test's t crosses `PROFILE_SIGNIFICANCE` between the last rung not rejected and
+    that one; a first rung rejected leaves the side at 1 (the curvature holds inside it)."""
+    run = runs["lag"]
+    verdicts = iter([0.5, 3.5, 4.0])            # below: the first rung kept, the second rejected; above: the first rejected
+    monkeypatch.setattr(scale_profile, "log_ratio_gain", lambda base, point: next(verdicts))
+    names = tuple(run.learn)
+    from tensegrity_engine.identification.solvers.levenberg_marquardt import raw_vector
+    theta0 = raw_vector(run.parameters, names)
+    lm, refit = uncertainty._scratch_solver(run, 0) if run.window_lm.windows is None else (run.window_lm, False)
+    info = lm.information_at(run, theta0, refit=refit)
+    p = scale_profile.profile_cable_scale(run, lm, info["vel"], theta0)
+    a1, a2 = math.log(PROFILE_FACTORS[0]), math.log(PROFILE_FACTORS[1])
+    w = (PROFILE_SIGNIFICANCE - 0.5) / (3.5 - 0.5)
+    assert p.factors == (1.0 / PROFILE_FACTORS[0], 1.0 / PROFILE_FACTORS[1], PROFILE_FACTORS[0])
+    assert p.reach[0] == pytest.approx(math.exp(-(a1 + w * (a2 - a1)))) and p.reach[1] == 1.0
+    k = float(run.parameters.as_dict()["cable_stiffness"][0])
+    sigma = p.sigma(run.parameters.as_dict())
+    assert sigma["cable_stiffness"] == pytest.approx([k * (1.0 - p.reach[0]) / 2.0], rel=1e-6)
