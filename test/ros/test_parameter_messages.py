@@ -502,7 +502,8 @@ def test_a_force_scale_the_windows_do_not_fix_is_warned_about_and_published_with
     for reach, expected in (((1.0, 1.0), 10.0), ((0.5, 1.0), 0.25 * k)):
         profile = ScaleProfile(factors=(1 / 1.5,), t=(0.5,), reach=reach, windows=12,
                                moved={"cable_stiffness": np.array([1.0 - reach[0]])})
-        u = dataclasses.replace(base, scale_profile=profile, sigma_scale=profile.sigma(values))
+        raw_sized = {"cable_stiffness": params.shared_value("cable_stiffness").detach().numpy()}
+        u = dataclasses.replace(base, scale_profile=profile, sigma_scale=profile.sigma(raw_sized))
         node.session = SimpleNamespace(uncertainty=lambda max_tuples, at: u)
         flat = published_uncertainty(node, params, values)
         assert flat[names.index("cable_stiffness") if "cable_stiffness" in names

@@ -10,15 +10,15 @@ with K at -32 and +1 % of the truth, while the published sigma of K was 8 %.
 
 `profile_cable_scale` holds the learnt cable stiffness and damping at f x the fit's values,
 refits every other learnt value and the windows' latents by a few Gauss-Newton steps on a
-subset of the solver's windows (each rung sub-stepped as its values need, the held values'
-Jacobian columns not computed), and scores each window against the same refit at f = 1: a
+subset of the solver's windows (every rollout sub-stepped alike, as the top rung needs; the
+held values' Jacobian columns not computed), and scores each window against the same refit at f = 1: a
 test of "the robot's scale is f", inverted into the factors the data do not reject
 (per-window log ratio within `PROFILE_SIGNIFICANCE` standard errors, as the lag split's
 check and the structure test judge). Rungs of `PROFILE_FACTORS` go out on each side until
 one is rejected; the reach is interpolated between the last rung kept and that one (a first
 rung rejected leaves the curvature's sigma to hold inside it). The published sigma of the
-cables' values then reaches the farther reach (`ScaleProfile.sigma`), every other learnt
-value's where the refit moved it. A model keeps its profile until its data doubles.
+cables' values then reaches the farther reach (`ScaleProfile.sigma`: per element the larger
+move of the two sides), every other learnt value's where the refit moved it. A model keeps its profile until its data doubles.
 
 Off by default (`IdentificationConfig.scale_profile`): measured (the fifty-seventh
 session, one core at the bench's 1 s of compute per sim second), it keeps stiff_light's
@@ -138,8 +138,7 @@ def _refit(trainer, lm: WindowLevenbergMarquardt, free, iterations: int) -> Opti
     from tensegrity_engine.identification.uncertainty import gauss_newton_step   # uncertainty imports this module
 
     params = trainer.params
-    with _learning(trainer, free), trainer.objective.stepped_for(trainer.engine.param_values(trainer.dtype,
-                                                                                              trainer.device)):
+    with _learning(trainer, free):
         best = lm.information_at(trainer, raw_vector(params, free))
         if best is None:
             return None
@@ -158,6 +157,19 @@ def _refit(trainer, lm: WindowLevenbergMarquardt, free, iterations: int) -> Opti
                 step = step / 4.0
         set_raw_vector(params, free, best["theta"])
     return best
+
+
+def _one_step(trainer, names, scaled, top: float) -> None:
+    """Sub-step every rollout of the profile alike, as finely as the fit's values or the top
+    rung's need (stiffer cables need more): rungs judged at another step than the base would
+    differ by the discretisation on every window alike, which the per-window test counts."""
+    objective, params = trainer.objective, trainer.params
+    need = objective.step_for(trainer.engine.param_values(trainer.dtype, trainer.device))
+    theta = raw_vector(params, names)
+    if _scaled(params, names, scaled, top):
+        need = max(need, objective.step_for(trainer.engine.param_values(trainer.dtype, trainer.device)))
+        set_raw_vector(params, names, theta)
+    objective.substeps = need
 
 
 def _values(params, names) -> dict:
@@ -187,9 +199,10 @@ def profile_cable_scale(trainer, solver: WindowLevenbergMarquardt, latents: torc
     # the rest of the force scale (a learnt mass, the contact's stiffness) moves along
     # (`scale.SCALE_GROUP`: with the mass learnt too the motion is the same, the profile flat)
     scaled = [n for n in names if n in SCALE_GROUP]
-    before = raw_vector(params, names)
+    before, substeps = raw_vector(params, names), trainer.objective.substeps
     try:
         set_raw_vector(params, names, theta0)
+        _one_step(trainer, names, scaled, max(factors, default=1.0))
         base = _refit(trainer, lm, free, iterations)
         if base is None:
             return None
@@ -208,7 +221,7 @@ def profile_cable_scale(trainer, solver: WindowLevenbergMarquardt, latents: torc
                 if point is None or not math.isfinite(point["rss"]):
                     break
                 t = log_ratio_gain(base["window_rss"], point["window_rss"])
-                t = t if math.isfinite(t) else math.inf
+                t = math.inf if math.isnan(t) else t
                 scored.append(math.exp(a))
                 t_of.append(t)
                 values = _values(params, names)
@@ -226,7 +239,9 @@ def profile_cable_scale(trainer, solver: WindowLevenbergMarquardt, latents: torc
             far[side] = {**last_values, **{n: base_values[n] * reach[side] for n in fixed}}
     finally:
         set_raw_vector(params, names, before)
-    side = 0 if 1.0 / reach[0] >= reach[1] else 1
-    moved = {n: np.abs(far[side][n] - base_values[n]) / np.maximum(np.abs(base_values[n]), 1e-300) for n in names}
+        trainer.objective.substeps = substeps
+    # per element the larger move of the two reaches (the published sigma is symmetric)
+    moved = {n: np.maximum(*(np.abs(far[side][n] - base_values[n]) for side in (0, 1)))
+             / np.maximum(np.abs(base_values[n]), 1e-300) for n in names}
     return ScaleProfile(factors=tuple(scored), t=tuple(t_of), reach=(reach[0], reach[1]),
                         windows=int(len(pick)), moved=moved)

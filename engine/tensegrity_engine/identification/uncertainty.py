@@ -498,10 +498,10 @@ def _windowed_uncertainty(trainer, names, theta0, seed: int) -> ParameterUncerta
         except (RuntimeError, ValueError):     # a failed profile must not cost the sigma
             profile = None
         keep_profile(trainer, profile, lm.windows)
-    values = {n: trainer.params.shared_value(n).detach().double().cpu().numpy().reshape(-1) for n in names}
+    sigma_scale = {} if profile is None else profile.sigma(
+        {n: trainer.params.shared_value(n).detach().double().cpu().numpy().reshape(-1) for n in names})
     return dataclasses.replace(u, sigma_structure=shift, sigma_step=remaining, sigma_split=sigma_split,
-                               lag_split=split, sigma_scale={} if profile is None else profile.sigma(values),
-                               scale_profile=profile)
+                               lag_split=split, sigma_scale=sigma_scale, scale_profile=profile)
 
 
 def _scratch_solver(trainer, seed: int) -> tuple[WindowLevenbergMarquardt, bool]:
