@@ -546,8 +546,9 @@ def declare_solver(d, period: float):
                      choices=WINDOWS_FROM)
     scale_profile = d("scale_profile", defaults.scale_profile, "pose-only: the published sigma reaches as far as "
                       "the cables' force scale may go by a profile of the training windows (stiffness and damping "
-                      "held at a factor, the rest refitted); experimental and costly, off by default: its verdict on the "
-                      "training windows is not yet reliable (docs/online_identification.md, fifty-seventh session)")
+                      "held at a factor, the rest refitted); experimental and costly, off by default: its verdict "
+                      "on the training windows is not yet reliable (docs/online_identification.md, fifty-seventh "
+                      "session)")
     lm_settle_sigmas = d("lm_settle_sigmas", defaults.lm_settle_sigmas, "pose-only: the windowed "
                          "Levenberg-Marquardt has converged once its last lm_patience steps moved every value "
                          "by at most this many of its 1-sigma (0: off)", range=(0.0, 100.0))

@@ -18,7 +18,8 @@ check and the structure test judge). Rungs of `PROFILE_FACTORS` go out on each s
 one is rejected; the reach is interpolated between the last rung kept and that one (a first
 rung rejected leaves the curvature's sigma to hold inside it). The published sigma of the
 cables' values then reaches the farther reach (`ScaleProfile.sigma`: per element the larger
-move of the two sides), every other learnt value's where the refit moved it. A model keeps its profile until its data doubles.
+move of the two sides), every other learnt value's where the refit moved it. A model keeps
+its profile until its data doubles.
 
 Off by default (`IdentificationConfig.scale_profile`): measured (the fifty-seventh
 session, one core at the bench's 1 s of compute per sim second), it keeps stiff_light's
@@ -40,8 +41,8 @@ from tensegrity_engine.identification.scale import SCALE_GROUP
 from tensegrity_engine.identification.solvers.levenberg_marquardt import bounded_step, raw_vector, set_raw_vector
 from tensegrity_engine.identification.solvers.windows import WindowLevenbergMarquardt
 
-__all__ = ["ScaleProfile", "profile_cable_scale", "kept_profile", "keep_profile", "CABLE_FORCES", "PROFILE_FACTORS",
-           "PROFILE_SIGNIFICANCE", "PROFILE_WINDOWS", "PROFILE_ITERATIONS", "PROFILE_REDRAW"]
+__all__ = ["ScaleProfile", "profile_cable_scale", "kept_profile", "keep_profile", "element_values", "CABLE_FORCES",
+           "PROFILE_FACTORS", "PROFILE_SIGNIFICANCE", "PROFILE_WINDOWS", "PROFILE_ITERATIONS", "PROFILE_REDRAW"]
 
 CABLE_FORCES = ("cable_stiffness", "cable_damping")
 # the rungs each side (f and 1 / f), nearest first: a side stops at its first rejected rung
@@ -172,7 +173,9 @@ def _one_step(trainer, names, scaled, top: float) -> None:
     objective.substeps = need
 
 
-def _values(params, names) -> dict:
+def element_values(params, names) -> dict:
+    """Name -> the values its raw elements hold (a profiled parameter's mean), float64 on
+    the host: the shape every per-element sigma has."""
     return {n: params.shared_value(n).detach().double().cpu().numpy().reshape(-1) for n in names}
 
 
@@ -206,7 +209,8 @@ def profile_cable_scale(trainer, solver: WindowLevenbergMarquardt, latents: torc
         base = _refit(trainer, lm, free, iterations)
         if base is None:
             return None
-        base_theta, base_vel, base_values = raw_vector(params, names), lm.window_vel.clone(), _values(params, names)
+        base_theta, base_vel = raw_vector(params, names), lm.window_vel.clone()
+        base_values = element_values(params, names)
         scored, t_of, reach, far = [], [], [1.0, 1.0], {}
         for side, sign in ((0, -1.0), (1, 1.0)):
             # each rung starts from the last one's refit (values and latents): the valley bends
@@ -224,7 +228,7 @@ def profile_cable_scale(trainer, solver: WindowLevenbergMarquardt, latents: torc
                 t = math.inf if math.isnan(t) else t
                 scored.append(math.exp(a))
                 t_of.append(t)
-                values = _values(params, names)
+                values = element_values(params, names)
                 if t >= PROFILE_SIGNIFICANCE:
                     # rejected: the reach lies between the last rung kept and this one (none
                     # kept: the curvature's sigma holds inside the first rung)

@@ -53,8 +53,8 @@ from tensegrity_engine.identification.solvers.levenberg_marquardt import (bounde
                                                                           residual_jacobian, set_raw_vector,
                                                                           tuple_rows)
 from tensegrity_engine.identification.scale import SCALE_GROUP
-from tensegrity_engine.identification.scale_profile import (ScaleProfile, keep_profile, kept_profile,
-                                                             profile_cable_scale)
+from tensegrity_engine.identification.scale_profile import (ScaleProfile, element_values, keep_profile,
+                                                             kept_profile, profile_cable_scale)
 from tensegrity_engine.identification.solvers.covariance import (MIN_JACKKNIFE_GROUPS, SINGULAR,  # noqa: F401
                                                                 element_variance, jackknife_variance)
 from tensegrity_engine.identification.solvers.windows import WindowLevenbergMarquardt, inherit_windows, score_groups
@@ -498,8 +498,7 @@ def _windowed_uncertainty(trainer, names, theta0, seed: int) -> ParameterUncerta
         except (RuntimeError, ValueError):     # a failed profile must not cost the sigma
             profile = None
         keep_profile(trainer, profile, lm.windows)
-    sigma_scale = {} if profile is None else profile.sigma(
-        {n: trainer.params.shared_value(n).detach().double().cpu().numpy().reshape(-1) for n in names})
+    sigma_scale = {} if profile is None else profile.sigma(element_values(trainer.params, names))
     return dataclasses.replace(u, sigma_structure=shift, sigma_step=remaining, sigma_split=sigma_split,
                                lag_split=split, sigma_scale=sigma_scale, scale_profile=profile)
 
@@ -602,7 +601,7 @@ def pooled_shift(trainer, shift: dict) -> dict:
     whose shift was drawn near 0 said 2.6 for a stiffness 68 off (26 sigma). Up to
     `SHIFT_POOL` of the latest are kept (the data the early ones saw is a part of the window)."""
     names = tuple(trainer.learn)
-    current = {n: trainer.params.shared_value(n).detach().double().cpu().numpy().reshape(-1) for n in names}
+    current = element_values(trainer.params, names)
     history = getattr(trainer, "horizon_shifts", None)
     if history is None:                       # the pool lives on the trainer: one per model
         history = trainer.horizon_shifts = []
@@ -625,7 +624,7 @@ def _value_changes(trainer, theta0: torch.Tensor, a: torch.Tensor, b: torch.Tens
         values = []
         for step in (a, b):
             set_raw_vector(params, names, theta0 + step.to(theta0))
-            values.append({n: params.shared_value(n).detach().double().cpu().numpy().reshape(-1) for n in names})
+            values.append(element_values(params, names))
     finally:
         set_raw_vector(params, names, before)
     return {n: np.abs(values[1][n] - values[0][n]) for n in names}
