@@ -6,6 +6,7 @@ import torch
 
 from tensegrity_engine.control.excitation import ExcitationPolicy
 from tensegrity_engine.groundtruth.environments import rest_pose
+from tensegrity_engine.groundtruth.sensors import noisy_rod_poses
 from tensegrity_engine.groundtruth.zoo import ground_truth
 from tensegrity_engine.identification import IdentificationConfig
 from tensegrity_engine.identification.online import default_trainer_factory
@@ -17,13 +18,14 @@ PERIOD = 0.1
 
 
 def rolling_twin_run(superball, *, gyro_noise=None, seconds: float = 8.0, config: dict = None, dropped=(),
-                     cables: bool = False, unsensed=(), no_encoder=()):
+                     cables: bool = False, unsensed=(), no_encoder=(), pose_noise=None):
     """(trainer at the true values, holding the record as pose-only training data; the true
     states at every tuple start). ``gyro_noise`` (rad/s) not None: each rod's IMU reports
     with every pose, after it (as a bridge publishes them). ``dropped``: the mocap frames
     (by index, 1 the first) that never arrive. ``cables``: every winch's encoder and every cable's
     load cell report the true rest length and tension with every pose, after it, but the load
-    cells of the cables ``unsensed`` (NaN), and passive cables have no encoder."""
+    cells of the cables ``unsensed`` (NaN), and passive cables have no encoder. ``pose_noise``
+    (position m, rotation rad) not None: the mocap's poses get that noise (`noisy_rod_poses`)."""
     z = ground_truth("twin/as_built", superball)
     robot = z.nominal.replace(rod_mass=z.truth.rod_mass.copy())
     n_cmd = int(round(seconds / PERIOD)) + 2
@@ -44,13 +46,15 @@ def rolling_twin_run(superball, *, gyro_noise=None, seconds: float = 8.0, config
             measured[0][:, list(no_encoder)] = np.nan
             measured[1][:, list(unsensed)] = np.nan
     aligner = StreamAligner(StreamConfig.for_robot(robot, interval=PERIOD))
-    rng = np.random.default_rng(3)
+    rng, noise_rng = np.random.default_rng(3), np.random.default_rng(4)
     for k in range(n_cmd):
         stamp = int(round(k * PERIOD * 1e9))
         aligner.add_command(stamp, cmd[k])
         if 0 < k < n_cmd - 1 and k not in dropped:
             state = dense[k * held]
-            aligner.add_pose(stamp, state[:, :7])
+            pose = state if pose_noise is None else noisy_rod_poses(state, noise_rng, pos_noise=pose_noise[0],
+                                                                    rot_noise=pose_noise[1])
+            aligner.add_pose(stamp, pose[:, :7])
             if gyro_noise is not None:
                 body = quat_rotate(quat_conjugate(state[:, QUAT]), state[:, ANG_VEL])
                 body = body + rng.normal(0.0, gyro_noise, body.shape)

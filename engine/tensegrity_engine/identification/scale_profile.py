@@ -11,20 +11,23 @@ with K at -32 and +1 % of the truth, while the published sigma of K was 8 %.
 `profile_cable_scale` holds the learnt cable stiffness and damping at f x the fit's values,
 refits every other learnt value and the windows' latents by a few Gauss-Newton steps on a
 subset of the solver's windows (every rollout sub-stepped alike, as the top rung needs; the
-held values' Jacobian columns not computed), and scores each window against the same refit at f = 1: a
-test of "the robot's scale is f", inverted into the factors the data do not reject
-(per-window log ratio within `PROFILE_SIGNIFICANCE` standard errors, as the lag split's
-check and the structure test judge). Rungs of `PROFILE_FACTORS` go out on each side until
-one is rejected; the reach is interpolated between the last rung kept and that one (a first
-rung rejected leaves the curvature's sigma to hold inside it). The published sigma of the
-cables' values then reaches the farther reach (`ScaleProfile.sigma`: per element the larger
-move of the two sides), every other learnt value's where the refit moved it. A model keeps
-its profile until its data doubles.
+held values' Jacobian columns not computed), and scores the refit on other windows of the
+solver, which it did not use (their latents fitted at the refit's values, the values fixed),
+against the same refit at f = 1: a test of "the robot's scale is f", inverted into the
+factors the data do not reject (per-window log ratio within `PROFILE_SIGNIFICANCE` standard
+errors, as the lag split's check and the structure test judge). Scored on the windows it was
+refitted on, a rung's extra freedom fits their noise and the test rejects too little
+(measured at the end of the minute, seed 3, the fifty-seventh session: at 1.5 x,
+kitchen_sink's in-sample t 0.05 with its K right to 2 %; held out 6.7, and 2.7 at 1.2 x;
+stiff_light, the robot at 1.48 x, held out 1.6 at 1.5 x and 3.3 at 2 x). Rungs of
+`PROFILE_FACTORS` go out on each side until one is rejected; the reach is interpolated
+between the last rung kept and that one (a first rung rejected leaves the curvature's sigma
+to hold inside it). The published sigma of the cables' values then reaches the farther
+reach (`ScaleProfile.sigma`: per element the larger move of the two sides), every other
+learnt value's where the refit moved it. A model keeps its profile until its data doubles.
 
-Off by default (`IdentificationConfig.scale_profile`): measured (the fifty-seventh
-session, one core at the bench's 1 s of compute per sim second), it keeps stiff_light's
-scale (the robot at 1.48 x the published) where the curvature's sigma excludes it, and took
-82 % of the worker's compute there, the solver's fit 31 mm off 1 s ahead instead of 21.
+Off by default (`IdentificationConfig.scale_profile`): an experiment while its verdicts in
+the session are measured (docs/online_identification.md).
 """
 from __future__ import annotations
 
@@ -39,10 +42,11 @@ import torch
 from tensegrity_engine.identification.acceptance import log_ratio_gain
 from tensegrity_engine.identification.scale import SCALE_GROUP
 from tensegrity_engine.identification.solvers.levenberg_marquardt import bounded_step, raw_vector, set_raw_vector
-from tensegrity_engine.identification.solvers.windows import WindowLevenbergMarquardt
+from tensegrity_engine.identification.solvers.windows import WindowLevenbergMarquardt, fit_start_velocities
 
 __all__ = ["ScaleProfile", "profile_cable_scale", "kept_profile", "keep_profile", "element_values", "CABLE_FORCES",
-           "PROFILE_FACTORS", "PROFILE_SIGNIFICANCE", "PROFILE_WINDOWS", "PROFILE_ITERATIONS", "PROFILE_REDRAW"]
+           "PROFILE_FACTORS", "PROFILE_SIGNIFICANCE", "PROFILE_WINDOWS", "PROFILE_HELD_WINDOWS",
+           "PROFILE_ITERATIONS", "PROFILE_HELD_ITERATIONS", "PROFILE_REDRAW"]
 
 CABLE_FORCES = ("cable_stiffness", "cable_damping")
 # the rungs each side (f and 1 / f), nearest first: a side stops at its first rejected rung
@@ -50,10 +54,15 @@ PROFILE_FACTORS = (1.5, 2.0)
 # a rung the windows fit worse by this many standard errors of the mean per-window log
 # ratio is rejected (`lag_split.SPLIT_SIGNIFICANCE`, the structure test's 2)
 PROFILE_SIGNIFICANCE = 2.0
-# at most this many of the solver's windows (an even subset) and Gauss-Newton steps per rung
-# (16 windows x 3 steps on stiff_light, all 31 columns: 3.1-3.7 s of a core a rung)
+# each rung is refitted on at most this many of the solver's windows (an even subset; a third
+# of them where fewer) by this many Gauss-Newton steps (16 windows x 3 steps on stiff_light,
+# all 31 columns: 3.1-3.7 s of a core a rung), and scored on at most
+# `PROFILE_HELD_WINDOWS` of the others, their latents fitted by `PROFILE_HELD_ITERATIONS`
+# steps (12 and 24 windows, all six rungs: 11-19 s of a core at the end of the minute)
 PROFILE_WINDOWS = 12
 PROFILE_ITERATIONS = 2
+PROFILE_HELD_WINDOWS = 24
+PROFILE_HELD_ITERATIONS = 3
 # A model's profile is made again once its data has grown this many times since
 # (`uncertainty.SCRATCH_REDRAW`'s reasoning: the data narrow a profile slowly, and each costs
 # a few refits)
@@ -64,9 +73,10 @@ PROFILE_REDRAW = 2
 class ScaleProfile:
     """The rungs tested, their verdicts and the reach on each side."""
     factors: tuple           # the factors f scored, in the order scored
-    t: tuple                 # per factor: standard errors by which its refit fits the windows worse
+    t: tuple                 # per factor: standard errors by which its refit fits the held-out windows worse
     reach: tuple             # (lowest, highest) factor the data do not reject (interpolated)
-    windows: int
+    windows: int             # held-out windows scored
+    refit_windows: int = 0   # windows the rungs were refitted on
     # learnt name -> per element |value refitted at the farther reach - value refitted at
     # f = 1| over |the latter|
     moved: dict = dataclasses.field(default_factory=dict)
@@ -173,6 +183,28 @@ def _one_step(trainer, names, scaled, top: float) -> None:
     objective.substeps = need
 
 
+def _split(count: int, fit: int, held: int) -> Optional[tuple[np.ndarray, np.ndarray]]:
+    """(windows to refit on, windows to score on) of ``count``: even subsets, disjoint, at
+    least three each; None where there are not enough."""
+    fit = min(fit, max(3, count // 3))
+    fitted = np.unique(np.linspace(0, count - 1, fit).astype(int))
+    rest = np.setdiff1d(np.arange(count), fitted)
+    if len(fitted) < 3 or len(rest) < 3:
+        return None
+    return fitted, rest[np.unique(np.linspace(0, len(rest) - 1, min(held, len(rest))).astype(int))]
+
+
+def _held_rss(trainer, windows: torch.Tensor, start: torch.Tensor) -> np.ndarray:
+    """Per window of ``windows`` its residual sum of squares under the trainer's values, the
+    latents fitted there from ``start`` (the values fixed): how the values predict data
+    they were not fitted to."""
+    p = trainer.engine.param_values(trainer.dtype, trainer.device)
+    vel = fit_start_velocities(trainer.objective, trainer.train, windows, p,
+                               iterations=PROFILE_HELD_ITERATIONS, start=start)
+    r = trainer.objective.window_residual(trainer.train, windows, vel, p)
+    return (r ** 2).sum(-1).double().cpu().numpy()
+
+
 def element_values(params, names) -> dict:
     """Name -> the values its raw elements hold (a profiled parameter's mean), float64 on
     the host: the shape every per-element sigma has."""
@@ -182,20 +214,22 @@ def element_values(params, names) -> dict:
 @torch.no_grad()
 def profile_cable_scale(trainer, solver: WindowLevenbergMarquardt, latents: torch.Tensor, theta0: torch.Tensor,
                         factors=PROFILE_FACTORS, max_windows: int = PROFILE_WINDOWS,
-                        iterations: int = PROFILE_ITERATIONS) -> Optional[ScaleProfile]:
-    """The profile of the cables' force scale at the raw values ``theta0`` of ``trainer.learn``
-    on an even subset of ``solver``'s windows with their ``latents`` (fitted at ``theta0``).
-    None without a learnt cable force and another learnt value, with fewer than three windows
-    or where the refit at f = 1 is not finite. The trainer's values and the solver are left
-    as they were."""
+                        iterations: int = PROFILE_ITERATIONS,
+                        held_windows: int = PROFILE_HELD_WINDOWS) -> Optional[ScaleProfile]:
+    """The profile of the cables' force scale at the raw values ``theta0`` of ``trainer.learn``,
+    refitted on an even subset of ``solver``'s windows and scored on others (`_split`), their
+    ``latents`` fitted at ``theta0``. None without a learnt cable force and another learnt
+    value, with fewer than six windows or where the refit at f = 1 is not finite. The
+    trainer's values and the solver are left as they were."""
     names = tuple(trainer.learn)
     fixed = [n for n in names if n in CABLE_FORCES]
     free = tuple(n for n in names if n not in CABLE_FORCES)
-    if not fixed or not free or solver.windows is None or len(solver.windows) < 3:
+    split = None if solver.windows is None else _split(len(solver.windows), max_windows, held_windows)
+    if not fixed or not free or split is None:
         return None
     params = trainer.params
-    pick = torch.as_tensor(np.unique(np.linspace(0, len(solver.windows) - 1, max_windows).astype(int)),
-                           device=solver.windows.device)
+    pick, held = (torch.as_tensor(i, device=solver.windows.device) for i in split)
+    scored_windows, held_start = solver.windows[held], latents[held]
     lm = WindowLevenbergMarquardt(solver.config)
     lm.windows, lm.window_vel = solver.windows[pick], latents[pick].clone()
     lm.latent_cols = solver.latent_cols
@@ -211,6 +245,7 @@ def profile_cable_scale(trainer, solver: WindowLevenbergMarquardt, latents: torc
             return None
         base_theta, base_vel = raw_vector(params, names), lm.window_vel.clone()
         base_values = element_values(params, names)
+        base_held = _held_rss(trainer, scored_windows, held_start)
         scored, t_of, reach, far = [], [], [1.0, 1.0], {}
         for side, sign in ((0, -1.0), (1, 1.0)):
             # each rung starts from the last one's refit (values and latents): the valley bends
@@ -224,7 +259,7 @@ def profile_cable_scale(trainer, solver: WindowLevenbergMarquardt, latents: torc
                 point = _refit(trainer, lm, free, iterations)
                 if point is None or not math.isfinite(point["rss"]):
                     break
-                t = log_ratio_gain(base["window_rss"], point["window_rss"])
+                t = log_ratio_gain(base_held, _held_rss(trainer, scored_windows, held_start))
                 t = math.inf if math.isnan(t) else t
                 scored.append(math.exp(a))
                 t_of.append(t)
@@ -248,4 +283,4 @@ def profile_cable_scale(trainer, solver: WindowLevenbergMarquardt, latents: torc
     moved = {n: np.maximum(*(np.abs(far[side][n] - base_values[n]) for side in (0, 1)))
              / np.maximum(np.abs(base_values[n]), 1e-300) for n in names}
     return ScaleProfile(factors=tuple(scored), t=tuple(t_of), reach=(reach[0], reach[1]),
-                        windows=int(len(pick)), moved=moved)
+                        windows=int(len(held)), refit_windows=int(len(pick)), moved=moved)
