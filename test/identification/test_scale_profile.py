@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import rolling_records
-from tensegrity_engine.identification import scale_profile, uncertainty
+from tensegrity_engine.identification import acceptance, scale_profile, uncertainty
 from tensegrity_engine.identification.scale_profile import PROFILE_FACTORS, PROFILE_SIGNIFICANCE
 
 
@@ -25,10 +25,11 @@ def runs(superball):
     return out
 
 
-def test_a_scale_the_windows_determine_is_not_widened_and_a_symmetry_reaches_the_last_rung(runs):
+def test_a_scale_the_windows_determine_is_not_widened_and_a_symmetry_reaches_the_last_rung(runs, monkeypatch):
     """The motors' lag learnt beside the cables: the first rung each side fits the held-out
     windows significantly worse, so the profile adds nothing to the published sigma. The rods' mass
-    learnt instead: every rung refits as well as the published values (forces and inertia
+    learnt instead: the curvature's sigma is infinite already, so no profile is made; made
+    all the same, every rung refits as well as the published values (forces and inertia
     scale together), the reach is the last rung each side and the published 2-sigma of every
     scaled value spans it; the trainer's values are left as they were."""
     lag = runs["lag"]
@@ -44,6 +45,12 @@ def test_a_scale_the_windows_determine_is_not_widened_and_a_symmetry_reaches_the
 
     mass = runs["mass"]
     values = {n: np.asarray(v) for n, v in mass.parameters.as_dict().items()}
+    # the curvature flags the symmetry already (sigma inf): no profile could widen it
+    u = uncertainty.trainer_uncertainty(mass)
+    assert "cable_stiffness" in u.undetermined and np.all(np.isinf(u.published()["cable_stiffness"]))
+    assert u.scale_profile is None and u.sigma_scale == {} and mass.scale_profile is None
+    # made all the same, it finds the symmetry
+    monkeypatch.setattr(uncertainty, "may_widen", lambda published, values: True)
     u = uncertainty.trainer_uncertainty(mass)
     p = u.scale_profile
     top = PROFILE_FACTORS[-1]
@@ -53,12 +60,11 @@ def test_a_scale_the_windows_determine_is_not_widened_and_a_symmetry_reaches_the
     for name in ("cable_stiffness", "cable_damping"):
         assert 2.0 * u.sigma_scale[name] == pytest.approx(values[name] * (top - 1.0), rel=1e-9)
     assert np.all(2.0 * u.sigma_scale["rod_mass"] >= 0.9 * values["rod_mass"] * (top - 1.0))
-    # published: the rest's sigma, at least the profile's (the curvature flags the symmetry
-    # as undetermined here too: inf either way)
+    # published: the rest's sigma, at least the profile's
     rest = dataclasses.replace(u, sigma_scale={}, scale_profile=None).published()
     for name, s in u.published().items():
         assert s == pytest.approx(np.maximum(rest[name], u.sigma_scale[name]))
-    assert "cable_stiffness" in u.undetermined
+    monkeypatch.setattr(mass, "scale_profile", None)
 
 
 def test_no_profile_unless_the_config_asks_for_one(runs, monkeypatch):
@@ -102,7 +108,7 @@ def test_the_reach_is_interpolated_between_the_last_rung_kept_and_the_first_reje
     rung that fits every window better by the same ratio (t = -inf) is kept."""
     run = runs["lag"]
     verdicts = iter([-math.inf, 3.5, 4.0])      # below: the first rung kept, the second rejected; above: the first rejected
-    monkeypatch.setattr(scale_profile, "log_ratio_gain", lambda base, point: next(verdicts))
+    monkeypatch.setattr(scale_profile, "_verdict", lambda base, point: next(verdicts))
     names = tuple(run.learn)
     from tensegrity_engine.identification.solvers.levenberg_marquardt import raw_vector
     theta0 = raw_vector(run.parameters, names)
@@ -137,6 +143,7 @@ def test_rungs_are_scored_on_windows_they_were_not_refitted_on(runs, monkeypatch
     monkeypatch.setattr(scale_profile, "_refit", spy_refit)
     monkeypatch.setattr(scale_profile, "_held_rss", spy_held)
     monkeypatch.setattr(run, "scale_profile", None)
+    monkeypatch.setattr(uncertainty, "may_widen", lambda published, values: True)   # the earlier tests' latents widen it
     p = uncertainty.trainer_uncertainty(run).scale_profile
     assert p is not None and len(refitted) == len(scored) == 1 + len(p.factors)
     starts = lambda w: {int(i) for i in w[:, 0]}                     # noqa: E731
@@ -148,3 +155,32 @@ def test_rungs_are_scored_on_windows_they_were_not_refitted_on(runs, monkeypatch
     assert scale_profile._split(5, 12, 24) is None
     fit, rest = scale_profile._split(40, 12, 24)
     assert len(fit) == 12 and len(rest) == 24 and not set(fit) & set(rest) and fit[-1] == 39
+
+
+def test_no_profile_where_the_published_sigma_already_spans_the_top_rung():
+    """A profile's sigma reaches at most half the move to the top rung: where every cable
+    force's element already has that (or an infinite) sigma, the refits are skipped; one
+    element narrower, or a value the profile does not hold, decides nothing else."""
+    top = PROFILE_FACTORS[-1]
+    values = {"cable_stiffness": np.array([1000.0, 2000.0]), "cable_damping": np.array([50.0]),
+              "actuator_time_constant": np.array([0.1])}
+    wide = {"cable_stiffness": np.array([500.0, 1000.0]) * (top - 1.0), "cable_damping": np.array([np.inf]),
+            "actuator_time_constant": np.array([1e-6])}
+    assert not scale_profile.may_widen(wide, values)
+    narrow = {**wide, "cable_stiffness": np.array([500.0, 990.0]) * (top - 1.0)}
+    assert scale_profile.may_widen(narrow, values)
+    assert scale_profile.may_widen({**wide, "cable_damping": np.array([24.0 * (top - 1.0)])}, values)
+    assert not scale_profile.may_widen({"actuator_time_constant": np.array([1e-6])}, values)
+
+
+def test_rungs_that_predict_the_same_tie_however_consistent_the_difference():
+    """Held-out errors within `PROFILE_TIE` (mean log ratio) of the base's are a tie, t 0,
+    though a paired test finds them consistently worse; beyond it the paired test decides."""
+    rng = np.random.default_rng(0)
+    base = rng.uniform(0.5, 2.0, 20)
+    assert acceptance.log_ratio_gain(base, base * (1.0 + 1e-7 * rng.uniform(1.0, 2.0, 20))) > PROFILE_SIGNIFICANCE
+    assert scale_profile._verdict(base, base * (1.0 + 1e-7 * rng.uniform(1.0, 2.0, 20))) == 0.0
+    worse = base * np.exp(0.05 + 0.01 * rng.standard_normal(20))
+    assert scale_profile._verdict(base, worse) == pytest.approx(acceptance.log_ratio_gain(base, worse))
+    assert scale_profile._verdict(base, worse) > PROFILE_SIGNIFICANCE
+    assert scale_profile._verdict(base, base * 1.01) > 1e6        # the same ratio everywhere

@@ -54,7 +54,7 @@ from tensegrity_engine.identification.solvers.levenberg_marquardt import (bounde
                                                                           tuple_rows)
 from tensegrity_engine.identification.scale import SCALE_GROUP
 from tensegrity_engine.identification.scale_profile import (ScaleProfile, element_values, keep_profile,
-                                                             kept_profile, profile_cable_scale)
+                                                             kept_profile, may_widen, profile_cable_scale)
 from tensegrity_engine.identification.solvers.covariance import (MIN_JACKKNIFE_GROUPS, SINGULAR,  # noqa: F401
                                                                 element_variance, jackknife_variance)
 from tensegrity_engine.identification.solvers.windows import WindowLevenbergMarquardt, inherit_windows, score_groups
@@ -492,7 +492,9 @@ def _windowed_uncertainty(trainer, names, theta0, seed: int) -> ParameterUncerta
         sigma_split = {} if split is None else split.sigma(values)
     profiled = checked and trainer.config.scale_profile
     profile = kept_profile(trainer) if profiled else None
-    if profiled and profile is None:
+    if profiled and profile is None and may_widen(
+            dataclasses.replace(u, sigma_structure=shift, sigma_step=remaining, sigma_split=sigma_split).published(),
+            element_values(trainer.params, names)):
         try:
             profile = profile_cable_scale(trainer, lm, info["vel"], theta0)
         except (RuntimeError, ValueError):     # a failed profile must not cost the sigma
