@@ -545,10 +545,9 @@ def declare_solver(d, period: float):
                      "starts from the finite-difference stage's fit or from the start values",
                      choices=WINDOWS_FROM)
     scale_profile = d("scale_profile", defaults.scale_profile, "pose-only: the published sigma reaches as far as "
-                      "the cables' force scale may go by a profile of the training windows (stiffness and damping "
-                      "held at a factor, the rest refitted); experimental and costly, off by default: its verdict "
-                      "on the training windows is not yet reliable (docs/online_identification.md, fifty-seventh "
-                      "session)")
+                      "the cables' force scale may go by a profile (stiffness and damping held at a factor, the rest "
+                      "refitted on some training windows, judged on others); experimental and costly, off by "
+                      "default (docs/online_identification.md, fifty-seventh and fifty-eighth sessions)")
     lm_settle_sigmas = d("lm_settle_sigmas", defaults.lm_settle_sigmas, "pose-only: the windowed "
                          "Levenberg-Marquardt has converged once its last lm_patience steps moved every value "
                          "by at most this many of its 1-sigma (0: off)", range=(0.0, 100.0))
@@ -836,9 +835,9 @@ def published_uncertainty(node, params, values: dict):
     profile = getattr(u, "scale_profile", None)
     if profile is not None and profile.spread > 1.0:
         low, high = profile.reach
-        node.diag.warn_throttled("force_scale", f"the training windows fit the cables' stiffness and damping "
-                                 f"scaled together by {low:.2f} to {high:.2f} about as well (the other values "
-                                 "refitted), so their sigma reaches that far: the cables barely stretch under the "
+        node.diag.warn_throttled("force_scale", f"the cables' stiffness and damping scaled together by {low:.2f} "
+                                 f"to {high:.2f} predict held-out windows about as well (the other values "
+                                 "refitted on others), so their sigma reaches that far: the cables barely stretch under the "
                                  "rods' weight in this motion; load cells (cable tensions) or a known push fix "
                                  "the scale")
     if u.at_bound and u.at_bound != node.at_bound:

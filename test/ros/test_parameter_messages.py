@@ -485,7 +485,7 @@ def test_an_undetermined_lag_split_is_warned_about_and_published_with_the_mirror
 
 
 def test_a_force_scale_the_windows_do_not_fix_is_warned_about_and_published_with_the_profiles_sigma(three_bar):
-    """The training windows fit the cables' stiffness and damping scaled together about as
+    """The cables' stiffness and damping scaled together predict held-out windows about as
     well (`scale_profile`): the node warns, naming the factors and what fixes the scale, and
     publishes at least the profile's sigma; a profile whose first rungs are rejected adds
     neither."""

@@ -103,10 +103,10 @@ class IdentificationConfig:
     # velocity where it fits better (`solvers.chaining`: 10 Hz poses alias a rod's spin)
     chain_latents: bool = True
     # pose-only: the published sigma reaches as far as the cables' force scale may go by a
-    # profile of the training windows (`scale_profile`: the scale held, the rest refitted);
-    # experimental, off by default: on the 2-core CPU's budget it took 82 % of the worker's
-    # compute on stiff_light and starved the solver, and its verdict on the training windows
-    # went the wrong way on two robots (docs/online_identification.md, fifty-seventh session)
+    # profile (`scale_profile`: the scale held, the rest refitted on some training windows,
+    # judged on others); experimental, off by default: on the 2-core CPU's budget it takes
+    # most of the worker's compute on stiff_light and starves the solver
+    # (docs/online_identification.md, fifty-seventh and fifty-eighth sessions)
     scale_profile: bool = False
     # pose-only LM: a running windowed stage whose training data has grown this many times
     # since its windows were drawn starts again on all of it (0: only after its end)
