@@ -79,7 +79,8 @@ def test_no_profile_unless_the_config_asks_for_one(runs, monkeypatch):
 
 def test_a_models_profile_is_kept_until_its_data_doubles(runs, monkeypatch):
     """The next estimate of the same model on the same data reuses the profile (scaled to its
-    values); data that has doubled since, or other data, makes it again."""
+    values); data that has doubled since makes it again unless both first rungs were
+    rejected by `PROFILE_SETTLED` standard errors; other data makes it again."""
     run = runs["lag"]
     uncertainty.trainer_uncertainty(run)
     kept = run.scale_profile
@@ -95,8 +96,19 @@ def test_a_models_profile_is_kept_until_its_data_doubles(runs, monkeypatch):
     # its reach is relative: the sigma is the kept move at the values asked about
     assert u.sigma_scale["cable_stiffness"] == pytest.approx(kept[0].moved["cable_stiffness"] * 1.1 * k / 2.0)
     profile, size, first, starts = kept
-    monkeypatch.setattr(run, "scale_profile", (profile, len(run.train) // 2, first, starts))   # data doubled since
-    assert scale_profile.kept_profile(run) is None
+    # data doubled since: made again, unless both first rungs were rejected by a wide margin
+    # (this one: t 4.3 and 4.5)
+    assert profile.settled and min(profile.t) >= scale_profile.PROFILE_SETTLED
+    monkeypatch.setattr(run, "scale_profile", (profile, len(run.train) // 2, first, starts))
+    assert scale_profile.kept_profile(run) is profile
+    for t in ((profile.t[0], 3.0), (3.0, profile.t[1])):
+        near = dataclasses.replace(profile, t=t)
+        assert not near.settled
+        monkeypatch.setattr(run, "scale_profile", (near, len(run.train) // 2, first, starts))
+        assert scale_profile.kept_profile(run) is None
+    one_side = dataclasses.replace(profile, factors=profile.factors[1:], t=profile.t[1:])
+    monkeypatch.setattr(run, "scale_profile", (one_side, len(run.train) // 2, first, starts))
+    assert not one_side.settled and scale_profile.kept_profile(run) is None
     monkeypatch.setattr(run, "scale_profile", (profile, size, first, starts + 1.0))            # other data
     assert scale_profile.kept_profile(run) is None
 

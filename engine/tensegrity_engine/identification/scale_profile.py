@@ -47,7 +47,7 @@ from tensegrity_engine.identification.solvers.windows import WindowLevenbergMarq
 __all__ = ["ScaleProfile", "profile_cable_scale", "may_widen", "kept_profile", "keep_profile", "element_values",
            "CABLE_FORCES",
            "PROFILE_FACTORS", "PROFILE_SIGNIFICANCE", "PROFILE_TIE", "PROFILE_WINDOWS", "PROFILE_HELD_WINDOWS",
-           "PROFILE_ITERATIONS", "PROFILE_HELD_ITERATIONS", "PROFILE_REDRAW"]
+           "PROFILE_ITERATIONS", "PROFILE_HELD_ITERATIONS", "PROFILE_REDRAW", "PROFILE_SETTLED"]
 
 CABLE_FORCES = ("cable_stiffness", "cable_damping")
 # the rungs each side (f and 1 / f), nearest first: a side stops at its first rejected rung
@@ -74,6 +74,10 @@ PROFILE_HELD_ITERATIONS = 3
 # (`uncertainty.SCRATCH_REDRAW`'s reasoning: the data narrow a profile slowly, and each costs
 # a few refits)
 PROFILE_REDRAW = 2
+# ... unless both first rungs were rejected by this many standard errors: more data fix a
+# determined scale more firmly (noisy_mocap's ten profiles, the fifty-eighth session: t 3.3-11.1
+# on the first, 6.2-11.1 on twice the data and more, each 7.3-8.6 s of a core for nothing)
+PROFILE_SETTLED = 4.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +96,12 @@ class ScaleProfile:
     def spread(self) -> float:
         """The larger of highest reach / 1 and 1 / lowest reach: how far the scale may be off."""
         return max(self.reach[1], 1.0 / self.reach[0])
+
+    @property
+    def settled(self) -> bool:
+        """Both sides' first rungs scored and rejected by `PROFILE_SETTLED` standard errors."""
+        sides = [[t for f, t in zip(self.factors, self.t) if (f > 1.0) == up] for up in (False, True)]
+        return all(side and side[0] >= PROFILE_SETTLED for side in sides)
 
     def sigma(self, values: dict) -> dict:
         """Learnt name -> 1-sigma per element at ``values`` (name -> elements) whose twice spans
@@ -118,13 +128,14 @@ def may_widen(published: dict, values: dict, factors=PROFILE_FACTORS) -> bool:
 
 def kept_profile(trainer) -> Optional[ScaleProfile]:
     """The model's last profile (`keep_profile`) while its data has only grown, less than
-    `PROFILE_REDRAW` times, since; else None. Its reach is relative, so it carries over to
-    values that moved since."""
+    `PROFILE_REDRAW` times, since (for ever where it is `settled`); else None. Its reach is
+    relative, so it carries over to values that moved since."""
     kept, data = getattr(trainer, "scale_profile", None), trainer.train
     if kept is None or data is None:
         return None
     profile, size, first, starts = kept
-    if not size <= len(data) < PROFILE_REDRAW * size or int(first.max()) >= len(data):
+    if len(data) < size or (len(data) >= PROFILE_REDRAW * size and not profile.settled) \
+            or int(first.max()) >= len(data):
         return None
     return profile if torch.equal(data.x0[first], starts) else None
 
