@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 import rolling_records
 from tensegrity_engine.identification import acceptance, scale_profile, uncertainty
@@ -51,6 +52,7 @@ def test_a_scale_the_windows_determine_is_not_widened_and_a_symmetry_reaches_the
     assert u.scale_profile is None and u.sigma_scale == {} and mass.scale_profile is None
     # made all the same, it finds the symmetry
     monkeypatch.setattr(uncertainty, "may_widen", lambda published, values: True)
+    monkeypatch.setattr(mass, "scale_profile", None)        # the profile made below is dropped after the test
     u = uncertainty.trainer_uncertainty(mass)
     p = u.scale_profile
     top = PROFILE_FACTORS[-1]
@@ -64,7 +66,6 @@ def test_a_scale_the_windows_determine_is_not_widened_and_a_symmetry_reaches_the
     rest = dataclasses.replace(u, sigma_scale={}, scale_profile=None).published()
     for name, s in u.published().items():
         assert s == pytest.approx(np.maximum(rest[name], u.sigma_scale[name]))
-    monkeypatch.setattr(mass, "scale_profile", None)
 
 
 def test_no_profile_unless_the_config_asks_for_one(runs, monkeypatch):
@@ -161,10 +162,15 @@ def test_rungs_are_scored_on_windows_they_were_not_refitted_on(runs, monkeypatch
     starts = lambda w: {int(i) for i in w[:, 0]}                     # noqa: E731
     assert not starts(refitted[0]) & starts(scored[0])
     assert len(refitted[0]) == p.refit_windows >= 3 and len(scored[0]) == p.windows >= 3
-    assert all(starts(w) == starts(refitted[0]) for w in refitted) and all(starts(w) == starts(scored[0]) for w in scored)
-    # spread over the record, not its first windows
-    assert max(starts(scored[0])) > max(starts(refitted[0])) // 2 and max(starts(refitted[0])) > min(starts(scored[0]))
-    assert scale_profile._split(5, 12, 24) is None
+    assert all(starts(w) == starts(scored[0]) for w in scored)
+    # both drawn from the solver's windows, in `_split`'s even subsets over the whole record
+    solver = run.window_lm if run.window_lm.windows is not None else run.sigma_scratch[0]
+    fit, held = scale_profile._split(len(solver.windows), scale_profile.PROFILE_WINDOWS,
+                                     scale_profile.PROFILE_HELD_WINDOWS)
+    assert torch.equal(refitted[0], solver.windows[torch.as_tensor(fit)])
+    assert torch.equal(scored[0], solver.windows[torch.as_tensor(held)])
+    assert fit[-1] == len(solver.windows) - 1 and held[-1] >= len(solver.windows) - 3
+    assert scale_profile._split(5, 12, 24) is None and scale_profile._split(40, 12, 2) is None
     fit, rest = scale_profile._split(40, 12, 24)
     assert len(fit) == 12 and len(rest) == 24 and not set(fit) & set(rest) and fit[-1] == 39
 
@@ -196,3 +202,6 @@ def test_rungs_that_predict_the_same_tie_however_consistent_the_difference():
     assert scale_profile._verdict(base, worse) == pytest.approx(acceptance.log_ratio_gain(base, worse))
     assert scale_profile._verdict(base, worse) > PROFILE_SIGNIFICANCE
     assert scale_profile._verdict(base, base * 1.01) > 1e6        # the same ratio everywhere
+    # a window whose rollout did not finish rejects the rung, whichever way the rest lean
+    assert scale_profile._verdict(base, np.where(np.arange(20) == 3, np.inf, base * 0.5)) == math.inf
+    assert scale_profile._verdict(base, np.where(np.arange(20) == 3, np.nan, base * 0.5)) == math.inf

@@ -24,7 +24,8 @@ stiff_light, the robot at 1.48 x, held out 1.6 at 1.5 x and 3.3 at 2 x). Rungs o
 between the last rung kept and that one (a first rung rejected leaves the curvature's sigma
 to hold inside it). The published sigma of the cables' values then reaches the farther
 reach (`ScaleProfile.sigma`: per element the larger move of the two sides), every other
-learnt value's where the refit moved it. A model keeps its profile until its data doubles.
+learnt value's where the refit moved it. A model keeps its profile until its data doubles,
+or for good where both first rungs were rejected by a wide margin (`ScaleProfile.settled`).
 
 Off by default (`IdentificationConfig.scale_profile`): an experiment while its verdicts in
 the session are measured (docs/online_identification.md).
@@ -114,7 +115,8 @@ def may_widen(published: dict, values: dict, factors=PROFILE_FACTORS) -> bool:
     """Whether a profile could widen the ``published`` 1-sigma (name -> per element, before
     any profile) of a cable force at ``values`` (`element_values`): its sigma reaches at most
     half the move to the top rung, so where every element's is already that wide the refits
-    would cost the solver its compute for nothing (the profile took 23 of stiff_light seed
+    would widen only the other learnt values the scale drags along (their sigma is not
+    checked here), at the solver's expense (the profile took 23 of stiff_light seed
     3's 52 s of the worker at the bench's budget, the fifty-eighth session, and the solver's
     fit ended 31 mm off 1 s ahead instead of 21)."""
     most = (max(factors, default=1.0) - 1.0) / 2.0
@@ -223,9 +225,10 @@ def _split(count: int, fit: int, held: int) -> Optional[tuple[np.ndarray, np.nda
     fit = min(fit, max(3, count // 3))
     fitted = np.unique(np.linspace(0, count - 1, fit).astype(int))
     rest = np.setdiff1d(np.arange(count), fitted)
-    if len(fitted) < 3 or len(rest) < 3:
+    scored = rest[np.unique(np.linspace(0, len(rest) - 1, min(held, len(rest))).astype(int))]
+    if len(fitted) < 3 or len(scored) < 3:
         return None
-    return fitted, rest[np.unique(np.linspace(0, len(rest) - 1, min(held, len(rest))).astype(int))]
+    return fitted, scored
 
 
 def _held_rss(trainer, windows: torch.Tensor, start: torch.Tensor) -> np.ndarray:
@@ -241,7 +244,10 @@ def _held_rss(trainer, windows: torch.Tensor, start: torch.Tensor) -> np.ndarray
 
 def _verdict(base: np.ndarray, point: np.ndarray) -> float:
     """Standard errors by which the per-window errors ``point`` are worse than ``base`` (inf:
-    worse by the same ratio everywhere); 0 within `PROFILE_TIE`."""
+    worse by the same ratio everywhere, or a window's rollout not finite); 0 within
+    `PROFILE_TIE`. ``base`` finite."""
+    if not np.all(np.isfinite(point)):
+        return math.inf
     ratio = np.log(np.maximum(point, 1e-300) / np.maximum(base, 1e-300))
     if abs(float(ratio.mean())) < PROFILE_TIE:
         return 0.0
@@ -290,6 +296,8 @@ def profile_cable_scale(trainer, solver: WindowLevenbergMarquardt, latents: torc
         base_theta, base_vel = raw_vector(params, names), lm.window_vel.clone()
         base_values = element_values(params, names)
         base_held = _held_rss(trainer, scored_windows, held_start)
+        if not np.all(np.isfinite(base_held)):
+            return None
         scored, t_of, reach, far = [], [], [1.0, 1.0], {}
         for side, sign in ((0, -1.0), (1, 1.0)):
             # each rung starts from the last one's refit (values and latents): the valley bends
