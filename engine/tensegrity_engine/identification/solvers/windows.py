@@ -229,8 +229,8 @@ def reduced_information(A: torch.Tensor, B: torch.Tensor, r: torch.Tensor, rtol:
     of the median window's largest singular value dropped: spin about a rod axis moves no
     node; the median, so one window whose latent column jumped at a contact switch does not
     lose its real directions), each window's reduced gradient g_i = A_i'(I - P_i)r_i in
-    groups (`score_groups`), the reduced residual sum of squares |(I - P_i)r_i|^2 (in all and
-    per window: "window_rss") and its degrees of freedom, and each group's share of H ("HG",
+    groups (`score_groups`), the reduced residual sum of squares |(I - P_i)r_i|^2 and its
+    degrees of freedom, and each group's share of H ("HG",
     for the cluster jackknife).
     Projecting the columns keeps H positive semi-definite; A'A -
     A'B(B'B)^-1 B'A formed from normal matrices cancels badly on floor contact (measured:
@@ -245,7 +245,7 @@ def reduced_information(A: torch.Tensor, B: torch.Tensor, r: torch.Tensor, rtol:
     dof = max(r.numel() - A.shape[-1] - int(keep.sum()), 1)
     scores, group_information = score_groups(g, per_window)
     return {"H": per_window.sum(0), "G": scores, "HG": group_information, "rss": float((r_red ** 2).sum()),
-            "window_rss": (r_red ** 2).sum(-1).double().cpu().numpy(), "dof": dof}
+            "dof": dof}
 
 
 @torch.no_grad()
