@@ -389,7 +389,6 @@ def run_session(z, args, seed: int, learn) -> dict:
     cfg = IdentificationConfig(period=CONTROL_DT, learn=learn, init=args.init, seed=seed,
                                schedule=args.schedule, lm_windows=args.lm_windows, pose_window=args.pose_window,
                                chain_latents=args.chain_latents == "on", window_refresh=args.window_refresh,
-                               scale_profile=args.scale_profile == "on",
                                gyro_weight=args.gyro_weight if args.imu == "on" else 0.0,
                                **cable_weights(args, sensing),
                                motor_settle=args.motor_settle, per_element=args.per_element,
@@ -411,7 +410,6 @@ def run_session(z, args, seed: int, learn) -> dict:
     published, sigma, spread, full, shift, undetermined, at_bound, reverts = None, None, None, None, None, (), (), 0
     full_elements = None
     compensating = ()                 # learnt values pinned at a bound that void the published sigma
-    scale_reach = None                # the published values' cable force scale profile (`scale_profile`)
     converged_at = []                 # sim times at which the solver ended by its convergence test
     while clock < args.duration:
         while i_event < len(events) and events[i_event][0] <= clock * NS:
@@ -465,11 +463,10 @@ def run_session(z, args, seed: int, learn) -> dict:
                 undetermined = () if u is None else u.undetermined
                 at_bound = () if u is None else u.at_bound
                 compensating = () if u is None else u.compensating
-                scale_reach = None if u is None or u.scale_profile is None else u.scale_profile.reach
                 trace.append((clock, values, sigma))
             elif verdict.revert:                 # as the node: the config's values again
                 session.mark_published(None)
-                published = sigma = spread = full = shift = full_elements = scale_reach = None
+                published = sigma = spread = full = shift = full_elements = None
                 undetermined = at_bound = compensating = ()
                 reverts += 1
                 trace.append((clock, PhysicalParameters(robot).as_dict(), None))
@@ -570,7 +567,7 @@ def run_session(z, args, seed: int, learn) -> dict:
             "covered": within_2(sigma), "covered_spread": within_2(spread), "covered_published": within_2(full),
             "elements_covered": {n: c for n in reported if full_elements is not None and n in full_elements
                                  and (c := elements_covered(final[n], truth[n], full_elements[n])) is not None},
-            "claimed": claimed(reported), "compensating": compensating, "scale_reach": scale_reach,
+            "claimed": claimed(reported), "compensating": compensating,
             "covered_at_end": within_2(full_at_end),
             "claimed_at_end": {n: full_at_end is not None and math.isfinite(full_at_end.get(n, math.inf))
                                for n in reported},
@@ -672,9 +669,6 @@ def main(argv=None) -> int:
     ap.add_argument("--chain-latents", choices=("on", "off"), default="on",
                     help="new pose windows start from their predecessor's predicted end velocity "
                     "(IdentificationConfig.chain_latents)")
-    ap.add_argument("--scale-profile", choices=("on", "off"), default="off",
-                    help="the published sigma reaches as far as the cables' force scale may go by a profile of "
-                    "the training windows (IdentificationConfig.scale_profile)")
     ap.add_argument("--windows-from", choices=WINDOWS_FROM, default=IdentificationConfig().windows_from,
                     help="pose-only: the windowed stage starts from the finite-difference fit or the start values")
     ap.add_argument("--window-refresh", type=float, default=IdentificationConfig().window_refresh,
@@ -781,8 +775,6 @@ def main(argv=None) -> int:
                 f"{100 * s:.1f}%" for s in r["relative_spread"].values()) + ")")
             sig += ("" if r["relative_shift"] is None else " (horizon shift " + " ".join(
                 f"{100 * s:.1f}%" for s in r["relative_shift"].values()) + ")")
-            if r["scale_reach"] is not None and r["scale_reach"] != (1.0, 1.0):
-                sig += " (cable force scale not rejected from {:.2f} to {:.2f} x)".format(*r["scale_reach"])
             if r["at_bound"]:
                 sig += " (at a bound: " + ", ".join(r["at_bound"]) + ")"
             if math.isfinite(r["lag_sum_error"]):

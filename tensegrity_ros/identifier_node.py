@@ -544,10 +544,6 @@ def declare_solver(d, period: float):
     windows_from = d("windows_from", defaults.windows_from, "pose-only: the windowed Levenberg-Marquardt "
                      "starts from the finite-difference stage's fit or from the start values",
                      choices=WINDOWS_FROM)
-    scale_profile = d("scale_profile", defaults.scale_profile, "pose-only: the published sigma reaches as far as "
-                      "the cables' force scale may go by a profile (stiffness and damping held at a factor, the rest "
-                      "refitted on some training windows, judged on others); experimental and costly, off by "
-                      "default (docs/online_identification.md, fifty-seventh and fifty-eighth sessions)")
     lm_settle_sigmas = d("lm_settle_sigmas", defaults.lm_settle_sigmas, "pose-only: the windowed "
                          "Levenberg-Marquardt has converged once its last lm_patience steps moved every value "
                          "by at most this many of its 1-sigma (0: off)", range=(0.0, 100.0))
@@ -571,8 +567,7 @@ def declare_solver(d, period: float):
         pose_window=pose_window, gyro_weight=gyro_weight, tension_weight=tension_weight,
         rest_length_weight=rest_length_weight, motor_settle=motor_settle, windows_from=windows_from,
         lm_settle_sigmas=lm_settle_sigmas, per_element=tuple(n for n in per_element if n != "none"),
-        latent_jacobian_reuse=latent_jacobian_reuse, latent_restart_every=latent_restart_every,
-        scale_profile=bool(scale_profile))
+        latent_jacobian_reuse=latent_jacobian_reuse, latent_restart_every=latent_restart_every)
 
 
 def export_mjcf(node, response):
@@ -832,14 +827,6 @@ def published_uncertainty(node, params, values: dict):
                                  "two exchanged about as well, so their sigma reaches that mirror: a bench measurement "
                                  "of either (a motor's step response) fixes the other (set it in the robot YAML and "
                                  "leave it out of learn)")
-    profile = getattr(u, "scale_profile", None)
-    if profile is not None and profile.spread > 1.0:
-        low, high = profile.reach
-        node.diag.warn_throttled("force_scale", f"the cables' stiffness and damping scaled together by {low:.2f} "
-                                 f"to {high:.2f} predict held-out windows about as well (the other values "
-                                 "refitted on others), so their sigma reaches that far: the cables barely stretch under the "
-                                 "rods' weight in this motion; load cells (cable tensions) or a known push fix "
-                                 "the scale")
     if u.at_bound and u.at_bound != node.at_bound:
         hints = "".join(f"; {h}" for h in structure_hints(params, u.at_bound))
         none = ("; every value makes up for it, so they are published with no sigma (inf)" if u.compensating

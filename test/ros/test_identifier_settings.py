@@ -156,17 +156,6 @@ def test_latent_restarts_are_off_unless_set_and_a_set_count_reaches_the_solver(s
         declare_identification(file_declarer({"latent_restart_every": -1}))
 
 
-def test_the_force_scale_profile_is_off_unless_set_and_a_set_one_reaches_the_solver(superball):
-    """scale_profile (the published sigma widened by a profile of the cables' force scale)
-    is the engine's default, off, unless set; set, it reaches the session's trainer config."""
-    from tensegrity_engine.identification import IdentificationConfig
-
-    default = declare_identification(file_declarer({}))["config"].scale_profile
-    assert default is IdentificationConfig().scale_profile is False
-    setting = declare_identification(file_declarer({"scale_profile": True}))
-    assert make_session(superball, setting, "cpu", log=lambda m: None).config.scale_profile is True
-
-
 def test_the_held_out_store_is_sized_in_blocks_and_a_store_too_small_to_judge_is_refused(superball):
     """By default the gate keeps 20 blocks of 1 s at any pose rate (100 Hz poses: 2 000
     tuples); a count that cannot hold the 3 blocks the gate needs is a start-up error."""

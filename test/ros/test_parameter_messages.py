@@ -482,31 +482,3 @@ def test_an_undetermined_lag_split_is_warned_about_and_published_with_the_mirror
         assert flat[names.index("actuator_time_constant")] == pytest.approx(np.hypot(0.001, sigma))
     assert len(warnings) == 1 and warnings[0][0] == "lag_split"
     assert "50.0 ms" in warnings[0][1] and "20.0 ms" in warnings[0][1] and "step response" in warnings[0][1]
-
-
-def test_a_force_scale_the_windows_do_not_fix_is_warned_about_and_published_with_the_profiles_sigma(three_bar):
-    """The cables' stiffness and damping scaled together predict held-out windows about as
-    well (`scale_profile`): the node warns, naming the factors and what fixes the scale, and
-    publishes at least the profile's sigma; a profile whose first rungs are rejected adds
-    neither."""
-    from types import SimpleNamespace
-
-    from tensegrity_engine.identification.scale_profile import ScaleProfile
-    from tensegrity_engine.identification.uncertainty import ParameterUncertainty
-    from tensegrity_ros.identifier_node import published_uncertainty
-
-    params, values, names, node, warnings = _warning_node(three_bar)
-    base = ParameterUncertainty(sigma={"cable_stiffness": np.array([10.0])}, undetermined=(),
-                                residual_sigma=1.0, dof=10)
-    k = float(np.mean(values["cable_stiffness"]))
-    for reach, expected in (((1.0, 1.0), 10.0), ((0.5, 1.0), 0.25 * k)):
-        profile = ScaleProfile(factors=(1 / 1.5,), t=(0.5,), reach=reach, windows=12,
-                               moved={"cable_stiffness": np.array([1.0 - reach[0]])})
-        raw_sized = {"cable_stiffness": params.shared_value("cable_stiffness").detach().numpy()}
-        u = dataclasses.replace(base, scale_profile=profile, sigma_scale=profile.sigma(raw_sized))
-        node.session = SimpleNamespace(uncertainty=lambda max_tuples, at: u)
-        flat = published_uncertainty(node, params, values)
-        assert flat[names.index("cable_stiffness") if "cable_stiffness" in names
-                    else names.index("cable_stiffness[0]")] == pytest.approx(max(expected, 10.0))
-    assert len(warnings) == 1 and warnings[0][0] == "force_scale"
-    assert "0.50 to 1.00" in warnings[0][1] and "load cells" in warnings[0][1]

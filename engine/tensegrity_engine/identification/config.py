@@ -102,12 +102,6 @@ class IdentificationConfig:
     # pose-only LM: a new window that continues another starts from that one's predicted end
     # velocity where it fits better (`solvers.chaining`: 10 Hz poses alias a rod's spin)
     chain_latents: bool = True
-    # pose-only: the published sigma reaches as far as the cables' force scale may go by a
-    # profile (`scale_profile`: the scale held, the rest refitted on some training windows,
-    # judged on others); experimental, off by default: on the 2-core CPU's budget it takes
-    # most of the worker's compute on stiff_light and starves the solver
-    # (docs/online_identification.md, fifty-seventh and fifty-eighth sessions)
-    scale_profile: bool = False
     # pose-only LM: a running windowed stage whose training data has grown this many times
     # since its windows were drawn starts again on all of it (0: only after its end)
     window_refresh: float = 2.0

@@ -98,7 +98,7 @@ class ProgressiveTrainer:
         self.adam = AdamSolver(self.config)
         self.tuple_lm = TupleLevenbergMarquardt(self.config)
         self.window_lm = WindowLevenbergMarquardt(self.config)
-        self.sigma_scratch = self.scale_profile = None   # the uncertainty's scratch windows and scale profile
+        self.sigma_scratch = None                  # the uncertainty's scratch windows
         self._last_metrics: dict = {}
 
     # ------------------------------------------------------------------ state of the run

@@ -53,8 +53,6 @@ from tensegrity_engine.identification.solvers.levenberg_marquardt import (bounde
                                                                           residual_jacobian, set_raw_vector,
                                                                           tuple_rows)
 from tensegrity_engine.identification.scale import SCALE_GROUP
-from tensegrity_engine.identification.scale_profile import (ScaleProfile, element_values, keep_profile,
-                                                             kept_profile, may_widen, profile_cable_scale)
 from tensegrity_engine.identification.solvers.covariance import (MIN_JACKKNIFE_GROUPS, SINGULAR,  # noqa: F401
                                                                 element_variance, jackknife_variance)
 from tensegrity_engine.identification.solvers.windows import WindowLevenbergMarquardt, inherit_windows, score_groups
@@ -122,12 +120,6 @@ class ParameterUncertainty:
     # checked then); ``lag_split`` the check behind it
     sigma_split: dict = dataclasses.field(default_factory=dict)
     lag_split: Optional[LagSplit] = None
-    # learnt name -> 1-sigma per element that reaches where the cables' force scale may lie by
-    # the training windows (`scale_profile`: the factors the windows do not reject, the other
-    # values refitted there); empty where not profiled (cable values not learnt, data with
-    # velocities, a value `compensating`); ``scale_profile`` the profile behind it
-    sigma_scale: dict = dataclasses.field(default_factory=dict)
-    scale_profile: Optional[ScaleProfile] = None
     # learnt limits (``ParamSpec.limit``: a winch's top speed) the data never reach: sigma inf,
     # yet not undetermined; the model predicts these data the same for any value of them
     unreached: tuple = ()
@@ -164,16 +156,13 @@ class ParameterUncertainty:
     def published(self) -> dict:
         """Learnt name -> the 1-sigma the node publishes: the spread (sigma where there is
         none), the horizon shift, the solver's remaining step and an undetermined lag split
-        (`sigma_split`) added in quadrature, at least the force scale's profile
-        (`sigma_scale`: another estimate of the same spread, along the direction the
-        curvature understates); inf for every value while a value is `compensating` (no
+        (`sigma_split`) added in quadrature; inf for every value while a value is `compensating` (no
         sigma describes a compensation: its error is the missing structure's, not the data's)."""
         base = self.sigma_spread or self.sigma
         if self.compensating:
             return {n: np.full(np.shape(s), np.inf) for n, s in base.items()}
-        return {n: np.maximum(np.sqrt(np.square(s) + np.square(self.sigma_structure.get(n, 0.0))
-                                      + np.square(self.sigma_step.get(n, 0.0))
-                                      + np.square(self.sigma_split.get(n, 0.0))), self.sigma_scale.get(n, 0.0))
+        return {n: np.sqrt(np.square(s) + np.square(self.sigma_structure.get(n, 0.0))
+                           + np.square(self.sigma_step.get(n, 0.0)) + np.square(self.sigma_split.get(n, 0.0)))
                 for n, s in base.items()}
 
     def structure_suspect(self) -> tuple:
@@ -490,19 +479,8 @@ def _windowed_uncertainty(trainer, names, theta0, seed: int) -> ParameterUncerta
         except (RuntimeError, ValueError):     # a failed check must not cost the sigma
             split = None
         sigma_split = {} if split is None else split.sigma(values)
-    profiled = checked and trainer.config.scale_profile
-    profile = kept_profile(trainer) if profiled else None
-    if profiled and profile is None and may_widen(
-            dataclasses.replace(u, sigma_structure=shift, sigma_step=remaining, sigma_split=sigma_split).published(),
-            element_values(trainer.params, names)):
-        try:
-            profile = profile_cable_scale(trainer, lm, info["vel"], theta0)
-        except (RuntimeError, ValueError):     # a failed profile must not cost the sigma
-            profile = None
-        keep_profile(trainer, profile, lm.windows)
-    sigma_scale = {} if profile is None else profile.sigma(element_values(trainer.params, names))
     return dataclasses.replace(u, sigma_structure=shift, sigma_step=remaining, sigma_split=sigma_split,
-                               lag_split=split, sigma_scale=sigma_scale, scale_profile=profile)
+                               lag_split=split)
 
 
 def _scratch_solver(trainer, seed: int) -> tuple[WindowLevenbergMarquardt, bool]:
@@ -590,6 +568,12 @@ def horizon_shift(trainer, theta0: torch.Tensor, short_step: Optional[torch.Tens
     if not bool(torch.isfinite(long_step).all()):
         return {}
     return _value_changes(trainer, theta0, short_step, long_step)
+
+
+def element_values(params, names) -> dict:
+    """Name -> the values its raw elements hold (a profiled parameter's mean over its
+    elements), float64 on the host: the shape every per-element sigma has."""
+    return {n: params.shared_value(n).detach().double().cpu().numpy().reshape(-1) for n in names}
 
 
 def pooled_shift(trainer, shift: dict) -> dict:
