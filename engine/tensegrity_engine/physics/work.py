@@ -6,16 +6,22 @@ identical runs). Every rod-step the native kernel takes is counted here at a fix
 reference cost per integrator and ground contact law; a bench that advances its clock by
 this count instead of the wall clock runs the same way on any machine, at any load.
 
-Reference costs: the native kernel on one core of the 2-core AMD EPYC (Zen 4) these
-benches ran on, float64, rolling on the floor under excitation, batches of 16 and 128,
-SUPERball, three- and four-bar (2026-11-30; ns per rod-step, penalty / soft law):
-semi-implicit 58-94 / 120-204, implicitfast 430-508 / 406-553, RK4 186-241 / 405-636.
-The soft law's Newton solve per contact is what doubles the explicit steps; implicitfast
-pays for its own solve either way. Times `OVERHEAD` for the Python around the rollouts, so
-that a reference second is about a wall second of an online session on that machine (two
-40 s SUPERball sessions, soft_slow and noisy_mocap, spent 37 s wall where the kernel's count
-at 1.5x was 32-33 s). The soft semi-implicit and implicitfast prices are those the meter
-had before it priced the law (SUPERball figures on the work clock stand).
+Reference costs: the native kernel on one core of the 2-core AMD EPYC (Zen 4, AVX-512) these
+benches run on, float64, the SUPERball (every online table's robot) rolling on the floor
+under excitation, batches of 16 and 128 (`bench/engine_throughput.py`'s scenario; ns per
+rod-step, penalty / soft law, 2026-12-07): semi-implicit 60, 47 / 92, 74; implicitfast
+399, 371 / 306, 289; RK4 145, 123 / 267, 237. The three- and four-bar's cost up to 1.6x as
+much under the soft law (three-bar semi-implicit soft 178, 122). Times `OVERHEAD` for the
+Python around the rollouts, so that a reference second is about a wall second of an online
+session on that machine: two SUPERball sessions run side by side (`bench/online.py --clock
+work`, stiff_light and kitchen_sink seed 3) spent 30 and 28 s of wall for 3.19e8 and 2.65e8
+rod-steps, 94 and 106 ns each.
+
+Repriced 2026-12-07: the prices of 2026-11-29 (semi-implicit 80 / 140 ns, implicitfast 430,
+RK4 250 / 500, times 1.7) predate the kernel's changes of 2026-11-30 and 2026-12-06, and
+the Python around the rollouts costs less than it did; on them the same two sessions were charged 76 and 63 reference seconds for 30
+and 28 wall seconds, so a work-clock bench gave the identifier 0.4 of the compute a robot's
+CPU gives it. Work-clock figures before this date are at the old prices.
 """
 from __future__ import annotations
 
@@ -23,12 +29,12 @@ import threading
 
 __all__ = ["REFERENCE_SECONDS", "WorkMeter", "METER"]
 
-OVERHEAD = 1.7
+OVERHEAD = 1.2
 # (integrator, ground contact law) -> reference seconds per rod-step
 REFERENCE_SECONDS = {
-    ("semi_implicit", "penalty"): OVERHEAD * 80e-9, ("semi_implicit", "soft"): OVERHEAD * 140e-9,
-    ("implicitfast", "penalty"): OVERHEAD * 430e-9, ("implicitfast", "soft"): OVERHEAD * 430e-9,
-    ("rk4", "penalty"): OVERHEAD * 250e-9, ("rk4", "soft"): OVERHEAD * 500e-9,
+    ("semi_implicit", "penalty"): OVERHEAD * 54e-9, ("semi_implicit", "soft"): OVERHEAD * 82e-9,
+    ("implicitfast", "penalty"): OVERHEAD * 385e-9, ("implicitfast", "soft"): OVERHEAD * 298e-9,
+    ("rk4", "penalty"): OVERHEAD * 134e-9, ("rk4", "soft"): OVERHEAD * 252e-9,
 }
 
 
