@@ -884,6 +884,27 @@ def test_a_split_a_pin_points_to_is_not_refused_early_and_shares_the_epochs(thre
     assert split.epoch == _TrailingSplit.option_epochs and solver_epochs == 0
 
 
+class _BarelyBetterSplit(_PinnedOnTheWay):
+    """A split that ends at 2520 against the pinned base's 2500 (the stand-in truth 3000):
+    better on every held-out block, by less than the 5 % an option must bring."""
+
+    def __init__(self, robot, config, initial=None):
+        super().__init__(robot, config, initial)
+        if "cable_stiffness" in config.per_element:
+            self.target = 2520.0
+
+
+def test_a_split_a_pin_points_to_is_judged_by_the_gates_test_not_the_structure_tests(three_bar):
+    """The pinned base is a compensation: the split it points to is adopted once it predicts
+    the held-out blocks better by the gate's test (`PIN_SIGNIFICANCE`, no minimum gain),
+    where a listed option that gains as little is refused (the winch limit at 2520,
+    `test_a_challenger_is_judged_while_it_runs_and_refused_only_at_its_end`)."""
+    s, made = _pinned_session(three_bar, trainer=_BarelyBetterSplit)
+    split, _ = _split_run(s, made)
+    assert s.trials.log[-1] == ("per_cable_stiffness", "adopted") and s.trainer is split
+    assert split.parameters.as_dict()["cable_stiffness"][0] == pytest.approx(2520.0)
+
+
 def test_a_structure_option_must_beat_the_solvers_fit(three_bar):
     """The published model is the config (K 2000); the solver's own fit (K 2990) was not
     published yet. A challenger that only reaches that fit beats the config, not the fit:
