@@ -19,9 +19,10 @@ rod-steps, 94 and 106 ns each.
 
 Repriced 2026-12-07: the prices of 2026-11-29 (semi-implicit 80 / 140 ns, implicitfast 430,
 RK4 250 / 500, times 1.7) predate the kernel's changes of 2026-11-30 and 2026-12-06, and
-the Python around the rollouts costs less than it did; on them the same two sessions were charged 76 and 63 reference seconds for 30
-and 28 wall seconds, so a work-clock bench gave the identifier 0.4 of the compute a robot's
-CPU gives it. Work-clock figures before this date are at the old prices.
+the Python around the rollouts costs less than it did; on them the same two sessions were
+charged 76 and 63 reference seconds for 30 and 28 wall seconds, so a work-clock bench gave
+the identifier 0.4 of the compute a robot's CPU gives it. Work-clock figures before this
+date are at the old prices.
 """
 from __future__ import annotations
 
