@@ -1318,6 +1318,74 @@ def test_a_swapped_lags_challenger_starts_its_windows_from_the_solvers_fit_with_
     assert "swapped_lags" in s.trials.refused
 
 
+class _HorizonTrainer(_StructureTrainer):
+    """A fit whose windows' length decides where it ends: windows longer than the default's
+    reach 2990 (the stand-in truth 3000), the default's 2500, wherever they start."""
+
+    def __init__(self, robot, config, initial=None):
+        super().__init__(robot, config, initial)
+        self.target = 2990.0 if config.pose_window > IdentificationConfig().pose_window else 2500.0
+
+
+def test_a_long_windows_challenger_refits_the_solvers_values_on_windows_twice_as_long_judged_on_held_out_data(
+        three_bar, monkeypatch):
+    """`long_windows`: once the solver's fit has converged (not before), its challenger starts
+    from the solver's values as they stand, on windows twice the solver's, and is judged by
+    the gate on the held-out blocks, not on the solver's training windows (a fit of another
+    horizon fits those worse by construction: here the stand-in window fit prefers the base).
+    Adopted, the session's solver keeps the longer windows (after a restart too), a later
+    challenger takes them, and a fresh start is still due: the values it refined came from
+    the finite-difference fit."""
+    import types
+
+    from tensegrity_engine.identification import online_structure
+    from tensegrity_engine.identification.online_structure import StructureTrials
+
+    monkeypatch.setattr(online_structure, "window_fit", lambda run, values, width, max_windows=256: np.full(
+        10, abs(float(np.mean(values["cable_stiffness"])) - 2500.0) + 1.0))
+    width = IdentificationConfig().pose_window
+    assert StructureTrials.config_with(IdentificationConfig(), ("cable_stiffness",), ("long_windows",)).pose_window \
+        == 2 * width
+    trials = StructureTrials(("long_windows", "fresh_start"))
+    assert trials.next_option(0, three_bar) == "long_windows"
+    assert trials.next_option(0, three_bar, converged=False) == "fresh_start"
+    assert trials.next_option(0, three_bar, windows_from=None) is None          # no windowed stage
+    made, session = _structure_sessions(three_bar, _HorizonTrainer, ("long_windows",))
+    s, main = _judging_session(session, three_bar)
+    assert not main.done and not s.trials.active            # the solver's fit has not converged yet
+    while not s.trials.active:
+        s.step()
+        if s.finished:
+            s.best_values = s.finish()[1]
+    challenger = made[-1]
+    assert main.done and main.schedule.converged and s.trials.option == "long_windows"
+    assert challenger.config.pose_window == 2 * width and main.config.pose_window == width
+    solver_k = main.parameters.as_dict()["cable_stiffness"][0]
+    assert solver_k != pytest.approx(PhysicalParameters(three_bar).as_dict()["cable_stiffness"][0])
+    assert challenger.parameters.as_dict()["cable_stiffness"][0] == pytest.approx(solver_k)
+    while s.training:
+        s.step()
+        if s.finished:
+            s.best_values = s.finish()[1]
+    assert s.trials.log == [("long_windows", "adopted")] and s.trainer is challenger
+    assert s.trainer.config.pose_window == 2 * width
+    s.trials.options = ("long_windows", "end_heavy")         # a later challenger takes its windows
+    s.trials.maybe_start(s)
+    assert s.trials.option == "end_heavy" and made[-1].config.pose_window == 2 * width
+    r = session()
+    r.restore(s.checkpoint())
+    assert r.trials.adopted == ["long_windows"] and r.trainer.config.pose_window == 2 * width
+    # the fresh start is still due after it (its trainer's windows start from the given values)
+    refined = types.SimpleNamespace(latent=True, config=challenger.config)
+    assert challenger.config.windows_from == "start"
+    after = StructureTrials(("long_windows", "fresh_start"))
+    after.adopted = ["long_windows"]
+    assert after.windows_origin(refined, IdentificationConfig()) == "finite_difference"
+    after.adopted = ["fresh_start", "long_windows"]
+    assert after.windows_origin(refined, IdentificationConfig()) == "start"
+
+
+
 def test_a_start_option_wins_on_the_training_windows_and_must_not_lose_on_held_out_data(monkeypatch):
     """`StructureTrials._start_verdict`: the fresh start and the solver's fit are one model
     fitted from two starts, so the lower training objective on the same windows wins (by
