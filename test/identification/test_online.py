@@ -1339,7 +1339,7 @@ def test_a_long_windows_challenger_refits_the_solvers_values_on_windows_twice_as
     import types
 
     from tensegrity_engine.identification import online_structure
-    from tensegrity_engine.identification.online_structure import StructureTrials
+    from tensegrity_engine.identification.online_structure import StructureTrials, windows_origin
 
     monkeypatch.setattr(online_structure, "window_fit", lambda run, values, width, max_windows=256: np.full(
         10, abs(float(np.mean(values["cable_stiffness"])) - 2500.0) + 1.0))
@@ -1378,11 +1378,8 @@ def test_a_long_windows_challenger_refits_the_solvers_values_on_windows_twice_as
     # the fresh start is still due after it (its trainer's windows start from the given values)
     refined = types.SimpleNamespace(latent=True, config=challenger.config)
     assert challenger.config.windows_from == "start"
-    after = StructureTrials(("long_windows", "fresh_start"))
-    after.adopted = ["long_windows"]
-    assert after.windows_origin(refined, IdentificationConfig()) == "finite_difference"
-    after.adopted = ["fresh_start", "long_windows"]
-    assert after.windows_origin(refined, IdentificationConfig()) == "start"
+    assert windows_origin(["long_windows"], refined, IdentificationConfig()) == "finite_difference"
+    assert windows_origin(["fresh_start", "long_windows"], refined, IdentificationConfig()) == "start"
 
 
 

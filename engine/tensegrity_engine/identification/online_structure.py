@@ -81,7 +81,7 @@ from tensegrity_engine.physics.params import SOFT_LAW_PARAMS, SPEC_BY_NAME, Phys
 __all__ = ["ONLINE_OPTIONS", "DEFAULT_STRUCTURE_OPTIONS", "OnlineOption", "online_options", "StructureTrials",
            "healthy_values", "CHALLENGER_SHARE", "FUTILE_LOOKS", "JUDGE_EVERY", "STRUCTURE_SIGNIFICANCE",
            "STRUCTURE_MIN_GAIN", "START_MIN_GAIN", "START_WINDOWS", "PIN_OPTIONS", "PIN_EPOCHS", "URGENT_JUDGE_EVERY", "structure_robot",
-           "structure_key", "robot_in_structure", "solvers_windows"]
+           "structure_key", "robot_in_structure", "solvers_windows", "windows_origin"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -317,6 +317,19 @@ def _windows_from(trainer) -> Optional[str]:
     return config.windows_from
 
 
+def windows_origin(adopted: Sequence[str], main, config: IdentificationConfig) -> Optional[str]:
+    """Where the values of ``main``'s windowed stage come from (`_windows_from`; None: it has
+    none). An ``adopted`` option that starts from the solver's values (``long_windows``) runs
+    its windows from those, so its trainer says "start"; the values it refined came from
+    where the solver's did: from ``config``'s origin, unless a start option that starts
+    elsewhere was adopted too. Else a fresh start would never be tried after it."""
+    origin = _windows_from(main)
+    starts = [ONLINE_OPTIONS[n] for n in adopted if ONLINE_OPTIONS[n].windows_from is not None]
+    if origin is not None and starts and all(o.start == "solver" for o in starts):
+        return config.windows_from
+    return origin
+
+
 def solvers_windows(trainer, solver) -> bool:
     """A pose-only ``trainer`` in its windowed stage that has drawn no windows yet takes those
     of ``solver`` that index its tuples, with their fitted latents
@@ -493,7 +506,7 @@ class StructureTrials:
             return
         learnt = getattr(main, "learn", ())
         split = tuple(getattr(getattr(main, "config", None), "per_element", ()))
-        windows_from = self.windows_origin(main, session.config)
+        windows_from = windows_origin(self.adopted, main, session.config)
         pinned = self.pins(main)
         converged = bool(getattr(main, "done", False)) and bool(getattr(getattr(main, "schedule", None),
                                                                        "converged", False))
@@ -545,18 +558,6 @@ class StructureTrials:
         session.log(f"structure: fitting {option} on top of {'+'.join(self.adopted) or 'the base'}"
                     + (f" ({', '.join(f'{n} at its {side} bound' for n, side in pinned)})"
                        if urgent else ""))
-
-    def windows_origin(self, main, config: IdentificationConfig) -> Optional[str]:
-        """Where the values of ``main``'s windowed stage come from (`_windows_from`; None: it
-        has none). An adopted option that starts from the solver's values (``long_windows``)
-        runs its windows from those, so its trainer says "start"; the values it refined came
-        from where the solver's did: from ``config``'s origin, unless a start option that
-        starts elsewhere was adopted too. Else a fresh start would never be tried after it."""
-        origin = _windows_from(main)
-        starts = [ONLINE_OPTIONS[n] for n in self.adopted if ONLINE_OPTIONS[n].windows_from is not None]
-        if origin is not None and starts and all(o.start == "solver" for o in starts):
-            return config.windows_from
-        return origin
 
     def solver_took(self, seconds: float) -> None:
         """The solver's epoch took ``seconds`` of the worker's compute (`challengers_turn`)."""
