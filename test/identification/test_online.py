@@ -1155,7 +1155,7 @@ def test_a_contact_dimensionality_is_tried_only_on_the_floor_under_the_soft_law(
 def test_the_soft_law_is_tried_on_the_floor_under_the_penalty_law(three_bar):
     """`soft_contact`: the penalty law's contact values give way to the soft law's (its
     solref), once; a contact dimensionality can be tried after it."""
-    from tensegrity_engine.identification.online_structure import (StructureTrials, robot_in_structure,
+    from tensegrity_engine.identification.online_structure import (StructureTrials, learn_with, robot_in_structure,
                                                                    structure_key, structure_robot)
 
     assert three_bar.contact.law == "penalty"
@@ -1168,9 +1168,9 @@ def test_the_soft_law_is_tried_on_the_floor_under_the_penalty_law(three_bar):
     assert structure_key(soft) != structure_key(three_bar)
     assert StructureTrials(("soft_contact",)).next_option(0, soft, floor=True) is None     # its own law
     learnt = ("cable_stiffness", "contact_stiffness", "contact_damping", "friction_sliding")
-    assert StructureTrials.learn_with(learnt, ("soft_contact",)) == (
+    assert learn_with(learnt, ("soft_contact",)) == (
         "cable_stiffness", "friction_sliding", "contact_time_constant", "contact_damping_ratio")
-    assert StructureTrials.learn_with(("cable_stiffness",), ("soft_contact",)) == ("cable_stiffness",)
+    assert learn_with(("cable_stiffness",), ("soft_contact",)) == ("cable_stiffness",)
     # the challenger's learn passes the soft law's check (the penalty values would raise), from
     # MuJoCo's default solref
     from tensegrity_engine.identification.config import resolve_learn
@@ -1329,7 +1329,9 @@ class _HorizonTrainer(_StructureTrainer):
 
 def test_a_long_windows_challenger_refits_the_solvers_values_on_windows_twice_as_long_judged_on_held_out_data(
         three_bar, monkeypatch):
-    """`long_windows`: once the solver's fit has converged (not before), its challenger starts
+    """`long_windows`: once the solver's fit has converged (not before) and only where its
+    motor's and cables' lags both outlast a share of its windows' span (`SLOW_LAG_SHARE`;
+    the three-bar's 50 and 25 ms do not outlast a third of 0.3 s), its challenger starts
     from the solver's values as they stand, on windows twice the solver's, and is judged by
     the gate on the held-out blocks, not on the solver's training windows (a fit of another
     horizon fits those worse by construction: here the stand-in window fit prefers the base).
@@ -1339,7 +1341,8 @@ def test_a_long_windows_challenger_refits_the_solvers_values_on_windows_twice_as
     import types
 
     from tensegrity_engine.identification import online_structure
-    from tensegrity_engine.identification.online_structure import StructureTrials, windows_origin
+    from tensegrity_engine.identification.online_structure import (StructureTrials, lags_outlast_windows,
+                                                                    windows_origin)
 
     monkeypatch.setattr(online_structure, "window_fit", lambda run, values, width, max_windows=256: np.full(
         10, abs(float(np.mean(values["cable_stiffness"])) - 2500.0) + 1.0))
@@ -1347,18 +1350,32 @@ def test_a_long_windows_challenger_refits_the_solvers_values_on_windows_twice_as
     assert StructureTrials.config_with(IdentificationConfig(), ("cable_stiffness",), ("long_windows",)).pose_window \
         == 2 * width
     trials = StructureTrials(("long_windows", "fresh_start"))
-    assert trials.next_option(0, three_bar) == "long_windows"
-    assert trials.next_option(0, three_bar, converged=False) == "fresh_start"
-    assert trials.next_option(0, three_bar, windows_from=None) is None          # no windowed stage
+    assert trials.next_option(0, three_bar, slow_lags=True) == "long_windows"
+    assert trials.next_option(0, three_bar, converged=False, slow_lags=True) == "fresh_start"
+    assert trials.next_option(0, three_bar) == "fresh_start"                   # lags not slow
+    assert trials.next_option(0, three_bar, windows_from=None, slow_lags=True) is None   # no windowed stage
+    lags = {"cable_stiffness": [1e4, 1e4], "cable_damping": [1e3, 2e3], "actuator_time_constant": [0.2]}
+    assert lags_outlast_windows(lags, 0.3) and not lags_outlast_windows(lags, 0.6)   # c / k 0.15 s
+    assert not lags_outlast_windows({**lags, "actuator_time_constant": [0.05]}, 0.3)
     made, session = _structure_sessions(three_bar, _HorizonTrainer, ("long_windows",))
     s, main = _judging_session(session, three_bar)
     assert not main.done and not s.trials.active            # the solver's fit has not converged yet
-    while not s.trials.active:
-        s.step()
-        if s.finished:
-            s.best_values = s.finish()[1]
+
+    def step_until(condition):
+        for _ in range(200):
+            if condition():
+                return
+            s.step()
+            if s.finished:
+                s.best_values = s.finish()[1]
+        raise AssertionError("not reached in 200 steps")
+    step_until(lambda: main.done and main.schedule.converged)
+    s.trials.maybe_start(s)
+    assert not s.trials.active                               # converged, but its lags settle in a window
+    monkeypatch.setattr(online_structure, "SLOW_LAG_SHARE", 0.05)
+    s.trials.maybe_start(s)
     challenger = made[-1]
-    assert main.done and main.schedule.converged and s.trials.option == "long_windows"
+    assert s.trials.option == "long_windows"
     assert challenger.config.pose_window == 2 * width and main.config.pose_window == width
     solver_k = main.parameters.as_dict()["cable_stiffness"][0]
     assert solver_k != pytest.approx(PhysicalParameters(three_bar).as_dict()["cable_stiffness"][0])

@@ -70,7 +70,7 @@ def test_by_default_a_penalty_law_robot_has_its_ground_law_chosen_by_its_data(su
     law, or off the floor, the first challenger is a fresh start of the windowed stage;
     ['none'] keeps the YAML's structure."""
     setting = declare_identification(file_declarer({}))
-    assert setting["structure_options"] == ["soft_contact", "fresh_start"]
+    assert setting["structure_options"] == ["soft_contact", "long_windows", "fresh_start"]
     for robot, floor, expected in ((three_bar, True, "soft_contact"), (superball, True, "fresh_start"),
                                    (three_bar, False, "fresh_start")):
         session = make_session(robot, declare_identification(file_declarer({"floor": floor})), "cpu",

@@ -71,7 +71,7 @@ import numpy as np
 from tensegrity_engine.identification.acceptance import window_fit
 from tensegrity_engine.identification.config import (COARSE_ONLY_SCHEDULES, CONTACT_PARAMS, IdentificationConfig,
                                                      contact_params)
-from tensegrity_engine.identification.lag_split import swapped_lags
+from tensegrity_engine.identification.lag_split import motor_and_cable_lags, swapped_lags
 from tensegrity_engine.identification.solvers.windows import inherit_windows
 from tensegrity_engine.identification.uncertainty import bound_sides
 from tensegrity_engine.identification.worker_account import TimedCall
@@ -81,7 +81,8 @@ from tensegrity_engine.physics.params import SOFT_LAW_PARAMS, SPEC_BY_NAME, Phys
 __all__ = ["ONLINE_OPTIONS", "DEFAULT_STRUCTURE_OPTIONS", "OnlineOption", "online_options", "StructureTrials",
            "healthy_values", "CHALLENGER_SHARE", "FUTILE_LOOKS", "JUDGE_EVERY", "STRUCTURE_SIGNIFICANCE",
            "STRUCTURE_MIN_GAIN", "START_MIN_GAIN", "START_WINDOWS", "PIN_OPTIONS", "PIN_EPOCHS", "URGENT_JUDGE_EVERY", "structure_robot",
-           "structure_key", "robot_in_structure", "solvers_windows", "windows_origin"]
+           "structure_key", "robot_in_structure", "solvers_windows", "windows_origin", "learn_with",
+           "lags_outlast_windows", "SLOW_LAG_SHARE"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,7 +134,17 @@ START_NEEDS = {"swapped_lags": ("cable_damping", "actuator_time_constant")}
 # lose the solver's share); on the SUPERball's zoo (7 robots x 2 seeds) 14 of 14 within
 # tolerance either way, CoM 154 -> 142 mm (docs/online_identification.md). The held-out gate decides, so a robot
 # the penalty law or the first fit predicts better keeps it.
-DEFAULT_STRUCTURE_OPTIONS = ("soft_contact", "fresh_start")
+DEFAULT_STRUCTURE_OPTIONS = ("soft_contact", "long_windows", "fresh_start")
+# ``long_windows`` is offered only where the motor's lag and the cables' (c / k) of the
+# solver's fit both outlast this share of its windows' span (`lags_outlast_windows`): a lag
+# that settles within a window (95 % in three time constants) shows its whole response there,
+# and the short windows tell it from the other; two that outlast it trade. Measured with the
+# option offered on every robot (`bench/online.py --structure
+# soft_contact,long_windows,fresh_start`, 9 robots x 5 seeds, 2026-12-07): spring_driven (125
+# and 214 ms on windows of 3 x 100 ms) 1 -> 4 of 5 within tolerance; noisy_mocap (25 and 300
+# ms) 4 -> 2 (its motor's lag +15 and +52 %); payload (75 and 23 ms) its damping 5.8 -> 7.3 %
+# (median); the others as before.
+SLOW_LAG_SHARE = 1.0 / 3.0
 # As offline selection (`select_structure`: 2 standard errors, 5 % gain).
 STRUCTURE_SIGNIFICANCE = 2.0
 STRUCTURE_MIN_GAIN = 0.05
@@ -330,6 +341,14 @@ def windows_origin(adopted: Sequence[str], main, config: IdentificationConfig) -
     return origin
 
 
+def lags_outlast_windows(values: dict, span: float) -> bool:
+    """The motor's lag and the cables' of ``values`` (`lag_split.motor_and_cable_lags`) both
+    at least `SLOW_LAG_SHARE` of a window's ``span`` (s): where windows twice as long can tell
+    them apart (``long_windows``). False without the three values."""
+    lags = motor_and_cable_lags(values)
+    return lags is not None and min(lags) >= SLOW_LAG_SHARE * span
+
+
 def solvers_windows(trainer, solver) -> bool:
     """A pose-only ``trainer`` in its windowed stage that has drawn no windows yet takes those
     of ``solver`` that index its tuples, with their fitted latents
@@ -344,6 +363,21 @@ def solvers_windows(trainer, solver) -> bool:
         return False
     trainer.log(f"windows: {lm.windows.shape[0]} of the solver's, their latents kept")
     return True
+
+
+def learn_with(learn: Sequence[str], names: Sequence[str]) -> tuple[str, ...]:
+    """``learn`` with the options' values added and, under another ground law, the
+    contact values of the old law swapped for the new one's (`config.contact_params`)."""
+    out = list(learn)
+    for name in names:
+        option = ONLINE_OPTIONS[name]
+        out += [n for n in option.learn if n not in out]
+        if option.law is not None:
+            new = contact_params(option.law)[:2]            # the law's normal response
+            old = [n for n in CONTACT_PARAMS[:2] + SOFT_LAW_PARAMS if n not in new]
+            if any(n in out for n in old):
+                out = [n for n in out if n not in old] + [n for n in new if n not in out]
+    return tuple(out)
 
 
 def online_options(names: Sequence[str]) -> tuple[str, ...]:
@@ -388,7 +422,8 @@ class StructureTrials:
     def next_option(self, heldout_total: int, robot: Optional[RobotConfig] = None,
                     floor: bool = True, learnt: Sequence[str] = (), split: Sequence[str] = (),
                     fixed_rods: Sequence[int] = (), windows_from: Optional[str] = "finite_difference",
-                    pinned: Sequence[tuple] = (), converged: bool = True) -> Optional[str]:
+                    pinned: Sequence[tuple] = (), converged: bool = True,
+                    slow_lags: bool = False) -> Optional[str]:
         """The next option worth a challenger: neither adopted nor running, one that changes
         ``robot`` (the session's structure; a contact dimensionality only on the floor under
         the soft law; none of a kind already adopted), that adds a value the solver does
@@ -400,7 +435,8 @@ class StructureTrials:
         start. An option that refines the solver's values (``start="solver"``) only once the
         solver's fit has ``converged`` (its convergence test passed): refined on its way, an
         unconverged fit's errors stay (payload seed 4: K +18 % at 15 s, which the solver left
-        later, kept by the long windows to the end). First the options ``pinned`` (name,
+        later, kept by the long windows to the end); one with longer windows only where the
+        solver's lags outlast its windows (``slow_lags``: `lags_outlast_windows`). First the options ``pinned`` (name,
         side) pairs point to (`PIN_OPTIONS`), where pins are followed, listed or not."""
         taken = {_kind(ONLINE_OPTIONS[n]) for n in self.adopted} - {None}
         for name in dict.fromkeys(self.pin_options(pinned) + self.options):
@@ -418,7 +454,7 @@ class StructureTrials:
                     continue
                 if not set(START_NEEDS.get(option.start, ())) <= set(learnt):
                     continue
-                if option.start == "solver" and not converged:
+                if (option.start == "solver" and not converged) or (option.window_factor > 1 and not slow_lags):
                     continue
             elif robot is not None and option.learn == () and not option.per_element \
                     and structure_key(structure_robot(robot, (name,))) == structure_key(robot):
@@ -461,27 +497,12 @@ class StructureTrials:
         unless pins are followed."""
         return tuple(PIN_OPTIONS[p] for p in pinned if p in PIN_OPTIONS) if self.follow_pins else ()
 
-    @staticmethod
-    def learn_with(learn: Sequence[str], names: Sequence[str]) -> tuple[str, ...]:
-        """``learn`` with the options' values added and, under another ground law, the
-        contact values of the old law swapped for the new one's (`config.contact_params`)."""
-        out = list(learn)
-        for name in names:
-            option = ONLINE_OPTIONS[name]
-            out += [n for n in option.learn if n not in out]
-            if option.law is not None:
-                new = contact_params(option.law)[:2]            # the law's normal response
-                old = [n for n in CONTACT_PARAMS[:2] + SOFT_LAW_PARAMS if n not in new]
-                if any(n in out for n in old):
-                    out = [n for n in out if n not in old] + [n for n in new if n not in out]
-        return tuple(out)
-
     @classmethod
     def config_with(cls, config: IdentificationConfig, learn: Sequence[str],
                     names: Sequence[str]) -> IdentificationConfig:
         """``config`` learning ``learn`` with the options ``names``: their values added, and
         their splits of learnt values to the per-element ones it has."""
-        learn, split = cls.learn_with(learn, names), list(config.per_element)
+        learn, split = learn_with(learn, names), list(config.per_element)
         windows_from, width = config.windows_from, config.pose_window
         for name in names:
             split += [n for n in ONLINE_OPTIONS[name].per_element if n in learn and n not in split]
@@ -510,12 +531,14 @@ class StructureTrials:
         pinned = self.pins(main)
         converged = bool(getattr(main, "done", False)) and bool(getattr(getattr(main, "schedule", None),
                                                                        "converged", False))
+        values = main.parameters.as_dict()
+        span = getattr(getattr(main, "config", None), "pose_window", session.config.pose_window) * session.config.period
         option = self.next_option(session.heldout_total, session.robot, session.floor, learnt, split,
-                                  session.fixed_rods, windows_from, pinned, converged)
+                                  session.fixed_rods, windows_from, pinned, converged,
+                                  lags_outlast_windows(values, span))
         urgent = option is not None and option in self.pin_options(pinned)
         if self.active and not urgent:
             return
-        values = main.parameters.as_dict() if option is not None else {}
         if option is None or not healthy_values(values):
             return
         if self.active:                         # set aside, not refused: it is tried again later
