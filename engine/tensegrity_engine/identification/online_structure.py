@@ -49,8 +49,8 @@ Options of these kinds can be tried online:
   (from finite differences, windows of 6 put kitchen_sink in its fast-motor basin on 4 of 5
   seeds), the long ones tell lags apart that the short ones trade (spring_driven: the
   motor's lag +5 to +19 % on windows of 3 x 100 ms, against its and the cables' lags of
-  125 and 214 ms). It starts once the solver's fit has converged, and its objective is
-  not the solver's, so the held-out blocks judge it at the structure test: at the gate's
+  125 and 214 ms). It starts once the solver's fit has converged, where both lags outlast
+  a third of a window (`SLOW_LAG_SHARE`), and its objective is not the solver's, so the held-out blocks judge it at the structure test: at the gate's
   own, payload seed 4 adopted long windows refined from a fit not yet converged, and its
   CoM error 1 s ahead on fresh data went 4.9 -> 38 mm;
 - *per-element* options give learnt values one entry per cable (``per_cable``: stiffness and
