@@ -50,9 +50,10 @@ Options of these kinds can be tried online:
   seeds), the long ones tell lags apart that the short ones trade (spring_driven: the
   motor's lag +5 to +19 % on windows of 3 x 100 ms, against its and the cables' lags of
   125 and 214 ms). It starts once the solver's fit has converged, where both lags outlast
-  a third of a window (`SLOW_LAG_SHARE`), and its objective is not the solver's, so the held-out blocks judge it at the structure test: at the gate's
-  own, payload seed 4 adopted long windows refined from a fit not yet converged, and its
-  CoM error 1 s ahead on fresh data went 4.9 -> 38 mm;
+  a third of a window (`SLOW_LAG_SHARE`), and its objective is not the solver's, so the
+  held-out blocks judge it at the structure test: at the gate's own, payload seed 4
+  adopted long windows refined from a fit not yet converged, and its CoM error 1 s ahead on
+  fresh data went 4.9 -> 38 mm;
 - *per-element* options give learnt values one entry per cable (``per_cable``: stiffness and
   damping; ``per_cable_stiffness``: stiffness alone) or per free rod (``per_rod_mass``). The
   message carries them as arrays, and the gate scores a model of either kind exactly
@@ -437,8 +438,9 @@ class StructureTrials:
         solver's fit has ``converged`` (its convergence test passed): refined on its way, an
         unconverged fit's errors stay (payload seed 4: K +18 % at 15 s, which the solver left
         later, kept by the long windows to the end); one with longer windows only where the
-        solver's lags outlast its windows (``slow_lags``: `lags_outlast_windows`). First the options ``pinned`` (name,
-        side) pairs point to (`PIN_OPTIONS`), where pins are followed, listed or not."""
+        solver's lags outlast its windows (``slow_lags``: `lags_outlast_windows`). First the
+        options ``pinned`` (name, side) pairs point to (`PIN_OPTIONS`), where pins are
+        followed, listed or not."""
         taken = {_kind(ONLINE_OPTIONS[n]) for n in self.adopted} - {None}
         for name in dict.fromkeys(self.pin_options(pinned) + self.options):
             option = ONLINE_OPTIONS[name]
