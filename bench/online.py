@@ -635,7 +635,7 @@ def main(argv=None) -> int:
     ap.add_argument("--structure", default=",".join(DEFAULT_STRUCTURE_OPTIONS),
                     help="comma-separated structure options the session tries online beside the solver "
                     f"({', '.join(ONLINE_OPTIONS)}; default, as the identifier node's: "
-                    f"{','.join(DEFAULT_STRUCTURE_OPTIONS)}, which changes nothing under the soft law; "
+                    f"{','.join(DEFAULT_STRUCTURE_OPTIONS)}: soft_contact changes nothing under the soft law; "
                     "'none': the robot YAML's structure)")
     ap.add_argument("--follow-pins", choices=("on", "off"), default="on",
                     help="as the identifier node's structure_on_pin: a value the fit pins at a bound of its range "

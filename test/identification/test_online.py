@@ -1331,7 +1331,7 @@ def test_a_long_windows_challenger_refits_the_solvers_values_on_windows_twice_as
         three_bar, monkeypatch):
     """`long_windows`: once the solver's fit has converged (not before) and only where its
     motor's and cables' lags both outlast a share of its windows' span (`SLOW_LAG_SHARE`;
-    the three-bar's 50 and 25 ms do not outlast a third of 0.3 s), its challenger starts
+    the three-bar's 50 and 20 ms at the solver's fit do not outlast a third of 0.3 s), its challenger starts
     from the solver's values as they stand, on windows twice the solver's, and is judged by
     the gate on the held-out blocks, not on the solver's training windows (a fit of another
     horizon fits those worse by construction: here the stand-in window fit prefers the base).
@@ -1350,14 +1350,17 @@ def test_a_long_windows_challenger_refits_the_solvers_values_on_windows_twice_as
     assert StructureTrials.config_with(IdentificationConfig(), ("cable_stiffness",), ("long_windows",)).pose_window \
         == 2 * width
     trials = StructureTrials(("long_windows", "fresh_start"))
-    assert trials.next_option(0, three_bar, slow_lags=True) == "long_windows"
-    assert trials.next_option(0, three_bar, converged=False, slow_lags=True) == "fresh_start"
-    assert trials.next_option(0, three_bar) == "fresh_start"                   # lags not slow
-    assert trials.next_option(0, three_bar, windows_from=None, slow_lags=True) is None   # no windowed stage
+    learnt = ("cable_stiffness", "cable_damping", "actuator_time_constant")
+    assert trials.next_option(0, three_bar, learnt=learnt, slow_lags=True) == "long_windows"
+    assert trials.next_option(0, three_bar, learnt=learnt, converged=False, slow_lags=True) == "fresh_start"
+    assert trials.next_option(0, three_bar, learnt=learnt) == "fresh_start"                  # lags not slow
+    assert trials.next_option(0, three_bar, learnt=learnt, windows_from=None, slow_lags=True) is None  # no windows
     lags = {"cable_stiffness": [1e4, 1e4], "cable_damping": [1e3, 2e3], "actuator_time_constant": [0.2]}
     assert lags_outlast_windows(lags, 0.3) and not lags_outlast_windows(lags, 0.6)   # c / k 0.15 s
     assert not lags_outlast_windows({**lags, "actuator_time_constant": [0.05]}, 0.3)
-    made, session = _structure_sessions(three_bar, _HorizonTrainer, ("long_windows",))
+    assert not lags_outlast_windows({**lags, "cable_damping": [np.nan, 2e3]}, 0.3)
+    assert trials.next_option(0, three_bar, learnt=learnt[:1], slow_lags=True) == "fresh_start"   # lags not learnt
+    made, session = _structure_sessions(three_bar, _HorizonTrainer, ("long_windows",), learn=learnt)
     s, main = _judging_session(session, three_bar)
     assert not main.done and not s.trials.active            # the solver's fit has not converged yet
 

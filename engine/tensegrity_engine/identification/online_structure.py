@@ -121,12 +121,14 @@ ONLINE_OPTIONS = {
     "swapped_lags": OnlineOption(windows_from="start", start="swapped_lags"),
     "long_windows": OnlineOption(windows_from="start", start="solver", window_factor=2),
 }
-# The values a start option needs learnt (the lags it exchanges)
-START_NEEDS = {"swapped_lags": ("cable_damping", "actuator_time_constant")}
+# The values a start option (by name) needs learnt (the lags it exchanges, or tells apart)
+START_NEEDS = {"swapped_lags": ("cable_damping", "actuator_time_constant"),
+               "long_windows": ("cable_damping", "actuator_time_constant")}
 
 # What a session tries when its caller names nothing: the soft ground law for a robot whose
 # YAML has the penalty law (the schema's default; `next_option` skips it under the soft law),
-# then a fresh start of the windowed stage. A robot YAML written without a law is played by
+# then, where both lags are slow (`SLOW_LAG_SHARE`), long windows, then a fresh start of the
+# windowed stage. A robot YAML written without a law is played by
 # MuJoCo's soft contacts in sim2sim. Measured on the four-bar's zoo (9 robots x 2 seeds on the
 # work clock, each law priced: docs/online_identification.md): the law adopted on 16 of 18 runs, the published
 # model's CoM error 1 s ahead 456 -> 247 mm summed. The fresh start, on top (2026-12-01, the
@@ -348,7 +350,7 @@ def lags_outlast_windows(values: dict, span: float) -> bool:
     at least `SLOW_LAG_SHARE` of a window's ``span`` (s): where windows twice as long can tell
     them apart (``long_windows``). False without the three values."""
     lags = motor_and_cable_lags(values)
-    return lags is not None and min(lags) >= SLOW_LAG_SHARE * span
+    return lags is not None and all(lag >= SLOW_LAG_SHARE * span for lag in lags)     # NaN: False
 
 
 def solvers_windows(trainer, solver) -> bool:
@@ -455,7 +457,7 @@ class StructureTrials:
                     continue
                 if option.start is None and option.windows_from == windows_from:
                     continue
-                if not set(START_NEEDS.get(option.start, ())) <= set(learnt):
+                if not set(START_NEEDS.get(name, ())) <= set(learnt):
                     continue
                 if (option.start == "solver" and not converged) or (option.window_factor > 1 and not slow_lags):
                     continue
