@@ -121,9 +121,9 @@ ONLINE_OPTIONS = {
     "swapped_lags": OnlineOption(windows_from="start", start="swapped_lags"),
     "long_windows": OnlineOption(windows_from="start", start="solver", window_factor=2),
 }
-# The values a start option (by name) needs learnt (the lags it exchanges, or tells apart)
-START_NEEDS = {"swapped_lags": ("cable_damping", "actuator_time_constant"),
-               "long_windows": ("cable_damping", "actuator_time_constant")}
+# The values a start option (by name) needs learnt: the lags it exchanges, or tells apart
+_LAGS = ("cable_damping", "actuator_time_constant")
+START_NEEDS = {"swapped_lags": _LAGS, "long_windows": _LAGS}
 
 # What a session tries when its caller names nothing: the soft ground law for a robot whose
 # YAML has the penalty law (the schema's default; `next_option` skips it under the soft law),
@@ -537,10 +537,10 @@ class StructureTrials:
         converged = bool(getattr(main, "done", False)) and bool(getattr(getattr(main, "schedule", None),
                                                                        "converged", False))
         values = main.parameters.as_dict()
-        span = getattr(getattr(main, "config", None), "pose_window", session.config.pose_window) * session.config.period
+        width = getattr(getattr(main, "config", None), "pose_window", session.config.pose_window)   # the solver's
         option = self.next_option(session.heldout_total, session.robot, session.floor, learnt, split,
                                   session.fixed_rods, windows_from, pinned, converged,
-                                  lags_outlast_windows(values, span))
+                                  lags_outlast_windows(values, width * session.config.period))
         urgent = option is not None and option in self.pin_options(pinned)
         if self.active and not urgent:
             return
@@ -556,7 +556,7 @@ class StructureTrials:
         own_step = ONLINE_OPTIONS[option].integrator or robot.integrator != session.config_robot.integrator
         # the solver's split, windows' length and start (an adopted fresh start's) carry over
         cfg = dataclasses.replace(config, per_element=split, init="given",
-                                  pose_window=getattr(getattr(main, "config", None), "pose_window", config.pose_window),
+                                  pose_window=width,
                                   windows_from=windows_from or config.windows_from,
                                   fine_integrator=None if own_step else config.fine_integrator,
                                   fd_max_iters=CHALLENGER_FD_ITERS,
